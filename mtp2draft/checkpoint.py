@@ -1,0 +1,517 @@
+"""Resolve a SOURCE (hub repo id or local directory) and read only the tensors a conversion needs.
+
+Order of work, so a 700 GB checkpoint costs the MTP layer's bytes and little more:
+1. config.json and model.safetensors.index.json (the index maps every key to its shard);
+2. the safetensors header of each shard that holds a needed key (8 bytes, then the JSON header);
+3. the byte ranges of the needed tensors, coalesced per shard.
+From the Hub, step 2 and 3 are HTTP range requests through huggingface_hub's session, cached on disk per commit so a
+second run fetches nothing. Locally, shards that hold no needed key are never opened.
+
+FP8 block weights (`float8_e4m3fn` with an fp32 `<name>_scale_inv` sibling of shape [ceil(M/b), ceil(N/b)]) are
+dequantised as `W[i, j] * scale_inv[i // b, j // b]` in fp32 by `read_weights`.
+
+What this module does not do: know anything about MTP layers or families (that is `spec.py` / `convert.py`), or
+download whole shards.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import struct
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from .errors import CheckpointError, SourceError
+
+INDEX_FILE = "model.safetensors.index.json"
+SINGLE_FILE = "model.safetensors"
+
+# safetensors dtype name -> (torch dtype, bytes per element)
+DTYPES: dict[str, tuple[torch.dtype, int]] = {
+    "F64": (torch.float64, 8),
+    "F32": (torch.float32, 4),
+    "F16": (torch.float16, 2),
+    "BF16": (torch.bfloat16, 2),
+    "F8_E4M3": (torch.float8_e4m3fn, 1),
+    "F8_E5M2": (torch.float8_e5m2, 1),
+    "I64": (torch.int64, 8),
+    "I32": (torch.int32, 4),
+    "I16": (torch.int16, 2),
+    "I8": (torch.int8, 1),
+    "U8": (torch.uint8, 1),
+    "BOOL": (torch.bool, 1),
+}
+if hasattr(torch, "float8_e8m0fnu"):
+    DTYPES["F8_E8M0"] = (torch.float8_e8m0fnu, 1)
+TORCH_TO_ST = {v[0]: k for k, v in DTYPES.items()}
+
+SCALE_SUFFIX = "_scale_inv"
+# Gap (bytes) up to which two needed tensors of one shard are fetched with a single range request.
+COALESCE_GAP = 4096
+
+
+@dataclass(frozen=True)
+class TensorInfo:
+    """Where one tensor lives: shard file, dtype, shape and absolute byte range in the file."""
+
+    name: str
+    file: str
+    dtype: str
+    shape: tuple[int, ...]
+    start: int
+    end: int
+
+    @property
+    def nbytes(self) -> int:
+        return self.end - self.start
+
+    @property
+    def numel(self) -> int:
+        return math.prod(self.shape)
+
+
+# ---- byte sources -------------------------------------------------------------------------------------------------
+class LocalFiles:
+    """Reads byte ranges from files of a local directory; records which files it opened."""
+
+    def __init__(self, root: Path):
+        self.root = root
+        self.opened: set[str] = set()
+        self.bytes_read = 0
+
+    def exists(self, file: str) -> bool:
+        return (self.root / file).is_file()
+
+    def size(self, file: str) -> int | None:
+        path = self.root / file
+        return path.stat().st_size if path.is_file() else None
+
+    def read(self, file: str, start: int, end: int) -> bytes:
+        path = self.root / file
+        if not path.is_file():
+            raise CheckpointError(f"shard {file} is named in the index but does not exist in {self.root}")
+        self.opened.add(file)
+        with open(path, "rb") as fh:
+            fh.seek(start)
+            data = fh.read(end - start)
+        self.bytes_read += len(data)
+        return data
+
+    def describe(self) -> str:
+        return str(self.root)
+
+
+class HubFiles:
+    """Reads byte ranges of files in a hub repo at a fixed commit, through an on-disk range cache."""
+
+    def __init__(self, repo_id: str, commit: str, sizes: dict[str, int | None], token: str | bool | None):
+        self.repo_id = repo_id
+        self.commit = commit
+        self.sizes = sizes
+        self.token = token
+        self.bytes_fetched = 0
+        self.requests = 0
+        self.cache = _range_cache_dir(repo_id, commit)
+
+    def exists(self, file: str) -> bool:
+        return file in self.sizes
+
+    def size(self, file: str) -> int | None:
+        return self.sizes.get(file)
+
+    def _cached(self, file: str, start: int, end: int) -> bytes | None:
+        folder = self.cache / file
+        if not folder.is_dir():
+            return None
+        for entry in folder.iterdir():
+            try:
+                a, b = (int(x) for x in entry.name.split("-"))
+            except ValueError:
+                continue
+            if a <= start and end <= b:
+                with open(entry, "rb") as fh:
+                    fh.seek(start - a)
+                    return fh.read(end - start)
+        return None
+
+    def read(self, file: str, start: int, end: int) -> bytes:
+        if end <= start:
+            return b""
+        cached = self._cached(file, start, end)
+        if cached is not None:
+            return cached
+        if file not in self.sizes:
+            raise CheckpointError(f"shard {file} is named in the index but is not in {self.repo_id}@{self.commit[:12]}")
+        data = _range_get(self.repo_id, self.commit, file, start, end, self.token)
+        self.bytes_fetched += len(data)
+        self.requests += 1
+        folder = self.cache / file
+        folder.mkdir(parents=True, exist_ok=True)
+        tmp = folder / f".{start}-{end}.{os.getpid()}.tmp"
+        tmp.write_bytes(data)
+        os.replace(tmp, folder / f"{start}-{end}")
+        return data
+
+    def describe(self) -> str:
+        return f"{self.repo_id}@{self.commit[:12]}"
+
+
+def _range_cache_dir(repo_id: str, commit: str) -> Path:
+    from huggingface_hub import constants
+
+    root = Path(os.environ.get("MTP2DRAFT_CACHE") or Path(constants.HF_HOME) / "mtp2draft" / "ranges")
+    return root / ("models--" + repo_id.replace("/", "--")) / commit
+
+
+def _range_get(repo_id: str, commit: str, file: str, start: int, end: int, token: str | bool | None) -> bytes:
+    from huggingface_hub import hf_hub_url
+    from huggingface_hub.utils import build_hf_headers, http_backoff
+
+    url = hf_hub_url(repo_id, file, revision=commit)
+    headers = build_hf_headers(token=token)
+    headers["Range"] = f"bytes={start}-{end - 1}"
+    try:
+        response = http_backoff("GET", url, headers=headers, retry_on_status_codes=(429, 500, 502, 503, 504))
+        response.raise_for_status()
+    except Exception as exc:  # network errors after huggingface_hub's retries
+        raise SourceError(f"could not fetch bytes {start}-{end - 1} of {file} from {repo_id}: {exc}") from exc
+    data = response.content
+    if response.status_code == 200:  # server ignored the range: keep the slice (the bytes were spent anyway)
+        data = data[start:end]
+    if len(data) != end - start:
+        raise CheckpointError(f"{file}: asked for {end - start} bytes at {start}, got {len(data)} (file truncated?)")
+    return data
+
+
+# ---- the checkpoint -----------------------------------------------------------------------------------------------
+@dataclass
+class Checkpoint:
+    """A resolved SOURCE with its config, index and (lazily) shard headers."""
+
+    source: str
+    files: LocalFiles | HubFiles
+    config: dict[str, Any]
+    weight_map: dict[str, str]
+    revision: str | None = None
+    commit: str | None = None
+    file_sizes: dict[str, int | None] = field(default_factory=dict)
+    _headers: dict[str, dict[str, TensorInfo]] = field(default_factory=dict, repr=False)
+
+    @property
+    def is_local(self) -> bool:
+        return isinstance(self.files, LocalFiles)
+
+    @property
+    def bytes_fetched(self) -> int:
+        return self.files.bytes_fetched if isinstance(self.files, HubFiles) else self.files.bytes_read
+
+    def total_bytes(self) -> int:
+        """Size of all shards named by the index (the whole checkpoint's weights)."""
+        return sum(self.file_sizes.get(f) or 0 for f in set(self.weight_map.values()))
+
+    # -- headers --
+    def header(self, file: str) -> dict[str, TensorInfo]:
+        if file not in self._headers:
+            self._headers[file] = self._read_header(file)
+        return self._headers[file]
+
+    def _read_header(self, file: str) -> dict[str, TensorInfo]:
+        size = self.files.size(file)
+        if size is None:
+            raise CheckpointError(f"shard {file} is named in the index but is missing from {self.files.describe()}")
+        if size < 8:
+            raise CheckpointError(f"{file}: truncated safetensors file ({size} bytes, no header length)")
+        (n,) = struct.unpack("<Q", self.files.read(file, 0, 8))
+        if n == 0 or 8 + n > size or n > 100 * 2**20:
+            raise CheckpointError(f"{file}: corrupt safetensors header (declares {n} header bytes, file has {size})")
+        raw = self.files.read(file, 8, 8 + n)
+        try:
+            header = json.loads(raw.decode("utf-8"))
+        except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+            raise CheckpointError(f"{file}: corrupt safetensors header (not JSON: {exc})") from exc
+        if not isinstance(header, dict):
+            raise CheckpointError(f"{file}: corrupt safetensors header (not a JSON object)")
+        base = 8 + n
+        infos = {}
+        for name, entry in header.items():
+            if name == "__metadata__":
+                continue
+            try:
+                dtype, shape, (a, b) = entry["dtype"], tuple(int(d) for d in entry["shape"]), entry["data_offsets"]
+            except (KeyError, TypeError, ValueError) as exc:
+                raise CheckpointError(f"{file}: corrupt header entry for {name}: {entry!r}") from exc
+            if dtype not in DTYPES:
+                raise CheckpointError(f"{file}: tensor {name} has unsupported dtype {dtype}")
+            if b - a != math.prod(shape) * DTYPES[dtype][1] or base + b > size or a < 0:
+                raise CheckpointError(
+                    f"{file}: header entry for {name} is inconsistent (offsets {a}-{b}, shape {list(shape)}, "
+                    f"dtype {dtype}, file size {size})"
+                )
+            infos[name] = TensorInfo(name, file, dtype, shape, base + a, base + b)
+        return infos
+
+    # -- lookup --
+    def has(self, key: str) -> bool:
+        return key in self.weight_map
+
+    def keys_with_prefix(self, prefix: str) -> list[str]:
+        return sorted(k for k in self.weight_map if k.startswith(prefix))
+
+    def info(self, key: str) -> TensorInfo:
+        file = self.weight_map.get(key)
+        if file is None:
+            raise CheckpointError(f"tensor {key} is not in the checkpoint index")
+        header = self.header(file)
+        if key not in header:
+            raise CheckpointError(f"the index maps {key} to {file}, but that shard's header does not contain it")
+        return header[key]
+
+    def scale_key(self, key: str) -> str | None:
+        """The `_scale_inv` sibling of an FP8 weight; error when a 1-byte float weight has none."""
+        info = self.info(key)
+        if info.dtype not in ("F8_E4M3", "F8_E5M2"):
+            return None
+        scale = key + SCALE_SUFFIX
+        if not self.has(scale):
+            raise CheckpointError(f"FP8 weight {key} has no {scale} in the checkpoint: cannot dequantise it")
+        return scale
+
+    def fp8_block_size(self) -> tuple[int, int]:
+        quant = self.config.get("quantization_config") or {}
+        block = quant.get("weight_block_size") or [128, 128]
+        return int(block[0]), int(block[1])
+
+    # -- reading --
+    def read_raw(self, keys: Iterable[str]) -> dict[str, torch.Tensor]:
+        """Tensors as stored (no dequantisation), fetched with one range request per run of adjacent tensors."""
+        infos = sorted((self.info(k) for k in dict.fromkeys(keys)), key=lambda i: (i.file, i.start))
+        out: dict[str, torch.Tensor] = {}
+        for run in _coalesce(infos):
+            start, end = run[0].start, max(i.end for i in run)
+            data = self.files.read(run[0].file, start, end)
+            for info in run:
+                out[info.name] = _decode(data[info.start - start : info.end - start], info)
+        return out
+
+    def needed_keys(self, keys: Iterable[str]) -> list[str]:
+        """`keys` plus the `_scale_inv` siblings their dequantisation needs."""
+        out = []
+        for key in keys:
+            out.append(key)
+            scale = self.scale_key(key)
+            if scale:
+                out.append(scale)
+        return out
+
+    def read_weights(self, keys: Iterable[str], dtype: torch.dtype = torch.float32) -> dict[str, torch.Tensor]:
+        """Tensors by key, FP8 block weights dequantised, floating tensors cast to `dtype` (others unchanged)."""
+        keys = list(dict.fromkeys(keys))
+        raw = self.read_raw(self.needed_keys(keys))
+        out = {}
+        for key in keys:
+            tensor = raw[key]
+            scale = key + SCALE_SUFFIX
+            if tensor.dtype in (torch.float8_e4m3fn, torch.float8_e5m2):
+                tensor = dequantize_fp8(tensor, raw[scale], self.fp8_block_size(), key=key)
+            if tensor.is_floating_point():
+                tensor = tensor.to(dtype)
+            out[key] = tensor
+        return out
+
+    def bytes_for(self, keys: Iterable[str]) -> int:
+        return sum(self.info(k).nbytes for k in self.needed_keys(keys))
+
+
+def _coalesce(infos: list[TensorInfo]) -> Iterator[list[TensorInfo]]:
+    run: list[TensorInfo] = []
+    for info in infos:
+        if run and (info.file != run[-1].file or info.start - max(i.end for i in run) > COALESCE_GAP):
+            yield run
+            run = []
+        run.append(info)
+    if run:
+        yield run
+
+
+def _decode(data: bytes, info: TensorInfo) -> torch.Tensor:
+    dtype, _ = DTYPES[info.dtype]
+    if not data:
+        return torch.empty(info.shape, dtype=dtype)
+    return torch.frombuffer(bytearray(data), dtype=dtype).reshape(info.shape)
+
+
+def dequantize_fp8(
+    weight: torch.Tensor, scale_inv: torch.Tensor, block: tuple[int, int] = (128, 128), key: str = "weight"
+) -> torch.Tensor:
+    """`W[i, j] * scale_inv[i // bm, j // bn]` in fp32, ragged edge blocks included.
+
+    weight: [M, N] float8; scale_inv: [ceil(M/bm), ceil(N/bn)] (fp32, or e8m0 power-of-two scales).
+    """
+    if weight.dim() != 2:
+        raise CheckpointError(f"FP8 weight {key} has {weight.dim()} dimensions; block scales need 2")
+    m, n = weight.shape
+    bm, bn = block
+    want = (math.ceil(m / bm), math.ceil(n / bn))
+    if tuple(scale_inv.shape) != want:
+        raise CheckpointError(
+            f"{key}{SCALE_SUFFIX} has shape {list(scale_inv.shape)}, expected {list(want)} for a [{m}, {n}] weight"
+        )
+    scale = scale_inv.float()
+    # Expand the block scales to full size row-block by row-block to keep peak memory near one fp32 copy of W.
+    out = torch.empty((m, n), dtype=torch.float32)
+    for r in range(want[0]):
+        rows = slice(r * bm, min((r + 1) * bm, m))
+        full = scale[r].repeat_interleave(bn)[:n]
+        out[rows] = weight[rows].float() * full
+    return out
+
+
+def quantize_fp8(weight: torch.Tensor, block: tuple[int, int] = (128, 128)) -> tuple[torch.Tensor, torch.Tensor]:
+    """Inverse of `dequantize_fp8`: per block scale = amax / 448, W_fp8 = W / scale, scale_inv = scale."""
+    m, n = weight.shape
+    bm, bn = block
+    rows, cols = math.ceil(m / bm), math.ceil(n / bn)
+    w = weight.float()
+    scale = torch.empty((rows, cols), dtype=torch.float32)
+    q = torch.empty((m, n), dtype=torch.float8_e4m3fn)
+    fmax = torch.finfo(torch.float8_e4m3fn).max
+    for r in range(rows):
+        for c in range(cols):
+            blk = w[r * bm : (r + 1) * bm, c * bn : (c + 1) * bn]
+            s = blk.abs().max().clamp(min=1e-12) / fmax
+            scale[r, c] = s
+            q[r * bm : (r + 1) * bm, c * bn : (c + 1) * bn] = (blk / s).clamp(-fmax, fmax).to(torch.float8_e4m3fn)
+    return q, scale
+
+
+# ---- resolution ---------------------------------------------------------------------------------------------------
+def open_checkpoint(
+    source: str | os.PathLike, revision: str | None = None, token: str | bool | None = None
+) -> Checkpoint:
+    """Resolve SOURCE: an existing local directory, else a hub repo id (with optional revision)."""
+    path = Path(source).expanduser()
+    if path.is_dir():
+        if revision:
+            raise SourceError(f"--revision applies to hub repos; {path} is a local directory")
+        return _open_local(path)
+    if path.exists():
+        raise SourceError(f"{path} is a file; SOURCE must be a checkpoint directory or a hub repo id")
+    text = str(source)
+    if text.startswith((".", "/", "~")) or text.count("/") > 1 or not text:
+        raise SourceError(f"local directory {text} does not exist")
+    return _open_hub(text, revision, token)
+
+
+def _open_local(root: Path) -> Checkpoint:
+    files = LocalFiles(root)
+    config = _read_json(root / "config.json", f"{root} has no config.json")
+    weight_map = _weight_map_local(root, files)
+    sizes = {f: files.size(f) for f in set(weight_map.values())}
+    return Checkpoint(str(root), files, config, weight_map, file_sizes=sizes)
+
+
+def _weight_map_local(root: Path, files: LocalFiles) -> dict[str, str]:
+    index = root / INDEX_FILE
+    if index.is_file():
+        return _parse_index(_read_json(index, ""), INDEX_FILE)
+    if (root / SINGLE_FILE).is_file():
+        ckpt = Checkpoint(str(root), files, {}, {}, file_sizes={})
+        return {k: SINGLE_FILE for k in ckpt.header(SINGLE_FILE)}
+    raise CheckpointError(f"{root} has neither {INDEX_FILE} nor {SINGLE_FILE}")
+
+
+def _parse_index(index: dict[str, Any], where: str) -> dict[str, str]:
+    weight_map = index.get("weight_map") if isinstance(index, dict) else None
+    if not isinstance(weight_map, dict) or not all(isinstance(v, str) for v in weight_map.values()):
+        raise CheckpointError(f"{where} has no valid 'weight_map'")
+    return dict(weight_map)
+
+
+def _read_json(path: Path, missing: str) -> dict[str, Any]:
+    if not path.is_file():
+        raise CheckpointError(missing or f"{path} does not exist")
+    try:
+        return json.loads(path.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise CheckpointError(f"{path} is not valid JSON: {exc}") from exc
+
+
+def _open_hub(repo_id: str, revision: str | None, token: str | bool | None) -> Checkpoint:
+    from huggingface_hub import HfApi, constants, hf_hub_download
+    from huggingface_hub.errors import (
+        EntryNotFoundError,
+        GatedRepoError,
+        HfHubHTTPError,
+        OfflineModeIsEnabled,
+        RepositoryNotFoundError,
+        RevisionNotFoundError,
+    )
+
+    where = f"{repo_id}" + (f"@{revision}" if revision else "")
+    try:
+        if constants.HF_HUB_OFFLINE:
+            commit, sizes = _offline_commit(repo_id, revision)
+        else:
+            info = HfApi(token=token).model_info(repo_id, revision=revision, files_metadata=True)
+            commit = info.sha
+            sizes = {s.rfilename: s.size for s in (info.siblings or [])}
+        names = set(sizes)
+
+        def fetch_json(name: str) -> dict[str, Any]:
+            local = hf_hub_download(repo_id, name, revision=commit, token=token)
+            return _read_json(Path(local), "")
+
+        if "config.json" not in names:
+            raise SourceError(f"hub repo {where} has no config.json: not a transformers checkpoint")
+        config = fetch_json("config.json")
+        files = HubFiles(repo_id, commit, sizes, token)
+        if INDEX_FILE in names:
+            weight_map = _parse_index(fetch_json(INDEX_FILE), f"{where}/{INDEX_FILE}")
+        elif SINGLE_FILE in names:
+            probe = Checkpoint(repo_id, files, {}, {}, file_sizes=sizes)
+            weight_map = {k: SINGLE_FILE for k in probe.header(SINGLE_FILE)}
+        else:
+            raise CheckpointError(f"hub repo {where} has neither {INDEX_FILE} nor {SINGLE_FILE}")
+    except RevisionNotFoundError as exc:
+        raise SourceError(f"revision {revision!r} does not exist in hub repo {repo_id}") from exc
+    except GatedRepoError as exc:
+        raise SourceError(f"hub repo {repo_id} is gated: accept its terms on the Hub, then log in") from exc
+    except RepositoryNotFoundError as exc:
+        raise SourceError(
+            f"hub repo {repo_id} not found (or private: log in with `hf auth login` or pass --token)"
+        ) from exc
+    except EntryNotFoundError as exc:
+        raise SourceError(f"hub repo {where} is missing a file: {exc}") from exc
+    except OfflineModeIsEnabled as exc:
+        raise SourceError(f"{where} is not in the local cache and HF_HUB_OFFLINE is set") from exc
+    except HfHubHTTPError as exc:
+        raise SourceError(f"hub request for {where} failed: {exc}") from exc
+    except OSError as exc:
+        raise SourceError(f"could not reach the hub for {where}: {exc}") from exc
+    ckpt = Checkpoint(repo_id, files, config, weight_map, revision=revision, commit=commit, file_sizes=sizes)
+    # Remember the file list beside the range cache so HF_HUB_OFFLINE=1 runs can resolve this commit later.
+    meta = files.cache / "files.json"
+    if not meta.is_file():
+        meta.parent.mkdir(parents=True, exist_ok=True)
+        meta.write_text(json.dumps(sizes))
+    return ckpt
+
+
+def _offline_commit(repo_id: str, revision: str | None) -> tuple[str, dict[str, int | None]]:
+    """Commit and file list from the hub cache alone (HF_HUB_OFFLINE=1)."""
+    from huggingface_hub import constants
+
+    folder = Path(constants.HF_HUB_CACHE) / ("models--" + repo_id.replace("/", "--"))
+    rev = revision or "main"
+    ref = folder / "refs" / rev
+    commit = ref.read_text().strip() if ref.is_file() else rev
+    meta = _range_cache_dir(repo_id, commit) / "files.json"
+    if not (folder / "snapshots" / commit).is_dir() or not meta.is_file():
+        raise SourceError(f"{repo_id}@{rev} is not in the local cache and HF_HUB_OFFLINE is set")
+    return commit, json.loads(meta.read_text())

@@ -1,0 +1,433 @@
+"""The two draft modules and their on-disk form.
+
+- `NativeMtpDraft`: the MTP layer exactly as its family's checkpoint defines it: two RMSNorms, the concat in the
+  family's order, the bias-free Linear(2H -> H), the family's own decoder block (a transformers class, never
+  re-implemented here), the final norm and the target's lm_head.
+- `Eagle3Draft`: the engines' EAGLE-3 layer (`LlamaForCausalLMEagle3` in SGLang): `fc` fusing three target layers,
+  one Llama-shaped layer whose q/k/v read [embed, hidden] (2H wide), `norm`, an own `lm_head` over the draft
+  vocabulary, and `d2t`/`t2d` mapping draft ids to target ids.
+
+Both expose the same step so distillation and evaluation treat them alike (shapes: B batch, T tokens, H hidden):
+
+    hidden0 = draft.initial_hidden(features)               # [B, T, H] from the target's features
+    logits, hidden = draft(input_ids, hidden, position_ids, attention_mask=None, cache=None)
+    # logits [B, T, V_draft]; hidden [B, T, H] is what the next draft step consumes
+
+`draft.hidden_handover` says which hidden a step hands on: EAGLE-3 engines feed back the pre-norm output; native MTP
+in SGLang (NextN) and transformers' MtpModel feed back the post-final-norm output (vLLM's DeepSeek MTP feeds back the
+pre-norm output instead: the draft config records which one a draft was trained for).
+
+The target's embedding (and, for the native draft, its lm_head) are attached as non-persistent buffers: the draft
+reads them, no optimizer sees them, and they are never written into a draft directory.
+
+What this module does not do: read hub checkpoints (`checkpoint.py`), map MTP weights to EAGLE-3 (`transforms.py`),
+or train (`distill.py`).
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import math
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from safetensors.torch import load_file
+from torch import nn
+
+from .errors import DraftError
+from .spec import Spec, get_spec
+
+DRAFT_FORMAT_VERSION = 1
+CONFIG_FILE = "config.json"
+WEIGHTS_FILE = "model.safetensors"
+PROVENANCE_FILE = "provenance.json"
+
+
+class DraftCache:
+    """Minimal KV cache for one draft layer: the only call decoder layers make is `update`, plus `crop` for us.
+
+    Entries are concatenated along the sequence axis (-2). Works for plain K/V and for MLA's compressed latents.
+    """
+
+    def __init__(self) -> None:
+        self.keys: torch.Tensor | None = None
+        self.values: torch.Tensor | None = None
+        self.indexer: torch.Tensor | None = None
+
+    def update(self, key: torch.Tensor, value: torch.Tensor, layer_idx: int = 0, **_: Any):
+        self.keys = key if self.keys is None else torch.cat([self.keys, key], dim=-2)
+        self.values = value if self.values is None else torch.cat([self.values, value], dim=-2)
+        return self.keys, self.values
+
+    def update_indexer(self, key: torch.Tensor, layer_idx: int = 0, **_: Any) -> torch.Tensor:
+        self.indexer = key if self.indexer is None else torch.cat([self.indexer, key], dim=-2)
+        return self.indexer
+
+    def get_seq_length(self, layer_idx: int = 0) -> int:
+        return 0 if self.keys is None else self.keys.shape[-2]
+
+    def crop(self, length: int) -> None:
+        """Keep the first `length` entries (drop rejected draft positions)."""
+        if self.keys is not None:
+            self.keys, self.values = self.keys[..., :length, :], self.values[..., :length, :]
+        if self.indexer is not None:
+            self.indexer = self.indexer[..., :length, :]
+
+
+# ---- configs -----------------------------------------------------------------------------------------------------
+def block_config(spec: Spec, target_config: Mapping[str, Any]):
+    """The transformers config the MTP block is built from: the target's (text) config plus the spec's overrides."""
+    from transformers import AutoConfig
+
+    text = spec.text_config(target_config)
+    text.pop("model_type", None)
+    text.pop("architectures", None)
+    cfg = AutoConfig.for_model(spec.config.transformers_model_type, **text)
+    for key, value in spec.config.block_overrides.items():
+        setattr(cfg, key, copy.deepcopy(value))
+    cfg._attn_implementation = "sdpa"
+    cfg._experts_implementation = "eager"  # the modules are used standalone, outside a PreTrainedModel
+    return cfg
+
+
+def _attach(module: nn.Module, name: str, tensor: torch.Tensor | None) -> None:
+    # Non-persistent buffer: moves with .to(), is never in state_dict(), never seen by an optimizer.
+    module.register_buffer(name, None if tensor is None else tensor.detach(), persistent=False)
+
+
+# ---- native MTP ---------------------------------------------------------------------------------------------------
+class ComposedBlock(nn.Module):
+    """Pre-norm decoder block from a family's attention and MLP classes, for families whose decoder-layer class
+    is not the MTP block (LongCat-Flash's MTP block is MLA + dense MLP; its trunk layer is a dual-branch MoE)."""
+
+    def __init__(self, spec: Spec, config) -> None:
+        super().__init__()
+        norm = spec.import_class(spec.block.norm)
+        self.input_layernorm = norm(config.hidden_size, eps=config.rms_norm_eps)
+        self.self_attn = spec.import_class(spec.block.attention_class)(config, 0)
+        self.post_attention_layernorm = norm(config.hidden_size, eps=config.rms_norm_eps)
+        self.mlp = spec.import_class(spec.block.mlp_class)(config)
+
+    def forward(self, hidden_states, attention_mask=None, position_ids=None, cache=None, position_embeddings=None):
+        residual = hidden_states
+        out = self.self_attn(
+            hidden_states=self.input_layernorm(hidden_states),
+            attention_mask=attention_mask,
+            position_ids=position_ids,
+            cache=cache,
+            position_embeddings=position_embeddings,
+        )
+        hidden_states = residual + (out[0] if isinstance(out, tuple) else out)
+        return hidden_states + self.mlp(self.post_attention_layernorm(hidden_states))
+
+
+class NativeMtpDraft(nn.Module):
+    """One MTP layer of `spec`'s family, computed as the checkpoint defines it."""
+
+    kind = "mtp"
+
+    def __init__(
+        self, spec: Spec, target_config: Mapping[str, Any], layer: int = 0, hidden_handover: str = "post_norm"
+    ) -> None:
+        super().__init__()
+        if hidden_handover not in ("post_norm", "pre_norm"):
+            raise DraftError(f"hidden_handover must be post_norm or pre_norm, got {hidden_handover!r}")
+        self.spec = spec
+        self.target_config = dict(target_config)
+        self.layer = layer
+        self.hidden_handover = hidden_handover
+        self.config = cfg = block_config(spec, target_config)
+        norm = spec.import_class(spec.block.norm)
+        h = cfg.hidden_size
+        self.enorm = norm(h, eps=cfg.rms_norm_eps)
+        self.hnorm = norm(h, eps=cfg.rms_norm_eps)
+        self.eh_proj = nn.Linear(2 * h, h, bias=False)
+        self.block = spec.block_class()(cfg, 0) if spec.block.decoder_layer else ComposedBlock(spec, cfg)
+        self.final_norm = norm(h, eps=cfg.rms_norm_eps)
+        self.rotary_emb = spec.import_class(spec.block.rotary)(config=cfg)
+        _attach(self, "embed_weight", None)
+        _attach(self, "head_weight", None)
+
+    @property
+    def vocab_size(self) -> int:
+        return int(self.config.vocab_size)
+
+    @property
+    def hidden_size(self) -> int:
+        return int(self.config.hidden_size)
+
+    def attach_target(self, embed: torch.Tensor, head: torch.Tensor) -> NativeMtpDraft:
+        """Share the target's embedding [V, H] and lm_head [V, H] (read-only)."""
+        _attach(self, "embed_weight", embed)
+        _attach(self, "head_weight", head)
+        return self
+
+    def initial_hidden(self, features: torch.Tensor) -> torch.Tensor:
+        """Step 0 reads the target's final hidden state as-is ([B, T, H]; pre- or post-norm per the spec)."""
+        return features
+
+    def to_target_ids(self, draft_ids: torch.Tensor) -> torch.Tensor:
+        return draft_ids
+
+    def trainable_parameters(self) -> list[nn.Parameter]:
+        return [p for p in self.parameters() if p.requires_grad]
+
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        hidden: torch.Tensor,
+        position_ids: torch.Tensor,
+        attention_mask: torch.Tensor | None = None,
+        cache: DraftCache | None = None,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        if self.embed_weight is None or self.head_weight is None:
+            raise DraftError("the native draft needs the target's embedding and lm_head: call attach_target()")
+        embeds = F.embedding(input_ids, self.embed_weight).to(hidden.dtype)  # [B, T, H]
+        e, h = self.enorm(embeds), self.hnorm(hidden)
+        x = self.eh_proj(torch.cat([e, h] if self.spec.layer.concat == "embed_hidden" else [h, e], dim=-1))
+        position_embeddings = self.rotary_emb(x, position_ids)
+        out = self.block(
+            x,
+            attention_mask=attention_mask,
+            position_ids=position_ids,
+            cache=cache,
+            position_embeddings=position_embeddings,
+        )
+        normed = self.final_norm(out)
+        logits = F.linear(normed, self.head_weight.to(normed.dtype))  # [B, T, V]
+        return logits, (normed if self.hidden_handover == "post_norm" else out)
+
+    def draft_config(self) -> dict[str, Any]:
+        return native_config(self.spec, self.target_config, self.layer, self.hidden_handover)
+
+
+def native_config(
+    spec: Spec, target_config: Mapping[str, Any], layer: int, hidden_handover: str = "post_norm"
+) -> dict[str, Any]:
+    """config.json of a native MTP draft directory: enough to rebuild the module without the target checkpoint."""
+    text = spec.text_config(target_config)
+    return {
+        "architectures": ["Mtp2DraftNativeMtp"],
+        "draft_kind": "mtp",
+        "format_version": DRAFT_FORMAT_VERSION,
+        "spec": spec.name,
+        "mtp_layer": layer,
+        "hidden_handover": hidden_handover,
+        "hidden_size": int(text["hidden_size"]),
+        "vocab_size": int(text["vocab_size"]),
+        "target_config": dict(target_config),
+    }
+
+
+# ---- EAGLE-3 ------------------------------------------------------------------------------------------------------
+def llama_config(cfg: Mapping[str, Any]):
+    """transformers LlamaConfig for the EAGLE-3 layer from an EAGLE-3 config.json dict."""
+    from transformers import LlamaConfig
+
+    fields = {
+        k: cfg[k]
+        for k in (
+            "hidden_size",
+            "intermediate_size",
+            "num_attention_heads",
+            "num_key_value_heads",
+            "head_dim",
+            "rms_norm_eps",
+            "max_position_embeddings",
+            "hidden_act",
+            "vocab_size",
+        )
+        if k in cfg
+    }
+    rope = dict(cfg.get("rope_scaling") or {"rope_type": "default"})
+    rope.setdefault("rope_type", rope.pop("type", "default"))
+    rope["rope_theta"] = cfg.get("rope_theta", 10000.0)
+    out = LlamaConfig(**fields, rope_parameters=rope, attention_bias=False, mlp_bias=False)
+    out._attn_implementation = "sdpa"
+    return out
+
+
+class Eagle3Layer(nn.Module):
+    """SGLang's `midlayer`: attention over [input_layernorm(embed), hidden_norm(h)] (2H wide), residual from h."""
+
+    def __init__(self, config) -> None:
+        from transformers.models.llama.modeling_llama import LlamaAttention, LlamaMLP, LlamaRMSNorm
+
+        super().__init__()
+        h, eps = config.hidden_size, config.rms_norm_eps
+        self.input_layernorm = LlamaRMSNorm(h, eps=eps)
+        self.hidden_norm = LlamaRMSNorm(h, eps=eps)
+        self.self_attn = LlamaAttention(config, 0)
+        # q/k/v read the concatenation [embed, hidden]: 2H wide (the only change to the Llama layer).
+        attn = self.self_attn
+        attn.q_proj = nn.Linear(2 * h, config.num_attention_heads * attn.head_dim, bias=False)
+        attn.k_proj = nn.Linear(2 * h, config.num_key_value_heads * attn.head_dim, bias=False)
+        attn.v_proj = nn.Linear(2 * h, config.num_key_value_heads * attn.head_dim, bias=False)
+        self.post_attention_layernorm = LlamaRMSNorm(h, eps=eps)
+        self.mlp = LlamaMLP(config)
+
+    def forward(self, embeds, hidden, position_embeddings, attention_mask=None, cache=None):
+        residual = hidden  # the UN-normalised h
+        x = torch.cat([self.input_layernorm(embeds), self.hidden_norm(hidden)], dim=-1)  # [B, T, 2H], embed first
+        attn, _ = self.self_attn(x, position_embeddings=position_embeddings, attention_mask=attention_mask, cache=cache)
+        residual = residual + attn
+        return residual + self.mlp(self.post_attention_layernorm(residual))
+
+
+class Eagle3Draft(nn.Module):
+    """The EAGLE-3 draft in SGLang's layout (weights named exactly as `LlamaForCausalLMEagle3` loads them)."""
+
+    kind = "eagle3"
+    hidden_handover = "pre_norm"
+
+    def __init__(self, config: Mapping[str, Any]) -> None:
+        from transformers.models.llama.modeling_llama import LlamaRMSNorm, LlamaRotaryEmbedding
+
+        super().__init__()
+        self.eagle_config = dict(config)
+        self.config = cfg = llama_config(config)
+        h = cfg.hidden_size
+        ht = int(config.get("target_hidden_size") or h)
+        vd = int(config.get("draft_vocab_size") or cfg.vocab_size)
+        self.fc = nn.Linear(3 * ht, h, bias=False)
+        self.midlayer = Eagle3Layer(cfg)
+        self.norm = LlamaRMSNorm(h, eps=cfg.rms_norm_eps)
+        self.lm_head = nn.Linear(h, vd, bias=False)
+        # Identity maps (the first vd target ids) until a draft vocabulary is chosen (distill --draft-vocab-size).
+        self.register_buffer("d2t", torch.zeros(vd, dtype=torch.int64))
+        self.register_buffer("t2d", torch.arange(cfg.vocab_size) < vd)
+        self.rotary_emb = LlamaRotaryEmbedding(config=cfg)
+        _attach(self, "embed_weight", None)
+
+    @property
+    def aux_layer_ids(self) -> list[int]:
+        """Target layers (0-based, 'output of layer i') whose outputs `fc` fuses, low to high."""
+        return list(self.eagle_config["eagle_config"]["eagle_aux_hidden_state_layer_ids"])
+
+    @property
+    def vocab_size(self) -> int:
+        return int(self.config.vocab_size)
+
+    @property
+    def draft_vocab_size(self) -> int:
+        return int(self.lm_head.out_features)
+
+    @property
+    def hidden_size(self) -> int:
+        return int(self.config.hidden_size)
+
+    def attach_target(self, embed: torch.Tensor, head: torch.Tensor | None = None) -> Eagle3Draft:
+        """Share the target's embedding [V, H] (read-only). The lm_head is the draft's own."""
+        _attach(self, "embed_weight", embed)
+        return self
+
+    def initial_hidden(self, features: torch.Tensor) -> torch.Tensor:
+        """features: [B, T, 3*Ht] = cat(low, mid, high) target layer outputs -> [B, T, H]."""
+        return self.fc(features.to(self.fc.weight.dtype))
+
+    def to_target_ids(self, draft_ids: torch.Tensor) -> torch.Tensor:
+        return draft_ids + self.d2t[draft_ids]
+
+    def trainable_parameters(self) -> list[nn.Parameter]:
+        return [p for p in self.parameters() if p.requires_grad]
+
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        hidden: torch.Tensor,
+        position_ids: torch.Tensor,
+        attention_mask: torch.Tensor | None = None,
+        cache: DraftCache | None = None,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        if self.embed_weight is None:
+            raise DraftError("the EAGLE-3 draft needs the target's embedding: call attach_target()")
+        embeds = F.embedding(input_ids, self.embed_weight).to(hidden.dtype)  # [B, T, H]
+        position_embeddings = self.rotary_emb(hidden, position_ids)
+        out = self.midlayer(embeds, hidden, position_embeddings, attention_mask=attention_mask, cache=cache)
+        logits = self.lm_head(self.norm(out))  # [B, T, Vd]
+        return logits, out  # pre-norm output is what the next step consumes
+
+    def draft_config(self) -> dict[str, Any]:
+        return dict(self.eagle_config)
+
+
+Draft = NativeMtpDraft | Eagle3Draft
+
+
+# ---- d2t / t2d --------------------------------------------------------------------------------------------------------
+def vocab_maps(used: torch.Tensor, vocab_size: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """d2t [Vd] int64 offsets and t2d [V] bool from the target ids kept in the draft vocabulary.
+
+    `used` is sorted ascending first, so draft id i maps to target id used[i] = i + d2t[i].
+    """
+    used = torch.sort(torch.as_tensor(used, dtype=torch.int64).unique()).values
+    d2t = used - torch.arange(used.numel(), dtype=torch.int64)
+    t2d = torch.zeros(vocab_size, dtype=torch.bool)
+    t2d[used] = True
+    return d2t, t2d
+
+
+# ---- on disk --------------------------------------------------------------------------------------------------------
+def read_draft_config(path: str | Path) -> dict[str, Any]:
+    path = Path(path)
+    cfg_file = path / CONFIG_FILE
+    if not path.is_dir():
+        raise DraftError(f"draft directory {path} does not exist")
+    if not cfg_file.is_file():
+        raise DraftError(f"{path} has no {CONFIG_FILE}: not a draft directory")
+    try:
+        return json.loads(cfg_file.read_text())
+    except json.JSONDecodeError as exc:
+        raise DraftError(f"{cfg_file} is not valid JSON: {exc}") from exc
+
+
+def draft_kind(cfg: Mapping[str, Any]) -> str:
+    if cfg.get("draft_kind") == "mtp":
+        return "mtp"
+    if "LlamaForCausalLMEagle3" in (cfg.get("architectures") or []):
+        return "eagle3"
+    raise DraftError("config.json describes neither an mtp2draft native MTP draft nor an EAGLE-3 draft")
+
+
+def build_draft(cfg: Mapping[str, Any]) -> Draft:
+    """An uninitialised draft module from a draft config.json dict."""
+    if draft_kind(cfg) == "mtp":
+        return NativeMtpDraft(
+            get_spec(cfg["spec"]),
+            cfg["target_config"],
+            cfg.get("mtp_layer", 0),
+            cfg.get("hidden_handover", "post_norm"),
+        )
+    return Eagle3Draft(cfg)
+
+
+def load_draft(path: str | Path, dtype: torch.dtype = torch.float32) -> Draft:
+    """Load a draft directory written by `convert`, `distill` or the `sglang` exporter (no target attached)."""
+    path = Path(path)
+    cfg = read_draft_config(path)
+    draft = build_draft(cfg)
+    weights = path / WEIGHTS_FILE
+    if not weights.is_file():
+        raise DraftError(f"{path} has no {WEIGHTS_FILE}")
+    state = load_file(str(weights))
+    state = {k: v for k, v in state.items() if k != "embed_tokens.weight"}
+    expected = draft.state_dict()
+    missing = sorted(set(expected) - set(state))
+    unexpected = sorted(set(state) - set(expected))
+    if missing or unexpected:
+        raise DraftError(f"{weights} does not fit its config: missing {missing[:5]}, unexpected {unexpected[:5]}")
+    for key, tensor in state.items():
+        if tuple(tensor.shape) != tuple(expected[key].shape):
+            raise DraftError(
+                f"{weights}: {key} has shape {list(tensor.shape)}, config implies {list(expected[key].shape)}"
+            )
+    draft.load_state_dict(state)
+    return draft.to(dtype) if dtype is not None else draft
+
+
+def param_count(module: nn.Module) -> int:
+    return sum(math.prod(p.shape) for p in module.state_dict().values())

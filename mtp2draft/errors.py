@@ -1,0 +1,56 @@
+"""The exceptions mtp2draft raises on bad input. The CLI turns each into a one-line message and a non-zero exit.
+
+Anything else escaping to the CLI is a bug and keeps its traceback (under MTP2DRAFT_DEBUG=1 these do too).
+"""
+
+from __future__ import annotations
+
+
+class Mtp2DraftError(Exception):
+    """Base class: a problem with the user's input or environment, explained in one line."""
+
+    exit_code = 2
+
+
+class SpecError(Mtp2DraftError):
+    """A spec file is malformed."""
+
+
+class UnknownFamilyError(Mtp2DraftError):
+    """No spec matches the checkpoint."""
+
+
+class NoMtpLayerError(Mtp2DraftError):
+    """The checkpoint has no MTP layer (e.g. Kimi-K2 with num_nextn_predict_layers: 0)."""
+
+
+class SourceError(Mtp2DraftError):
+    """The SOURCE cannot be resolved: missing repo, revision, file or directory."""
+
+
+class CheckpointError(Mtp2DraftError):
+    """The checkpoint is inconsistent: missing shard, corrupt header, missing scale, wrong shape."""
+
+
+class OutputExistsError(Mtp2DraftError):
+    """The output directory exists and is not empty, and --overwrite was not given."""
+
+
+class DraftError(Mtp2DraftError):
+    """A draft directory is missing or malformed."""
+
+
+class DataError(Mtp2DraftError):
+    """A training or evaluation data file is malformed."""
+
+
+class ValidationError(Mtp2DraftError):
+    """An exported draft violates its format's contract."""
+
+    def __init__(self, message: str, violations: list[str] | None = None):
+        super().__init__(message)
+        self.violations = violations or []
+
+
+class HubError(Mtp2DraftError):
+    """A Hub operation failed (no token, no rights, network)."""

@@ -1,0 +1,119 @@
+"""Writing outputs safely: directories that appear complete or not at all, and safetensors files streamed tensor by
+tensor so peak memory tracks the largest tensor group rather than the whole file.
+
+What this module does not do: decide what to write (the stages do) or read checkpoints (`checkpoint.py`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import math
+import os
+import shutil
+import struct
+from collections.abc import Iterator, Mapping
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from .checkpoint import DTYPES, TORCH_TO_ST
+from .errors import OutputExistsError
+
+
+def check_output_dir(out: str | Path, overwrite: bool) -> Path:
+    """Fail early (before any work) when `out` exists, is not empty and --overwrite was not given."""
+    out = Path(out)
+    if out.exists() and not out.is_dir():
+        raise OutputExistsError(f"--out {out} exists and is a file")
+    if out.is_dir() and any(out.iterdir()) and not overwrite:
+        raise OutputExistsError(f"--out {out} exists and is not empty (pass --overwrite to replace it)")
+    return out
+
+
+@contextlib.contextmanager
+def atomic_output_dir(out: str | Path, overwrite: bool = False) -> Iterator[Path]:
+    """Yield a temporary sibling directory; on success it replaces `out` in one rename, on failure it vanishes."""
+    out = check_output_dir(out, overwrite)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.parent / f".{out.name}.tmp-{os.getpid()}"
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir()
+    try:
+        yield tmp
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    old = None
+    if out.exists():
+        old = out.parent / f".{out.name}.old-{os.getpid()}"
+        os.replace(out, old)
+    os.replace(tmp, out)
+    if old is not None:
+        shutil.rmtree(old, ignore_errors=True)
+
+
+def write_json(path: Path, data: Mapping[str, Any]) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(data, indent=2, sort_keys=False, default=str) + "\n")
+    os.replace(tmp, path)
+
+
+class SafetensorsWriter:
+    """Write a safetensors file whose tensor names, dtypes and shapes are known up front, one tensor at a time.
+
+    The header is written first from the plan; `write(name, tensor)` then appends data in plan order, so the
+    caller never holds more than the tensor it is producing.
+    """
+
+    def __init__(self, path: Path, plan: list[tuple[str, torch.dtype, tuple[int, ...]]], metadata=None) -> None:
+        self.path = path
+        self.plan = plan
+        header: dict[str, Any] = {}
+        if metadata:
+            header["__metadata__"] = {str(k): str(v) for k, v in metadata.items()}
+        offset = 0
+        for name, dtype, shape in plan:
+            size = math.prod(shape) * DTYPES[TORCH_TO_ST[dtype]][1]
+            header[name] = {"dtype": TORCH_TO_ST[dtype], "shape": list(shape), "data_offsets": [offset, offset + size]}
+            offset += size
+        raw = json.dumps(header, separators=(",", ":")).encode()
+        raw += b" " * (-len(raw) % 8)  # safetensors pads the header to 8 bytes
+        self._fh = open(path, "wb")  # noqa: SIM115 - closed by close() / __exit__
+        self._fh.write(struct.pack("<Q", len(raw)) + raw)
+        self._next = 0
+
+    def write(self, name: str, tensor: torch.Tensor) -> None:
+        want_name, dtype, shape = self.plan[self._next]
+        if name != want_name or tensor.dtype != dtype or tuple(tensor.shape) != tuple(shape):
+            raise RuntimeError(
+                f"writer expected {want_name} {dtype} {list(shape)}, got {name} {tensor.dtype} {list(tensor.shape)}"
+            )
+        t = tensor.detach().contiguous().cpu()
+        if t.numel():
+            self._fh.write(t.view(torch.uint8).numpy().tobytes())
+        self._next += 1
+
+    def close(self) -> None:
+        if self._next != len(self.plan):
+            self._fh.close()
+            raise RuntimeError(f"writer closed after {self._next} of {len(self.plan)} tensors")
+        self._fh.close()
+
+    def __enter__(self) -> SafetensorsWriter:
+        return self
+
+    def __exit__(self, exc_type, *_: Any) -> None:
+        if exc_type is None:
+            self.close()
+        else:
+            self._fh.close()
+
+
+def save_tensors(path: Path, tensors: Mapping[str, torch.Tensor], metadata=None) -> None:
+    """Small helper: write a dict of tensors through the streaming writer (same byte layout everywhere)."""
+    plan = [(k, v.dtype, tuple(v.shape)) for k, v in tensors.items()]
+    with SafetensorsWriter(path, plan, metadata) as writer:
+        for key, value in tensors.items():
+            writer.write(key, value)

@@ -1,0 +1,330 @@
+"""Load and validate the per-family spec files in `model_specs/`, and find the spec for a config.json.
+
+A spec is declarative data: where a family keeps its MTP layer, how that layer computes (concat order, which
+target hidden it reads, norm style), which transformers classes build its decoder block, and which named transforms
+map it onto each draft kind. Everything family-specific that stage code needs comes from here, so stage code never
+branches on an architecture name.
+
+What this module does not do: read checkpoints (see `checkpoint.py`) or apply transforms (see `transforms.py`). It
+only validates that the transforms a spec names exist in the registry.
+"""
+
+from __future__ import annotations
+
+import copy
+import importlib
+import os
+import tomllib
+from collections.abc import Mapping
+from dataclasses import dataclass, field, fields
+from functools import cache
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+from .errors import SpecError, UnknownFamilyError
+
+CONCAT_ORDERS = ("embed_hidden", "hidden_embed")
+HIDDEN_SOURCES = ("post_norm", "pre_norm")
+NORM_STYLES = ("standard", "zero_centered")
+QUANT_FORMATS = ("fp8_block",)
+
+
+@dataclass(frozen=True)
+class ConfigSpec:
+    """Where the family's config.json keeps what we need."""
+
+    transformers_model_type: str
+    """`model_type` whose transformers config class parses the (text) config, e.g. `qwen2` for MiMo."""
+    mtp_count: str = "num_nextn_predict_layers"
+    """Field holding the number of MTP layers."""
+    mtp_count_default: int | None = None
+    """Used when the field is absent (Qwen3-Next releases omit it; engines assume 1). None: absent means none."""
+    text_config: str = ""
+    """Key of a nested text config (`text_config` for Qwen3.5); empty: the config is top level."""
+    block_overrides: Mapping[str, Any] = field(default_factory=dict)
+    """Config fields set on the block's copy of the config so the decoder-layer class builds the MTP block's kind
+    at layer index 0 (e.g. `first_k_dense_replace = 0`, `layer_types = ["full_attention"]`)."""
+
+
+@dataclass(frozen=True)
+class KeySpec:
+    """Checkpoint key templates. `{i}` is the MTP layer index, `{n}` is num_hidden_layers + i."""
+
+    enorm: str
+    hnorm: str
+    proj: str
+    final_norm: str
+    block: str
+    """Prefix of the decoder block's keys; keys under it that name another component are excluded."""
+    target_embed: str
+    target_head: str
+    target_norm: str
+    embed: str = ""
+    """Optional copy of the embedding stored inside the MTP layer (engines ignore it and share the target's)."""
+    head: str = ""
+    """Optional copy of the lm_head stored inside the MTP layer."""
+
+
+@dataclass(frozen=True)
+class LayerSpec:
+    concat: str = "embed_hidden"
+    """Order of the two normalised inputs fed to the projection."""
+    hidden: str = "post_norm"
+    """Which target hidden state feeds step 0: after (`post_norm`) or before (`pre_norm`) the final norm."""
+    norm: str = "standard"
+    """`standard` RMSNorm (x * w) or `zero_centered` (x * (1 + w))."""
+
+
+@dataclass(frozen=True)
+class BlockSpec:
+    module: str
+    """transformers module that holds the classes below."""
+    norm: str
+    rotary: str
+    attention: str
+    """Block kind, as words for people and for `inspect`: mla, gqa, gated_gqa, swa, ..."""
+    mlp: str
+    """dense or moe."""
+    decoder_layer: str = ""
+    """Decoder-layer class instantiated as-is. Leave empty to compose `attention_class` + `mlp_class`."""
+    attention_class: str = ""
+    mlp_class: str = ""
+    load: tuple[str, ...] = ()
+    """Named key transforms (checkpoint -> module layout) applied in order to the block's tensors."""
+    rename: Mapping[str, str] = field(default_factory=dict)
+    """Plain prefix renames of block keys, checkpoint -> module, applied before `load`."""
+
+
+@dataclass(frozen=True)
+class Eagle3Spec:
+    transforms: tuple[str, ...] = ()
+    """Named transforms (in `transforms.EAGLE3_TRANSFORMS`) that initialise the EAGLE-3 layer from the MTP layer."""
+
+
+@dataclass(frozen=True)
+class NextNSpec:
+    architecture: str = ""
+    """`architectures` entry SGLang's NextN loader expects for this family; empty: no NextN export."""
+
+
+@dataclass(frozen=True)
+class Spec:
+    name: str
+    description: str
+    architectures: tuple[str, ...]
+    model_types: tuple[str, ...]
+    config: ConfigSpec
+    keys: KeySpec
+    layer: LayerSpec
+    block: BlockSpec
+    eagle3: Eagle3Spec = Eagle3Spec()
+    nextn: NextNSpec = NextNSpec()
+    quantization: tuple[str, ...] = ()
+    verified: bool = True
+    """False when the layout comes from an engine loader we could not check against a released checkpoint."""
+    notes: str = ""
+    path: str = ""
+
+    # ---- helpers used by stage code -------------------------------------------------------------------------
+    def text_config(self, config: Mapping[str, Any]) -> dict[str, Any]:
+        """The (text) config dict, unwrapped from `text_config` when the family nests it."""
+        if self.config.text_config:
+            inner = config.get(self.config.text_config)
+            if not isinstance(inner, Mapping):
+                raise SpecError(f"config.json has no '{self.config.text_config}' section, which {self.name} needs")
+            return dict(inner)
+        return dict(config)
+
+    def num_mtp_layers(self, config: Mapping[str, Any]) -> int:
+        text = self.text_config(config)
+        value = text.get(self.config.mtp_count)
+        if value is None:
+            value = self.config.mtp_count_default
+        return int(value or 0)
+
+    def key(self, template: str, config: Mapping[str, Any], layer: int) -> str:
+        n = int(self.text_config(config)["num_hidden_layers"])
+        return template.format(i=layer, n=n + layer)
+
+    def component_keys(self, config: Mapping[str, Any], layer: int) -> dict[str, str]:
+        """Resolved keys of the named (non-block) components of MTP layer `layer`."""
+        names = ("enorm", "hnorm", "proj", "final_norm", "embed", "head")
+        return {name: self.key(getattr(self.keys, name), config, layer) for name in names if getattr(self.keys, name)}
+
+    def block_class(self) -> type:
+        return _import(self.block.module, self.block.decoder_layer)
+
+    def import_class(self, name: str) -> type:
+        return _import(self.block.module, name)
+
+    def summary(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "description": self.description,
+            "architectures": list(self.architectures),
+            "model_types": list(self.model_types),
+            "block": f"{self.block.attention} + {self.block.mlp}",
+            "concat": self.layer.concat,
+            "hidden": self.layer.hidden,
+            "norm": self.layer.norm,
+            "quantization": list(self.quantization),
+            "eagle3_transforms": list(self.eagle3.transforms),
+            "verified": self.verified,
+        }
+
+
+def _import(module: str, name: str) -> type:
+    try:
+        return getattr(importlib.import_module(module), name)
+    except (ImportError, AttributeError) as exc:
+        raise SpecError(f"transformers has no {module}.{name} (installed version too old?): {exc}") from exc
+
+
+# ---- parsing ------------------------------------------------------------------------------------------------------
+def _build(cls: type, data: Any, where: str) -> Any:
+    """Instantiate dataclass `cls` from a TOML table, rejecting unknown keys and wrong types."""
+    if not isinstance(data, Mapping):
+        raise SpecError(f"{where}: expected a table, got {type(data).__name__}")
+    known = {f.name: f for f in fields(cls) if f.name != "path"}
+    unknown = sorted(set(data) - set(known) - {"path"})
+    if unknown:
+        raise SpecError(f"{where}: unknown key(s) {', '.join(unknown)}; allowed: {', '.join(sorted(known))}")
+    kwargs: dict[str, Any] = {}
+    for name, value in data.items():
+        if name == "path":
+            continue
+        kwargs[name] = value
+    try:
+        obj = cls(**kwargs)
+    except TypeError as exc:  # missing required keys
+        raise SpecError(f"{where}: {exc}") from exc
+    for f in fields(cls):
+        value = getattr(obj, f.name)
+        expected = f.type if isinstance(f.type, str) else getattr(f.type, "__name__", str(f.type))
+        if "tuple" in expected and isinstance(value, list):
+            object.__setattr__(obj, f.name, tuple(value))
+            value = tuple(value)
+        if expected == "str" and not isinstance(value, str):
+            raise SpecError(f"{where}.{f.name}: expected a string, got {value!r}")
+        if expected == "bool" and not isinstance(value, bool):
+            raise SpecError(f"{where}.{f.name}: expected true/false, got {value!r}")
+        if "tuple" in expected and not all(isinstance(v, str) for v in value):
+            raise SpecError(f"{where}.{f.name}: expected a list of strings, got {value!r}")
+    return obj
+
+
+def parse_spec(data: Mapping[str, Any], path: str = "<spec>") -> Spec:
+    """Validate one spec table and return the frozen Spec."""
+    data = copy.deepcopy(dict(data))
+    sections = {
+        "config": ConfigSpec,
+        "keys": KeySpec,
+        "layer": LayerSpec,
+        "block": BlockSpec,
+        "eagle3": Eagle3Spec,
+        "nextn": NextNSpec,
+    }
+    for name, cls in sections.items():
+        if name in data:
+            data[name] = _build(cls, data[name], f"{path} [{name}]")
+        elif name in ("config", "keys", "block"):
+            raise SpecError(f"{path}: missing section [{name}]")
+    spec = _build(Spec, data, path)
+    spec = Spec(**{**{f.name: getattr(spec, f.name) for f in fields(Spec)}, "path": path})
+    _check_values(spec)
+    return spec
+
+
+def _check_values(spec: Spec) -> None:
+    where = spec.path
+    if spec.layer.concat not in CONCAT_ORDERS:
+        raise SpecError(f"{where}: layer.concat must be one of {CONCAT_ORDERS}, got {spec.layer.concat!r}")
+    if spec.layer.hidden not in HIDDEN_SOURCES:
+        raise SpecError(f"{where}: layer.hidden must be one of {HIDDEN_SOURCES}, got {spec.layer.hidden!r}")
+    if spec.layer.norm not in NORM_STYLES:
+        raise SpecError(f"{where}: layer.norm must be one of {NORM_STYLES}, got {spec.layer.norm!r}")
+    for q in spec.quantization:
+        if q not in QUANT_FORMATS:
+            raise SpecError(f"{where}: unknown quantization {q!r}; known: {QUANT_FORMATS}")
+    if bool(spec.block.decoder_layer) == bool(spec.block.attention_class or spec.block.mlp_class):
+        raise SpecError(f"{where}: [block] needs either decoder_layer or attention_class + mlp_class")
+    if not spec.architectures and not spec.model_types:
+        raise SpecError(f"{where}: a spec must match at least one architecture or model_type")
+    for name in ("enorm", "hnorm", "proj", "final_norm", "block", "embed", "head"):
+        template = getattr(spec.keys, name)
+        try:
+            template.format(i=0, n=0)
+        except (KeyError, IndexError, ValueError) as exc:
+            raise SpecError(f"{where}: keys.{name} = {template!r} uses a placeholder other than {{i}}/{{n}}") from exc
+    # Named transforms must exist; imported lazily to keep spec loading free of torch.
+    from .transforms import EAGLE3_TRANSFORMS, LOAD_TRANSFORMS
+
+    for name in spec.block.load:
+        if name not in LOAD_TRANSFORMS:
+            raise SpecError(f"{where}: block.load names unknown transform {name!r}; known: {sorted(LOAD_TRANSFORMS)}")
+    for name in spec.eagle3.transforms:
+        if name not in EAGLE3_TRANSFORMS:
+            raise SpecError(
+                f"{where}: eagle3.transforms names unknown transform {name!r}; known: {sorted(EAGLE3_TRANSFORMS)}"
+            )
+
+
+def load_spec_file(path: str | Path) -> Spec:
+    path = Path(path)
+    try:
+        data = tomllib.loads(path.read_text())
+    except tomllib.TOMLDecodeError as exc:
+        raise SpecError(f"{path}: not valid TOML: {exc}") from exc
+    spec = parse_spec(data, str(path))
+    if spec.name != path.stem:
+        raise SpecError(f"{path}: name {spec.name!r} must equal the file name {path.stem!r}")
+    return spec
+
+
+SPEC_PATH_ENV = "MTP2DRAFT_SPEC_PATH"
+
+
+def _spec_files() -> list[Path]:
+    """Shipped spec files, then any in the directories of $MTP2DRAFT_SPEC_PATH (os.pathsep-separated)."""
+    root = resources.files("mtp2draft.model_specs")
+    files = sorted(Path(str(p)) for p in root.iterdir() if p.name.endswith(".toml"))
+    for folder in filter(None, os.environ.get(SPEC_PATH_ENV, "").split(os.pathsep)):
+        files += sorted(Path(folder).glob("*.toml"))
+    return files
+
+
+@cache
+def registry() -> dict[str, Spec]:
+    """All specs by name: the shipped ones plus user specs from $MTP2DRAFT_SPEC_PATH (which may override)."""
+    specs = {}
+    for path in _spec_files():
+        spec = load_spec_file(path)
+        specs[spec.name] = spec
+    return specs
+
+
+def spec_names() -> list[str]:
+    return sorted(registry())
+
+
+def get_spec(name: str) -> Spec:
+    try:
+        return registry()[name]
+    except KeyError:
+        raise UnknownFamilyError(f"no spec named {name!r}; supported: {', '.join(spec_names())}") from None
+
+
+def find_spec(config: Mapping[str, Any]) -> Spec:
+    """The spec matching a config.json: by `architectures` first, then by `model_type`."""
+    architectures = list(config.get("architectures") or [])
+    model_type = config.get("model_type")
+    for spec in registry().values():
+        if any(a in spec.architectures for a in architectures):
+            return spec
+    for spec in registry().values():
+        if model_type and model_type in spec.model_types:
+            return spec
+    found = ", ".join(architectures) or model_type or "no architectures / model_type"
+    supported = "; ".join(f"{s.name} ({', '.join(s.architectures or s.model_types)})" for s in registry().values())
+    raise UnknownFamilyError(f"no spec matches this checkpoint ({found}). Supported: {supported}")

@@ -1,0 +1,99 @@
+"""Spec files: validation, matching, and that a new family is one spec file + one fixture row."""
+
+from __future__ import annotations
+
+import json
+import tomllib
+from pathlib import Path
+
+import pytest
+
+from mtp2draft.errors import SpecError, UnknownFamilyError
+from mtp2draft.spec import SPEC_PATH_ENV, find_spec, get_spec, load_spec_file, parse_spec, registry
+
+SPEC_DIR = Path(__file__).resolve().parents[1] / "model_specs"
+
+
+def _data(name: str = "deepseek_v3") -> dict:
+    return tomllib.loads((SPEC_DIR / f"{name}.toml").read_text())
+
+
+def test_every_shipped_spec_loads_and_is_named_after_its_file() -> None:
+    files = sorted(p.stem for p in SPEC_DIR.glob("*.toml"))
+    assert files == sorted(registry())
+    for name in files:
+        assert load_spec_file(SPEC_DIR / f"{name}.toml").name == name
+
+
+@pytest.mark.parametrize(
+    ("path", "value", "message"),
+    [
+        (("colour",), "red", r"unknown key\(s\) colour"),
+        (("keys", "extra"), "x", r"unknown key\(s\) extra"),
+        (("layer", "concat"), "sideways", "layer.concat must be one of"),
+        (("layer", "norm"), "fancy", "layer.norm must be one of"),
+        (("block", "load"), ["no_such_transform"], "unknown transform 'no_such_transform'"),
+        (("eagle3", "transforms"), ["attention_nope"], "unknown transform 'attention_nope'"),
+        (("keys", "enorm"), "model.layers.{layer}.enorm.weight", "placeholder"),
+        (("quantization",), ["int3"], "unknown quantization"),
+        (("verified",), "yes", "expected true/false"),
+    ],
+)
+def test_malformed_specs_are_rejected(path: tuple[str, ...], value, message: str) -> None:
+    data = _data()
+    target = data
+    for key in path[:-1]:
+        target = target[key]
+    target[path[-1]] = value
+    with pytest.raises(SpecError, match=message):
+        parse_spec(data, "test.toml")
+
+
+def test_missing_required_section_is_rejected() -> None:
+    data = _data()
+    del data["keys"]
+    with pytest.raises(SpecError, match=r"missing section \[keys\]"):
+        parse_spec(data, "test.toml")
+
+
+def test_find_spec_matches_architectures_then_model_type() -> None:
+    assert find_spec({"architectures": ["DeepseekV3ForCausalLM"]}).name == "deepseek_v3"
+    assert find_spec({"model_type": "glm4_moe"}).name == "glm4_moe"
+    assert find_spec({"architectures": ["MiMoForCausalLM"], "model_type": "mimo"}).name == "mimo"
+
+
+def test_unknown_family_lists_supported_ones() -> None:
+    with pytest.raises(UnknownFamilyError) as err:
+        find_spec({"architectures": ["LlamaForCausalLM"], "model_type": "llama"})
+    for name in registry():
+        assert name in str(err.value)
+    with pytest.raises(UnknownFamilyError, match="supported"):
+        get_spec("nope")
+
+
+def test_a_new_family_is_one_spec_file_and_one_fixture_row(tmp_path: Path, monkeypatch, build) -> None:
+    """A made-up family reusing the Qwen2 block kind, with its own key names and architecture: no code change."""
+    from mtp2draft.convert import convert, load_native
+    from mtp2draft.testing import fixtures
+
+    spec_text = (SPEC_DIR / "mimo.toml").read_text()
+    spec_text = spec_text.replace('name = "mimo"', 'name = "toy_mtp"')
+    spec_text = spec_text.replace('["MiMoForCausalLM"]', '["ToyMtpForCausalLM"]').replace('["mimo"]', '["toy_mtp"]')
+    spec_text = spec_text.replace("model.mtp_layers.{i}.", "model.nextn.{i}.")
+    folder = tmp_path / "specs"
+    folder.mkdir()
+    (folder / "toy_mtp.toml").write_text(spec_text)
+    monkeypatch.setenv(SPEC_PATH_ENV, str(folder))
+    registry.cache_clear()
+    try:
+        row = {**fixtures.FIXTURES["mimo"], "spec": "toy_mtp"}
+        row["config"] = {**row["config"], "architectures": ["ToyMtpForCausalLM"], "model_type": "toy_mtp"}
+        monkeypatch.setitem(fixtures.FIXTURES, "toy_mtp", row)
+        ckpt = fixtures.build_fixture("toy_mtp", tmp_path / "ckpt")
+        index = json.loads((ckpt / "model.safetensors.index.json").read_text())
+        assert any(k.startswith("model.nextn.0.") for k in index["weight_map"])
+        result = convert(str(ckpt), tmp_path / "draft")
+        assert result.spec == "toy_mtp"
+        assert load_native(str(ckpt)).spec.name == "toy_mtp"
+    finally:
+        registry.cache_clear()
