@@ -158,6 +158,10 @@ def convert(
         )
 
 
+# ---- distill / evaluate / dump-hidden (pipeline stages 2 and 3) ----------------------------------------------------
+
+# ---- export / validate / push / run (pipeline stage 4) -------------------------------------------------------------
+
 # ---- entry point -----------------------------------------------------------------------------------------------------
 def main(argv: list[str] | None = None) -> int:
     """Console-script entry: one formatter for known errors, tracebacks only under MTP2DRAFT_DEBUG=1."""
