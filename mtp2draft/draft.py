@@ -187,6 +187,21 @@ class NativeMtpDraft(nn.Module):
         if self.embed_weight is None or self.head_weight is None:
             raise DraftError("the native draft needs the target's embedding and lm_head: call attach_target()")
         embeds = F.embedding(input_ids, self.embed_weight).to(hidden.dtype)  # [B, T, H]
+        normed, out = self.layer_forward(embeds, hidden, position_ids, attention_mask, cache)
+        logits = F.linear(normed, self.head_weight.to(normed.dtype))  # [B, T, V]
+        return logits, (normed if self.hidden_handover == "post_norm" else out)
+
+    def layer_forward(
+        self,
+        embeds: torch.Tensor,
+        hidden: torch.Tensor,
+        position_ids: torch.Tensor,
+        attention_mask: torch.Tensor | None = None,
+        cache: DraftCache | None = None,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """The layer without embedding and head: (post-final-norm [B, T, H], pre-norm block output [B, T, H]).
+
+        Used directly when the embedding and head are live trainable tensors (joint training of a target)."""
         e, h = self.enorm(embeds), self.hnorm(hidden)
         x = self.eh_proj(torch.cat([e, h] if self.spec.layer.concat == "embed_hidden" else [h, e], dim=-1))
         position_embeddings = self.rotary_emb(x, position_ids)
@@ -197,9 +212,7 @@ class NativeMtpDraft(nn.Module):
             cache=cache,
             position_embeddings=position_embeddings,
         )
-        normed = self.final_norm(out)
-        logits = F.linear(normed, self.head_weight.to(normed.dtype))  # [B, T, V]
-        return logits, (normed if self.hidden_handover == "post_norm" else out)
+        return self.final_norm(out), out
 
     def draft_config(self) -> dict[str, Any]:
         return native_config(self.spec, self.target_config, self.layer, self.hidden_handover)
