@@ -159,8 +159,333 @@ def convert(
 
 
 # ---- distill / evaluate / dump-hidden (pipeline stages 2 and 3) ----------------------------------------------------
+Data = Annotated[Path, typer.Option("--data", help="JSONL: {'text': ...} or {'messages': [...]} per line.")]
+Target = Annotated[str, typer.Option("--target", help="Target model: hub repo id or local directory.")]
+SkipBad = Annotated[bool, typer.Option("--skip-bad", help="Skip malformed data lines (counted) instead of failing.")]
+
+
+def _floats(text: str | None) -> list[float] | None:
+    return [float(x) for x in text.split(",")] if text else None
+
+
+@app.command()
+def distill(
+    draft: Annotated[Path, typer.Argument(help="Draft directory from `convert` (mtp or eagle3).", show_default=False)],
+    out: Annotated[Path, typer.Option("--out", help="Output draft directory.", show_default=False)],
+    target: Annotated[str | None, typer.Option("--target", help="Target: hub repo id or local directory.")] = None,
+    data: Annotated[Path | None, typer.Option("--data", help="Training JSONL (text or chat records).")] = None,
+    hidden_states: Annotated[
+        Path | None, typer.Option("--hidden-states", help="Train from a `dump-hidden` directory instead of a target.")
+    ] = None,
+    steps: Annotated[int, typer.Option("--steps", help="Optimizer steps.")] = 300,
+    ttt_steps: Annotated[int, typer.Option("--ttt-steps", help="Draft steps unrolled per position (K).")] = 3,
+    lr: Annotated[float, typer.Option("--lr", help="Peak learning rate (AdamW, warm-up + cosine).")] = 5e-4,
+    batch_size: Annotated[int, typer.Option("--batch-size", help="Sequences per step.")] = 8,
+    max_length: Annotated[int, typer.Option("--max-length", help="Tokens per sequence.")] = 256,
+    draft_vocab_size: Annotated[
+        int | None, typer.Option("--draft-vocab-size", help="eagle3: keep the V most frequent target tokens.")
+    ] = None,
+    step_weights: Annotated[
+        str | None, typer.Option("--step-weights", help="Loss weight per TTT step, e.g. '1,0.8,0.64' (default 0.8^s).")
+    ] = None,
+    seed: Annotated[int, typer.Option("--seed", help="Seed of initialisation-free randomness (data order).")] = 0,
+    save_every: Annotated[int, typer.Option("--save-every", help="Checkpoint every N steps.")] = 50,
+    resume: Annotated[bool, typer.Option("--resume", help="Continue from the newest checkpoint of --out.")] = False,
+    regenerate: Annotated[
+        bool, typer.Option("--regenerate", help="Train on the target's own responses to the data's prompts.")
+    ] = False,
+    sample: Annotated[bool, typer.Option("--sample", help="With --regenerate: sample instead of greedy.")] = False,
+    skip_bad: SkipBad = False,
+    revision: Revision = None,
+    token: Token = None,
+    overwrite: Annotated[bool, typer.Option("--overwrite", help="Replace a non-empty --out.")] = False,
+    as_json: AsJson = False,
+) -> None:
+    """Fine-tune a draft against the frozen target with training-time test (K unrolled draft steps).
+
+    Checkpoints are written atomically every --save-every steps; `--resume` continues a killed run to the same
+    final weights.
+
+    Examples:
+
+    * `mtp2draft distill ds3-mtp --target deepseek-ai/DeepSeek-V3 --data chats.jsonl --out ds3-mtp-ft`
+    * `mtp2draft distill glm-eagle3 --target zai-org/GLM-4.5-Air --data chats.jsonl --regenerate --draft-vocab-size 32000 --ttt-steps 5 --out glm-eagle3-ft`
+    * `mtp2draft distill ds3-mtp --hidden-states dumped/ --out ds3-mtp-ft` (offline, no target loaded)
+    """
+    from .distill import DistillConfig
+    from .distill import distill as run
+
+    cfg = DistillConfig(
+        steps=steps,
+        ttt_steps=ttt_steps,
+        lr=lr,
+        batch_size=batch_size,
+        max_length=max_length,
+        draft_vocab_size=draft_vocab_size,
+        seed=seed,
+        step_weights=_floats(step_weights),
+        save_every=save_every,
+    )
+    result = run(
+        draft,
+        out,
+        data,
+        target,
+        hidden_states,
+        cfg,
+        revision,
+        token,
+        resume,
+        overwrite,
+        regenerate,
+        sample,
+        skip_bad,
+        progress=log,
+    )
+    summary = {
+        "out": str(result.out),
+        "steps": result.steps,
+        "seconds": round(result.seconds, 1),
+        "accuracy_per_step": [round(a, 4) for a in result.per_step_accuracy],
+        "resumed_from": result.resumed_from,
+    }
+    if as_json:
+        _print_json(summary)
+    else:
+        acc = " ".join(f"{a:.3f}" for a in result.per_step_accuracy)
+        print(
+            f"wrote distilled draft to {result.out} ({result.steps} steps, {result.seconds:.0f} s); "
+            f"top-1 agreement per step: {acc}"
+        )
+
+
+@app.command()
+def evaluate(
+    draft: Annotated[Path, typer.Argument(help="Draft directory to evaluate.", show_default=False)],
+    target: Target,
+    data: Data,
+    baseline: Annotated[
+        list[Path] | None,
+        typer.Option("--baseline", help="Other draft(s) to run on the same prompts, e.g. the raw MTP head."),
+    ] = None,
+    num_draft_tokens: Annotated[int, typer.Option("--num-draft-tokens", "-k", help="Draft tokens per step (k).")] = 4,
+    max_new_tokens: Annotated[int, typer.Option("--max-new-tokens", help="Tokens generated per prompt.")] = 64,
+    max_prompts: Annotated[int | None, typer.Option("--max-prompts", help="Use the first N prompts.")] = None,
+    max_prompt_length: Annotated[int, typer.Option("--max-prompt-length", help="Keep the last N prompt tokens.")] = 256,
+    save: Annotated[bool, typer.Option("--save", help="Write evaluation.json into the draft directory.")] = False,
+    skip_bad: SkipBad = False,
+    revision: Revision = None,
+    token: Token = None,
+    as_json: AsJson = False,
+) -> None:
+    """Measure acceptance by real speculative decoding (chain of k drafts, greedy verification) against the target.
+
+    Reports mean acceptance length (target tokens per target forward, bonus included), acceptance per draft
+    position, and `lossless`: the output equals the target's own greedy output on every prompt.
+
+    Examples:
+
+    * `mtp2draft evaluate ds3-mtp-ft --target deepseek-ai/DeepSeek-V3 --data prompts.jsonl --baseline ds3-mtp -k 4`
+    * `mtp2draft evaluate glm-eagle3-ft --target zai-org/GLM-4.5-Air --data prompts.jsonl --json --save`
+    """
+    from .evaluate import evaluate as run
+    from .evaluate import save_evaluation
+
+    drafts = [("draft", str(draft))] + [(f"baseline: {b}", str(b)) for b in (baseline or [])]
+    report = run(
+        drafts,
+        target,
+        data,
+        num_draft_tokens,
+        max_new_tokens,
+        max_prompts,
+        max_prompt_length,
+        revision,
+        token,
+        skip_bad,
+        progress=log,
+    )
+    if save:
+        log(f"saved {save_evaluation(draft, report)}")
+    if as_json:
+        _print_json(report)
+        return
+    print(
+        f"target {report['target']}, {report['num_prompts']} prompts, k = {report['num_draft_tokens']}, "
+        f"{report['max_new_tokens']} new tokens each"
+    )
+    print(format_acceptance_table(report["results"]))
+
+
+def format_acceptance_table(results: list[dict[str, Any]]) -> str:
+    k = max(r["num_draft_tokens"] for r in results)
+    head = ["draft", "accept len"] + [f"pos {j}" for j in range(1, k + 1)] + ["lossless"]
+    rows = [
+        [r["name"], f"{r['mean_acceptance_length']:.3f}"]
+        + [f"{a:.3f}" for a in r["acceptance_per_position"]]
+        + [""] * (k - r["num_draft_tokens"])
+        + ["yes" if r["lossless"] else "NO"]
+        for r in results
+    ]
+    widths = [max(len(str(x)) for x in col) for col in zip(head, *rows, strict=True)]
+    lines = ["  ".join(str(x).ljust(w) for x, w in zip(row, widths, strict=True)) for row in [head, *rows]]
+    return "\n".join(lines)
+
+
+@app.command("dump-hidden")
+def dump_hidden(
+    target: Target,
+    data: Data,
+    out: Annotated[Path, typer.Option("--out", help="Output directory (sharded safetensors + manifest.json).")],
+    draft: Annotated[
+        Path | None, typer.Option("--draft", help="Draft whose inputs to dump (its aux layers, for eagle3).")
+    ] = None,
+    aux_layers: Annotated[str | None, typer.Option("--aux-layers", help="Aux layer ids 'low,mid,high'.")] = None,
+    top_k: Annotated[int, typer.Option("--top-k", help="Target log-probs kept per position.")] = 64,
+    max_length: Annotated[int, typer.Option("--max-length", help="Tokens per sequence.")] = 256,
+    shard_size: Annotated[int, typer.Option("--shard-size", help="Sequences per shard file.")] = 256,
+    skip_bad: SkipBad = False,
+    revision: Revision = None,
+    token: Token = None,
+    overwrite: Annotated[bool, typer.Option("--overwrite", help="Replace a non-empty --out.")] = False,
+) -> None:
+    """Write the target's hidden states and top-k log-probs for offline distillation (`distill --hidden-states`).
+
+    The schema is documented in docs/formats.md; an inference engine's dump can be mapped onto it.
+
+    Example: `mtp2draft dump-hidden --target ./tiny-target --data train.jsonl --draft glm-eagle3 --out dumped/`
+    """
+    from .data import load_tokenizer, read_examples
+    from .draft import load_draft
+    from .hidden import TargetModel, dump_hidden_states
+
+    tm = TargetModel(target, revision, token)
+    ids = [int(x) for x in aux_layers.split(",")] if aux_layers else None
+    if ids is None and draft is not None:
+        loaded = load_draft(draft)
+        ids = loaded.aux_layer_ids if loaded.kind == "eagle3" else None
+    examples, skipped = read_examples(data, load_tokenizer(tm.path), max_length, skip_bad)
+    if skipped:
+        log(f"skipped {skipped} malformed line(s)")
+    seqs = [{"input_ids": e.input_ids, "loss_mask": e.loss_mask} for e in examples]
+    path = dump_hidden_states(tm, seqs, out, ids, top_k, shard_size, overwrite=overwrite, progress=log)
+    print(f"wrote hidden states of {len(seqs)} sequences to {path}")
+
 
 # ---- export / validate / push / run (pipeline stage 4) -------------------------------------------------------------
+def _formats(include_native: bool = False) -> list[str]:
+    from .export import FORMATS, VALIDATE_FORMATS
+
+    return list(VALIDATE_FORMATS if include_native else FORMATS)
+
+
+@app.command()
+def export(
+    draft: Annotated[Path, typer.Argument(help="Draft directory (written by convert or distill).", show_default=False)],
+    format: Annotated[
+        str, typer.Option("--format", help=f"Engine format: {' | '.join(_formats())}.", show_default=False)
+    ],
+    out: Annotated[Path, typer.Option("--out", help="Output directory.", show_default=False)],
+    target: Annotated[
+        str | None,
+        typer.Option(
+            "--target", help="Target checkpoint (hub id or local dir): needed by stitched, optional for nextn."
+        ),
+    ] = None,
+    dtype: Annotated[
+        str, typer.Option("--dtype", help="sglang/speculators weights dtype: bfloat16 | float16 | float32.")
+    ] = "bfloat16",
+    speculative_tokens: Annotated[
+        int, typer.Option("--speculative-tokens", help="speculators: k written into the proposal method.")
+    ] = 3,
+    revision: Revision = None,
+    token: Token = None,
+    overwrite: Annotated[bool, typer.Option("--overwrite", help="Replace a non-empty --out.")] = False,
+    as_json: AsJson = False,
+) -> None:
+    """Write a draft in the format a serving engine loads; the output is validated before it appears.
+
+    sglang / speculators take EAGLE-3 drafts; nextn / stitched take native MTP drafts (stitched writes the layer back
+    into --target's shards, in their dtype and FP8 quantization).
+
+    Examples:
+
+    * `mtp2draft export glm-eagle3-ft --format sglang --out glm-eagle3-sglang`
+    * `mtp2draft export glm-eagle3-ft --format speculators --speculative-tokens 4 --out glm-eagle3-vllm`
+    * `mtp2draft export ds3-mtp-ft --format stitched --target deepseek-ai/DeepSeek-V3 --out ds3-stitched`
+    """
+    from .export import export as run
+
+    result = run(draft, format, out, target, overwrite, dtype, speculative_tokens, revision, token, progress=log)
+    summary = {"out": str(result.out), "format": result.format, "files": result.files, "seconds": result.seconds}
+    if as_json:
+        _print_json(summary)
+    else:
+        print(f"wrote {result.format} export of {draft} to {result.out} ({', '.join(result.files)})")
+
+
+@app.command()
+def validate(
+    path: Annotated[Path, typer.Argument(help="Directory to check.", show_default=False)],
+    format: Annotated[
+        str | None,
+        typer.Option("--format", help=f"{' | '.join(_formats(True))} (default: from config.json).", show_default=False),
+    ] = None,
+    as_json: AsJson = False,
+) -> None:
+    """Check a draft or export directory against its format's contract and list every violation (non-zero exit if
+    any).
+
+    Examples: `mtp2draft validate glm-eagle3-sglang` · `mtp2draft validate ds3-stitched --format stitched --json`
+    """
+    from .errors import ValidationError
+    from .export import detect_format
+    from .export import validate as run
+
+    violations = run(path, format)
+    fmt = format or detect_format(json.loads((path / "config.json").read_text()))
+    if as_json:
+        _print_json({"path": str(path), "format": fmt, "ok": not violations, "violations": violations})
+    elif violations:
+        print(f"{path}: {len(violations)} violation(s) of the {fmt} format")
+        for v in violations:
+            print(f"  - {v}")
+    else:
+        print(f"{path}: valid {fmt} draft")
+    if violations:  # the list went to stdout; the one-line error and the exit status come from main()
+        raise ValidationError(f"{path}: {len(violations)} violation(s) of the {fmt} format", violations)
+
+
+@app.command()
+def push(
+    path: Annotated[Path, typer.Argument(help="Draft or export directory to publish.", show_default=False)],
+    repo_id: Annotated[
+        str, typer.Option("--repo-id", help="Hub repo (org/name), created if needed.", show_default=False)
+    ],
+    private: Annotated[bool, typer.Option("--private", help="Create the repo private.")] = False,
+    revision: Annotated[
+        str | None, typer.Option("--revision", help="Branch to commit to (created from main if missing).")
+    ] = None,
+    commit_message: Annotated[str | None, typer.Option("--commit-message", help="Commit message.")] = None,
+    token: Token = None,
+    as_json: AsJson = False,
+) -> None:
+    """Publish a draft to the Hugging Face Hub with a model card (target, acceptance table, launch lines).
+
+    The directory is validated first and never modified: the card is generated into the upload.
+
+    Examples: `mtp2draft push glm-eagle3-sglang --repo-id me/GLM-4.5-Air-eagle3` ·
+    `mtp2draft push ds3-stitched --repo-id me/ds3-mtp-ft --revision v2 --private`
+    """
+    from .hub import push as run
+
+    result = run(path, repo_id, private, revision, commit_message, token, progress=log)
+    if as_json:
+        _print_json(result.__dict__)
+    else:
+        print(result.url)
+        print(f"commit {result.commit}  {result.commit_url}")
+
 
 # ---- entry point -----------------------------------------------------------------------------------------------------
 def main(argv: list[str] | None = None) -> int:

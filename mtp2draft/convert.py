@@ -303,7 +303,7 @@ def build_eagle3(
         key = target_head_key(ckpt, spec, plan)
         return ckpt.read_weights([key])[key]
 
-    num_layers = int(text["num_hidden_layers"])
+    num_layers = spec.num_layers(cfg)
     aux = list(aux_layers) if aux_layers else default_aux_layers(num_layers)
     if len(aux) != 3 or not all(0 <= i < num_layers - 1 for i in aux):
         raise CheckpointError(f"aux layer ids must be three target layers in 0..{num_layers - 2}, got {aux}")

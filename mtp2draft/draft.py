@@ -27,6 +27,7 @@ or train (`distill.py`).
 from __future__ import annotations
 
 import copy
+import inspect
 import json
 import math
 from collections.abc import Mapping
@@ -89,7 +90,7 @@ def block_config(spec: Spec, target_config: Mapping[str, Any]):
     cfg = AutoConfig.for_model(spec.config.transformers_model_type, **text)
     for key, value in spec.config.block_overrides.items():
         setattr(cfg, key, copy.deepcopy(value))
-    cfg._attn_implementation = "sdpa"
+    cfg._attn_implementation = spec.block.attn_implementation
     cfg._experts_implementation = "eager"  # the modules are used standalone, outside a PreTrainedModel
     return cfg
 
@@ -149,6 +150,10 @@ class NativeMtpDraft(nn.Module):
         self.block = spec.block_class()(cfg, 0) if spec.block.decoder_layer else ComposedBlock(spec, cfg)
         self.final_norm = norm(h, eps=cfg.rms_norm_eps)
         self.rotary_emb = spec.import_class(spec.block.rotary)(config=cfg)
+        # Rotaries with per-layer-type frequencies (MiMo-V2-Flash) take the layer type the block was built as.
+        layer_types = getattr(cfg, "layer_types", None)
+        takes_type = "layer_type" in inspect.signature(self.rotary_emb.forward).parameters
+        self._rotary_kwargs = {"layer_type": layer_types[0]} if layer_types and takes_type else {}
         _attach(self, "embed_weight", None)
         _attach(self, "head_weight", None)
 
@@ -174,7 +179,18 @@ class NativeMtpDraft(nn.Module):
         return draft_ids
 
     def trainable_parameters(self) -> list[nn.Parameter]:
-        return [p for p in self.parameters() if p.requires_grad]
+        """Everything but tensors the layer shares with the trunk: when the family's final norm IS the trunk's
+        (ERNIE applies `model.norm`), it stays frozen, or writing the layer back would change the target."""
+        shared = self.spec.keys.final_norm == self.spec.keys.target_norm
+        return [
+            p for n, p in self.named_parameters() if p.requires_grad and not (shared and n.startswith("final_norm."))
+        ]
+
+    @property
+    def attention_window(self) -> int | None:
+        """Sliding window of the block's attention (keys within `window` positions), None for full attention."""
+        window = getattr(getattr(self.block, "self_attn", None), "sliding_window", None)
+        return int(window) if window else None
 
     def forward(
         self,
@@ -204,7 +220,9 @@ class NativeMtpDraft(nn.Module):
         Used directly when the embedding and head are live trainable tensors (joint training of a target)."""
         e, h = self.enorm(embeds), self.hnorm(hidden)
         x = self.eh_proj(torch.cat([e, h] if self.spec.layer.concat == "embed_hidden" else [h, e], dim=-1))
-        position_embeddings = self.rotary_emb(x, position_ids)
+        position_embeddings = self.rotary_emb(x, position_ids, **self._rotary_kwargs)
+        if attention_mask is None:
+            attention_mask = self.default_mask(x, cache)
         out = self.block(
             x,
             attention_mask=attention_mask,
@@ -213,6 +231,21 @@ class NativeMtpDraft(nn.Module):
             position_embeddings=position_embeddings,
         )
         return self.final_norm(out), out
+
+    def default_mask(self, x: torch.Tensor, cache: DraftCache | None = None) -> torch.Tensor | None:
+        """The causal mask used when the caller passes none: None where SDPA's own causal path suffices, else an
+        additive [1, 1, T, past + T] mask (query i sits at past + i), limited to the block attention's sliding
+        window when it has one (key j visible iff q - window < j <= q, as transformers' sliding-window masks)."""
+        window = getattr(getattr(self.block, "self_attn", None), "sliding_window", None)
+        if self.config._attn_implementation == "sdpa" and not window:
+            return None
+        t = x.shape[1]
+        past = cache.get_seq_length() if cache is not None else 0
+        q = torch.arange(past, past + t, device=x.device)[:, None]
+        k = torch.arange(past + t, device=x.device)[None, :]
+        allowed = (k <= q) & (k > q - int(window)) if window else k <= q
+        mask = torch.zeros(t, past + t, dtype=x.dtype, device=x.device)
+        return mask.masked_fill(~allowed, torch.finfo(x.dtype).min)[None, None]
 
     def draft_config(self) -> dict[str, Any]:
         return native_config(self.spec, self.target_config, self.layer, self.hidden_handover)
@@ -419,14 +452,22 @@ def build_draft(cfg: Mapping[str, Any]) -> Draft:
 
 
 def load_draft(path: str | Path, dtype: torch.dtype = torch.float32) -> Draft:
-    """Load a draft directory written by `convert`, `distill` or the `sglang` exporter (no target attached)."""
+    """Load a draft directory written by `convert`, `distill` or the `sglang` / `speculators` exporters (no target
+    attached)."""
     path = Path(path)
     cfg = read_draft_config(path)
+    rename = None
+    if cfg.get("speculators_model_type"):  # vLLM's speculators layout: back to SGLang's config and names
+        from .export import speculators_to_eagle3_config, speculators_weight_name
+
+        cfg, rename = speculators_to_eagle3_config(cfg), speculators_weight_name
     draft = build_draft(cfg)
     weights = path / WEIGHTS_FILE
     if not weights.is_file():
         raise DraftError(f"{path} has no {WEIGHTS_FILE}")
     state = load_file(str(weights))
+    if rename is not None:
+        state = {rename(k): v for k, v in state.items()}
     state = {k: v for k, v in state.items() if k != "embed_tokens.weight"}
     expected = draft.state_dict()
     missing = sorted(set(expected) - set(state))

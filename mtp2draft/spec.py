@@ -28,6 +28,7 @@ CONCAT_ORDERS = ("embed_hidden", "hidden_embed")
 HIDDEN_SOURCES = ("post_norm", "pre_norm")
 NORM_STYLES = ("standard", "zero_centered")
 QUANT_FORMATS = ("fp8_block",)
+ATTN_IMPLEMENTATIONS = ("sdpa", "eager")
 
 
 @dataclass(frozen=True)
@@ -40,6 +41,9 @@ class ConfigSpec:
     """Field holding the number of MTP layers."""
     mtp_count_default: int | None = None
     """Used when the field is absent (Qwen3-Next releases omit it; engines assume 1). None: absent means none."""
+    num_layers: str = "num_hidden_layers"
+    """Field holding the number of trunk decoder layers (`{n}` in key templates, EAGLE-3 aux layer ids);
+    LongCat-Flash's release calls it `num_layers`."""
     text_config: str = ""
     """Key of a nested text config (`text_config` for Qwen3.5); empty: the config is top level."""
     block_overrides: Mapping[str, Any] = field(default_factory=dict)
@@ -49,7 +53,8 @@ class ConfigSpec:
 
 @dataclass(frozen=True)
 class KeySpec:
-    """Checkpoint key templates. `{i}` is the MTP layer index, `{n}` is num_hidden_layers + i."""
+    """Checkpoint key templates. `{i}` is the MTP layer index, `{n}` is the trunk's layer count + i (see
+    `ConfigSpec.num_layers`)."""
 
     enorm: str
     hnorm: str
@@ -94,6 +99,9 @@ class BlockSpec:
     """Named key transforms (checkpoint -> module layout) applied in order to the block's tensors."""
     rename: Mapping[str, str] = field(default_factory=dict)
     """Plain prefix renames of block keys, checkpoint -> module, applied before `load`."""
+    attn_implementation: str = "sdpa"
+    """transformers attention kernel the block runs with: `sdpa`, or `eager` where the family's attention has a term
+    SDPA cannot express (MiMo-V2-Flash's attention-sink bias, which its SDPA path would silently drop)."""
 
 
 @dataclass(frozen=True)
@@ -143,9 +151,17 @@ class Spec:
             value = self.config.mtp_count_default
         return int(value or 0)
 
+    def num_layers(self, config: Mapping[str, Any]) -> int:
+        """Number of trunk decoder layers, from the field the spec names."""
+        value = self.text_config(config).get(self.config.num_layers)
+        if value is None:
+            raise SpecError(f"config.json has no '{self.config.num_layers}', which {self.name} needs")
+        return int(value)
+
     def key(self, template: str, config: Mapping[str, Any], layer: int) -> str:
-        n = int(self.text_config(config)["num_hidden_layers"])
-        return template.format(i=layer, n=n + layer)
+        if "{n}" not in template:  # only `{n}` needs the trunk's layer count
+            return template.format(i=layer)
+        return template.format(i=layer, n=self.num_layers(config) + layer)
 
     def component_keys(self, config: Mapping[str, Any], layer: int) -> dict[str, str]:
         """Resolved keys of the named (non-block) components of MTP layer `layer`."""
@@ -247,6 +263,11 @@ def _check_values(spec: Spec) -> None:
     for q in spec.quantization:
         if q not in QUANT_FORMATS:
             raise SpecError(f"{where}: unknown quantization {q!r}; known: {QUANT_FORMATS}")
+    if spec.block.attn_implementation not in ATTN_IMPLEMENTATIONS:
+        raise SpecError(
+            f"{where}: block.attn_implementation must be one of {ATTN_IMPLEMENTATIONS}, "
+            f"got {spec.block.attn_implementation!r}"
+        )
     if bool(spec.block.decoder_layer) == bool(spec.block.attention_class or spec.block.mlp_class):
         raise SpecError(f"{where}: [block] needs either decoder_layer or attention_class + mlp_class")
     if not spec.architectures and not spec.model_types:

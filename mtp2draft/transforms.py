@@ -102,7 +102,22 @@ class FuseExperts:
         return None
 
 
-LOAD_TRANSFORMS: dict[str, Any] = {t.name: t for t in (FuseExperts(),)}
+class FusedExperts3d(FuseExperts):
+    """Checkpoints that store experts already fused, as Qwen3.5-MoE's BF16 release does: `experts.gate_up_proj`
+    [E, 2I, H] (gate rows first, then up) and `experts.down_proj` [E, H, I], no `.weight` suffix. That is the
+    transformers module layout itself (vLLM and SGLang split gate_up with `chunk(2, dim=-2)`, no transpose), so
+    those keys map 1:1. Per-expert keys (some quantised re-releases ship them) are fused as `fuse_experts` does.
+    The inverse writes the fused 3-D layout."""
+
+    name = "fused_experts_3d"
+
+    def to_checkpoint(self, module_key: str, tensor: torch.Tensor) -> dict[str, torch.Tensor] | None:
+        if module_key.endswith(("experts.gate_up_proj", "experts.down_proj")):
+            return {module_key: tensor}
+        return None
+
+
+LOAD_TRANSFORMS: dict[str, Any] = {t.name: t for t in (FuseExperts(), FusedExperts3d())}
 
 
 def group_block_keys(keys: list[str], rename: dict[str, str], load: tuple[str, ...]) -> list[Group]:
@@ -203,11 +218,21 @@ def _permute_heads(w: torch.Tensor, heads: int, perm: list[int]) -> torch.Tensor
     return w.view(heads, d, -1)[:, perm, :].reshape(heads * d, -1)
 
 
+def _rope_parameters(cfg: Any) -> dict[str, Any]:
+    """The block's RoPE parameters. Per-layer-type entries (MiMo-V2-Flash: {"full_attention": {...},
+    "sliding_attention": {...}}) resolve to the block's own layer type, `layer_types[0]`."""
+    rope = dict(getattr(cfg, "rope_parameters", None) or {})
+    layer_types = getattr(cfg, "layer_types", None) or []
+    if layer_types and isinstance(rope.get(layer_types[0]), dict):
+        rope = dict(rope[layer_types[0]])
+    return rope
+
+
 def _set_attention(b: Eagle3Build, wq, wk, wv, wo, heads, kv_heads, head_dim, rope_exponent, exact, how, sources):
     """Store x-space q/k/v (acting on u = x / rms(x)) for `absorb_projection`, and o_proj + config."""
     cfg = b.block_config
-    theta = float((getattr(cfg, "rope_parameters", None) or {}).get("rope_theta", getattr(cfg, "rope_theta", 1e4)))
-    rope = dict(getattr(cfg, "rope_parameters", None) or {})
+    rope = _rope_parameters(cfg)
+    theta = float(rope.get("rope_theta", getattr(cfg, "rope_theta", 1e4)))
     scaled = rope.get("rope_type", "default") not in ("default", None)
     b.scratch["attention"] = {"q": wq, "k": wk, "v": wv, "exact": exact and not scaled, "how": how, "from": sources}
     b.put("midlayer.self_attn.o_proj.weight", wo, exact and not scaled, sources, how)
@@ -226,15 +251,42 @@ def _set_attention(b: Eagle3Build, wq, wk, wv, wo, heads, kv_heads, head_dim, ro
 
 def attention_gqa(b: Eagle3Build) -> None:
     """GQA block -> Llama GQA. Exact with full RoPE and no bias/QK-norm; partial RoPE is remapped by
-    `rope_permutation`; q/k/v biases are dropped and QK-norm is linearised (both approximate)."""
+    `rope_permutation`; q/k/v biases are dropped and QK-norm is linearised (both approximate).
+
+    Also exact: interleaved RoPE pairs (`rope_interleave` on the block config, ERNIE-4.5) permuted onto Llama's
+    half-split pairs, a value scale (`attention_value_scale`, MiMo-V2-Flash) folded into v_proj, and v heads narrower
+    than q/k heads zero-padded with matching zero o_proj columns. Dropped (approximate): attention-sink bias, and a
+    sliding window (the EAGLE-3 layer attends to the whole context; the same while it fits in the window)."""
     cfg = b.block_config
-    heads, kv_heads = int(cfg.num_attention_heads), int(cfg.num_key_value_heads)
-    d = int(getattr(cfg, "head_dim", None) or cfg.hidden_size // heads)
+    d = int(getattr(cfg, "head_dim", None) or cfg.hidden_size // int(cfg.num_attention_heads))
     d_in = b.norm_weight("block.input_layernorm.weight")
     names = {p: f"block.self_attn.{p}_proj.weight" for p in "qkvo"}
     wq, wk, wv, wo = (b.tensor(names[p]) for p in "qkvo")
+    # head counts from the tensors: MiMo-V2-Flash's sliding-window attention has twice the config's kv heads
+    heads, kv_heads = wq.shape[0] // d, wk.shape[0] // d
     wq, wk, wv = wq * d_in, wk * d_in, wv * d_in  # act on u = x / rms(x)
     notes, exact = [], True
+    v_scale = getattr(cfg, "attention_value_scale", None)
+    if v_scale is not None and float(v_scale) != 1.0:
+        wv = wv * float(v_scale)
+        notes.append(f"value scale {float(v_scale):g} folded into v_proj")
+    dv = wv.shape[0] // kv_heads
+    if dv > d:
+        raise CheckpointError(f"attention_gqa: v head dim {dv} exceeds q/k head dim {d}; the EAGLE-3 layer has one")
+    if dv < d:
+        wv = torch.cat([wv.view(kv_heads, dv, -1), wv.new_zeros(kv_heads, d - dv, wv.shape[-1])], 1)
+        wv = wv.reshape(kv_heads * d, -1)
+        wo = torch.cat([wo.view(wo.shape[0], heads, dv), wo.new_zeros(wo.shape[0], heads, d - dv)], 2)
+        wo = wo.reshape(wo.shape[0], heads * d)
+        notes.append(f"v zero-padded {dv}->{d} with zero o_proj columns")
+    if b.has("block.self_attn.sinks"):
+        notes.append("attention-sink bias dropped (the EAGLE-3 layer has none)")
+        exact = False
+    layer_types = getattr(cfg, "layer_types", None) or []
+    window = getattr(cfg, "sliding_window", None) if layer_types[:1] == ["sliding_attention"] else None
+    if window:
+        notes.append(f"sliding window ({window} tokens) dropped: attends to the whole context")
+        exact = False
     if any(b.has(f"block.self_attn.{p}_proj.bias") for p in "qkv"):
         notes.append("q/k/v bias dropped (the EAGLE-3 layer has none)")
         exact = False
@@ -251,9 +303,14 @@ def attention_gqa(b: Eagle3Build) -> None:
                 wk = hw.reshape(n * d, -1)
             notes.append(f"{p}_norm linearised with a weight-based rms estimate")
             exact = False
-    prf = float(getattr(cfg, "partial_rotary_factor", 1.0) or 1.0)
+    # transformers 5 keeps the factor only inside rope_parameters (GLM-4.5, Qwen3-Next, Qwen3.5)
+    rope_params = _rope_parameters(cfg)
+    prf = float(getattr(cfg, "partial_rotary_factor", None) or rope_params.get("partial_rotary_factor") or 1.0)
     rope_dim = int(d * prf)
-    perm, exponent = rope_permutation(d, rope_dim, 0, interleaved=False)
+    interleaved = bool(getattr(cfg, "rope_interleave", False))
+    perm, exponent = rope_permutation(d, rope_dim, 0, interleaved=interleaved)
+    if interleaved:
+        notes.append("interleaved RoPE pairs permuted onto Llama's half-split pairs")
     if rope_dim != d:
         notes.append(f"partial RoPE ({rope_dim}/{d} dims) remapped onto full RoPE with theta^{exponent:g}")
         exact = False
@@ -291,6 +348,10 @@ def attention_mla(b: Eagle3Build) -> None:
     The low-rank norms (q_a_layernorm, kv_a_layernorm) are linearised with weight-based rms estimates; k_rope, shared
     by all heads in MLA, is copied into every head; v is zero-padded to head_dim with matching zero o_proj columns;
     the nope dims ride on near-zero RoPE frequencies (see `rope_permutation`); MLA's softmax scale is folded into q.
+    LongCat-Flash's LoRA scaling (`mla_scale_q_lora` / `mla_scale_kv_lora`: q and the kv latent times
+    (hidden / rank)^0.5) is folded in exactly. DeepSeek-V3.2's DSA indexer has no EAGLE-3 counterpart and is dropped:
+    its top-`index_topk` sparse attention becomes dense attention (the same while the context is at most
+    `index_topk` tokens, approximate beyond).
     """
     cfg = b.block_config
     heads = int(cfg.num_attention_heads)
@@ -315,6 +376,16 @@ def attention_mla(b: Eagle3Build) -> None:
     wkva = t("block.self_attn.kv_a_proj_with_mqa.weight") * d_in  # [r_kv + dr, H]
     c_kv = _fro_rms(wkva[:r_kv])
     latent = b.norm_weight("block.self_attn.kv_a_layernorm.weight")[:, None] * wkva[:r_kv] / c_kv  # [r_kv, H]
+    notes = []
+    if getattr(cfg, "mla_scale_q_lora", False) and getattr(cfg, "q_lora_rank", None):
+        wq = wq * (b.hidden_size / int(cfg.q_lora_rank)) ** 0.5
+        notes.append("LoRA scaling of q folded in")
+    if getattr(cfg, "mla_scale_kv_lora", False):
+        latent = latent * (b.hidden_size / r_kv) ** 0.5  # scales k_nope and v, not the shared k_rope
+        notes.append("LoRA scaling of the kv latent folded in")
+    if b.has("block.self_attn.indexer.wq_b.weight"):
+        topk = getattr(cfg, "index_topk", "index_topk")
+        notes.append(f"DSA indexer dropped: top-{topk} sparse attention becomes dense (same up to {topk} tokens)")
     kvb = t("block.self_attn.kv_b_proj.weight").view(heads, dn + dv, r_kv)
     k_nope = kvb[:, :dn, :] @ latent  # [heads, dn, H]
     v = kvb[:, dn:, :] @ latent  # [heads, dv, H]
@@ -334,7 +405,7 @@ def attention_mla(b: Eagle3Build) -> None:
     wq, wk = _permute_heads(wq, heads, perm), _permute_heads(wk, heads, perm)
     how = (
         "MLA expanded to per-head q/k/v: low-rank norms linearised (weight-based rms), shared k_rope copied per head, "
-        f"v zero-padded {dv}->{d}, RoPE remapped with theta^{exponent:g}"
+        f"v zero-padded {dv}->{d}, RoPE remapped with theta^{exponent:g}" + "".join(f"; {n}" for n in notes)
     )
     _set_attention(
         b,

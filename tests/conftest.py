@@ -41,6 +41,36 @@ def build(fixture_root: Path):
     return _build
 
 
+@pytest.fixture(scope="session")
+def target(build):
+    """target(name) -> a fixture checkpoint that also has a (character-level, ChatML) tokenizer: a runnable target."""
+    from mtp2draft.testing.fixtures import write_char_tokenizer
+
+    def _target(name: str, **options) -> Path:
+        path = build(name, **options)
+        if not (path / "tokenizer.json").is_file():
+            write_char_tokenizer(path)
+        return path
+
+    return _target
+
+
+@pytest.fixture(scope="session")
+def text_data(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A small JSONL of Python-like text records (deterministic)."""
+    import json
+    import random
+
+    rng = random.Random(0)
+    path = tmp_path_factory.mktemp("data") / "train.jsonl"
+    lines = []
+    for _ in range(24):
+        body = "\n".join(f"def f{j}(x):\n    return x + {rng.randint(0, 9)}" for j in range(rng.randint(2, 4)))
+        lines.append(json.dumps({"text": body}))
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
 @pytest.fixture
 def hub(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator:
     """A loopback Hub the real huggingface_hub client talks to, with a fresh HF cache and range cache."""

@@ -1,0 +1,189 @@
+"""Training and evaluation data: JSONL records -> token ids with a loss mask.
+
+Two record shapes, one per line:
+- `{"text": "..."}`: plain text; every token is a loss token.
+- `{"messages": [{"role": "user", "content": "..."}, {"role": "assistant", "content": "..."}, ...]}`: a chat,
+  rendered with the target's chat template; only assistant tokens are loss tokens. The assistant spans are found by
+  rendering the conversation turn by turn (the template must render prefixes of a conversation as prefixes).
+
+`regenerate` has the target write its own responses (greedy or sampled): drafts trained on the target's own outputs
+accept more. Malformed lines are an error naming file and line, or are skipped and counted with `skip_bad`.
+
+What this module does not do: batching or hidden states (`distill.py`, `hidden.py`); it never prints text.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from .errors import DataError
+
+
+@dataclass
+class Example:
+    input_ids: list[int]
+    loss_mask: list[bool]
+    prompt_length: int = 0
+    """Tokens before the first loss token (the prompt, for evaluation and regeneration)."""
+    record: dict[str, Any] = field(default_factory=dict, repr=False)
+
+
+def load_tokenizer(path: str | Path):
+    from transformers import AutoTokenizer
+
+    from .hidden import quiet_transformers
+
+    try:
+        with quiet_transformers():
+            return AutoTokenizer.from_pretrained(str(path), trust_remote_code=False)
+    except (OSError, ValueError) as exc:
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise DataError(f"the target at {path} has no usable tokenizer ({first})") from exc
+
+
+def read_records(path: str | Path, skip_bad: bool = False) -> tuple[list[dict[str, Any]], int]:
+    """Parsed and checked records, and how many malformed lines were skipped."""
+    path = Path(path)
+    if not path.is_file():
+        raise DataError(f"data file {path} does not exist")
+    records, skipped = [], 0
+    with open(path, encoding="utf-8") as fh:
+        for lineno, line in enumerate(fh, 1):
+            if not line.strip():
+                continue
+            try:
+                record = json.loads(line)
+                _check(record)
+            except (json.JSONDecodeError, ValueError) as exc:
+                if skip_bad:
+                    skipped += 1
+                    continue
+                reason = f"not valid JSON ({exc.msg})" if isinstance(exc, json.JSONDecodeError) else str(exc)
+                raise DataError(f"{path}:{lineno}: {reason} (pass --skip-bad to skip such lines)") from None
+            records.append(record)
+    if not records:
+        raise DataError(
+            f"{path} holds no usable records" + (f" ({skipped} malformed lines skipped)" if skipped else "")
+        )
+    return records, skipped
+
+
+def _check(record: Any) -> None:
+    if not isinstance(record, dict):
+        raise ValueError("a record must be a JSON object with 'text' or 'messages'")
+    if "text" in record:
+        if not isinstance(record["text"], str) or not record["text"]:
+            raise ValueError("'text' must be a non-empty string")
+        return
+    messages = record.get("messages")
+    if messages is None:
+        raise ValueError("a record needs 'text' or 'messages'")
+    if not isinstance(messages, list) or not messages:
+        raise ValueError("'messages' must be a non-empty list")
+    for m in messages:
+        if not isinstance(m, dict) or not isinstance(m.get("role"), str) or not isinstance(m.get("content"), str):
+            raise ValueError("each message needs string 'role' and 'content'")
+        if m["role"] not in ("system", "user", "assistant", "tool"):
+            raise ValueError(f"unknown role {m['role']!r}")
+
+
+def _render(tokenizer, messages: list[dict[str, str]], generation_prompt: bool) -> list[int]:
+    out = tokenizer.apply_chat_template(messages, tokenize=True, add_generation_prompt=generation_prompt)
+    if isinstance(out, dict) or hasattr(out, "input_ids"):
+        out = out["input_ids"]
+    return list(out)
+
+
+def encode(record: dict[str, Any], tokenizer, max_length: int) -> Example:
+    """Token ids and loss mask of one record, truncated to max_length."""
+    if "text" in record:
+        ids = tokenizer(record["text"], add_special_tokens=True)["input_ids"][:max_length]
+        return Example(ids, [True] * len(ids), 0, record)
+    if not getattr(tokenizer, "chat_template", None):
+        raise DataError("chat records need the target's chat template, and its tokenizer has none; use {'text': ...}")
+    messages = record["messages"]
+    ids: list[int] = []
+    mask: list[bool] = []
+    for i, message in enumerate(messages):
+        if message["role"] == "assistant":
+            before = _render(tokenizer, messages[:i], generation_prompt=True)
+            after = _render(tokenizer, messages[: i + 1], generation_prompt=False)
+        else:
+            before, after = ids, _render(tokenizer, messages[: i + 1], generation_prompt=False)
+        if after[: len(ids)] != ids or before[: len(ids)] != ids:
+            raise DataError("the chat template does not render conversation prefixes as prefixes")
+        if message["role"] == "assistant":
+            mask += [False] * (len(before) - len(ids)) + [True] * (len(after) - len(before))
+        else:
+            mask += [False] * (len(after) - len(ids))
+        ids = after
+    prompt = mask.index(True) if True in mask else len(ids)
+    return Example(ids[:max_length], mask[:max_length], min(prompt, max_length), record)
+
+
+def read_examples(
+    path: str | Path, tokenizer, max_length: int = 512, skip_bad: bool = False
+) -> tuple[list[Example], int]:
+    records, skipped = read_records(path, skip_bad)
+    examples = [encode(r, tokenizer, max_length) for r in records]
+    examples = [e for e in examples if sum(e.loss_mask) >= 3]
+    if not examples:
+        raise DataError(f"{path}: no record has enough loss tokens after truncation to {max_length}")
+    return examples, skipped
+
+
+def prompt_ids(record: dict[str, Any], tokenizer, max_length: int) -> list[int]:
+    """The prompt of a record for generation: chats up to the last user turn (+ generation prompt); text whole."""
+    if "text" in record:
+        return tokenizer(record["text"], add_special_tokens=True)["input_ids"][-max_length:]
+    messages = list(record["messages"])
+    while messages and messages[-1]["role"] == "assistant":
+        messages.pop()
+    if not messages:
+        raise DataError("a chat record without a user turn has no prompt")
+    return _render(tokenizer, messages, generation_prompt=True)[-max_length:]
+
+
+def regenerate(
+    examples: Sequence[Example],
+    target,
+    tokenizer,
+    max_new_tokens: int = 256,
+    sample: bool = False,
+    temperature: float = 0.8,
+    seed: int = 0,
+    progress=lambda _: None,
+) -> list[Example]:
+    """Replace each example's loss span with the target's own continuation of its prompt.
+
+    Chats: the prompt is the conversation before the first assistant turn. Text: the first half of the tokens."""
+    out = []
+    torch.manual_seed(seed)
+    eos = tokenizer.eos_token_id
+    for n, ex in enumerate(examples, 1):
+        prompt = ex.input_ids[: ex.prompt_length] if ex.prompt_length else ex.input_ids[: len(ex.input_ids) // 2]
+        budget = max_new_tokens if ex.prompt_length else min(max_new_tokens, len(ex.input_ids) - len(prompt))
+        ids = torch.tensor([prompt], device=target.device)
+        with torch.no_grad():
+            generated = target.model.generate(
+                ids,
+                attention_mask=torch.ones_like(ids),
+                max_new_tokens=max(budget, 1),
+                do_sample=sample,
+                temperature=temperature if sample else None,
+                top_p=None,
+                top_k=None,
+                pad_token_id=eos,
+                eos_token_id=eos,
+            )[0].tolist()
+        new = generated[len(prompt) :]
+        out.append(Example(prompt + new, [False] * len(prompt) + [True] * len(new), len(prompt), ex.record))
+        if n % 10 == 0 or n == len(examples):
+            progress(f"regenerated {n}/{len(examples)}")
+    return out

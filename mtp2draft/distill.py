@@ -1,0 +1,539 @@
+"""Stage 2: fine-tune a draft against the frozen target with training-time test (TTT).
+
+One training sequence gives a chain origin at every position p at once (B batch, T tokens, H hidden):
+- step 0 reads the target's features at p and the data token x[p+1]; it predicts x[p+2];
+- step s reads the draft's OWN step-(s-1) hidden at p and the data token x[p+s+1]; it predicts x[p+s+2];
+- attention at step s for origin p sees the step-0 entries of positions <= p (causal) and, for each earlier step r,
+  only origin p's own entry: the KV cache holds one block of T entries per step and the mask is a causal block
+  followed by s diagonal blocks; the entry of step s stands at RoPE position p + s + 1 (its input token's position).
+The hidden a step hands on is the one the serving engine hands on (`draft.hidden_handover`), so what is trained is
+what is served. The loss is the forward KL from the target's distribution for x[p+s+2] (restricted to the draft
+vocabulary for EAGLE-3), weighted per step; top-1 agreement with the target is reported per step.
+
+`tests/test_distill.py` proves the unrolled computation equals the serving-time chain (`evaluate.draft_chain`).
+
+Both draft kinds go through the same loop; nothing here depends on the family (the spec and the draft module carry
+that). The target is never written: its parameters are frozen and no optimizer sees them.
+
+What this module does not do: measure acceptance (`evaluate.py`) or read checkpoints (`checkpoint.py`).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import os
+import shutil
+import sys
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors.torch import load_file
+
+from . import __version__
+from .data import Example, load_tokenizer, read_examples, regenerate
+from .draft import (
+    CONFIG_FILE,
+    PROVENANCE_FILE,
+    WEIGHTS_FILE,
+    DraftCache,
+    Eagle3Draft,
+    NativeMtpDraft,
+    load_draft,
+    read_draft_config,
+    vocab_maps,
+)
+from .errors import DataError, DraftError
+from .hidden import Features, OfflineHiddenStates, TargetModel, offline_features
+from .io import atomic_output_dir, check_output_dir, save_tensors, write_json
+
+Progress = Callable[[str], None]
+
+
+@dataclass
+class DistillConfig:
+    steps: int = 300
+    ttt_steps: int = 3
+    lr: float = 5e-4
+    batch_size: int = 8
+    max_length: int = 256
+    draft_vocab_size: int | None = None
+    seed: int = 0
+    step_weights: list[float] | None = None
+    """Loss weight of each TTT step; default 0.8**s (EAGLE-3)."""
+    warmup_steps: int | None = None
+    """Default: 5 % of the steps."""
+    weight_decay: float = 0.0
+    grad_clip: float = 0.5
+    save_every: int = 50
+    log_every: int = 10
+
+    def weights(self) -> list[float]:
+        if self.step_weights:
+            if len(self.step_weights) != self.ttt_steps:
+                raise DataError(f"--step-weights has {len(self.step_weights)} values for {self.ttt_steps} TTT steps")
+            return list(self.step_weights)
+        return [0.8**s for s in range(self.ttt_steps)]
+
+
+# ---- the unrolled computation ---------------------------------------------------------------------------------------
+def ttt_mask(length: int, step: int, dtype: torch.dtype, window: int | None = None) -> torch.Tensor:
+    """[1, 1, T, (step+1)*T] additive mask: causal over step-0 entries, diagonal over steps 1..step.
+
+    window: sliding-window attention sees keys less than `window` positions back (the step-s query of origin p sits
+    at p + s + 1, the step-0 key of origin j at j + 1)."""
+    causal = torch.ones(length, length, dtype=torch.bool).tril()
+    if window:
+        q = torch.arange(length)[:, None] + step
+        causal &= torch.arange(length)[None, :] > q - window
+    allowed = [causal]
+    allowed += [torch.eye(length, dtype=torch.bool)] * step
+    mask = torch.zeros(length, (step + 1) * length, dtype=dtype)
+    mask.masked_fill_(~torch.cat(allowed, dim=1), torch.finfo(dtype).min)
+    return mask[None, None]
+
+
+def shift(x: torch.Tensor, n: int, fill: int | bool = 0) -> torch.Tensor:
+    """x[:, p + n] at index p (filled past the end): [B, T] -> [B, T]."""
+    if n == 0:
+        return x
+    out = torch.full_like(x, fill)
+    out[:, : x.shape[1] - n] = x[:, n:]
+    return out
+
+
+def draft_target_ids(draft) -> torch.Tensor | None:
+    """Target id of each draft-vocabulary entry [Vd], or None when the draft predicts over the target vocabulary."""
+    if isinstance(draft, Eagle3Draft):
+        return torch.arange(draft.draft_vocab_size, device=draft.d2t.device) + draft.d2t
+    return None
+
+
+@dataclass
+class StepStats:
+    loss: torch.Tensor
+    per_step_loss: list[float]
+    per_step_correct: list[int]
+    per_step_count: list[int]
+
+
+def teacher_logprobs(
+    features: Features, offset: int, vocab_ids: torch.Tensor | None, vocab_size: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Target log-probs for the token at p + offset + 1, given at index p.
+
+    Returns ([B, T, V'] log-probs over the draft vocabulary `vocab_ids` (the target's when None),
+    [B, T] the target's own top-1 id over its full vocabulary)."""
+    if features.logits is not None:
+        logits = shift(features.logits, offset, 0.0)
+        top1 = logits.argmax(-1)
+        if vocab_ids is not None:
+            logits = logits.index_select(-1, vocab_ids)
+        return torch.log_softmax(logits.float(), dim=-1), top1
+    # Offline files keep the target's top-k only: the teacher is that top-k, renormalised over what the draft can
+    # emit (ids outside the draft vocabulary drop out).
+    values = shift(features.topk_logprobs, offset, -math.inf)  # [B, T, k]
+    ids = shift(features.topk_ids, offset, 0)  # [B, T, k]
+    size = vocab_ids.numel() if vocab_ids is not None else vocab_size
+    column = (
+        torch.arange(vocab_size, device=ids.device)
+        if vocab_ids is None
+        else torch.full((vocab_size,), -1, dtype=torch.long, device=ids.device).index_copy_(
+            0, vocab_ids, torch.arange(size, device=ids.device)
+        )
+    )
+    col = column[ids]  # [B, T, k]: draft-vocabulary column of each top-k id, -1 if absent
+    values = values.masked_fill(col < 0, -math.inf)
+    dense = torch.full((*ids.shape[:2], size + 1), -math.inf, device=ids.device)
+    dense.scatter_(-1, col.masked_fill(col < 0, size), values)  # absent ids land in a spare last column
+    logp = torch.log_softmax(dense[..., :size], dim=-1)
+    return logp.nan_to_num(nan=-math.inf), ids[..., 0]
+
+
+def ttt_forward(
+    draft,
+    features: Features,
+    input_ids: torch.Tensor,
+    loss_mask: torch.Tensor,
+    ttt_steps: int,
+    step_weights: Sequence[float],
+    vocab_ids: torch.Tensor | None = None,
+    return_logits: bool = False,
+) -> StepStats | list[torch.Tensor]:
+    """Unroll `ttt_steps` draft steps over every origin of a batch; loss and per-step top-1 agreement.
+
+    input_ids, loss_mask: [B, T]; features: the target's, for the same [B, T]."""
+    b, t = input_ids.shape
+    hidden = draft.initial_hidden(features.step0_input(draft.kind))  # [B, T, H]
+    dtype = hidden.dtype
+    cache = DraftCache()
+    positions = torch.arange(t, device=input_ids.device).expand(b, -1)
+    total = hidden.new_zeros(())
+    losses, correct, counts, all_logits = [], [], [], []
+    for s in range(ttt_steps):
+        tokens = shift(input_ids, s + 1)  # x[p + s + 1]: the token step s reads
+        mask = ttt_mask(t, s, dtype, getattr(draft, "attention_window", None)).to(hidden.device)
+        logits, hidden = draft(tokens, hidden, positions + s + 1, attention_mask=mask, cache=cache)
+        if return_logits:
+            all_logits.append(logits)
+            continue
+        # the predicted token x[p + s + 2] must exist and be a loss token
+        valid = shift(loss_mask, s + 2, False)
+        teacher, target_top1 = teacher_logprobs(features, s + 1, vocab_ids, draft.vocab_size)  # for x[p + s + 2]
+        logq = torch.log_softmax(logits.float(), dim=-1)
+        p = teacher.exp()
+        kl = (p * (teacher.clamp(min=-1e30) - logq)).sum(-1)  # forward KL(target || draft): [B, T]
+        valid = valid & torch.isfinite(teacher).any(-1)  # offline: no top-k id inside the draft vocabulary
+        n = valid.sum()
+        step_loss = (kl * valid).sum() / n.clamp(min=1)
+        total = total + step_weights[s] * step_loss
+        guess = logits.argmax(-1)
+        if vocab_ids is not None:
+            guess = vocab_ids[guess]
+        losses.append(step_loss.item())
+        correct.append(int(((guess == target_top1) & valid).sum()))
+        counts.append(int(n))
+    if return_logits:
+        return all_logits
+    return StepStats(total, losses, correct, counts)
+
+
+# ---- draft vocabulary, calibration -------------------------------------------------------------------------------------
+def choose_draft_vocab(examples: Sequence[Example], vocab_size: int, size: int) -> torch.Tensor:
+    """The `size` most frequent target ids among the training targets (loss tokens), sorted ascending."""
+    counts = torch.zeros(vocab_size, dtype=torch.int64)
+    for ex in examples:
+        ids = torch.tensor(ex.input_ids)[torch.tensor(ex.loss_mask)]
+        counts += torch.bincount(ids, minlength=vocab_size)[:vocab_size]
+    # ties broken by id so the choice is deterministic
+    order = sorted(range(vocab_size), key=lambda i: (-int(counts[i]), i))
+    return torch.tensor(sorted(order[:size]), dtype=torch.int64)
+
+
+def narrow_vocab(draft: Eagle3Draft, used: torch.Tensor, target_head: torch.Tensor) -> None:
+    """Give an EAGLE-3 draft the draft vocabulary `used`: lm_head rows from the target's head, d2t/t2d."""
+    d2t, t2d = vocab_maps(used, draft.vocab_size)
+    head = torch.nn.Linear(draft.hidden_size, used.numel(), bias=False, dtype=draft.lm_head.weight.dtype)
+    with torch.no_grad():
+        head.weight.copy_(target_head[used].to(head.weight.dtype))
+    draft.lm_head = head
+    draft.d2t, draft.t2d = d2t, t2d
+    draft.eagle_config["draft_vocab_size"] = int(used.numel())
+
+
+def calibrate_eagle3(draft: Eagle3Draft, features: Features) -> dict[str, float] | None:
+    """Scale fc's high slot by 1 / rms(high aux hidden) on real activations, completing the MTP -> EAGLE-3 mapping
+    (see transforms.py); only for drafts whose config says the scale is still the weight-only placeholder."""
+    init = draft.eagle_config.get("mtp2draft_init")
+    if not init or init.get("fc_scale_calibrated", True):
+        return None
+    aux = features.step0_input("eagle3")
+    ht = aux.shape[-1] // 3
+    rms = float(aux[..., 2 * ht :].float().pow(2).mean().sqrt())
+    with torch.no_grad():
+        draft.fc.weight[:, 2 * ht :] /= rms
+    init.update(fc_scale_calibrated=True, high_aux_rms=rms)
+    return {"high_aux_rms": rms}
+
+
+# ---- batches ----------------------------------------------------------------------------------------------------------
+def batch_indices(step: int, batch_size: int, n: int, seed: int) -> list[int]:
+    """Examples of optimizer step `step`: consecutive slices of per-epoch permutations fixed by the seed, so a
+    resumed run sees exactly the batches an uninterrupted run would."""
+    out = []
+    for k in range(step * batch_size, (step + 1) * batch_size):
+        epoch, i = divmod(k, n)
+        perm = torch.randperm(n, generator=torch.Generator().manual_seed(seed * 100003 + epoch))
+        out.append(int(perm[i]))
+    return out
+
+
+def collate(examples: Sequence[Example], pad_id: int) -> dict[str, torch.Tensor]:
+    t = max(len(e.input_ids) for e in examples)
+    ids = torch.full((len(examples), t), pad_id, dtype=torch.int64)
+    loss = torch.zeros((len(examples), t), dtype=torch.bool)
+    attn = torch.zeros((len(examples), t), dtype=torch.int64)
+    for i, e in enumerate(examples):
+        n = len(e.input_ids)
+        ids[i, :n], loss[i, :n], attn[i, :n] = torch.tensor(e.input_ids), torch.tensor(e.loss_mask), 1
+    return {"input_ids": ids, "loss_mask": loss & attn.bool(), "attention_mask": attn}
+
+
+# ---- checkpoints --------------------------------------------------------------------------------------------------------
+def _settings_hash(settings: dict[str, Any]) -> str:
+    keep = {k: v for k, v in settings.items() if k not in ("save_every", "log_every", "steps")}
+    return hashlib.sha256(json.dumps(keep, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+
+def save_checkpoint(folder: Path, step: int, draft, optimizer: torch.optim.Optimizer, meta: dict[str, Any]) -> None:
+    """Atomically write step `step` (weights, AdamW moments, progress) and keep the two newest."""
+    folder.mkdir(parents=True, exist_ok=True)
+    final = folder / f"step-{step:07d}"
+    tmp = folder / f".step-{step:07d}.tmp"
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir()
+    save_tensors(tmp / "draft.safetensors", {k: v.contiguous() for k, v in draft.state_dict().items()})
+    opt, state = {}, optimizer.state_dict()
+    for idx, st in state["state"].items():
+        for name, value in st.items():
+            opt[f"{idx}.{name}"] = torch.as_tensor(value).contiguous()
+    save_tensors(tmp / "optimizer.safetensors", opt)
+    write_json(tmp / "state.json", {**meta, "step": step, "draft_config": draft.draft_config()})
+    os.replace(tmp, final)
+    for old in sorted(folder.glob("step-*"))[:-2]:
+        shutil.rmtree(old, ignore_errors=True)
+
+
+def latest_checkpoint(folder: Path) -> Path | None:
+    done = sorted(p for p in folder.glob("step-*") if (p / "state.json").is_file())
+    return done[-1] if done else None
+
+
+def load_checkpoint(path: Path, draft, optimizer: torch.optim.Optimizer) -> dict[str, Any]:
+    meta = json.loads((path / "state.json").read_text())
+    draft.load_state_dict(load_file(str(path / "draft.safetensors")))
+    flat = load_file(str(path / "optimizer.safetensors"))
+    state = optimizer.state_dict()
+    per_param: dict[int, dict[str, torch.Tensor]] = {}
+    for key, value in flat.items():
+        idx, name = key.split(".", 1)
+        per_param.setdefault(int(idx), {})[name] = value
+    state["state"] = per_param
+    optimizer.load_state_dict(state)
+    return meta
+
+
+# ---- the stage ----------------------------------------------------------------------------------------------------------
+@dataclass
+class DistillResult:
+    out: Path
+    steps: int
+    seconds: float
+    per_step_accuracy: list[float]
+    history: list[dict[str, Any]] = field(default_factory=list)
+    resumed_from: int | None = None
+
+
+def _lr(step: int, cfg: DistillConfig) -> float:
+    warm = cfg.warmup_steps if cfg.warmup_steps is not None else max(1, cfg.steps // 20)
+    if step < warm:
+        return cfg.lr * (step + 1) / warm
+    progress = (step - warm) / max(1, cfg.steps - warm)
+    return cfg.lr * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(progress, 1.0))))
+
+
+def distill(
+    draft_dir: str | Path,
+    out: str | Path,
+    data: str | Path | None = None,
+    target: str | None = None,
+    hidden_states: str | Path | None = None,
+    config: DistillConfig | None = None,
+    revision: str | None = None,
+    token: str | bool | None = None,
+    resume: bool = False,
+    overwrite: bool = False,
+    regenerate_data: bool = False,
+    sample: bool = False,
+    skip_bad: bool = False,
+    checkpoint_dir: str | Path | None = None,
+    device: str = "cpu",
+    progress: Progress = lambda _: None,
+    stop_after: int | None = None,
+) -> DistillResult:
+    """Fine-tune the draft in `draft_dir` against the frozen target; write the result to `out`.
+
+    Data comes either from `data` + the online `target`, or from a `dump-hidden` directory (`hidden_states`).
+    `stop_after` ends the run after that many steps without writing `out` (checkpoints stay): for tests."""
+    cfg = config or DistillConfig()
+    out = Path(out)
+    if not resume:
+        check_output_dir(out, overwrite)
+    ckpt_dir = Path(checkpoint_dir) if checkpoint_dir else out.parent / f"{out.name}.checkpoints"
+    torch.manual_seed(cfg.seed)
+    draft = load_draft(draft_dir).to(device)
+    kind = draft.kind
+    weights = cfg.weights()
+    started = time.perf_counter()
+
+    # -- teacher --
+    if hidden_states is not None:
+        store = OfflineHiddenStates(hidden_states)
+        source_name, commit, target_model = store.source, store.commit, None
+        embed, head = store.embedding(), store.lm_head()
+        n_examples = len(store)
+        if kind == "eagle3" and store.aux_layers != draft.aux_layer_ids:
+            raise DataError(
+                f"{hidden_states} holds aux layers {store.aux_layers}, the draft reads {draft.aux_layer_ids}"
+            )
+        examples = None
+        data_hash = hashlib.sha256((Path(hidden_states) / "manifest.json").read_bytes()).hexdigest()
+    else:
+        if data is None or target is None:
+            raise DataError("distill needs --data and --target (or --hidden-states)")
+        target_model = TargetModel(target, revision, token, device=device)
+        source_name, commit = target, target_model.commit
+        tokenizer = load_tokenizer(target_model.path)
+        examples, skipped = read_examples(data, tokenizer, cfg.max_length, skip_bad)
+        if skipped:
+            progress(f"skipped {skipped} malformed line(s) in {data}")
+        if regenerate_data:
+            progress(f"regenerating {len(examples)} responses with the target ({'sampled' if sample else 'greedy'})")
+            examples = regenerate(
+                examples, target_model, tokenizer, cfg.max_length // 2, sample, seed=cfg.seed, progress=progress
+            )
+        embed, head = target_model.embedding(), target_model.lm_head()
+        n_examples = len(examples)
+        data_hash = hashlib.sha256(Path(data).read_bytes()).hexdigest()
+        pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
+    fingerprint = target_model.fingerprint() if target_model is not None else None
+    draft.attach_target(embed.to(device), head.to(device))
+
+    def batch_at(step: int) -> tuple[dict[str, torch.Tensor], Features]:
+        idx = batch_indices(step, cfg.batch_size, n_examples, cfg.seed)
+        if examples is None:
+            return offline_features(store, idx, cfg.max_length)
+        batch = collate([examples[i] for i in idx], pad_id)
+        aux = draft.aux_layer_ids if kind == "eagle3" else None
+        feats = target_model.features(
+            batch["input_ids"],
+            batch["attention_mask"].to(target_model.device),
+            aux_layers=aux,
+            want_final=kind == "mtp",
+        )
+        return batch, feats
+
+    # -- draft vocabulary and calibration (fresh runs only: a resumed run finds them in its checkpoint) --
+    settings = {**asdict(cfg), "kind": kind, "draft": str(draft_dir), "data_hash": data_hash, "target": source_name}
+    meta: dict[str, Any] = {}
+    latest = latest_checkpoint(ckpt_dir) if resume else None
+    if resume and latest is None:
+        progress(f"no checkpoint in {ckpt_dir}: starting from step 0")
+    if kind == "eagle3" and cfg.draft_vocab_size and latest is None:
+        if cfg.draft_vocab_size > draft.vocab_size:
+            raise DataError(
+                f"--draft-vocab-size {cfg.draft_vocab_size} exceeds the target vocabulary {draft.vocab_size}"
+            )
+        if examples is None:
+            raise DataError("--draft-vocab-size needs --data (token counts) rather than --hidden-states")
+        if cfg.draft_vocab_size != draft.draft_vocab_size:
+            used = choose_draft_vocab(examples, draft.vocab_size, cfg.draft_vocab_size)
+            narrow_vocab(draft, used, head.float())
+            progress(f"draft vocabulary: {used.numel()} most frequent target tokens")
+    elif kind == "mtp" and cfg.draft_vocab_size:
+        raise DataError("--draft-vocab-size applies to eagle3 drafts; a native MTP draft shares the target's head")
+    calibration = None
+    if isinstance(draft, Eagle3Draft) and latest is None:
+        calibration = calibrate_eagle3(draft, batch_at(0)[1])
+        if calibration:
+            progress(f"calibrated fc: rms of the high aux layer {calibration['high_aux_rms']:.4g}")
+    vocab_ids = draft_target_ids(draft)
+
+    params = draft.trainable_parameters()
+    optimizer = torch.optim.AdamW(params, lr=cfg.lr, betas=(0.9, 0.95), weight_decay=cfg.weight_decay)
+    start = 0
+    if latest is not None:
+        state = json.loads((latest / "state.json").read_text())
+        if state.get("settings_hash") != _settings_hash(settings):
+            raise DraftError(f"{latest} was written with other settings: resume with the same options or start over")
+        if state["draft_config"].get("draft_vocab_size") != getattr(draft, "draft_vocab_size", None):
+            # the checkpoint narrowed the vocabulary: rebuild the head to its size before loading weights
+            vd = int(state["draft_config"]["draft_vocab_size"])
+            narrow_vocab(draft, torch.arange(vd), head.float())
+        if isinstance(draft, Eagle3Draft):
+            draft.eagle_config.update(state["draft_config"])
+        params = draft.trainable_parameters()
+        optimizer = torch.optim.AdamW(params, lr=cfg.lr, betas=(0.9, 0.95), weight_decay=cfg.weight_decay)
+        meta = load_checkpoint(latest, draft, optimizer)
+        vocab_ids = draft_target_ids(draft)
+        start = int(meta["step"])
+        progress(f"resuming from {latest.name}")
+    history: list[dict[str, Any]] = meta.get("history", [])
+    acc_window: list[list[float]] = []
+    draft.train()
+    end = cfg.steps if stop_after is None else min(cfg.steps, start + stop_after)
+    for step in range(start, end):
+        batch, feats = batch_at(step)
+        for group in optimizer.param_groups:
+            group["lr"] = _lr(step, cfg)
+        stats = ttt_forward(
+            draft,
+            feats,
+            batch["input_ids"].to(device),
+            batch["loss_mask"].to(device),
+            cfg.ttt_steps,
+            weights,
+            vocab_ids,
+        )
+        optimizer.zero_grad(set_to_none=True)
+        stats.loss.backward()
+        torch.nn.utils.clip_grad_norm_(params, cfg.grad_clip)
+        optimizer.step()
+        acc = [c / max(n, 1) for c, n in zip(stats.per_step_correct, stats.per_step_count, strict=True)]
+        acc_window.append(acc)
+        if (step + 1) % cfg.log_every == 0 or step + 1 == cfg.steps:
+            mean = [sum(a[s] for a in acc_window) / len(acc_window) for s in range(cfg.ttt_steps)]
+            history.append({"step": step + 1, "loss": stats.loss.item(), "accuracy": mean})
+            progress(
+                f"step {step + 1}/{cfg.steps}  loss {stats.loss.item():.4f}  top-1 per step "
+                + " ".join(f"{a:.2f}" for a in mean)
+                + f"  ({time.perf_counter() - started:.0f} s)"
+            )
+            acc_window = []
+        if (step + 1) % cfg.save_every == 0 and step + 1 < cfg.steps:
+            save_checkpoint(
+                ckpt_dir, step + 1, draft, optimizer, {"settings_hash": _settings_hash(settings), "history": history}
+            )
+    if end < cfg.steps:  # stopped early on purpose: checkpoints stay, nothing is written
+        return DistillResult(out, end, time.perf_counter() - started, [], history, start or None)
+    if fingerprint is not None and target_model.fingerprint() != fingerprint:
+        raise RuntimeError("the target's weights changed during distillation: this is a bug")
+    seconds = time.perf_counter() - started
+    final_acc = history[-1]["accuracy"] if history else []
+    _write_result(
+        draft,
+        draft_dir,
+        out,
+        overwrite or resume,
+        {
+            "settings": settings,
+            "target_commit": commit,
+            "steps": cfg.steps,
+            "seconds": round(seconds, 1),
+            "final_accuracy_per_step": final_acc,
+            "calibration": calibration,
+            "history": history,
+            "resumed_from_step": start or None,
+            "command": " ".join(sys.argv),
+            "version": __version__,
+        },
+    )
+    shutil.rmtree(ckpt_dir, ignore_errors=True)
+    return DistillResult(out, cfg.steps, seconds, final_acc, history, start or None)
+
+
+def _write_result(draft, draft_dir: str | Path, out: Path, overwrite: bool, info: dict[str, Any]) -> None:
+    """The fine-tuned draft in the same format as its input, provenance extended with a `distill` section."""
+    src_cfg = read_draft_config(draft_dir)
+    prov_path = Path(draft_dir) / PROVENANCE_FILE
+    provenance = json.loads(prov_path.read_text()) if prov_path.is_file() else {}
+    provenance["distill"] = info
+    dtype = {"float32": torch.float32, "float16": torch.float16}.get(src_cfg.get("torch_dtype"), torch.bfloat16)
+    buffers = {k for k, _ in draft.named_buffers()}
+    state = {
+        k: (v.to(dtype) if v.is_floating_point() and k not in buffers else v).detach().cpu().contiguous()
+        for k, v in draft.state_dict().items()
+    }
+    config = {**src_cfg, **draft.draft_config()} if isinstance(draft, Eagle3Draft) else src_cfg
+    with atomic_output_dir(out, overwrite) as tmp:
+        save_tensors(tmp / WEIGHTS_FILE, state, {"format": "pt"})
+        write_json(tmp / CONFIG_FILE, config)
+        write_json(tmp / PROVENANCE_FILE, provenance)
+
+
+__all__ = ["DistillConfig", "distill", "ttt_forward", "ttt_mask", "NativeMtpDraft"]

@@ -1,0 +1,247 @@
+"""Training-time test: the unrolled computation equals the serving-time chain; the loop trains, checkpoints,
+resumes to the same weights, never writes to the target, and learns from online or offline hidden states."""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from mtp2draft.convert import convert
+from mtp2draft.data import encode, load_tokenizer, read_examples
+from mtp2draft.distill import DistillConfig, choose_draft_vocab, distill, ttt_forward, ttt_mask
+from mtp2draft.draft import load_draft
+from mtp2draft.errors import DataError
+from mtp2draft.evaluate import draft_chain
+from mtp2draft.hidden import Features, TargetModel
+
+SMALL = {"steps": 4, "batch_size": 4, "max_length": 48, "save_every": 2, "log_every": 2}
+
+
+@pytest.mark.parametrize("fixture", ["deepseek_v3", "mimo", "glm4_moe"])
+@pytest.mark.parametrize("kind", ["mtp", "eagle3"])
+def test_ttt_step_equals_serving_chain(build, tmp_path: Path, fixture: str, kind: str) -> None:
+    """TTT step s at origin p == the serving chain run from p for s + 1 steps with the data's tokens forced."""
+    convert(str(build(fixture)), tmp_path / "d", to=kind, dtype="float32")
+    draft = load_draft(tmp_path / "d").eval()
+    v, h = draft.vocab_size, draft.hidden_size
+    gen = torch.Generator().manual_seed(0)
+    draft.attach_target(torch.randn(v, h, generator=gen), torch.randn(v, h, generator=gen) * 0.1)
+    t, k = 12, 4
+    ids = torch.randint(0, v, (1, t), generator=gen)
+    width = draft.fc.in_features if kind == "eagle3" else h
+    feats = Features(final=torch.randn(1, t, h, generator=gen), aux=torch.randn(1, t, width, generator=gen))
+    with torch.no_grad():
+        unrolled = ttt_forward(
+            draft, feats, ids, torch.ones_like(ids, dtype=torch.bool), k, [1.0] * k, return_logits=True
+        )
+        for p in range(t - k - 1):
+            chain = draft_chain(draft, feats.step0_input(kind), ids, p, k)
+            for s in range(k):
+                assert (unrolled[s][0, p] - chain[s]).abs().max() < 1e-4, (p, s)
+    # and the chain depends on the step-0 prefix: a wrong mask (full attention) would break the equality above
+    assert not torch.equal(ttt_mask(4, 1, torch.float32), torch.zeros(1, 1, 4, 8))
+
+
+def test_ttt_mask_is_causal_then_diagonal() -> None:
+    m = ttt_mask(3, 2, torch.float32)[0, 0] == 0
+    assert m[:, :3].tolist() == [[True, False, False], [True, True, False], [True, True, True]]
+    assert m[:, 3:6].tolist() == m[:, 6:9].tolist() == torch.eye(3, dtype=torch.bool).tolist()
+
+
+def _final_weights(path: Path) -> dict[str, torch.Tensor]:
+    return load_file(str(path / "model.safetensors"))
+
+
+@pytest.mark.slow
+def test_distill_trains_without_writing_the_target(target, text_data, tmp_path: Path) -> None:
+    tgt = target("mimo")
+    convert(str(tgt), tmp_path / "raw")
+    before = TargetModel(str(tgt)).fingerprint()
+    cfg = DistillConfig(**{**SMALL, "steps": 12, "lr": 3e-3, "log_every": 1})
+    result = distill(tmp_path / "raw", tmp_path / "ft", text_data, str(tgt), config=cfg)
+    assert TargetModel(str(tgt)).fingerprint() == before  # and distill itself re-checks before writing
+    assert result.history[-1]["loss"] < result.history[0]["loss"]
+    prov = json.loads((tmp_path / "ft" / "provenance.json").read_text())
+    assert prov["distill"]["steps"] == 12 and prov["distill"]["settings"]["ttt_steps"] == 3
+    assert len(prov["distill"]["final_accuracy_per_step"]) == 3
+    raw, ft = _final_weights(tmp_path / "raw"), _final_weights(tmp_path / "ft")
+    assert raw.keys() == ft.keys() and not torch.equal(raw["eh_proj.weight"], ft["eh_proj.weight"])
+    assert not (tmp_path / "ft.checkpoints").exists()
+
+
+def test_target_parameters_are_frozen(target) -> None:
+    tm = TargetModel(str(target("deepseek_v3")))
+    assert not any(p.requires_grad for p in tm.model.parameters())
+    assert not tm.model.training
+
+
+def test_pre_norm_families_read_the_hidden_before_the_final_norm(target) -> None:
+    tm = TargetModel(str(target("mimo")))  # MiMo: hidden taken before the final norm
+    ids = torch.randint(0, 200, (1, 9))
+    feats = tm.features(ids)
+    post = tm.model(ids, output_hidden_states=True).hidden_states[-1]
+    assert torch.allclose(tm._norm(feats.final), post, atol=1e-5)
+    assert not torch.allclose(feats.final, post, atol=1e-3)
+    tm2 = TargetModel(str(target("deepseek_v3")))  # DeepSeek: after
+    post2 = tm2.model(ids, output_hidden_states=True).hidden_states[-1]
+    assert torch.allclose(tm2.features(ids).final, post2, atol=1e-6)
+
+
+def test_eagle3_draft_vocabulary(target, text_data, tmp_path: Path) -> None:
+    tgt = target("mimo")
+    convert(str(tgt), tmp_path / "e3", to="eagle3", dtype="float32")
+    cfg = DistillConfig(**{**SMALL, "steps": 1, "draft_vocab_size": 32})
+    distill(tmp_path / "e3", tmp_path / "ft", text_data, str(tgt), config=cfg)
+    w = _final_weights(tmp_path / "ft")
+    tok = load_tokenizer(tgt)
+    examples, _ = read_examples(text_data, tok, 48)
+    used = choose_draft_vocab(examples, 256, 32)
+    assert torch.equal(torch.arange(32) + w["d2t"], used) and used.tolist() == sorted(used.tolist())
+    assert w["t2d"].sum() == 32 and w["t2d"][used].all()
+    counts = torch.bincount(
+        torch.tensor([i for e in examples for i, m in zip(e.input_ids, e.loss_mask, strict=False) if m]), minlength=256
+    )
+    assert counts[used].min() >= counts[~w["t2d"]].max()  # the most frequent tokens
+    cfg_json = json.loads((tmp_path / "ft" / "config.json").read_text())
+    assert cfg_json["draft_vocab_size"] == 32 and w["lm_head.weight"].shape == (32, 64)
+
+
+def _spawn(args: list[str]) -> subprocess.Popen:
+    return subprocess.Popen(
+        [sys.executable, "-m", "mtp2draft.cli", "distill", *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE
+    )
+
+
+@pytest.mark.slow
+def test_resume_after_a_kill_reaches_the_same_weights(target, text_data, tmp_path: Path) -> None:
+    tgt = target("mimo")
+    convert(str(tgt), tmp_path / "raw", to="eagle3")
+    common = [
+        str(tmp_path / "raw"),
+        "--target",
+        str(tgt),
+        "--data",
+        str(text_data),
+        "--steps",
+        "8",
+        "--batch-size",
+        "4",
+        "--max-length",
+        "48",
+        "--save-every",
+        "2",
+        "--draft-vocab-size",
+        "48",
+    ]
+    assert (
+        subprocess.run(
+            [sys.executable, "-m", "mtp2draft.cli", "distill", *common, "--out", str(tmp_path / "a")],
+            capture_output=True,
+        ).returncode
+        == 0
+    )
+    proc = _spawn([*common, "--out", str(tmp_path / "b")])
+    ckpts = tmp_path / "b.checkpoints"
+    deadline = time.time() + 120
+    while not list(ckpts.glob("step-0000004")) and time.time() < deadline and proc.poll() is None:
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    assert not (tmp_path / "b").exists(), "the run should have been killed before finishing"
+    done = subprocess.run(
+        [sys.executable, "-m", "mtp2draft.cli", "distill", *common, "--out", str(tmp_path / "b"), "--resume"],
+        capture_output=True,
+        text=True,
+    )
+    assert done.returncode == 0, done.stderr
+    assert "resuming from step-" in done.stderr
+    a, b = _final_weights(tmp_path / "a"), _final_weights(tmp_path / "b")
+    assert a.keys() == b.keys()
+    for key in a:
+        assert torch.equal(a[key], b[key]), key
+
+
+def test_resume_refuses_other_settings(target, text_data, tmp_path: Path) -> None:
+    tgt = target("mimo")
+    convert(str(tgt), tmp_path / "raw")
+    distill(tmp_path / "raw", tmp_path / "o", text_data, str(tgt), config=DistillConfig(**SMALL), stop_after=2)
+    assert (tmp_path / "o.checkpoints").is_dir() and not (tmp_path / "o").exists()
+    with pytest.raises(Exception, match="other settings"):
+        distill(
+            tmp_path / "raw",
+            tmp_path / "o",
+            text_data,
+            str(tgt),
+            config=DistillConfig(**{**SMALL, "lr": 1.0}),
+            resume=True,
+        )
+
+
+def test_offline_hidden_states_train_like_the_online_target(target, text_data, tmp_path: Path, monkeypatch) -> None:
+    """With every log-prob kept (top-k = vocabulary), training from dumped files matches training online."""
+    from mtp2draft import hidden
+    from mtp2draft.data import read_examples
+    from mtp2draft.hidden import dump_hidden_states
+
+    tgt = target("deepseek_v3")
+    convert(str(tgt), tmp_path / "raw", to="eagle3", dtype="float32")
+    draft = load_draft(tmp_path / "raw")
+    tm = TargetModel(str(tgt))
+    examples, _ = read_examples(text_data, load_tokenizer(tgt), 48)
+    seqs = [{"input_ids": e.input_ids, "loss_mask": e.loss_mask} for e in examples]
+    dump_hidden_states(tm, seqs, tmp_path / "dump", draft.aux_layer_ids, top_k=256, shard_size=10)
+    manifest = json.loads((tmp_path / "dump" / "manifest.json").read_text())
+    assert len(manifest["shards"]) == 3 and manifest["num_sequences"] == len(seqs)
+    cfg = DistillConfig(**{**SMALL, "batch_size": 1})  # batch 1: no padding differences between the two paths
+    distill(tmp_path / "raw", tmp_path / "online", text_data, str(tgt), config=cfg)
+
+    def no_target(*_a, **_k):
+        raise AssertionError("offline distillation must not load the target")
+
+    monkeypatch.setattr(hidden, "TargetModel", no_target)
+    monkeypatch.setattr("mtp2draft.distill.TargetModel", no_target)
+    distill(tmp_path / "raw", tmp_path / "offline", hidden_states=tmp_path / "dump", config=cfg)
+    a, b = _final_weights(tmp_path / "online"), _final_weights(tmp_path / "offline")
+    for key in a:
+        assert torch.allclose(a[key].float(), b[key].float(), atol=2e-2, rtol=0), key
+
+
+def test_chat_records_train_on_assistant_tokens_only(target) -> None:
+    tok = load_tokenizer(target("mimo"))
+    ex = encode(
+        {
+            "messages": [
+                {"role": "system", "content": "be brief"},
+                {"role": "user", "content": "hi"},
+                {"role": "assistant", "content": "ok"},
+                {"role": "user", "content": "more"},
+                {"role": "assistant", "content": "fine"},
+            ]
+        },
+        tok,
+        500,
+    )
+    spans = "".join("1" if m else "0" for m in ex.loss_mask)
+    assert spans.count("01") == 2  # two assistant turns
+    kept = [i for i, m in zip(ex.input_ids, ex.loss_mask, strict=True) if m]
+    ok, fine = tok("ok", add_special_tokens=False)["input_ids"], tok("fine", add_special_tokens=False)["input_ids"]
+    end = tok.convert_tokens_to_ids("<|im_end|>")
+    assert kept[: len(ok) + 1] == ok + [end] and fine + [end] == kept[-len(fine) - 2 : -1]
+
+
+def test_malformed_lines_name_file_and_line(target, tmp_path: Path) -> None:
+    tok = load_tokenizer(target("mimo"))
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"text": "def f(x): return x"}\n{"text": 3}\nnot json\n{"messages": []}\n')
+    with pytest.raises(DataError, match=r"bad.jsonl:2: 'text' must be a non-empty string"):
+        read_examples(bad, tok)
+    examples, skipped = read_examples(bad, tok, skip_bad=True)
+    assert len(examples) == 1 and skipped == 3
