@@ -1,0 +1,608 @@
+"""The export stage: each engine format's exact layout, equivalence with the in-memory draft, the aux-layer-id rule
+the engines apply, the native round trip through a stitched overlay, and a validator that catches every violation."""
+
+from __future__ import annotations
+
+import json
+import math
+import shutil
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors import safe_open
+from safetensors.torch import load_file, save_file
+
+from mtp2draft.checkpoint import dequantize_fp8, open_checkpoint
+from mtp2draft.cli import main
+from mtp2draft.convert import convert
+from mtp2draft.draft import load_draft, vocab_maps
+from mtp2draft.errors import DraftError, ValidationError
+from mtp2draft.export import NORM_SWITCHES, export, validate
+
+# e4m3: 3 mantissa bits, so round-to-nearest is within half a step, 2^-4 of the value's binade; below the smallest
+# normal (2^-6 * scale) the spacing is 2^-9 * scale, half of which is 2^-10 * scale.
+E4M3_REL, E4M3_SUBNORMAL = 2.0**-4, 2.0**-10
+
+
+def run_cli(capsys, *args: str) -> tuple[int, str, str]:
+    code = main(list(args))
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+# ---- shared drafts (built once per module) ------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def work(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("export")
+
+
+@pytest.fixture(scope="module")
+def target6(build) -> Path:
+    """A MiMo (Qwen2-trunk) target with 6 layers: the default aux ids [1, 2, 4] are distinct."""
+    return build("mimo", num_hidden_layers=6)
+
+
+@pytest.fixture(scope="module")
+def eagle3(target6: Path, work: Path) -> Path:
+    """An fp32 EAGLE-3 draft with a reduced draft vocabulary (what distill --draft-vocab-size writes)."""
+    raw = work / "eagle3-raw"
+    convert(str(target6), raw, to="eagle3", dtype="float32")
+    out = work / "eagle3"
+    shutil.copytree(raw, out)
+    cfg = json.loads((out / "config.json").read_text())
+    w = load_file(str(out / "model.safetensors"))
+    used = torch.tensor(sorted(torch.randperm(cfg["vocab_size"], generator=torch.Generator().manual_seed(0))[:96]))
+    w["lm_head.weight"] = w["lm_head.weight"][used].contiguous()
+    w["d2t"], w["t2d"] = vocab_maps(used, cfg["vocab_size"])
+    cfg["draft_vocab_size"] = int(used.numel())
+    save_file(w, str(out / "model.safetensors"), {"format": "pt"})
+    (out / "config.json").write_text(json.dumps(cfg))
+    (out / "evaluation.json").write_text(json.dumps({"target": "x", "results": []}))
+    return out
+
+
+@pytest.fixture(scope="module")
+def sglang_dir(eagle3: Path, work: Path) -> Path:
+    export(eagle3, "sglang", work / "sglang")
+    return work / "sglang"
+
+
+@pytest.fixture(scope="module")
+def speculators_dir(eagle3: Path, work: Path) -> Path:
+    export(eagle3, "speculators", work / "speculators", speculative_tokens=4)
+    return work / "speculators"
+
+
+def _perturbed_native(build, work: Path, fixture: str, name: str) -> tuple[Path, Path]:
+    """(target, native draft whose every floating tensor moved by a few %: a stand-in for a fine-tuned layer)."""
+    target = build(fixture)
+    draft = work / name
+    if not draft.exists():
+        convert(str(target), draft, to="mtp")
+        shutil.copyfile(draft / "model.safetensors", work / f"{name}-src.safetensors")  # the unperturbed layer
+        w = load_file(str(draft / "model.safetensors"))
+        gen = torch.Generator().manual_seed(1)
+        w = {
+            k: (v.float() * (1 + 0.05 * torch.randn(v.shape, generator=gen))).to(v.dtype)
+            if v.is_floating_point()
+            else v
+            for k, v in w.items()
+        }
+        save_file(w, str(draft / "model.safetensors"), {"format": "pt"})
+    return target, draft
+
+
+# ---- sglang / speculators layouts ----------------------------------------------------------------------------------
+def test_sglang_export_has_the_exact_layout(eagle3: Path, sglang_dir: Path) -> None:
+    cfg = json.loads((sglang_dir / "config.json").read_text())
+    src = json.loads((eagle3 / "config.json").read_text())
+    for key in (
+        "hidden_size",
+        "intermediate_size",
+        "num_attention_heads",
+        "num_key_value_heads",
+        "head_dim",
+        "rms_norm_eps",
+        "rope_theta",
+        "rope_scaling",
+        "max_position_embeddings",
+        "hidden_act",
+        "vocab_size",
+        "draft_vocab_size",
+        "target_hidden_size",
+    ):
+        assert cfg[key] == src[key], key
+    assert cfg["architectures"] == ["LlamaForCausalLMEagle3"] and cfg["model_type"] == "llama"
+    assert cfg["num_hidden_layers"] == 1 and cfg["tie_word_embeddings"] is False and cfg["draft_vocab_size"] == 96
+    ids = cfg["eagle_config"]["eagle_aux_hidden_state_layer_ids"]
+    assert ids == [1, 2, 4] and cfg["eagle_aux_hidden_state_layer_ids"] == [2, 3, 5]
+    w = load_file(str(sglang_dir / "model.safetensors"))
+    assert "embed_tokens.weight" not in w and w["d2t"].dtype == torch.int64 and w["t2d"].dtype == torch.bool
+    assert tuple(w["d2t"].shape) == (96,) and tuple(w["t2d"].shape) == (cfg["vocab_size"],)
+    assert {t.dtype for k, t in w.items() if k not in ("d2t", "t2d")} == {torch.bfloat16}  # bf16 by default
+    assert tuple(w["midlayer.self_attn.q_proj.weight"].shape)[1] == 2 * cfg["hidden_size"]
+    prov = json.loads((sglang_dir / "provenance.json").read_text())
+    assert prov["export"]["format"] == "sglang" and prov["spec"] == "mimo"  # the draft's provenance, extended
+    assert (sglang_dir / "evaluation.json").is_file()  # travels with the export, for the model card
+    assert validate(sglang_dir) == []
+
+
+def test_speculators_export_config_and_names(eagle3: Path, speculators_dir: Path, target6: Path) -> None:
+    cfg = json.loads((speculators_dir / "config.json").read_text())
+    assert cfg["architectures"] == ["Eagle3Speculator"] and cfg["speculators_model_type"] == "eagle3"
+    assert cfg["speculators_version"]
+    sc = cfg["speculators_config"]
+    assert sc["algorithm"] == "eagle3" and sc["default_proposal_method"] == "greedy"
+    assert sc["proposal_methods"][0] == {
+        "proposal_type": "greedy",
+        "speculative_tokens": 4,
+        "verifier_accept_k": 1,
+        "accept_tolerance": 0.0,
+    }
+    assert sc["verifier"] == {"name_or_path": str(target6), "architectures": ["MiMoForCausalLM"]}
+    layer = cfg["transformer_layer_config"]
+    assert layer["model_type"] == "llama" and layer["vocab_size"] == 256 and layer["num_hidden_layers"] == 1
+    assert cfg["draft_vocab_size"] == 96 and cfg["target_hidden_size"] == 64
+    assert cfg["eagle_aux_hidden_state_layer_ids"] == [2, 3, 5] and "eagle_config" not in cfg
+    assert {k: cfg[k] for k in NORM_SWITCHES} == dict.fromkeys(NORM_SWITCHES, False)  # every switch, explicitly
+    names = set(load_file(str(speculators_dir / "model.safetensors")))
+    sglang = set(load_file(str(eagle3 / "model.safetensors")))
+    assert names == {k.replace("midlayer.", "layers.0.") for k in sglang}
+    assert validate(speculators_dir) == []
+
+
+def _logits(draft, embed: torch.Tensor, features: torch.Tensor, ids: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    draft.attach_target(embed)
+    pos = torch.arange(ids.shape[1])[None].expand(ids.shape[0], -1)
+    with torch.no_grad():
+        logits, hidden = draft(ids, draft.initial_hidden(features), pos)
+        logits2, _ = draft(ids, hidden, pos)  # a second step feeds back the first step's hidden
+    return logits, logits2, draft.to_target_ids(logits.argmax(-1))
+
+
+def test_exported_drafts_compute_the_same_logits(eagle3: Path, work: Path) -> None:
+    export(eagle3, "sglang", work / "sg32", dtype="float32")
+    export(eagle3, "speculators", work / "sp32", dtype="float32")
+    gen = torch.Generator().manual_seed(0)
+    mine = load_draft(eagle3)
+    embed = torch.randn(mine.vocab_size, mine.hidden_size, generator=gen)
+    features = torch.randn(2, 7, 3 * 64, generator=gen)
+    ids = torch.randint(0, mine.vocab_size, (2, 7), generator=gen)
+    want = _logits(mine, embed, features, ids)
+    for path in (work / "sg32", work / "sp32"):
+        got = _logits(load_draft(path), embed, features, ids)
+        for a, b in zip(want, got, strict=True):
+            assert torch.equal(a, b), path  # fp32 export: bit-exact
+    got = _logits(load_draft(work / "sglang"), embed, features, ids)  # the bf16 export: weights rounded once
+    rel = (got[0] - want[0]).norm() / want[0].norm()
+    assert rel < 2e-2, rel
+
+
+def test_aux_ids_select_the_layers_the_draft_was_trained_on(sglang_dir: Path, target6: Path) -> None:
+    """Both engines' capture rules, simulated with hooks on the transformers target, select exactly the tensors
+    mtp2draft's training feeds the draft (`TargetModel.features`: outputs of the eagle_config layers)."""
+    from mtp2draft.hidden import TargetModel
+
+    cfg = json.loads((sglang_dir / "config.json").read_text())
+    sglang_ids = cfg["eagle_config"]["eagle_aux_hidden_state_layer_ids"]
+    vllm_ids = cfg["eagle_aux_hidden_state_layer_ids"]
+    tm = TargetModel(str(target6))
+    ids = torch.randint(0, tm.vocab_size, (2, 9), generator=torch.Generator().manual_seed(0))
+    trained = tm.features(ids, aux_layers=load_draft(sglang_dir).aux_layer_ids, want_final=False).aux
+
+    def capture_inputs_of(layers: list[int]) -> torch.Tensor:
+        # Both engines append `hidden_states + residual` before running layer j: the residual stream entering j,
+        # which is the transformers decoder layer's input. Neither captures the final layer's output.
+        got: dict[int, torch.Tensor] = {}
+        hooks = [
+            tm._layers[j].register_forward_pre_hook(
+                lambda _m, args, kwargs, j=j: got.__setitem__(j, (args[0] if args else kwargs["hidden_states"])),
+                with_kwargs=True,
+            )
+            for j in layers
+            if j < tm.num_layers
+        ]
+        with torch.no_grad():
+            tm.model(input_ids=ids, use_cache=False)
+        for h in hooks:
+            h.remove()
+        assert sorted(got) == sorted(layers), f"layers {layers} are not all capturable"
+        return torch.cat([got[j] for j in layers], dim=-1)
+
+    # SGLang: LlamaForCausalLM.set_eagle3_layers_to_capture -> layers_to_capture = [id + 1 for id in eagle_config]
+    assert torch.equal(capture_inputs_of([i + 1 for i in sglang_ids]), trained)
+    # vLLM: gpu_model_runner reads the top-level ids and captures before layer id, as is
+    assert torch.equal(capture_inputs_of(vllm_ids), trained)
+    # transformers' hidden_states[i + 1] is the output of layer i: the same tensors once more
+    with torch.no_grad():
+        hs = tm.model(input_ids=ids, output_hidden_states=True, use_cache=False).hidden_states
+    assert torch.equal(torch.cat([hs[i + 1] for i in sglang_ids], dim=-1), trained)
+    # the classic bug: the same ids in both places would make vLLM feed each layer's input, one layer early
+    assert not torch.equal(capture_inputs_of(sglang_ids), trained)
+
+
+# ---- native formats ------------------------------------------------------------------------------------------------
+def test_nextn_export_renumbers_and_keeps_fp8(build, work: Path) -> None:
+    target = build("deepseek_v3_fp8")
+    convert(str(target), work / "ds8-mtp", to="mtp", dtype="float32")
+    export(work / "ds8-mtp", "nextn", work / "ds8-nextn")
+    export(work / "ds8-mtp", "nextn", work / "ds8-nextn-t", target=str(target))  # dtypes from the headers
+    cfg = json.loads((work / "ds8-nextn" / "config.json").read_text())
+    assert cfg["architectures"] == ["DeepseekV3ForCausalLMNextN"] and cfg["num_hidden_layers"] == 1
+    assert cfg["num_nextn_predict_layers"] == 1 and cfg["quantization_config"]["quant_method"] == "fp8"
+    assert cfg["hidden_size"] == 64 and cfg["vocab_size"] == 256  # the target's other fields kept
+    w = load_file(str(work / "ds8-nextn" / "model.safetensors"))
+    assert all(k.startswith("model.layers.0.") for k in w)
+    assert not [k for k in w if "embed_tokens" in k or "shared_head.head" in k or "lm_head" in k]
+    assert w["model.layers.0.eh_proj.weight"].dtype == torch.bfloat16  # bf16 in the release: bf16 here
+    assert w["model.layers.0.mlp.gate.e_score_correction_bias"].dtype == torch.float32
+    q = "model.layers.0.self_attn.q_b_proj.weight"
+    assert w[q].dtype == torch.float8_e4m3fn and w[q + "_scale_inv"].dtype == torch.float32
+    with_target = load_file(str(work / "ds8-nextn-t" / "model.safetensors"))
+    assert w.keys() == with_target.keys() and all(torch.equal(w[k].float(), with_target[k].float()) for k in w)
+    # the layer, dequantised, is the draft's within e4m3 rounding
+    draft = load_file(str(work / "ds8-mtp" / "model.safetensors"))
+    back = dequantize_fp8(w[q], w[q + "_scale_inv"])
+    _assert_within_e4m3(back, draft["block.self_attn.q_b_proj.weight"], w[q + "_scale_inv"])
+    assert validate(work / "ds8-nextn") == []
+
+
+def test_nextn_is_refused_for_a_family_without_nextn(build, work: Path, tmp_path: Path, capsys) -> None:
+    convert(str(build("mimo")), tmp_path / "mimo-mtp", to="mtp")
+    code, out, err = run_cli(
+        capsys, "export", str(tmp_path / "mimo-mtp"), "--format", "nextn", "--out", str(tmp_path / "o")
+    )
+    assert code != 0 and out == "" and "Traceback" not in err
+    assert err.strip().startswith("error:") and "has no [nextn] section" in err and len(err.strip().splitlines()) == 1
+    assert not (tmp_path / "o").exists()
+
+
+def _assert_within_e4m3(got: torch.Tensor, want: torch.Tensor, scale_inv: torch.Tensor, block: int = 128) -> None:
+    s = scale_inv.float().repeat_interleave(block, 0)[: want.shape[0]].repeat_interleave(block, 1)[:, : want.shape[1]]
+    bound = E4M3_REL * want.float().abs() + E4M3_SUBNORMAL * s
+    assert bool(((got.float() - want.float()).abs() <= bound + 1e-12).all())
+
+
+def _overlay(target: Path, stitched: Path, out: Path) -> Path:
+    """What the README tells a user to do: a copy of the target with the overlay's shards and index on top."""
+    shutil.copytree(target, out)
+    files = json.loads((stitched / "provenance.json").read_text())["export"]["overlay_files"]
+    for name in files:
+        shutil.copyfile(stitched / name, out / name)
+    return out
+
+
+@pytest.mark.parametrize("fixture", ["deepseek_v3", "glm4_moe"])
+def test_stitched_round_trip_bf16_is_exact(build, work: Path, fixture: str) -> None:
+    target, draft = _perturbed_native(build, work, fixture, f"{fixture}-ft")
+    export(draft, "stitched", work / f"{fixture}-st", target=str(target))
+    st = work / f"{fixture}-st"
+    assert validate(st) == []
+    prov = json.loads((st / "provenance.json").read_text())["export"]
+    assert sorted(p.name for p in st.iterdir()) == sorted(
+        [*prov["overlay_files"], "config.json", "README.md", "provenance.json"]
+    )
+    assert json.loads((st / "config.json").read_text()) == json.loads((target / "config.json").read_text())
+    assert "--speculative-config" in (st / "README.md").read_text()
+    # each rewritten shard keeps its other tensors bit for bit, and every tensor its dtype
+    original = open_checkpoint(str(target))
+    for shard in prov["overlay_files"][:-1]:
+        with safe_open(str(st / shard), "pt") as new, safe_open(str(target / shard), "pt") as old:
+            assert sorted(new.keys()) == sorted(old.keys())
+            for key in new.keys():  # noqa: SIM118
+                a, b = new.get_tensor(key), old.get_tensor(key)
+                assert a.dtype == b.dtype, key
+                if not key.startswith(f"model.layers.{original.config['num_hidden_layers']}."):
+                    assert torch.equal(a, b), key
+    overlay = _overlay(target, st, work / f"{fixture}-overlay")
+    convert(str(overlay), work / f"{fixture}-back", to="mtp")
+    back = load_file(str(work / f"{fixture}-back" / "model.safetensors"))
+    fine = load_file(str(draft / "model.safetensors"))
+    assert back.keys() == fine.keys()
+    for key in fine:
+        assert torch.equal(back[key], fine[key]), key  # bf16 -> bf16: exact
+
+
+def test_stitched_round_trip_fp8_is_within_e4m3_rounding(build, work: Path) -> None:
+    target, draft = _perturbed_native(build, work, "deepseek_v3_fp8", "ds8-ft")
+    export(draft, "stitched", work / "ds8-st", target=str(target))
+    st = work / "ds8-st"
+    assert validate(st) == []
+    overlay = _overlay(target, st, work / "ds8-overlay")
+    ckpt, orig = open_checkpoint(str(overlay)), open_checkpoint(str(target))
+    for key in orig.keys_with_prefix("model.layers.2."):  # FP8 stays FP8, bf16 stays bf16, fp32 stays fp32
+        assert ckpt.info(key).dtype == orig.info(key).dtype, key
+    prov = json.loads((st / "provenance.json").read_text())["export"]
+    assert prov["requantised_fp8"] and all(ckpt.info(k).dtype == "F8_E4M3" for k in prov["requantised_fp8"])
+    convert(str(overlay), work / "ds8-back", to="mtp", dtype="float32")
+    back = load_file(str(work / "ds8-back" / "model.safetensors"))
+    fine = {k: v.float() for k, v in load_file(str(draft / "model.safetensors")).items()}
+    from mtp2draft.convert import native_to_checkpoint
+    from mtp2draft.spec import get_spec
+
+    spec = get_spec("deepseek_v3")
+    fp8_modules = set()
+    for module_key in fine:
+        keys = native_to_checkpoint(
+            spec, ckpt.config, 0, {module_key: torch.empty(fine[module_key].shape, device="meta")}
+        )
+        if any(k in prov["requantised_fp8"] for k in keys):
+            fp8_modules.add(module_key)
+            for key in keys:
+                got = ckpt.read_weights([key])[key]
+                want = native_to_checkpoint(spec, ckpt.config, 0, {module_key: fine[module_key]})[key]
+                _assert_within_e4m3(got, want, ckpt.read_raw([key + "_scale_inv"])[key + "_scale_inv"])
+    assert fp8_modules and "eh_proj.weight" not in fp8_modules
+    for key in set(fine) - fp8_modules:
+        assert torch.equal(back[key], fine[key]), key  # bf16 and fp32 tensors: exact
+
+
+def test_stitched_never_rewrites_a_tensor_shared_with_the_trunk(build, work: Path, tmp_path: Path) -> None:
+    """ERNIE's MTP final norm is the trunk's `model.norm`: a draft that kept it stitches without touching it; one
+    that changed it is refused (writing it back would change the target)."""
+    target, draft = _perturbed_native(build, work, "ernie4_5_moe", "ernie-ft")
+    with pytest.raises(DraftError, match="shares with the trunk"):
+        export(draft, "stitched", tmp_path / "no", target=str(target))
+    kept = _mutate(draft, tmp_path / "kept", weights=lambda w: w.update(
+        {"final_norm.weight": load_file(str(work / "ernie-ft-src.safetensors"))["final_norm.weight"]}
+    ))  # fmt: skip
+    export(kept, "stitched", tmp_path / "st", target=str(target))
+    assert validate(tmp_path / "st") == []
+    overlay = _overlay(target, tmp_path / "st", tmp_path / "overlay")
+    norm = open_checkpoint(str(target)).read_raw(["model.norm.weight"])["model.norm.weight"]
+    assert torch.equal(open_checkpoint(str(overlay)).read_raw(["model.norm.weight"])["model.norm.weight"], norm)
+
+
+def test_stitched_needs_a_target_and_the_right_one(build, work: Path, tmp_path: Path, capsys) -> None:
+    _, draft = _perturbed_native(build, work, "deepseek_v3", "deepseek_v3-ft")
+    code, out, err = run_cli(capsys, "export", str(draft), "--format", "stitched", "--out", str(tmp_path / "o"))
+    assert code != 0 and "needs --target" in err and not (tmp_path / "o").exists()
+    with pytest.raises(DraftError, match="is a glm4_moe checkpoint"):
+        export(draft, "stitched", tmp_path / "o", target=str(build("glm4_moe")))
+    with pytest.raises(DraftError, match="takes an EAGLE-3 draft"):
+        export(draft, "sglang", tmp_path / "o")
+
+
+@pytest.mark.hub
+def test_stitched_from_a_hub_target_reads_only_the_mtp_shard(build, hub, work: Path, tmp_path: Path) -> None:
+    target, draft = _perturbed_native(build, work, "deepseek_v3", "deepseek_v3-ft")
+    hub.add_repo("org/ds", target)
+    hub.reset_counters()
+    export(draft, "stitched", tmp_path / "st", target="org/ds")
+    prov = json.loads((tmp_path / "st" / "provenance.json").read_text())["export"]
+    assert prov["target"] == "org/ds" and len(prov["target_commit"]) == 40
+    assert validate(tmp_path / "st") == []
+    untouched = set(json.loads((target / "model.safetensors.index.json").read_text())["weight_map"].values())
+    untouched -= set(prov["overlay_files"])
+    assert all(hub.bytes_served_for(f) < 4096 for f in untouched)  # at most a header of the others
+
+
+# ---- the validator ------------------------------------------------------------------------------------------------
+def _mutate(
+    src: Path,
+    dst: Path,
+    config: Callable[[dict], object] | None = None,
+    weights: Callable[[dict], object] | None = None,
+) -> Path:
+    shutil.copytree(src, dst)
+    if config is not None:
+        cfg = json.loads((dst / "config.json").read_text())
+        config(cfg)
+        (dst / "config.json").write_text(json.dumps(cfg))
+    if weights is not None:
+        w = load_file(str(dst / "model.safetensors"))
+        weights(w)
+        save_file(w, str(dst / "model.safetensors"))
+    return dst
+
+
+def _set(w: dict, key: str, fn: Callable[[torch.Tensor], torch.Tensor]) -> None:
+    w[key] = fn(w[key].clone()).contiguous()
+
+
+def _poke(t: torch.Tensor, value: float) -> torch.Tensor:
+    t.view(-1)[0] = value
+    return t
+
+
+def _flip(t: torch.Tensor, d2t: torch.Tensor) -> torch.Tensor:
+    t[int(d2t[0])] = False
+    return t
+
+
+SGLANG_BROKEN = {
+    "missing d2t": (None, lambda w: w.pop("d2t"), "d2t is missing"),
+    "t2d size": (None, lambda w: _set(w, "t2d", lambda t: t[:-1]), "t2d has shape [255]"),
+    "d2t beyond vocab": (None, lambda w: _set(w, "d2t", lambda t: _poke(t.flip(0), 10**6).flip(0)), "outside"),
+    "d2t negative": (None, lambda w: _set(w, "d2t", lambda t: _poke(t, -1)), "outside the target vocabulary"),
+    "d2t vs t2d": (None, lambda w: _set(w, "t2d", lambda t: _flip(t, w["d2t"])), "t2d disagrees with d2t"),
+    "q_proj width H": (
+        None,
+        lambda w: _set(w, "midlayer.self_attn.q_proj.weight", lambda t: t[:, :64]),
+        "q_proj.weight reads H=64 inputs",
+    ),
+    "fc width": (None, lambda w: _set(w, "fc.weight", lambda t: t[:, :128]), "fc.weight is [64, 128]"),
+    "aux ids missing in eagle_config": (
+        lambda c: c["eagle_config"].pop("eagle_aux_hidden_state_layer_ids"),
+        None,
+        "eagle_config.eagle_aux_hidden_state_layer_ids is missing",
+    ),
+    "aux ids missing at top level": (
+        lambda c: c.pop("eagle_aux_hidden_state_layer_ids"),
+        None,
+        "top-level eagle_aux_hidden_state_layer_ids is missing",
+    ),
+    "aux ids inconsistent": (
+        lambda c: c.__setitem__("eagle_aux_hidden_state_layer_ids", [1, 2, 4]),
+        None,
+        "aux ids disagree",
+    ),
+    "aux ids repeated": (
+        lambda c: c.update(eagle_config={"eagle_aux_hidden_state_layer_ids": [1, 1, 4]}),
+        None,
+        "three distinct ids",
+    ),
+    "NaN weight": (None, lambda w: _set(w, "norm.weight", lambda t: _poke(t, math.nan)), "norm.weight holds NaN"),
+    "Inf weight": (None, lambda w: _set(w, "lm_head.weight", lambda t: _poke(t, math.inf)), "holds Inf"),
+    "d2t dtype": (None, lambda w: _set(w, "d2t", lambda t: t.to(torch.int32)), "d2t is int32"),
+    "weight dtype": (None, lambda w: _set(w, "lm_head.weight", lambda t: t.half()), "lm_head.weight is float16"),
+    "embed present": (
+        None,
+        lambda w: w.__setitem__("embed_tokens.weight", torch.zeros(256, 64, dtype=torch.bfloat16)),
+        "embed_tokens.weight is present",
+    ),
+    "missing lm_head": (None, lambda w: w.pop("lm_head.weight"), "lm_head.weight is missing"),
+    "missing norm": (None, lambda w: w.pop("norm.weight"), "norm.weight is missing"),
+    "missing fc": (None, lambda w: w.pop("fc.weight"), "fc.weight is missing"),
+    "tied head": (lambda c: c.__setitem__("tie_word_embeddings", True), None, "tie_word_embeddings is true"),
+    "no draft_vocab_size": (lambda c: c.pop("draft_vocab_size"), None, "draft_vocab_size is missing"),
+    "llama field missing": (lambda c: c.pop("rms_norm_eps"), None, "rms_norm_eps is missing"),
+}
+
+
+@pytest.mark.parametrize("case", list(SGLANG_BROKEN))
+def test_validator_catches_broken_sglang_drafts(sglang_dir: Path, tmp_path: Path, case: str) -> None:
+    config, weights, needle = SGLANG_BROKEN[case]
+    broken = _mutate(sglang_dir, tmp_path / "broken", config, weights)
+    problems = validate(broken)
+    assert any(needle in p for p in problems), problems
+
+
+SPECULATORS_BROKEN = {
+    **{f"no {key}": (lambda c, key=key: c.pop(key), None, f"{key} is not written explicitly") for key in NORM_SWITCHES},
+    "norm_before_residual true": (
+        lambda c: c.__setitem__("norm_before_residual", True),
+        None,
+        "norm_before_residual is True",
+    ),
+    "aux ids missing": (lambda c: c.pop("eagle_aux_hidden_state_layer_ids"), None, "ids is missing"),
+    "aux ids in output-of terms": (
+        lambda c: c.__setitem__("eagle_aux_hidden_state_layer_ids", [0, 2, 4]),
+        None,
+        "ids >= 1",
+    ),
+    "SGLang weight names": (
+        None,
+        lambda w: w.update({k.replace("layers.0.", "midlayer."): w.pop(k) for k in list(w) if "layers.0." in k}),
+        "(the SGLang name)",
+    ),
+    "no transformer_layer_config": (lambda c: c.pop("transformer_layer_config"), None, "transformer_layer_config"),
+    "no proposal method": (
+        lambda c: c["speculators_config"].__setitem__("proposal_methods", []),
+        None,
+        "proposal_methods is missing or empty",
+    ),
+    "q_proj width H": (
+        None,
+        lambda w: _set(w, "layers.0.self_attn.q_proj.weight", lambda t: t[:, :64]),
+        "reads H=64 inputs",
+    ),
+    "missing t2d": (None, lambda w: w.pop("t2d"), "t2d is missing"),
+}
+
+
+@pytest.mark.parametrize("case", list(SPECULATORS_BROKEN))
+def test_validator_catches_broken_speculators_drafts(speculators_dir: Path, tmp_path: Path, case: str) -> None:
+    config, weights, needle = SPECULATORS_BROKEN[case]
+    broken = _mutate(speculators_dir, tmp_path / "broken", config, weights)
+    problems = validate(broken)
+    assert any(needle in p for p in problems), problems
+
+
+@pytest.fixture(scope="module")
+def nextn_dir(build, work: Path) -> Path:
+    convert(str(build("deepseek_v3_fp8")), work / "nx-src", to="mtp")
+    export(work / "nx-src", "nextn", work / "nx")
+    return work / "nx"
+
+
+NEXTN_BROKEN = {
+    "embed kept": (
+        None,
+        lambda w: w.__setitem__("model.layers.0.embed_tokens.weight", torch.zeros(256, 64, dtype=torch.bfloat16)),
+        "model.layers.0.embed_tokens.weight is present",
+    ),
+    "head kept": (
+        None,
+        lambda w: w.__setitem__("model.layers.0.shared_head.head.weight", torch.zeros(256, 64, dtype=torch.bfloat16)),
+        "model.layers.0.shared_head.head.weight is present",
+    ),
+    "two layers": (lambda c: c.__setitem__("num_hidden_layers", 2), None, "num_hidden_layers is 2"),
+    "not renumbered": (
+        None,
+        lambda w: w.update({k.replace("layers.0.", "layers.2."): w.pop(k) for k in list(w)}),
+        "model.layers.0.eh_proj.weight is missing",
+    ),
+    "fp8 config over bf16 weights": (
+        None,
+        lambda w: w.update({k: w.pop(k).float().bfloat16() for k in list(w) if w[k].dtype == torch.float8_e4m3fn}),
+        "quantization_config says fp8 but no tensor is FP8",
+    ),
+    "FP8 without scale": (
+        None,
+        lambda w: w.pop("model.layers.0.self_attn.q_b_proj.weight_scale_inv"),
+        "q_b_proj.weight_scale_inv is missing",
+    ),
+}
+
+
+@pytest.mark.parametrize("case", list(NEXTN_BROKEN))
+def test_validator_catches_broken_nextn_exports(nextn_dir: Path, tmp_path: Path, case: str) -> None:
+    config, weights, needle = NEXTN_BROKEN[case]
+    problems = validate(_mutate(nextn_dir, tmp_path / "broken", config, weights))
+    assert any(needle in p for p in problems), problems
+
+
+def test_validator_catches_a_stitched_index_pointing_at_missing_files(build, work: Path, tmp_path: Path) -> None:
+    target, draft = _perturbed_native(build, work, "deepseek_v3", "deepseek_v3-ft")
+    export(draft, "stitched", tmp_path / "st", target=str(target))
+    shard = json.loads((tmp_path / "st" / "provenance.json").read_text())["export"]["overlay_files"][0]
+    (tmp_path / "st" / shard).unlink()
+    problems = validate(tmp_path / "st")
+    assert any(f"to {shard}, which is missing from the overlay" in p for p in problems), problems
+    index = json.loads((tmp_path / "st" / "model.safetensors.index.json").read_text())
+    index["weight_map"]["model.layers.2.eh_proj.weight"] = "model-00009-of-00009.safetensors"
+    (tmp_path / "st" / "model.safetensors.index.json").write_text(json.dumps(index))
+    assert any("model-00009-of-00009.safetensors, which is missing" in p for p in validate(tmp_path / "st"))
+
+
+def test_validator_lists_every_violation_at_once(sglang_dir: Path, tmp_path: Path) -> None:
+    def config(c: dict) -> None:
+        c.pop("eagle_aux_hidden_state_layer_ids")
+        c["tie_word_embeddings"] = True
+
+    def weights(w: dict) -> None:
+        w.pop("d2t")
+        w.pop("norm.weight")
+        _set(w, "lm_head.weight", lambda t: _poke(t, math.nan))
+
+    problems = validate(_mutate(sglang_dir, tmp_path / "b", config, weights))
+    for needle in ("top-level", "tie_word_embeddings", "d2t is missing", "norm.weight is missing", "NaN"):
+        assert any(needle in p for p in problems), (needle, problems)
+
+
+def test_export_validates_its_own_output_and_writes_nothing_when_broken(eagle3: Path, tmp_path: Path) -> None:
+    broken = _mutate(eagle3, tmp_path / "nan", weights=lambda w: _set(w, "fc.weight", lambda t: _poke(t, math.nan)))
+    with pytest.raises(ValidationError) as exc:
+        export(broken, "sglang", tmp_path / "out")
+    assert any("fc.weight holds NaN" in v for v in exc.value.violations)
+    assert not (tmp_path / "out").exists() and not [p for p in tmp_path.iterdir() if p.name.startswith(".out")]
+
+
+def test_cli_export_and_validate(eagle3: Path, sglang_dir: Path, tmp_path: Path, capsys) -> None:
+    code, out, err = run_cli(
+        capsys, "export", str(eagle3), "--format", "speculators", "--out", str(tmp_path / "s"), "--json"
+    )
+    assert code == 0 and json.loads(out)["format"] == "speculators" and "validating" in err
+    code, out, _ = run_cli(capsys, "validate", str(tmp_path / "s"))
+    assert code == 0 and "valid speculators draft" in out
+    broken = _mutate(sglang_dir, tmp_path / "b", weights=lambda w: w.pop("d2t"))
+    code, out, err = run_cli(capsys, "validate", str(broken))
+    assert code != 0 and "d2t is missing" in out and err.count("error:") == 1 and "1 violation(s)" in err
+    code, out, _ = run_cli(capsys, "validate", str(broken), "--json")
+    report = json.loads(out)
+    assert code != 0 and report["format"] == "sglang" and not report["ok"] and report["violations"]
+    code, out, err = run_cli(capsys, "validate", str(tmp_path / "nowhere"))
+    assert code != 0 and err.startswith("error:") and "is not a directory" in err
