@@ -54,6 +54,8 @@ TORCH_TO_ST = {v[0]: k for k, v in DTYPES.items()}
 SCALE_SUFFIX = "_scale_inv"
 # Gap (bytes) up to which two needed tensors of one shard are fetched with a single range request.
 COALESCE_GAP = 4096
+# Largest range fetched (and held) at once when reading runs of adjacent tensors.
+MAX_RUN_BYTES = 16 << 20
 
 
 @dataclass(frozen=True)
@@ -97,10 +99,13 @@ class LocalFiles:
         if not path.is_file():
             raise CheckpointError(f"shard {file} is named in the index but does not exist in {self.root}")
         self.opened.add(file)
+        data = bytearray(end - start)  # writable: tensors view it without a copy
         with open(path, "rb") as fh:
             fh.seek(start)
-            data = fh.read(end - start)
-        self.bytes_read += len(data)
+            got = fh.readinto(data)
+        if got != end - start:
+            raise CheckpointError(f"{file}: asked for {end - start} bytes at {start}, got {got} (file truncated?)")
+        self.bytes_read += got
         return data
 
     def describe(self) -> str:
@@ -135,20 +140,22 @@ class HubFiles:
             except ValueError:
                 continue
             if a <= start and end <= b:
+                data = bytearray(end - start)
                 with open(entry, "rb") as fh:
                     fh.seek(start - a)
-                    return fh.read(end - start)
+                    fh.readinto(data)
+                return data
         return None
 
-    def read(self, file: str, start: int, end: int) -> bytes:
+    def read(self, file: str, start: int, end: int) -> bytes | bytearray:
         if end <= start:
-            return b""
+            return bytearray()
         cached = self._cached(file, start, end)
         if cached is not None:
             return cached
         if file not in self.sizes:
             raise CheckpointError(f"shard {file} is named in the index but is not in {self.repo_id}@{self.commit[:12]}")
-        data = _range_get(self.repo_id, self.commit, file, start, end, self.token)
+        data = bytearray(_range_get(self.repo_id, self.commit, file, start, end, self.token))
         self.bytes_fetched += len(data)
         self.requests += 1
         folder = self.cache / file
@@ -288,16 +295,20 @@ class Checkpoint:
         return int(block[0]), int(block[1])
 
     # -- reading --
-    def read_raw(self, keys: Iterable[str]) -> dict[str, torch.Tensor]:
-        """Tensors as stored (no dequantisation), fetched with one range request per run of adjacent tensors."""
+    def iter_raw(self, keys: Iterable[str], max_run_bytes: int = MAX_RUN_BYTES) -> Iterator[tuple[str, torch.Tensor]]:
+        """(key, tensor as stored) in file order, fetched with one range request per run of adjacent tensors
+        (runs capped at `max_run_bytes` unless a single tensor is larger), so memory holds one run at a time."""
         infos = sorted((self.info(k) for k in dict.fromkeys(keys)), key=lambda i: (i.file, i.start))
-        out: dict[str, torch.Tensor] = {}
-        for run in _coalesce(infos):
+        for run in _coalesce(infos, max_run_bytes):
             start, end = run[0].start, max(i.end for i in run)
-            data = self.files.read(run[0].file, start, end)
+            data = memoryview(self.files.read(run[0].file, start, end))
             for info in run:
-                out[info.name] = _decode(data[info.start - start : info.end - start], info)
-        return out
+                yield info.name, _decode(data[info.start - start : info.end - start], info)
+            del data
+
+    def read_raw(self, keys: Iterable[str]) -> dict[str, torch.Tensor]:
+        """Tensors as stored (no dequantisation)."""
+        return dict(self.iter_raw(keys))
 
     def needed_keys(self, keys: Iterable[str]) -> list[str]:
         """`keys` plus the `_scale_inv` siblings their dequantisation needs."""
@@ -309,29 +320,49 @@ class Checkpoint:
                 out.append(scale)
         return out
 
-    def read_weights(self, keys: Iterable[str], dtype: torch.dtype = torch.float32) -> dict[str, torch.Tensor]:
-        """Tensors by key, FP8 block weights dequantised, floating tensors cast to `dtype` (others unchanged)."""
+    def iter_weights(
+        self, keys: Iterable[str], dtype: torch.dtype = torch.float32, max_run_bytes: int = MAX_RUN_BYTES
+    ) -> Iterator[tuple[str, torch.Tensor]]:
+        """(key, tensor) in file order: FP8 block weights dequantised (each as soon as it and its scale have
+        arrived), floating tensors cast to `dtype`, others unchanged."""
         keys = list(dict.fromkeys(keys))
-        raw = self.read_raw(self.needed_keys(keys))
-        out = {}
-        for key in keys:
-            tensor = raw[key]
-            scale = key + SCALE_SUFFIX
-            if tensor.dtype in (torch.float8_e4m3fn, torch.float8_e5m2):
-                tensor = dequantize_fp8(tensor, raw[scale], self.fp8_block_size(), key=key)
-            if tensor.is_floating_point():
-                tensor = tensor.to(dtype)
-            out[key] = tensor
-        return out
+        wanted = set(keys)
+        waiting: dict[str, torch.Tensor] = {}  # FP8 weights waiting for their scale, or scales for their weight
+        for name, tensor in self.iter_raw(self.needed_keys(keys), max_run_bytes):
+            if name in wanted and tensor.dtype in (torch.float8_e4m3fn, torch.float8_e5m2):
+                scale = waiting.pop(name + SCALE_SUFFIX, None)
+                if scale is None:
+                    waiting[name] = tensor
+                    continue
+                yield name, dequantize_fp8(tensor, scale, self.fp8_block_size(), key=name).to(dtype)
+            elif name not in wanted:  # a scale
+                weight = waiting.pop(name[: -len(SCALE_SUFFIX)], None)
+                if weight is None:
+                    waiting[name] = tensor
+                    continue
+                key = name[: -len(SCALE_SUFFIX)]
+                yield key, dequantize_fp8(weight, tensor, self.fp8_block_size(), key=key).to(dtype)
+            else:
+                yield name, tensor.to(dtype) if tensor.is_floating_point() else tensor
+
+    def read_weights(self, keys: Iterable[str], dtype: torch.dtype = torch.float32) -> dict[str, torch.Tensor]:
+        """Tensors by key (see `iter_weights`)."""
+        keys = list(dict.fromkeys(keys))
+        got = dict(self.iter_weights(keys, dtype))
+        return {k: got[k] for k in keys}
 
     def bytes_for(self, keys: Iterable[str]) -> int:
         return sum(self.info(k).nbytes for k in self.needed_keys(keys))
 
 
-def _coalesce(infos: list[TensorInfo]) -> Iterator[list[TensorInfo]]:
+def _coalesce(infos: list[TensorInfo], max_bytes: int = 1 << 62) -> Iterator[list[TensorInfo]]:
     run: list[TensorInfo] = []
     for info in infos:
-        if run and (info.file != run[-1].file or info.start - max(i.end for i in run) > COALESCE_GAP):
+        if run and (
+            info.file != run[-1].file
+            or info.start - max(i.end for i in run) > COALESCE_GAP
+            or info.end - run[0].start > max_bytes
+        ):
             yield run
             run = []
         run.append(info)
@@ -339,11 +370,12 @@ def _coalesce(infos: list[TensorInfo]) -> Iterator[list[TensorInfo]]:
         yield run
 
 
-def _decode(data: bytes, info: TensorInfo) -> torch.Tensor:
+def _decode(data: bytes | bytearray | memoryview, info: TensorInfo) -> torch.Tensor:
+    """A tensor viewing `data` (no copy; it keeps the buffer alive)."""
     dtype, _ = DTYPES[info.dtype]
-    if not data:
+    if not len(data):
         return torch.empty(info.shape, dtype=dtype)
-    return torch.frombuffer(bytearray(data), dtype=dtype).reshape(info.shape)
+    return torch.frombuffer(data, dtype=dtype).reshape(info.shape)
 
 
 def dequantize_fp8(

@@ -159,13 +159,21 @@ def iter_native_tensors(
     Floating parameters become `dtype`; buffers (e.g. a router's score-correction bias) keep fp32, as the modules and
     the checkpoints keep them."""
     for g in plan.groups:
-        raw = ckpt.read_weights(g.ckpt_keys, dtype=torch.float32)
-        tensors = [raw[k] for k in g.ckpt_keys]
-        tensor = LOAD_TRANSFORMS[g.transform].combine(g, tensors) if g.transform else tensors[0]
-        del raw, tensors
-        if tensor.is_floating_point():
-            tensor = tensor.to(torch.float32 if g.module_key in plan.buffers else dtype)
+        want = torch.float32 if g.module_key in plan.buffers else dtype
+        transform = LOAD_TRANSFORMS[g.transform] if g.transform else None
+        if transform is not None and hasattr(transform, "combine_stream"):
+            # e.g. fused experts: filled expert by expert into the output, never all in fp32 at once
+            shape = plan.expected[g.module_key]
+            tensor = transform.combine_stream(g, shape, ckpt.iter_weights(g.ckpt_keys, torch.float32), want)
+        else:
+            raw = ckpt.read_weights(g.ckpt_keys, dtype=torch.float32)
+            tensors = [raw[k] for k in g.ckpt_keys]
+            tensor = transform.combine(g, tensors) if transform is not None else tensors[0]
+            del raw, tensors
+            if tensor.is_floating_point():
+                tensor = tensor.to(want)
         yield g.module_key, tensor
+        del tensor  # before the next group is built: one group in memory at a time
 
 
 def native_to_checkpoint(
@@ -311,6 +319,7 @@ def build_eagle3(
     b.config.update(hidden_size=int(text["hidden_size"]), hidden_act="silu", vocab_size=int(text["vocab_size"]))
     for name in spec.eagle3.transforms:
         EAGLE3_TRANSFORMS[name](b)
+        cache.clear()  # inputs are re-read by the transform that needs them, not kept for the whole build
     config = eagle3_config(b.config, text, aux, cfg)
     # every weight the SGLang layout needs must have been produced by the spec's transforms
     with torch.device("meta"):
@@ -478,8 +487,11 @@ def _write_native(ckpt: Checkpoint, plan: MtpLayerPlan, out: Path, dtype: torch.
         tensor_plan.append((g.module_key, want, plan.expected[g.module_key]))
     total = len(plan.groups)
     with SafetensorsWriter(out / WEIGHTS_FILE, tensor_plan, {"format": "pt"}) as writer:
-        for n, (key, tensor) in enumerate(iter_native_tensors(ckpt, plan, dtype=dtype), 1):
+        n = 0  # no enumerate(): its cached result tuple would keep the previous group alive during the next
+        for key, tensor in iter_native_tensors(ckpt, plan, dtype=dtype):
             writer.write(key, tensor)
+            del tensor  # let the group go before the next one is read
+            n += 1
             if n % 25 == 0 or n == total:
                 progress(f"wrote {n}/{total} tensors")
 

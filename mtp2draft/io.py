@@ -92,7 +92,7 @@ class SafetensorsWriter:
             )
         t = tensor.detach().contiguous().cpu()
         if t.numel():
-            self._fh.write(t.reshape(-1).view(torch.uint8).numpy().tobytes())
+            self._fh.write(memoryview(t.reshape(-1).view(torch.uint8).numpy()))  # no copy
         self._next += 1
 
     def close(self) -> None:

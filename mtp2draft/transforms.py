@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import math
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -76,6 +76,22 @@ class FuseExperts:
             # [E, 2I, H]: expert e = cat(gate_e [I, H], up_e [I, H]) along rows
             return torch.stack([torch.cat(tensors[i : i + 2], dim=0) for i in range(0, len(tensors), 2)])
         return torch.stack(tensors)  # [E, H, I]
+
+    def combine_stream(
+        self, group: Group, shape: tuple[int, ...], stream: Iterator[tuple[str, torch.Tensor]], dtype: torch.dtype
+    ) -> torch.Tensor:
+        """`combine` filling a preallocated output expert by expert, so memory holds the output plus one expert."""
+        out = torch.empty(shape, dtype=dtype)
+        slot = {key: i for i, key in enumerate(group.ckpt_keys)}
+        fused = group.module_key.endswith("gate_up_proj")
+        for key, tensor in stream:
+            i = slot[key]
+            if fused:  # ckpt keys alternate gate_e, up_e: rows [0, I) and [I, 2I) of expert e
+                rows = tensor.shape[0]
+                out[i // 2, (i % 2) * rows : (i % 2 + 1) * rows] = tensor
+            else:
+                out[i] = tensor
+        return out
 
     def out_shape(self, group: Group, shapes: list[tuple[int, ...]]) -> tuple[int, ...]:
         rows, cols = shapes[0]

@@ -109,7 +109,7 @@ def test_transformers_generate_use_mtp_agrees_with_the_raw_head(target, tmp_path
     runner = TargetRunner(tm, draft)
     for prompt in PROMPTS:
         calls = []
-        hook = tm.model.register_forward_pre_hook(lambda *_: calls.append(1))
+        hook = tm.model.register_forward_pre_hook(lambda *_, c=calls: c.append(1))
         try:
             out = tm.model.generate(
                 torch.tensor([prompt]),

@@ -1,0 +1,225 @@
+#!/usr/bin/env python3
+"""Benchmark `convert` on a synthetic DeepSeek-V3-style FP8 checkpoint served by the loopback Hub.
+
+The checkpoint's MTP layer shares its shards with large trunk tensors (as DeepSeek-V3's last shards do), so a
+converter that downloads whole shards, or reads more than it needs, shows up in the figures. Prints:
+- bytes served for safetensors files / bytes of the tensors the conversion needs (goal <= 1.05);
+- peak RSS of the converting process and the largest tensor group it transforms (goal: peak <= 1.5 x group + 300 MB);
+- wall time; and the same for a second run (should fetch nothing: the range cache).
+
+Usage: `python scripts/bench_convert.py [--experts 32] [--hidden 1024] [--to mtp|eagle3|both] [--keep DIR]`.
+Runs on CPU in about a minute with the defaults. What it does not do: train or evaluate anything.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from mtp2draft.checkpoint import open_checkpoint, quantize_fp8  # noqa: E402
+from mtp2draft.convert import plan_mtp_layer  # noqa: E402
+from mtp2draft.io import save_tensors, write_json  # noqa: E402
+from mtp2draft.spec import get_spec  # noqa: E402
+from mtp2draft.testing.fixtures import DEEPSEEK_V3, FP8_QUANTIZATION  # noqa: E402
+from mtp2draft.testing.hub_server import HubServer  # noqa: E402
+
+MB = 1 << 20
+
+
+def synthetic_config(hidden: int, experts: int, layers: int) -> dict:
+    cfg = dict(DEEPSEEK_V3)
+    cfg.update(
+        hidden_size=hidden,
+        intermediate_size=4 * hidden,
+        moe_intermediate_size=hidden,
+        n_routed_experts=experts,
+        n_group=4,
+        topk_group=2,
+        num_experts_per_tok=4,
+        num_attention_heads=16,
+        num_key_value_heads=16,
+        q_lora_rank=hidden // 2,
+        kv_lora_rank=hidden // 4,
+        qk_nope_head_dim=64,
+        qk_rope_head_dim=32,
+        v_head_dim=64,
+        num_hidden_layers=layers,
+        first_k_dense_replace=1,
+        vocab_size=16384,
+        quantization_config=FP8_QUANTIZATION,
+        rope_scaling=None,
+    )
+    return cfg
+
+
+def build(out: Path, hidden: int, experts: int, layers: int) -> dict:
+    """Weights with the right names and shapes (values random: the benchmark measures I/O and memory, not quality).
+
+    Trunk layers get the same block shapes as the MTP layer (via the native module's shapes)."""
+    from mtp2draft.convert import native_to_checkpoint
+    from mtp2draft.draft import NativeMtpDraft
+
+    cfg = synthetic_config(hidden, experts, layers)
+    spec = get_spec("deepseek_v3")
+    gen = torch.Generator().manual_seed(0)
+    with torch.device("meta"):
+        shapes = {k: (tuple(v.shape), v.dtype) for k, v in NativeMtpDraft(spec, cfg).state_dict().items()}
+
+    def block_tensors(layer: int) -> dict[str, torch.Tensor]:
+        state = {}
+        for k, (shape, dtype) in shapes.items():
+            state[k] = (torch.randn(shape, generator=gen) * 0.02).to(
+                torch.float32 if dtype == torch.float32 else torch.bfloat16
+            )
+        return native_to_checkpoint(spec, {**cfg, "num_hidden_layers": layer}, 0, state)
+
+    tensors: dict[str, torch.Tensor] = {}
+    v, h = cfg["vocab_size"], hidden
+    tensors["model.embed_tokens.weight"] = (torch.randn(v, h, generator=gen) * 0.02).to(torch.bfloat16)
+    tensors["lm_head.weight"] = (torch.randn(v, h, generator=gen) * 0.02).to(torch.bfloat16)
+    tensors["model.norm.weight"] = torch.ones(h, dtype=torch.bfloat16)
+    for layer in range(1, layers + 1):  # trunk layers 1..N-1 (MoE) and the MTP layer N, identical block shapes
+        for k, t in block_tensors(layer).items():
+            if layer < layers and any(s in k for s in ("enorm", "hnorm", "eh_proj", "shared_head")):
+                continue
+            tensors[k] = t
+    # FP8 like the release: every linear weight of attention and MLP blocks, not embeddings / norms / router / eh_proj
+    final = {}
+    for k, t in tensors.items():
+        if (
+            t.dim() == 2
+            and "embed" not in k
+            and "head" not in k
+            and "norm" not in k
+            and "mlp.gate." not in k
+            and "eh_proj" not in k
+        ):
+            q, s = quantize_fp8(t.float())
+            final[k], final[k + "_scale_inv"] = q, s
+        else:
+            final[k] = t
+    # shards: keys in natural order, cut by size, so the MTP layer shares its shards with trunk tensors
+    keys = sorted(final, key=lambda k: [int(x) if x.isdigit() else x for x in k.replace(".", " . ").split()])
+    total = sum(final[k].numel() * final[k].element_size() for k in keys)
+    n_shards = 4
+    weight_map, shards, acc = {}, [dict() for _ in range(n_shards)], 0
+    for k in keys:
+        idx = min(int(acc * n_shards / total), n_shards - 1)
+        shards[idx][k] = final[k]
+        weight_map[k] = f"model-{idx + 1:05d}-of-{n_shards:05d}.safetensors"
+        acc += final[k].numel() * final[k].element_size()
+    out.mkdir(parents=True, exist_ok=True)
+    for i, shard in enumerate(shards):
+        save_tensors(out / f"model-{i + 1:05d}-of-{n_shards:05d}.safetensors", shard, {"format": "pt"})
+    write_json(out / "config.json", cfg)
+    (out / "model.safetensors.index.json").write_text(
+        json.dumps({"metadata": {"total_size": total}, "weight_map": weight_map})
+    )
+    return cfg
+
+
+CHILD = """
+import json, sys, time
+from mtp2draft.convert import convert
+t = time.perf_counter()
+if len(sys.argv) > 1:
+    r = convert(sys.argv[1], sys.argv[2], to=sys.argv[3])
+else:  # baseline: the same imports (mtp2draft, torch, the family's transformers modules), no data
+    import transformers.models.deepseek_v3.modeling_deepseek_v3
+# VmHWM, not ru_maxrss: Linux carries the parent's high-water mark into a forked child's ru_maxrss
+hwm = next(line for line in open("/proc/self/status") if line.startswith("VmHWM"))
+print(json.dumps({"seconds": time.perf_counter() - t, "peak_mb": int(hwm.split()[1]) / 1024}))
+"""
+
+
+def run_child(args: list[str], env: dict) -> dict:
+    """Convert in a fresh interpreter (nothing else in its memory); its wall time and peak RSS."""
+    proc = subprocess.run([sys.executable, "-c", CHILD, *args], env=env, capture_output=True, text=True)
+    if proc.returncode != 0:
+        raise SystemExit(proc.stderr)
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--hidden", type=int, default=1024)
+    parser.add_argument("--experts", type=int, default=32)
+    parser.add_argument("--layers", type=int, default=2, help="trunk layers (the MTP layer comes after them)")
+    parser.add_argument("--to", choices=["mtp", "eagle3", "both"], default="both")
+    parser.add_argument("--keep", type=Path, help="keep the synthetic checkpoint here")
+    args = parser.parse_args()
+
+    work = Path(tempfile.mkdtemp(prefix="bench-convert-"))
+    ckpt = args.keep or work / "ckpt"
+    t = time.perf_counter()
+    build(ckpt, args.hidden, args.experts, args.layers)
+    local = open_checkpoint(str(ckpt))
+    spec = get_spec("deepseek_v3")
+    plan = plan_mtp_layer(local, spec, 0)
+    needed = local.needed_keys(plan.checkpoint_keys)
+    need_bytes = sum(local.info(k).nbytes for k in needed)
+    largest = max(
+        torch.Size(plan.expected[g.module_key]).numel() * (4 if g.module_key in plan.buffers else 2)
+        for g in plan.groups
+    )
+    shard_files = sorted(set(local.weight_map.values()))
+    print(
+        f"synthetic checkpoint: {local.total_bytes() / MB:.0f} MB in {len(shard_files)} shards, MTP layer "
+        f"{need_bytes / MB:.0f} MB (FP8) in {len({local.weight_map[k] for k in needed})} of them; "
+        f"built in {time.perf_counter() - t:.0f} s"
+    )
+
+    with HubServer() as hub:
+        hub.add_repo("bench/synthetic-v3", ckpt)
+        env = {
+            **os.environ,
+            "HF_ENDPOINT": hub.endpoint,
+            "HF_TOKEN": "hf_test_token",
+            "HF_HUB_DISABLE_XET": "1",
+            "HF_HUB_DISABLE_TELEMETRY": "1",
+            "HF_HOME": str(work / "hf"),
+            "MTP2DRAFT_CACHE": str(work / "ranges"),
+            "PYTHONPATH": str(Path(__file__).resolve().parents[1]),
+        }
+        baseline = run_child([], env)["peak_mb"]
+        print(
+            f"baseline RSS of a process that imports mtp2draft, torch and transformers' DeepSeek-V3 module: "
+            f"{baseline:.0f} MB"
+        )
+        kinds = ["mtp", "eagle3"] if args.to == "both" else [args.to]
+        for kind in kinds:
+            for attempt in ("first run", "second run (cached)"):
+                hub.reset_counters()
+                out = work / f"out-{kind}-{attempt[:5]}"
+                result = run_child(["bench/synthetic-v3", str(out), kind], env)
+                peak = result["peak_mb"]
+                served = sum(hub.bytes_served_for(f) for f in shard_files)
+                ratio = served / need_bytes
+                print(f"\n--to {kind}, {attempt}:")
+                print(
+                    f"  bytes served (safetensors) {served / MB:9.1f} MB   needed tensors {need_bytes / MB:.1f} MB"
+                    f"   ratio {ratio:.4f}  (goal <= 1.05)"
+                )
+                print(
+                    f"  peak RSS {peak:9.0f} MB   largest tensor group {largest / MB:.0f} MB   "
+                    f"(peak - baseline) / group = {(peak - baseline) / (largest / MB):.2f}   "
+                    f"goal peak <= 1.5 x group + 300 MB = {1.5 * largest / MB + 300:.0f} MB: "
+                    f"{'met' if peak <= 1.5 * largest / MB + 300 else 'NOT met'}"
+                )
+                print(f"  wall time {result['seconds']:.1f} s")
+    shutil.rmtree(work, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()
