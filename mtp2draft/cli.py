@@ -188,7 +188,11 @@ def distill(
     step_weights: Annotated[
         str | None, typer.Option("--step-weights", help="Loss weight per TTT step, e.g. '1,0.8,0.64' (default 0.8^s).")
     ] = None,
-    seed: Annotated[int, typer.Option("--seed", help="Seed of initialisation-free randomness (data order).")] = 0,
+    hidden_handover: Annotated[
+        str | None,
+        typer.Option("--hidden-handover", help="mtp: post_norm (SGLang NextN; default) or pre_norm (vLLM MTP)."),
+    ] = None,
+    seed: Annotated[int, typer.Option("--seed", help="Seed of the data order.")] = 0,
     save_every: Annotated[int, typer.Option("--save-every", help="Checkpoint every N steps.")] = 50,
     resume: Annotated[bool, typer.Option("--resume", help="Continue from the newest checkpoint of --out.")] = False,
     regenerate: Annotated[
@@ -225,6 +229,7 @@ def distill(
         seed=seed,
         step_weights=_floats(step_weights),
         save_every=save_every,
+        hidden_handover=hidden_handover,
     )
     result = run(
         draft,
@@ -487,6 +492,96 @@ def push(
         print(f"commit {result.commit}  {result.commit_url}")
 
 
+@app.command("run")
+def run_all(
+    source: Source,
+    data: Data,
+    work: Annotated[Path, typer.Option("--work", help="Work directory: every stage's output is kept here.")],
+    to: Annotated[str, typer.Option("--to", help=f"Draft kind: {' | '.join(_kinds())}.")] = "eagle3",
+    target: Annotated[str | None, typer.Option("--target", help="Target to distill against (default: SOURCE).")] = None,
+    eval_data: Annotated[
+        Path | None, typer.Option("--eval-data", help="Held-out prompts for evaluation (default: --data).")
+    ] = None,
+    fmt: Annotated[str | None, typer.Option("--format", help="Export format (default: sglang | nextn).")] = None,
+    push_repo: Annotated[str | None, typer.Option("--push", help="Hub repo id to publish the export to.")] = None,
+    private: Annotated[bool, typer.Option("--private", help="With --push: create a private repo.")] = False,
+    steps: Annotated[int, typer.Option("--steps", help="Distillation steps.")] = 300,
+    ttt_steps: Annotated[int, typer.Option("--ttt-steps", help="Draft steps unrolled per position.")] = 3,
+    lr: Annotated[float, typer.Option("--lr", help="Peak learning rate.")] = 5e-4,
+    batch_size: Annotated[int, typer.Option("--batch-size", help="Sequences per step.")] = 8,
+    max_length: Annotated[int, typer.Option("--max-length", help="Tokens per sequence.")] = 256,
+    draft_vocab_size: Annotated[int | None, typer.Option("--draft-vocab-size", help="eagle3 draft vocabulary.")] = None,
+    regenerate: Annotated[bool, typer.Option("--regenerate", help="Train on the target's own responses.")] = False,
+    num_draft_tokens: Annotated[int, typer.Option("--num-draft-tokens", "-k", help="Draft tokens per step.")] = 4,
+    max_new_tokens: Annotated[int, typer.Option("--max-new-tokens", help="Tokens generated per prompt.")] = 64,
+    max_prompts: Annotated[int | None, typer.Option("--max-prompts", help="Evaluation prompts.")] = 20,
+    layer: Annotated[int | None, typer.Option("--layer", help="MTP layer index.")] = None,
+    revision: Revision = None,
+    token: Token = None,
+    overwrite: Annotated[bool, typer.Option("--overwrite", help="Replace a non-empty --work.")] = False,
+) -> None:
+    """Convert, distill, evaluate (beside the raw MTP head), export and optionally push, in one command.
+
+    Example: `mtp2draft run zai-org/GLM-4.5-Air --data chats.jsonl --eval-data prompts.jsonl --to eagle3 --regenerate --work glm-run --push me/GLM-4.5-Air-eagle3`
+    """
+    from .distill import DistillConfig
+    from .run import run
+
+    cfg = DistillConfig(
+        steps=steps,
+        ttt_steps=ttt_steps,
+        lr=lr,
+        batch_size=batch_size,
+        max_length=max_length,
+        draft_vocab_size=draft_vocab_size,
+    )
+    result = run(
+        source,
+        work,
+        data,
+        to,
+        target,
+        eval_data,
+        fmt,
+        push_repo,
+        cfg,
+        num_draft_tokens,
+        max_new_tokens,
+        max_prompts,
+        layer,
+        revision,
+        token,
+        private,
+        regenerate,
+        overwrite,
+        progress=log,
+    )
+    print(format_acceptance_table(result.report["results"]))
+    print(f"export: {result.exported}")
+    if result.push is not None:
+        print(f"pushed: {result.push.url} (commit {result.push.commit})")
+
+
+@app.command()
+def demo(
+    work: Annotated[Path, typer.Option("--work", help="Where to keep the demo's drafts.")] = Path("demo-run"),
+    steps: Annotated[int, typer.Option("--steps", help="Distillation steps.")] = 120,
+) -> None:
+    """The quick start: convert -> distill -> evaluate -> export on the small target bundled with the repository
+    (a 5M-parameter DeepSeek-V3-layout model whose MTP head was trained jointly with it), then print the table.
+
+    Example: `mtp2draft demo --work demo-run`
+    """
+    from .run import demo as run_demo
+
+    result = run_demo(work, steps, progress=log)
+    report = result.report
+    print(f"\ntarget {report['target']}: {report['num_prompts']} held-out prompts, k = {report['num_draft_tokens']}")
+    print(format_acceptance_table(report["results"]))
+    print("\nstage times: " + ", ".join(f"{k} {v:.0f} s" for k, v in result.stages.items()))
+    print(f"drafts and the {result.exported.name} export are in {result.work}")
+
+
 # ---- entry point -----------------------------------------------------------------------------------------------------
 def main(argv: list[str] | None = None) -> int:
     """Console-script entry: one formatter for known errors, tracebacks only under MTP2DRAFT_DEBUG=1."""
@@ -495,7 +590,7 @@ def main(argv: list[str] | None = None) -> int:
     debug = os.environ.get("MTP2DRAFT_DEBUG") == "1"
     command = typer.main.get_command(app)
     try:
-        command.main(args=argv, prog_name="mtp2draft", standalone_mode=False)
+        code = command.main(args=argv, prog_name="mtp2draft", standalone_mode=False)
     except click.exceptions.Exit as exc:
         return exc.exit_code
     except click.ClickException as exc:
@@ -512,7 +607,7 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130
-    return 0
+    return code if isinstance(code, int) else 0
 
 
 if __name__ == "__main__":

@@ -491,7 +491,7 @@ def _write_native(ckpt: Checkpoint, plan: MtpLayerPlan, out: Path, dtype: torch.
         for key, tensor in iter_native_tensors(ckpt, plan, dtype=dtype):
             writer.write(key, tensor)
             del tensor  # let the group go before the next one is read
-            n += 1
+            n += 1  # noqa: SIM113 - see the comment above
             if n % 25 == 0 or n == total:
                 progress(f"wrote {n}/{total} tensors")
 

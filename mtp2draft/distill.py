@@ -72,6 +72,9 @@ class DistillConfig:
     grad_clip: float = 0.5
     save_every: int = 50
     log_every: int = 10
+    hidden_handover: str | None = None
+    """Native MTP drafts: train for the engine that feeds back the post-norm hidden (SGLang NextN, transformers;
+    the default) or the pre-norm one (vLLM's DeepSeek MTP). None keeps the draft's setting."""
 
     def weights(self) -> list[float]:
         if self.step_weights:
@@ -358,6 +361,14 @@ def distill(
     torch.manual_seed(cfg.seed)
     draft = load_draft(draft_dir).to(device)
     kind = draft.kind
+    if cfg.hidden_handover is not None:
+        if kind != "mtp":
+            raise DataError(
+                "--hidden-handover applies to native MTP drafts (EAGLE-3 always hands on the pre-norm output)"
+            )
+        if cfg.hidden_handover not in ("post_norm", "pre_norm"):
+            raise DataError(f"--hidden-handover must be post_norm or pre_norm, got {cfg.hidden_handover!r}")
+        draft.hidden_handover = cfg.hidden_handover
     weights = cfg.weights()
     started = time.perf_counter()
 
@@ -529,7 +540,10 @@ def _write_result(draft, draft_dir: str | Path, out: Path, overwrite: bool, info
         k: (v.to(dtype) if v.is_floating_point() and k not in buffers else v).detach().cpu().contiguous()
         for k, v in draft.state_dict().items()
     }
-    config = {**src_cfg, **draft.draft_config()} if isinstance(draft, Eagle3Draft) else src_cfg
+    if isinstance(draft, Eagle3Draft):
+        config = {**src_cfg, **draft.draft_config()}
+    else:
+        config = {**src_cfg, "hidden_handover": draft.hidden_handover}
     with atomic_output_dir(out, overwrite) as tmp:
         save_tensors(tmp / WEIGHTS_FILE, state, {"format": "pt"})
         write_json(tmp / CONFIG_FILE, config)

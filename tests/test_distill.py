@@ -26,11 +26,15 @@ SMALL = {"steps": 4, "batch_size": 4, "max_length": 48, "save_every": 2, "log_ev
 
 
 @pytest.mark.parametrize("fixture", ["deepseek_v3", "mimo", "glm4_moe"])
-@pytest.mark.parametrize("kind", ["mtp", "eagle3"])
+@pytest.mark.parametrize("kind", ["mtp", "mtp-pre-norm-handover", "eagle3"])
 def test_ttt_step_equals_serving_chain(build, tmp_path: Path, fixture: str, kind: str) -> None:
     """TTT step s at origin p == the serving chain run from p for s + 1 steps with the data's tokens forced."""
+    handover = "pre_norm" if kind.endswith("handover") else None
+    kind = kind.split("-")[0]
     convert(str(build(fixture)), tmp_path / "d", to=kind, dtype="float32")
     draft = load_draft(tmp_path / "d").eval()
+    if handover:  # as vLLM's DeepSeek MTP chains it
+        draft.hidden_handover = handover
     v, h = draft.vocab_size, draft.hidden_size
     gen = torch.Generator().manual_seed(0)
     draft.attach_target(torch.randn(v, h, generator=gen), torch.randn(v, h, generator=gen) * 0.1)

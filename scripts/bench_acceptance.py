@@ -1,0 +1,243 @@
+#!/usr/bin/env python3
+"""Acceptance benchmark on the two bundled trained targets; writes docs/benchmarks.md.
+
+For each target (examples/targets/tiny-deepseek-v3: MLA + MoE; examples/targets/tiny-mimo: Qwen2 dense, hidden read
+before the final norm) it builds and evaluates, on held-out prompts never used for distillation
+(examples/data/heldout.jsonl), with chain speculative decoding and greedy verification for k = 1..5:
+
+- raw MTP head reused recursively (convert --to mtp, no training): the baseline
+- native MTP after distill (S steps)
+- native MTP after distill on target-regenerated data (S steps, --regenerate)
+- eagle3 from the MTP layer before any distillation (what the structural mapping keeps; fc scale calibrated)
+- eagle3 from the MTP layer after distill (S steps)
+- eagle3 from random init after the same S steps
+- eagle3 from random init after 4 S steps
+
+Every row reports mean acceptance length and per-position acceptance at each k, plus training steps and wall time;
+every run is checked lossless. Usage: `python scripts/bench_acceptance.py [--steps 150] [--prompts 24]
+[--targets tiny-deepseek-v3,tiny-mimo] [--out docs/benchmarks.md]`. About 25-35 minutes on 2 CPU cores with the
+defaults. It tunes nothing on the held-out prompts: all settings are fixed before it runs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import shutil
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from mtp2draft import __version__  # noqa: E402
+from mtp2draft.convert import convert  # noqa: E402
+from mtp2draft.distill import DistillConfig, distill  # noqa: E402
+from mtp2draft.draft import load_draft  # noqa: E402
+from mtp2draft.evaluate import evaluate  # noqa: E402
+from mtp2draft.hidden import TargetModel  # noqa: E402
+from mtp2draft.io import save_tensors, write_json  # noqa: E402
+
+TARGETS = ROOT / "examples" / "targets"
+DATA = ROOT / "examples" / "data"
+
+
+def log(msg: str) -> None:
+    print(msg, file=sys.stderr, flush=True)
+
+
+def random_eagle3(src: Path, out: Path, seed: int) -> None:
+    """The EAGLE-3 layer of `src` re-initialised from scratch (as an EAGLE-3 trainer starts): Llama-style normal
+    init, norms at one; lm_head keeps the target's rows (the usual recipe), fc starts random too."""
+    shutil.copytree(src, out)
+    draft = load_draft(src)
+    gen = torch.Generator().manual_seed(seed)
+    state = {}
+    for key, value in draft.state_dict().items():
+        if key in ("d2t", "t2d", "lm_head.weight"):
+            state[key] = value
+        elif value.dim() == 1:
+            state[key] = torch.ones_like(value)
+        else:
+            state[key] = torch.randn(value.shape, generator=gen) * 0.02
+    cfg = json.loads((src / "config.json").read_text())
+    cfg.pop("mtp2draft_init", None)  # nothing to calibrate: fc is not derived from the MTP projection
+    write_json(out / "config.json", cfg)
+    save_tensors(
+        out / "model.safetensors", {k: v.to(torch.bfloat16) if v.is_floating_point() else v for k, v in state.items()}
+    )
+
+
+def run_target(name: str, args, work: Path) -> dict:
+    target = TARGETS / name
+    tm = TargetModel(str(target))
+    w = work / name
+    w.mkdir(parents=True)
+    heldout, train = DATA / "heldout.jsonl", DATA / "train.jsonl"
+    base = {
+        "ttt_steps": args.ttt_steps,
+        "lr": args.lr,
+        "batch_size": args.batch_size,
+        "max_length": args.max_length,
+        "save_every": 10**9,
+        "seed": 0,
+    }
+    rows: list[tuple[str, Path, dict]] = []
+
+    t = time.perf_counter()
+    convert(str(target), w / "raw-mtp")
+    convert(str(target), w / "e3-mtp", to="eagle3")
+    rows.append(("raw MTP head reused recursively", w / "raw-mtp", {"steps": 0, "seconds": 0}))
+    log(f"{name}: converted in {time.perf_counter() - t:.0f} s")
+
+    def train(label: str, src: Path, out: str, steps: int, **extra) -> None:
+        t = time.perf_counter()
+        cfg = DistillConfig(**{**base, "steps": steps, **{k: v for k, v in extra.items() if k != "regenerate"}})
+        distill(
+            src,
+            w / out,
+            train,
+            str(target),
+            config=cfg,
+            regenerate_data=extra.get("regenerate", False),
+            progress=lambda m: log(f"{name} {label}: {m}"),
+        )
+        rows.append((label, w / out, {"steps": steps, "seconds": round(time.perf_counter() - t)}))
+
+    s = args.steps
+    train("native MTP after distill", w / "raw-mtp", "mtp-ft", s)
+    if not args.skip_regenerate:
+        train("native MTP after distill, regenerated data", w / "raw-mtp", "mtp-ft-regen", s, regenerate=True)
+    # before distillation the only thing measured from data is fc's scale: 0 optimizer steps
+    train(
+        "eagle3 from MTP, no distillation (fc scale calibrated)",
+        w / "e3-mtp",
+        "e3-mtp-0",
+        0,
+        draft_vocab_size=args.draft_vocab,
+    )
+    train("eagle3 from MTP after distill", w / "e3-mtp", "e3-mtp-ft", s, draft_vocab_size=args.draft_vocab)
+    random_eagle3(w / "e3-mtp", w / "e3-rand", seed=1)
+    train("eagle3 from random init, same steps", w / "e3-rand", "e3-rand-ft", s, draft_vocab_size=args.draft_vocab)
+    train("eagle3 from random init, 4x steps", w / "e3-rand", "e3-rand-ft4", 4 * s, draft_vocab_size=args.draft_vocab)
+
+    results: dict[str, dict] = {label: {"training": info, "by_k": {}} for label, _, info in rows}
+    for k in range(1, args.max_k + 1):
+        t = time.perf_counter()
+        report = evaluate(
+            [(label, str(path)) for label, path, _ in rows],
+            tm,
+            heldout,
+            num_draft_tokens=k,
+            max_new_tokens=args.new_tokens,
+            max_prompts=args.prompts,
+            progress=lambda m: log(f"{name} k={k}: {m}"),
+        )
+        for r in report["results"]:
+            if not r["lossless"]:
+                raise SystemExit(f"{name}: {r['name']} was not lossless at k={k}")
+            results[r["name"]]["by_k"][k] = {
+                "mean_acceptance_length": round(r["mean_acceptance_length"], 3),
+                "acceptance_per_position": [round(a, 3) for a in r["acceptance_per_position"]],
+                "ties": r["ties"],
+            }
+        log(f"{name}: k={k} evaluated in {time.perf_counter() - t:.0f} s")
+    training = json.loads((target / "training.json").read_text()) if (target / "training.json").is_file() else {}
+    return {"target": name, "num_prompts": report["num_prompts"], "rows": results, "target_training": training}
+
+
+def markdown(runs: list[dict], args) -> str:
+    lines = [
+        "# Acceptance benchmark",
+        "",
+        "Produced by `python scripts/bench_acceptance.py " + " ".join(sys.argv[1:]) + f"` (mtp2draft {__version__}, "
+        f"torch {torch.__version__}, {platform.processor() or platform.machine()}, CPU, "
+        f"{time.strftime('%Y-%m-%d')}). Chain speculative decoding with greedy verification against the target; "
+        f"{args.prompts} held-out prompts (examples/data/heldout.jsonl, files never used for distillation), "
+        f"{args.new_tokens} new tokens each; every run was lossless. Acceptance length = target tokens per target "
+        "forward, bonus token included (1 .. k+1). Distillation: "
+        f"K = {args.ttt_steps} TTT steps, lr {args.lr}, batch {args.batch_size} x {args.max_length} tokens, "
+        f"examples/data/train.jsonl; EAGLE-3 draft vocabulary {args.draft_vocab}.",
+        "",
+    ]
+    for run in runs:
+        lines += [f"## {run['target']}", ""]
+        tt = run["target_training"]
+        if tt:
+            lines += [
+                f"Target: {tt.get('parameters', '?'):,} parameters; held-out next-token top-1 "
+                f"{tt.get('heldout_next_token_top1', '?')}, MTP t+2 top-1 {tt.get('heldout_mtp_top1', '?')}.",
+                "",
+            ]
+        ks = sorted({k for r in run["rows"].values() for k in r["by_k"]})
+        lines += [
+            "Mean acceptance length:",
+            "",
+            "| draft | steps | train time | " + " | ".join(f"k={k}" for k in ks) + " |",
+            "|---|---|---|" + "---|" * len(ks),
+        ]
+        for label, row in run["rows"].items():
+            cells = [f"{row['by_k'][k]['mean_acceptance_length']:.3f}" for k in ks]
+            lines.append(
+                f"| {label} | {row['training']['steps']} | {row['training']['seconds']} s | " + " | ".join(cells) + " |"
+            )
+        kmax = max(ks)
+        lines += [
+            "",
+            f"Acceptance per draft position at k = {kmax} (P(token j accepted | tokens < j accepted)):",
+            "",
+            "| draft | " + " | ".join(f"pos {j}" for j in range(1, kmax + 1)) + " |",
+            "|---|" + "---|" * kmax,
+        ]
+        for label, row in run["rows"].items():
+            lines.append(
+                f"| {label} | " + " | ".join(f"{a:.3f}" for a in row["by_k"][kmax]["acceptance_per_position"]) + " |"
+            )
+        raw = run["rows"]["raw MTP head reused recursively"]["by_k"]
+        lines.append("")
+        for label, row in run["rows"].items():
+            if label.startswith("raw"):
+                continue
+            k4 = 4 if 4 in row["by_k"] else kmax
+            ratio = row["by_k"][k4]["mean_acceptance_length"] / raw[k4]["mean_acceptance_length"]
+            lines.append(f"- {label}: {ratio:.2f}x the raw head's mean acceptance length at k = {k4}.")
+        lines.append("")
+    return "\n".join(lines) + "\n"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--targets", default="tiny-deepseek-v3,tiny-mimo")
+    parser.add_argument("--steps", type=int, default=150)
+    parser.add_argument("--ttt-steps", type=int, default=4)
+    parser.add_argument("--lr", type=float, default=1e-3)
+    parser.add_argument("--batch-size", type=int, default=8)
+    parser.add_argument("--max-length", type=int, default=256)
+    parser.add_argument("--draft-vocab", type=int, default=2048)
+    parser.add_argument("--prompts", type=int, default=24)
+    parser.add_argument("--new-tokens", type=int, default=48)
+    parser.add_argument("--max-k", type=int, default=5)
+    parser.add_argument("--skip-regenerate", action="store_true")
+    parser.add_argument("--out", type=Path, default=ROOT / "docs" / "benchmarks.md")
+    parser.add_argument("--json", type=Path, help="also write the raw figures here")
+    args = parser.parse_args()
+    torch.manual_seed(0)
+    work = Path(tempfile.mkdtemp(prefix="bench-acceptance-"))
+    started = time.perf_counter()
+    runs = [run_target(name, args, work) for name in args.targets.split(",")]
+    text = markdown(runs, args)
+    text += f"\nTotal wall time of the benchmark: {(time.perf_counter() - started) / 60:.0f} min.\n"
+    args.out.write_text(text)
+    if args.json:
+        args.json.write_text(json.dumps(runs, indent=2))
+    print(text)
+    shutil.rmtree(work, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,63 @@
+"""The wheel: model_specs/ ships inside it as package data, and the console script works from a clean venv."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import sysconfig
+from pathlib import Path
+
+import pytest
+
+from mtp2draft.spec import registry
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+@pytest.mark.slow
+def test_wheel_installs_into_a_clean_venv_and_lists_the_specs(tmp_path: Path) -> None:
+    wheels = tmp_path / "wheels"
+    subprocess.run(
+        [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w", str(wheels), str(REPO)],
+        check=True,
+        capture_output=True,
+    )
+    (wheel,) = wheels.glob("mtp2draft-*.whl")
+    import zipfile
+
+    names = zipfile.ZipFile(wheel).namelist()
+    assert sorted(n for n in names if n.startswith("mtp2draft/model_specs/") and n.endswith(".toml")) == sorted(
+        f"mtp2draft/model_specs/{name}.toml" for name in registry()
+    )
+    venv = tmp_path / "venv"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
+    python = venv / "bin" / "python"
+    site = Path(
+        subprocess.run(
+            [str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+            check=True,
+            capture_output=True,
+            text=True,
+        ).stdout.strip()
+    )
+    # the wheel goes into the clean venv; its dependencies (torch, transformers, ...) are borrowed from ours via a
+    # plain path entry, which does not run our editable install's hook, so `mtp2draft` can only come from the wheel
+    subprocess.run(
+        [sys.executable, "-m", "pip", "--python", str(python), "install", "-q", "--no-deps", str(wheel)],
+        check=True,
+        capture_output=True,
+    )
+    (site / "deps.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
+    where = subprocess.run(
+        [str(python), "-c", "import mtp2draft; print(mtp2draft.__file__)"],
+        cwd=tmp_path,
+        check=True,
+        capture_output=True,
+        text=True,
+    ).stdout.strip()
+    assert where.startswith(str(site))
+    out = subprocess.run(
+        [str(venv / "bin" / "mtp2draft"), "specs", "--json"], cwd=tmp_path, check=True, capture_output=True, text=True
+    ).stdout
+    assert [row["name"] for row in json.loads(out)] == list(registry())
