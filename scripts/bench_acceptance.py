@@ -78,7 +78,7 @@ def run_target(name: str, args, work: Path) -> dict:
     tm = TargetModel(str(target))
     w = work / name
     w.mkdir(parents=True)
-    heldout, train = DATA / "heldout.jsonl", DATA / "train.jsonl"
+    heldout, train_data = DATA / "heldout.jsonl", DATA / "train.jsonl"
     base = {
         "ttt_steps": args.ttt_steps,
         "lr": args.lr,
