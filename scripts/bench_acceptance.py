@@ -101,7 +101,7 @@ def run_target(name: str, args, work: Path) -> dict:
         distill(
             src,
             w / out,
-            train,
+            train_data,
             str(target),
             config=cfg,
             regenerate_data=extra.get("regenerate", False),
@@ -136,7 +136,7 @@ def run_target(name: str, args, work: Path) -> dict:
             num_draft_tokens=k,
             max_new_tokens=args.new_tokens,
             max_prompts=args.prompts,
-            progress=lambda m: log(f"{name} k={k}: {m}"),
+            progress=lambda m, k=k: log(f"{name} k={k}: {m}"),
         )
         for r in report["results"]:
             if not r["lossless"]:
