@@ -246,6 +246,7 @@ def distill(
         sample,
         skip_bad,
         progress=log,
+        progress_bar=sys.stderr.isatty(),
     )
     summary = {
         "out": str(result.out),

@@ -348,6 +348,7 @@ def distill(
     device: str = "cpu",
     progress: Progress = lambda _: None,
     stop_after: int | None = None,
+    progress_bar: bool = False,
 ) -> DistillResult:
     """Fine-tune the draft in `draft_dir` against the frozen target; write the result to `out`.
 
@@ -468,6 +469,13 @@ def distill(
     acc_window: list[list[float]] = []
     draft.train()
     end = cfg.steps if stop_after is None else min(cfg.steps, start + stop_after)
+    bar = None
+    if progress_bar:
+        from huggingface_hub.utils import tqdm
+
+        bar = tqdm(total=cfg.steps, initial=start, desc="distill", unit="step", file=sys.stderr, dynamic_ncols=True)
+        log_line = progress
+        progress = bar.write  # log lines above the bar, not through it
     for step in range(start, end):
         batch, feats = batch_at(step)
         for group in optimizer.param_groups:
@@ -487,6 +495,9 @@ def distill(
         optimizer.step()
         acc = [c / max(n, 1) for c, n in zip(stats.per_step_correct, stats.per_step_count, strict=True)]
         acc_window.append(acc)
+        if bar is not None:
+            bar.set_postfix_str(f"loss {stats.loss.item():.3f} top-1 " + " ".join(f"{a:.2f}" for a in acc))
+            bar.update(1)
         if (step + 1) % cfg.log_every == 0 or step + 1 == cfg.steps:
             mean = [sum(a[s] for a in acc_window) / len(acc_window) for s in range(cfg.ttt_steps)]
             history.append({"step": step + 1, "loss": stats.loss.item(), "accuracy": mean})
@@ -500,6 +511,9 @@ def distill(
             save_checkpoint(
                 ckpt_dir, step + 1, draft, optimizer, {"settings_hash": _settings_hash(settings), "history": history}
             )
+    if bar is not None:
+        bar.close()
+        progress = log_line
     if end < cfg.steps:  # stopped early on purpose: checkpoints stay, nothing is written
         return DistillResult(out, end, time.perf_counter() - started, [], history, start or None)
     if fingerprint is not None and target_model.fingerprint() != fingerprint:

@@ -190,3 +190,36 @@ def test_specs_command_lists_the_registry(capsys) -> None:
 
     code, out, _ = run_cli(capsys, "specs", "--json")
     assert code == 0 and [r["name"] for r in json.loads(out)] == list(registry())
+
+
+def _break(kind: str, path: Path) -> str:
+    """Damage a copy of a checkpoint; returns a fragment the one-line error must contain."""
+    index_file = path / "model.safetensors.index.json"
+    index = json.loads(index_file.read_text())
+    mtp_shard = path / index["weight_map"]["model.layers.2.eh_proj.weight"]
+    if kind == "missing_shard":
+        mtp_shard.unlink()
+        return mtp_shard.name
+    if kind == "corrupt_header":
+        mtp_shard.write_bytes(b"\xff" * 8 + mtp_shard.read_bytes()[8:])
+        return "corrupt safetensors header"
+    if kind == "fp8_without_scale":
+        del index["weight_map"]["model.layers.2.self_attn.kv_b_proj.weight_scale_inv"]
+        index_file.write_text(json.dumps(index))
+        return "has no model.layers.2.self_attn.kv_b_proj.weight_scale_inv"
+    if kind == "shape_mismatch":
+        cfg = json.loads((path / "config.json").read_text())
+        cfg["moe_intermediate_size"] = 48
+        (path / "config.json").write_text(json.dumps(cfg))
+        return "but the config implies"
+    raise AssertionError(kind)
+
+
+@pytest.mark.parametrize("kind", ["missing_shard", "corrupt_header", "fp8_without_scale", "shape_mismatch"])
+@pytest.mark.parametrize("to", ["mtp", "eagle3"])
+def test_broken_checkpoints_fail_in_one_line_and_write_nothing(build, tmp_path: Path, capsys, kind, to) -> None:
+    path = tmp_path / "ck"
+    shutil.copytree(build("deepseek_v3_fp8"), path)
+    needle = _break(kind, path)
+    code, out, err = run_cli(capsys, "convert", str(path), "--out", str(tmp_path / "o"), "--to", to)
+    _assert_clean_failure(code, out, err, needle, tmp_path / "o")

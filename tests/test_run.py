@@ -1,0 +1,58 @@
+"""The one-shot pipeline against a hub-hosted target: convert -> distill -> evaluate -> export -> push."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from mtp2draft.cli import main
+from mtp2draft.export import validate
+
+
+@pytest.mark.hub
+@pytest.mark.slow
+def test_run_from_the_hub_to_a_pushed_draft(target, text_data, hub, tmp_path: Path, capsys) -> None:
+    path = target("mimo", num_hidden_layers=6)  # deep enough for three distinct EAGLE-3 aux layers
+    hub.add_repo("org/tiny-mimo", path)
+    code = main(
+        [
+            "run",
+            "org/tiny-mimo",
+            "--data",
+            str(text_data),
+            "--work",
+            str(tmp_path / "w"),
+            "--steps",
+            "3",
+            "--batch-size",
+            "4",
+            "--max-length",
+            "48",
+            "--draft-vocab-size",
+            "64",
+            "-k",
+            "2",
+            "--max-new-tokens",
+            "6",
+            "--max-prompts",
+            "2",
+            "--push",
+            "tester/tiny-mimo-eagle3",
+        ]
+    )
+    out, err = capsys.readouterr()
+    assert code == 0, err
+    assert "raw MTP head (baseline)" in out and "pushed: " in out
+    work = tmp_path / "w"
+    assert sorted(p.name for p in work.iterdir()) == ["distilled", "export-sglang", "raw-eagle3", "raw-mtp"]
+    assert validate(work / "export-sglang") == []
+    report = json.loads((work / "distilled" / "evaluation.json").read_text())
+    assert [r["lossless"] for r in report["results"]] == [True, True]
+    files = hub.files("tester/tiny-mimo-eagle3")
+    assert {"config.json", "model.safetensors", "README.md"} <= set(files)
+    assert b"base_model: org/tiny-mimo" in files["README.md"]
+    prov = json.loads((work / "distilled" / "provenance.json").read_text())
+    assert prov["source"] == "org/tiny-mimo" and len(prov["commit"]) == 40
+    assert prov["distill"]["target_commit"] == prov["commit"]
