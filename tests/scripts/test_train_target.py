@@ -45,7 +45,7 @@ def test_target_loads(trained: tuple[Path, Path], name: str, cls: str, spec: str
     assert len(shards) >= 2
     for shard in shards:
         with safe_open(str(target / shard), "pt") as fh:
-            for key in fh.keys():
+            for key in sorted(fh.keys()):
                 want = "F32" if key.endswith("e_score_correction_bias") else "BF16"
                 assert fh.get_slice(key).get_dtype() == want, key
 
