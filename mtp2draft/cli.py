@@ -566,7 +566,7 @@ def run_all(
 @app.command()
 def demo(
     work: Annotated[Path, typer.Option("--work", help="Where to keep the demo's drafts.")] = Path("demo-run"),
-    steps: Annotated[int, typer.Option("--steps", help="Distillation steps.")] = 120,
+    steps: Annotated[int, typer.Option("--steps", help="Distillation steps.")] = 150,
 ) -> None:
     """The quick start: convert -> distill -> evaluate -> export on the small target bundled with the repository
     (a 5M-parameter DeepSeek-V3-layout model whose MTP head was trained jointly with it), then print the table.

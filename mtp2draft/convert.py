@@ -240,20 +240,36 @@ def load_native(
     token: str | bool | None = None,
     attach_target: bool = True,
     dtype: torch.dtype = torch.float32,
+    parts: tuple[str, ...] | None = None,
 ) -> NativeMtpDraft:
-    """The native MTP module straight from a checkpoint (in memory; `convert --to mtp` writes the same weights)."""
+    """The native MTP module straight from a checkpoint (in memory; `convert --to mtp` writes the same weights).
+
+    parts: module-name prefixes to materialise and read (e.g. ("enorm", "hnorm", "eh_proj", "block.input_layernorm",
+    "block.self_attn")); the rest of the module stays on the meta device and its bytes are never fetched."""
     ckpt = source if isinstance(source, Checkpoint) else open_checkpoint(source, revision, token)
     spec = find_spec(ckpt.config)
     layer, _ = resolve_layer(ckpt, spec, layer)
     plan = plan_mtp_layer(ckpt, spec, layer)
-    module = NativeMtpDraft(spec, ckpt.config, layer)
+    if parts is None:
+        module = NativeMtpDraft(spec, ckpt.config, layer)
+    else:
+        with torch.device("meta"):
+            module = NativeMtpDraft(spec, ckpt.config, layer)
+        module.rotary_emb = spec.import_class(spec.block.rotary)(config=module.config)  # buffers computed, not loaded
+        for name, sub in module.named_modules():
+            if name and name.startswith(parts) and not any(n.startswith(name + ".") for n in parts if n != name):
+                sub.to_empty(device="cpu", recurse=True)
+        keep = [g for g in plan.groups if g.module_key.startswith(parts)]
+        plan = MtpLayerPlan(
+            plan.spec, plan.layer, keep, plan.expected, plan.buffers, plan.stored_embed, plan.stored_head
+        )
     state = dict(iter_native_tensors(ckpt, plan, dtype=torch.float32))
-    module.load_state_dict(state)
+    module.load_state_dict(state, strict=parts is None)
     if attach_target:
         embed, head = target_embed_key(ckpt, spec, plan), target_head_key(ckpt, spec, plan)
         shared = ckpt.read_weights([embed, head])
         module.attach_target(shared[embed], shared[head])
-    return module.to(dtype)
+    return module.to(dtype) if parts is None else module
 
 
 # ---- EAGLE-3 --------------------------------------------------------------------------------------------------------

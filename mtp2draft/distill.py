@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+import torch.nn.functional as F
 from safetensors.torch import load_file
 
 from . import __version__
@@ -229,19 +230,142 @@ def narrow_vocab(draft: Eagle3Draft, used: torch.Tensor, target_head: torch.Tens
     draft.eagle_config["draft_vocab_size"] = int(used.numel())
 
 
-def calibrate_eagle3(draft: Eagle3Draft, features: Features) -> dict[str, float] | None:
-    """Scale fc's high slot by 1 / rms(high aux hidden) on real activations, completing the MTP -> EAGLE-3 mapping
-    (see transforms.py); only for drafts whose config says the scale is still the weight-only placeholder."""
+def calibrate_eagle3(
+    draft: Eagle3Draft,
+    features: Features,
+    mask: torch.Tensor | None = None,
+    native: NativeMtpDraft | None = None,
+    input_ids: torch.Tensor | None = None,
+    iterations: int = 100,
+) -> dict | None:
+    """Complete the MTP -> EAGLE-3 mapping on real activations (see transforms.py); only for drafts whose config
+    says calibration is pending.
+
+    1. fc: the MTP layer read `P_h hnorm(h)` of the target's final hidden h, fc only sees the three aux layers. At
+       conversion fc's high slot holds `P_h diag(hnorm)`; here fc is refitted by ridge regression so that
+       `fc(aux) ~ P_h diag(hnorm) h / rms(h)` over the batch's tokens: the best linear stand-in for what the MTP layer
+       saw. (Only the rms scale when the final hidden is not available.)
+    2. attention scales (with the native MTP layer, for its attention internals): the conversion replaced rms values
+       inside the attention by weight-based estimates (rms of the projected input, MLA's low-rank norms), which are
+       off on real, anisotropic activations. One scale per head for each of q, k and v is fitted (Adam on the
+       log-scales, weights otherwise untouched) so that the EAGLE-3 attention output matches what the MTP layer adds
+       to its residual stream: its attention output plus the embedding term the pass-through heads carry.
+    """
     init = draft.eagle_config.get("mtp2draft_init")
     if not init or init.get("fc_scale_calibrated", True):
         return None
-    aux = features.step0_input("eagle3")
+    aux = features.step0_input("eagle3").float()  # [B, T, 3Ht]
+    b, t = aux.shape[:2]
     ht = aux.shape[-1] // 3
-    rms = float(aux[..., 2 * ht :].float().pow(2).mean().sqrt())
+    keep = mask.reshape(-1).bool() if mask is not None else torch.ones(b * t, dtype=torch.bool)
+    x = aux.reshape(-1, 3 * ht)[keep].double()  # [N, 3Ht]
+    out: dict[str, Any] = {}
     with torch.no_grad():
-        draft.fc.weight[:, 2 * ht :] /= rms
-    init.update(fc_scale_calibrated=True, high_aux_rms=rms)
-    return {"high_aux_rms": rms}
+        if features.final is None:
+            rms = float(x[:, 2 * ht :].pow(2).mean().sqrt())
+            draft.fc.weight[:, 2 * ht :] /= rms
+            init.update(fc_scale_calibrated=True, high_aux_rms=rms)
+            return {"high_aux_rms": rms}
+        h = features.final.float().reshape(-1, features.final.shape[-1])[keep].double()  # [N, H]
+        h = h / h.pow(2).mean(-1, keepdim=True).add(1e-6).sqrt()
+        w0 = draft.fc.weight[:, 2 * ht :].double()  # [H, Ht] = P_h diag(hnorm)
+        y = h @ w0.T  # [N, H]: what the MTP layer's projection read from the hidden side
+        gram = x.T @ x
+        ridge = 1e-3 * gram.diagonal().mean()
+        w = torch.linalg.solve(gram + ridge * torch.eye(gram.shape[0], dtype=gram.dtype), x.T @ y)  # [3Ht, H]
+        r2 = float(1 - (y - x @ w).pow(2).sum() / (y - y.mean(0)).pow(2).sum())
+        draft.fc.weight.copy_(w.T.to(draft.fc.weight.dtype))
+    out.update(fc_fit_r2=r2, tokens=int(x.shape[0]))
+    init.update(fc_fit="ridge", fc_fit_r2=r2, fc_fit_tokens=int(x.shape[0]))
+    if native is not None and input_ids is not None:
+        out.update(_fit_attention_scales(draft, native, features, input_ids, mask, iterations))
+        init.update(attention_scale_fit={k: v for k, v in out.items() if k.startswith("attention")})
+    init["fc_scale_calibrated"] = True
+    return out
+
+
+def _fit_attention_scales(draft, native, features, input_ids, mask, iterations: int) -> dict[str, float]:
+    """Per-head scales of q, k, v fitted to the native layer's residual update (see calibrate_eagle3)."""
+    from torch.func import functional_call
+
+    b, t = input_ids.shape
+    tokens = shift(input_ids, 1)  # step 0 reads x[p + 1]
+    pos = torch.arange(t).expand(b, -1) + 1
+    valid = (mask.bool() if mask is not None else torch.ones(b, t, dtype=torch.bool)) & shift(
+        torch.ones_like(input_ids, dtype=torch.bool), 1, False
+    )
+    with torch.no_grad():
+        e = F.embedding(tokens, native.embed_weight).float()  # [B, T, H]
+        e_hat, h_hat = native.enorm(e), native.hnorm(features.final.float())
+        zeros = torch.zeros_like(h_hat)
+        first = native.spec.layer.concat == "embed_hidden"
+        x = native.eh_proj(torch.cat([e_hat, h_hat] if first else [h_hat, e_hat], -1))  # MTP block input
+        x_e = native.eh_proj(torch.cat([e_hat, zeros] if first else [zeros, e_hat], -1))  # its embedding term
+        blk = native.block
+        mask_n = native.default_mask(x) if hasattr(native, "default_mask") else None
+        a_n = blk.self_attn(
+            hidden_states=blk.input_layernorm(x),
+            position_embeddings=native.rotary_emb(x, pos, **native._rotary_kwargs),
+            attention_mask=mask_n,
+            position_ids=pos,
+        )
+        a_n = a_n[0] if isinstance(a_n, tuple) else a_n
+        want = (a_n + x_e)[valid]  # what the MTP layer adds to the P_h hnorm(h) part of its residual
+        hidden = draft.initial_hidden(features.aux)
+        mid = draft.midlayer
+        xin = torch.cat([mid.input_layernorm(e.to(hidden.dtype)), mid.hidden_norm(hidden)], -1)  # [B, T, 2H]
+        pe = draft.rotary_emb(hidden, pos)
+    attn = mid.self_attn
+    heads, kv, d = draft.config.num_attention_heads, draft.config.num_key_value_heads, attn.head_dim
+    base = {f"{p}_proj.weight": getattr(attn, f"{p}_proj").weight.detach().clone() for p in "qkvo"}
+    logs = {p: torch.zeros(heads if p == "q" else kv, requires_grad=True) for p in "qkv"}
+    opt = torch.optim.Adam(logs.values(), lr=0.05)
+
+    def scaled() -> dict[str, torch.Tensor]:
+        out = dict(base)
+        for p, n in (("q", heads), ("k", kv), ("v", kv)):
+            w = base[f"{p}_proj.weight"]
+            out[f"{p}_proj.weight"] = (w.view(n, d, -1) * logs[p].exp()[:, None, None].to(w.dtype)).reshape_as(w)
+        return out
+
+    def error() -> torch.Tensor:
+        got, _ = functional_call(attn, scaled(), (xin,), {"position_embeddings": pe, "attention_mask": None})
+        return (got[valid] - want).pow(2).mean() / want.pow(2).mean()
+
+    with torch.no_grad():
+        before = float(error())
+    for _ in range(iterations):
+        loss = error()
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    with torch.no_grad():
+        after = float(error())
+        for name, w in scaled().items():
+            getattr(attn, name.split(".")[0]).weight.copy_(w)
+    return {"attention_rel_error_before": before, "attention_rel_error_after": after}
+
+
+def _native_attention(draft_dir: str | Path, embed: torch.Tensor, progress: Progress) -> NativeMtpDraft | None:
+    """The attention side of the MTP layer an EAGLE-3 draft was converted from (its provenance names the source):
+    norms, projection and attention only — the experts are never read. None, with a note, when unreachable."""
+    from .convert import load_native
+
+    prov_path = Path(draft_dir) / PROVENANCE_FILE
+    prov = json.loads(prov_path.read_text()) if prov_path.is_file() else {}
+    source = prov.get("source")
+    if not source:
+        return None
+    parts = ("enorm", "hnorm", "eh_proj", "block.input_layernorm", "block.self_attn")
+    try:
+        local = Path(source).is_dir()
+        revision = None if local else prov.get("commit")
+        native = load_native(source, prov.get("mtp_layer"), revision, attach_target=False, parts=parts)
+    except Exception as exc:  # calibration is an improvement, not a requirement
+        progress(f"note: could not read the MTP layer from {source} ({exc}); calibrating fc only")
+        return None
+    native.embed_weight = embed.float()
+    return native.eval()
 
 
 # ---- batches ----------------------------------------------------------------------------------------------------------
@@ -406,7 +530,7 @@ def distill(
     fingerprint = target_model.fingerprint() if target_model is not None else None
     draft.attach_target(embed.to(device), head.to(device))
 
-    def batch_at(step: int) -> tuple[dict[str, torch.Tensor], Features]:
+    def batch_at(step: int, want_final: bool = False) -> tuple[dict[str, torch.Tensor], Features]:
         idx = batch_indices(step, cfg.batch_size, n_examples, cfg.seed)
         if examples is None:
             return offline_features(store, idx, cfg.max_length)
@@ -416,7 +540,7 @@ def distill(
             batch["input_ids"],
             batch["attention_mask"].to(target_model.device),
             aux_layers=aux,
-            want_final=kind == "mtp",
+            want_final=want_final or kind == "mtp",
         )
         return batch, feats
 
@@ -440,9 +564,19 @@ def distill(
     elif kind == "mtp" and cfg.draft_vocab_size:
         raise DataError("--draft-vocab-size applies to eagle3 drafts; a native MTP draft shares the target's head")
     calibration = None
-    if isinstance(draft, Eagle3Draft) and latest is None:
-        calibration = calibrate_eagle3(draft, batch_at(0)[1])
-        if calibration:
+    if isinstance(draft, Eagle3Draft) and latest is None and draft.eagle_config.get("mtp2draft_init"):
+        batch, feats = batch_at(0, want_final=True)
+        native = _native_attention(draft_dir, embed, progress)
+        calibration = calibrate_eagle3(draft, feats, batch["attention_mask"], native, batch["input_ids"])
+        if calibration and "fc_fit_r2" in calibration:
+            note = f"fitted fc to the MTP layer's input on {calibration['tokens']} tokens (R^2 {calibration['fc_fit_r2']:.3f})"
+            if "attention_rel_error_after" in calibration:
+                note += (
+                    f"; attention scales: relative error {calibration['attention_rel_error_before']:.3f} -> "
+                    f"{calibration['attention_rel_error_after']:.3f}"
+                )
+            progress(note)
+        elif calibration:
             progress(f"calibrated fc: rms of the high aux layer {calibration['high_aux_rms']:.4g}")
     vocab_ids = draft_target_ids(draft)
 

@@ -708,6 +708,13 @@ def _export_stitched(
     write_json(tmp / INDEX_FILE, _target_index(ckpt))
     write_json(tmp / CONFIG_FILE, ckpt.config)
     (tmp / README_FILE).write_text(_stitched_readme(ckpt, spec, layer, shards, writer.requantised))
+    if cfg.get("hidden_handover", "post_norm") == "post_norm":
+        # vLLM's `method: "mtp"` chains the layer's pre-norm output: a draft trained for the post-norm hand-over
+        # (SGLang's NextN, the default) keeps its step-1 quality there but loses some beyond it.
+        progress(
+            "note: this draft was trained to hand the post-norm hidden to the next step (SGLang); vLLM's MTP hands "
+            "on the pre-norm one: for vLLM, distill with --hidden-handover pre_norm"
+        )
     record.update(
         target=ckpt.source,
         target_commit=ckpt.commit,

@@ -470,7 +470,71 @@ def absorb_projection(b: Eagle3Build) -> None:
         ["eh_proj.weight", "hnorm.weight"],
         "high slot = P_h diag(hnorm) (rms scale refined by calibration); low/mid slots zero",
     )
-    b.config["mtp2draft_init"] = {"c": c, "c_e": c_e, "c_h": c_h, "fc_scale_calibrated": False}
+    extra = _embedding_passthrough_heads(b, pe)
+    b.config["mtp2draft_init"] = {
+        "c": c,
+        "c_e": c_e,
+        "c_h": c_h,
+        "fc_scale_calibrated": False,
+        "passthrough_heads": extra,
+        "mtp_heads": int(b.config["num_attention_heads"]) - extra,
+    }
+
+
+def _embedding_passthrough_heads(b: Eagle3Build, pe: torch.Tensor, sharpness: float = 16.0) -> int:
+    """Append attention heads that carry P_e enorm(e) of each entry's own token into the residual.
+
+    In the MTP layer the embedding term P_e enorm(e) is part of the block input, so it reaches the residual stream
+    directly; EAGLE-3's residual is fc's output alone and the token embedding only enters through attention. These
+    heads restore that path: each attends (almost) only to its own entry — q = a R e_n and k = R e_n with R an
+    orthonormal d x H projection and e_n = e / rms(e), so the score peaks at the entry itself (or at entries of the
+    same token, which carry the same value) — and its value is a d-row slice of P_e diag(enorm) e_n, written back by
+    o_proj to the same rows of the residual.
+
+    A kv head carries d values, so ceil(H / d) heads are needed; grouped k/v (GQA) are first expanded to one kv head
+    per q head (exact), and the total head count is rounded up to divide H (transformers' LlamaConfig requires it,
+    and so do engines that read the config through it) and to keep the power-of-two factor tensor parallelism
+    needs; heads beyond the needed ones stay zero. Returns the number of q heads added.
+    """
+    h = b.hidden_size
+    heads, kv = int(b.config["num_attention_heads"]), int(b.config["num_key_value_heads"])
+    d, g = int(b.config["head_dim"]), heads // kv
+    if g > 1:  # GQA -> one kv head per q head: repeat each kv head's rows for the q heads it serves (exact)
+        for p in "kv":
+            key = f"midlayer.self_attn.{p}_proj.weight"
+            b.out[key] = b.out[key].view(kv, d, -1).repeat_interleave(g, dim=0).reshape(heads * d, -1)
+            b.provenance[key]["how"] += f"; grouped k/v repeated to {heads} kv heads (exact)"
+    needed = math.ceil(h / d)
+    tp = min(16, heads & -heads)  # largest power of two dividing the head count (at most 16)
+    total = next((t for t in range(heads + needed, h + 1) if h % t == 0 and t % tp == 0), None)
+    if total is None:
+        total = next(t for t in range(heads + needed, 8 * (heads + needed)) if t % tp == 0)
+    extra = total - heads
+    gen = torch.Generator().manual_seed(0)
+    r = torch.linalg.qr(torch.randn(h, d, generator=gen))[0].T if d <= h else torch.eye(d, h)  # [d, H] orthonormal
+    alpha = sharpness / math.sqrt(d)  # self score ~ alpha * |R e_n|^2 / sqrt(d) ~ sharpness
+    q_new, k_new, v_new = torch.zeros(extra * d, 2 * h), torch.zeros(extra * d, 2 * h), torch.zeros(extra * d, 2 * h)
+    o_new = torch.zeros(h, extra * d)
+    for j in range(min(needed, extra)):
+        rows = slice(j * d, min((j + 1) * d, h))
+        n = rows.stop - rows.start
+        k_new[j * d : (j + 1) * d, :h] = r
+        q_new[j * d : (j + 1) * d, :h] = alpha * r
+        v_new[j * d : j * d + n, :h] = pe[rows]  # on input_layernorm(e) = e / rms(e) (weight ones)
+        o_new[rows, j * d : j * d + n] = torch.eye(n)
+    how = (
+        f"+{extra} embedding pass-through heads ({min(needed, extra)} used; attend to their own entry, value = "
+        "P_e diag(enorm) e / rms(e)): carry the MTP input's embedding term into the residual"
+    )
+    for p, new in (("q", q_new), ("k", k_new), ("v", v_new)):
+        key = f"midlayer.self_attn.{p}_proj.weight"
+        b.out[key] = torch.cat([b.out[key], new], dim=0)
+        b.provenance[key]["how"] += "; " + how
+    key = "midlayer.self_attn.o_proj.weight"
+    b.out[key] = torch.cat([b.out[key], o_new], dim=1)
+    b.provenance[key] = {**b.provenance[key], "exact": False, "how": b.provenance[key]["how"] + "; " + how}
+    b.config["num_attention_heads"] = b.config["num_key_value_heads"] = total
+    return extra
 
 
 def mlp_dense(b: Eagle3Build) -> None:

@@ -210,8 +210,10 @@ def test_offline_hidden_states_train_like_the_online_target(target, text_data, t
     def no_target(*_a, **_k):
         raise AssertionError("offline distillation must not load the target")
 
+    import importlib
+
     monkeypatch.setattr(hidden, "TargetModel", no_target)
-    monkeypatch.setattr("mtp2draft.distill.TargetModel", no_target)
+    monkeypatch.setattr(importlib.import_module("mtp2draft.distill"), "TargetModel", no_target)
     distill(tmp_path / "raw", tmp_path / "offline", hidden_states=tmp_path / "dump", config=cfg)
     a, b = _final_weights(tmp_path / "online"), _final_weights(tmp_path / "offline")
     for key in a:
@@ -249,3 +251,23 @@ def test_malformed_lines_name_file_and_line(target, tmp_path: Path) -> None:
         read_examples(bad, tok)
     examples, skipped = read_examples(bad, tok, skip_bad=True)
     assert len(examples) == 1 and skipped == 3
+
+
+def test_eagle3_from_mtp_is_calibrated_once_on_real_activations(target, text_data, tmp_path: Path) -> None:
+    tgt = target("deepseek_v3", num_hidden_layers=6)
+    convert(str(tgt), tmp_path / "e3", to="eagle3", dtype="float32")
+    assert json.loads((tmp_path / "e3" / "config.json").read_text())["mtp2draft_init"]["fc_scale_calibrated"] is False
+    result = distill(
+        tmp_path / "e3", tmp_path / "c", text_data, str(tgt), config=DistillConfig(**{**SMALL, "steps": 0})
+    )
+    init = json.loads((tmp_path / "c" / "config.json").read_text())["mtp2draft_init"]
+    fit = init["attention_scale_fit"]
+    assert init["fc_scale_calibrated"] is True and 0 < init["fc_fit_r2"] <= 1
+    assert fit["attention_rel_error_after"] < fit["attention_rel_error_before"]
+    assert result.steps == 0
+    prov = json.loads((tmp_path / "c" / "provenance.json").read_text())
+    assert prov["distill"]["calibration"]["attention_rel_error_after"] == fit["attention_rel_error_after"]
+    # a calibrated draft is not calibrated again
+    before = load_file(str(tmp_path / "c" / "model.safetensors"))["fc.weight"]
+    distill(tmp_path / "c", tmp_path / "c2", text_data, str(tgt), config=DistillConfig(**{**SMALL, "steps": 0}))
+    assert torch.equal(load_file(str(tmp_path / "c2" / "model.safetensors"))["fc.weight"], before)

@@ -203,3 +203,34 @@ def test_vocab_maps_follow_the_reference_definition() -> None:
     assert d2t.tolist() == [2 - 0, 5 - 1, 7 - 2, 9 - 3]  # sorted ascending, d2t[i] = used[i] - i
     assert t2d.tolist() == [i in (2, 5, 7, 9) for i in range(12)]
     assert (torch.arange(4) + d2t).tolist() == [2, 5, 7, 9]
+
+
+@pytest.mark.parametrize("fixture", ["deepseek_v3", "glm4_moe", "mimo"])
+def test_embedding_passthrough_heads_carry_the_mtp_embedding_term(build, tmp_path: Path, fixture: str) -> None:
+    """The heads appended by the conversion attend to their own entry and write P_e enorm(e) into the residual,
+    as the MTP layer's block input carries it (the rest of its attention comes from the MTP heads)."""
+    path = build(fixture)
+    convert(str(path), tmp_path / "e", to="eagle3", dtype="float32")
+    cfg = json.loads((tmp_path / "e" / "config.json").read_text())
+    draft = load_draft(tmp_path / "e").eval()
+    native = load_native(str(path)).eval()
+    assert cfg["hidden_size"] % cfg["num_attention_heads"] == 0  # transformers' LlamaConfig requires it
+    mtp_heads, d = cfg["mtp2draft_init"]["mtp_heads"], cfg["head_dim"]
+    gen = torch.Generator().manual_seed(0)
+    t = 12
+    tokens = torch.randperm(cfg["vocab_size"], generator=gen)[:t][None]  # distinct tokens
+    e = torch.nn.functional.embedding(tokens, native.embed_weight)
+    h = cfg["hidden_size"]
+    proj = native.eh_proj.weight
+    p_e = proj[:, :h] if native.spec.layer.concat == "embed_hidden" else proj[:, h:]
+    want = native.enorm(e) @ p_e.T  # [1, T, H]: the embedding term of the MTP block input
+    attn = draft.midlayer.self_attn
+    with torch.no_grad():
+        attn.o_proj.weight[:, : mtp_heads * d] = 0  # keep only the pass-through heads' contribution
+        hidden = torch.randn(1, t, h, generator=gen)
+        x = torch.cat([draft.midlayer.input_layernorm(e), draft.midlayer.hidden_norm(hidden)], -1)
+        pos = torch.arange(1, t + 1)[None]
+        got, _ = attn(x, position_embeddings=draft.rotary_emb(hidden, pos), attention_mask=None)
+    cos = torch.nn.functional.cosine_similarity(got[0], want[0], dim=-1)
+    assert cos.min() > 0.9, cos
+    assert torch.allclose(got.norm(dim=-1), want.norm(dim=-1), rtol=0.2)

@@ -336,11 +336,15 @@ def test_mimo_v2_flash_eagle3_layout(build, tmp_path: Path) -> None:
     convert(str(path), tmp_path / "e", to="eagle3", layer=2, dtype="float32")
     cfg = json.loads((tmp_path / "e" / "config.json").read_text())
     config = _config(path)
-    assert cfg["num_key_value_heads"] == config["swa_num_key_value_heads"] and cfg["head_dim"] == 24
+    mtp_heads = cfg["mtp2draft_init"]["mtp_heads"]  # then the embedding pass-through heads (one kv head per q head)
+    assert mtp_heads == 4 and cfg["num_key_value_heads"] == cfg["num_attention_heads"] and cfg["head_dim"] == 24
     assert cfg["rope_theta"] == pytest.approx(config["swa_rope_theta"] ** (24 / 8))  # SWA theta, partial RoPE remap
     w = load_file(str(tmp_path / "e" / "model.safetensors"))
-    o = w["midlayer.self_attn.o_proj.weight"].view(64, 4, 24)
+    o = w["midlayer.self_attn.o_proj.weight"][:, : mtp_heads * 24].view(64, mtp_heads, 24)
     assert o[:, :, 16:].abs().max() == 0 and o[:, :, :16].abs().max() > 0  # v heads 16 -> 24, zero columns
+    # the SWA block's doubled kv heads, repeated to one per q head: q heads 2i and 2i+1 share kv head i
+    k = w["midlayer.self_attn.k_proj.weight"][: mtp_heads * 24].view(mtp_heads, 24, -1)
+    assert torch.equal(k[0], k[1]) and not torch.equal(k[0], k[2])
     how = json.loads((tmp_path / "e" / "provenance.json").read_text())["tensors"]["midlayer.self_attn.q_proj.weight"]
     assert "attention-sink bias dropped" in how["how"] and "sliding window" in how["how"]
 
@@ -429,8 +433,11 @@ def test_ernie_eagle3_attention_keeps_the_interleaved_rope(build, tmp_path: Path
     )
     ecfg = Ernie4_5_MoeConfig(**{k: v for k, v in config.items() if k not in ("architectures", "model_type")})
     want = scores(*ernie_rope(q, k, *Ernie4_5_MoeRotaryEmbedding(ecfg)(u, pos)))
-    q3 = heads_of(u @ (w3["midlayer.self_attn.q_proj.weight"][:, 64:] * scale).T, heads)
-    k3 = heads_of(u @ (w3["midlayer.self_attn.k_proj.weight"][:, 64:] * scale).T, kv)
+    # the first `heads` heads are the MTP layer's (k/v repeated to one kv head per q head); pass-through heads follow
+    assert cfg["mtp2draft_init"]["mtp_heads"] == heads
+    q3 = heads_of(u @ (w3["midlayer.self_attn.q_proj.weight"][: heads * d, 64:] * scale).T, heads)
+    k3 = heads_of(u @ (w3["midlayer.self_attn.k_proj.weight"][: heads * d, 64:] * scale).T, heads)
+    kv = heads  # scores() repeats nothing now
     got = scores(*llama_rope(q3, k3, *load_draft(tmp_path / "e").rotary_emb(u, pos)))
     assert cfg["rope_theta"] == pytest.approx(config["rope_theta"])
     assert (got - want).abs().max() <= 1e-4 * want.abs().max()

@@ -367,10 +367,12 @@ def test_longcat_eagle3_folds_the_lora_scaling(build, tmp_path: Path) -> None:
     a, b = load_file(str(tmp_path / "on" / "model.safetensors")), load_file(str(tmp_path / "off" / "model.safetensors"))
     s_q, s_kv = (64 / 48) ** 0.5, (64 / 32) ** 0.5
     attn = "midlayer.self_attn."
+    heads, d, dr = 4, 16 + 64, 64  # the MTP layer's heads come first; embedding pass-through heads follow
+    a = {k: v[: heads * d] if k.startswith(attn) and k[len(attn) : len(attn) + 1] in "qkv" else v for k, v in a.items()}
+    b = {k: v[: heads * d] if k.startswith(attn) and k[len(attn) : len(attn) + 1] in "qkv" else v for k, v in b.items()}
     assert torch.allclose(a[attn + "q_proj.weight"], b[attn + "q_proj.weight"] * s_q, rtol=1e-5, atol=1e-7)
     assert torch.allclose(a[attn + "v_proj.weight"], b[attn + "v_proj.weight"] * s_kv, rtol=1e-5, atol=1e-7)
     # k, row by row (rows are RoPE-permuted): k_nope rows scale by s_kv, the k_rope rows (shared latent) do not
-    heads, d, dr = 4, 16 + 64, 64
     k_on, k_off = a[attn + "k_proj.weight"].view(heads, d, -1), b[attn + "k_proj.weight"].view(heads, d, -1)
     ratio = k_on.norm(dim=-1) / k_off.norm(dim=-1)  # [heads, d]: s_kv on the nope dims, 1 on the rope dims
     assert torch.allclose(ratio.sort(dim=-1).values[:, :dr], torch.ones(heads, dr), atol=1e-4)
