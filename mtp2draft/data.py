@@ -158,32 +158,53 @@ def regenerate(
     sample: bool = False,
     temperature: float = 0.8,
     seed: int = 0,
+    batch_size: int = 16,
     progress=lambda _: None,
 ) -> list[Example]:
     """Replace each example's loss span with the target's own continuation of its prompt.
 
-    Chats: the prompt is the conversation before the first assistant turn. Text: the first half of the tokens."""
-    out = []
-    torch.manual_seed(seed)
+    Chats: the prompt is the conversation before the first assistant turn. Text: the first half of the tokens, and
+    as many new tokens as the second half had. Prompts are generated in left-padded batches of similar length;
+    greedy unless `sample`. Generation stops at the tokenizer's eos token."""
     eos = tokenizer.eos_token_id
-    for n, ex in enumerate(examples, 1):
+    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else eos
+    jobs = []
+    for ex in examples:
         prompt = ex.input_ids[: ex.prompt_length] if ex.prompt_length else ex.input_ids[: len(ex.input_ids) // 2]
         budget = max_new_tokens if ex.prompt_length else min(max_new_tokens, len(ex.input_ids) - len(prompt))
-        ids = torch.tensor([prompt], device=target.device)
+        jobs.append((prompt, max(budget, 1)))
+    order = sorted(range(len(jobs)), key=lambda i: (len(jobs[i][0]), jobs[i][1]))
+    out: list[Example | None] = [None] * len(jobs)
+    generator = torch.Generator(device=target.device).manual_seed(seed)
+    done = 0
+    for start in range(0, len(order), batch_size):
+        chunk = order[start : start + batch_size]
+        width = max(len(jobs[i][0]) for i in chunk)
+        ids = torch.full((len(chunk), width), pad, dtype=torch.long)
+        mask = torch.zeros((len(chunk), width), dtype=torch.long)
+        for row, i in enumerate(chunk):  # left padding: every prompt ends at the last column
+            prompt = jobs[i][0]
+            ids[row, width - len(prompt) :] = torch.tensor(prompt)
+            mask[row, width - len(prompt) :] = 1
         with torch.no_grad():
             generated = target.model.generate(
-                ids,
-                attention_mask=torch.ones_like(ids),
-                max_new_tokens=max(budget, 1),
+                ids.to(target.device),
+                attention_mask=mask.to(target.device),
+                max_new_tokens=max(jobs[i][1] for i in chunk),
                 do_sample=sample,
                 temperature=temperature if sample else None,
                 top_p=None,
                 top_k=None,
-                pad_token_id=eos,
+                pad_token_id=pad,
                 eos_token_id=eos,
-            )[0].tolist()
-        new = generated[len(prompt) :]
-        out.append(Example(prompt + new, [False] * len(prompt) + [True] * len(new), len(prompt), ex.record))
-        if n % 10 == 0 or n == len(examples):
-            progress(f"regenerated {n}/{len(examples)}")
-    return out
+                generator=generator if sample else None,
+            )[:, width:].tolist()
+        for row, i in enumerate(chunk):
+            prompt, budget = jobs[i]
+            new = generated[row][:budget]
+            if eos in new:
+                new = new[: new.index(eos) + 1]
+            out[i] = Example(prompt + new, [False] * len(prompt) + [True] * len(new), len(prompt), examples[i].record)
+        done += len(chunk)
+        progress(f"regenerated {done}/{len(jobs)}")
+    return [e for e in out if e is not None]

@@ -519,6 +519,8 @@ def distill(
         if skipped:
             progress(f"skipped {skipped} malformed line(s) in {data}")
         if regenerate_data:
+            # only what this run will see: one pass of steps x batch size examples (data order is seeded)
+            examples = examples[: max(cfg.steps * cfg.batch_size, cfg.batch_size)]
             progress(f"regenerating {len(examples)} responses with the target ({'sampled' if sample else 'greedy'})")
             examples = regenerate(
                 examples, target_model, tokenizer, cfg.max_length // 2, sample, seed=cfg.seed, progress=progress

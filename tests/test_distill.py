@@ -271,3 +271,22 @@ def test_eagle3_from_mtp_is_calibrated_once_on_real_activations(target, text_dat
     before = load_file(str(tmp_path / "c" / "model.safetensors"))["fc.weight"]
     distill(tmp_path / "c", tmp_path / "c2", text_data, str(tgt), config=DistillConfig(**{**SMALL, "steps": 0}))
     assert torch.equal(load_file(str(tmp_path / "c2" / "model.safetensors"))["fc.weight"], before)
+
+
+def test_regenerate_writes_the_targets_own_greedy_continuations(target, text_data) -> None:
+    from mtp2draft.data import regenerate
+    from mtp2draft.evaluate import TargetRunner, greedy_reference
+
+    tgt = target("mimo")
+    tm, tok = TargetModel(str(tgt)), load_tokenizer(tgt)
+    examples, _ = read_examples(text_data, tok, 40)
+    out = regenerate(examples[:6], tm, tok, max_new_tokens=12, batch_size=4)  # left-padded batches
+    runner = TargetRunner.__new__(TargetRunner)
+    runner.target, runner.kind, runner.aux = tm, "mtp", None
+    for ex, new in zip(examples[:6], out, strict=True):
+        prompt = ex.input_ids[: len(ex.input_ids) // 2]
+        assert new.input_ids[: len(prompt)] == prompt and new.loss_mask == [False] * len(prompt) + [True] * (
+            len(new.input_ids) - len(prompt)
+        )
+        want = greedy_reference(runner, prompt, len(new.input_ids) - len(prompt), tok.eos_token_id)
+        assert new.input_ids[len(prompt) :] == want
