@@ -483,6 +483,13 @@ def distill(
     if not resume:
         check_output_dir(out, overwrite)
     ckpt_dir = Path(checkpoint_dir) if checkpoint_dir else out.parent / f"{out.name}.checkpoints"
+    if not resume and latest_checkpoint(ckpt_dir) is not None:
+        if not overwrite:
+            raise DraftError(
+                f"{ckpt_dir} holds checkpoints of an earlier run: pass --resume to continue it, or --overwrite to "
+                "start over"
+            )
+        shutil.rmtree(ckpt_dir, ignore_errors=True)
     torch.manual_seed(cfg.seed)
     draft = load_draft(draft_dir).to(device)
     kind = draft.kind

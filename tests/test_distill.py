@@ -18,7 +18,7 @@ from mtp2draft.convert import convert
 from mtp2draft.data import encode, load_tokenizer, read_examples
 from mtp2draft.distill import DistillConfig, choose_draft_vocab, distill, ttt_forward, ttt_mask
 from mtp2draft.draft import load_draft
-from mtp2draft.errors import DataError
+from mtp2draft.errors import DataError, DraftError
 from mtp2draft.evaluate import draft_chain
 from mtp2draft.hidden import Features, TargetModel
 
@@ -178,6 +178,8 @@ def test_resume_refuses_other_settings(target, text_data, tmp_path: Path) -> Non
     convert(str(tgt), tmp_path / "raw")
     distill(tmp_path / "raw", tmp_path / "o", text_data, str(tgt), config=DistillConfig(**SMALL), stop_after=2)
     assert (tmp_path / "o.checkpoints").is_dir() and not (tmp_path / "o").exists()
+    with pytest.raises(DraftError, match="pass --resume to continue it"):  # a fresh run must not mix them up
+        distill(tmp_path / "raw", tmp_path / "o", text_data, str(tgt), config=DistillConfig(**SMALL))
     with pytest.raises(Exception, match="other settings"):
         distill(
             tmp_path / "raw",
