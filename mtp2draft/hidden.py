@@ -69,14 +69,17 @@ def quiet_transformers() -> Iterator[None]:
 
     from transformers.utils import logging as hf_logging
 
-    level = hf_logging.get_verbosity()
+    level, bars = hf_logging.get_verbosity(), hf_logging.is_progress_bar_enabled()
     hf_logging.set_verbosity_error()
+    hf_logging.disable_progress_bar()  # "Loading weights" bars of a 5 MB model are noise on stderr
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", FutureWarning)
             yield
     finally:
         hf_logging.set_verbosity(level)
+        if bars:
+            hf_logging.enable_progress_bar()
 
 
 def _local_path(source: str, revision: str | None, token: str | bool | None) -> Path:
