@@ -179,7 +179,7 @@ def distill(
     ] = None,
     steps: Annotated[int, typer.Option("--steps", help="Optimizer steps.")] = 300,
     ttt_steps: Annotated[int, typer.Option("--ttt-steps", help="Draft steps unrolled per position (K).")] = 3,
-    lr: Annotated[float, typer.Option("--lr", help="Peak learning rate (AdamW, warm-up + cosine).")] = 5e-4,
+    lr: Annotated[float, typer.Option("--lr", help="Peak learning rate (AdamW, warm-up + cosine).")] = 1e-4,
     batch_size: Annotated[int, typer.Option("--batch-size", help="Sequences per step.")] = 8,
     max_length: Annotated[int, typer.Option("--max-length", help="Tokens per sequence.")] = 256,
     draft_vocab_size: Annotated[
@@ -508,7 +508,7 @@ def run_all(
     private: Annotated[bool, typer.Option("--private", help="With --push: create a private repo.")] = False,
     steps: Annotated[int, typer.Option("--steps", help="Distillation steps.")] = 300,
     ttt_steps: Annotated[int, typer.Option("--ttt-steps", help="Draft steps unrolled per position.")] = 3,
-    lr: Annotated[float, typer.Option("--lr", help="Peak learning rate.")] = 5e-4,
+    lr: Annotated[float, typer.Option("--lr", help="Peak learning rate.")] = 1e-4,
     batch_size: Annotated[int, typer.Option("--batch-size", help="Sequences per step.")] = 8,
     max_length: Annotated[int, typer.Option("--max-length", help="Tokens per sequence.")] = 256,
     draft_vocab_size: Annotated[int | None, typer.Option("--draft-vocab-size", help="eagle3 draft vocabulary.")] = None,

@@ -60,7 +60,7 @@ Progress = Callable[[str], None]
 class DistillConfig:
     steps: int = 300
     ttt_steps: int = 3
-    lr: float = 5e-4
+    lr: float = 1e-4  # SpecForge's EAGLE-3 recipe; tiny targets (tests, demo) want ~1e-3
     batch_size: int = 8
     max_length: int = 256
     draft_vocab_size: int | None = None

@@ -213,12 +213,12 @@ def markdown(runs: list[dict], args) -> str:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--targets", default="tiny-deepseek-v3,tiny-mimo")
-    parser.add_argument("--steps", type=int, default=150)
+    parser.add_argument("--steps", type=int, default=200)
     parser.add_argument("--ttt-steps", type=int, default=4)
     parser.add_argument("--lr", type=float, default=1e-3)
     parser.add_argument("--batch-size", type=int, default=8)
     parser.add_argument("--max-length", type=int, default=256)
-    parser.add_argument("--draft-vocab", type=int, default=2048)
+    parser.add_argument("--draft-vocab", type=int, default=3072)
     parser.add_argument("--prompts", type=int, default=24)
     parser.add_argument("--new-tokens", type=int, default=48)
     parser.add_argument("--max-k", type=int, default=5)
@@ -232,6 +232,9 @@ def main() -> None:
     runs = [run_target(name, args, work) for name in args.targets.split(",")]
     text = markdown(runs, args)
     text += f"\nTotal wall time of the benchmark: {(time.perf_counter() - started) / 60:.0f} min.\n"
+    # keep the other benchmarks' sections (e.g. "## Convert", written by hand from bench_convert.py's output)
+    if args.out.is_file() and "\n## Convert" in args.out.read_text():
+        text += "\n## Convert" + args.out.read_text().split("\n## Convert", 1)[1]
     args.out.write_text(text)
     if args.json:
         args.json.write_text(json.dumps(runs, indent=2))
