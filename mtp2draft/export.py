@@ -929,6 +929,14 @@ def _llama_problems(cfg: Mapping[str, Any], where: str) -> list[str]:
             problems.append(f"{where}{key} is missing")
     if cfg.get("hidden_act", "silu") != "silu":
         problems.append(f"{where}hidden_act is {cfg.get('hidden_act')!r}: the EAGLE-3 layer's MLP is SwiGLU (silu)")
+    try:
+        h, heads, kv = int(cfg["hidden_size"]), int(cfg["num_attention_heads"]), int(cfg["num_key_value_heads"])
+    except (KeyError, TypeError, ValueError):
+        return problems
+    if heads <= 0 or h % heads:  # transformers' LlamaConfig (which the engines parse configs with) rejects it
+        problems.append(f"{where}hidden_size {h} is not a multiple of num_attention_heads {heads}")
+    if kv <= 0 or heads % kv:
+        problems.append(f"{where}num_attention_heads {heads} is not a multiple of num_key_value_heads {kv}")
     return problems
 
 

@@ -459,6 +459,11 @@ SGLANG_BROKEN = {
     "tied head": (lambda c: c.__setitem__("tie_word_embeddings", True), None, "tie_word_embeddings is true"),
     "no draft_vocab_size": (lambda c: c.pop("draft_vocab_size"), None, "draft_vocab_size is missing"),
     "llama field missing": (lambda c: c.pop("rms_norm_eps"), None, "rms_norm_eps is missing"),
+    "heads do not divide hidden": (
+        lambda c: c.update(num_attention_heads=c["num_attention_heads"] * 3),
+        None,
+        "is not a multiple of num_attention_heads",
+    ),
 }
 
 
