@@ -15,8 +15,9 @@ before the final norm) it builds and evaluates, on held-out prompts never used f
 
 Every row reports mean acceptance length and per-position acceptance at each k, plus training steps and wall time;
 every run is checked lossless. Usage: `python scripts/bench_acceptance.py [--steps 150] [--prompts 24]
-[--targets tiny-deepseek-v3,tiny-mimo] [--out docs/benchmarks.md]`. About 25-35 minutes on 2 CPU cores with the
-defaults. It tunes nothing on the held-out prompts: all settings are fixed before it runs.
+[--targets tiny-deepseek-v3,tiny-mimo] [--out docs/benchmarks.md] [--work DIR]`. About 80 minutes on 2 CPU cores with
+the defaults; with `--work DIR` the drafts live in DIR and a rerun after an interruption reuses every draft that
+finished training (with the wall time recorded when it was trained) instead of training it again. It tunes nothing on the held-out prompts: all settings are fixed before it runs.
 """
 
 from __future__ import annotations
@@ -77,7 +78,10 @@ def run_target(name: str, args, work: Path) -> dict:
     target = TARGETS / name
     tm = TargetModel(str(target))
     w = work / name
-    w.mkdir(parents=True)
+    w.mkdir(parents=True, exist_ok=True)
+    # wall time of each finished training run, so a rerun with --work reuses it instead of retraining
+    seconds_file = w / "bench-seconds.json"
+    seconds = json.loads(seconds_file.read_text()) if seconds_file.is_file() else {}
     heldout, train_data = DATA / "heldout.jsonl", DATA / "train.jsonl"
     base = {
         "ttt_steps": args.ttt_steps,
@@ -90,12 +94,18 @@ def run_target(name: str, args, work: Path) -> dict:
     rows: list[tuple[str, Path, dict]] = []
 
     t = time.perf_counter()
-    convert(str(target), w / "raw-mtp")
-    convert(str(target), w / "e3-mtp", to="eagle3")
+    for out, to in (("raw-mtp", "mtp"), ("e3-mtp", "eagle3")):
+        if not (w / out / "model.safetensors").is_file():
+            convert(str(target), w / out, to=to, overwrite=True)
     rows.append(("raw MTP head reused recursively", w / "raw-mtp", {"steps": 0, "seconds": 0}))
     log(f"{name}: converted in {time.perf_counter() - t:.0f} s")
 
     def train(label: str, src: Path, out: str, steps: int, **extra) -> None:
+        if out in seconds and (w / out / "model.safetensors").is_file():
+            log(f"{name} {label}: reusing {w / out} (trained earlier in {seconds[out]} s)")
+            rows.append((label, w / out, {"steps": steps, "seconds": seconds[out]}))
+            return
+        shutil.rmtree(w / out, ignore_errors=True)  # an unfinished run of an earlier attempt
         t = time.perf_counter()
         cfg = DistillConfig(**{**base, "steps": steps, **{k: v for k, v in extra.items() if k != "regenerate"}})
         distill(
@@ -107,7 +117,9 @@ def run_target(name: str, args, work: Path) -> dict:
             regenerate_data=extra.get("regenerate", False),
             progress=lambda m: log(f"{name} {label}: {m}"),
         )
-        rows.append((label, w / out, {"steps": steps, "seconds": round(time.perf_counter() - t)}))
+        seconds[out] = round(time.perf_counter() - t)
+        write_json(seconds_file, seconds)
+        rows.append((label, w / out, {"steps": steps, "seconds": seconds[out]}))
 
     s = args.steps
     train("native MTP after distill", w / "raw-mtp", "mtp-ft", s)
@@ -122,7 +134,9 @@ def run_target(name: str, args, work: Path) -> dict:
         draft_vocab_size=args.draft_vocab,
     )
     train("eagle3 from MTP after distill", w / "e3-mtp", "e3-mtp-ft", s, draft_vocab_size=args.draft_vocab)
-    random_eagle3(w / "e3-mtp", w / "e3-rand", seed=1)
+    if not (w / "e3-rand" / "model.safetensors").is_file():
+        shutil.rmtree(w / "e3-rand", ignore_errors=True)
+        random_eagle3(w / "e3-mtp", w / "e3-rand", seed=1)
     train("eagle3 from random init, same steps", w / "e3-rand", "e3-rand-ft", s, draft_vocab_size=args.draft_vocab)
     train("eagle3 from random init, 4x steps", w / "e3-rand", "e3-rand-ft4", 4 * s, draft_vocab_size=args.draft_vocab)
 
@@ -225,9 +239,10 @@ def main() -> None:
     parser.add_argument("--skip-regenerate", action="store_true")
     parser.add_argument("--out", type=Path, default=ROOT / "docs" / "benchmarks.md")
     parser.add_argument("--json", type=Path, help="also write the raw figures here")
+    parser.add_argument("--work", type=Path, help="keep the drafts here (kept afterwards; a rerun reuses them)")
     args = parser.parse_args()
     torch.manual_seed(0)
-    work = Path(tempfile.mkdtemp(prefix="bench-acceptance-"))
+    work = args.work or Path(tempfile.mkdtemp(prefix="bench-acceptance-"))
     started = time.perf_counter()
     runs = [run_target(name, args, work) for name in args.targets.split(",")]
     text = markdown(runs, args)
@@ -239,7 +254,8 @@ def main() -> None:
     if args.json:
         args.json.write_text(json.dumps(runs, indent=2))
     print(text)
-    shutil.rmtree(work, ignore_errors=True)
+    if not args.work:
+        shutil.rmtree(work, ignore_errors=True)
 
 
 if __name__ == "__main__":
