@@ -15,7 +15,7 @@ from __future__ import annotations
 import math
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -34,7 +34,7 @@ from .draft import (
     native_config,
 )
 from .errors import CheckpointError, NoMtpLayerError, SourceError
-from .io import SafetensorsWriter, atomic_output_dir, check_output_dir, write_json
+from .io import Progress, SafetensorsWriter, atomic_output_dir, check_output_dir, quiet, write_json
 from .spec import Spec, find_spec
 from .transforms import EAGLE3_TRANSFORMS, LOAD_TRANSFORMS, Eagle3Build, Group, group_block_keys
 
@@ -42,12 +42,6 @@ DRAFT_KINDS = ("mtp", "eagle3")
 DTYPES = {"bfloat16": torch.bfloat16, "float32": torch.float32, "float16": torch.float16}
 # Keys some checkpoints carry that no module needs.
 IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)
-
-Progress = Callable[[str], None]
-
-
-def _quiet(_: str) -> None:
-    pass
 
 
 # ---- the MTP layer in a checkpoint -----------------------------------------------------------------------------------
@@ -412,7 +406,7 @@ def convert(
     token: str | bool | None = None,
     overwrite: bool = False,
     aux_layers: list[int] | None = None,
-    progress: Progress = _quiet,
+    progress: Progress = quiet,
 ) -> ConvertResult:
     """Convert MTP layer `layer` of SOURCE into a draft directory `out` (`to`: mtp or eagle3)."""
     if to not in DRAFT_KINDS:

@@ -27,7 +27,7 @@ import os
 import shutil
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -51,9 +51,7 @@ from .draft import (
 )
 from .errors import DataError, DraftError
 from .hidden import Features, OfflineHiddenStates, TargetModel, offline_features
-from .io import atomic_output_dir, check_output_dir, save_tensors, write_json
-
-Progress = Callable[[str], None]
+from .io import Progress, atomic_output_dir, check_output_dir, save_tensors, write_json
 
 
 @dataclass

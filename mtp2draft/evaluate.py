@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -31,9 +31,8 @@ from .data import load_tokenizer, prompt_ids, read_records
 from .draft import DraftCache, load_draft
 from .errors import DataError
 from .hidden import TargetModel
-from .io import write_json
+from .io import Progress, write_json
 
-Progress = Callable[[str], None]
 EVALUATION_FILE = "evaluation.json"
 TIE_TOLERANCE = 1e-4
 

@@ -43,7 +43,7 @@ from .checkpoint import DTYPES as ST_DTYPES
 from .checkpoint import INDEX_FILE, SCALE_SUFFIX, Checkpoint, open_checkpoint, quantize_fp8
 from .draft import CONFIG_FILE, PROVENANCE_FILE, WEIGHTS_FILE, NativeMtpDraft, read_draft_config
 from .errors import DraftError, SourceError, ValidationError
-from .io import SafetensorsWriter, atomic_output_dir, check_output_dir, save_tensors, write_json
+from .io import Progress, SafetensorsWriter, atomic_output_dir, check_output_dir, quiet, save_tensors, write_json
 from .spec import Spec, find_spec, get_spec
 
 # format -> the draft kind it takes (`mtp2draft export --format` choices come from here)
@@ -88,12 +88,6 @@ SGLANG_PREFIX, SPECULATORS_PREFIX = "midlayer.", "layers.0."
 # Tensors of a shard being rewritten are copied in runs of about this many bytes (peak memory per run).
 COPY_RUN_BYTES = 256 * 2**20
 
-Progress = Callable[[str], None]
-
-
-def _quiet(_: str) -> None:
-    pass
-
 
 @dataclass
 class ExportResult:
@@ -115,7 +109,7 @@ def export(
     speculative_tokens: int = 3,
     revision: str | None = None,
     token: str | bool | None = None,
-    progress: Progress = _quiet,
+    progress: Progress = quiet,
 ) -> ExportResult:
     """Write draft directory `draft` in engine format `format` to `out` (validated before it appears).
 

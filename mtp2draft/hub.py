@@ -29,7 +29,7 @@ import os
 import re
 import shutil
 import tempfile
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -38,6 +38,7 @@ from . import __version__
 from .draft import CONFIG_FILE, PROVENANCE_FILE
 from .errors import DraftError, HubError, ValidationError
 from .export import EVALUATION_FILE, README_FILE, detect_format, validate
+from .io import Progress, quiet
 
 LIBRARY_NAME = "mtp2draft"
 DEFAULT_K = 3
@@ -48,12 +49,6 @@ FORMAT_WORDS = {
     "stitched": "native MTP layer written back into the target's checkpoint layout (an overlay of its shards)",
     "mtp": "native MTP layer in mtp2draft's own draft layout (export it to serve it)",
 }
-
-Progress = Callable[[str], None]
-
-
-def _quiet(_: str) -> None:
-    pass
 
 
 @dataclass
@@ -75,7 +70,7 @@ def push(
     commit_message: str | None = None,
     token: str | None = None,
     base_model: str | None = None,
-    progress: Progress = _quiet,
+    progress: Progress = quiet,
 ) -> PushResult:
     """Upload draft directory `path` to hub repo `repo_id` (created if needed) with a generated model card.
 

@@ -1,5 +1,6 @@
 """Writing outputs safely: directories that appear complete or not at all, and safetensors files streamed tensor by
-tensor so peak memory tracks the largest tensor group rather than the whole file.
+tensor so peak memory tracks the largest tensor group rather than the whole file; and the progress-callback type
+every stage reports through.
 
 What this module does not do: decide what to write (the stages do) or read checkpoints (`checkpoint.py`).
 """
@@ -12,7 +13,7 @@ import math
 import os
 import shutil
 import struct
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +21,13 @@ import torch
 
 from .checkpoint import DTYPES, TORCH_TO_ST
 from .errors import OutputExistsError
+
+# Every stage reports progress through a callable taking one line; the CLI prints it on stderr, tests drop it.
+Progress = Callable[[str], None]
+
+
+def quiet(_: str) -> None:
+    """The default progress sink: drops the line."""
 
 
 def check_output_dir(out: str | Path, overwrite: bool) -> Path:

@@ -12,7 +12,6 @@ What this module does not do: implement any stage itself.
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -22,9 +21,8 @@ from .distill import DistillConfig, distill
 from .errors import SourceError
 from .evaluate import evaluate, save_evaluation
 from .export import export
-from .io import check_output_dir
+from .io import Progress, check_output_dir
 
-Progress = Callable[[str], None]
 REPO_ROOT = Path(__file__).resolve().parents[1]
 BUNDLED_TARGET = REPO_ROOT / "examples" / "targets" / "tiny-deepseek-v3"
 BUNDLED_DATA = REPO_ROOT / "examples" / "data"
