@@ -206,12 +206,18 @@ def ttt_forward(
 
 
 # ---- draft vocabulary, calibration -------------------------------------------------------------------------------------
-def choose_draft_vocab(examples: Sequence[Example], vocab_size: int, size: int) -> torch.Tensor:
-    """The `size` most frequent target ids among the training targets (loss tokens), sorted ascending."""
+def token_counts(examples: Sequence[Example], vocab_size: int) -> torch.Tensor:
+    """How often each target id occurs among the training targets (loss tokens): [vocab_size] int64."""
     counts = torch.zeros(vocab_size, dtype=torch.int64)
     for ex in examples:
         ids = torch.tensor(ex.input_ids)[torch.tensor(ex.loss_mask)]
         counts += torch.bincount(ids, minlength=vocab_size)[:vocab_size]
+    return counts
+
+
+def choose_draft_vocab(examples: Sequence[Example], vocab_size: int, size: int) -> torch.Tensor:
+    """The `size` most frequent target ids among the training targets (loss tokens), sorted ascending."""
+    counts = token_counts(examples, vocab_size)
     # ties broken by id so the choice is deterministic
     order = sorted(range(vocab_size), key=lambda i: (-int(counts[i]), i))
     return torch.tensor(sorted(order[:size]), dtype=torch.int64)
@@ -567,7 +573,11 @@ def distill(
         if cfg.draft_vocab_size != draft.draft_vocab_size:
             used = choose_draft_vocab(examples, draft.vocab_size, cfg.draft_vocab_size)
             narrow_vocab(draft, used, head.float())
-            progress(f"draft vocabulary: {used.numel()} most frequent target tokens")
+            counts = token_counts(examples, draft.vocab_size)
+            share = counts[used].sum().item() / max(counts.sum().item(), 1)
+            progress(
+                f"draft vocabulary: the {used.numel()} most frequent target tokens, {share:.1%} of the training targets"
+            )
     elif kind == "mtp" and cfg.draft_vocab_size:
         raise DataError("--draft-vocab-size applies to eagle3 drafts; a native MTP draft shares the target's head")
     calibration = None
