@@ -8,7 +8,8 @@ before the final norm) it builds and evaluates, on held-out prompts never used f
 - raw MTP head reused recursively (convert --to mtp, no training): the baseline
 - native MTP after distill (S steps)
 - native MTP after distill on target-regenerated data (S steps, --regenerate)
-- eagle3 from the MTP layer before any distillation (what the structural mapping keeps; fc scale calibrated)
+- eagle3 from the MTP layer before any distillation (what the structural mapping keeps; fc and attention scales
+  calibrated on one batch, no optimizer step)
 - eagle3 from the MTP layer after distill (S steps)
 - eagle3 from random init after the same S steps
 - eagle3 from random init after 4 S steps
@@ -126,9 +127,9 @@ def run_target(name: str, args, work: Path) -> dict:
     train("native MTP after distill", w / "raw-mtp", "mtp-ft", s)
     if not args.skip_regenerate:
         train("native MTP after distill, regenerated data", w / "raw-mtp", "mtp-ft-regen", s, regenerate=True)
-    # before distillation the only thing measured from data is fc's scale: 0 optimizer steps
+    # before distillation: only calibrate_eagle3's fits on one batch (fc, attention scales), 0 optimizer steps
     train(
-        "eagle3 from MTP, no distillation (fc scale calibrated)",
+        "eagle3 from MTP, no distillation (calibrated on one batch)",
         w / "e3-mtp",
         "e3-mtp-0",
         0,
