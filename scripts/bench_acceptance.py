@@ -179,11 +179,11 @@ def run_target(name: str, args, work: Path) -> dict:
     }
 
 
-def markdown(runs: list[dict], args) -> str:
+def markdown(runs: list[dict], args, command: str) -> str:
     lines = [
         "# Acceptance benchmark",
         "",
-        "Produced by `python scripts/bench_acceptance.py " + " ".join(sys.argv[1:]) + f"` (mtp2draft {__version__}, "
+        f"Produced by `{command}` (mtp2draft {__version__}, "
         f"torch {torch.__version__}, {platform.processor() or platform.machine()}, CPU, "
         f"{time.strftime('%Y-%m-%d')}). Chain speculative decoding with greedy verification against the target; "
         f"{args.prompts} held-out prompts (examples/data/heldout.jsonl, files never used for distillation), "
@@ -245,8 +245,31 @@ def markdown(runs: list[dict], args) -> str:
             k4 = 4 if 4 in row["by_k"] else kmax
             ratio = row["by_k"][k4]["mean_acceptance_length"] / raw[k4]["mean_acceptance_length"]
             lines.append(f"- {label}: {ratio:.2f}x the raw head's mean acceptance length at k = {k4}.")
-        lines.append("")
+        lines += ["", *goals(run["rows"]), ""]
     return "\n".join(lines) + "\n"
+
+
+GOAL_K, GOAL_RATIO = 4, 1.2
+
+
+def goals(rows: dict[str, dict]) -> list[str]:
+    """The issue's goals for this round, checked against the figures: met or not, never adjusted."""
+
+    def mal(label: str) -> float:
+        return rows[label]["by_k"][GOAL_K]["mean_acceptance_length"]
+
+    raw = mal("raw MTP head reused recursively")
+    out = [f"Goals at k = {GOAL_K}:", ""]
+    for label in ("native MTP after distill", "eagle3 from MTP after distill"):
+        ratio = mal(label) / raw
+        verdict = "met" if ratio >= GOAL_RATIO else "**not met**"
+        out.append(f"- {label} >= {GOAL_RATIO}x the raw head: {ratio:.2f}x, {verdict}.")
+    ours, theirs = mal("eagle3 from MTP after distill"), mal("eagle3 from random init, same steps")
+    verdict = "met" if ours > theirs else "**not met**"
+    out.append(
+        f"- eagle3 from MTP beats eagle3 from random init at equal steps: {ours:.3f} vs {theirs:.3f}, {verdict}."
+    )
+    return out
 
 
 def main() -> None:
@@ -269,7 +292,9 @@ def main() -> None:
     args = parser.parse_args()
     if args.from_json:
         saved = json.loads(args.from_json.read_text())
-        runs, minutes = saved["runs"], saved["wall_minutes"]
+        runs, minutes, command = saved["runs"], saved["wall_minutes"], saved["command"]
+        for key, value in saved.get("settings", {}).items():
+            setattr(args, key, value)
         for run in runs:  # JSON turned the k keys into strings
             for row in run["rows"].values():
                 row["by_k"] = {int(k): v for k, v in row["by_k"].items()}
@@ -279,11 +304,19 @@ def main() -> None:
         started = time.perf_counter()
         runs = [run_target(name, args, work) for name in args.targets.split(",")]
         minutes = round((time.perf_counter() - started) / 60)
+        command = " ".join(["python", "scripts/bench_acceptance.py", *sys.argv[1:]])
         # the figures first: rendering must never lose an hour of measurements
         if args.json:
-            args.json.write_text(json.dumps({"runs": runs, "wall_minutes": minutes}, indent=2))
-    text = markdown(runs, args)
-    text += f"\nTotal wall time of the benchmark run: {minutes} min.\n"
+            settings = {k: v for k, v in vars(args).items() if isinstance(v, (int, float, str))}
+            saved = {"command": command, "settings": settings, "wall_minutes": minutes, "runs": runs}
+            args.json.write_text(json.dumps(saved, indent=2))
+    text = markdown(runs, args, command)
+    trained = sum(row["training"]["seconds"] for run in runs for row in run["rows"].values())
+    text += (
+        f"\nTraining time of all drafts: {trained / 60:.0f} min (the train time column). Wall time of the invocation "
+        f"that measured these figures: {minutes} min (with --work, drafts an earlier, interrupted invocation had "
+        "finished training are reused with the training time recorded then).\n"
+    )
     # keep the other benchmarks' sections (e.g. "## Convert", written by hand from bench_convert.py's output)
     if args.out.is_file() and "\n## Convert" in args.out.read_text():
         text += "\n## Convert" + args.out.read_text().split("\n## Convert", 1)[1]
