@@ -12,7 +12,7 @@ import torch
 from mtp2draft.cli import main
 from mtp2draft.convert import convert
 from mtp2draft.draft import DraftCache, load_draft
-from mtp2draft.evaluate import TargetRunner, greedy_reference, speculative_decode, summarise
+from mtp2draft.evaluate import TargetRunner, draft_chain, greedy_reference, speculative_decode, summarise
 from mtp2draft.hidden import TargetModel
 
 PROMPTS = [[5, 17, 42, 9, 88, 23], [70, 71, 72, 3, 9], [40, 41]]
@@ -134,6 +134,48 @@ def test_transformers_generate_use_mtp_agrees_with_the_raw_head(target, tmp_path
         accepted_total += sum(accepted)
     if which == "trained":  # the comparison covered accepted drafts, not only rejections
         assert accepted_total > 0
+
+
+TRAINED_TARGETS = TRAINED.parent
+
+
+@pytest.mark.parametrize("name", ["tiny-deepseek-v3", "tiny-mimo"])
+@pytest.mark.parametrize("kind", ["mtp", "eagle3"])
+def test_decoding_accepts_exactly_where_the_forced_chain_predicts_the_target(
+    tmp_path: Path, name: str, kind: str
+) -> None:
+    """The decoding loop (incremental target, draft cache cropped and refilled after each verification) against the
+    chain recomputed from scratch on the finished greedy text (draft_chain, which the TTT equivalence test ties to
+    training): at every round, the number of accepted tokens must equal the number of leading chain predictions
+    that match the target's tokens. Trained targets, so that both acceptances and rejections occur."""
+    tgt = TRAINED_TARGETS / name
+    convert(str(tgt), tmp_path / "d", to=kind, dtype="float32")
+    tm = TargetModel(str(tgt))
+    draft = load_draft(tmp_path / "d").eval()
+    draft.attach_target(tm.embedding().float(), tm.lm_head().float())
+    runner = TargetRunner(tm, draft)
+    aux = draft.aux_layer_ids if kind == "eagle3" else None
+    rounds, accepted_total = 0, 0
+    for prompt in ([5, 17, 42, 9, 88, 23, 301, 7, 64, 12], [300, 301, 302, 303, 40, 41, 42, 43]):
+        ref = greedy_reference(runner, prompt, 24, None)
+        full = torch.tensor([prompt + ref])
+        step0 = tm.features(full, aux_layers=aux).step0_input(kind)
+        for k in (1, 3):
+            _, accepted = speculative_decode(runner, draft, prompt, k, 24, None)
+            o = len(prompt) - 1
+            for a in accepted:
+                if o + 1 + k >= full.shape[1]:  # the last rounds propose past the reference text
+                    break
+                with torch.no_grad():
+                    chain = draft_chain(draft, step0, full, o, k)
+                preds = [int(draft.to_target_ids(logits.argmax())) for logits in chain]
+                expected = 0
+                while expected < k and preds[expected] == int(full[0, o + 2 + expected]):
+                    expected += 1
+                assert a == expected, f"round at origin {o}, k={k}"
+                rounds, accepted_total = rounds + 1, accepted_total + a
+                o += 1 + a
+    assert rounds >= 10 and accepted_total > 0
 
 
 def test_evaluate_cli_reports_the_documented_keys(target, text_data, tmp_path: Path, capsys) -> None:
