@@ -16,7 +16,7 @@ before the final norm) it builds and evaluates, on held-out prompts never used f
 
 Every row reports mean acceptance length and per-position acceptance at each k, plus training steps and wall time;
 every run is checked lossless. Usage: `python scripts/bench_acceptance.py [--steps 150] [--prompts 24]
-[--targets tiny-deepseek-v3,tiny-mimo] [--out docs/benchmarks.md] [--work DIR]`. About 80 minutes on 2 CPU cores with
+[--targets tiny-deepseek-v3,tiny-mimo] [--out docs/benchmarks.md] [--work DIR]`. About 110 minutes on 2 CPU cores with
 the defaults; with `--work DIR` the drafts live in DIR and a rerun after an interruption reuses every draft that
 finished training (with the wall time recorded when it was trained) instead of training it again. It tunes nothing on the held-out prompts: all settings are fixed before it runs.
 """
@@ -323,8 +323,8 @@ def main() -> None:
     trained = sum(row["training"]["seconds"] for run in runs for row in run["rows"].values())
     text += (
         f"\nTraining time of all drafts: {trained / 60:.0f} min (the train time column). Wall time of the invocation "
-        f"that measured these figures: {minutes} min (with --work, drafts an earlier, interrupted invocation had "
-        "finished training are reused with the training time recorded then).\n"
+        f"that measured these figures: {minutes} min (with --work, drafts an earlier invocation finished training are "
+        "reused, with the training time recorded then).\n"
     )
     # keep the other benchmarks' sections (e.g. "## Convert", written by hand from bench_convert.py's output)
     if args.out.is_file() and "\n## Convert" in args.out.read_text():
