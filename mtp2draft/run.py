@@ -33,7 +33,7 @@ class RunResult:
     work: Path
     raw: Path
     distilled: Path
-    exported: Path | None
+    exported: Path
     report: dict[str, Any]
     push: Any = None
     stages: dict[str, float] = field(default_factory=dict)
@@ -119,7 +119,6 @@ def run(
     save_evaluation(distilled, report)
     stages["evaluate"] = time.perf_counter() - t
 
-    exported = None
     t = time.perf_counter()
     progress(f"[4/5] export --format {fmt}")
     exported = work / f"export-{fmt}"
