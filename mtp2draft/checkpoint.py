@@ -22,11 +22,12 @@ import os
 import struct
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
-from pathlib import Path
+from pathlib import Path, PurePosixPath, PureWindowsPath
 from typing import Any
 
 import torch
 
+from . import network
 from .errors import CheckpointError, SourceError
 
 INDEX_FILE = "model.safetensors.index.json"
@@ -183,11 +184,21 @@ def _range_get(repo_id: str, commit: str, file: str, start: int, end: int, token
     url = hf_hub_url(repo_id, file, revision=commit)
     headers = build_hf_headers(token=token)
     headers["Range"] = f"bytes={start}-{end - 1}"
+    network.configure()
     try:
-        response = http_backoff("GET", url, headers=headers, retry_on_status_codes=(429, 500, 502, 503, 504))
+        response = http_backoff(
+            "GET",
+            url,
+            headers=headers,
+            max_retries=network.retries(),
+            retry_on_status_codes=(429, 500, 502, 503, 504),
+        )
         response.raise_for_status()
     except Exception as exc:  # network errors after huggingface_hub's retries
-        raise SourceError(f"could not fetch bytes {start}-{end - 1} of {file} from {repo_id}: {exc}") from exc
+        if network.is_network_error(exc):
+            raise SourceError(network.describe(exc)) from exc
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise SourceError(f"could not fetch bytes {start}-{end - 1} of {file} from {repo_id}: {first}") from exc
     data = response.content
     if response.status_code == 200:  # server ignored the range: keep the slice (the bytes were spent anyway)
         data = data[start:end]
@@ -334,16 +345,16 @@ class Checkpoint:
                 if scale is None:
                     waiting[name] = tensor
                     continue
-                yield name, dequantize_fp8(tensor, scale, self.fp8_block_size(), key=name).to(dtype)
+                yield name, check_finite(name, dequantize_fp8(tensor, scale, self.fp8_block_size(), key=name)).to(dtype)
             elif name not in wanted:  # a scale
                 weight = waiting.pop(name[: -len(SCALE_SUFFIX)], None)
                 if weight is None:
                     waiting[name] = tensor
                     continue
                 key = name[: -len(SCALE_SUFFIX)]
-                yield key, dequantize_fp8(weight, tensor, self.fp8_block_size(), key=key).to(dtype)
+                yield key, check_finite(key, dequantize_fp8(weight, tensor, self.fp8_block_size(), key=key)).to(dtype)
             else:
-                yield name, tensor.to(dtype) if tensor.is_floating_point() else tensor
+                yield name, check_finite(name, tensor).to(dtype) if tensor.is_floating_point() else tensor
 
     def read_weights(self, keys: Iterable[str], dtype: torch.dtype = torch.float32) -> dict[str, torch.Tensor]:
         """Tensors by key (see `iter_weights`)."""
@@ -353,6 +364,17 @@ class Checkpoint:
 
     def bytes_for(self, keys: Iterable[str]) -> int:
         return sum(self.info(k).nbytes for k in self.needed_keys(keys))
+
+
+def check_finite(key: str, tensor: torch.Tensor) -> torch.Tensor:
+    """`tensor`, or a CheckpointError when it holds NaN / Inf: a damaged weight would otherwise convert "exactly" and
+    poison every draft made from it."""
+    if tensor.is_floating_point() and tensor.numel() and not bool(torch.isfinite(tensor).all()):
+        nan, inf = int(torch.isnan(tensor).sum()), int(torch.isinf(tensor).sum())
+        raise CheckpointError(
+            f"{key} holds non-finite values ({nan} NaN, {inf} Inf of {tensor.numel()}): the checkpoint is damaged"
+        )
+    return tensor
 
 
 def _coalesce(infos: list[TensorInfo], max_bytes: int = 1 << 62) -> Iterator[list[TensorInfo]]:
@@ -442,7 +464,7 @@ def open_checkpoint(
 
 def _open_local(root: Path) -> Checkpoint:
     files = LocalFiles(root)
-    config = _read_json(root / "config.json", f"{root} has no config.json")
+    config = read_config(root)
     weight_map = _weight_map_local(root, files)
     sizes = {f: files.size(f) for f in set(weight_map.values())}
     return Checkpoint(str(root), files, config, weight_map, file_sizes=sizes)
@@ -451,27 +473,55 @@ def _open_local(root: Path) -> Checkpoint:
 def _weight_map_local(root: Path, files: LocalFiles) -> dict[str, str]:
     index = root / INDEX_FILE
     if index.is_file():
-        return _parse_index(_read_json(index, ""), INDEX_FILE)
+        return parse_index(_read_json(index, ""), INDEX_FILE)
     if (root / SINGLE_FILE).is_file():
         ckpt = Checkpoint(str(root), files, {}, {}, file_sizes={})
         return {k: SINGLE_FILE for k in ckpt.header(SINGLE_FILE)}
     raise CheckpointError(f"{root} has neither {INDEX_FILE} nor {SINGLE_FILE}")
 
 
-def _parse_index(index: dict[str, Any], where: str) -> dict[str, str]:
+def parse_index(index: dict[str, Any], where: str) -> dict[str, str]:
     weight_map = index.get("weight_map") if isinstance(index, dict) else None
     if not isinstance(weight_map, dict) or not all(isinstance(v, str) for v in weight_map.values()):
         raise CheckpointError(f"{where} has no valid 'weight_map'")
+    for file in set(weight_map.values()):
+        check_shard_name(file, where)
     return dict(weight_map)
+
+
+def check_shard_name(file: str, where: str) -> None:
+    """A shard named by an index must be a plain relative name inside the checkpoint: no absolute path, no `..`.
+
+    Checked by name, never by resolving: HF cache snapshots are symlinks into the blob store, and those are fine."""
+    parts = PurePosixPath(file).parts
+    if (
+        not file
+        or "\\" in file
+        or "\0" in file
+        or PurePosixPath(file).is_absolute()
+        or PureWindowsPath(file).drive
+        or any(part in ("..", ".") for part in parts)
+    ):
+        raise CheckpointError(
+            f"{where} names the shard {file!r}, which lies outside the checkpoint: refusing to read it"
+        )
+
+
+def read_config(root: Path) -> dict[str, Any]:
+    """config.json of a checkpoint directory: a JSON object, or one line saying why not."""
+    return _read_json(root / "config.json", f"{root} has no config.json")
 
 
 def _read_json(path: Path, missing: str) -> dict[str, Any]:
     if not path.is_file():
         raise CheckpointError(missing or f"{path} does not exist")
     try:
-        return json.loads(path.read_text())
+        data = json.loads(path.read_text())
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
         raise CheckpointError(f"{path} is not valid JSON: {exc}") from exc
+    if not isinstance(data, dict):
+        raise CheckpointError(f"{path} must hold a JSON object, not a {type(data).__name__}")
+    return data
 
 
 def _open_hub(repo_id: str, revision: str | None, token: str | bool | None) -> Checkpoint:
@@ -486,6 +536,7 @@ def _open_hub(repo_id: str, revision: str | None, token: str | bool | None) -> C
     )
 
     where = f"{repo_id}" + (f"@{revision}" if revision else "")
+    network.configure()
     try:
         if constants.HF_HUB_OFFLINE:
             commit, sizes = _offline_commit(repo_id, revision)
@@ -504,7 +555,7 @@ def _open_hub(repo_id: str, revision: str | None, token: str | bool | None) -> C
         config = fetch_json("config.json")
         files = HubFiles(repo_id, commit, sizes, token)
         if INDEX_FILE in names:
-            weight_map = _parse_index(fetch_json(INDEX_FILE), f"{where}/{INDEX_FILE}")
+            weight_map = parse_index(fetch_json(INDEX_FILE), f"{where}/{INDEX_FILE}")
         elif SINGLE_FILE in names:
             probe = Checkpoint(repo_id, files, {}, {}, file_sizes=sizes)
             weight_map = {k: SINGLE_FILE for k in probe.header(SINGLE_FILE)}
@@ -523,9 +574,16 @@ def _open_hub(repo_id: str, revision: str | None, token: str | bool | None) -> C
     except OfflineModeIsEnabled as exc:
         raise SourceError(f"{where} is not in the local cache and HF_HUB_OFFLINE is set") from exc
     except HfHubHTTPError as exc:
-        raise SourceError(f"hub request for {where} failed: {exc}") from exc
-    except OSError as exc:
-        raise SourceError(f"could not reach the hub for {where}: {exc}") from exc
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise SourceError(f"hub request for {where} failed: {first}") from exc
+    except Exception as exc:
+        if network.is_network_error(exc):
+            raise SourceError(network.describe(exc)) from exc
+        if isinstance(exc, OSError):
+            raise SourceError(f"could not reach the hub for {where}: {exc}") from exc
+        raise
+    if not constants.HF_HUB_OFFLINE and revision != commit:
+        _record_ref(repo_id, revision or "main", commit)
     ckpt = Checkpoint(repo_id, files, config, weight_map, revision=revision, commit=commit, file_sizes=sizes)
     # Remember the file list beside the range cache so HF_HUB_OFFLINE=1 runs can resolve this commit later.
     meta = files.cache / "files.json"
@@ -533,6 +591,22 @@ def _open_hub(repo_id: str, revision: str | None, token: str | bool | None) -> C
         meta.parent.mkdir(parents=True, exist_ok=True)
         meta.write_text(json.dumps(sizes))
     return ckpt
+
+
+def _record_ref(repo_id: str, ref: str, commit: str) -> None:
+    """Write `refs/<ref>` = commit into the HF cache, as huggingface_hub does for the downloads it resolves itself:
+    files are fetched here by commit sha, so without this an offline run could not tell which commit `main` is."""
+    from huggingface_hub import constants
+
+    path = Path(constants.HF_HUB_CACHE) / ("models--" + repo_id.replace("/", "--")) / "refs" / ref
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        if not path.is_file() or path.read_text().strip() != commit:
+            tmp = path.with_name(path.name + f".{os.getpid()}.tmp")
+            tmp.write_text(commit)
+            os.replace(tmp, path)
+    except OSError:  # a read-only cache only costs offline reuse
+        pass
 
 
 def _offline_commit(repo_id: str, revision: str | None) -> tuple[str, dict[str, int | None]]:

@@ -135,7 +135,7 @@ def convert(
     """
     from .convert import convert as run
 
-    aux = [int(x) for x in aux_layers.split(",")] if aux_layers else None
+    aux = _ints(aux_layers, "--aux-layers")
     result = run(source, out, to, layer, dtype, revision, token, overwrite, aux, progress=log)
     summary = {
         "out": str(result.out),
@@ -164,8 +164,26 @@ Target = Annotated[str, typer.Option("--target", help="Target model: hub repo id
 SkipBad = Annotated[bool, typer.Option("--skip-bad", help="Skip malformed data lines (counted) instead of failing.")]
 
 
-def _floats(text: str | None) -> list[float] | None:
-    return [float(x) for x in text.split(",")] if text else None
+def _floats(text: str | None, option: str) -> list[float] | None:
+    """'1,0.8,0.64' -> [1.0, 0.8, 0.64]; a malformed list is a usage error naming the option."""
+    if not text:
+        return None
+    try:
+        return [float(x) for x in text.split(",")]
+    except ValueError:
+        raise typer.BadParameter(f"expected numbers separated by commas, got {text!r}", param_hint=option) from None
+
+
+def _ints(text: str | None, option: str) -> list[int] | None:
+    """'1,3,5' -> [1, 3, 5]; a malformed list is a usage error naming the option."""
+    if not text:
+        return None
+    try:
+        return [int(x) for x in text.split(",")]
+    except ValueError:
+        raise typer.BadParameter(
+            f"expected whole numbers separated by commas, got {text!r}", param_hint=option
+        ) from None
 
 
 @app.command()
@@ -227,7 +245,7 @@ def distill(
         max_length=max_length,
         draft_vocab_size=draft_vocab_size,
         seed=seed,
-        step_weights=_floats(step_weights),
+        step_weights=_floats(step_weights, "--step-weights"),
         save_every=save_every,
         hidden_handover=hidden_handover,
     )
@@ -366,7 +384,7 @@ def dump_hidden(
     from .hidden import TargetModel, dump_hidden_states
 
     tm = TargetModel(target, revision, token)
-    ids = [int(x) for x in aux_layers.split(",")] if aux_layers else None
+    ids = _ints(aux_layers, "--aux-layers")
     if ids is None and draft is not None:
         loaded = load_draft(draft)
         ids = loaded.aux_layer_ids if loaded.kind == "eagle3" else None
@@ -437,18 +455,25 @@ def validate(
         str | None,
         typer.Option("--format", help=f"{' | '.join(_formats(True))} (default: from config.json).", show_default=False),
     ] = None,
+    target: Annotated[
+        str | None,
+        typer.Option("--target", help="Target (hub id or local dir; config only): check aux ids, sizes against it."),
+    ] = None,
+    revision: Revision = None,
+    token: Token = None,
     as_json: AsJson = False,
 ) -> None:
     """Check a draft or export directory against its format's contract and list every violation (non-zero exit if
     any).
 
-    Examples: `mtp2draft validate glm-eagle3-sglang` · `mtp2draft validate ds3-stitched --format stitched --json`
+    Examples: `mtp2draft validate glm-eagle3-sglang` · `mtp2draft validate ds3-stitched --format stitched --json` ·
+    `mtp2draft validate glm-eagle3-sglang --target zai-org/GLM-4.5-Air`
     """
     from .errors import ValidationError
     from .export import detect_format
     from .export import validate as run
 
-    violations = run(path, format)
+    violations = run(path, format, target, revision, token)
     fmt = format or detect_format(json.loads((path / "config.json").read_text()))
     if as_json:
         _print_json({"path": str(path), "format": fmt, "ok": not violations, "violations": violations})
@@ -584,27 +609,69 @@ def demo(
 
 
 # ---- entry point -----------------------------------------------------------------------------------------------------
-def main(argv: list[str] | None = None) -> int:
-    """Console-script entry: one formatter for known errors, tracebacks only under MTP2DRAFT_DEBUG=1."""
+def _click_exceptions() -> tuple[tuple[type, ...], tuple[type, ...], tuple[type, ...]]:
+    """(ClickException, Exit, Abort) classes of the click that typer runs on: recent typer bundles its own copy
+    (`typer._click`, with Exit/Abort in `typer.exceptions`), whose exceptions are not click's. Both are caught, so a
+    usage error is always the short usage message."""
     import click
 
+    errors, exits, aborts = [click.ClickException], [click.exceptions.Exit], [click.exceptions.Abort]
+    bundled = getattr(getattr(typer, "_click", None), "exceptions", None)
+    if bundled is not None:
+        errors.append(bundled.ClickException)
+    for name, bucket in (("Exit", exits), ("Abort", aborts)):
+        for module in (getattr(typer, "exceptions", None), bundled):
+            cls = getattr(module, name, None)
+            if isinstance(cls, type):
+                bucket.append(cls)
+    return tuple(errors), tuple(exits), tuple(aborts)
+
+
+def _register_secrets(argv: list[str]) -> None:
+    """Remember `--token` values before anything runs, so no file written later can contain them."""
+    from .redact import SECRET_OPTIONS, register_secret
+
+    for i, arg in enumerate(argv):
+        name, eq, value = arg.partition("=")
+        if name in SECRET_OPTIONS:
+            register_secret(value if eq else (argv[i + 1] if i + 1 < len(argv) else None))
+
+
+def _os_error_line(exc: OSError) -> str:
+    where = f": {exc.filename}" if exc.filename else ""
+    return f"{exc.strerror or exc}{where}" if exc.strerror else str(exc)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Console-script entry: one formatter for known errors, tracebacks only under MTP2DRAFT_DEBUG=1."""
+    from .redact import redact, set_command
+
     debug = os.environ.get("MTP2DRAFT_DEBUG") == "1"
+    args = list(sys.argv[1:] if argv is None else argv)
+    _register_secrets(args)
+    set_command(["mtp2draft", *args])
+    click_error, click_exit, click_abort = _click_exceptions()
     command = typer.main.get_command(app)
     try:
-        code = command.main(args=argv, prog_name="mtp2draft", standalone_mode=False)
-    except click.exceptions.Exit as exc:
+        code = command.main(args=args, prog_name="mtp2draft", standalone_mode=False)
+    except click_exit as exc:
         return exc.exit_code
-    except click.ClickException as exc:
+    except click_error as exc:
         exc.show()
         return exc.exit_code
-    except click.exceptions.Abort:
+    except click_abort:
         print("aborted", file=sys.stderr)
         return 130
     except Mtp2DraftError as exc:
         if debug:
             raise
-        print(f"error: {exc}", file=sys.stderr)
+        print(f"error: {redact(str(exc))}", file=sys.stderr)
         return exc.exit_code
+    except OSError as exc:  # the environment: disk full, read-only or missing paths, permissions
+        if debug:
+            raise
+        print(f"error: {redact(_os_error_line(exc))}", file=sys.stderr)
+        return 1
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130

@@ -13,7 +13,6 @@ What this module does not do: train (`distill.py`), or write engine-specific exp
 from __future__ import annotations
 
 import math
-import sys
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -24,7 +23,7 @@ import torch
 
 from . import __version__
 from .checkpoint import DTYPES as DTYPES_ST
-from .checkpoint import SCALE_SUFFIX, Checkpoint, open_checkpoint
+from .checkpoint import SCALE_SUFFIX, Checkpoint, check_finite, open_checkpoint
 from .draft import (
     CONFIG_FILE,
     PROVENANCE_FILE,
@@ -35,6 +34,7 @@ from .draft import (
 )
 from .errors import CheckpointError, NoMtpLayerError, SourceError
 from .io import Progress, SafetensorsWriter, atomic_output_dir, check_output_dir, quiet, write_json
+from .redact import command_line
 from .spec import Spec, find_spec
 from .transforms import EAGLE3_TRANSFORMS, LOAD_TRANSFORMS, Eagle3Build, Group, group_block_keys
 
@@ -413,7 +413,7 @@ def convert(
         raise SourceError(f"--to must be one of {', '.join(DRAFT_KINDS)}, got {to!r}")
     if dtype not in DTYPES:
         raise SourceError(f"--dtype must be one of {', '.join(DTYPES)}, got {dtype!r}")
-    check_output_dir(out, overwrite)
+    check_output_dir(out, overwrite, inputs=[source])
     started = time.perf_counter()
     progress(f"resolving {source}")
     ckpt = open_checkpoint(source, revision, token)
@@ -421,13 +421,14 @@ def convert(
     layer, count = resolve_layer(ckpt, spec, layer)
     progress(f"{spec.name}: MTP layer {layer} of {count}; reading shard headers")
     plan = plan_mtp_layer(ckpt, spec, layer)
+    check_weight_dtypes(ckpt, plan.checkpoint_keys)
     torch_dtype = DTYPES[dtype]
     dequantised = [k for k in plan.checkpoint_keys if ckpt.scale_key(k)]
     provenance: dict[str, Any] = {
         "tool": "mtp2draft",
         "version": __version__,
-        "command": " ".join(sys.argv) if sys.argv else "",
-        "source": ckpt.source,
+        "command": command_line(),
+        "source": str(source),  # as the user named it
         "revision": revision,
         "commit": ckpt.commit,
         "spec": spec.name,
@@ -438,7 +439,7 @@ def convert(
         "dequantised_fp8": dequantised,
         "fp8_block_size": list(ckpt.fp8_block_size()) if dequantised else None,
     }
-    with atomic_output_dir(out, overwrite) as tmp:
+    with atomic_output_dir(out, overwrite, inputs=[source]) as tmp:
         if to == "mtp":
             needed = plan.checkpoint_keys
             _write_native(ckpt, plan, tmp, torch_dtype, progress)
@@ -451,6 +452,8 @@ def convert(
         else:
             progress("initialising the EAGLE-3 layer from the MTP layer")
             draft_cfg, weights, tensor_prov = build_eagle3(ckpt, spec, plan, aux_layers)
+            for key, value in weights.items():  # the transforms' arithmetic, too, must stay finite
+                check_finite(key, value)
             draft_cfg["torch_dtype"] = dtype
             from .draft import vocab_maps
 
@@ -469,6 +472,7 @@ def convert(
             "source": ckpt.source,
             "commit": ckpt.commit,
             "mtp_layer": layer,
+            "target_num_layers": spec.num_layers(ckpt.config),  # lets `validate` check aux ids without the target
         }
         write_json(tmp / CONFIG_FILE, draft_cfg)
         provenance["bytes_fetched"] = ckpt.bytes_fetched
@@ -486,6 +490,15 @@ def convert(
         seconds,
         provenance,
     )
+
+
+def check_weight_dtypes(ckpt: Checkpoint, keys: list[str]) -> None:
+    """Every MTP tensor must be stored as a float (FP8 included): an integer "weight" would convert, then crash an
+    exporter or an engine."""
+    for key in keys:
+        stored = DTYPES_ST[ckpt.info(key).dtype][0]
+        if not stored.is_floating_point:
+            raise CheckpointError(f"{key} is stored as {ckpt.info(key).dtype}: MTP weights must be floating point")
 
 
 def _write_native(ckpt: Checkpoint, plan: MtpLayerPlan, out: Path, dtype: torch.dtype, progress: Progress) -> None:

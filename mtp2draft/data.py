@@ -24,6 +24,12 @@ import torch
 
 from .errors import DataError
 
+# A JSONL line longer than this is malformed (read in pieces and skipped, never held whole).
+MAX_LINE_BYTES = 64 << 20
+# Characters of a text kept per token of --max-length before tokenising: a token rarely spans more than a few
+# characters, so this never cuts what the truncated sequence would keep, and a 40 MB record costs kilobytes.
+CHARS_PER_TOKEN = 32
+
 
 @dataclass
 class Example:
@@ -53,25 +59,54 @@ def read_records(path: str | Path, skip_bad: bool = False) -> tuple[list[dict[st
     if not path.is_file():
         raise DataError(f"data file {path} does not exist")
     records, skipped = [], 0
-    with open(path, encoding="utf-8") as fh:
-        for lineno, line in enumerate(fh, 1):
-            if not line.strip():
+    for lineno, raw in enumerate(_lines(path), 1):
+        if not raw.strip():
+            continue
+        try:
+            if len(raw) > MAX_LINE_BYTES:
+                raise ValueError(f"line is longer than {MAX_LINE_BYTES >> 20} MiB")
+            record = json.loads(raw.decode("utf-8"))
+            _check(record)
+        except (json.JSONDecodeError, UnicodeDecodeError, ValueError) as exc:
+            if skip_bad:
+                skipped += 1
                 continue
-            try:
-                record = json.loads(line)
-                _check(record)
-            except (json.JSONDecodeError, ValueError) as exc:
-                if skip_bad:
-                    skipped += 1
-                    continue
-                reason = f"not valid JSON ({exc.msg})" if isinstance(exc, json.JSONDecodeError) else str(exc)
-                raise DataError(f"{path}:{lineno}: {reason} (pass --skip-bad to skip such lines)") from None
-            records.append(record)
+            if isinstance(exc, json.JSONDecodeError):
+                reason = f"not valid JSON ({exc.msg})"
+            elif isinstance(exc, UnicodeDecodeError):
+                reason = f"not UTF-8 (byte {exc.start} of the line)"
+            else:
+                reason = str(exc)
+            raise DataError(f"{path}:{lineno}: {reason} (pass --skip-bad to skip such lines)") from None
+        records.append(record)
     if not records:
         raise DataError(
             f"{path} holds no usable records" + (f" ({skipped} malformed lines skipped)" if skipped else "")
         )
     return records, skipped
+
+
+def _lines(path: Path):
+    """Raw lines of a file; a line over MAX_LINE_BYTES is read in pieces and yielded as an over-long stub."""
+    with open(path, "rb") as fh:
+        while True:
+            line = fh.readline(MAX_LINE_BYTES + 1)
+            if not line:
+                return
+            if len(line) > MAX_LINE_BYTES and not line.endswith(b"\n"):
+                while True:  # drain the rest of the line without keeping it
+                    more = fh.readline(1 << 20)
+                    if not more or more.endswith(b"\n"):
+                        break
+            yield line
+
+
+def _cap(text: str, max_length: int, keep_end: bool = False) -> str:
+    """At most `max_length * CHARS_PER_TOKEN` characters of `text` (its end for prompts, which keep the last tokens)."""
+    limit = max_length * CHARS_PER_TOKEN
+    if len(text) <= limit:
+        return text
+    return text[-limit:] if keep_end else text[:limit]
 
 
 def _check(record: Any) -> None:
@@ -103,11 +138,11 @@ def _render(tokenizer, messages: list[dict[str, str]], generation_prompt: bool) 
 def encode(record: dict[str, Any], tokenizer, max_length: int) -> Example:
     """Token ids and loss mask of one record, truncated to max_length."""
     if "text" in record:
-        ids = tokenizer(record["text"], add_special_tokens=True)["input_ids"][:max_length]
+        ids = tokenizer(_cap(record["text"], max_length), add_special_tokens=True)["input_ids"][:max_length]
         return Example(ids, [True] * len(ids), 0, record)
     if not getattr(tokenizer, "chat_template", None):
         raise DataError("chat records need the target's chat template, and its tokenizer has none; use {'text': ...}")
-    messages = record["messages"]
+    messages = [{**m, "content": _cap(m["content"], max_length)} for m in record["messages"]]
     ids: list[int] = []
     mask: list[bool] = []
     for i, message in enumerate(messages):
@@ -141,8 +176,10 @@ def read_examples(
 def prompt_ids(record: dict[str, Any], tokenizer, max_length: int) -> list[int]:
     """The prompt of a record for generation: chats up to the last user turn (+ generation prompt); text whole."""
     if "text" in record:
-        return tokenizer(record["text"], add_special_tokens=True)["input_ids"][-max_length:]
-    messages = list(record["messages"])
+        return tokenizer(_cap(record["text"], max_length, keep_end=True), add_special_tokens=True)["input_ids"][
+            -max_length:
+        ]
+    messages = [{**m, "content": _cap(m["content"], max_length, keep_end=True)} for m in record["messages"]]
     while messages and messages[-1]["role"] == "assistant":
         messages.pop()
     if not messages:

@@ -49,9 +49,10 @@ from .draft import (
     read_draft_config,
     vocab_maps,
 )
-from .errors import DataError, DraftError
-from .hidden import Features, OfflineHiddenStates, TargetModel, offline_features
-from .io import Progress, atomic_output_dir, check_output_dir, save_tensors, write_json
+from .errors import DataError, DraftError, OptionError
+from .hidden import Features, OfflineHiddenStates, TargetModel, check_draft_fits, offline_features
+from .io import Progress, atomic_output_dir, check_output_dir, is_ours, mark, save_tensors, write_json
+from .redact import command_line
 
 
 @dataclass
@@ -75,10 +76,33 @@ class DistillConfig:
     """Native MTP drafts: train for the engine that feeds back the post-norm hidden (SGLang NextN, transformers;
     the default) or the pre-norm one (vLLM's DeepSeek MTP). None keeps the draft's setting."""
 
+    def __post_init__(self) -> None:
+        """Refuse values that would crash later or silently train nothing (one line each, before any work)."""
+        for name in ("steps", "ttt_steps", "batch_size", "save_every", "log_every"):
+            value = getattr(self, name)
+            least = 0 if name == "steps" else 1  # 0 steps: calibrate an EAGLE-3 draft only (distill checks it)
+            if isinstance(value, bool) or not isinstance(value, int) or value < least:
+                raise OptionError(f"--{name.replace('_', '-')} must be a whole number >= {least}, got {value!r}")
+        if isinstance(self.max_length, bool) or not isinstance(self.max_length, int) or self.max_length < 2:
+            raise OptionError(f"--max-length must be a whole number >= 2, got {self.max_length!r}")
+        for name in ("lr", "grad_clip"):
+            value = getattr(self, name)
+            if not isinstance(value, int | float) or not math.isfinite(value) or value <= 0:
+                raise OptionError(f"--{name.replace('_', '-')} must be a finite number > 0, got {value!r}")
+        if not math.isfinite(self.weight_decay) or self.weight_decay < 0:
+            raise OptionError(f"weight_decay must be a finite number >= 0, got {self.weight_decay!r}")
+        if self.draft_vocab_size is not None and self.draft_vocab_size < 1:
+            raise OptionError(f"--draft-vocab-size must be >= 1, got {self.draft_vocab_size}")
+        if self.warmup_steps is not None and self.warmup_steps < 0:
+            raise OptionError(f"warmup_steps must be >= 0, got {self.warmup_steps}")
+        if self.step_weights is not None:
+            if len(self.step_weights) != self.ttt_steps:
+                raise OptionError(f"--step-weights has {len(self.step_weights)} values for {self.ttt_steps} TTT steps")
+            if not all(math.isfinite(w) and w >= 0 for w in self.step_weights) or not any(self.step_weights):
+                raise OptionError(f"--step-weights must be finite, >= 0 and not all zero, got {self.step_weights}")
+
     def weights(self) -> list[float]:
         if self.step_weights:
-            if len(self.step_weights) != self.ttt_steps:
-                raise DataError(f"--step-weights has {len(self.step_weights)} values for {self.ttt_steps} TTT steps")
             return list(self.step_weights)
         return [0.8**s for s in range(self.ttt_steps)]
 
@@ -403,19 +427,26 @@ def _settings_hash(settings: dict[str, Any]) -> str:
 
 def save_checkpoint(folder: Path, step: int, draft, optimizer: torch.optim.Optimizer, meta: dict[str, Any]) -> None:
     """Atomically write step `step` (weights, AdamW moments, progress) and keep the two newest."""
+    fresh = not folder.exists()
     folder.mkdir(parents=True, exist_ok=True)
+    if not is_ours(folder):
+        mark(folder)
     final = folder / f"step-{step:07d}"
     tmp = folder / f".step-{step:07d}.tmp"
     shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir()
-    save_tensors(tmp / "draft.safetensors", {k: v.contiguous() for k, v in draft.state_dict().items()})
-    opt, state = {}, optimizer.state_dict()
-    for idx, st in state["state"].items():
-        for name, value in st.items():
-            opt[f"{idx}.{name}"] = torch.as_tensor(value).contiguous()
-    save_tensors(tmp / "optimizer.safetensors", opt)
-    write_json(tmp / "state.json", {**meta, "step": step, "draft_config": draft.draft_config()})
-    os.replace(tmp, final)
+    try:
+        tmp.mkdir()
+        save_tensors(tmp / "draft.safetensors", {k: v.contiguous() for k, v in draft.state_dict().items()})
+        opt, state = {}, optimizer.state_dict()
+        for idx, st in state["state"].items():
+            for name, value in st.items():
+                opt[f"{idx}.{name}"] = torch.as_tensor(value).contiguous()
+        save_tensors(tmp / "optimizer.safetensors", opt)
+        write_json(tmp / "state.json", {**meta, "step": step, "draft_config": draft.draft_config()})
+        os.replace(tmp, final)
+    except BaseException:  # disk full, read-only, interrupted: no half-written checkpoint is left behind
+        shutil.rmtree(folder if fresh else tmp, ignore_errors=True)
+        raise
     for old in sorted(folder.glob("step-*"))[:-2]:
         shutil.rmtree(old, ignore_errors=True)
 
@@ -484,9 +515,12 @@ def distill(
     `stop_after` ends the run after that many steps without writing `out` (checkpoints stay): for tests."""
     cfg = config or DistillConfig()
     out = Path(out)
-    if not resume:
-        check_output_dir(out, overwrite)
-    ckpt_dir = Path(checkpoint_dir) if checkpoint_dir else out.parent / f"{out.name}.checkpoints"
+    inputs = [draft_dir, target, data, hidden_states]
+    # --resume continues from checkpoints; it never stands in for --overwrite: an existing --out is only replaced
+    # with --overwrite, and only when mtp2draft wrote it.
+    check_output_dir(out, overwrite, inputs)
+    ckpt_dir = Path(checkpoint_dir) if checkpoint_dir else out.parent / f"{Path(os.path.abspath(out)).name}.checkpoints"
+    check_output_dir(ckpt_dir, True, inputs)  # --overwrite or --resume never touch a directory we did not write
     if not resume and latest_checkpoint(ckpt_dir) is not None:
         if not overwrite:
             raise DraftError(
@@ -524,6 +558,7 @@ def distill(
         if data is None or target is None:
             raise DataError("distill needs --data and --target (or --hidden-states)")
         target_model = TargetModel(target, revision, token, device=device)
+        check_draft_fits(draft, target_model, draft_dir)
         source_name, commit = target, target_model.commit
         tokenizer = load_tokenizer(target_model.path)
         examples, skipped = read_examples(data, tokenizer, cfg.max_length, skip_bad)
@@ -596,6 +631,10 @@ def distill(
         elif calibration:
             progress(f"calibrated fc: rms of the high aux layer {calibration['high_aux_rms']:.4g}")
     vocab_ids = draft_target_ids(draft)
+    if cfg.steps == 0 and calibration is None:
+        raise OptionError(
+            "--steps 0 would write an untrained draft: 0 steps only calibrate an EAGLE-3 draft converted from MTP"
+        )
 
     params = draft.trainable_parameters()
     optimizer = torch.optim.AdamW(params, lr=cfg.lr, betas=(0.9, 0.95), weight_decay=cfg.weight_decay)
@@ -675,7 +714,7 @@ def distill(
         draft,
         draft_dir,
         out,
-        overwrite or resume,
+        overwrite,
         {
             "settings": settings,
             "target_commit": commit,
@@ -685,7 +724,7 @@ def distill(
             "calibration": calibration,
             "history": history,
             "resumed_from_step": start or None,
-            "command": " ".join(sys.argv),
+            "command": command_line(),
             "version": __version__,
         },
     )
@@ -709,7 +748,7 @@ def _write_result(draft, draft_dir: str | Path, out: Path, overwrite: bool, info
         config = {**src_cfg, **draft.draft_config()}
     else:
         config = {**src_cfg, "hidden_handover": draft.hidden_handover}
-    with atomic_output_dir(out, overwrite) as tmp:
+    with atomic_output_dir(out, overwrite, inputs=[draft_dir]) as tmp:
         save_tensors(tmp / WEIGHTS_FILE, state, {"format": "pt"})
         write_json(tmp / CONFIG_FILE, config)
         write_json(tmp / PROVENANCE_FILE, provenance)

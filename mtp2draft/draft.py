@@ -39,7 +39,7 @@ import torch.nn.functional as F
 from safetensors.torch import load_file
 from torch import nn
 
-from .errors import DraftError
+from .errors import CheckpointError, DraftError
 from .spec import Spec, get_spec
 
 DRAFT_FORMAT_VERSION = 1
@@ -80,14 +80,25 @@ class DraftCache:
 
 
 # ---- configs -----------------------------------------------------------------------------------------------------
-def block_config(spec: Spec, target_config: Mapping[str, Any]):
-    """The transformers config the MTP block is built from: the target's (text) config plus the spec's overrides."""
+def hf_config(model_type: str, fields: Mapping[str, Any], where: str = "config.json"):
+    """transformers' config class for `model_type` built from `fields`; a field of the wrong type or value (a string
+    `hidden_size`, say) is one CheckpointError line instead of transformers' multi-line validation error."""
+    from huggingface_hub.errors import StrictDataclassError  # transformers validates config fields through it
     from transformers import AutoConfig
 
+    try:
+        return AutoConfig.for_model(model_type, **fields)
+    except (ValueError, TypeError, StrictDataclassError) as exc:
+        text = " ".join(line.strip() for line in str(exc).splitlines() if line.strip())
+        raise CheckpointError(f"{where} does not describe a valid {model_type} model: {text}") from None
+
+
+def block_config(spec: Spec, target_config: Mapping[str, Any]):
+    """The transformers config the MTP block is built from: the target's (text) config plus the spec's overrides."""
     text = spec.text_config(target_config)
     text.pop("model_type", None)
     text.pop("architectures", None)
-    cfg = AutoConfig.for_model(spec.config.transformers_model_type, **text)
+    cfg = hf_config(spec.config.transformers_model_type, text)
     for key, value in spec.config.block_overrides.items():
         setattr(cfg, key, copy.deepcopy(value))
     cfg._attn_implementation = spec.block.attn_implementation

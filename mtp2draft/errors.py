@@ -12,6 +12,10 @@ class Mtp2DraftError(Exception):
     exit_code = 2
 
 
+class OptionError(Mtp2DraftError):
+    """An option's value is out of range or malformed (a value typer's type check cannot catch)."""
+
+
 class SpecError(Mtp2DraftError):
     """A spec file is malformed."""
 

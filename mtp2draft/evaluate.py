@@ -29,8 +29,8 @@ import torch
 
 from .data import load_tokenizer, prompt_ids, read_records
 from .draft import DraftCache, load_draft
-from .errors import DataError
-from .hidden import TargetModel
+from .errors import DataError, OptionError
+from .hidden import TargetModel, check_draft_fits
 from .io import Progress, write_json
 
 EVALUATION_FILE = "evaluation.json"
@@ -252,8 +252,14 @@ def evaluate(
     """Evaluate each (name, draft directory) against the target on the prompts in `data`.
 
     The target's greedy reference is computed once and shared; every draft's output is checked against it."""
-    if num_draft_tokens < 1:
-        raise DataError("--num-draft-tokens must be at least 1")
+    for option, value in (
+        ("--num-draft-tokens", num_draft_tokens),
+        ("--max-new-tokens", max_new_tokens),
+        ("--max-prompt-length", max_prompt_length),
+        ("--max-prompts", 1 if max_prompts is None else max_prompts),
+    ):
+        if value < 1:
+            raise OptionError(f"{option} must be at least 1, got {value}")
     tm = target if isinstance(target, TargetModel) else TargetModel(target, revision, token)
     tokenizer = load_tokenizer(tm.path)
     eos = tokenizer.eos_token_id
@@ -269,6 +275,7 @@ def evaluate(
     }
     for name, path in drafts:
         draft = load_draft(path).eval()
+        check_draft_fits(draft, tm, path)
         draft.attach_target(tm.embedding().float(), tm.lm_head().float())
         runner = TargetRunner(tm, draft)
         if references is None:

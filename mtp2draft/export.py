@@ -28,7 +28,6 @@ import copy
 import json
 import math
 import shutil
-import sys
 import time
 from collections import OrderedDict
 from collections.abc import Callable, Iterable, Mapping
@@ -44,6 +43,7 @@ from .checkpoint import INDEX_FILE, SCALE_SUFFIX, Checkpoint, open_checkpoint, q
 from .draft import CONFIG_FILE, PROVENANCE_FILE, WEIGHTS_FILE, NativeMtpDraft, read_draft_config
 from .errors import DraftError, SourceError, ValidationError
 from .io import Progress, SafetensorsWriter, atomic_output_dir, check_output_dir, quiet, save_tensors, write_json
+from .redact import command_line
 from .spec import Spec, find_spec, get_spec
 
 # format -> the draft kind it takes (`mtp2draft export --format` choices come from here)
@@ -135,16 +135,16 @@ def export(
         )
     if format == "stitched" and not target:
         raise SourceError("--format stitched needs --target: the checkpoint whose MTP layer the draft replaces")
-    check_output_dir(out, overwrite)
+    check_output_dir(out, overwrite, inputs=[draft, target])
     started = time.perf_counter()
     provenance = _read_json(src / PROVENANCE_FILE) or {}
     record: dict[str, Any] = {
         "format": format,
         "from": str(src),
         "version": __version__,
-        "command": " ".join(sys.argv) if sys.argv else "",
+        "command": command_line(),
     }
-    with atomic_output_dir(out, overwrite) as tmp:
+    with atomic_output_dir(out, overwrite, inputs=[draft, target]) as tmp:
         if format in ("sglang", "speculators"):
             record["dtype"] = dtype
             _export_eagle3(src, cfg, tmp, format, DTYPES[dtype], speculative_tokens, provenance, progress)
@@ -820,11 +820,19 @@ def _registry() -> dict[str, Spec]:
     return registry()
 
 
-def validate(path: str | Path, format: str | None = None) -> list[str]:
+def validate(
+    path: str | Path,
+    format: str | None = None,
+    target: str | None = None,
+    revision: str | None = None,
+    token: str | bool | None = None,
+) -> list[str]:
     """Every way directory `path` violates its format's contract (empty: the engines will load it as intended).
 
-    format: one of `VALIDATE_FORMATS`, or None to detect it from config.json. Raises DraftError only when the
-    directory or its config.json is unreadable or the format cannot be told."""
+    format: one of `VALIDATE_FORMATS`, or None to detect it from config.json. target: the target checkpoint (hub id
+    or local dir; only its config is read), to check what depends on it — aux layer ids within its layers, hidden
+    size and vocabulary; without it the target layer count the draft recorded at conversion is used. Raises
+    DraftError only when the directory or its config.json is unreadable or the format cannot be told."""
     path = Path(path)
     if not path.is_dir():
         raise DraftError(f"{path} is not a directory")
@@ -834,7 +842,39 @@ def validate(path: str | Path, format: str | None = None) -> list[str]:
     fmt = format or detect_format(cfg)
     if fmt not in VALIDATE_FORMATS:
         raise DraftError(f"--format must be one of {', '.join(VALIDATE_FORMATS)}, got {fmt!r}")
-    return _VALIDATORS[fmt](path, cfg)
+    problems = _VALIDATORS[fmt](path, cfg)
+    target_cfg = open_checkpoint(target, revision, token).config if target else None
+    return problems + _target_problems(cfg, target_cfg)
+
+
+def _target_problems(cfg: Mapping[str, Any], target_cfg: Mapping[str, Any] | None) -> list[str]:
+    """What an EAGLE-3 draft's config promises about its target, checked against the target's config (or the layer
+    count recorded at conversion): engines capture the input of layer i + 1 for aux id i, so ids run to N - 2."""
+    eagle = cfg.get("eagle_config") if isinstance(cfg.get("eagle_config"), dict) else {}
+    ids = eagle.get("eagle_aux_hidden_state_layer_ids")
+    if ids is None and isinstance(cfg.get("eagle_aux_hidden_state_layer_ids"), list):  # speculators: input-of ids
+        ids = [i - 1 for i in cfg["eagle_aux_hidden_state_layer_ids"] if isinstance(i, int)]
+    layers = None
+    if target_cfg is not None:
+        spec = find_spec(target_cfg)
+        layers = spec.num_layers(target_cfg)
+        text = spec.text_config(target_cfg)
+        for field_name in ("hidden_size", "vocab_size"):
+            mine = cfg.get("target_hidden_size" if field_name == "hidden_size" else field_name, cfg.get(field_name))
+            if isinstance(mine, int) and text.get(field_name) is not None and mine != text[field_name]:
+                return [f"{field_name} {mine} does not match the target's {text[field_name]}: not this target's draft"]
+    else:
+        recorded = (cfg.get("mtp2draft") or {}).get("target_num_layers")
+        layers = recorded if isinstance(recorded, int) else None
+    if layers is None or not isinstance(ids, list) or not all(isinstance(i, int) for i in ids):
+        return []
+    beyond = [i for i in ids if i > layers - 2]
+    if beyond:
+        return [
+            f"aux layer ids {ids} go beyond the target's {layers} layers (engines can capture ids 0..{layers - 2}): "
+            f"{beyond} would never be captured"
+        ]
+    return []
 
 
 def _load_weights(path: Path, problems: list[str]) -> dict[str, torch.Tensor] | None:

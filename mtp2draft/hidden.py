@@ -29,8 +29,9 @@ from typing import Any
 import torch
 from safetensors import safe_open
 
-from .checkpoint import open_checkpoint
-from .errors import DataError, SourceError
+from . import network
+from .checkpoint import INDEX_FILE, SINGLE_FILE, open_checkpoint, parse_index, read_config
+from .errors import CheckpointError, DataError, DraftError, SourceError
 from .io import atomic_output_dir, save_tensors, write_json
 from .spec import Spec, find_spec
 
@@ -82,25 +83,85 @@ def quiet_transformers() -> Iterator[None]:
             hf_logging.enable_progress_bar()
 
 
+# Weight files that are pickles: never loaded (loading one runs whatever code it carries).
+PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt", ".pkl")
+
+
 def _local_path(source: str, revision: str | None, token: str | bool | None) -> Path:
-    """A local directory with the whole target (hub repos are downloaded into the HF cache: the target runs)."""
+    """A local directory with the whole target (hub repos are downloaded into the HF cache: the target runs),
+    checked by `check_target_dir` before transformers sees it."""
     path = Path(source).expanduser()
     if path.is_dir():
-        return path
-    open_checkpoint(source, revision, token)  # clear errors for missing repos / revisions first
+        if revision:
+            raise SourceError(f"--revision applies to hub repos; {path} is a local directory")
+        return check_target_dir(path)
+    open_checkpoint(source, revision, token)  # clear errors for missing repos / revisions first (and the index)
     from huggingface_hub import snapshot_download
 
     try:
-        return Path(
-            snapshot_download(
-                source,
-                revision=revision,
-                token=token,
-                allow_patterns=["*.json", "*.safetensors", "*.model", "*.txt", "*.jinja", "tokenizer*"],
+        return check_target_dir(
+            Path(
+                snapshot_download(
+                    source,
+                    revision=revision,
+                    token=token,
+                    allow_patterns=["*.json", "*.safetensors", "*.model", "*.txt", "*.jinja", "tokenizer*"],
+                )
             )
         )
     except Exception as exc:  # network / auth after huggingface_hub's retries
-        raise SourceError(f"could not download target {source}: {exc}") from exc
+        if network.is_network_error(exc):
+            raise SourceError(network.describe(exc)) from exc
+        if isinstance(exc, SourceError | CheckpointError):
+            raise
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise SourceError(f"could not download target {source}: {first}") from exc
+
+
+def check_target_dir(path: Path) -> Path:
+    """Refuse a target directory transformers must not be handed: no config object, an index naming shards outside
+    the directory (or missing ones), or weights only as pickles. Returns `path`."""
+    read_config(path)
+    index = path / INDEX_FILE
+    if index.is_file():
+        try:
+            raw = json.loads(index.read_text())
+        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+            raise CheckpointError(f"{index} is not valid JSON: {exc}") from exc
+        for file in sorted(set(parse_index(raw, str(index)).values())):
+            if not (path / file).is_file():
+                raise CheckpointError(f"shard {file} is named in {index} but does not exist")
+        return path
+    if (path / SINGLE_FILE).is_file():
+        return path
+    pickles = sorted(p.name for p in path.iterdir() if p.suffix in PICKLE_SUFFIXES)
+    if pickles:
+        raise CheckpointError(
+            f"target {path} holds its weights only as pickles ({', '.join(pickles[:3])}): mtp2draft never loads "
+            "pickles; convert them to safetensors first"
+        )
+    raise CheckpointError(f"target {path} has neither {INDEX_FILE} nor {SINGLE_FILE}")
+
+
+def check_draft_fits(draft, target: TargetModel, where: str | Path) -> None:
+    """Refuse a draft made for another target: a different family, hidden size or vocabulary would train to a
+    meaningless loss or accept nothing, silently."""
+    made_for = getattr(getattr(draft, "spec", None), "name", None)
+    if made_for is None:
+        made_for = (draft.draft_config().get("mtp2draft") or {}).get("spec")
+    if made_for and made_for != target.spec.name:
+        raise DraftError(f"{where} was made for a {made_for} target; {target.source} is a {target.spec.name} model")
+    for what, mine, theirs in (
+        ("hidden size", draft.hidden_size, target.hidden_size),
+        ("vocabulary", draft.vocab_size, target.vocab_size),
+    ):
+        if mine != theirs:
+            raise DraftError(f"{where} has {what} {mine}, the target {target.source} has {theirs}: not its draft")
+    aux = getattr(draft, "aux_layer_ids", None)
+    if aux and max(aux) >= target.num_layers:
+        raise DraftError(
+            f"{where} reads aux layers {aux}, but the target {target.source} has {target.num_layers} layers"
+        )
 
 
 class TargetModel:
@@ -115,21 +176,28 @@ class TargetModel:
         device: str | torch.device = "cpu",
         device_map: str | dict | None = None,
     ) -> None:
-        from transformers import AutoConfig, AutoModelForCausalLM
+        from transformers import AutoModelForCausalLM
+
+        from .draft import hf_config as build_hf_config
 
         self.source = source
         self.path = _local_path(source, revision, token)
-        config = json.loads((self.path / "config.json").read_text())
+        config = read_config(self.path)
         self.raw_config = config
         self.spec: Spec = find_spec(config)
         text = self.spec.text_config(config)
         kwargs = {k: v for k, v in config.items() if k not in ("architectures", "model_type", "auto_map")}
         # The spec names the transformers model type that parses this config (e.g. MiMo is Qwen2 in transformers),
         # so no remote code is ever run.
-        hf_config = AutoConfig.for_model(self.spec.config.transformers_model_type, **kwargs)
+        hf_config = build_hf_config(self.spec.config.transformers_model_type, kwargs, f"{self.path}/config.json")
         with quiet_transformers():  # the MTP keys are "unexpected" to the trunk class: expected here
             self.model = AutoModelForCausalLM.from_pretrained(
-                str(self.path), config=hf_config, dtype=dtype, device_map=device_map, trust_remote_code=False
+                str(self.path),
+                config=hf_config,
+                dtype=dtype,
+                device_map=device_map,
+                trust_remote_code=False,
+                use_safetensors=True,  # never fall back to pickles
             )
         if device_map is None:
             self.model.to(device)

@@ -28,17 +28,19 @@ import json
 import os
 import re
 import shutil
+import struct
 import tempfile
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from . import __version__
+from . import __version__, network
 from .draft import CONFIG_FILE, PROVENANCE_FILE
 from .errors import DraftError, HubError, ValidationError
 from .export import EVALUATION_FILE, README_FILE, detect_format, validate
 from .io import Progress, quiet
+from .redact import find_secret, known_secrets, redact, register_secret
 
 LIBRARY_NAME = "mtp2draft"
 DEFAULT_K = 3
@@ -87,10 +89,12 @@ def push(
             + "; ".join(problems[:3]),
             problems,
         )
+    register_secret(token)
     token = token or get_token()
     if not token:
         raise HubError("no Hugging Face token: log in with `hf auth login`, set HF_TOKEN, or pass --token")
     card = model_card(path, repo_id, base_model)
+    network.configure()
     message = commit_message or f"Upload {fmt} draft with mtp2draft {__version__}"
     api = HfApi(token=token)
     try:
@@ -136,27 +140,57 @@ def _hub_error(exc: Exception, repo_id: str, endpoint: str) -> Exception:
         if status is not None and status >= 500:
             return HubError(f"the Hub at {endpoint} failed with {status} for {repo_id}: {detail} (try again later)")
         return HubError(f"Hub request for {repo_id} failed ({status}): {detail}")
+    if network.is_network_error(exc):
+        return HubError(network.describe(exc, endpoint))
     if isinstance(exc, httpx2.HTTPError | OSError):
         return HubError(f"could not reach the Hub at {endpoint}: {exc} (check the network, HF_ENDPOINT, proxies)")
     return exc
 
 
+# Files small and textual enough to be scanned whole for secrets (and uploaded as redacted copies).
+TEXT_SUFFIXES = (".json", ".md", ".txt", ".jinja", ".yaml", ".yml", ".py", ".toml")
+
+
 def _stage(src: Path, stage: Path, card: str) -> list[str]:
-    """Links to every file of `src` (hidden entries skipped, README.md replaced by the card) under `stage`."""
+    """Every file of `src` under `stage` (hidden entries skipped, README.md replaced by the card): text files as
+    copies with secrets redacted (an older mtp2draft may have recorded a token), others as links after a scan.
+
+    Refused: a file that is a link leading outside `src` (nothing outside the directory the user named is read),
+    and a binary file holding a secret (a token in a safetensors header, say): it cannot be redacted safely."""
+    root = src.resolve()
+    secrets = known_secrets()
     files = []
     for file in sorted(src.rglob("*")):
         rel = file.relative_to(src)
         if not file.is_file() or any(part.startswith(".") for part in rel.parts) or rel.as_posix() == README_FILE:
             continue
+        real = file.resolve()
+        if root not in real.parents:
+            raise HubError(f"{file} leads outside {src} (to {real}): refusing to upload it")
         dest = stage / rel
         dest.parent.mkdir(parents=True, exist_ok=True)
-        try:  # a link costs nothing and leaves the user's file untouched; copy where links are not allowed
-            os.symlink(file.resolve(), dest)
-        except OSError:
-            shutil.copyfile(file, dest)
+        if file.suffix in TEXT_SUFFIXES:
+            dest.write_text(redact(file.read_text(errors="replace"), secrets))
+        else:
+            if find_secret(_scannable_bytes(file), secrets):
+                raise HubError(f"{file} contains a Hub token: refusing to upload it")
+            try:  # a link costs nothing and leaves the user's file untouched; copy where links are not allowed
+                os.symlink(real, dest)
+            except OSError:
+                shutil.copyfile(file, dest)
         files.append(rel.as_posix())
-    (stage / README_FILE).write_text(card)
+    (stage / README_FILE).write_text(redact(card, secrets))
     return sorted([*files, README_FILE])
+
+
+def _scannable_bytes(file: Path) -> bytes:
+    """The part of a binary file that can carry text: a safetensors header, or the first MiB of anything else."""
+    with open(file, "rb") as fh:
+        head = fh.read(8)
+        if file.suffix == ".safetensors" and len(head) == 8:
+            (n,) = struct.unpack("<Q", head)
+            return fh.read(min(n, 100 << 20))
+        return head + fh.read(1 << 20)
 
 
 # ---- the model card ---------------------------------------------------------------------------------------------

@@ -13,7 +13,7 @@ import math
 import os
 import shutil
 import struct
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +21,7 @@ import torch
 
 from .checkpoint import DTYPES, TORCH_TO_ST
 from .errors import OutputExistsError
+from .redact import scrub
 
 # Every stage reports progress through a callable taking one line; the CLI prints it on stderr, tests drop it.
 Progress = Callable[[str], None]
@@ -30,26 +31,66 @@ def quiet(_: str) -> None:
     """The default progress sink: drops the line."""
 
 
-def check_output_dir(out: str | Path, overwrite: bool) -> Path:
-    """Fail early (before any work) when `out` exists, is not empty and --overwrite was not given."""
+# Every directory mtp2draft writes carries this file; --overwrite replaces only such directories (or empty ones), so
+# a mistyped --out can never delete a user's files.
+MARKER = ".mtp2draft"
+
+
+def is_ours(path: Path) -> bool:
+    """Whether `path` is a directory mtp2draft wrote (it carries the marker)."""
+    return (path / MARKER).is_file()
+
+
+def mark(path: Path) -> None:
+    """Mark a directory as written by mtp2draft (see `MARKER`)."""
+    (path / MARKER).write_text("written by mtp2draft; `--overwrite` may replace this directory\n")
+
+
+def check_output_dir(out: str | Path, overwrite: bool, inputs: Iterable[str | Path | None] = ()) -> Path:
+    """Fail early (before any work) when `out` cannot be written without destroying something.
+
+    Refused: an `out` that is, contains or lies inside one of `inputs` (local paths the command reads; hub ids and
+    None are skipped) or the working directory; an existing file; a non-empty directory without --overwrite; and,
+    even with --overwrite, a non-empty directory that mtp2draft did not write."""
     out = Path(out)
+    where = out.expanduser().resolve()
+    for given in inputs:
+        if given is None or not Path(given).expanduser().exists():
+            continue
+        inp = Path(given).expanduser().resolve()
+        if where == inp or where in inp.parents or inp in where.parents:
+            relation = "is" if where == inp else "contains" if where in inp.parents else "lies inside"
+            raise OutputExistsError(f"--out {out} {relation} the input {given}: choose an output outside every input")
+    cwd = Path.cwd().resolve()
+    if where == cwd or where in cwd.parents:
+        raise OutputExistsError(f"--out {out} is or contains the working directory: choose a directory below it")
     if out.exists() and not out.is_dir():
         raise OutputExistsError(f"--out {out} exists and is a file")
-    if out.is_dir() and any(out.iterdir()) and not overwrite:
-        raise OutputExistsError(f"--out {out} exists and is not empty (pass --overwrite to replace it)")
+    if out.is_dir() and any(out.iterdir()):
+        if not overwrite:
+            raise OutputExistsError(f"--out {out} exists and is not empty (pass --overwrite to replace it)")
+        if not is_ours(out):
+            raise OutputExistsError(
+                f"--out {out} holds files mtp2draft did not write: --overwrite only replaces directories mtp2draft "
+                "wrote (or empty ones); remove it yourself or choose another --out"
+            )
     return out
 
 
 @contextlib.contextmanager
-def atomic_output_dir(out: str | Path, overwrite: bool = False) -> Iterator[Path]:
+def atomic_output_dir(
+    out: str | Path, overwrite: bool = False, inputs: Iterable[str | Path | None] = ()
+) -> Iterator[Path]:
     """Yield a temporary sibling directory; on success it replaces `out` in one rename, on failure it vanishes."""
-    out = check_output_dir(out, overwrite)
+    out = check_output_dir(out, overwrite, inputs)
+    out = Path(os.path.abspath(out))  # '.', '..' and trailing slashes resolved, symlinks kept
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.parent / f".{out.name}.tmp-{os.getpid()}"
     shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir()
     try:
+        tmp.mkdir()
         yield tmp
+        mark(tmp)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
@@ -63,9 +104,15 @@ def atomic_output_dir(out: str | Path, overwrite: bool = False) -> Iterator[Path
 
 
 def write_json(path: Path, data: Mapping[str, Any]) -> None:
+    """Atomically write `data` as JSON, with every known secret (Hub token) redacted: no file mtp2draft writes can
+    carry one, whatever a caller put in `data`."""
     tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(data, indent=2, sort_keys=False, default=str) + "\n")
-    os.replace(tmp, path)
+    try:
+        tmp.write_text(json.dumps(scrub(data), indent=2, sort_keys=False, default=str) + "\n")
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
 
 
 class SafetensorsWriter:

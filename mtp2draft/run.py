@@ -21,7 +21,7 @@ from .distill import DistillConfig, distill
 from .errors import SourceError
 from .evaluate import evaluate, save_evaluation
 from .export import export
-from .io import Progress, check_output_dir
+from .io import Progress, check_output_dir, mark
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 BUNDLED_TARGET = REPO_ROOT / "examples" / "targets" / "tiny-deepseek-v3"
@@ -65,7 +65,7 @@ def run(
     import time
 
     work = Path(work)
-    check_output_dir(work, overwrite)
+    check_output_dir(work, overwrite, inputs=[source, target, data, eval_data])
     target = target or source
     fmt = fmt or ("sglang" if to == "eagle3" else "nextn")
     if eval_data is None:
@@ -73,6 +73,7 @@ def run(
         eval_data = data
     stages: dict[str, float] = {}
     work.mkdir(parents=True, exist_ok=True)
+    mark(work)  # a later `run --overwrite` may replace it
 
     t = time.perf_counter()
     progress(f"[1/5] convert {source} -> raw MTP head and {to} draft")

@@ -29,7 +29,7 @@ def run_cli(capsys, *args: str) -> tuple[int, str, str]:
 def test_convert_every_fixture(build, tmp_path: Path, fixture: str, kind: str) -> None:
     result = convert(str(build(fixture)), tmp_path / "out", to=kind)
     files = sorted(p.name for p in (tmp_path / "out").iterdir())
-    assert files == ["config.json", "model.safetensors", "provenance.json"]
+    assert files == [".mtp2draft", "config.json", "model.safetensors", "provenance.json"]  # marker: ours to replace
     prov = json.loads((tmp_path / "out" / "provenance.json").read_text())
     assert prov["spec"] == result.spec and prov["draft_kind"] == kind and prov["version"]
     assert prov["dequantised_fp8"] if fixture.endswith("fp8") else not prov["dequantised_fp8"]
@@ -94,8 +94,15 @@ def test_out_not_empty_without_overwrite(build, tmp_path: Path, capsys) -> None:
     (out_dir / "keep.txt").write_text("mine")
     code, out, err = run_cli(capsys, "convert", str(build("mimo")), "--out", str(out_dir))
     assert code != 0 and "--overwrite" in err and (out_dir / "keep.txt").read_text() == "mine"
+    # --overwrite never deletes files mtp2draft did not write ...
     code, out, err = run_cli(capsys, "convert", str(build("mimo")), "--out", str(out_dir), "--overwrite")
-    assert code == 0 and not (out_dir / "keep.txt").exists() and (out_dir / "model.safetensors").is_file()
+    assert code != 0 and "did not write" in err and (out_dir / "keep.txt").read_text() == "mine"
+    # ... and replaces a directory it did write
+    ours = tmp_path / "ours"
+    assert run_cli(capsys, "convert", str(build("mimo")), "--out", str(ours))[0] == 0
+    (ours / "stale.txt").write_text("left by an earlier run")
+    code, out, err = run_cli(capsys, "convert", str(build("mimo")), "--out", str(ours), "--overwrite")
+    assert code == 0 and not (ours / "stale.txt").exists() and (ours / "model.safetensors").is_file()
 
 
 def test_failure_midway_leaves_nothing(build, tmp_path: Path, capsys) -> None:

@@ -18,7 +18,7 @@ from mtp2draft.convert import convert
 from mtp2draft.data import encode, load_tokenizer, read_examples
 from mtp2draft.distill import DistillConfig, choose_draft_vocab, distill, ttt_forward, ttt_mask
 from mtp2draft.draft import load_draft
-from mtp2draft.errors import DataError, DraftError
+from mtp2draft.errors import DataError, DraftError, OptionError
 from mtp2draft.evaluate import draft_chain
 from mtp2draft.hidden import Features, TargetModel
 
@@ -269,10 +269,10 @@ def test_eagle3_from_mtp_is_calibrated_once_on_real_activations(target, text_dat
     assert result.steps == 0
     prov = json.loads((tmp_path / "c" / "provenance.json").read_text())
     assert prov["distill"]["calibration"]["attention_rel_error_after"] == fit["attention_rel_error_after"]
-    # a calibrated draft is not calibrated again
-    before = load_file(str(tmp_path / "c" / "model.safetensors"))["fc.weight"]
-    distill(tmp_path / "c", tmp_path / "c2", text_data, str(tgt), config=DistillConfig(**{**SMALL, "steps": 0}))
-    assert torch.equal(load_file(str(tmp_path / "c2" / "model.safetensors"))["fc.weight"], before)
+    # a calibrated draft is not calibrated again, so 0 steps would only copy it: refused, nothing written
+    with pytest.raises(OptionError, match="untrained draft"):
+        distill(tmp_path / "c", tmp_path / "c2", text_data, str(tgt), config=DistillConfig(**{**SMALL, "steps": 0}))
+    assert not (tmp_path / "c2").exists()
 
 
 def test_regenerate_writes_the_targets_own_greedy_continuations(target, text_data) -> None:

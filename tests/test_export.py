@@ -282,7 +282,7 @@ def test_stitched_round_trip_bf16_is_exact(build, work: Path, fixture: str) -> N
     assert validate(st) == []
     prov = json.loads((st / "provenance.json").read_text())["export"]
     assert sorted(p.name for p in st.iterdir()) == sorted(
-        [*prov["overlay_files"], "config.json", "README.md", "provenance.json"]
+        [*prov["overlay_files"], ".mtp2draft", "config.json", "README.md", "provenance.json"]
     )
     assert json.loads((st / "config.json").read_text()) == json.loads((target / "config.json").read_text())
     assert "--speculative-config" in (st / "README.md").read_text()

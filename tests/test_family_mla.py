@@ -57,6 +57,7 @@ def _inputs(seed: int, t: int = T, hidden: int = 64):
 def test_convert_both_kinds(build, tmp_path: Path, fixture: str, kind: str) -> None:
     result = convert(str(build(fixture)), tmp_path / "out", to=kind)
     assert sorted(p.name for p in (tmp_path / "out").iterdir()) == [
+        ".mtp2draft",
         "config.json",
         "model.safetensors",
         "provenance.json",

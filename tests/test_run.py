@@ -46,7 +46,13 @@ def test_run_from_the_hub_to_a_pushed_draft(target, text_data, hub, tmp_path: Pa
     assert code == 0, err
     assert "raw MTP head (baseline)" in out and "pushed: " in out
     work = tmp_path / "w"
-    assert sorted(p.name for p in work.iterdir()) == ["distilled", "export-sglang", "raw-eagle3", "raw-mtp"]
+    assert sorted(p.name for p in work.iterdir()) == [
+        ".mtp2draft",
+        "distilled",
+        "export-sglang",
+        "raw-eagle3",
+        "raw-mtp",
+    ]
     assert validate(work / "export-sglang") == []
     report = json.loads((work / "distilled" / "evaluation.json").read_text())
     assert [r["lossless"] for r in report["results"]] == [True, True]

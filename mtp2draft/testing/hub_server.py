@@ -306,6 +306,28 @@ class HubServer:
         return info
 
 
+class SilentServer(HubServer):
+    """An endpoint that accepts TCP connections and never answers: the kernel completes the handshake from the
+    listen backlog, nothing ever reads. For timeout tests (`with SilentServer() as s, s.activate(): ...`)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._listener: socket.socket | None = None
+
+    def start(self) -> SilentServer:
+        if self._listener is None:
+            self._listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            self._listener.bind(("127.0.0.1", 0))
+            self._listener.listen(64)
+            self.endpoint = f"http://127.0.0.1:{self._listener.getsockname()[1]}"
+        return self
+
+    def stop(self) -> None:
+        if self._listener is not None:
+            self._listener.close()
+            self._listener = None
+
+
 def _set_env(key: str, value: str | None) -> None:
     if value is None:
         os.environ.pop(key, None)

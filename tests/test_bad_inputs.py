@@ -1,0 +1,701 @@
+"""Hostile and careless input, through the CLI as a user types it: every case fails with one line naming the problem
+(or typer's short usage message), no traceback, and nothing new on disk; plus the must-never-happen cases: a token
+published, a read outside the checkpoint, a user's files deleted.
+
+Each case in CASES builds what it needs under its own directory and returns the command line; the test runs it
+in-process and checks the exit code, stderr, and that neither the case's directory nor the shared inputs changed.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import importlib
+import json
+import os
+import shutil
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file, save_file
+
+from mtp2draft.cli import main
+from mtp2draft.convert import convert
+
+
+@dataclass
+class World:
+    """Inputs shared by every case (never modified: each test checks that)."""
+
+    root: Path
+    ds: Path  # runnable DeepSeek-V3-layout target (tokenizer included)
+    mimo: Path  # runnable MiMo target
+    ds_mtp: Path  # native MTP draft converted from ds
+    mimo_mtp: Path  # native MTP draft converted from mimo
+    ds_e3: Path  # EAGLE-3 draft converted from ds
+    data: Path
+
+
+@pytest.fixture(scope="module")
+def world(target, text_data, tmp_path_factory) -> World:
+    root = tmp_path_factory.mktemp("world")
+    ds, mimo = target("deepseek_v3", num_hidden_layers=4), target("mimo")
+    convert(str(ds), root / "ds-mtp")
+    convert(str(mimo), root / "mimo-mtp")
+    convert(str(ds), root / "ds-e3", to="eagle3")
+    return World(root, ds, mimo, root / "ds-mtp", root / "mimo-mtp", root / "ds-e3", text_data)
+
+
+@dataclass
+class Case:
+    argv: list[str]
+    needle: str  # what the one line must say
+    usage: bool = False  # a typer usage error (short usage message) rather than an "error:" line
+    stdout: str = ""  # what stdout must say (validate lists violations there)
+
+
+CaseFn = Callable[[World, Path, pytest.MonkeyPatch, contextlib.ExitStack], Case]
+CASES: dict[str, CaseFn] = {}
+
+
+def case(fn: CaseFn) -> CaseFn:
+    CASES[fn.__name__] = fn
+    return fn
+
+
+# ---- helpers that damage copies ---------------------------------------------------------------------------------------
+def _copy(src: Path, tmp: Path, name: str = "ck") -> Path:
+    dest = tmp / name
+    shutil.copytree(src, dest)
+    return dest
+
+
+def _index(ck: Path) -> dict:
+    return json.loads((ck / "model.safetensors.index.json").read_text())
+
+
+def _write_index(ck: Path, index: dict) -> None:
+    (ck / "model.safetensors.index.json").write_text(json.dumps(index))
+
+
+def _edit_config(ck: Path, **changes) -> None:
+    cfg = json.loads((ck / "config.json").read_text())
+    cfg.update(changes)
+    (ck / "config.json").write_text(json.dumps(cfg))
+
+
+MTP = "model.layers.4."  # the MTP layer of the 4-layer DeepSeek-V3 fixture
+
+
+def _rewrite_tensor(ck: Path, key: str, fn: Callable[[torch.Tensor], torch.Tensor]) -> None:
+    shard = ck / _index(ck)["weight_map"][key]
+    tensors = load_file(str(shard))
+    tensors[key] = fn(tensors[key]).contiguous()
+    save_file(tensors, str(shard), metadata={"format": "pt"})
+
+
+def _broken_ds(w: World, tmp: Path, key: str, fn) -> Path:
+    ck = _copy(w.ds, tmp)
+    _rewrite_tensor(ck, key, fn)
+    return ck
+
+
+def _convert(src: Path | str, tmp: Path, *extra: str) -> list[str]:
+    return ["convert", str(src), "--out", str(tmp / "out"), *extra]
+
+
+def _distill(w: World, tmp: Path, *extra: str, draft: Path | None = None, target: Path | None = None) -> list[str]:
+    return [
+        "distill",
+        str(draft or w.ds_mtp),
+        "--target",
+        str(target or w.ds),
+        "--data",
+        str(w.data),
+        "--out",
+        str(tmp / "out"),
+        "--steps",
+        "2",
+        "--batch-size",
+        "2",
+        "--max-length",
+        "32",
+        *extra,
+    ]
+
+
+def _evaluate(w: World, *extra: str, draft: Path | None = None, target: Path | None = None) -> list[str]:
+    return ["evaluate", str(draft or w.ds_mtp), "--target", str(target or w.ds), "--data", str(w.data), *extra]
+
+
+def _data(tmp: Path, content: bytes) -> Path:
+    path = tmp / "data.jsonl"
+    path.write_bytes(content)
+    return path
+
+
+# ---- usage errors (typer's short usage message) ---------------------------------------------------------------------
+@case
+def usage_convert_without_out(w, tmp, mp, stack):
+    return Case(["convert", str(w.ds)], "--out", usage=True)
+
+
+@case
+def usage_convert_without_source(w, tmp, mp, stack):
+    return Case(["convert", "--out", str(tmp / "out")], "source", usage=True)
+
+
+@case
+def usage_layer_not_a_number(w, tmp, mp, stack):
+    return Case(_convert(w.ds, tmp, "--layer", "abc"), "--layer", usage=True)
+
+
+@case
+def usage_unknown_flag(w, tmp, mp, stack):
+    return Case(_convert(w.ds, tmp, "--bogus"), "--bogus", usage=True)
+
+
+@case
+def usage_unknown_command(w, tmp, mp, stack):
+    return Case(["frobnicate"], "frobnicate", usage=True)
+
+
+@case
+def usage_aux_layers_not_numbers(w, tmp, mp, stack):
+    return Case(_convert(w.ds, tmp, "--to", "eagle3", "--aux-layers", "a,b,c"), "--aux-layers", usage=True)
+
+
+@case
+def usage_step_weights_not_numbers(w, tmp, mp, stack):
+    return Case(_distill(w, tmp, "--step-weights", "1,x,1"), "--step-weights", usage=True)
+
+
+@case
+def usage_steps_not_a_number(w, tmp, mp, stack):
+    return Case(_distill(w, tmp, "--steps", "many"), "--steps", usage=True)
+
+
+@case
+def usage_k_not_a_number(w, tmp, mp, stack):
+    return Case(_evaluate(w, "-k", "x"), "-k", usage=True)
+
+
+@case
+def usage_export_without_format(w, tmp, mp, stack):
+    return Case(["export", str(w.ds_e3), "--out", str(tmp / "out")], "--format", usage=True)
+
+
+# ---- option values ----------------------------------------------------------------------------------------------------
+@case
+def steps_zero(w, tmp, mp, stack):
+    return Case(_distill(w, tmp, "--steps", "0"), "--steps 0 would write an untrained draft")
+
+
+@case
+def batch_size_zero(w, tmp, mp, stack):
+    return Case(_distill(w, tmp, "--batch-size", "0"), "--batch-size must be")
+
+
+@case
+def ttt_steps_zero(w, tmp, mp, stack):
+    return Case(_distill(w, tmp, "--ttt-steps", "0"), "--ttt-steps must be")
+
+
+@case
+def save_every_zero(w, tmp, mp, stack):
+    return Case(_distill(w, tmp, "--save-every", "0"), "--save-every must be")
+
+
+@case
+def lr_nan(w, tmp, mp, stack):
+    return Case(_distill(w, tmp, "--lr", "nan"), "--lr must be a finite number")
+
+
+@case
+def lr_negative(w, tmp, mp, stack):
+    return Case(_distill(w, tmp, "--lr", "-1"), "--lr must be a finite number")
+
+
+@case
+def step_weights_wrong_count(w, tmp, mp, stack):
+    return Case(_distill(w, tmp, "--step-weights", "1,2"), "--step-weights has 2 values for 3")
+
+
+@case
+def max_length_one(w, tmp, mp, stack):
+    return Case(_distill(w, tmp, "--max-length", "1"), "--max-length must be")
+
+
+@case
+def draft_vocab_size_zero(w, tmp, mp, stack):
+    return Case(_distill(w, tmp, "--draft-vocab-size", "0", draft=w.ds_e3), "--draft-vocab-size must be")
+
+
+@case
+def convert_to_unknown_kind(w, tmp, mp, stack):
+    return Case(_convert(w.ds, tmp, "--to", "medusa"), "--to must be one of")
+
+
+@case
+def convert_unknown_dtype(w, tmp, mp, stack):
+    return Case(_convert(w.ds, tmp, "--dtype", "int8"), "--dtype must be one of")
+
+
+@case
+def aux_layers_beyond_the_target(w, tmp, mp, stack):
+    return Case(_convert(w.ds, tmp, "--to", "eagle3", "--aux-layers", "0,1,9"), "aux layer ids must be")
+
+
+@case
+def export_unknown_format(w, tmp, mp, stack):
+    return Case(["export", str(w.ds_e3), "--format", "onnx", "--out", str(tmp / "out")], "--format must be one of")
+
+
+@case
+def export_zero_speculative_tokens(w, tmp, mp, stack):
+    argv = ["export", str(w.ds_e3), "--format", "speculators", "--out", str(tmp / "out"), "--speculative-tokens", "0"]
+    return Case(argv, "--speculative-tokens must be at least 1")
+
+
+@case
+def evaluate_k_zero(w, tmp, mp, stack):
+    return Case(_evaluate(w, "-k", "0"), "--num-draft-tokens must be at least 1")
+
+
+@case
+def evaluate_no_new_tokens(w, tmp, mp, stack):
+    return Case(_evaluate(w, "--max-new-tokens", "0"), "--max-new-tokens must be at least 1")
+
+
+@case
+def hub_timeout_not_a_number(w, tmp, mp, stack):
+    mp.setenv("MTP2DRAFT_HUB_TIMEOUT", "soon")
+    return Case(["inspect", "org/repo"], "MTP2DRAFT_HUB_TIMEOUT='soon' is not a number")
+
+
+# ---- sources and checkpoints ---------------------------------------------------------------------------------------
+@case
+def source_missing_directory(w, tmp, mp, stack):
+    return Case(_convert(tmp / "nope", tmp), "does not exist")
+
+
+@case
+def source_is_a_file(w, tmp, mp, stack):
+    (tmp / "file.bin").write_bytes(b"x")
+    return Case(_convert(tmp / "file.bin", tmp), "is a file")
+
+
+@case
+def unknown_family(w, tmp, mp, stack):
+    ck = _copy(w.mimo, tmp)
+    (ck / "config.json").write_text(json.dumps({"architectures": ["LlamaForCausalLM"], "model_type": "llama"}))
+    return Case(_convert(ck, tmp), "no spec matches")
+
+
+@case
+def no_mtp_layer(w, tmp, mp, stack):
+    ck = _copy(w.ds, tmp)
+    _edit_config(ck, num_nextn_predict_layers=0)
+    return Case(_convert(ck, tmp), "no MTP layer")
+
+
+@case
+def config_is_a_json_list(w, tmp, mp, stack):
+    ck = _copy(w.ds, tmp)
+    (ck / "config.json").write_text("[1, 2, 3]")
+    return Case(_convert(ck, tmp), "must hold a JSON object")
+
+
+@case
+def config_is_not_json(w, tmp, mp, stack):
+    ck = _copy(w.ds, tmp)
+    (ck / "config.json").write_text("{not json")
+    return Case(_convert(ck, tmp), "is not valid JSON")
+
+
+@case
+def config_hidden_size_is_a_string(w, tmp, mp, stack):
+    ck = _copy(w.ds, tmp)
+    _edit_config(ck, hidden_size="64")
+    return Case(_convert(ck, tmp), "hidden_size")
+
+
+@case
+def index_names_a_parent_path(w, tmp, mp, stack):
+    ck = _copy(w.ds, tmp)
+    outside = tmp / "outside.safetensors"
+    save_file({"x": torch.zeros(2)}, str(outside))
+    index = _index(ck)
+    index["weight_map"][MTP + "eh_proj.weight"] = "../outside.safetensors"
+    _write_index(ck, index)
+    return Case(_convert(ck, tmp), "lies outside the checkpoint")
+
+
+@case
+def index_names_an_absolute_path(w, tmp, mp, stack):
+    ck = _copy(w.ds, tmp)
+    index = _index(ck)
+    index["weight_map"][MTP + "eh_proj.weight"] = "/etc/passwd"
+    _write_index(ck, index)
+    return Case(_convert(ck, tmp), "lies outside the checkpoint")
+
+
+@case
+def inspect_index_traversal(w, tmp, mp, stack):
+    ck = _copy(w.ds, tmp)
+    index = _index(ck)
+    index["weight_map"][MTP + "enorm.weight"] = "sub/../../x.safetensors"
+    _write_index(ck, index)
+    return Case(["inspect", str(ck)], "lies outside the checkpoint")
+
+
+@case
+def index_without_weight_map(w, tmp, mp, stack):
+    ck = _copy(w.ds, tmp)
+    _write_index(ck, {"metadata": {}})
+    return Case(_convert(ck, tmp), "has no valid 'weight_map'")
+
+
+@case
+def shard_missing(w, tmp, mp, stack):
+    ck = _copy(w.ds, tmp)
+    shard = _index(ck)["weight_map"][MTP + "eh_proj.weight"]
+    (ck / shard).unlink()
+    return Case(_convert(ck, tmp), shard)
+
+
+@case
+def shard_truncated(w, tmp, mp, stack):
+    ck = _copy(w.ds, tmp)
+    shard = ck / _index(ck)["weight_map"][MTP + "eh_proj.weight"]
+    shard.write_bytes(shard.read_bytes()[:-100])
+    return Case(_convert(ck, tmp), "inconsistent")
+
+
+@case
+def shard_header_corrupt(w, tmp, mp, stack):
+    ck = _copy(w.ds, tmp)
+    shard = ck / _index(ck)["weight_map"][MTP + "eh_proj.weight"]
+    shard.write_bytes(b"\xff" * 8 + shard.read_bytes()[8:])
+    return Case(_convert(ck, tmp), "corrupt safetensors header")
+
+
+@case
+def fp8_weight_without_scale(w, tmp, mp, stack, *, fixture: str = "deepseek_v3_fp8"):
+    from mtp2draft.testing.fixtures import build_fixture
+
+    ck = build_fixture(fixture, tmp / "ck")
+    index = _index(ck)
+    del index["weight_map"]["model.layers.2.self_attn.kv_b_proj.weight_scale_inv"]
+    _write_index(ck, index)
+    return Case(_convert(ck, tmp), "kv_b_proj.weight_scale_inv")
+
+
+@case
+def expert_of_the_wrong_shape(w, tmp, mp, stack):
+    key = MTP + "mlp.experts.0.gate_proj.weight"
+    ck = _broken_ds(w, tmp, key, lambda t: torch.zeros(t.shape[0] + 3, t.shape[1], dtype=t.dtype))
+    return Case(_convert(ck, tmp), "gate_proj")
+
+
+@case
+def nan_in_an_mtp_tensor(w, tmp, mp, stack):
+    ck = _broken_ds(w, tmp, MTP + "eh_proj.weight", lambda t: t.index_fill(0, torch.tensor([0]), float("nan")))
+    return Case(_convert(ck, tmp), MTP + "eh_proj.weight holds non-finite values (128 NaN")
+
+
+@case
+def inf_in_an_mtp_tensor_eagle3(w, tmp, mp, stack):
+    ck = _broken_ds(w, tmp, MTP + "enorm.weight", lambda t: t.index_fill(0, torch.tensor([1]), float("inf")))
+    return Case(_convert(ck, tmp, "--to", "eagle3"), MTP + "enorm.weight holds non-finite values (0 NaN, 1 Inf")
+
+
+@case
+def int16_weight(w, tmp, mp, stack):
+    ck = _broken_ds(w, tmp, MTP + "eh_proj.weight", lambda t: (t * 100).to(torch.int16))
+    return Case(_convert(ck, tmp), "must be floating point")
+
+
+@case
+def layer_out_of_range(w, tmp, mp, stack):
+    return Case(_convert(w.ds, tmp, "--layer", "5"), "out of range")
+
+
+# ---- outputs ---------------------------------------------------------------------------------------------------------
+@case
+def out_is_the_source(w, tmp, mp, stack):
+    ck = _copy(w.ds, tmp)
+    return Case(["convert", str(ck), "--out", str(ck), "--overwrite"], "is the input")
+
+
+@case
+def out_contains_the_source(w, tmp, mp, stack):
+    ck = _copy(w.ds, tmp / "models")
+    return Case(["convert", str(ck), "--out", str(tmp / "models"), "--overwrite"], "contains the input")
+
+
+@case
+def out_inside_the_source(w, tmp, mp, stack):
+    ck = _copy(w.ds, tmp)
+    return Case(["convert", str(ck), "--out", str(ck / "draft")], "lies inside the input")
+
+
+@case
+def out_is_the_working_directory(w, tmp, mp, stack):
+    mp.chdir(tmp)
+    return Case(["convert", str(w.ds), "--out", ".", "--overwrite"], "working directory")
+
+
+@case
+def overwrite_a_directory_we_did_not_write(w, tmp, mp, stack):
+    (tmp / "out").mkdir()
+    (tmp / "out" / "thesis.tex").write_text("years of work")
+    return Case(_convert(w.ds, tmp, "--overwrite"), "did not write")
+
+
+@case
+def out_is_a_file(w, tmp, mp, stack):
+    (tmp / "out").write_text("x")
+    return Case(_convert(w.ds, tmp), "is a file")
+
+
+@case
+def resume_into_a_users_directory(w, tmp, mp, stack):
+    (tmp / "out").mkdir()
+    (tmp / "out" / "notes.txt").write_text("mine")
+    return Case(_distill(w, tmp, "--resume"), "not empty")
+
+
+@case
+def export_over_its_own_input(w, tmp, mp, stack):
+    draft = _copy(w.ds_e3, tmp, "draft")
+    return Case(["export", str(draft), "--format", "sglang", "--out", str(draft), "--overwrite"], "is the input")
+
+
+@case
+def disk_full_while_converting(w, tmp, mp, stack):
+    def full(*_a, **_k):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    mp.setattr("mtp2draft.io.SafetensorsWriter.write", full)
+    return Case(_convert(w.ds, tmp), "No space left on device")
+
+
+@case
+def disk_full_while_saving_a_distill_checkpoint(w, tmp, mp, stack):
+    def full(path, *_a, **_k):
+        raise OSError(errno.ENOSPC, "No space left on device", str(path))
+
+    mp.setattr(importlib.import_module("mtp2draft.distill"), "save_tensors", full)  # the package shadows the name
+    return Case(_distill(w, tmp, "--save-every", "1"), "No space left on device")
+
+
+@case
+def read_only_export_location(w, tmp, mp, stack):
+    real = os.replace
+
+    def read_only(src, dst):
+        if ".out.tmp-" in str(src):
+            raise OSError(errno.EROFS, "Read-only file system", str(dst))
+        return real(src, dst)
+
+    mp.setattr("mtp2draft.io.os.replace", read_only)
+    return Case(["export", str(w.ds_e3), "--format", "sglang", "--out", str(tmp / "out")], "Read-only file system")
+
+
+# ---- data ------------------------------------------------------------------------------------------------------------
+@case
+def data_file_missing(w, tmp, mp, stack):
+    argv = _distill(w, tmp)
+    argv[argv.index("--data") + 1] = str(tmp / "missing.jsonl")
+    return Case(argv, "does not exist")
+
+
+@case
+def data_not_utf8(w, tmp, mp, stack):
+    argv = _distill(w, tmp)
+    argv[argv.index("--data") + 1] = str(_data(tmp, b'{"text": "ok"}\n\xff\xfe{"text": 1}\n'))
+    return Case(argv, ":2: not UTF-8")
+
+
+@case
+def data_not_utf8_even_skipped_leaves_nothing(w, tmp, mp, stack):
+    argv = _distill(w, tmp, "--skip-bad")
+    argv[argv.index("--data") + 1] = str(_data(tmp, b"\xff\xfe\n\xc3\x28\n"))
+    return Case(argv, "holds no usable records (2 malformed lines skipped)")
+
+
+@case
+def data_not_json(w, tmp, mp, stack):
+    argv = _distill(w, tmp)
+    argv[argv.index("--data") + 1] = str(_data(tmp, b"def f(): pass\n"))
+    return Case(argv, ":1: not valid JSON")
+
+
+@case
+def data_record_without_text(w, tmp, mp, stack):
+    argv = _distill(w, tmp)
+    argv[argv.index("--data") + 1] = str(_data(tmp, b'{"prompt": "x"}\n'))
+    return Case(argv, "needs 'text' or 'messages'")
+
+
+@case
+def data_unknown_role(w, tmp, mp, stack):
+    argv = _evaluate(w)
+    argv[argv.index("--data") + 1] = str(_data(tmp, b'{"messages": [{"role": "wizard", "content": "x"}]}\n'))
+    return Case(argv, "unknown role")
+
+
+@case
+def distill_without_data_or_target(w, tmp, mp, stack):
+    return Case(["distill", str(w.ds_mtp), "--out", str(tmp / "out")], "needs --data and --target")
+
+
+@case
+def distill_hidden_states_missing(w, tmp, mp, stack):
+    return Case(["distill", str(w.ds_mtp), "--hidden-states", str(tmp / "nope"), "--out", str(tmp / "out")], "nope")
+
+
+# ---- targets ---------------------------------------------------------------------------------------------------------
+@case
+def target_with_pickle_weights_only(w, tmp, mp, stack):
+    ck = tmp / "pickled"
+    ck.mkdir()
+    shutil.copyfile(w.ds / "config.json", ck / "config.json")
+    (ck / "pytorch_model.bin").write_bytes(b"\x80\x04not really a pickle")
+    return Case(_distill(w, tmp, target=ck), "never loads pickles")
+
+
+@case
+def target_index_reads_outside(w, tmp, mp, stack):
+    ck = _copy(w.ds, tmp)
+    index = _index(ck)
+    index["weight_map"]["model.embed_tokens.weight"] = "../../../etc/passwd"
+    _write_index(ck, index)
+    return Case(_evaluate(w, target=ck), "lies outside the checkpoint")
+
+
+@case
+def draft_from_another_family(w, tmp, mp, stack):
+    return Case(_distill(w, tmp, draft=w.mimo_mtp), "was made for a mimo target")
+
+
+@case
+def evaluate_draft_from_another_family(w, tmp, mp, stack):
+    return Case(_evaluate(w, draft=w.mimo_mtp), "was made for a mimo target")
+
+
+@case
+def evaluate_missing_draft(w, tmp, mp, stack):
+    return Case(_evaluate(w, draft=tmp / "no-draft"), "does not exist")
+
+
+# ---- validate ----------------------------------------------------------------------------------------------------------
+@case
+def validate_aux_ids_beyond_the_target(w, tmp, mp, stack):
+    draft = _copy(w.ds_e3, tmp, "draft")
+    cfg = json.loads((draft / "config.json").read_text())
+    cfg["eagle_config"]["eagle_aux_hidden_state_layer_ids"] = [0, 1, 7]
+    cfg["eagle_aux_hidden_state_layer_ids"] = [1, 2, 8]
+    cfg["mtp2draft"].pop("target_num_layers")  # only the target tells
+    (draft / "config.json").write_text(json.dumps(cfg))
+    return Case(["validate", str(draft), "--target", str(w.ds)], "1 violation", stdout="beyond the target's 4 layers")
+
+
+@case
+def validate_missing_directory(w, tmp, mp, stack):
+    return Case(["validate", str(tmp / "nothing")], "is not a directory")
+
+
+@case
+def validate_without_config(w, tmp, mp, stack):
+    (tmp / "empty").mkdir()
+    return Case(["validate", str(tmp / "empty")], "has no config.json")
+
+
+# ---- network ---------------------------------------------------------------------------------------------------------
+@case
+def hub_endpoint_refuses_connections(w, tmp, mp, stack):
+    mp.setenv("MTP2DRAFT_HUB_RETRIES", "0")  # conftest points HF_ENDPOINT at a closed loopback port
+    return Case(["inspect", "org/repo"], "unreachable: cannot connect")
+
+
+@case
+def hub_endpoint_refuses_convert(w, tmp, mp, stack):
+    mp.setenv("MTP2DRAFT_HUB_RETRIES", "0")
+    return Case(_convert("org/repo", tmp), "unreachable: cannot connect")
+
+
+@case
+def hub_endpoint_never_answers_convert(w, tmp, mp, stack):
+    from mtp2draft.testing.hub_server import SilentServer
+
+    server = stack.enter_context(SilentServer())
+    stack.enter_context(server.activate())
+    mp.setenv("MTP2DRAFT_HUB_TIMEOUT", "0.5")
+    mp.setenv("MTP2DRAFT_HUB_RETRIES", "0")
+    return Case(_convert("org/repo", tmp), "no answer within 0.5 s")
+
+
+@case
+def hub_endpoint_never_answers_push(w, tmp, mp, stack):
+    from mtp2draft.testing.hub_server import SilentServer
+
+    export = tmp / "export"
+    assert main(["export", str(w.ds_e3), "--format", "sglang", "--out", str(export)]) == 0
+    server = stack.enter_context(SilentServer())
+    stack.enter_context(server.activate())
+    mp.setenv("MTP2DRAFT_HUB_TIMEOUT", "0.5")
+    return Case(["push", str(export), "--repo-id", "me/draft"], "no answer within 0.5 s")
+
+
+@case
+def push_without_a_token(w, tmp, mp, stack):
+    from huggingface_hub import constants
+
+    export = tmp / "export"
+    assert main(["export", str(w.ds_e3), "--format", "sglang", "--out", str(export)]) == 0
+    for var in ("HF_TOKEN", "HUGGING_FACE_HUB_TOKEN"):
+        mp.delenv(var, raising=False)
+    mp.setattr(constants, "HF_TOKEN_PATH", str(tmp / "no-token"))
+    mp.setattr(constants, "HF_STORED_TOKENS_PATH", str(tmp / "no-tokens"))
+    return Case(["push", str(export), "--repo-id", "me/draft"], "no Hugging Face token")
+
+
+def _snapshot(*roots: Path) -> dict[str, tuple[int, int]]:
+    files = {}
+    for root in roots:
+        for p in root.rglob("*"):
+            if p.is_file() or p.is_dir():
+                files[str(p)] = (p.stat().st_size if p.is_file() else -1, p.stat().st_mtime_ns if p.is_file() else 0)
+    return files
+
+
+def test_the_table_is_large_enough() -> None:
+    assert len(CASES) >= 50
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_bad_input_fails_in_one_line_and_writes_nothing(
+    name: str, world: World, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys
+) -> None:
+    with contextlib.ExitStack() as stack:
+        spec = CASES[name](world, tmp_path, monkeypatch, stack)
+        capsys.readouterr()
+        before = _snapshot(tmp_path, world.root, world.ds, world.mimo)
+        code = main(spec.argv)
+        out, err = capsys.readouterr()
+    assert code != 0, (out, err)
+    assert "Traceback" not in err and "Traceback" not in out
+    assert spec.stdout in out
+    if spec.usage:
+        assert "Usage:" in err and "Error:" in err and spec.needle in err, err
+        assert len([line for line in err.splitlines() if line.strip()]) <= 4, err
+    else:
+        lines = [line for line in err.splitlines() if line.startswith("error:")]
+        assert len(lines) == 1 and spec.needle in lines[0], err
+    after = _snapshot(tmp_path, world.root, world.ds, world.mimo)
+    assert after == before, sorted(set(after) ^ set(before))

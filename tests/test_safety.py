@@ -1,0 +1,107 @@
+"""What must never happen, proven end to end: a Hub token in anything written or pushed, an offline rerun that
+forgets what it fetched, `--overwrite` / `--resume` deleting what mtp2draft did not write. (Traversal, pickles and
+inputs used as outputs are rows of tests/test_bad_inputs.py.)"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from huggingface_hub import constants
+
+from mtp2draft.cli import main
+from mtp2draft.redact import command_line, redact, register_secret, scrub
+from mtp2draft.testing.hub_server import HubServer
+
+TOKEN = "hf_" + "Q7xK" * 9  # shaped like a real user access token
+OTHER = "not-shaped-like-a-token-but-secret"
+
+
+def _every_file(*roots: Path) -> dict[str, bytes]:
+    return {str(p): p.read_bytes() for root in roots for p in root.rglob("*") if p.is_file() and not p.is_symlink()}
+
+
+def test_command_lines_are_recorded_without_secrets(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("HF_TOKEN", OTHER)
+    argv = ["/usr/bin/mtp2draft", "convert", "org/m", "--token", "abc12345xyz", "--out", "o", f"--token={TOKEN}"]
+    assert command_line(argv) == "mtp2draft convert org/m --token *** --out o --token=***"
+    # a token typed where no option expects one, and the environment's token, are redacted too
+    assert command_line(["mtp2draft", "push", f"--repo-id={TOKEN}", OTHER]) == "mtp2draft push --repo-id=*** ***"
+    register_secret("s3cret-value-1234")
+    assert scrub({"a": ["x s3cret-value-1234 y"], "b": 3}) == {"a": ["x *** y"], "b": 3}
+    assert redact("short") == "short"  # only strings that can be secrets are masked
+
+
+@pytest.mark.hub
+def test_a_token_never_reaches_anything_written_or_pushed(
+    build, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys
+) -> None:
+    work = tmp_path / "work"
+    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(tmp_path / "cache" / "hub"))
+    monkeypatch.setenv("MTP2DRAFT_CACHE", str(tmp_path / "cache" / "ranges"))
+    with HubServer(token=TOKEN) as hub, hub.activate():
+        monkeypatch.delenv("HF_TOKEN")  # the token only arrives through --token
+        hub.add_repo("org/tiny", build("deepseek_v3", num_hidden_layers=4), owner_token=TOKEN)
+        assert main(["convert", "org/tiny", "--to", "eagle3", "--out", str(work / "e3"), "--token", TOKEN]) == 0
+        assert main(["export", str(work / "e3"), "--format", "sglang", "--out", str(work / "x"), "--token", TOKEN]) == 0
+        # an export written by an older mtp2draft that recorded the command line verbatim
+        prov = json.loads((work / "x" / "provenance.json").read_text())
+        (work / "x" / "provenance.json").write_text(json.dumps({**prov, "command": f"convert --token {TOKEN}"}))
+        assert main(["push", str(work / "x"), "--repo-id", "tester/draft", f"--token={TOKEN}"]) == 0
+        pushed = hub.files("tester/draft")
+    out, err = capsys.readouterr()
+    written = _every_file(work)
+    assert pushed and written and "provenance.json" in pushed and "README.md" in pushed
+    leaks = [name for name, data in {**written, **pushed}.items() if TOKEN.encode() in data and "x/prov" not in name]
+    assert leaks == [] and TOKEN not in out + err
+    recorded = json.loads((work / "e3" / "provenance.json").read_text())["command"]
+    assert "--token ***" in recorded and recorded.split()[1:3] == ["convert", "org/tiny"]
+    assert b"--token ***" in pushed["provenance.json"]  # the old file went up redacted; the user's copy is untouched
+    assert TOKEN.encode() in (work / "x" / "provenance.json").read_bytes()
+
+
+@pytest.mark.hub
+def test_push_refuses_a_link_that_leads_outside_the_directory(build, hub, tmp_path: Path, capsys) -> None:
+    assert (
+        main(["convert", str(build("mimo", num_hidden_layers=6)), "--to", "eagle3", "--out", str(tmp_path / "e3")]) == 0
+    )
+    assert main(["export", str(tmp_path / "e3"), "--format", "sglang", "--out", str(tmp_path / "x")]) == 0
+    (tmp_path / "secret.txt").write_text("private notes")
+    (tmp_path / "x" / "notes.txt").symlink_to(tmp_path / "secret.txt")
+    capsys.readouterr()
+    assert main(["push", str(tmp_path / "x"), "--repo-id", "tester/draft"]) != 0
+    assert "leads outside" in capsys.readouterr().err and not hub.files("tester/draft")
+
+
+@pytest.mark.hub
+def test_offline_rerun_reuses_what_an_online_convert_fetched(
+    build, hub, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys
+) -> None:
+    hub.add_repo("org/tiny", build("deepseek_v3"))
+    assert main(["convert", "org/tiny", "--out", str(tmp_path / "online")]) == 0
+    served = hub.bytes_served
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    capsys.readouterr()
+    assert main(["convert", "org/tiny", "--out", str(tmp_path / "offline")]) == 0, capsys.readouterr().err
+    assert hub.bytes_served == served  # nothing fetched
+    a, b = (tmp_path / "online" / "model.safetensors"), (tmp_path / "offline" / "model.safetensors")
+    assert a.read_bytes() == b.read_bytes()
+    # a revision never fetched online is still a clear one-line miss
+    assert main(["convert", "org/tiny", "--revision", "v9", "--out", str(tmp_path / "v9")]) != 0
+    assert "not in the local cache" in capsys.readouterr().err
+
+
+def test_overwrite_replaces_only_what_mtp2draft_wrote(build, tmp_path: Path, capsys) -> None:
+    src = str(build("mimo"))
+    assert main(["convert", src, "--out", str(tmp_path / "d")]) == 0
+    assert (tmp_path / "d" / ".mtp2draft").is_file()
+    assert main(["convert", src, "--out", str(tmp_path / "d"), "--overwrite"]) == 0  # ours: replaced
+    (tmp_path / "empty").mkdir()
+    assert main(["convert", src, "--out", str(tmp_path / "empty"), "--overwrite"]) == 0  # empty: fine
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    (mine / "a.txt").write_text("keep")
+    assert main(["convert", src, "--out", str(mine), "--overwrite"]) != 0
+    assert (mine / "a.txt").read_text() == "keep" and sorted(p.name for p in mine.iterdir()) == ["a.txt"]
