@@ -397,6 +397,21 @@ def _with_text_fields(spec: Spec, config: Mapping[str, Any], **fields: Any) -> d
     return out
 
 
+def nextn_text_fields(spec: Spec, target_config: Mapping[str, Any]) -> dict[str, Any]:
+    """Text-config fields a one-layer NextN checkpoint changes: the layer and MTP counts set to 1, and every per-layer
+    list (a list with one entry per trunk layer, e.g. Qwen3.5's `layer_types`) cut to the MTP block's one entry —
+    the spec's `block_overrides` value when it names the field, else the list's first entry. transformers' config
+    classes refuse a `layer_types` whose length is not `num_hidden_layers`."""
+    text = spec.text_config(target_config)
+    n = spec.num_layers(target_config)
+    fields: dict[str, Any] = {_num_layers_field(spec): 1, spec.config.mtp_count: 1}
+    for key, value in text.items():
+        if isinstance(value, list) and len(value) == n and n != 1:
+            override = spec.config.block_overrides.get(key)
+            fields[key] = list(override) if isinstance(override, (list, tuple)) and len(override) == 1 else value[:1]
+    return fields
+
+
 class NativeLayer:
     """A native draft's weights seen under checkpoint key names, one module tensor in memory at a time.
 
@@ -613,7 +628,7 @@ def _export_nextn(
     with SafetensorsWriter(tmp / WEIGHTS_FILE, plan, {"format": "pt"}) as out:
         for old, new in names:
             out.write(new, writer.get(old))
-    nextn_cfg = _with_text_fields(spec, target_config, **{_num_layers_field(spec): 1, spec.config.mtp_count: 1})
+    nextn_cfg = _with_text_fields(spec, target_config, **nextn_text_fields(spec, target_config))
     nextn_cfg["architectures"] = [spec.nextn.architecture]
     if not writer.requantised:  # an FP8 quantization_config over bf16 weights would make SGLang expect scales
         nextn_cfg.pop("quantization_config", None)
@@ -1186,6 +1201,9 @@ def _validate_nextn(path: Path, cfg: dict[str, Any]) -> list[str]:
         problems.append(f"{_num_layers_field(spec)} is {text.get(_num_layers_field(spec))}, a NextN checkpoint has 1")
     if spec.config.mtp_count in text and text.get(spec.config.mtp_count) != 1:
         problems.append(f"{spec.config.mtp_count} is {text.get(spec.config.mtp_count)}; SGLang's NextN loader needs 1")
+    for key, value in text.items():
+        if key in ("layer_types", "mlp_layer_types") and isinstance(value, list) and len(value) != 1:
+            problems.append(f"{key} has {len(value)} entries; a NextN checkpoint has one layer")
     if spec.nextn.architecture and cfg.get("architectures") != [spec.nextn.architecture]:
         problems.append(f"architectures is {cfg.get('architectures')}, SGLang needs [{spec.nextn.architecture!r}]")
     file = path / WEIGHTS_FILE
