@@ -351,8 +351,12 @@ class Eagle3Draft(nn.Module):
 
     @property
     def aux_layer_ids(self) -> list[int]:
-        """Target layers (0-based, 'output of layer i') whose outputs `fc` fuses, low to high."""
-        return list(self.eagle_config["eagle_config"]["eagle_aux_hidden_state_layer_ids"])
+        """Target layers (0-based, 'output of layer i') whose outputs `fc` fuses, low to high: the top-level
+        ('input of layer i') ids - 1, as every engine reads them; `eagle_config`'s copy is in SGLang's terms, which
+        depend on the target family (see `export.sglang_aux_ids`)."""
+        from .export import _aux_ids
+
+        return _aux_ids(self.eagle_config)
 
     @property
     def vocab_size(self) -> int:

@@ -213,7 +213,12 @@ def speculators_to_eagle3_config(cfg: Mapping[str, Any]) -> dict[str, Any]:
     out["target_hidden_size"] = cfg.get("target_hidden_size") or layer.get("hidden_size")
     out["tie_word_embeddings"] = False
     out["torch_dtype"] = cfg.get("torch_dtype") or layer.get("torch_dtype") or "bfloat16"
-    out["eagle_config"] = {"eagle_aux_hidden_state_layer_ids": [int(i) - 1 for i in ids], "use_aux_hidden_state": True}
+    trained = [int(i) - 1 for i in ids]
+    spec_name = (cfg.get("mtp2draft") or {}).get("spec")
+    out["eagle_config"] = {
+        "eagle_aux_hidden_state_layer_ids": eagle_config_ids(trained, spec_name),
+        "use_aux_hidden_state": True,
+    }
     out["eagle_aux_hidden_state_layer_ids"] = [int(i) for i in ids]
     for key in ("mtp2draft", "mtp2draft_init"):
         if key in cfg:
@@ -239,19 +244,60 @@ def _eagle3_input(src: Path, cfg: Mapping[str, Any]) -> tuple[dict[str, Any], di
     return dict(cfg), state
 
 
+def sglang_aux_rule(spec_name: str | None) -> str:
+    """How SGLang reads `eagle_config` aux ids for the draft's target family (`[engines.sglang] aux_ids`); the
+    Llama rule (`plus_one`) when the family is unknown or its spec lists no SGLang facts."""
+    if not spec_name:
+        return "plus_one"
+    facts = get_spec(spec_name).engine("sglang")
+    return facts.aux_ids if facts is not None else "plus_one"
+
+
+def sglang_aux_ids(trained: list[int], rule: str) -> list[int] | None:
+    """`eagle_config` ids that make SGLang capture the outputs of layers `trained` under `rule`; None when no ids can.
+
+    `plus_one` (Llama, Qwen2, GLM, Qwen3-Next/3.5, LongCat): SGLang captures the input of layer id + 1, so the ids
+    are written as they are. `plus_one_if_first_is_one` (DeepSeek V2/V3/V3.2): + 1 only when the first id is 1,
+    else the ids are captured layer inputs as they stand; ids starting at 1 are written as they are, ids starting at
+    2 or more + 1 each (their first is then >= 3), and ids starting at 0 (the output of layer 0 would need a first id
+    of 1, which SGLang shifts) cannot be expressed."""
+    if rule == "plus_one" or trained[0] == 1:
+        return list(trained)
+    if trained[0] >= 2:
+        return [i + 1 for i in trained]
+    return None
+
+
+def sglang_captured_outputs(eagle_ids: list[int], rule: str) -> list[int]:
+    """The layers whose outputs SGLang feeds the draft for `eagle_config` ids under `rule` (the inverse)."""
+    if rule == "plus_one" or eagle_ids[0] == 1:
+        return list(eagle_ids)
+    return [i - 1 for i in eagle_ids]
+
+
 def _aux_ids(cfg: Mapping[str, Any]) -> list[int]:
-    """The aux layer ids a draft was trained on ('output of layer i'), checked against the top-level copy."""
+    """The aux layer ids a draft was trained on ('output of layer i'): the top-level vLLM ids ('input of layer i')
+    - 1, which every engine reads alike; without them, `eagle_config`'s ids as SGLang reads them for the family."""
+    top = cfg.get("eagle_aux_hidden_state_layer_ids")
+    if top is not None:
+        if len(top) != 3:
+            raise DraftError(f"the draft's eagle_aux_hidden_state_layer_ids {list(top)} are not three ids")
+        return [int(i) - 1 for i in top]
     ids = (cfg.get("eagle_config") or {}).get("eagle_aux_hidden_state_layer_ids")
     if not ids or len(ids) != 3:
         raise DraftError("the draft's config.json has no eagle_config.eagle_aux_hidden_state_layer_ids (three ids)")
-    ids = [int(i) for i in ids]
-    top = cfg.get("eagle_aux_hidden_state_layer_ids")
-    if top is not None and [int(i) for i in top] != [i + 1 for i in ids]:
-        raise DraftError(
-            f"the draft's aux ids disagree: eagle_config {ids} ('output of layer') vs top level {list(top)} "
-            "('input of layer', expected each + 1); fix the draft before exporting"
-        )
-    return ids
+    return sglang_captured_outputs([int(i) for i in ids], sglang_aux_rule(_spec_name(cfg)))
+
+
+def _spec_name(cfg: Mapping[str, Any]) -> str | None:
+    return (cfg.get("mtp2draft") or {}).get("spec")
+
+
+def eagle_config_ids(trained: list[int], spec_name: str | None) -> list[int]:
+    """`eagle_config` ids to write for `trained` aux layers: SGLang's reading for the family when it can express
+    them, else the plain ids (the `sglang` validator then says SGLang would misread them)."""
+    ids = sglang_aux_ids(trained, sglang_aux_rule(spec_name))
+    return ids if ids is not None else list(trained)
 
 
 def _llama_fields(cfg: Mapping[str, Any]) -> dict[str, Any]:
@@ -282,7 +328,10 @@ def sglang_config(cfg: Mapping[str, Any], dtype: torch.dtype) -> dict[str, Any]:
         # SGLang ties lm_head to the embedding when true: our lm_head is the draft's own.
         "tie_word_embeddings": False,
         "torch_dtype": _dtype_name(dtype),
-        "eagle_config": {"eagle_aux_hidden_state_layer_ids": ids, "use_aux_hidden_state": True},
+        "eagle_config": {
+            "eagle_aux_hidden_state_layer_ids": eagle_config_ids(ids, _spec_name(cfg)),
+            "use_aux_hidden_state": True,
+        },
         "eagle_aux_hidden_state_layer_ids": [i + 1 for i in ids],
     }
     out.update({k: cfg[k] for k in TOKEN_FIELDS if k in cfg})
@@ -907,11 +956,28 @@ def _validate_sglang(path: Path, cfg: dict[str, Any]) -> list[str]:
             "top-level eagle_aux_hidden_state_layer_ids is missing: vLLM would capture its default layers "
             "(or read eagle_config's 'output of layer' ids as 'input of layer' ids, one layer early)"
         )
-    elif inner and _ids_ok(inner, 0) and [_int(i) for i in top] != [int(i) + 1 for i in inner]:
-        problems.append(
-            f"aux ids disagree: eagle_config {list(inner)} (SGLang, 'output of layer i') needs top-level "
-            f"{[int(i) + 1 for i in inner]} (vLLM, 'input of layer i' = id + 1), found {list(top)}"
-        )
+    elif not _ids_ok(top, 1):
+        problems.append(f"top-level eagle_aux_hidden_state_layer_ids {top} must be three distinct ids >= 1")
+    elif inner and _ids_ok(inner, 0):
+        # Both copies must select the layers the draft was trained on: vLLM captures the input of each top-level
+        # id (= the output of id - 1); SGLang reads eagle_config by the target family's rule (`[engines.sglang]
+        # aux_ids`: + 1 always for Llama / Qwen / GLM, + 1 only when the first id is 1 for DeepSeek).
+        spec_name = _spec_name(cfg)
+        rule = sglang_aux_rule(spec_name)
+        trained = [int(i) - 1 for i in top]
+        sglang_reads = sglang_captured_outputs([int(i) for i in inner], rule)
+        if sglang_reads != trained:
+            want = sglang_aux_ids(trained, rule)
+            family = f"a {spec_name} target" if spec_name else "this target"
+            fix = (
+                f"eagle_config needs {want}"
+                if want is not None
+                else "no eagle_config ids can say so (serve it with vLLM, or convert with --aux-layers starting at 1)"
+            )
+            problems.append(
+                f"aux ids disagree: vLLM reads top-level {list(top)} as the outputs of layers {trained}; SGLang reads "
+                f"eagle_config {list(inner)} for {family} ({rule}) as the outputs of layers {sglang_reads}: {fix}"
+            )
     weights = _load_weights(path, problems)
     if weights is not None:
         problems += _eagle3_weight_problems(cfg, weights, SGLANG_PREFIX, int(cfg.get("vocab_size") or 0))
