@@ -404,6 +404,10 @@ def export(
     speculative_tokens: Annotated[
         int, typer.Option("--speculative-tokens", help="speculators: k written into the proposal method.")
     ] = 3,
+    verifier: Annotated[
+        str | None,
+        typer.Option("--verifier", help="speculators: the target's hub id (default: the source converted from)."),
+    ] = None,
     revision: Revision = None,
     token: Token = None,
     overwrite: Annotated[bool, typer.Option("--overwrite", help="Replace a non-empty --out.")] = False,
@@ -422,7 +426,19 @@ def export(
     """
     from .export import export as run
 
-    result = run(draft, format, out, target, overwrite, dtype, speculative_tokens, revision, token, progress=log)
+    result = run(
+        draft,
+        format,
+        out,
+        target,
+        overwrite,
+        dtype,
+        speculative_tokens,
+        revision,
+        token,
+        progress=log,
+        verifier=verifier,
+    )
     summary = {"out": str(result.out), "format": result.format, "files": result.files, "seconds": result.seconds}
     if as_json:
         _print_json(summary)

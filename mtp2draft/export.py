@@ -58,7 +58,7 @@ EAGLE3_ARCHITECTURE = "LlamaForCausalLMEagle3"
 SPECULATORS_ARCHITECTURE = "Eagle3Speculator"
 # The speculators release whose `Eagle3SpeculatorConfig` schema (norm_before_fc, fc_norm, norm_output) we checked.
 # Informational: neither vLLM nor speculators compares it with anything.
-SPECULATORS_VERSION = "0.7.0"
+SPECULATORS_VERSION = "0.7.0.1"
 # vLLM's `update_eagle3` (vllm/transformers_utils/configs/speculators/algos.py) defaults norm_before_residual to
 # TRUE when the key is missing; the others default to false. Our EAGLE-3 layer (draft.Eagle3Layer, SGLang's
 # midlayer) keeps the UN-normalised fc output as the residual (norm_before_residual false), feeds fc the raw
@@ -110,8 +110,12 @@ def export(
     revision: str | None = None,
     token: str | bool | None = None,
     progress: Progress = quiet,
+    verifier: str | None = None,
 ) -> ExportResult:
     """Write draft directory `draft` in engine format `format` to `out` (validated before it appears).
+
+    verifier: speculators' `verifier.name_or_path` (the target `vllm serve DRAFT` loads); default: the hub id the
+    draft was converted from (a local source's path otherwise).
 
     dtype: weights dtype of the EAGLE-3 formats (`float32` for a bit-exact copy of an fp32 draft). The native formats
     keep the target's own dtypes and quantization instead. target: the target checkpoint (hub id or local dir);
@@ -147,7 +151,7 @@ def export(
     with atomic_output_dir(out, overwrite) as tmp:
         if format in ("sglang", "speculators"):
             record["dtype"] = dtype
-            _export_eagle3(src, cfg, tmp, format, DTYPES[dtype], speculative_tokens, provenance, progress)
+            _export_eagle3(src, cfg, tmp, format, DTYPES[dtype], speculative_tokens, provenance, progress, verifier)
         elif format == "nextn":
             _export_nextn(src, cfg, tmp, provenance, record, target, revision, token, progress)
         else:
@@ -386,10 +390,35 @@ def speculators_config(
     return out
 
 
-def _verifier(cfg: Mapping[str, Any], provenance: Mapping[str, Any]) -> dict[str, Any]:
-    """The target (speculators' 'verifier'): name from the draft's provenance, architectures from its spec."""
+def hub_id_of(source: str | None) -> str | None:
+    """The hub repo id a source names: itself when it is one, the repo of a Hugging Face cache snapshot directory
+    (`.../models--org--name/snapshots/<commit>`), else None (a plain local directory)."""
+    if not source:
+        return None
+    path = Path(source)
+    if not path.is_absolute() and not source.startswith((".", "~")) and source.count("/") == 1:
+        return source
+    for part in reversed(path.parts):
+        if part.startswith("models--") and part.count("--") >= 2:
+            return "/".join(part[len("models--") :].split("--", 1))
+    return None
+
+
+def _verifier(
+    cfg: Mapping[str, Any], provenance: Mapping[str, Any], name: str | None = None, progress: Progress = quiet
+) -> dict[str, Any]:
+    """The target (speculators' 'verifier', which `vllm serve DRAFT` loads): `name` when given, else the hub id the
+    draft was converted from; a local directory is written as it is, with a note (it only serves on this machine).
+    Architectures come from the spec."""
     meta = cfg.get("mtp2draft") or {}
-    name = provenance.get("source") or meta.get("source")
+    source = provenance.get("source") or meta.get("source")
+    if not name:
+        name = hub_id_of(source) or source
+        if name and name == source and hub_id_of(source) is None:
+            progress(
+                f"note: the verifier is the local directory {source}; pass --verifier HUB_ID so that "
+                "`vllm serve DRAFT` finds the target elsewhere"
+            )
     spec_name = meta.get("spec") or provenance.get("spec")
     architectures: list[str] = []
     if spec_name:
@@ -407,12 +436,13 @@ def _export_eagle3(
     speculative_tokens: int,
     provenance: Mapping[str, Any],
     progress: Progress,
+    verifier_name: str | None = None,
 ) -> None:
     eagle_cfg, state = _eagle3_input(src, cfg)
     if format == "sglang":
         out_cfg, prefix = sglang_config(eagle_cfg, dtype), SGLANG_PREFIX
     else:
-        verifier = _verifier(eagle_cfg, provenance)
+        verifier = _verifier(eagle_cfg, provenance, verifier_name, progress)
         out_cfg = speculators_config(eagle_cfg, dtype, speculative_tokens, verifier)
         prefix = SPECULATORS_PREFIX
     tensors: dict[str, torch.Tensor] = {}

@@ -132,7 +132,7 @@ def test_sglang_export_has_the_exact_layout(eagle3: Path, sglang_dir: Path) -> N
 def test_speculators_export_config_and_names(eagle3: Path, speculators_dir: Path, target6: Path) -> None:
     cfg = json.loads((speculators_dir / "config.json").read_text())
     assert cfg["architectures"] == ["Eagle3Speculator"] and cfg["speculators_model_type"] == "eagle3"
-    assert cfg["speculators_version"]
+    assert cfg["speculators_version"] == "0.7.0.1"  # the latest speculators release
     sc = cfg["speculators_config"]
     assert sc["algorithm"] == "eagle3" and sc["default_proposal_method"] == "greedy"
     assert sc["proposal_methods"][0] == {
@@ -141,6 +141,7 @@ def test_speculators_export_config_and_names(eagle3: Path, speculators_dir: Path
         "verifier_accept_k": 1,
         "accept_tolerance": 0.0,
     }
+    # a plain local source has no hub id: its path, as it is (test_speculators_verifier_is_the_hub_id covers the rest)
     assert sc["verifier"] == {"name_or_path": str(target6), "architectures": ["MiMoForCausalLM"]}
     layer = cfg["transformer_layer_config"]
     assert layer["model_type"] == "llama" and layer["vocab_size"] == 256 and layer["num_hidden_layers"] == 1
@@ -257,6 +258,28 @@ def test_deepseek_aux_ids_follow_sglangs_conditional_plus_one(
     cfg["eagle_config"]["eagle_aux_hidden_state_layer_ids"] = aux
     (tmp_path / "sglang" / "config.json").write_text(json.dumps(cfg))
     assert (aux == written) == (validate(tmp_path / "sglang") == [])
+
+
+def test_speculators_verifier_is_the_hub_id(eagle3: Path, tmp_path: Path) -> None:
+    """vLLM loads `verifier.name_or_path` when serving a speculators draft directly: a conversion from a hub snapshot
+    (what a hub SOURCE resolves to) names the repo id, not this machine's cache path; --verifier overrides."""
+    from mtp2draft.export import hub_id_of
+
+    snapshot = tmp_path / "hub" / "models--zai-org--GLM-4.5-Air" / "snapshots" / "0123abcd"
+    assert (
+        hub_id_of(str(snapshot)) == "zai-org/GLM-4.5-Air" and hub_id_of("zai-org/GLM-4.5-Air") == "zai-org/GLM-4.5-Air"
+    )
+    assert hub_id_of(str(tmp_path / "my-target")) is None and hub_id_of("./GLM") is None
+    draft = tmp_path / "draft"
+    shutil.copytree(eagle3, draft)
+    prov = json.loads((draft / "provenance.json").read_text())
+    (draft / "provenance.json").write_text(json.dumps({**prov, "source": str(snapshot)}))
+    export(draft, "speculators", tmp_path / "a")
+    verifier = json.loads((tmp_path / "a" / "config.json").read_text())["speculators_config"]["verifier"]
+    assert verifier["name_or_path"] == "zai-org/GLM-4.5-Air"
+    export(draft, "speculators", tmp_path / "b", verifier="me/my-target")
+    verifier = json.loads((tmp_path / "b" / "config.json").read_text())["speculators_config"]["verifier"]
+    assert verifier["name_or_path"] == "me/my-target"
 
 
 def test_deepseek_aux_ids_from_layer_0_are_refused_for_sglang(build, tmp_path: Path) -> None:
