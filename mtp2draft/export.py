@@ -712,10 +712,12 @@ def _export_nextn(
     if not writer.requantised:  # an FP8 quantization_config over bf16 weights would make SGLang expect scales
         nextn_cfg.pop("quantization_config", None)
     write_json(tmp / CONFIG_FILE, nextn_cfg)
+    for note in engine_mismatches(spec, cfg, ("sglang",)):  # SGLang is the engine that loads a NextN checkpoint
+        progress("note: " + note)
     record.update(
         mtp_layer=layer,
         spec=spec.name,
-        hidden_handover=cfg.get("hidden_handover", "post_norm"),  # which hidden the draft was trained to feed back
+        **_computation_record(spec, cfg),  # which computation (and hand-over) the draft was trained for
         requantised_fp8=sorted(renamed[k] for k in writer.requantised),
     )
 
@@ -796,22 +798,47 @@ def _export_stitched(
     write_json(tmp / INDEX_FILE, _target_index(ckpt))
     write_json(tmp / CONFIG_FILE, ckpt.config)
     (tmp / README_FILE).write_text(_stitched_readme(ckpt, spec, layer, shards, writer.requantised))
-    if cfg.get("hidden_handover", "post_norm") == "post_norm":
-        # vLLM's `method: "mtp"` chains the layer's pre-norm output: a draft trained for the post-norm hand-over
-        # (SGLang's NextN, the default) keeps its step-1 quality there but loses some beyond it.
-        progress(
-            "note: this draft was trained to hand the post-norm hidden to the next step (SGLang); vLLM's MTP hands "
-            "on the pre-norm one: for vLLM, distill with --hidden-handover pre_norm"
-        )
+    for note in engine_mismatches(spec, cfg, ("vllm", "sglang")):
+        progress("note: " + note)
     record.update(
         target=ckpt.source,
         target_commit=ckpt.commit,
         mtp_layer=layer,
         spec=spec.name,
-        hidden_handover=cfg.get("hidden_handover", "post_norm"),
+        **_computation_record(spec, cfg),
         overlay_files=[*shards, INDEX_FILE],
         requantised_fp8=sorted(writer.requantised),
     )
+
+
+def _computation_record(spec: Spec, cfg: Mapping[str, Any]) -> dict[str, Any]:
+    return {
+        "hidden_handover": cfg.get("hidden_handover", "post_norm"),
+        "input_hidden": cfg.get("input_hidden") or spec.layer.hidden,
+        "final_norm": cfg.get("final_norm", True),
+        "engine": cfg.get("engine"),
+    }
+
+
+def engine_mismatches(spec: Spec, cfg: Mapping[str, Any], engines: Iterable[str]) -> list[str]:
+    """One line per engine whose MTP computation for the family (the spec's `[engines.*]`) differs from the one the
+    native draft was trained for: served there, it loses acceptance beyond step 1 (or from step 1 on when the
+    step-0 input or the final norm differ)."""
+    mine = _computation_record(spec, cfg)
+    notes = []
+    for engine in engines:
+        facts = spec.engine(engine)
+        if facts is None or not facts.serves("mtp"):
+            notes.append(f"{engine} serves no native MTP draft for {spec.name} targets")
+            continue
+        theirs = spec.engine_computation(engine)
+        wrong = [f"{k} {mine[k]} (draft) vs {theirs[k]} ({engine})" for k in theirs if mine[k] != theirs[k]]
+        if wrong:
+            notes.append(
+                f"{engine} {facts.version} computes this family's MTP layer differently: {'; '.join(wrong)}; "
+                f"for {engine}, distill with --engine {engine}"
+            )
+    return notes
 
 
 def _trunk_keys(spec: Spec, config: Mapping[str, Any], layer: int) -> set[str]:

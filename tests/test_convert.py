@@ -16,6 +16,7 @@ from mtp2draft.checkpoint import open_checkpoint
 from mtp2draft.cli import main
 from mtp2draft.convert import convert, inspect_checkpoint, load_native, plan_mtp_layer
 from mtp2draft.spec import find_spec
+from mtp2draft.testing.fixtures import eagle3_depth
 
 
 def run_cli(capsys, *args: str) -> tuple[int, str, str]:
@@ -27,7 +28,7 @@ def run_cli(capsys, *args: str) -> tuple[int, str, str]:
 @pytest.mark.parametrize("fixture", ["deepseek_v3", "deepseek_v3_fp8", "glm4_moe", "glm4_6", "mimo"])
 @pytest.mark.parametrize("kind", ["mtp", "eagle3"])
 def test_convert_every_fixture(build, tmp_path: Path, fixture: str, kind: str) -> None:
-    result = convert(str(build(fixture)), tmp_path / "out", to=kind)
+    result = convert(str(build(fixture, **eagle3_depth(fixture, kind))), tmp_path / "out", to=kind)
     files = sorted(p.name for p in (tmp_path / "out").iterdir())
     assert files == ["config.json", "model.safetensors", "provenance.json"]
     prov = json.loads((tmp_path / "out" / "provenance.json").read_text())

@@ -21,6 +21,7 @@ from mtp2draft.draft import load_draft
 from mtp2draft.errors import DataError, DraftError
 from mtp2draft.evaluate import draft_chain
 from mtp2draft.hidden import Features, TargetModel
+from mtp2draft.testing.fixtures import eagle3_depth
 
 SMALL = {"steps": 4, "batch_size": 4, "max_length": 48, "save_every": 2, "log_every": 2}
 
@@ -31,7 +32,7 @@ def test_ttt_step_equals_serving_chain(build, tmp_path: Path, fixture: str, kind
     """TTT step s at origin p == the serving chain run from p for s + 1 steps with the data's tokens forced."""
     handover = "pre_norm" if kind.endswith("handover") else None
     kind = kind.split("-")[0]
-    convert(str(build(fixture)), tmp_path / "d", to=kind, dtype="float32")
+    convert(str(build(fixture, **eagle3_depth(fixture, kind))), tmp_path / "d", to=kind, dtype="float32")
     draft = load_draft(tmp_path / "d").eval()
     if handover:  # as vLLM's DeepSeek MTP chains it
         draft.hidden_handover = handover

@@ -20,6 +20,7 @@ from mtp2draft.checkpoint import open_checkpoint
 from mtp2draft.convert import convert, load_native, plan_mtp_layer
 from mtp2draft.errors import CheckpointError
 from mtp2draft.spec import find_spec, get_spec
+from mtp2draft.testing.fixtures import eagle3_depth
 
 T = 10  # sequence length of the forward checks: longer than the V3.2 fixture's index_topk (4)
 
@@ -55,7 +56,7 @@ def _inputs(seed: int, t: int = T, hidden: int = 64):
 @pytest.mark.parametrize("fixture", ["deepseek_v32", "deepseek_v32_fp8", "longcat_flash"])
 @pytest.mark.parametrize("kind", ["mtp", "eagle3"])
 def test_convert_both_kinds(build, tmp_path: Path, fixture: str, kind: str) -> None:
-    result = convert(str(build(fixture)), tmp_path / "out", to=kind)
+    result = convert(str(build(fixture, **eagle3_depth(fixture, kind))), tmp_path / "out", to=kind)
     assert sorted(p.name for p in (tmp_path / "out").iterdir()) == [
         "config.json",
         "model.safetensors",
