@@ -98,7 +98,7 @@ class TargetRunner:
         hooks = []
         if self.aux:
             hooks += [t._layers[i].register_forward_hook(keep(f"aux{i}")) for i in set(self.aux)]
-        elif (self.input_hidden or t.spec.layer.hidden) == "pre_norm":
+        elif (getattr(self, "input_hidden", None) or t.spec.layer.hidden) == "pre_norm":
             hooks.append(t._layers[t.num_layers - 1].register_forward_hook(keep("final")))
         else:
             hooks.append(t._norm.register_forward_hook(keep("final")))

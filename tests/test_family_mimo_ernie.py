@@ -424,7 +424,7 @@ def test_ernie_eagle3_attention_keeps_the_interleaved_rope(build, tmp_path: Path
     from transformers.models.ernie4_5_moe.modeling_ernie4_5_moe import apply_rotary_pos_emb as ernie_rope
     from transformers.models.llama.modeling_llama import apply_rotary_pos_emb as llama_rope
 
-    path = build("ernie4_5_moe")
+    path = build("ernie4_5_moe", num_hidden_layers=4)
     convert(str(path), tmp_path / "e", to="eagle3", dtype="float32")
     cfg = json.loads((tmp_path / "e" / "config.json").read_text())
     w3, src, config = load_file(str(tmp_path / "e" / "model.safetensors")), _weights(path), _config(path)
