@@ -74,6 +74,24 @@ def specs(as_json: AsJson = False) -> None:
     for r in rows:
         flag = "" if r["verified"] else "  (layout unverified)"
         print(f"{r['name']:<{width}}  {', '.join(r['architectures'] or r['model_types'])}  [{r['block']}]{flag}")
+    # family x engine x method, from the specs' [engines.*] tables (MTP hand-over in brackets)
+    engines = sorted({e for r in rows for e in r["engines"]})
+    print(f"\n{'engine support':<{width}}  " + "  ".join(f"{e + ' ' + _engine_version(rows, e):<28}" for e in engines))
+    for r in rows:
+        cells = []
+        for e in engines:
+            facts = r["engines"].get(e) or {}
+            methods = facts.get("methods") or []
+            text = ", ".join(
+                f"mtp [{facts.get('handover')}]" if m == "mtp" else m for m in ("mtp", "eagle3") if m in methods
+            )
+            cells.append(f"{text or '-':<28}")
+        print(f"{r['name']:<{width}}  " + "  ".join(cells))
+
+
+def _engine_version(rows: list[dict], engine: str) -> str:
+    versions = sorted({r["engines"][engine]["version"] for r in rows if engine in r["engines"]})
+    return "/".join(versions)
 
 
 # ---- inspect -------------------------------------------------------------------------------------------------------
@@ -206,9 +224,16 @@ def distill(
     step_weights: Annotated[
         str | None, typer.Option("--step-weights", help="Loss weight per TTT step, e.g. '1,0.8,0.64' (default 0.8^s).")
     ] = None,
+    engine: Annotated[
+        str | None,
+        typer.Option(
+            "--engine",
+            help=f"Train for what this engine computes ({' | '.join(_engines())}; facts per family: `mtp2draft specs`).",
+        ),
+    ] = None,
     hidden_handover: Annotated[
         str | None,
-        typer.Option("--hidden-handover", help="mtp: post_norm (SGLang NextN; default) or pre_norm (vLLM MTP)."),
+        typer.Option("--hidden-handover", help="mtp: post_norm | pre_norm, overriding --engine's hand-over."),
     ] = None,
     seed: Annotated[int, typer.Option("--seed", help="Seed of the data order.")] = 0,
     save_every: Annotated[int, typer.Option("--save-every", help="Checkpoint every N steps.")] = 50,
@@ -248,6 +273,7 @@ def distill(
         step_weights=_floats(step_weights, "--step-weights"),
         save_every=save_every,
         hidden_handover=hidden_handover,
+        engine=engine,
     )
     result = run(
         draft,
@@ -385,18 +411,27 @@ def dump_hidden(
 
     tm = TargetModel(target, revision, token)
     ids = _ints(aux_layers, "--aux-layers")
-    if ids is None and draft is not None:
+    final = None
+    if draft is not None:
         loaded = load_draft(draft)
-        ids = loaded.aux_layer_ids if loaded.kind == "eagle3" else None
+        final = getattr(loaded, "input_hidden", None)  # the final hidden a native draft reads
+        if ids is None:
+            ids = loaded.aux_layer_ids if loaded.kind == "eagle3" else None
     examples, skipped = read_examples(data, load_tokenizer(tm.path), max_length, skip_bad)
     if skipped:
         log(f"skipped {skipped} malformed line(s)")
     seqs = [{"input_ids": e.input_ids, "loss_mask": e.loss_mask} for e in examples]
-    path = dump_hidden_states(tm, seqs, out, ids, top_k, shard_size, overwrite=overwrite, progress=log)
+    path = dump_hidden_states(tm, seqs, out, ids, top_k, shard_size, overwrite=overwrite, progress=log, final=final)
     print(f"wrote hidden states of {len(seqs)} sequences to {path}")
 
 
 # ---- export / validate / push / run (pipeline stage 4) -------------------------------------------------------------
+def _engines() -> list[str]:
+    from .spec import ENGINES
+
+    return list(ENGINES)
+
+
 def _formats(include_native: bool = False) -> list[str]:
     from .export import FORMATS, VALIDATE_FORMATS
 
@@ -422,6 +457,10 @@ def export(
     speculative_tokens: Annotated[
         int, typer.Option("--speculative-tokens", help="speculators: k written into the proposal method.")
     ] = 3,
+    verifier: Annotated[
+        str | None,
+        typer.Option("--verifier", help="speculators: the target's hub id (default: the source converted from)."),
+    ] = None,
     revision: Revision = None,
     token: Token = None,
     overwrite: Annotated[bool, typer.Option("--overwrite", help="Replace a non-empty --out.")] = False,
@@ -440,7 +479,19 @@ def export(
     """
     from .export import export as run
 
-    result = run(draft, format, out, target, overwrite, dtype, speculative_tokens, revision, token, progress=log)
+    result = run(
+        draft,
+        format,
+        out,
+        target,
+        overwrite,
+        dtype,
+        speculative_tokens,
+        revision,
+        token,
+        progress=log,
+        verifier=verifier,
+    )
     summary = {"out": str(result.out), "format": result.format, "files": result.files, "seconds": result.seconds}
     if as_json:
         _print_json(summary)
@@ -523,12 +574,17 @@ def run_all(
     source: Source,
     data: Data,
     work: Annotated[Path, typer.Option("--work", help="Work directory: every stage's output is kept here.")],
-    to: Annotated[str, typer.Option("--to", help=f"Draft kind: {' | '.join(_kinds())}.")] = "eagle3",
+    to: Annotated[
+        str | None,
+        typer.Option("--to", help=f"Draft kind: {' | '.join(_kinds())} (default: eagle3 where an engine serves it)."),
+    ] = None,
     target: Annotated[str | None, typer.Option("--target", help="Target to distill against (default: SOURCE).")] = None,
     eval_data: Annotated[
         Path | None, typer.Option("--eval-data", help="Held-out prompts for evaluation (default: --data).")
     ] = None,
-    fmt: Annotated[str | None, typer.Option("--format", help="Export format (default: sglang | nextn).")] = None,
+    fmt: Annotated[
+        str | None, typer.Option("--format", help="Export format (default: from the family's engine support table).")
+    ] = None,
     push_repo: Annotated[str | None, typer.Option("--push", help="Hub repo id to publish the export to.")] = None,
     private: Annotated[bool, typer.Option("--private", help="With --push: create a private repo.")] = False,
     steps: Annotated[int, typer.Option("--steps", help="Distillation steps.")] = 300,

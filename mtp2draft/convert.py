@@ -32,7 +32,7 @@ from .draft import (
     block_config,
     native_config,
 )
-from .errors import CheckpointError, NoMtpLayerError, SourceError
+from .errors import CheckpointError, NoMtpLayerError, ShallowTargetError, SourceError
 from .io import Progress, SafetensorsWriter, atomic_output_dir, check_output_dir, quiet, write_json
 from .redact import command_line
 from .spec import Spec, find_spec
@@ -267,6 +267,10 @@ def load_native(
 
 
 # ---- EAGLE-3 --------------------------------------------------------------------------------------------------------
+# fc fuses three distinct target layers, and engines capture layer inputs only (the outputs of layers 0..N-2).
+MIN_EAGLE3_LAYERS = 4
+
+
 def default_aux_layers(num_layers: int) -> list[int]:
     """Target layers whose outputs EAGLE-3's fc fuses, 0-based 'output of layer i' (SGLang eagle_config ids).
 
@@ -274,13 +278,17 @@ def default_aux_layers(num_layers: int) -> list[int]:
     final one): the output of layer N-2, the closest to the final hidden state the MTP layer was trained on. The
     mid one is the usual N//2 - 1 and the low one layer 1 (layer 0 when the target is too shallow for distinct ids).
     """
-    high = max(num_layers - 2, 0)
-    mid = max(min(num_layers // 2 - 1, high - 1), 0)
+    if num_layers < MIN_EAGLE3_LAYERS:
+        raise ShallowTargetError(
+            f"EAGLE-3 needs three distinct capturable target layers (the outputs of layers 0..N-2), so a target of "
+            f"at least {MIN_EAGLE3_LAYERS} layers; this one has {num_layers}: convert --to mtp instead"
+        )
+    high = num_layers - 2
+    mid = max(min(num_layers // 2 - 1, high - 1), 1)
+    # Layer 1 as the low id wherever three distinct ids allow it (N >= 5): it is EAGLE-3's usual choice, and the
+    # only low id below 2 SGLang can express for DeepSeek targets (it adds 1 to the ids only when the first is 1).
     low = 1 if mid > 1 else 0
-    ids = [low, mid, high]
-    if len(set(ids)) < 3 and num_layers >= 3:
-        ids = [0, 1, high] if high > 1 else [0, 0, high]
-    return ids
+    return [low, mid, high]
 
 
 def build_eagle3(
@@ -323,14 +331,15 @@ def build_eagle3(
 
     num_layers = spec.num_layers(cfg)
     aux = list(aux_layers) if aux_layers else default_aux_layers(num_layers)
-    if len(aux) != 3 or not all(0 <= i < num_layers - 1 for i in aux):
-        raise CheckpointError(f"aux layer ids must be three target layers in 0..{num_layers - 2}, got {aux}")
+    if len(aux) != 3 or len(set(aux)) != 3 or not all(0 <= i < num_layers - 1 for i in aux):
+        # repeated ids are refused by every exporter (and by SGLang's fc, which expects three different layers)
+        raise CheckpointError(f"aux layer ids must be three distinct target layers in 0..{num_layers - 2}, got {aux}")
     b = Eagle3Build(spec, bcfg, text, tensor, has, expert, head, aux)
     b.config.update(hidden_size=int(text["hidden_size"]), hidden_act="silu", vocab_size=int(text["vocab_size"]))
     for name in spec.eagle3.transforms:
         EAGLE3_TRANSFORMS[name](b)
         cache.clear()  # inputs are re-read by the transform that needs them, not kept for the whole build
-    config = eagle3_config(b.config, text, aux, cfg)
+    config = eagle3_config(b.config, text, aux, cfg, spec.name)
     # every weight the SGLang layout needs must have been produced by the spec's transforms
     with torch.device("meta"):
         from .draft import Eagle3Draft
@@ -342,12 +351,20 @@ def build_eagle3(
     return config, b.out, b.provenance
 
 
-def eagle3_config(fields: dict[str, Any], text: dict[str, Any], aux: list[int], target_config: dict[str, Any]):
+def eagle3_config(
+    fields: dict[str, Any],
+    text: dict[str, Any],
+    aux: list[int],
+    target_config: dict[str, Any],
+    spec_name: str | None = None,
+):
     """config.json of an EAGLE-3 draft in SGLang's layout, read by vLLM and TensorRT-LLM too.
 
     Aux ids are written twice: `eagle_config` holds 'output of layer i' ids (SGLang captures before layer i + 1),
     the top-level `eagle_aux_hidden_state_layer_ids` holds vLLM's 'input of layer i' ids, i.e. the same + 1.
     """
+    from .export import eagle_config_ids
+
     init = fields.pop("mtp2draft_init", None)
     cfg = {
         "architectures": ["LlamaForCausalLMEagle3"],
@@ -370,7 +387,11 @@ def eagle3_config(fields: dict[str, Any], text: dict[str, Any], aux: list[int], 
         "target_hidden_size": int(text["hidden_size"]),
         "tie_word_embeddings": False,
         "torch_dtype": "bfloat16",
-        "eagle_config": {"eagle_aux_hidden_state_layer_ids": list(aux), "use_aux_hidden_state": True},
+        # SGLang's reading of these ids depends on the target family (export.sglang_aux_ids)
+        "eagle_config": {
+            "eagle_aux_hidden_state_layer_ids": eagle_config_ids(aux, spec_name),
+            "use_aux_hidden_state": True,
+        },
         "eagle_aux_hidden_state_layer_ids": [i + 1 for i in aux],
     }
     for key in ("bos_token_id", "eos_token_id", "pad_token_id"):
@@ -419,6 +440,8 @@ def convert(
     ckpt = open_checkpoint(source, revision, token)
     spec = find_spec(ckpt.config)
     layer, count = resolve_layer(ckpt, spec, layer)
+    if to == "eagle3" and not aux_layers:
+        default_aux_layers(spec.num_layers(ckpt.config))  # a too-shallow target is refused before any byte is read
     progress(f"{spec.name}: MTP layer {layer} of {count}; reading shard headers")
     plan = plan_mtp_layer(ckpt, spec, layer)
     check_weight_dtypes(ckpt, plan.checkpoint_keys)
@@ -465,7 +488,7 @@ def convert(
             save_tensors(tmp / WEIGHTS_FILE, ordered, {"format": "pt"})
             needed = [k for g in plan.groups for k in g.ckpt_keys]  # upper bound; exact bytes below
             provenance["tensors"] = tensor_prov
-            provenance["aux_layer_ids"] = draft_cfg["eagle_config"]["eagle_aux_hidden_state_layer_ids"]
+            provenance["aux_layer_ids"] = [i - 1 for i in draft_cfg["eagle_aux_hidden_state_layer_ids"]]
         draft_cfg["mtp2draft"] = {
             "version": __version__,
             "spec": spec.name,

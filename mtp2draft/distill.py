@@ -53,6 +53,7 @@ from .errors import DataError, DraftError, OptionError
 from .hidden import Features, OfflineHiddenStates, TargetModel, check_draft_fits, offline_features
 from .io import Progress, atomic_output_dir, check_output_dir, is_ours, mark, save_tensors, write_json
 from .redact import command_line
+from .spec import ENGINES, get_spec
 
 
 @dataclass
@@ -72,9 +73,13 @@ class DistillConfig:
     grad_clip: float = 0.5
     save_every: int = 50
     log_every: int = 10
+    engine: str | None = None
+    """Train for what this engine (`spec.ENGINES`) computes with the family: for native MTP drafts its step-0
+    hidden, final norm and hand-over (the spec's `[engines.<engine>]`); refused when the engine cannot serve the
+    draft's kind for this family. None keeps the draft's setting."""
     hidden_handover: str | None = None
-    """Native MTP drafts: train for the engine that feeds back the post-norm hidden (SGLang NextN, transformers;
-    the default) or the pre-norm one (vLLM's DeepSeek MTP). None keeps the draft's setting."""
+    """Native MTP drafts: the hidden handed to the next step, overriding the engine's (`post_norm` | `pre_norm`).
+    None: the engine's, or the draft's setting."""
 
     def __post_init__(self) -> None:
         """Refuse values that would crash later or silently train nothing (one line each, before any work)."""
@@ -531,6 +536,23 @@ def distill(
     torch.manual_seed(cfg.seed)
     draft = load_draft(draft_dir).to(device)
     kind = draft.kind
+    if cfg.engine is not None:
+        spec_name = getattr(getattr(draft, "spec", None), "name", None) or (
+            (getattr(draft, "eagle_config", {}) or {}).get("mtp2draft") or {}
+        ).get("spec")
+        if spec_name is None:
+            raise DataError("--engine needs a draft converted by mtp2draft (its config names the target's spec)")
+        spec = get_spec(spec_name)
+        if cfg.engine not in ENGINES:
+            raise DataError(f"--engine must be one of {', '.join(ENGINES)}, got {cfg.engine!r}")
+        if not spec.serves(cfg.engine, kind):
+            facts = spec.engine(cfg.engine)
+            raise DataError(
+                f"{cfg.engine} {facts.version if facts else ''} cannot serve a {kind} draft for {spec.name} targets "
+                f"(spec {spec.path}: [engines.{cfg.engine}] methods = {list(facts.methods) if facts else []})"
+            )
+        if kind == "mtp":
+            draft.train_for_engine(cfg.engine)
     if cfg.hidden_handover is not None:
         if kind != "mtp":
             raise DataError(
@@ -548,6 +570,11 @@ def distill(
         source_name, commit, target_model = store.source, store.commit, None
         embed, head = store.embedding(), store.lm_head()
         n_examples = len(store)
+        if kind == "mtp" and store.manifest.get("final") != draft.input_hidden:
+            raise DataError(
+                f"{hidden_states} holds the {store.manifest.get('final')} final hidden, the draft reads the "
+                f"{draft.input_hidden} one (dump it again with this draft)"
+            )
         if kind == "eagle3" and store.aux_layers != draft.aux_layer_ids:
             raise DataError(
                 f"{hidden_states} holds aux layers {store.aux_layers}, the draft reads {draft.aux_layer_ids}"
@@ -589,6 +616,7 @@ def distill(
             batch["attention_mask"].to(target_model.device),
             aux_layers=aux,
             want_final=want_final or kind == "mtp",
+            final=getattr(draft, "input_hidden", None),
         )
         return batch, feats
 
@@ -747,7 +775,7 @@ def _write_result(draft, draft_dir: str | Path, out: Path, overwrite: bool, info
     if isinstance(draft, Eagle3Draft):
         config = {**src_cfg, **draft.draft_config()}
     else:
-        config = {**src_cfg, "hidden_handover": draft.hidden_handover}
+        config = {**src_cfg, **draft.computation(), "engine": draft.engine}
     with atomic_output_dir(out, overwrite, inputs=[draft_dir]) as tmp:
         save_tensors(tmp / WEIGHTS_FILE, state, {"format": "pt"})
         write_json(tmp / CONFIG_FILE, config)

@@ -13,9 +13,14 @@ Both expose the same step so distillation and evaluation treat them alike (shape
     logits, hidden = draft(input_ids, hidden, position_ids, attention_mask=None, cache=None)
     # logits [B, T, V_draft]; hidden [B, T, H] is what the next draft step consumes
 
-`draft.hidden_handover` says which hidden a step hands on: EAGLE-3 engines feed back the pre-norm output; native MTP
-in SGLang (NextN) and transformers' MtpModel feed back the post-final-norm output (vLLM's DeepSeek MTP feeds back the
-pre-norm output instead: the draft config records which one a draft was trained for).
+`draft.hidden_handover` says which hidden a step hands on: EAGLE-3 engines feed back the pre-norm output. A native MTP
+draft computes what ONE engine computes, and its config records which (`engine`): the target hidden step 0 reads
+(`input_hidden`), whether the final norm is applied (`final_norm`) and the hidden handed on (`hidden_handover`).
+Engines differ per family (the spec's `[engines.*]` tables): vLLM 0.33 hands on the post-norm hidden for DeepSeek
+V3/V3.2, Qwen3-Next/3.5, MiMo, MiMo-V2 and LongCat but the pre-norm one for GLM-4.5; SGLang 0.5.23 hands on the
+post-norm one; for ERNIE-4.5 both apply no final norm; for MiMo vLLM feeds step 0 the pre-norm target hidden, SGLang
+the post-norm one. Without an engine, a draft computes the checkpoint's own layer (`[layer]`) and hands on the
+post-norm hidden.
 
 The target's embedding (and, for the native draft, its lm_head) are attached as non-persistent buffers: the draft
 reads them, no optimizer sees them, and they are never written into a draft directory.
@@ -143,15 +148,30 @@ class NativeMtpDraft(nn.Module):
     kind = "mtp"
 
     def __init__(
-        self, spec: Spec, target_config: Mapping[str, Any], layer: int = 0, hidden_handover: str = "post_norm"
+        self,
+        spec: Spec,
+        target_config: Mapping[str, Any],
+        layer: int = 0,
+        hidden_handover: str = "post_norm",
+        input_hidden: str | None = None,
+        final_norm: bool = True,
+        engine: Mapping[str, str] | None = None,
     ) -> None:
         super().__init__()
-        if hidden_handover not in ("post_norm", "pre_norm"):
-            raise DraftError(f"hidden_handover must be post_norm or pre_norm, got {hidden_handover!r}")
+        for name, value in (("hidden_handover", hidden_handover), ("input_hidden", input_hidden or "post_norm")):
+            if value not in ("post_norm", "pre_norm"):
+                raise DraftError(f"{name} must be post_norm or pre_norm, got {value!r}")
         self.spec = spec
         self.target_config = dict(target_config)
         self.layer = layer
         self.hidden_handover = hidden_handover
+        self.input_hidden = input_hidden or spec.layer.hidden
+        """Target hidden step 0 reads: before (`pre_norm`) or after (`post_norm`) the target's final norm."""
+        self.apply_final_norm = bool(final_norm)
+        """False where the serving engine applies no final norm (ERNIE-4.5): logits and hand-over read the block
+        output."""
+        self.engine = dict(engine) if engine else None
+        """{"name", "version"} of the engine whose computation this draft is trained for; None: the checkpoint's."""
         self.config = cfg = block_config(spec, target_config)
         norm = spec.import_class(spec.block.norm)
         h = cfg.hidden_size
@@ -189,10 +209,20 @@ class NativeMtpDraft(nn.Module):
     def to_target_ids(self, draft_ids: torch.Tensor) -> torch.Tensor:
         return draft_ids
 
+    def train_for_engine(self, engine: str) -> None:
+        """Compute what `engine`'s native MTP module computes for this family (the spec's `[engines.<engine>]`)."""
+        facts = self.spec.engine_computation(engine)  # SpecError when the engine serves no native MTP draft
+        self.input_hidden = facts["input_hidden"]
+        self.apply_final_norm = facts["final_norm"]
+        self.hidden_handover = facts["hidden_handover"]
+        engine_facts = self.spec.engine(engine)
+        self.engine = {"name": engine, "version": engine_facts.version if engine_facts else ""}
+
     def trainable_parameters(self) -> list[nn.Parameter]:
         """Everything but tensors the layer shares with the trunk: when the family's final norm IS the trunk's
-        (ERNIE applies `model.norm`), it stays frozen, or writing the layer back would change the target."""
-        shared = self.spec.keys.final_norm == self.spec.keys.target_norm
+        (ERNIE applies `model.norm`), it stays frozen, or writing the layer back would change the target. A final
+        norm the computation does not apply is frozen too (it gets no gradient)."""
+        shared = self.spec.keys.final_norm == self.spec.keys.target_norm or not self.apply_final_norm
         return [
             p for n, p in self.named_parameters() if p.requires_grad and not (shared and n.startswith("final_norm."))
         ]
@@ -241,7 +271,7 @@ class NativeMtpDraft(nn.Module):
             cache=cache,
             position_embeddings=position_embeddings,
         )
-        return self.final_norm(out), out
+        return (self.final_norm(out) if self.apply_final_norm else out), out
 
     def default_mask(self, x: torch.Tensor, cache: DraftCache | None = None) -> torch.Tensor | None:
         """The causal mask used when the caller passes none: None where SDPA's own causal path suffices, else an
@@ -259,11 +289,33 @@ class NativeMtpDraft(nn.Module):
         return mask.masked_fill(~allowed, torch.finfo(x.dtype).min)[None, None]
 
     def draft_config(self) -> dict[str, Any]:
-        return native_config(self.spec, self.target_config, self.layer, self.hidden_handover)
+        return native_config(
+            self.spec,
+            self.target_config,
+            self.layer,
+            self.hidden_handover,
+            self.input_hidden,
+            self.apply_final_norm,
+            self.engine,
+        )
+
+    def computation(self) -> dict[str, Any]:
+        """What this draft computes, as the config records it (compare with `Spec.engine_computation`)."""
+        return {
+            "input_hidden": self.input_hidden,
+            "final_norm": self.apply_final_norm,
+            "hidden_handover": self.hidden_handover,
+        }
 
 
 def native_config(
-    spec: Spec, target_config: Mapping[str, Any], layer: int, hidden_handover: str = "post_norm"
+    spec: Spec,
+    target_config: Mapping[str, Any],
+    layer: int,
+    hidden_handover: str = "post_norm",
+    input_hidden: str | None = None,
+    final_norm: bool = True,
+    engine: Mapping[str, str] | None = None,
 ) -> dict[str, Any]:
     """config.json of a native MTP draft directory: enough to rebuild the module without the target checkpoint."""
     text = spec.text_config(target_config)
@@ -274,6 +326,9 @@ def native_config(
         "spec": spec.name,
         "mtp_layer": layer,
         "hidden_handover": hidden_handover,
+        "input_hidden": input_hidden or spec.layer.hidden,
+        "final_norm": bool(final_norm),
+        "engine": dict(engine) if engine else None,
         "hidden_size": int(text["hidden_size"]),
         "vocab_size": int(text["vocab_size"]),
         "target_config": dict(target_config),
@@ -362,8 +417,12 @@ class Eagle3Draft(nn.Module):
 
     @property
     def aux_layer_ids(self) -> list[int]:
-        """Target layers (0-based, 'output of layer i') whose outputs `fc` fuses, low to high."""
-        return list(self.eagle_config["eagle_config"]["eagle_aux_hidden_state_layer_ids"])
+        """Target layers (0-based, 'output of layer i') whose outputs `fc` fuses, low to high: the top-level
+        ('input of layer i') ids - 1, as every engine reads them; `eagle_config`'s copy is in SGLang's terms, which
+        depend on the target family (see `export.sglang_aux_ids`)."""
+        from .export import _aux_ids
+
+        return _aux_ids(self.eagle_config)
 
     @property
     def vocab_size(self) -> int:
@@ -458,6 +517,9 @@ def build_draft(cfg: Mapping[str, Any]) -> Draft:
             cfg["target_config"],
             cfg.get("mtp_layer", 0),
             cfg.get("hidden_handover", "post_norm"),
+            cfg.get("input_hidden"),
+            cfg.get("final_norm", True),
+            cfg.get("engine"),
         )
     return Eagle3Draft(cfg)
 

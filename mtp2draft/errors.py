@@ -28,6 +28,10 @@ class NoMtpLayerError(Mtp2DraftError):
     """The checkpoint has no MTP layer (e.g. Kimi-K2 with num_nextn_predict_layers: 0)."""
 
 
+class ShallowTargetError(Mtp2DraftError):
+    """The target has too few layers for the draft asked for (EAGLE-3 needs three distinct capturable layers)."""
+
+
 class SourceError(Mtp2DraftError):
     """The SOURCE cannot be resolved: missing repo, revision, file or directory."""
 

@@ -76,6 +76,7 @@ class TargetRunner:
         self.target = target
         self.kind = draft.kind
         self.aux = draft.aux_layer_ids if self.kind == "eagle3" else None
+        self.input_hidden = getattr(draft, "input_hidden", None)  # a native draft's step-0 hidden (pre/post norm)
 
     def start(self):
         from transformers import DynamicCache
@@ -97,7 +98,7 @@ class TargetRunner:
         hooks = []
         if self.aux:
             hooks += [t._layers[i].register_forward_hook(keep(f"aux{i}")) for i in set(self.aux)]
-        elif t.spec.layer.hidden == "pre_norm":
+        elif (getattr(self, "input_hidden", None) or t.spec.layer.hidden) == "pre_norm":
             hooks.append(t._layers[t.num_layers - 1].register_forward_hook(keep("final")))
         else:
             hooks.append(t._norm.register_forward_hook(keep("final")))

@@ -58,7 +58,7 @@ EAGLE3_ARCHITECTURE = "LlamaForCausalLMEagle3"
 SPECULATORS_ARCHITECTURE = "Eagle3Speculator"
 # The speculators release whose `Eagle3SpeculatorConfig` schema (norm_before_fc, fc_norm, norm_output) we checked.
 # Informational: neither vLLM nor speculators compares it with anything.
-SPECULATORS_VERSION = "0.7.0"
+SPECULATORS_VERSION = "0.7.0.1"
 # vLLM's `update_eagle3` (vllm/transformers_utils/configs/speculators/algos.py) defaults norm_before_residual to
 # TRUE when the key is missing; the others default to false. Our EAGLE-3 layer (draft.Eagle3Layer, SGLang's
 # midlayer) keeps the UN-normalised fc output as the residual (norm_before_residual false), feeds fc the raw
@@ -110,8 +110,12 @@ def export(
     revision: str | None = None,
     token: str | bool | None = None,
     progress: Progress = quiet,
+    verifier: str | None = None,
 ) -> ExportResult:
     """Write draft directory `draft` in engine format `format` to `out` (validated before it appears).
+
+    verifier: speculators' `verifier.name_or_path` (the target `vllm serve DRAFT` loads); default: the hub id the
+    draft was converted from (a local source's path otherwise).
 
     dtype: weights dtype of the EAGLE-3 formats (`float32` for a bit-exact copy of an fp32 draft). The native formats
     keep the target's own dtypes and quantization instead. target: the target checkpoint (hub id or local dir);
@@ -147,7 +151,7 @@ def export(
     with atomic_output_dir(out, overwrite, inputs=[draft, target]) as tmp:
         if format in ("sglang", "speculators"):
             record["dtype"] = dtype
-            _export_eagle3(src, cfg, tmp, format, DTYPES[dtype], speculative_tokens, provenance, progress)
+            _export_eagle3(src, cfg, tmp, format, DTYPES[dtype], speculative_tokens, provenance, progress, verifier)
         elif format == "nextn":
             _export_nextn(src, cfg, tmp, provenance, record, target, revision, token, progress)
         else:
@@ -213,7 +217,12 @@ def speculators_to_eagle3_config(cfg: Mapping[str, Any]) -> dict[str, Any]:
     out["target_hidden_size"] = cfg.get("target_hidden_size") or layer.get("hidden_size")
     out["tie_word_embeddings"] = False
     out["torch_dtype"] = cfg.get("torch_dtype") or layer.get("torch_dtype") or "bfloat16"
-    out["eagle_config"] = {"eagle_aux_hidden_state_layer_ids": [int(i) - 1 for i in ids], "use_aux_hidden_state": True}
+    trained = [int(i) - 1 for i in ids]
+    spec_name = (cfg.get("mtp2draft") or {}).get("spec")
+    out["eagle_config"] = {
+        "eagle_aux_hidden_state_layer_ids": eagle_config_ids(trained, spec_name),
+        "use_aux_hidden_state": True,
+    }
     out["eagle_aux_hidden_state_layer_ids"] = [int(i) for i in ids]
     for key in ("mtp2draft", "mtp2draft_init"):
         if key in cfg:
@@ -239,19 +248,60 @@ def _eagle3_input(src: Path, cfg: Mapping[str, Any]) -> tuple[dict[str, Any], di
     return dict(cfg), state
 
 
+def sglang_aux_rule(spec_name: str | None) -> str:
+    """How SGLang reads `eagle_config` aux ids for the draft's target family (`[engines.sglang] aux_ids`); the
+    Llama rule (`plus_one`) when the family is unknown or its spec lists no SGLang facts."""
+    if not spec_name:
+        return "plus_one"
+    facts = get_spec(spec_name).engine("sglang")
+    return facts.aux_ids if facts is not None else "plus_one"
+
+
+def sglang_aux_ids(trained: list[int], rule: str) -> list[int] | None:
+    """`eagle_config` ids that make SGLang capture the outputs of layers `trained` under `rule`; None when no ids can.
+
+    `plus_one` (Llama, Qwen2, GLM, Qwen3-Next/3.5, LongCat): SGLang captures the input of layer id + 1, so the ids
+    are written as they are. `plus_one_if_first_is_one` (DeepSeek V2/V3/V3.2): + 1 only when the first id is 1,
+    else the ids are captured layer inputs as they stand; ids starting at 1 are written as they are, ids starting at
+    2 or more + 1 each (their first is then >= 3), and ids starting at 0 (the output of layer 0 would need a first id
+    of 1, which SGLang shifts) cannot be expressed."""
+    if rule == "plus_one" or trained[0] == 1:
+        return list(trained)
+    if trained[0] >= 2:
+        return [i + 1 for i in trained]
+    return None
+
+
+def sglang_captured_outputs(eagle_ids: list[int], rule: str) -> list[int]:
+    """The layers whose outputs SGLang feeds the draft for `eagle_config` ids under `rule` (the inverse)."""
+    if rule == "plus_one" or eagle_ids[0] == 1:
+        return list(eagle_ids)
+    return [i - 1 for i in eagle_ids]
+
+
 def _aux_ids(cfg: Mapping[str, Any]) -> list[int]:
-    """The aux layer ids a draft was trained on ('output of layer i'), checked against the top-level copy."""
+    """The aux layer ids a draft was trained on ('output of layer i'): the top-level vLLM ids ('input of layer i')
+    - 1, which every engine reads alike; without them, `eagle_config`'s ids as SGLang reads them for the family."""
+    top = cfg.get("eagle_aux_hidden_state_layer_ids")
+    if top is not None:
+        if len(top) != 3:
+            raise DraftError(f"the draft's eagle_aux_hidden_state_layer_ids {list(top)} are not three ids")
+        return [int(i) - 1 for i in top]
     ids = (cfg.get("eagle_config") or {}).get("eagle_aux_hidden_state_layer_ids")
     if not ids or len(ids) != 3:
         raise DraftError("the draft's config.json has no eagle_config.eagle_aux_hidden_state_layer_ids (three ids)")
-    ids = [int(i) for i in ids]
-    top = cfg.get("eagle_aux_hidden_state_layer_ids")
-    if top is not None and [int(i) for i in top] != [i + 1 for i in ids]:
-        raise DraftError(
-            f"the draft's aux ids disagree: eagle_config {ids} ('output of layer') vs top level {list(top)} "
-            "('input of layer', expected each + 1); fix the draft before exporting"
-        )
-    return ids
+    return sglang_captured_outputs([int(i) for i in ids], sglang_aux_rule(_spec_name(cfg)))
+
+
+def _spec_name(cfg: Mapping[str, Any]) -> str | None:
+    return (cfg.get("mtp2draft") or {}).get("spec")
+
+
+def eagle_config_ids(trained: list[int], spec_name: str | None) -> list[int]:
+    """`eagle_config` ids to write for `trained` aux layers: SGLang's reading for the family when it can express
+    them, else the plain ids (the `sglang` validator then says SGLang would misread them)."""
+    ids = sglang_aux_ids(trained, sglang_aux_rule(spec_name))
+    return ids if ids is not None else list(trained)
 
 
 def _llama_fields(cfg: Mapping[str, Any]) -> dict[str, Any]:
@@ -282,7 +332,10 @@ def sglang_config(cfg: Mapping[str, Any], dtype: torch.dtype) -> dict[str, Any]:
         # SGLang ties lm_head to the embedding when true: our lm_head is the draft's own.
         "tie_word_embeddings": False,
         "torch_dtype": _dtype_name(dtype),
-        "eagle_config": {"eagle_aux_hidden_state_layer_ids": ids, "use_aux_hidden_state": True},
+        "eagle_config": {
+            "eagle_aux_hidden_state_layer_ids": eagle_config_ids(ids, _spec_name(cfg)),
+            "use_aux_hidden_state": True,
+        },
         "eagle_aux_hidden_state_layer_ids": [i + 1 for i in ids],
     }
     out.update({k: cfg[k] for k in TOKEN_FIELDS if k in cfg})
@@ -337,10 +390,35 @@ def speculators_config(
     return out
 
 
-def _verifier(cfg: Mapping[str, Any], provenance: Mapping[str, Any]) -> dict[str, Any]:
-    """The target (speculators' 'verifier'): name from the draft's provenance, architectures from its spec."""
+def hub_id_of(source: str | None) -> str | None:
+    """The hub repo id a source names: itself when it is one, the repo of a Hugging Face cache snapshot directory
+    (`.../models--org--name/snapshots/<commit>`), else None (a plain local directory)."""
+    if not source:
+        return None
+    path = Path(source)
+    if not path.is_absolute() and not source.startswith((".", "~")) and source.count("/") == 1:
+        return source
+    for part in reversed(path.parts):
+        if part.startswith("models--") and part.count("--") >= 2:
+            return "/".join(part[len("models--") :].split("--", 1))
+    return None
+
+
+def _verifier(
+    cfg: Mapping[str, Any], provenance: Mapping[str, Any], name: str | None = None, progress: Progress = quiet
+) -> dict[str, Any]:
+    """The target (speculators' 'verifier', which `vllm serve DRAFT` loads): `name` when given, else the hub id the
+    draft was converted from; a local directory is written as it is, with a note (it only serves on this machine).
+    Architectures come from the spec."""
     meta = cfg.get("mtp2draft") or {}
-    name = provenance.get("source") or meta.get("source")
+    source = provenance.get("source") or meta.get("source")
+    if not name:
+        name = hub_id_of(source) or source
+        if name and name == source and hub_id_of(source) is None:
+            progress(
+                f"note: the verifier is the local directory {source}; pass --verifier HUB_ID so that "
+                "`vllm serve DRAFT` finds the target elsewhere"
+            )
     spec_name = meta.get("spec") or provenance.get("spec")
     architectures: list[str] = []
     if spec_name:
@@ -358,12 +436,13 @@ def _export_eagle3(
     speculative_tokens: int,
     provenance: Mapping[str, Any],
     progress: Progress,
+    verifier_name: str | None = None,
 ) -> None:
     eagle_cfg, state = _eagle3_input(src, cfg)
     if format == "sglang":
         out_cfg, prefix = sglang_config(eagle_cfg, dtype), SGLANG_PREFIX
     else:
-        verifier = _verifier(eagle_cfg, provenance)
+        verifier = _verifier(eagle_cfg, provenance, verifier_name, progress)
         out_cfg = speculators_config(eagle_cfg, dtype, speculative_tokens, verifier)
         prefix = SPECULATORS_PREFIX
     tensors: dict[str, torch.Tensor] = {}
@@ -395,6 +474,21 @@ def _with_text_fields(spec: Spec, config: Mapping[str, Any], **fields: Any) -> d
     text = out[spec.config.text_config] if spec.config.text_config else out
     text.update(fields)
     return out
+
+
+def nextn_text_fields(spec: Spec, target_config: Mapping[str, Any]) -> dict[str, Any]:
+    """Text-config fields a one-layer NextN checkpoint changes: the layer and MTP counts set to 1, and every per-layer
+    list (a list with one entry per trunk layer, e.g. Qwen3.5's `layer_types`) cut to the MTP block's one entry —
+    the spec's `block_overrides` value when it names the field, else the list's first entry. transformers' config
+    classes refuse a `layer_types` whose length is not `num_hidden_layers`."""
+    text = spec.text_config(target_config)
+    n = spec.num_layers(target_config)
+    fields: dict[str, Any] = {_num_layers_field(spec): 1, spec.config.mtp_count: 1}
+    for key, value in text.items():
+        if isinstance(value, list) and len(value) == n and n != 1:
+            override = spec.config.block_overrides.get(key)
+            fields[key] = list(override) if isinstance(override, (list, tuple)) and len(override) == 1 else value[:1]
+    return fields
 
 
 class NativeLayer:
@@ -613,15 +707,17 @@ def _export_nextn(
     with SafetensorsWriter(tmp / WEIGHTS_FILE, plan, {"format": "pt"}) as out:
         for old, new in names:
             out.write(new, writer.get(old))
-    nextn_cfg = _with_text_fields(spec, target_config, **{_num_layers_field(spec): 1, spec.config.mtp_count: 1})
+    nextn_cfg = _with_text_fields(spec, target_config, **nextn_text_fields(spec, target_config))
     nextn_cfg["architectures"] = [spec.nextn.architecture]
     if not writer.requantised:  # an FP8 quantization_config over bf16 weights would make SGLang expect scales
         nextn_cfg.pop("quantization_config", None)
     write_json(tmp / CONFIG_FILE, nextn_cfg)
+    for note in engine_mismatches(spec, cfg, ("sglang",)):  # SGLang is the engine that loads a NextN checkpoint
+        progress("note: " + note)
     record.update(
         mtp_layer=layer,
         spec=spec.name,
-        hidden_handover=cfg.get("hidden_handover", "post_norm"),  # which hidden the draft was trained to feed back
+        **_computation_record(spec, cfg),  # which computation (and hand-over) the draft was trained for
         requantised_fp8=sorted(renamed[k] for k in writer.requantised),
     )
 
@@ -702,22 +798,47 @@ def _export_stitched(
     write_json(tmp / INDEX_FILE, _target_index(ckpt))
     write_json(tmp / CONFIG_FILE, ckpt.config)
     (tmp / README_FILE).write_text(_stitched_readme(ckpt, spec, layer, shards, writer.requantised))
-    if cfg.get("hidden_handover", "post_norm") == "post_norm":
-        # vLLM's `method: "mtp"` chains the layer's pre-norm output: a draft trained for the post-norm hand-over
-        # (SGLang's NextN, the default) keeps its step-1 quality there but loses some beyond it.
-        progress(
-            "note: this draft was trained to hand the post-norm hidden to the next step (SGLang); vLLM's MTP hands "
-            "on the pre-norm one: for vLLM, distill with --hidden-handover pre_norm"
-        )
+    for note in engine_mismatches(spec, cfg, ("vllm", "sglang")):
+        progress("note: " + note)
     record.update(
         target=ckpt.source,
         target_commit=ckpt.commit,
         mtp_layer=layer,
         spec=spec.name,
-        hidden_handover=cfg.get("hidden_handover", "post_norm"),
+        **_computation_record(spec, cfg),
         overlay_files=[*shards, INDEX_FILE],
         requantised_fp8=sorted(writer.requantised),
     )
+
+
+def _computation_record(spec: Spec, cfg: Mapping[str, Any]) -> dict[str, Any]:
+    return {
+        "hidden_handover": cfg.get("hidden_handover", "post_norm"),
+        "input_hidden": cfg.get("input_hidden") or spec.layer.hidden,
+        "final_norm": cfg.get("final_norm", True),
+        "engine": cfg.get("engine"),
+    }
+
+
+def engine_mismatches(spec: Spec, cfg: Mapping[str, Any], engines: Iterable[str]) -> list[str]:
+    """One line per engine whose MTP computation for the family (the spec's `[engines.*]`) differs from the one the
+    native draft was trained for: served there, it loses acceptance beyond step 1 (or from step 1 on when the
+    step-0 input or the final norm differ)."""
+    mine = _computation_record(spec, cfg)
+    notes = []
+    for engine in engines:
+        facts = spec.engine(engine)
+        if facts is None or not facts.serves("mtp"):
+            notes.append(f"{engine} serves no native MTP draft for {spec.name} targets")
+            continue
+        theirs = spec.engine_computation(engine)
+        wrong = [f"{k} {mine[k]} (draft) vs {theirs[k]} ({engine})" for k in theirs if mine[k] != theirs[k]]
+        if wrong:
+            notes.append(
+                f"{engine} {facts.version} computes this family's MTP layer differently: {'; '.join(wrong)}; "
+                f"for {engine}, distill with --engine {engine}"
+            )
+    return notes
 
 
 def _trunk_keys(spec: Spec, config: Mapping[str, Any], layer: int) -> set[str]:
@@ -932,11 +1053,28 @@ def _validate_sglang(path: Path, cfg: dict[str, Any]) -> list[str]:
             "top-level eagle_aux_hidden_state_layer_ids is missing: vLLM would capture its default layers "
             "(or read eagle_config's 'output of layer' ids as 'input of layer' ids, one layer early)"
         )
-    elif inner and _ids_ok(inner, 0) and [_int(i) for i in top] != [int(i) + 1 for i in inner]:
-        problems.append(
-            f"aux ids disagree: eagle_config {list(inner)} (SGLang, 'output of layer i') needs top-level "
-            f"{[int(i) + 1 for i in inner]} (vLLM, 'input of layer i' = id + 1), found {list(top)}"
-        )
+    elif not _ids_ok(top, 1):
+        problems.append(f"top-level eagle_aux_hidden_state_layer_ids {top} must be three distinct ids >= 1")
+    elif inner and _ids_ok(inner, 0):
+        # Both copies must select the layers the draft was trained on: vLLM captures the input of each top-level
+        # id (= the output of id - 1); SGLang reads eagle_config by the target family's rule (`[engines.sglang]
+        # aux_ids`: + 1 always for Llama / Qwen / GLM, + 1 only when the first id is 1 for DeepSeek).
+        spec_name = _spec_name(cfg)
+        rule = sglang_aux_rule(spec_name)
+        trained = [int(i) - 1 for i in top]
+        sglang_reads = sglang_captured_outputs([int(i) for i in inner], rule)
+        if sglang_reads != trained:
+            want = sglang_aux_ids(trained, rule)
+            family = f"a {spec_name} target" if spec_name else "this target"
+            fix = (
+                f"eagle_config needs {want}"
+                if want is not None
+                else "no eagle_config ids can say so (serve it with vLLM, or convert with --aux-layers starting at 1)"
+            )
+            problems.append(
+                f"aux ids disagree: vLLM reads top-level {list(top)} as the outputs of layers {trained}; SGLang reads "
+                f"eagle_config {list(inner)} for {family} ({rule}) as the outputs of layers {sglang_reads}: {fix}"
+            )
     weights = _load_weights(path, problems)
     if weights is not None:
         problems += _eagle3_weight_problems(cfg, weights, SGLANG_PREFIX, int(cfg.get("vocab_size") or 0))
@@ -1226,6 +1364,9 @@ def _validate_nextn(path: Path, cfg: dict[str, Any]) -> list[str]:
         problems.append(f"{_num_layers_field(spec)} is {text.get(_num_layers_field(spec))}, a NextN checkpoint has 1")
     if spec.config.mtp_count in text and text.get(spec.config.mtp_count) != 1:
         problems.append(f"{spec.config.mtp_count} is {text.get(spec.config.mtp_count)}; SGLang's NextN loader needs 1")
+    for key, value in text.items():
+        if key in ("layer_types", "mlp_layer_types") and isinstance(value, list) and len(value) != 1:
+            problems.append(f"{key} has {len(value)} entries; a NextN checkpoint has one layer")
     if spec.nextn.architecture and cfg.get("architectures") != [spec.nextn.architecture]:
         problems.append(f"architectures is {cfg.get('architectures')}, SGLang needs [{spec.nextn.architecture!r}]")
     file = path / WEIGHTS_FILE

@@ -235,10 +235,12 @@ class TargetModel:
         attention_mask: torch.Tensor | None = None,
         aux_layers: Sequence[int] | None = None,
         want_final: bool = True,
+        final: str | None = None,
     ) -> Features:
         """Run the target over input_ids [B, T]; capture what the drafts read with forward hooks.
 
-        aux_layers: 0-based "output of layer i" ids (EAGLE-3 `eagle_config` ids)."""
+        aux_layers: 0-based "output of layer i" ids (what EAGLE-3's fc fuses). final: which final hidden to capture,
+        `pre_norm` or `post_norm` (a native draft's `input_hidden`); default: the spec's `[layer] hidden`."""
         captured: dict[str, torch.Tensor] = {}
         hooks = []
 
@@ -251,7 +253,7 @@ class TargetModel:
         for i in set(aux_layers or ()):
             hooks.append(self._layers[i].register_forward_hook(keep(f"aux{i}")))
         if want_final:
-            if self.spec.layer.hidden == "pre_norm":
+            if (final or self.spec.layer.hidden) == "pre_norm":
                 hooks.append(self._layers[self.num_layers - 1].register_forward_hook(keep("final")))
             else:
                 hooks.append(self._norm.register_forward_hook(keep("final")))
@@ -282,8 +284,12 @@ def dump_hidden_states(
     shard_size: int = 256,
     overwrite: bool = False,
     progress=lambda _: None,
+    final: str | None = None,
 ) -> Path:
     """Write what distillation reads into sharded safetensors files (schema: docs/formats.md, "hidden states").
+
+    final: which final hidden to store (`pre_norm` | `post_norm`, a native draft's `input_hidden`); default: the
+    spec's `[layer] hidden`.
 
     Each sequence n is stored as `{n}.input_ids` [T] int64, `{n}.loss_mask` [T] bool, `{n}.final` [T, H],
     `{n}.aux` [T, 3H] (when aux layers are given), `{n}.topk_logprobs` [T, k] fp32 and `{n}.topk_ids` [T, k] int64.
@@ -303,7 +309,7 @@ def dump_hidden_states(
 
         for n, seq in enumerate(sequences):
             ids = torch.as_tensor(seq["input_ids"], dtype=torch.int64)[None]  # [1, T]
-            feats = target.features(ids, aux_layers=aux_layers or None)
+            feats = target.features(ids, aux_layers=aux_layers or None, final=final)
             logprobs = torch.log_softmax(feats.logits[0], dim=-1)  # [T, V]
             values, indices = logprobs.topk(min(top_k, logprobs.shape[-1]), dim=-1)  # [T, k]
             buffer[f"{n}.input_ids"] = ids[0]
@@ -327,7 +333,7 @@ def dump_hidden_states(
                 "target_commit": target.commit,
                 "target_config": target.raw_config,
                 "spec": target.spec.name,
-                "final": target.spec.layer.hidden,
+                "final": final or target.spec.layer.hidden,
                 "aux_layer_ids": aux_layers,
                 "top_k": top_k,
                 "num_sequences": len(sequences),

@@ -37,10 +37,11 @@ from typing import Any
 
 from . import __version__, network
 from .draft import CONFIG_FILE, PROVENANCE_FILE
-from .errors import DraftError, HubError, ValidationError
+from .errors import DraftError, HubError, Mtp2DraftError, ValidationError
 from .export import EVALUATION_FILE, README_FILE, detect_format, validate
 from .io import Progress, quiet
 from .redact import find_secret, known_secrets, redact, register_secret
+from .spec import ENGINES, Spec, find_spec, get_spec
 
 LIBRARY_NAME = "mtp2draft"
 DEFAULT_K = 3
@@ -224,9 +225,37 @@ def _k(evaluation: Mapping[str, Any] | None) -> int:
     return int(k) if isinstance(k, int) and k > 0 else DEFAULT_K
 
 
-def launch_lines(fmt: str, target: str, draft: str, k: int = DEFAULT_K) -> dict[str, str]:
+# launch-line label -> engine (spec.ENGINES) whose support for the family gates it
+LINE_ENGINES = {"SGLang": "sglang", "vLLM": "vllm", "vLLM (speculators config)": "vllm"}
+
+
+def launch_lines(fmt: str, target: str, draft: str, k: int = DEFAULT_K, spec: Spec | None = None) -> dict[str, str]:
     """Engine -> the command that serves this draft (draft-formats.md section 5). SGLang counts the root token:
-    its k + 1 draft tokens are vLLM's k speculative tokens."""
+    its k + 1 draft tokens are vLLM's k speculative tokens. With the target family's `spec`, only the engines its
+    support table (`[engines.*] methods`) says can run this draft kind get a line."""
+    lines = _all_launch_lines(fmt, target, draft, k)
+    if spec is None:
+        return lines
+    method = "eagle3" if fmt in ("sglang", "speculators") else "mtp"
+    return {
+        label: line
+        for label, line in lines.items()
+        if label not in LINE_ENGINES or spec.serves(LINE_ENGINES[label], method)
+    }
+
+
+def unsupported_engines(fmt: str, spec: Spec) -> list[str]:
+    """'vllm 0.33.0'-style names of the engines that cannot run this format's draft kind for the family."""
+    method = "eagle3" if fmt in ("sglang", "speculators") else "mtp"
+    out = []
+    for engine in ENGINES:
+        if not spec.serves(engine, method):
+            facts = spec.engine(engine)
+            out.append(f"{engine} {facts.version}" if facts else engine)
+    return out
+
+
+def _all_launch_lines(fmt: str, target: str, draft: str, k: int) -> dict[str, str]:
     sglang_steps = f"--speculative-num-steps {k} --speculative-eagle-topk 1 --speculative-num-draft-tokens {k + 1}"
     if fmt in ("sglang", "speculators"):
         lines = {
@@ -369,15 +398,27 @@ def _body(
         ]
     else:
         out.append("Not measured yet (no evaluation.json beside the draft: run `mtp2draft evaluate --save`).")
-    lines = launch_lines(fmt, target or "<target>", draft, k)
+    spec = _spec_of(cfg, prov)
+    lines = launch_lines(fmt, target or "<target>", draft, k, spec)
     out += ["", "## Serve it", ""]
-    if lines:
+    method = "EAGLE-3" if fmt in ("sglang", "speculators") else "native MTP"
+    if spec is not None:
+        for engine in unsupported_engines(fmt, spec):
+            out.append(
+                f"{engine} cannot serve a {method} draft for {spec.name} targets (mtp2draft's engine table, "
+                "`mtp2draft specs`): no launch line for it."
+            )
+            out.append("")
+    if any(label in LINE_ENGINES for label in lines):
         for engine, line in lines.items():
             out += [f"{engine}:", "", "```bash", line, "```", ""]
-        if fmt == "nextn":
+        if fmt == "nextn" and (spec is None or spec.serves("vllm", "mtp")):
             out.append("vLLM loads MTP drafts from the target checkpoint itself: use the `stitched` export for vLLM.")
-    else:
+    elif fmt in ("mtp", "eagle3") or not lines:
         out.append("Export it first: `mtp2draft export DRAFT --format nextn|stitched --out DIR`.")
+    trained = _trained_for(cfg, prov)
+    if trained:
+        out += ["", trained]
     out += ["", "## Provenance", ""]
     export = prov.get("export") or {}
     facts = [
@@ -400,6 +441,34 @@ def _body(
         out += ["", "### Distillation", "", "| setting | value |", "|---|---|"]
         out += [f"| {key} | {_cell(value)} |" for key, value in distill.items()]
     return "\n".join(out) + "\n"
+
+
+def _spec_of(cfg: Mapping[str, Any], prov: Mapping[str, Any]) -> Spec | None:
+    """The target family's spec: named by the draft (EAGLE-3 config, provenance) or matched by a native export's
+    config.json (the target's own); None when unknown."""
+    name = (cfg.get("mtp2draft") or {}).get("spec") or prov.get("spec") or cfg.get("spec")
+    try:
+        return get_spec(name) if name else find_spec(cfg)
+    except Mtp2DraftError:
+        return None
+
+
+def _trained_for(cfg: Mapping[str, Any], prov: Mapping[str, Any]) -> str:
+    """One sentence on which native MTP computation the draft was trained for (empty for EAGLE-3 drafts)."""
+    record = {**(prov.get("export") or {}), **{k: cfg[k] for k in ("hidden_handover", "engine") if k in cfg}}
+    handover = record.get("hidden_handover")
+    if not handover:
+        return ""
+    engine = record.get("engine") or {}
+    who = (
+        f"{engine.get('name')} {engine.get('version')}'s MTP computation"
+        if engine
+        else "the checkpoint's own MTP layer (no engine named)"
+    )
+    return (
+        f"Trained for {who}: each draft step hands the {handover.replace('_', '-')} hidden to the next "
+        f"(`hidden_handover: {handover}`); serve it with that engine for the measured acceptance."
+    )
 
 
 def _cell(value: Any) -> str:

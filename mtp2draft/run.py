@@ -22,6 +22,7 @@ from .errors import SourceError
 from .evaluate import evaluate, save_evaluation
 from .export import export
 from .io import Progress, check_output_dir, mark
+from .spec import ENGINES, Spec
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 BUNDLED_TARGET = REPO_ROOT / "examples" / "targets" / "tiny-deepseek-v3"
@@ -39,11 +40,25 @@ class RunResult:
     stages: dict[str, float] = field(default_factory=dict)
 
 
+def default_kind_and_format(spec: Spec, to: str | None = None, fmt: str | None = None) -> tuple[str, str]:
+    """The draft kind and export format `run` picks when not told, from the family's engine support table: EAGLE-3
+    where an engine serves it (its SGLang layout where SGLang does, else vLLM's speculators layout), native MTP
+    otherwise (a NextN checkpoint where SGLang loads one, else the stitched overlay)."""
+    if to is None:
+        to = "eagle3" if any(spec.serves(e, "eagle3") for e in ENGINES) else "mtp"
+    if fmt is None:
+        if to == "eagle3":
+            fmt = "speculators" if spec.serves("vllm", "eagle3") and not spec.serves("sglang", "eagle3") else "sglang"
+        else:
+            fmt = "nextn" if spec.nextn.architecture and spec.serves("sglang", "mtp") else "stitched"
+    return to, fmt
+
+
 def run(
     source: str,
     work: str | Path,
     data: str | Path,
-    to: str = "eagle3",
+    to: str | None = None,
     target: str | None = None,
     eval_data: str | Path | None = None,
     fmt: str | None = None,
@@ -67,7 +82,13 @@ def run(
     work = Path(work)
     check_output_dir(work, overwrite, inputs=[source, target, data, eval_data])
     target = target or source
-    fmt = fmt or ("sglang" if to == "eagle3" else "nextn")
+    if to is None or fmt is None:
+        from .checkpoint import open_checkpoint
+        from .spec import find_spec
+
+        spec = find_spec(open_checkpoint(source, revision, token).config)
+        to, fmt = default_kind_and_format(spec, to, fmt)
+        progress(f"{spec.name}: drafting {to}, exporting --format {fmt} (the engines' support table: mtp2draft specs)")
     if eval_data is None:
         progress("no --eval-data: evaluating on the training data (acceptance will be optimistic)")
         eval_data = data

@@ -28,6 +28,9 @@ CONCAT_ORDERS = ("embed_hidden", "hidden_embed")
 HIDDEN_SOURCES = ("post_norm", "pre_norm")
 NORM_STYLES = ("standard", "zero_centered")
 QUANT_FORMATS = ("fp8_block",)
+ENGINES = ("vllm", "sglang")
+METHODS = ("mtp", "eagle3")
+AUX_ID_RULES = ("plus_one", "plus_one_if_first_is_one")
 ATTN_IMPLEMENTATIONS = ("sdpa", "eager")
 
 
@@ -117,6 +120,36 @@ class NextNSpec:
 
 
 @dataclass(frozen=True)
+class EngineSpec:
+    """What one serving engine does with this family, read from its source at `version` (`[engines.<name>]`).
+
+    Facts, not wishes: a method listed is one the engine loads AND runs for this target class; a computation field
+    says what the engine's MTP module computes, which may differ from how the checkpoint was trained (`[layer]`)."""
+
+    version: str
+    """Engine release the facts below were read from (e.g. "0.33.0")."""
+    methods: tuple[str, ...] = ()
+    """Draft kinds the engine serves for this target: `mtp` (its native MTP module), `eagle3` (it captures the
+    target's aux hidden states)."""
+    handover: str = ""
+    """Hidden the engine's MTP module hands to the next draft step: `post_norm` or `pre_norm` ("" without mtp)."""
+    hidden: str = ""
+    """Target hidden the engine feeds MTP step 0 (`post_norm` | `pre_norm`); empty: as `[layer] hidden`."""
+    final_norm: bool = True
+    """Whether the engine applies the MTP layer's final norm before the lm_head (ERNIE-4.5 in vLLM and SGLang: no)."""
+    aux_ids: str = "plus_one"
+    """How the engine turns `eagle_config` aux ids into captured layers (SGLang): `plus_one` (captures the input of
+    layer id + 1, i.e. the output of layer id) or `plus_one_if_first_is_one` (DeepSeek V2/V3/V3.2 in SGLang: + 1 only
+    when the first id is 1, otherwise the ids are the captured layer inputs as they stand)."""
+    sources: str = ""
+    """Engine source files the facts were read from."""
+    notes: str = ""
+
+    def serves(self, method: str) -> bool:
+        return method in self.methods
+
+
+@dataclass(frozen=True)
 class Spec:
     name: str
     description: str
@@ -129,6 +162,8 @@ class Spec:
     eagle3: Eagle3Spec = Eagle3Spec()
     nextn: NextNSpec = NextNSpec()
     quantization: tuple[str, ...] = ()
+    engines: Mapping[str, EngineSpec] = field(default_factory=dict)
+    """Engine name (`ENGINES`) -> what that engine does with this family; an engine absent serves nothing."""
     verified: bool = True
     """False when the layout comes from an engine loader we could not check against a released checkpoint."""
     notes: str = ""
@@ -168,6 +203,32 @@ class Spec:
         names = ("enorm", "hnorm", "proj", "final_norm", "embed", "head")
         return {name: self.key(getattr(self.keys, name), config, layer) for name in names if getattr(self.keys, name)}
 
+    def engine(self, name: str) -> EngineSpec | None:
+        """The engine's facts for this family, None when the spec lists none (the engine serves nothing)."""
+        if name not in ENGINES:
+            raise SpecError(f"unknown engine {name!r}; known: {', '.join(ENGINES)}")
+        return self.engines.get(name)
+
+    def serves(self, engine: str, method: str) -> bool:
+        facts = self.engine(engine)
+        return facts is not None and facts.serves(method)
+
+    def engine_computation(self, engine: str) -> dict[str, Any]:
+        """What `engine`'s native MTP module computes for this family: the step-0 target hidden (`input_hidden`),
+        whether it applies the final norm (`final_norm`) and the hidden it hands on (`hidden_handover`)."""
+        facts = self.engine(engine)
+        if facts is None or not facts.serves("mtp"):
+            raise SpecError(f"{engine} serves no native MTP draft for {self.name} targets (spec {self.path})")
+        return {
+            "input_hidden": facts.hidden or self.layer.hidden,
+            "final_norm": facts.final_norm,
+            "hidden_handover": facts.handover,
+        }
+
+    def support_table(self) -> dict[str, dict[str, bool]]:
+        """engine -> method -> served, for every known engine and method."""
+        return {e: {m: self.serves(e, m) for m in METHODS} for e in ENGINES}
+
     def block_class(self) -> type:
         return _import(self.block.module, self.block.decoder_layer)
 
@@ -186,6 +247,18 @@ class Spec:
             "norm": self.layer.norm,
             "quantization": list(self.quantization),
             "eagle3_transforms": list(self.eagle3.transforms),
+            "engines": {
+                name: {
+                    "version": facts.version,
+                    "methods": list(facts.methods),
+                    "handover": facts.handover,
+                    "hidden": facts.hidden or self.layer.hidden,
+                    "final_norm": facts.final_norm,
+                    "aux_ids": facts.aux_ids,
+                    "sources": facts.sources,
+                }
+                for name, facts in self.engines.items()
+            },
             "verified": self.verified,
         }
 
@@ -241,6 +314,14 @@ def parse_spec(data: Mapping[str, Any], path: str = "<spec>") -> Spec:
         "eagle3": Eagle3Spec,
         "nextn": NextNSpec,
     }
+    engines = data.get("engines", {})
+    if not isinstance(engines, Mapping):
+        raise SpecError(f"{path} [engines]: expected a table of engine tables")
+    data["engines"] = {}
+    for engine, table in engines.items():
+        if engine not in ENGINES:
+            raise SpecError(f"{path} [engines.{engine}]: unknown engine; known: {', '.join(ENGINES)}")
+        data["engines"][engine] = _build(EngineSpec, table, f"{path} [engines.{engine}]")
     for name, cls in sections.items():
         if name in data:
             data[name] = _build(cls, data[name], f"{path} [{name}]")
@@ -260,6 +341,21 @@ def _check_values(spec: Spec) -> None:
         raise SpecError(f"{where}: layer.hidden must be one of {HIDDEN_SOURCES}, got {spec.layer.hidden!r}")
     if spec.layer.norm not in NORM_STYLES:
         raise SpecError(f"{where}: layer.norm must be one of {NORM_STYLES}, got {spec.layer.norm!r}")
+    for engine, facts in spec.engines.items():
+        at = f"{where} [engines.{engine}]"
+        bad = [m for m in facts.methods if m not in METHODS]
+        if bad:
+            raise SpecError(f"{at}: methods must be among {METHODS}, got {bad}")
+        if "mtp" in facts.methods and facts.handover not in HIDDEN_SOURCES:
+            raise SpecError(f"{at}: an engine serving mtp needs handover in {HIDDEN_SOURCES}, got {facts.handover!r}")
+        if facts.handover and facts.handover not in HIDDEN_SOURCES:
+            raise SpecError(f"{at}: handover must be one of {HIDDEN_SOURCES}, got {facts.handover!r}")
+        if facts.hidden and facts.hidden not in HIDDEN_SOURCES:
+            raise SpecError(f"{at}: hidden must be one of {HIDDEN_SOURCES}, got {facts.hidden!r}")
+        if facts.aux_ids not in AUX_ID_RULES:
+            raise SpecError(f"{at}: aux_ids must be one of {AUX_ID_RULES}, got {facts.aux_ids!r}")
+        if not facts.version:
+            raise SpecError(f"{at}: version (the engine release the facts were read from) is required")
     for q in spec.quantization:
         if q not in QUANT_FORMATS:
             raise SpecError(f"{where}: unknown quantization {q!r}; known: {QUANT_FORMATS}")

@@ -16,6 +16,7 @@ from mtp2draft.checkpoint import open_checkpoint
 from mtp2draft.cli import main
 from mtp2draft.convert import convert, inspect_checkpoint, load_native, plan_mtp_layer
 from mtp2draft.spec import find_spec
+from mtp2draft.testing.fixtures import eagle3_depth
 
 
 def run_cli(capsys, *args: str) -> tuple[int, str, str]:
@@ -27,7 +28,7 @@ def run_cli(capsys, *args: str) -> tuple[int, str, str]:
 @pytest.mark.parametrize("fixture", ["deepseek_v3", "deepseek_v3_fp8", "glm4_moe", "glm4_6", "mimo"])
 @pytest.mark.parametrize("kind", ["mtp", "eagle3"])
 def test_convert_every_fixture(build, tmp_path: Path, fixture: str, kind: str) -> None:
-    result = convert(str(build(fixture)), tmp_path / "out", to=kind)
+    result = convert(str(build(fixture, **eagle3_depth(fixture, kind))), tmp_path / "out", to=kind)
     files = sorted(p.name for p in (tmp_path / "out").iterdir())
     assert files == [".mtp2draft", "config.json", "model.safetensors", "provenance.json"]  # marker: ours to replace
     prov = json.loads((tmp_path / "out" / "provenance.json").read_text())
@@ -201,9 +202,10 @@ def test_specs_command_lists_the_registry(capsys) -> None:
 
 def _break(kind: str, path: Path) -> str:
     """Damage a copy of a checkpoint; returns a fragment the one-line error must contain."""
+    n = json.loads((path / "config.json").read_text())["num_hidden_layers"]  # the MTP layer's index
     index_file = path / "model.safetensors.index.json"
     index = json.loads(index_file.read_text())
-    mtp_shard = path / index["weight_map"]["model.layers.2.eh_proj.weight"]
+    mtp_shard = path / index["weight_map"][f"model.layers.{n}.eh_proj.weight"]
     if kind == "missing_shard":
         mtp_shard.unlink()
         return mtp_shard.name
@@ -211,9 +213,9 @@ def _break(kind: str, path: Path) -> str:
         mtp_shard.write_bytes(b"\xff" * 8 + mtp_shard.read_bytes()[8:])
         return "corrupt safetensors header"
     if kind == "fp8_without_scale":
-        del index["weight_map"]["model.layers.2.self_attn.kv_b_proj.weight_scale_inv"]
+        del index["weight_map"][f"model.layers.{n}.self_attn.kv_b_proj.weight_scale_inv"]
         index_file.write_text(json.dumps(index))
-        return "has no model.layers.2.self_attn.kv_b_proj.weight_scale_inv"
+        return f"has no model.layers.{n}.self_attn.kv_b_proj.weight_scale_inv"
     if kind == "shape_mismatch":
         cfg = json.loads((path / "config.json").read_text())
         cfg["moe_intermediate_size"] = 48
@@ -226,7 +228,7 @@ def _break(kind: str, path: Path) -> str:
 @pytest.mark.parametrize("to", ["mtp", "eagle3"])
 def test_broken_checkpoints_fail_in_one_line_and_write_nothing(build, tmp_path: Path, capsys, kind, to) -> None:
     path = tmp_path / "ck"
-    shutil.copytree(build("deepseek_v3_fp8"), path)
+    shutil.copytree(build("deepseek_v3_fp8", **eagle3_depth("deepseek_v3_fp8", to)), path)
     needle = _break(kind, path)
     code, out, err = run_cli(capsys, "convert", str(path), "--out", str(tmp_path / "o"), "--to", to)
     _assert_clean_failure(code, out, err, needle, tmp_path / "o")

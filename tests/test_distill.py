@@ -21,6 +21,7 @@ from mtp2draft.draft import load_draft
 from mtp2draft.errors import DataError, DraftError, OptionError
 from mtp2draft.evaluate import draft_chain
 from mtp2draft.hidden import Features, TargetModel
+from mtp2draft.testing.fixtures import eagle3_depth
 
 SMALL = {"steps": 4, "batch_size": 4, "max_length": 48, "save_every": 2, "log_every": 2}
 
@@ -31,7 +32,7 @@ def test_ttt_step_equals_serving_chain(build, tmp_path: Path, fixture: str, kind
     """TTT step s at origin p == the serving chain run from p for s + 1 steps with the data's tokens forced."""
     handover = "pre_norm" if kind.endswith("handover") else None
     kind = kind.split("-")[0]
-    convert(str(build(fixture)), tmp_path / "d", to=kind, dtype="float32")
+    convert(str(build(fixture, **eagle3_depth(fixture, kind))), tmp_path / "d", to=kind, dtype="float32")
     draft = load_draft(tmp_path / "d").eval()
     if handover:  # as vLLM's DeepSeek MTP chains it
         draft.hidden_handover = handover
@@ -100,7 +101,7 @@ def test_pre_norm_families_read_the_hidden_before_the_final_norm(target) -> None
 
 
 def test_eagle3_draft_vocabulary(target, text_data, tmp_path: Path) -> None:
-    tgt = target("mimo")
+    tgt = target("mimo", num_hidden_layers=4)
     convert(str(tgt), tmp_path / "e3", to="eagle3", dtype="float32")
     cfg = DistillConfig(**{**SMALL, "steps": 1, "draft_vocab_size": 32})
     distill(tmp_path / "e3", tmp_path / "ft", text_data, str(tgt), config=cfg)
@@ -126,7 +127,7 @@ def _spawn(args: list[str]) -> subprocess.Popen:
 
 @pytest.mark.slow
 def test_resume_after_a_kill_reaches_the_same_weights(target, text_data, tmp_path: Path) -> None:
-    tgt = target("mimo")
+    tgt = target("mimo", num_hidden_layers=4)
     convert(str(tgt), tmp_path / "raw", to="eagle3")
     common = [
         str(tmp_path / "raw"),
@@ -197,7 +198,7 @@ def test_offline_hidden_states_train_like_the_online_target(target, text_data, t
     from mtp2draft.data import read_examples
     from mtp2draft.hidden import dump_hidden_states
 
-    tgt = target("deepseek_v3")
+    tgt = target("deepseek_v3", num_hidden_layers=4)
     convert(str(tgt), tmp_path / "raw", to="eagle3", dtype="float32")
     draft = load_draft(tmp_path / "raw")
     tm = TargetModel(str(tgt))
@@ -279,7 +280,7 @@ def test_regenerate_writes_the_targets_own_greedy_continuations(target, text_dat
     from mtp2draft.data import regenerate
     from mtp2draft.evaluate import TargetRunner, greedy_reference
 
-    tgt = target("mimo")
+    tgt = target("mimo", num_hidden_layers=4)
     tm, tok = TargetModel(str(tgt)), load_tokenizer(tgt)
     examples, _ = read_examples(text_data, tok, 40)
     out = regenerate(examples[:6], tm, tok, max_new_tokens=12, batch_size=4)  # left-padded batches

@@ -12,6 +12,7 @@ from safetensors.torch import load_file
 
 from mtp2draft.convert import convert, load_native
 from mtp2draft.draft import Eagle3Draft, NativeMtpDraft, load_draft, vocab_maps
+from mtp2draft.testing.fixtures import eagle3_depth
 from mtp2draft.transforms import rope_permutation
 
 
@@ -113,7 +114,7 @@ def test_native_draft_directory_loads_back_exactly(build, tmp_path: Path) -> Non
 
 @pytest.mark.parametrize("fixture", ["deepseek_v3", "glm4_moe", "mimo"])
 def test_eagle3_draft_has_the_sglang_layout(build, tmp_path: Path, fixture: str) -> None:
-    path = build(fixture)
+    path = build(fixture, **eagle3_depth(fixture))
     convert(str(path), tmp_path / "e", to="eagle3")
     cfg = json.loads((tmp_path / "e" / "config.json").read_text())
     w = load_file(str(tmp_path / "e" / "model.safetensors"))
@@ -149,7 +150,7 @@ def test_eagle3_draft_has_the_sglang_layout(build, tmp_path: Path, fixture: str)
 
 
 def test_mimo_mlp_transfers_exactly(build, tmp_path: Path) -> None:
-    path = build("mimo")
+    path = build("mimo", num_hidden_layers=4)
     convert(str(path), tmp_path / "e", to="eagle3", dtype="float32")
     w = load_file(str(tmp_path / "e" / "model.safetensors"))
     src = _checkpoint_tensors(path)
@@ -209,7 +210,7 @@ def test_vocab_maps_follow_the_reference_definition() -> None:
 def test_embedding_passthrough_heads_carry_the_mtp_embedding_term(build, tmp_path: Path, fixture: str) -> None:
     """The heads appended by the conversion attend to their own entry and write P_e enorm(e) into the residual,
     as the MTP layer's block input carries it (the rest of its attention comes from the MTP heads)."""
-    path = build(fixture)
+    path = build(fixture, **eagle3_depth(fixture))
     convert(str(path), tmp_path / "e", to="eagle3", dtype="float32")
     cfg = json.loads((tmp_path / "e" / "config.json").read_text())
     draft = load_draft(tmp_path / "e").eval()

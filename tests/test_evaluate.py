@@ -14,6 +14,7 @@ from mtp2draft.convert import convert
 from mtp2draft.draft import DraftCache, load_draft
 from mtp2draft.evaluate import TargetRunner, draft_chain, greedy_reference, speculative_decode, summarise
 from mtp2draft.hidden import TargetModel
+from mtp2draft.testing.fixtures import eagle3_depth
 
 PROMPTS = [[5, 17, 42, 9, 88, 23], [70, 71, 72, 3, 9], [40, 41]]
 
@@ -80,7 +81,7 @@ def test_summary_arithmetic() -> None:
 @pytest.mark.parametrize("fixture", ["deepseek_v3", "mimo"])
 @pytest.mark.parametrize("kind", ["mtp", "eagle3"])
 def test_speculative_output_equals_target_greedy(target, tmp_path: Path, fixture: str, kind: str) -> None:
-    tgt = target(fixture)
+    tgt = target(fixture, **eagle3_depth(fixture, kind))
     convert(str(tgt), tmp_path / "d", to=kind, dtype="float32")
     tm = TargetModel(str(tgt))
     draft = load_draft(tmp_path / "d").eval()
@@ -179,7 +180,7 @@ def test_decoding_accepts_exactly_where_the_forced_chain_predicts_the_target(
 
 
 def test_evaluate_cli_reports_the_documented_keys(target, text_data, tmp_path: Path, capsys) -> None:
-    tgt = target("mimo")
+    tgt = target("mimo", num_hidden_layers=4)
     convert(str(tgt), tmp_path / "raw")
     convert(str(tgt), tmp_path / "e3", to="eagle3")
     code = main(

@@ -132,7 +132,7 @@ def test_sglang_export_has_the_exact_layout(eagle3: Path, sglang_dir: Path) -> N
 def test_speculators_export_config_and_names(eagle3: Path, speculators_dir: Path, target6: Path) -> None:
     cfg = json.loads((speculators_dir / "config.json").read_text())
     assert cfg["architectures"] == ["Eagle3Speculator"] and cfg["speculators_model_type"] == "eagle3"
-    assert cfg["speculators_version"]
+    assert cfg["speculators_version"] == "0.7.0.1"  # the latest speculators release
     sc = cfg["speculators_config"]
     assert sc["algorithm"] == "eagle3" and sc["default_proposal_method"] == "greedy"
     assert sc["proposal_methods"][0] == {
@@ -141,6 +141,7 @@ def test_speculators_export_config_and_names(eagle3: Path, speculators_dir: Path
         "verifier_accept_k": 1,
         "accept_tolerance": 0.0,
     }
+    # a plain local source has no hub id: its path, as it is (test_speculators_verifier_is_the_hub_id covers the rest)
     assert sc["verifier"] == {"name_or_path": str(target6), "architectures": ["MiMoForCausalLM"]}
     layer = cfg["transformer_layer_config"]
     assert layer["model_type"] == "llama" and layer["vocab_size"] == 256 and layer["num_hidden_layers"] == 1
@@ -180,17 +181,27 @@ def test_exported_drafts_compute_the_same_logits(eagle3: Path, work: Path) -> No
     assert rel < 2e-2, rel
 
 
-def test_aux_ids_select_the_layers_the_draft_was_trained_on(sglang_dir: Path, target6: Path) -> None:
+# How SGLang 0.5.23 turns eagle_config ids into captured layer inputs, written out here from its sources (not from
+# the spec, so a wrong spec fails): llama.py / qwen2.py / glm4_moe.py: [id + 1 for id in ids]; deepseek_v2.py
+# (DeepseekV2ForCausalLM, inherited by V3 and V3.2): + 1 only when ids[0] == 1, the ids as they stand otherwise.
+SGLANG_CAPTURES = {
+    "qwen2": lambda ids: [i + 1 for i in ids],
+    "deepseek_v2": lambda ids: [i + 1 for i in ids] if ids and ids[0] == 1 else list(ids),
+}
+
+
+def _check_aux_capture(export_dir: Path, target: Path, sglang_captures) -> None:
     """Both engines' capture rules, simulated with hooks on the transformers target, select exactly the tensors
-    mtp2draft's training feeds the draft (`TargetModel.features`: outputs of the eagle_config layers)."""
+    mtp2draft's training feeds the draft (`TargetModel.features`: outputs of the draft's aux layers)."""
     from mtp2draft.hidden import TargetModel
 
-    cfg = json.loads((sglang_dir / "config.json").read_text())
+    cfg = json.loads((export_dir / "config.json").read_text())
     sglang_ids = cfg["eagle_config"]["eagle_aux_hidden_state_layer_ids"]
     vllm_ids = cfg["eagle_aux_hidden_state_layer_ids"]
-    tm = TargetModel(str(target6))
+    tm = TargetModel(str(target))
     ids = torch.randint(0, tm.vocab_size, (2, 9), generator=torch.Generator().manual_seed(0))
-    trained = tm.features(ids, aux_layers=load_draft(sglang_dir).aux_layer_ids, want_final=False).aux
+    aux = load_draft(export_dir).aux_layer_ids
+    trained = tm.features(ids, aux_layers=aux, want_final=False).aux
 
     def capture_inputs_of(layers: list[int]) -> torch.Tensor:
         # Both engines append `hidden_states + residual` before running layer j: the residual stream entering j,
@@ -211,16 +222,96 @@ def test_aux_ids_select_the_layers_the_draft_was_trained_on(sglang_dir: Path, ta
         assert sorted(got) == sorted(layers), f"layers {layers} are not all capturable"
         return torch.cat([got[j] for j in layers], dim=-1)
 
-    # SGLang: LlamaForCausalLM.set_eagle3_layers_to_capture -> layers_to_capture = [id + 1 for id in eagle_config]
-    assert torch.equal(capture_inputs_of([i + 1 for i in sglang_ids]), trained)
+    # SGLang: the family's set_eagle3_layers_to_capture
+    assert torch.equal(capture_inputs_of(sglang_captures(sglang_ids)), trained)
     # vLLM: gpu_model_runner reads the top-level ids and captures before layer id, as is
     assert torch.equal(capture_inputs_of(vllm_ids), trained)
     # transformers' hidden_states[i + 1] is the output of layer i: the same tensors once more
     with torch.no_grad():
         hs = tm.model(input_ids=ids, output_hidden_states=True, use_cache=False).hidden_states
-    assert torch.equal(torch.cat([hs[i + 1] for i in sglang_ids], dim=-1), trained)
+    assert torch.equal(torch.cat([hs[i + 1] for i in aux], dim=-1), trained)
     # the classic bug: the same ids in both places would make vLLM feed each layer's input, one layer early
-    assert not torch.equal(capture_inputs_of(sglang_ids), trained)
+    assert not torch.equal(capture_inputs_of([i - 1 for i in vllm_ids]), trained)
+
+
+def test_aux_ids_select_the_layers_the_draft_was_trained_on(sglang_dir: Path, target6: Path) -> None:
+    _check_aux_capture(sglang_dir, target6, SGLANG_CAPTURES["qwen2"])
+
+
+@pytest.mark.parametrize(("aux", "written"), [([1, 2, 4], [1, 2, 4]), ([2, 3, 4], [3, 4, 5])])
+def test_deepseek_aux_ids_follow_sglangs_conditional_plus_one(
+    build, tmp_path: Path, aux: list[int], written: list[int]
+) -> None:
+    """SGLang adds 1 to a DeepSeek target's eagle_config ids only when the first is 1: ids from layer 1 are written
+    as they are, ids from layer 2 up are written + 1 (SGLang then captures them as they stand). Written as the Llama
+    rule has it, [2, 3, 4] would have been read one layer early."""
+    target = build("deepseek_v3", num_hidden_layers=6)
+    convert(str(target), tmp_path / "e3", to="eagle3", dtype="float32", aux_layers=aux)
+    for fmt in ("sglang", "speculators"):
+        export(tmp_path / "e3", fmt, tmp_path / fmt, dtype="float32")
+    cfg = json.loads((tmp_path / "sglang" / "config.json").read_text())
+    assert cfg["eagle_config"]["eagle_aux_hidden_state_layer_ids"] == written
+    assert cfg["eagle_aux_hidden_state_layer_ids"] == [i + 1 for i in aux]
+    assert load_draft(tmp_path / "speculators").aux_layer_ids == aux == load_draft(tmp_path / "e3").aux_layer_ids
+    _check_aux_capture(tmp_path / "sglang", target, SGLANG_CAPTURES["deepseek_v2"])
+    # the Llama encoding, re-introduced, is what SGLang would misread: the validator says so
+    cfg["eagle_config"]["eagle_aux_hidden_state_layer_ids"] = aux
+    (tmp_path / "sglang" / "config.json").write_text(json.dumps(cfg))
+    assert (aux == written) == (validate(tmp_path / "sglang") == [])
+
+
+def test_speculators_verifier_is_the_hub_id(eagle3: Path, tmp_path: Path) -> None:
+    """vLLM loads `verifier.name_or_path` when serving a speculators draft directly: a conversion from a hub snapshot
+    (what a hub SOURCE resolves to) names the repo id, not this machine's cache path; --verifier overrides."""
+    from mtp2draft.export import hub_id_of
+
+    snapshot = tmp_path / "hub" / "models--zai-org--GLM-4.5-Air" / "snapshots" / "0123abcd"
+    assert (
+        hub_id_of(str(snapshot)) == "zai-org/GLM-4.5-Air" and hub_id_of("zai-org/GLM-4.5-Air") == "zai-org/GLM-4.5-Air"
+    )
+    assert hub_id_of(str(tmp_path / "my-target")) is None and hub_id_of("./GLM") is None
+    draft = tmp_path / "draft"
+    shutil.copytree(eagle3, draft)
+    prov = json.loads((draft / "provenance.json").read_text())
+    (draft / "provenance.json").write_text(json.dumps({**prov, "source": str(snapshot)}))
+    export(draft, "speculators", tmp_path / "a")
+    verifier = json.loads((tmp_path / "a" / "config.json").read_text())["speculators_config"]["verifier"]
+    assert verifier["name_or_path"] == "zai-org/GLM-4.5-Air"
+    export(draft, "speculators", tmp_path / "b", verifier="me/my-target")
+    verifier = json.loads((tmp_path / "b" / "config.json").read_text())["speculators_config"]["verifier"]
+    assert verifier["name_or_path"] == "me/my-target"
+
+
+def test_deepseek_aux_ids_from_layer_0_are_refused_for_sglang(build, tmp_path: Path) -> None:
+    """A 4-layer DeepSeek target's only aux ids are [0, 1, 2]: SGLang cannot be told to capture the output of layer 0
+    (a first id of 1 is shifted to 2, a first id of 0 is the embedding): the sglang export refuses, the speculators
+    export (vLLM) is fine."""
+    target = build("deepseek_v3", num_hidden_layers=4)
+    convert(str(target), tmp_path / "e3", to="eagle3", dtype="float32")
+    assert load_draft(tmp_path / "e3").aux_layer_ids == [0, 1, 2]
+    with pytest.raises(ValidationError, match="SGLang reads eagle_config"):
+        export(tmp_path / "e3", "sglang", tmp_path / "sglang")
+    assert not (tmp_path / "sglang").exists()
+    export(tmp_path / "e3", "speculators", tmp_path / "spec")
+    assert validate(tmp_path / "spec") == []
+
+
+def test_convert_refuses_eagle3_on_a_target_too_shallow_for_three_aux_layers(build, tmp_path: Path, capsys) -> None:
+    """A 3-layer target has two capturable layers (outputs of 0 and 1): convert used to write aux ids [0, 0, 1],
+    which its own export then refused. It refuses at once, in one line, before writing anything."""
+    from mtp2draft.errors import ShallowTargetError
+
+    target = build("mimo", num_hidden_layers=3)
+    with pytest.raises(ShallowTargetError, match="at least 4 layers; this one has 3"):
+        convert(str(target), tmp_path / "e3", to="eagle3")
+    code, out, err = run_cli(capsys, "convert", str(target), "--to", "eagle3", "--out", str(tmp_path / "e3"))
+    errors = [line for line in err.splitlines() if line.startswith("error:")]
+    assert code != 0 and out == "" and len(errors) == 1 and "Traceback" not in err
+    assert err.strip().splitlines()[-1] == errors[0] and "at least 4 layers" in errors[0]
+    assert not (tmp_path / "e3").exists()
+    with pytest.raises(Exception, match="three distinct"):
+        convert(str(build("mimo", num_hidden_layers=6)), tmp_path / "e3", to="eagle3", aux_layers=[1, 1, 2])
+    convert(str(target), tmp_path / "mtp", to="mtp")  # the native draft needs no aux layers
 
 
 # ---- native formats ------------------------------------------------------------------------------------------------

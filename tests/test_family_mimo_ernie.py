@@ -21,6 +21,7 @@ from mtp2draft.cli import main
 from mtp2draft.convert import convert, load_native, plan_mtp_layer
 from mtp2draft.draft import DraftCache, Eagle3Draft, NativeMtpDraft, load_draft
 from mtp2draft.spec import find_spec, get_spec
+from mtp2draft.testing.fixtures import eagle3_depth
 
 T = 10  # sequence length: longer than MiMo-V2-Flash's fixture window (sliding_window_size 4 -> 5 tokens)
 
@@ -181,7 +182,19 @@ CASES = [("mimo_v2_flash", 0), ("mimo_v2_flash", 1), ("mimo_v2_flash", 2), ("ern
 @pytest.mark.parametrize("kind", ["mtp", "eagle3"])
 def test_convert_every_layer(build, tmp_path: Path, capsys, fixture: str, layer: int, kind: str) -> None:
     out = tmp_path / "out"
-    code = main(["convert", str(build(fixture)), "--out", str(out), "--to", kind, "--layer", str(layer), "--json"])
+    code = main(
+        [
+            "convert",
+            str(build(fixture, **eagle3_depth(fixture, kind))),
+            "--out",
+            str(out),
+            "--to",
+            kind,
+            "--layer",
+            str(layer),
+            "--json",
+        ]
+    )
     summary = json.loads(capsys.readouterr().out)
     assert code == 0 and summary["spec"] == fixture and summary["mtp_layer"] == layer
     prov = json.loads((out / "provenance.json").read_text())
@@ -411,7 +424,7 @@ def test_ernie_eagle3_attention_keeps_the_interleaved_rope(build, tmp_path: Path
     from transformers.models.ernie4_5_moe.modeling_ernie4_5_moe import apply_rotary_pos_emb as ernie_rope
     from transformers.models.llama.modeling_llama import apply_rotary_pos_emb as llama_rope
 
-    path = build("ernie4_5_moe")
+    path = build("ernie4_5_moe", num_hidden_layers=4)
     convert(str(path), tmp_path / "e", to="eagle3", dtype="float32")
     cfg = json.loads((tmp_path / "e" / "config.json").read_text())
     w3, src, config = load_file(str(tmp_path / "e" / "model.safetensors")), _weights(path), _config(path)

@@ -20,6 +20,7 @@ from mtp2draft.checkpoint import open_checkpoint
 from mtp2draft.convert import convert, load_native, plan_mtp_layer
 from mtp2draft.errors import CheckpointError
 from mtp2draft.spec import find_spec, get_spec
+from mtp2draft.testing.fixtures import eagle3_depth
 
 T = 10  # sequence length of the forward checks: longer than the V3.2 fixture's index_topk (4)
 
@@ -55,7 +56,7 @@ def _inputs(seed: int, t: int = T, hidden: int = 64):
 @pytest.mark.parametrize("fixture", ["deepseek_v32", "deepseek_v32_fp8", "longcat_flash"])
 @pytest.mark.parametrize("kind", ["mtp", "eagle3"])
 def test_convert_both_kinds(build, tmp_path: Path, fixture: str, kind: str) -> None:
-    result = convert(str(build(fixture)), tmp_path / "out", to=kind)
+    result = convert(str(build(fixture, **eagle3_depth(fixture, kind))), tmp_path / "out", to=kind)
     assert sorted(p.name for p in (tmp_path / "out").iterdir()) == [
         ".mtp2draft",
         "config.json",
@@ -268,7 +269,7 @@ def test_v32_indexer_uses_the_draft_cache(build) -> None:
 
 
 def test_v32_eagle3_provenance_says_the_indexer_is_dropped(build, tmp_path: Path) -> None:
-    convert(str(build("deepseek_v32")), tmp_path / "e", to="eagle3")
+    convert(str(build("deepseek_v32", num_hidden_layers=4)), tmp_path / "e", to="eagle3")
     prov = json.loads((tmp_path / "e" / "provenance.json").read_text())["tensors"]
     for p in "qkvo":
         entry = prov[f"midlayer.self_attn.{p}_proj.weight"]
@@ -360,8 +361,8 @@ def test_longcat_reads_the_dot_m_norm_names(build, tmp_path: Path) -> None:
 def test_longcat_eagle3_folds_the_lora_scaling(build, tmp_path: Path) -> None:
     """The EAGLE-3 init folds (hidden / rank)^0.5 into q and into k_nope / v (the shared k_rope is not scaled)."""
     on, off = (
-        build("longcat_flash"),
-        build("longcat_flash", mla_scale_q_lora=False, mla_scale_kv_lora=False),
+        build("longcat_flash", num_layers=4),
+        build("longcat_flash", num_layers=4, mla_scale_q_lora=False, mla_scale_kv_lora=False),
     )
     convert(str(on), tmp_path / "on", to="eagle3", dtype="float32")
     convert(str(off), tmp_path / "off", to="eagle3", dtype="float32")

@@ -255,3 +255,24 @@ def test_fused_experts_load_like_per_expert_keys(build, tmp_path: Path) -> None:
     with torch.no_grad():
         got = experts(x, torch.full((5, 1), e), torch.ones(5, 1))
     assert (got - want).abs().max() <= 1e-5
+
+
+@pytest.mark.parametrize("fixture", ["qwen3_5", "qwen3_5_moe"])
+def test_nextn_export_cuts_the_per_layer_lists(build, tmp_path: Path, fixture: str) -> None:
+    """A one-layer NextN config keeps one `layer_types` entry (the MTP block's full attention): left at the trunk's N
+    entries, transformers refuses the config (`num_hidden_layers` (1) must equal len(layer_types)) and every Qwen3.5
+    nextn export failed its own validation."""
+    from mtp2draft.export import export, validate
+
+    path = build(fixture)
+    assert len(_config(path)["text_config"]["layer_types"]) > 1  # the trunk is hybrid: linear + full attention
+    convert(str(path), tmp_path / "mtp", to="mtp", dtype="float32")
+    export(tmp_path / "mtp", "nextn", tmp_path / "nx")
+    text = _config(tmp_path / "nx")["text_config"]
+    assert text["num_hidden_layers"] == 1 and text["mtp_num_hidden_layers"] == 1
+    assert text["layer_types"] == ["full_attention"]
+    assert validate(tmp_path / "nx") == []
+    cfg = _config(tmp_path / "nx")
+    cfg["text_config"]["layer_types"] = _config(path)["text_config"]["layer_types"]  # the bug, re-introduced
+    (tmp_path / "nx" / "config.json").write_text(json.dumps(cfg))
+    assert any("layer_types has" in p for p in validate(tmp_path / "nx"))

@@ -23,7 +23,7 @@ pytestmark = [
     pytest.mark.filterwarnings("ignore:Use 'content=<...>' to upload raw bytes:DeprecationWarning"),
 ]
 
-TARGET = "org/tiny-mimo"
+TARGET = "org/tiny-deepseek"  # a family both engines serve EAGLE-3 drafts for (launch lines for both)
 
 
 def _evaluation(mal: float) -> dict:
@@ -56,7 +56,7 @@ def _evaluation(mal: float) -> dict:
 @pytest.fixture
 def draft(build, hub, tmp_path: Path) -> Path:
     """An sglang export of an EAGLE-3 draft converted from a hub-hosted target, with an evaluation.json."""
-    hub.add_repo(TARGET, build("mimo", num_hidden_layers=6))
+    hub.add_repo(TARGET, build("deepseek_v3", num_hidden_layers=6))
     convert(TARGET, tmp_path / "eagle3", to="eagle3")
     export(tmp_path / "eagle3", "sglang", tmp_path / "sglang")
     (tmp_path / "sglang" / "evaluation.json").write_text(json.dumps(_evaluation(2.8)))
@@ -75,6 +75,18 @@ def _digest(folder: Path) -> str:
 
 def _lfs_puts(hub) -> list[dict]:
     return [r for r in hub.requests if r["method"] == "PUT" and r["path"].startswith("/__lfs/")]
+
+
+def test_card_offers_no_launch_line_an_engine_cannot_run(build, hub, tmp_path: Path) -> None:
+    """MiMo: SGLang has no EAGLE-3 aux capture and vLLM's MiMo trunk returns no aux states: an EAGLE-3 card for a
+    MiMo target offers neither launch line and says why."""
+    hub.add_repo("org/tiny-mimo", build("mimo", num_hidden_layers=6))
+    convert("org/tiny-mimo", tmp_path / "e3", to="eagle3")
+    export(tmp_path / "e3", "sglang", tmp_path / "sglang")
+    text = str(model_card(tmp_path / "sglang"))
+    assert "--speculative-algorithm EAGLE3" not in text and '"method": "eagle3"' not in text
+    assert "sglang 0.5.23 cannot serve a EAGLE-3 draft for mimo targets" in text
+    assert "vllm 0.33.0 cannot serve a EAGLE-3 draft for mimo targets" in text
 
 
 def test_push_downloads_back_as_a_valid_draft_with_a_parseable_card(draft: Path, hub, tmp_path: Path) -> None:
@@ -101,7 +113,7 @@ def test_push_downloads_back_as_a_valid_draft_with_a_parseable_card(draft: Path,
     assert "--speculative-algorithm EAGLE3 --speculative-draft-model-path tester/tiny-eagle3" in text
     assert '"method": "eagle3", "model": "tester/tiny-eagle3", "num_speculative_tokens": 3' in text
     assert "| **this draft** | 3 | 2.80 |" in text and "| baseline: raw MTP head | 3 | 1.90 |" in text
-    assert "- spec: mimo" in text and "target commit" in text  # provenance
+    assert "- spec: deepseek_v3" in text and "target commit" in text  # provenance
 
 
 def test_second_push_is_a_new_commit_without_resending_the_weights(draft: Path, hub) -> None:

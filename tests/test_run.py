@@ -15,6 +15,7 @@ from mtp2draft.export import validate
 @pytest.mark.slow
 def test_run_from_the_hub_to_a_pushed_draft(target, text_data, hub, tmp_path: Path, capsys) -> None:
     path = target("mimo", num_hidden_layers=6)  # deep enough for three distinct EAGLE-3 aux layers
+    # MiMo: no engine runs EAGLE-3 (run's default is a native draft); --to/--format exercise the EAGLE-3 chain
     hub.add_repo("org/tiny-mimo", path)
     code = main(
         [
@@ -40,6 +41,10 @@ def test_run_from_the_hub_to_a_pushed_draft(target, text_data, hub, tmp_path: Pa
             "2",
             "--push",
             "tester/tiny-mimo-eagle3",
+            "--to",
+            "eagle3",
+            "--format",
+            "sglang",
         ]
     )
     out, err = capsys.readouterr()

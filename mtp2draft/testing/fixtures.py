@@ -699,3 +699,19 @@ def write_char_tokenizer(out: str | Path, vocab_size: int = 256) -> Path:
     fast.chat_template = CHATML
     fast.save_pretrained(str(out))
     return Path(out)
+
+
+def eagle3_depth(name: str, kind: str = "eagle3") -> dict[str, int]:
+    """Overrides giving fixture `name` the 4 trunk layers an EAGLE-3 draft needs (three distinct capturable layers,
+    `convert.MIN_EAGLE3_LAYERS`); {} for other kinds or fixtures deep enough already."""
+    from ..spec import get_spec
+
+    spec = get_spec(FIXTURES[name]["spec"])
+    field = spec.config.num_layers
+    config = FIXTURES[name]["config"]
+    layers = spec.text_config(config).get(field, 0)
+    if kind != "eagle3" or layers >= 4:
+        return {}
+    if spec.config.text_config:  # nested text config: override the whole section
+        return {spec.config.text_config: {**config[spec.config.text_config], field: 4}}  # type: ignore[dict-item]
+    return {field: 4}

@@ -1,0 +1,145 @@
+"""The engine facts in the specs (`[engines.*]`): the support table and where it is shown, the per-engine MTP
+computation a native draft is trained for, and the defaults they drive."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from mtp2draft.cli import main
+from mtp2draft.convert import convert
+from mtp2draft.draft import load_draft
+from mtp2draft.errors import SpecError
+from mtp2draft.hub import launch_lines
+from mtp2draft.run import default_kind_and_format
+from mtp2draft.spec import get_spec, parse_spec, registry
+
+# Read from vLLM 0.33.0 / SGLang 0.5.23 sources (see each spec's `sources`); written out here so a wrong spec fails.
+NO_EAGLE3 = {
+    "sglang": {"mimo", "ernie4_5_moe", "mimo_v2_flash"},
+    "vllm": {"glm4_moe", "ernie4_5_moe", "longcat_flash", "mimo"},
+}
+VLLM_PRE_NORM_HANDOVER = {"glm4_moe", "ernie4_5_moe"}
+
+
+def test_support_table_matches_the_engines() -> None:
+    for spec in registry().values():
+        for engine in ("vllm", "sglang"):
+            assert spec.serves(engine, "mtp"), (spec.name, engine)
+            assert spec.serves(engine, "eagle3") == (spec.name not in NO_EAGLE3[engine]), (spec.name, engine)
+            assert spec.engine(engine).version == {"vllm": "0.33.0", "sglang": "0.5.23"}[engine]
+        # ERNIE applies no final norm: its hand-over is the block output (recorded as pre_norm) in both engines
+        assert (spec.engine("sglang").handover == "pre_norm") == (spec.name == "ernie4_5_moe"), spec.name
+        assert (spec.engine("vllm").handover == "pre_norm") == (spec.name in VLLM_PRE_NORM_HANDOVER), spec.name
+    ernie, mimo = get_spec("ernie4_5_moe"), get_spec("mimo")
+    for engine in ("vllm", "sglang"):
+        assert ernie.engine_computation(engine) == {
+            "input_hidden": "post_norm",
+            "final_norm": False,
+            "hidden_handover": "pre_norm",
+        }
+    assert mimo.engine_computation("vllm")["input_hidden"] == "pre_norm"
+    assert mimo.engine_computation("sglang")["input_hidden"] == "post_norm"
+    sglang_rules = {s.name: s.engine("sglang").aux_ids for s in registry().values() if s.serves("sglang", "eagle3")}
+    assert {n for n, r in sglang_rules.items() if r != "plus_one"} == {"deepseek_v3", "deepseek_v32"}
+
+
+def test_engine_tables_are_validated() -> None:
+    base = {
+        "name": "x",
+        "description": "x",
+        "architectures": ["X"],
+        "model_types": ["x"],
+        "layer": {},
+        "config": {"transformers_model_type": "llama"},
+        "keys": {
+            k: "k"
+            for k in ("enorm", "hnorm", "proj", "final_norm", "block", "target_embed", "target_head", "target_norm")
+        },
+        "block": {"module": "m", "decoder_layer": "D", "norm": "n", "rotary": "r", "attention": "gqa", "mlp": "dense"},
+    }
+    for engines, message in [
+        ({"tgi": {"version": "1"}}, "unknown engine"),
+        ({"vllm": {"version": "1", "methods": ["medusa"]}}, "methods must be"),
+        ({"vllm": {"version": "1", "methods": ["mtp"]}}, "needs handover"),
+        ({"vllm": {"methods": []}}, "version"),
+        ({"sglang": {"version": "1", "aux_ids": "minus_one"}}, "aux_ids"),
+    ]:
+        with pytest.raises(SpecError, match=message):
+            parse_spec({**base, "engines": engines})
+
+
+def test_specs_command_shows_the_support_table(capsys) -> None:
+    assert main(["specs"]) == 0
+    out = capsys.readouterr().out
+    assert "sglang 0.5.23" in out and "vllm 0.33.0" in out
+    glm = [line for line in out.splitlines() if line.startswith("glm4_moe ") and "mtp [" in line]
+    assert glm and "mtp [post_norm], eagle3" in glm[0] and glm[0].rstrip().endswith("mtp [pre_norm]")
+    assert main(["specs", "--json"]) == 0
+    rows = {r["name"]: r for r in json.loads(capsys.readouterr().out)}
+    assert rows["ernie4_5_moe"]["engines"]["vllm"] == {
+        **rows["ernie4_5_moe"]["engines"]["vllm"],
+        "methods": ["mtp"],
+        "final_norm": False,
+        "hidden": "post_norm",
+        "version": "0.33.0",
+    }
+
+
+def test_launch_lines_only_for_engines_that_can_run_them() -> None:
+    glm, mimo_v2 = get_spec("glm4_moe"), get_spec("mimo_v2_flash")
+    assert set(launch_lines("sglang", "zai-org/GLM-4.5-Air", "me/d", 4, glm)) == {"SGLang"}  # vLLM refuses EAGLE-3
+    assert set(launch_lines("speculators", "t", "d", 4, mimo_v2)) == {"vLLM", "vLLM (speculators config)"}
+    assert set(launch_lines("stitched", "t", "d", 4, glm)) == {"overlay", "vLLM", "SGLang"}
+    assert launch_lines("sglang", "t", "d", 4, get_spec("mimo")) == {}
+
+
+def test_run_defaults_follow_the_support_table() -> None:
+    assert default_kind_and_format(get_spec("deepseek_v3")) == ("eagle3", "sglang")
+    assert default_kind_and_format(get_spec("mimo_v2_flash")) == ("eagle3", "speculators")  # SGLang has no aux capture
+    assert default_kind_and_format(get_spec("mimo")) == ("mtp", "stitched")  # no engine runs EAGLE-3, no NextN class
+    assert default_kind_and_format(get_spec("ernie4_5_moe")) == ("mtp", "stitched")
+    assert default_kind_and_format(get_spec("glm4_moe"), "mtp") == ("mtp", "nextn")
+
+
+@pytest.mark.parametrize(
+    ("engine", "final_norm", "input_hidden"), [("vllm", False, "post_norm"), (None, True, "pre_norm")]
+)
+def test_distill_trains_ernie_for_the_engine_named(
+    target, text_data, tmp_path: Path, engine, final_norm: bool, input_hidden: str
+) -> None:
+    """ERNIE-4.5 in vLLM and SGLang: post-norm step-0 hidden, no final norm (so logits and hand-over read the block
+    output). `--engine vllm` trains exactly that, and the draft config and the model card say so."""
+    from mtp2draft.distill import DistillConfig, distill
+    from mtp2draft.hub import model_card
+
+    tgt = target("ernie4_5_moe")
+    convert(str(tgt), tmp_path / "raw", to="mtp", dtype="float32")
+    config = DistillConfig(steps=2, batch_size=2, max_length=32, save_every=2, log_every=1, engine=engine)
+    distill(tmp_path / "raw", tmp_path / "ft", text_data, str(tgt), config=config)
+    cfg = json.loads((tmp_path / "ft" / "config.json").read_text())
+    assert cfg["final_norm"] is final_norm and cfg["input_hidden"] == input_hidden
+    assert (cfg["engine"] or {}).get("name") == engine
+    draft = load_draft(tmp_path / "ft")
+    assert draft.apply_final_norm is final_norm and draft.input_hidden == input_hidden
+    h = draft.hidden_size
+    draft.attach_target(torch.randn(draft.vocab_size, h), torch.randn(draft.vocab_size, h))
+    with torch.no_grad():
+        x = torch.randn(1, 5, h)
+        normed, out = draft.layer_forward(torch.randn(1, 5, h), x, torch.arange(5)[None])
+    assert torch.equal(normed, out) is (not final_norm)
+    card = str(model_card(tmp_path / "ft"))
+    assert ("Trained for vllm 0.33.0's MTP computation" in card) is (engine == "vllm")
+
+
+def test_distill_refuses_an_engine_that_cannot_serve_the_draft(target, text_data, tmp_path: Path) -> None:
+    from mtp2draft.distill import DistillConfig, distill
+    from mtp2draft.errors import DataError
+
+    tgt = target("glm4_moe", num_hidden_layers=4)
+    convert(str(tgt), tmp_path / "e3", to="eagle3", dtype="float32")
+    with pytest.raises(DataError, match="vllm 0.33.0 cannot serve a eagle3 draft for glm4_moe"):
+        distill(tmp_path / "e3", tmp_path / "ft", text_data, str(tgt), config=DistillConfig(steps=1, engine="vllm"))
