@@ -443,6 +443,8 @@ class DistillResult:
     per_step_accuracy: list[float]
     history: list[dict[str, Any]] = field(default_factory=list)
     resumed_from: int | None = None
+    is_main: bool = True
+    """False on ranks other than 0 under torchrun: they wrote nothing and should print nothing."""
 
 
 def _lr(step: int, cfg: DistillConfig) -> float:
@@ -762,7 +764,7 @@ def _distill_on(
     state = parallel.full_state_dict(draft, par)  # collective: every rank takes part
     if not par.is_main:
         par.barrier()  # rank 0 writes the result, then everyone returns
-        return DistillResult(out, cfg.steps, seconds, final_acc, history, start or None)
+        return DistillResult(out, cfg.steps, seconds, final_acc, history, start or None, is_main=False)
     _write_result(
         draft,
         draft_dir,
@@ -786,6 +788,36 @@ def _distill_on(
     shutil.rmtree(ckpt_dir, ignore_errors=True)
     par.barrier()
     return DistillResult(out, cfg.steps, seconds, final_acc, history, start or None)
+
+
+def plan_memory(
+    draft_dir: str | Path,
+    config: DistillConfig | None = None,
+    world: int | None = None,
+    device: str = "cpu",
+    offline: bool = False,
+) -> list[memory.MemoryPlan]:
+    """`distill --plan`: the per-rank memory plan of every trainable subset, side by side, from the draft's
+    config.json alone (the chosen --train-subset first). World size: `world`, else torchrun's, else 1."""
+    cfg = config or DistillConfig()
+    world = world or int(os.environ.get("WORLD_SIZE", 1))
+    precision = parallel.resolve_precision(cfg.precision, device)
+    draft_config = read_draft_config(draft_dir)
+    subsets = [cfg.train_subset] + [s for s in parallel.TRAIN_SUBSETS if s != cfg.train_subset]
+    return [
+        memory.plan(
+            draft_config,
+            world,
+            precision,
+            cfg.batch_size,
+            cfg.max_length,
+            cfg.ttt_steps,
+            s,
+            cfg.activation_checkpointing,
+            online_logits=not offline,
+        )
+        for s in subsets
+    ]
 
 
 def _features_to(feats: Features, device: str) -> Features:
@@ -830,7 +862,7 @@ def _global_stats(stats: StepStats, weights: Sequence[float], par: Parallel) -> 
     rank holds its rows' part of S_s; with the GLOBAL n_s, sum over ranks of the rank losses is the 1-rank loss, and
     FSDP averages gradients over ranks, hence the factor N."""
     k = len(weights)
-    counts = par.sum(stats.per_step_count + stats.per_step_correct + [float(x) for x in stats.per_step_sum])
+    counts = par.sum(stats.per_step_count + stats.per_step_correct + [float(x.detach()) for x in stats.per_step_sum])
     n, correct, sums = counts[:k], counts[k : 2 * k], counts[2 * k :]
     loss = sum(weights[s] * stats.per_step_sum[s] / max(n[s], 1.0) for s in range(k)) * par.world
     per_step = [sums[s] / max(n[s], 1.0) for s in range(k)]
@@ -870,4 +902,4 @@ def _write_result(
         write_json(tmp / PROVENANCE_FILE, provenance)
 
 
-__all__ = ["DistillConfig", "distill", "ttt_forward", "ttt_mask", "NativeMtpDraft"]
+__all__ = ["DistillConfig", "distill", "plan_memory", "ttt_forward", "ttt_mask", "NativeMtpDraft"]
