@@ -136,3 +136,34 @@ def test_kill9_then_resume_on_any_world_size(runs: dict[str, Path], resumed: str
     for ref in ("two", "one"):
         weights, function = _assert_close(runs[ref], runs[resumed], runs["raw"], heldout)
         print(f"{resumed} vs uninterrupted {ref}: weights {weights:.1e}, logits {function:.1e}")
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_bf16_on_cuda_trains_and_writes_fp32_master_weights(tmp_path: Path) -> None:
+    """One process on CUDA: bf16 autocast by default, the written draft moved and is finite."""
+    convert(str(TARGET), tmp_path / "raw", dtype="float32")
+    common = [str(tmp_path / "raw"), "--target", str(TARGET), "--data", str(DATA), *ARGS[:-2]]
+    done = _one(*common, "--device", "cuda", "--out", str(tmp_path / "ft"))
+    assert done.returncode == 0, done.stderr
+    assert "bf16" in done.stderr
+    a, raw = _weights(tmp_path / "ft"), _weights(tmp_path / "raw")
+    assert all(torch.isfinite(v.float()).all() for v in a.values())
+    assert not torch.equal(a["eh_proj.weight"], raw["eh_proj.weight"])
+
+
+def test_rank_rows_split_the_global_batch() -> None:
+    from mtp2draft.parallel import Parallel
+
+    for world in (1, 2, 3, 4):
+        rows = [Parallel(rank=r, world=world).rows(10) for r in range(world)]
+        assert sum((list(range(10))[s] for s in rows), []) == list(range(10))
+
+
+def test_shard_units_cover_the_experts_first(build, tmp_path: Path) -> None:
+    from mtp2draft.draft import load_draft
+    from mtp2draft.parallel import shard_units
+
+    convert(str(build("deepseek_v3")), tmp_path / "d", dtype="float32")
+    units = shard_units(load_draft(tmp_path / "d"))
+    assert units and units[0].endswith("mlp.experts")  # innermost first: the fused routed experts are one unit
