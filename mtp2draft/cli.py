@@ -51,6 +51,12 @@ def _print_json(data: Any) -> None:
     print(json.dumps(data, indent=2, default=str))
 
 
+def _subsets() -> list[str]:
+    from .parallel import TRAIN_SUBSETS
+
+    return list(TRAIN_SUBSETS)
+
+
 def _kinds() -> list[str]:
     from .convert import DRAFT_KINDS
 
@@ -246,6 +252,25 @@ def distill(
     revision: Revision = None,
     token: Token = None,
     overwrite: Annotated[bool, typer.Option("--overwrite", help="Replace a non-empty --out.")] = False,
+    device: Annotated[
+        str | None, typer.Option("--device", help="cpu, cuda, cuda:N (default: cuda when available).")
+    ] = None,
+    precision: Annotated[
+        str | None, typer.Option("--precision", help="fp32 or bf16 (default: bf16 on CUDA, fp32 elsewhere).")
+    ] = None,
+    train_subset: Annotated[
+        str, typer.Option("--train-subset", help=f"Parameters to train: {', '.join(_subsets())}.")
+    ] = "all",
+    activation_checkpointing: Annotated[
+        bool, typer.Option("--activation-checkpointing", help="Recompute the block's MLP in backward.")
+    ] = False,
+    compile_: Annotated[bool, typer.Option("--compile", help="torch.compile the draft's block (GPU runs).")] = False,
+    plan: Annotated[
+        bool, typer.Option("--plan", help="Print the per-rank memory plan (every --train-subset) and exit.")
+    ] = False,
+    world_size: Annotated[
+        int | None, typer.Option("--world-size", help="With --plan: ranks to plan for (default: torchrun's, or 1).")
+    ] = None,
     as_json: AsJson = False,
 ) -> None:
     """Fine-tune a draft against the frozen target with training-time test (K unrolled draft steps).
@@ -258,9 +283,13 @@ def distill(
     * `mtp2draft distill ds3-mtp --target deepseek-ai/DeepSeek-V3 --data chats.jsonl --out ds3-mtp-ft`
     * `mtp2draft distill glm-eagle3 --target zai-org/GLM-4.5-Air --data chats.jsonl --regenerate --draft-vocab-size 32000 --ttt-steps 5 --out glm-eagle3-ft`
     * `mtp2draft distill ds3-mtp --hidden-states dumped/ --out ds3-mtp-ft` (offline, no target loaded)
+    * `torchrun --nproc-per-node 8 -m mtp2draft distill ds3-mtp --hidden-states dumped/ --out ds3-mtp-ft` (FSDP2;
+      --batch-size stays the global batch)
+    * `mtp2draft distill ds3-mtp --out x --plan --world-size 8 --max-length 2048` (memory per rank, then exit)
     """
-    from .distill import DistillConfig
+    from .distill import DistillConfig, plan_memory
     from .distill import distill as run
+    from .parallel import resolve_device
 
     cfg = DistillConfig(
         steps=steps,
@@ -274,7 +303,21 @@ def distill(
         save_every=save_every,
         hidden_handover=hidden_handover,
         engine=engine,
+        precision=precision,
+        train_subset=train_subset,
+        activation_checkpointing=activation_checkpointing,
+        compile=compile_,
     )
+    device = resolve_device(device)
+    if plan:
+        from .memory import render
+
+        plans = plan_memory(draft, cfg, world_size, device, offline=hidden_states is not None)
+        if as_json:
+            _print_json([p.as_dict() for p in plans])
+        else:
+            print(render(plans))
+        return
     result = run(
         draft,
         out,
@@ -289,9 +332,12 @@ def distill(
         regenerate,
         sample,
         skip_bad,
+        device=device,
         progress=log,
         progress_bar=sys.stderr.isatty(),
     )
+    if not result.is_main:  # other torchrun ranks: rank 0 reports
+        return
     summary = {
         "out": str(result.out),
         "steps": result.steps,

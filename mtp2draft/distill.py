@@ -34,9 +34,8 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
-from safetensors.torch import load_file
 
-from . import __version__
+from . import __version__, memory, parallel
 from .data import Example, load_tokenizer, read_examples, regenerate
 from .draft import (
     CONFIG_FILE,
@@ -51,7 +50,8 @@ from .draft import (
 )
 from .errors import DataError, DraftError, OptionError
 from .hidden import Features, OfflineHiddenStates, TargetModel, check_draft_fits, offline_features
-from .io import Progress, atomic_output_dir, check_output_dir, is_ours, mark, save_tensors, write_json
+from .io import Progress, atomic_output_dir, check_output_dir, save_tensors, write_json
+from .parallel import Parallel
 from .redact import command_line
 from .spec import ENGINES, get_spec
 
@@ -80,6 +80,14 @@ class DistillConfig:
     hidden_handover: str | None = None
     """Native MTP drafts: the hidden handed to the next step, overriding the engine's (`post_norm` | `pre_norm`).
     None: the engine's, or the draft's setting."""
+    precision: str | None = None
+    """fp32 or bf16 (see parallel.PRECISIONS); None: bf16 on CUDA, fp32 elsewhere."""
+    train_subset: str = "all"
+    """Which parameters train (parallel.TRAIN_SUBSETS); the rest stay frozen."""
+    activation_checkpointing: bool = False
+    """Recompute the block's MLP in backward (saves its activations; the math is unchanged)."""
+    compile: bool = False
+    """torch.compile the draft's block (GPU runs; the math is unchanged up to kernel rounding)."""
 
     def __post_init__(self) -> None:
         """Refuse values that would crash later or silently train nothing (one line each, before any work)."""
@@ -151,6 +159,8 @@ class StepStats:
     per_step_loss: list[float]
     per_step_correct: list[int]
     per_step_count: list[int]
+    per_step_sum: list[torch.Tensor] = field(default_factory=list)
+    """Un-normalised KL sum of each step (graph tensors): ranks normalise by the global token count."""
 
 
 def teacher_logprobs(
@@ -205,7 +215,7 @@ def ttt_forward(
     cache = DraftCache()
     positions = torch.arange(t, device=input_ids.device).expand(b, -1)
     total = hidden.new_zeros(())
-    losses, correct, counts, all_logits = [], [], [], []
+    losses, correct, counts, all_logits, sums = [], [], [], [], []
     for s in range(ttt_steps):
         tokens = shift(input_ids, s + 1)  # x[p + s + 1]: the token step s reads
         mask = ttt_mask(t, s, dtype, getattr(draft, "attention_window", None)).to(hidden.device)
@@ -221,7 +231,8 @@ def ttt_forward(
         kl = (p * (teacher.clamp(min=-1e30) - logq)).sum(-1)  # forward KL(target || draft): [B, T]
         valid = valid & torch.isfinite(teacher).any(-1)  # offline: no top-k id inside the draft vocabulary
         n = valid.sum()
-        step_loss = (kl * valid).sum() / n.clamp(min=1)
+        kl_sum = (kl * valid).sum()
+        step_loss = kl_sum / n.clamp(min=1)
         total = total + step_weights[s] * step_loss
         guess = logits.argmax(-1)
         if vocab_ids is not None:
@@ -229,9 +240,10 @@ def ttt_forward(
         losses.append(step_loss.item())
         correct.append(int(((guess == target_top1) & valid).sum()))
         counts.append(int(n))
+        sums.append(kl_sum)
     if return_logits:
         return all_logits
-    return StepStats(total, losses, correct, counts)
+    return StepStats(total, losses, correct, counts, sums)
 
 
 # ---- draft vocabulary, calibration -------------------------------------------------------------------------------------
@@ -426,53 +438,29 @@ def collate(examples: Sequence[Example], pad_id: int) -> dict[str, torch.Tensor]
 
 # ---- checkpoints --------------------------------------------------------------------------------------------------------
 def _settings_hash(settings: dict[str, Any]) -> str:
-    keep = {k: v for k, v in settings.items() if k not in ("save_every", "log_every", "steps")}
+    # neither changes the math, so a run may resume with or without them
+    skip = ("save_every", "log_every", "steps", "compile", "activation_checkpointing")
+    keep = {k: v for k, v in settings.items() if k not in skip}
     return hashlib.sha256(json.dumps(keep, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 
-def save_checkpoint(folder: Path, step: int, draft, optimizer: torch.optim.Optimizer, meta: dict[str, Any]) -> None:
-    """Atomically write step `step` (weights, AdamW moments, progress) and keep the two newest."""
-    fresh = not folder.exists()
-    folder.mkdir(parents=True, exist_ok=True)
-    if not is_ours(folder):
-        mark(folder)
-    final = folder / f"step-{step:07d}"
-    tmp = folder / f".step-{step:07d}.tmp"
-    shutil.rmtree(tmp, ignore_errors=True)
-    try:
-        tmp.mkdir()
-        save_tensors(tmp / "draft.safetensors", {k: v.contiguous() for k, v in draft.state_dict().items()})
-        opt, state = {}, optimizer.state_dict()
-        for idx, st in state["state"].items():
-            for name, value in st.items():
-                opt[f"{idx}.{name}"] = torch.as_tensor(value).contiguous()
-        save_tensors(tmp / "optimizer.safetensors", opt)
-        write_json(tmp / "state.json", {**meta, "step": step, "draft_config": draft.draft_config()})
-        os.replace(tmp, final)
-    except BaseException:  # disk full, read-only, interrupted: no half-written checkpoint is left behind
-        shutil.rmtree(folder if fresh else tmp, ignore_errors=True)
-        raise
-    for old in sorted(folder.glob("step-*"))[:-2]:
-        shutil.rmtree(old, ignore_errors=True)
+def save_checkpoint(
+    folder: Path, step: int, draft, optimizer: torch.optim.Optimizer, meta: dict[str, Any], par: Parallel | None = None
+) -> None:
+    """Atomically write step `step` (weights, AdamW moments, progress) and keep the two newest.
+
+    torch.distributed.checkpoint, keyed by parameter name, on one process or many (see parallel.py): a checkpoint
+    loads on any world size."""
+    parallel.save(folder, step, draft, optimizer, {**meta, "draft_config": draft.draft_config()}, par or Parallel())
 
 
 def latest_checkpoint(folder: Path) -> Path | None:
-    done = sorted(p for p in folder.glob("step-*") if (p / "state.json").is_file())
+    done = sorted(p for p in folder.glob("step-*") if (p / parallel.STATE_FILE).is_file())
     return done[-1] if done else None
 
 
-def load_checkpoint(path: Path, draft, optimizer: torch.optim.Optimizer) -> dict[str, Any]:
-    meta = json.loads((path / "state.json").read_text())
-    draft.load_state_dict(load_file(str(path / "draft.safetensors")))
-    flat = load_file(str(path / "optimizer.safetensors"))
-    state = optimizer.state_dict()
-    per_param: dict[int, dict[str, torch.Tensor]] = {}
-    for key, value in flat.items():
-        idx, name = key.split(".", 1)
-        per_param.setdefault(int(idx), {})[name] = value
-    state["state"] = per_param
-    optimizer.load_state_dict(state)
-    return meta
+def load_checkpoint(path: Path, draft, optimizer: torch.optim.Optimizer, par: Parallel | None = None) -> dict[str, Any]:
+    return parallel.load(path, draft, optimizer, par or Parallel())
 
 
 # ---- the stage ----------------------------------------------------------------------------------------------------------
@@ -484,6 +472,8 @@ class DistillResult:
     per_step_accuracy: list[float]
     history: list[dict[str, Any]] = field(default_factory=list)
     resumed_from: int | None = None
+    is_main: bool = True
+    """False on ranks other than 0 under torchrun: they wrote nothing and should print nothing."""
 
 
 def _lr(step: int, cfg: DistillConfig) -> float:
@@ -517,9 +507,63 @@ def distill(
     """Fine-tune the draft in `draft_dir` against the frozen target; write the result to `out`.
 
     Data comes either from `data` + the online `target`, or from a `dump-hidden` directory (`hidden_states`).
-    `stop_after` ends the run after that many steps without writing `out` (checkpoints stay): for tests."""
+    `stop_after` ends the run after that many steps without writing `out` (checkpoints stay): for tests.
+    Under torchrun every rank calls this; the global batch is split between them and rank 0 logs and writes
+    (see parallel.py)."""
     cfg = config or DistillConfig()
     out = Path(out)
+    owned = not torch.distributed.is_initialized()
+    par = Parallel.from_env(device)
+    try:
+        return _distill_on(
+            par,
+            cfg,
+            draft_dir,
+            out,
+            data,
+            target,
+            hidden_states,
+            revision,
+            token,
+            resume,
+            overwrite,
+            regenerate_data,
+            sample,
+            skip_bad,
+            checkpoint_dir,
+            progress if par.is_main else (lambda _: None),
+            stop_after,
+            progress_bar and par.is_main,
+        )
+    finally:
+        if owned:
+            par.close()
+
+
+def _distill_on(
+    par: Parallel,
+    cfg: DistillConfig,
+    draft_dir: str | Path,
+    out: Path,
+    data: str | Path | None,
+    target: str | None,
+    hidden_states: str | Path | None,
+    revision: str | None,
+    token: str | bool | None,
+    resume: bool,
+    overwrite: bool,
+    regenerate_data: bool,
+    sample: bool,
+    skip_bad: bool,
+    checkpoint_dir: str | Path | None,
+    progress: Progress,
+    stop_after: int | None,
+    progress_bar: bool,
+) -> DistillResult:
+    device = par.device
+    precision = parallel.resolve_precision(cfg.precision, device)
+    if cfg.batch_size < par.world:
+        raise DataError(f"--batch-size {cfg.batch_size} is the global batch: it must be at least the {par.world} ranks")
     inputs = [draft_dir, target, data, hidden_states]
     # --resume continues from checkpoints; it never stands in for --overwrite: an existing --out is only replaced
     # with --overwrite, and only when mtp2draft wrote it.
@@ -532,7 +576,24 @@ def distill(
                 f"{ckpt_dir} holds checkpoints of an earlier run: pass --resume to continue it, or --overwrite to "
                 "start over"
             )
-        shutil.rmtree(ckpt_dir, ignore_errors=True)
+        parallel.run_main_only(par, lambda: shutil.rmtree(ckpt_dir, ignore_errors=True))
+    # the memory plan, from the draft's config alone, before anything loads
+    mem = memory.plan(
+        read_draft_config(draft_dir),
+        par.world,
+        precision,
+        cfg.batch_size,
+        cfg.max_length,
+        cfg.ttt_steps,
+        cfg.train_subset,
+        cfg.activation_checkpointing,
+        online_logits=hidden_states is None,
+    )
+    progress(f"{memory.render([mem])}")
+    local_world = int(os.environ.get("LOCAL_WORLD_SIZE", par.world))
+    reason = memory.check_fits(mem, device, local_world if device == "cpu" else 1)
+    if reason:
+        raise DraftError(reason)
     torch.manual_seed(cfg.seed)
     draft = load_draft(draft_dir).to(device)
     kind = draft.kind
@@ -605,11 +666,15 @@ def distill(
     fingerprint = target_model.fingerprint() if target_model is not None else None
     draft.attach_target(embed.to(device), head.to(device))
 
-    def batch_at(step: int, want_final: bool = False) -> tuple[dict[str, torch.Tensor], Features]:
+    def batch_at(step: int, want_final: bool = False, whole: bool = False) -> tuple[dict[str, torch.Tensor], Features]:
+        """The step's batch: this rank's rows of the global batch (all of it when `whole`)."""
         idx = batch_indices(step, cfg.batch_size, n_examples, cfg.seed)
+        rows = slice(None) if whole else par.rows(len(idx))
         if examples is None:
-            return offline_features(store, idx, cfg.max_length)
-        batch = collate([examples[i] for i in idx], pad_id)
+            batch, feats = offline_features(store, idx[rows], cfg.max_length)
+            return batch, _features_to(feats, device)
+        batch = collate([examples[i] for i in idx], pad_id)  # padded as the global batch: same shapes on any N
+        batch = {k: v[rows] for k, v in batch.items()}
         aux = draft.aux_layer_ids if kind == "eagle3" else None
         feats = target_model.features(
             batch["input_ids"],
@@ -621,7 +686,14 @@ def distill(
         return batch, feats
 
     # -- draft vocabulary and calibration (fresh runs only: a resumed run finds them in its checkpoint) --
-    settings = {**asdict(cfg), "kind": kind, "draft": str(draft_dir), "data_hash": data_hash, "target": source_name}
+    settings = {
+        **asdict(cfg),
+        "precision": precision,
+        "kind": kind,
+        "draft": str(draft_dir),
+        "data_hash": data_hash,
+        "target": source_name,
+    }
     meta: dict[str, Any] = {}
     latest = latest_checkpoint(ckpt_dir) if resume else None
     if resume and latest is None:
@@ -645,7 +717,7 @@ def distill(
         raise DataError("--draft-vocab-size applies to eagle3 drafts; a native MTP draft shares the target's head")
     calibration = None
     if isinstance(draft, Eagle3Draft) and latest is None and draft.eagle_config.get("mtp2draft_init"):
-        batch, feats = batch_at(0, want_final=True)
+        batch, feats = batch_at(0, want_final=True, whole=True)  # every rank fits the same, on the whole batch
         native = _native_attention(draft_dir, embed, progress)
         calibration = calibrate_eagle3(draft, feats, batch["attention_mask"], native, batch["input_ids"])
         if calibration and "fc_fit_r2" in calibration:
@@ -664,11 +736,9 @@ def distill(
             "--steps 0 would write an untrained draft: 0 steps only calibrate an EAGLE-3 draft converted from MTP"
         )
 
-    params = draft.trainable_parameters()
-    optimizer = torch.optim.AdamW(params, lr=cfg.lr, betas=(0.9, 0.95), weight_decay=cfg.weight_decay)
     start = 0
     if latest is not None:
-        state = json.loads((latest / "state.json").read_text())
+        state = json.loads((latest / parallel.STATE_FILE).read_text())
         if state.get("settings_hash") != _settings_hash(settings):
             raise DraftError(f"{latest} was written with other settings: resume with the same options or start over")
         if state["draft_config"].get("draft_vocab_size") != getattr(draft, "draft_vocab_size", None):
@@ -677,12 +747,16 @@ def distill(
             narrow_vocab(draft, torch.arange(vd), head.float())
         if isinstance(draft, Eagle3Draft):
             draft.eagle_config.update(state["draft_config"])
-        params = draft.trainable_parameters()
-        optimizer = torch.optim.AdamW(params, lr=cfg.lr, betas=(0.9, 0.95), weight_decay=cfg.weight_decay)
-        meta = load_checkpoint(latest, draft, optimizer)
+    model, autocast = _prepare(draft, cfg, par, precision, progress)
+    params = draft.trainable_parameters()
+    optimizer = torch.optim.AdamW(params, lr=cfg.lr, betas=(0.9, 0.95), weight_decay=cfg.weight_decay)
+    if latest is not None:
+        meta = load_checkpoint(latest, draft, optimizer, par)
         vocab_ids = draft_target_ids(draft)
         start = int(meta["step"])
-        progress(f"resuming from {latest.name}")
+        progress(
+            f"resuming from {latest.name}" + (f" (written by {meta['world_size']} rank(s))" if par.distributed else "")
+        )
     history: list[dict[str, Any]] = meta.get("history", [])
     acc_window: list[list[float]] = []
     draft.train()
@@ -698,17 +772,21 @@ def distill(
         batch, feats = batch_at(step)
         for group in optimizer.param_groups:
             group["lr"] = _lr(step, cfg)
-        stats = ttt_forward(
-            draft,
-            feats,
-            batch["input_ids"].to(device),
-            batch["loss_mask"].to(device),
-            cfg.ttt_steps,
-            weights,
-            vocab_ids,
-        )
+        with autocast():
+            stats = ttt_forward(
+                model,
+                feats,
+                batch["input_ids"].to(device),
+                batch["loss_mask"].to(device),
+                cfg.ttt_steps,
+                weights,
+                vocab_ids,
+            )
+        loss = stats.loss
+        if par.distributed:
+            stats, loss = _global_stats(stats, weights, par)
         optimizer.zero_grad(set_to_none=True)
-        stats.loss.backward()
+        loss.backward()
         torch.nn.utils.clip_grad_norm_(params, cfg.grad_clip)
         optimizer.step()
         acc = [c / max(n, 1) for c, n in zip(stats.per_step_correct, stats.per_step_count, strict=True)]
@@ -727,7 +805,12 @@ def distill(
             acc_window = []
         if (step + 1) % cfg.save_every == 0 and step + 1 < cfg.steps:
             save_checkpoint(
-                ckpt_dir, step + 1, draft, optimizer, {"settings_hash": _settings_hash(settings), "history": history}
+                ckpt_dir,
+                step + 1,
+                draft,
+                optimizer,
+                {"settings_hash": _settings_hash(settings), "history": history},
+                par,
             )
     if bar is not None:
         bar.close()
@@ -738,6 +821,10 @@ def distill(
         raise RuntimeError("the target's weights changed during distillation: this is a bug")
     seconds = time.perf_counter() - started
     final_acc = history[-1]["accuracy"] if history else []
+    state = parallel.full_state_dict(draft, par)  # collective: every rank takes part
+    if not par.is_main:
+        par.barrier()  # rank 0 writes the result, then everyone returns
+        return DistillResult(out, cfg.steps, seconds, final_acc, history, start or None, is_main=False)
     _write_result(
         draft,
         draft_dir,
@@ -754,14 +841,107 @@ def distill(
             "resumed_from_step": start or None,
             "command": command_line(),
             "version": __version__,
+            "world_size": par.world,
         },
+        state,
     )
     shutil.rmtree(ckpt_dir, ignore_errors=True)
+    par.barrier()
     return DistillResult(out, cfg.steps, seconds, final_acc, history, start or None)
 
 
-def _write_result(draft, draft_dir: str | Path, out: Path, overwrite: bool, info: dict[str, Any]) -> None:
-    """The fine-tuned draft in the same format as its input, provenance extended with a `distill` section."""
+def plan_memory(
+    draft_dir: str | Path,
+    config: DistillConfig | None = None,
+    world: int | None = None,
+    device: str = "cpu",
+    offline: bool = False,
+) -> list[memory.MemoryPlan]:
+    """`distill --plan`: the per-rank memory plan of every trainable subset, side by side, from the draft's
+    config.json alone (the chosen --train-subset first). World size: `world`, else torchrun's, else 1."""
+    cfg = config or DistillConfig()
+    world = world or int(os.environ.get("WORLD_SIZE", 1))
+    precision = parallel.resolve_precision(cfg.precision, device)
+    draft_config = read_draft_config(draft_dir)
+    subsets = [cfg.train_subset] + [s for s in parallel.TRAIN_SUBSETS if s != cfg.train_subset]
+    return [
+        memory.plan(
+            draft_config,
+            world,
+            precision,
+            cfg.batch_size,
+            cfg.max_length,
+            cfg.ttt_steps,
+            s,
+            cfg.activation_checkpointing,
+            online_logits=not offline,
+        )
+        for s in subsets
+    ]
+
+
+def _features_to(feats: Features, device: str) -> Features:
+    """Offline features are read on the CPU; the draft may live elsewhere."""
+    if device == "cpu":
+        return feats
+    moved = {k: (v.to(device) if isinstance(v, torch.Tensor) else v) for k, v in vars(feats).items()}
+    return Features(**moved)
+
+
+def _prepare(draft, cfg: DistillConfig, par: Parallel, precision: str, progress: Progress):
+    """Subset, activation checkpointing, FSDP2 and compile, in that order, on the loaded (and narrowed) draft.
+
+    Returns (the module ttt_forward calls, a context manager for the step: autocast for one-process bf16)."""
+    import contextlib
+
+    frozen = parallel.freeze_subset(draft, cfg.train_subset)
+    if frozen:
+        progress(f"--train-subset {cfg.train_subset}: {len(frozen)} parameter tensor(s) frozen")
+    if cfg.activation_checkpointing:
+        parallel.checkpoint_mlp(draft)
+    autocast = contextlib.nullcontext
+    if par.distributed:
+        parallel.broadcast_parameters(draft, par)
+        units = parallel.shard(draft, par, precision)
+        progress(f"FSDP2 over {par.world} rank(s): units {', '.join(units) or '(root only)'} + root; {precision}")
+    elif precision == "bf16":
+        device_type = torch.device(par.device).type
+
+        def autocast():
+            return torch.autocast(device_type, dtype=torch.bfloat16)
+
+    if cfg.compile:
+        parallel.draft_block(draft).compile()
+    return draft, autocast
+
+
+def _global_stats(stats: StepStats, weights: Sequence[float], par: Parallel) -> tuple[StepStats, torch.Tensor]:
+    """Stats over the global batch, and the loss this rank back-propagates.
+
+    The 1-rank loss is sum_s w_s * S_s / n_s (S_s: KL summed over the batch's valid tokens, n_s: their count). Each
+    rank holds its rows' part of S_s; with the GLOBAL n_s, sum over ranks of the rank losses is the 1-rank loss, and
+    FSDP averages gradients over ranks, hence the factor N."""
+    k = len(weights)
+    counts = par.sum(stats.per_step_count + stats.per_step_correct + [float(x.detach()) for x in stats.per_step_sum])
+    n, correct, sums = counts[:k], counts[k : 2 * k], counts[2 * k :]
+    loss = sum(weights[s] * stats.per_step_sum[s] / max(n[s], 1.0) for s in range(k)) * par.world
+    per_step = [sums[s] / max(n[s], 1.0) for s in range(k)]
+    total = torch.tensor(sum(weights[s] * per_step[s] for s in range(k)))
+    out = StepStats(total, per_step, [int(c) for c in correct], [int(c) for c in n])
+    return out, loss
+
+
+def _write_result(
+    draft,
+    draft_dir: str | Path,
+    out: Path,
+    overwrite: bool,
+    info: dict[str, Any],
+    full_state: dict[str, torch.Tensor] | None = None,
+) -> None:
+    """The fine-tuned draft in the same format as its input, provenance extended with a `distill` section.
+
+    full_state: the gathered state dict of a sharded draft (parallel.full_state_dict); else draft.state_dict()."""
     src_cfg = read_draft_config(draft_dir)
     prov_path = Path(draft_dir) / PROVENANCE_FILE
     provenance = json.loads(prov_path.read_text()) if prov_path.is_file() else {}
@@ -770,7 +950,7 @@ def _write_result(draft, draft_dir: str | Path, out: Path, overwrite: bool, info
     buffers = {k for k, _ in draft.named_buffers()}
     state = {
         k: (v.to(dtype) if v.is_floating_point() and k not in buffers else v).detach().cpu().contiguous()
-        for k, v in draft.state_dict().items()
+        for k, v in (full_state if full_state is not None else draft.state_dict()).items()
     }
     if isinstance(draft, Eagle3Draft):
         config = {**src_cfg, **draft.draft_config()}
@@ -782,4 +962,4 @@ def _write_result(draft, draft_dir: str | Path, out: Path, overwrite: bool, info
         write_json(tmp / PROVENANCE_FILE, provenance)
 
 
-__all__ = ["DistillConfig", "distill", "ttt_forward", "ttt_mask", "NativeMtpDraft"]
+__all__ = ["DistillConfig", "distill", "plan_memory", "ttt_forward", "ttt_mask", "NativeMtpDraft"]

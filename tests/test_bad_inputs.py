@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import contextlib
 import errno
-import importlib
 import json
 import os
 import shutil
@@ -42,7 +41,7 @@ class World:
 @pytest.fixture(scope="module")
 def world(target, text_data, tmp_path_factory) -> World:
     root = tmp_path_factory.mktemp("world")
-    ds, mimo = target("deepseek_v3", num_hidden_layers=4), target("mimo")
+    ds, mimo = target("deepseek_v3", num_hidden_layers=6), target("mimo")
     convert(str(ds), root / "ds-mtp")
     convert(str(mimo), root / "mimo-mtp")
     convert(str(ds), root / "ds-e3", to="eagle3")
@@ -87,7 +86,7 @@ def _edit_config(ck: Path, **changes) -> None:
     (ck / "config.json").write_text(json.dumps(cfg))
 
 
-MTP = "model.layers.4."  # the MTP layer of the 4-layer DeepSeek-V3 fixture
+MTP = "model.layers.6."  # the MTP layer of the 6-layer DeepSeek-V3 fixture (aux ids 1, 2, 4: every engine)
 
 
 def _rewrite_tensor(ck: Path, key: str, fn: Callable[[torch.Tensor], torch.Tensor]) -> None:
@@ -246,7 +245,7 @@ def convert_unknown_dtype(w, tmp, mp, stack):
 
 @case
 def aux_layers_beyond_the_target(w, tmp, mp, stack):
-    return Case(_convert(w.ds, tmp, "--to", "eagle3", "--aux-layers", "0,1,9"), "aux layer ids must be")
+    return Case(_convert(w.ds, tmp, "--to", "eagle3", "--aux-layers", "1,2,9"), "aux layer ids must be")
 
 
 @case
@@ -486,10 +485,10 @@ def disk_full_while_converting(w, tmp, mp, stack):
 
 @case
 def disk_full_while_saving_a_distill_checkpoint(w, tmp, mp, stack):
-    def full(path, *_a, **_k):
-        raise OSError(errno.ENOSPC, "No space left on device", str(path))
+    def full(*_a, checkpoint_id=None, **_k):
+        raise OSError(errno.ENOSPC, "No space left on device", str(checkpoint_id))
 
-    mp.setattr(importlib.import_module("mtp2draft.distill"), "save_tensors", full)  # the package shadows the name
+    mp.setattr("torch.distributed.checkpoint.save", full)  # checkpoints are DCP folders
     return Case(_distill(w, tmp, "--save-every", "1"), "No space left on device")
 
 
@@ -598,11 +597,11 @@ def evaluate_missing_draft(w, tmp, mp, stack):
 def validate_aux_ids_beyond_the_target(w, tmp, mp, stack):
     draft = _copy(w.ds_e3, tmp, "draft")
     cfg = json.loads((draft / "config.json").read_text())
-    cfg["eagle_config"]["eagle_aux_hidden_state_layer_ids"] = [0, 1, 7]
-    cfg["eagle_aux_hidden_state_layer_ids"] = [1, 2, 8]
+    cfg["eagle_config"]["eagle_aux_hidden_state_layer_ids"] = [1, 2, 9]  # SGLang's terms for DeepSeek (first id 1)
+    cfg["eagle_aux_hidden_state_layer_ids"] = [2, 3, 10]  # vLLM's: the same layers' outputs, as inputs of i + 1
     cfg["mtp2draft"].pop("target_num_layers")  # only the target tells
     (draft / "config.json").write_text(json.dumps(cfg))
-    return Case(["validate", str(draft), "--target", str(w.ds)], "1 violation", stdout="beyond the target's 4 layers")
+    return Case(["validate", str(draft), "--target", str(w.ds)], "violation", stdout="beyond the target's 6 layers")
 
 
 @case

@@ -42,7 +42,7 @@ def test_a_token_never_reaches_anything_written_or_pushed(
     monkeypatch.setenv("MTP2DRAFT_CACHE", str(tmp_path / "cache" / "ranges"))
     with HubServer(token=TOKEN) as hub, hub.activate():
         monkeypatch.delenv("HF_TOKEN")  # the token only arrives through --token
-        hub.add_repo("org/tiny", build("deepseek_v3", num_hidden_layers=4), owner_token=TOKEN)
+        hub.add_repo("org/tiny", build("deepseek_v3", num_hidden_layers=6), owner_token=TOKEN)
         assert main(["convert", "org/tiny", "--to", "eagle3", "--out", str(work / "e3"), "--token", TOKEN]) == 0
         assert main(["export", str(work / "e3"), "--format", "sglang", "--out", str(work / "x"), "--token", TOKEN]) == 0
         # an export written by an older mtp2draft that recorded the command line verbatim
