@@ -159,7 +159,7 @@ def convert(
     """
     from .convert import convert as run
 
-    aux = _ints(aux_layers, "--aux-layers")
+    aux = _numbers(aux_layers, "--aux-layers", int)
     result = run(source, out, to, layer, dtype, revision, token, overwrite, aux, progress=log)
     summary = {
         "out": str(result.out),
@@ -188,26 +188,15 @@ Target = Annotated[str, typer.Option("--target", help="Target model: hub repo id
 SkipBad = Annotated[bool, typer.Option("--skip-bad", help="Skip malformed data lines (counted) instead of failing.")]
 
 
-def _floats(text: str | None, option: str) -> list[float] | None:
-    """'1,0.8,0.64' -> [1.0, 0.8, 0.64]; a malformed list is a usage error naming the option."""
+def _numbers(text: str | None, option: str, cast: type = float) -> list | None:
+    """'1,0.8,0.64' -> [1.0, 0.8, 0.64] (cast: float or int); a malformed list is a usage error naming the option."""
     if not text:
         return None
     try:
-        return [float(x) for x in text.split(",")]
+        return [cast(x) for x in text.split(",")]
     except ValueError:
-        raise typer.BadParameter(f"expected numbers separated by commas, got {text!r}", param_hint=option) from None
-
-
-def _ints(text: str | None, option: str) -> list[int] | None:
-    """'1,3,5' -> [1, 3, 5]; a malformed list is a usage error naming the option."""
-    if not text:
-        return None
-    try:
-        return [int(x) for x in text.split(",")]
-    except ValueError:
-        raise typer.BadParameter(
-            f"expected whole numbers separated by commas, got {text!r}", param_hint=option
-        ) from None
+        what = "whole numbers" if cast is int else "numbers"
+        raise typer.BadParameter(f"expected {what} separated by commas, got {text!r}", param_hint=option) from None
 
 
 @app.command()
@@ -299,7 +288,7 @@ def distill(
         max_length=max_length,
         draft_vocab_size=draft_vocab_size,
         seed=seed,
-        step_weights=_floats(step_weights, "--step-weights"),
+        step_weights=_numbers(step_weights, "--step-weights"),
         save_every=save_every,
         hidden_handover=hidden_handover,
         engine=engine,
@@ -456,7 +445,7 @@ def dump_hidden(
     from .hidden import TargetModel, dump_hidden_states
 
     tm = TargetModel(target, revision, token)
-    ids = _ints(aux_layers, "--aux-layers")
+    ids = _numbers(aux_layers, "--aux-layers", int)
     final = None
     if draft is not None:
         loaded = load_draft(draft)

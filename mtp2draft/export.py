@@ -971,10 +971,10 @@ def validate(
 def _target_problems(cfg: Mapping[str, Any], target_cfg: Mapping[str, Any] | None) -> list[str]:
     """What an EAGLE-3 draft's config promises about its target, checked against the target's config (or the layer
     count recorded at conversion): engines capture the input of layer i + 1 for aux id i, so ids run to N - 2."""
-    eagle = cfg.get("eagle_config") if isinstance(cfg.get("eagle_config"), dict) else {}
-    ids = eagle.get("eagle_aux_hidden_state_layer_ids")
-    if ids is None and isinstance(cfg.get("eagle_aux_hidden_state_layer_ids"), list):  # speculators: input-of ids
-        ids = [i - 1 for i in cfg["eagle_aux_hidden_state_layer_ids"] if isinstance(i, int)]
+    # The top-level ids (vLLM's, in every EAGLE-3 layout) are "input of layer i": the captured outputs are i - 1.
+    # eagle_config's are in SGLang's per-family terms (`[engines.sglang] aux_ids`), so they are not read here.
+    top = cfg.get("eagle_aux_hidden_state_layer_ids")
+    ids = [i - 1 for i in top if isinstance(i, int)] if isinstance(top, list) else None
     layers = None
     if target_cfg is not None:
         spec = find_spec(target_cfg)

@@ -13,6 +13,7 @@ from mtp2draft.convert import convert
 from mtp2draft.draft import load_draft, native_config
 from mtp2draft.memory import check_fits, plan
 from mtp2draft.spec import get_spec
+from mtp2draft.testing.fixtures import eagle3_depth
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -68,7 +69,7 @@ def test_activation_estimate_tracks_what_autograd_keeps(build, tmp_path: Path, k
     from mtp2draft.distill import ttt_forward
     from mtp2draft.hidden import Features
 
-    convert(str(build("mimo")), tmp_path / "d", to=kind, dtype="float32")
+    convert(str(build("mimo", **eagle3_depth("mimo", kind))), tmp_path / "d", to=kind, dtype="float32")
     draft = load_draft(tmp_path / "d")
     cfg = json.loads((tmp_path / "d" / "config.json").read_text())
     v, h = draft.vocab_size, draft.hidden_size
