@@ -52,13 +52,13 @@ def _print_json(data: Any) -> None:
 
 
 def _subsets() -> list[str]:
-    from .parallel import TRAIN_SUBSETS
+    from .train_subsets import TRAIN_SUBSETS
 
     return list(TRAIN_SUBSETS)
 
 
 def _kinds() -> list[str]:
-    from .convert import DRAFT_KINDS
+    from .kinds import DRAFT_KINDS
 
     return list(DRAFT_KINDS)
 
@@ -479,7 +479,7 @@ def _engines() -> list[str]:
 
 
 def _formats(include_native: bool = False) -> list[str]:
-    from .export import FORMATS, VALIDATE_FORMATS
+    from .formats import FORMATS, VALIDATE_FORMATS
 
     return list(VALIDATE_FORMATS if include_native else FORMATS)
 

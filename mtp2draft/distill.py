@@ -35,7 +35,8 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from . import __version__, memory, parallel
+from . import memory, parallel
+from ._version import __version__
 from .data import Example, load_tokenizer, read_examples, regenerate
 from .draft import (
     CONFIG_FILE,

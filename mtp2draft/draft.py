@@ -45,6 +45,7 @@ from safetensors.torch import load_file
 from torch import nn
 
 from .errors import CheckpointError, DraftError
+from .formats.eagle3 import aux_ids, speculators_to_eagle3_config, speculators_weight_name
 from .spec import Spec, get_spec
 
 DRAFT_FORMAT_VERSION = 1
@@ -419,10 +420,8 @@ class Eagle3Draft(nn.Module):
     def aux_layer_ids(self) -> list[int]:
         """Target layers (0-based, 'output of layer i') whose outputs `fc` fuses, low to high: the top-level
         ('input of layer i') ids - 1, as every engine reads them; `eagle_config`'s copy is in SGLang's terms, which
-        depend on the target family (see `export.sglang_aux_ids`)."""
-        from .export import _aux_ids
-
-        return _aux_ids(self.eagle_config)
+        depend on the target family (see `formats.eagle3.sglang_aux_ids`)."""
+        return aux_ids(self.eagle_config)
 
     @property
     def vocab_size(self) -> int:
@@ -531,8 +530,6 @@ def load_draft(path: str | Path, dtype: torch.dtype = torch.float32) -> Draft:
     cfg = read_draft_config(path)
     rename = None
     if cfg.get("speculators_model_type"):  # vLLM's speculators layout: back to SGLang's config and names
-        from .export import speculators_to_eagle3_config, speculators_weight_name
-
         cfg, rename = speculators_to_eagle3_config(cfg), speculators_weight_name
     draft = build_draft(cfg)
     weights = path / WEIGHTS_FILE

@@ -35,7 +35,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from . import __version__, network
+from . import network
+from ._version import __version__
 from .draft import CONFIG_FILE, PROVENANCE_FILE
 from .errors import DraftError, HubError, Mtp2DraftError, ValidationError
 from .export import EVALUATION_FILE, README_FILE, detect_format, validate

@@ -36,7 +36,8 @@ from typing import Any
 import torch
 from torch import nn
 
-from .parallel import TRAIN_SUBSETS, shard_units
+from .parallel import shard_units
+from .train_subsets import TRAIN_SUBSETS
 
 # Linear maps whose outputs are the attention's keys/values (transformers' names: GQA, gated attention, MLA).
 KV_PROJECTIONS = ("*.k_proj", "*.v_proj", "*.kv_b_proj")

@@ -374,17 +374,6 @@ def _check_values(spec: Spec) -> None:
             template.format(i=0, n=0)
         except (KeyError, IndexError, ValueError) as exc:
             raise SpecError(f"{where}: keys.{name} = {template!r} uses a placeholder other than {{i}}/{{n}}") from exc
-    # Named transforms must exist; imported lazily to keep spec loading free of torch.
-    from .transforms import EAGLE3_TRANSFORMS, LOAD_TRANSFORMS
-
-    for name in spec.block.load:
-        if name not in LOAD_TRANSFORMS:
-            raise SpecError(f"{where}: block.load names unknown transform {name!r}; known: {sorted(LOAD_TRANSFORMS)}")
-    for name in spec.eagle3.transforms:
-        if name not in EAGLE3_TRANSFORMS:
-            raise SpecError(
-                f"{where}: eagle3.transforms names unknown transform {name!r}; known: {sorted(EAGLE3_TRANSFORMS)}"
-            )
 
 
 def load_spec_file(path: str | Path) -> Spec:
