@@ -34,7 +34,7 @@ from .draft import (
 from .errors import CheckpointError, ShallowTargetError, SourceError
 from .formats.eagle3 import eagle_config_ids
 from .io import Progress, SafetensorsWriter, atomic_output_dir, check_output_dir, quiet, write_json
-from .kinds import DRAFT_KINDS
+from .kinds import DRAFT_KINDS, DraftKind
 from .layout import (
     MtpLayerPlan,
     iter_native_tensors,
@@ -244,7 +244,7 @@ class ConvertResult:
 def convert(
     source: str,
     out: str | Path,
-    to: str = "mtp",
+    to: str = DraftKind.MTP,
     layer: int | None = None,
     dtype: str = "bfloat16",
     revision: str | None = None,
@@ -256,6 +256,7 @@ def convert(
     """Convert MTP layer `layer` of SOURCE into a draft directory `out` (`to`: mtp or eagle3)."""
     if to not in DRAFT_KINDS:
         raise SourceError(f"--to must be one of {', '.join(DRAFT_KINDS)}, got {to!r}")
+    to = DraftKind(to)
     if dtype not in DTYPES:
         raise SourceError(f"--dtype must be one of {', '.join(DTYPES)}, got {dtype!r}")
     check_output_dir(out, overwrite, inputs=[source])
@@ -264,7 +265,7 @@ def convert(
     ckpt = open_checkpoint(source, revision, token)
     spec = find_spec(ckpt.config)
     layer, count = resolve_layer(ckpt, spec, layer)
-    if to == "eagle3" and not aux_layers:
+    if to == DraftKind.EAGLE3 and not aux_layers:
         default_aux_layers(spec.num_layers(ckpt.config))  # a too-shallow target is refused before any byte is read
     progress(f"{spec.name}: MTP layer {layer} of {count}; reading shard headers")
     plan = plan_mtp_layer(ckpt, spec, layer)
@@ -287,7 +288,7 @@ def convert(
         "fp8_block_size": list(ckpt.fp8_block_size()) if dequantised else None,
     }
     with atomic_output_dir(out, overwrite, inputs=[source]) as tmp:
-        if to == "mtp":
+        if to == DraftKind.MTP:
             needed = plan.checkpoint_keys
             _write_native(ckpt, plan, tmp, torch_dtype, progress)
             provenance["tensors"] = {
@@ -332,7 +333,7 @@ def convert(
         layer,
         count,
         ckpt.bytes_fetched,
-        ckpt.bytes_for(needed) if to == "mtp" else ckpt.bytes_fetched,
+        ckpt.bytes_for(needed) if to == DraftKind.MTP else ckpt.bytes_fetched,
         ckpt.total_bytes(),
         seconds,
         provenance,

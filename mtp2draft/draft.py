@@ -46,6 +46,7 @@ from torch import nn
 
 from .errors import CheckpointError, DraftError
 from .formats.eagle3 import aux_ids, speculators_to_eagle3_config, speculators_weight_name
+from .kinds import DraftKind, detect_kind
 from .spec import Spec, get_spec
 
 DRAFT_FORMAT_VERSION = 1
@@ -146,7 +147,7 @@ class ComposedBlock(nn.Module):
 class NativeMtpDraft(nn.Module):
     """One MTP layer of `spec`'s family, computed as the checkpoint defines it."""
 
-    kind = "mtp"
+    kind = DraftKind.MTP
 
     def __init__(
         self,
@@ -322,7 +323,7 @@ def native_config(
     text = spec.text_config(target_config)
     return {
         "architectures": ["Mtp2DraftNativeMtp"],
-        "draft_kind": "mtp",
+        "draft_kind": DraftKind.MTP,
         "format_version": DRAFT_FORMAT_VERSION,
         "spec": spec.name,
         "mtp_layer": layer,
@@ -394,7 +395,7 @@ class Eagle3Layer(nn.Module):
 class Eagle3Draft(nn.Module):
     """The EAGLE-3 draft in SGLang's layout (weights named exactly as `LlamaForCausalLMEagle3` loads them)."""
 
-    kind = "eagle3"
+    kind = DraftKind.EAGLE3
     hidden_handover = "pre_norm"
 
     def __init__(self, config: Mapping[str, Any]) -> None:
@@ -500,17 +501,9 @@ def read_draft_config(path: str | Path) -> dict[str, Any]:
         raise DraftError(f"{cfg_file} is not valid JSON: {exc}") from exc
 
 
-def draft_kind(cfg: Mapping[str, Any]) -> str:
-    if cfg.get("draft_kind") == "mtp":
-        return "mtp"
-    if "LlamaForCausalLMEagle3" in (cfg.get("architectures") or []):
-        return "eagle3"
-    raise DraftError("config.json describes neither an mtp2draft native MTP draft nor an EAGLE-3 draft")
-
-
 def build_draft(cfg: Mapping[str, Any]) -> Draft:
     """An uninitialised draft module from a draft config.json dict."""
-    if draft_kind(cfg) == "mtp":
+    if detect_kind(cfg) is DraftKind.MTP:
         return NativeMtpDraft(
             get_spec(cfg["spec"]),
             cfg["target_config"],

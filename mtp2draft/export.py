@@ -61,6 +61,7 @@ from .formats.eagle3 import (
     speculators_weight_name,
 )
 from .io import Progress, SafetensorsWriter, atomic_output_dir, check_output_dir, quiet, save_tensors, write_json
+from .kinds import DraftKind, detect_kind
 from .layout import native_to_checkpoint, plan_mtp_layer
 from .redact import command_line
 from .spec import Spec, find_spec, get_spec
@@ -114,12 +115,12 @@ def export(
         raise SourceError(f"--speculative-tokens must be at least 1, got {speculative_tokens}")
     src = Path(draft)
     cfg = read_draft_config(src)
-    kind = _input_kind(cfg)
-    if FORMATS[format] != kind:
-        other = [f for f, k in FORMATS.items() if k == kind]
+    kind = detect_kind(cfg, "export reads directories written by `convert` or `distill`")
+    if FORMATS[format] is not kind:
+        other = [f for f, k in FORMATS.items() if k is kind]
         raise DraftError(
-            f"--format {format} takes {'an EAGLE-3' if FORMATS[format] == 'eagle3' else 'a native MTP'} draft; "
-            f"{src} is {'an EAGLE-3' if kind == 'eagle3' else 'a native MTP'} draft (use --format {' or '.join(other)})"
+            f"--format {format} takes {FORMATS[format].a_draft} draft; "
+            f"{src} is {kind.a_draft} draft (use --format {' or '.join(other)})"
         )
     if format == "stitched" and not target:
         raise SourceError("--format stitched needs --target: the checkpoint whose MTP layer the draft replaces")
@@ -156,17 +157,6 @@ def export(
             )
         files = sorted(p.name for p in tmp.iterdir())
     return ExportResult(Path(out), format, files, time.perf_counter() - started, provenance)
-
-
-def _input_kind(cfg: Mapping[str, Any]) -> str:
-    if cfg.get("draft_kind") == "mtp":
-        return "mtp"
-    if EAGLE3_ARCHITECTURE in (cfg.get("architectures") or []) or cfg.get("speculators_model_type") == "eagle3":
-        return "eagle3"
-    raise DraftError(
-        "config.json describes neither an mtp2draft native MTP draft nor an EAGLE-3 draft "
-        "(export reads directories written by `convert` or `distill`)"
-    )
 
 
 def _read_json(path: Path) -> dict[str, Any] | None:
@@ -627,7 +617,7 @@ def engine_mismatches(spec: Spec, cfg: Mapping[str, Any], engines: Iterable[str]
     notes = []
     for engine in engines:
         facts = spec.engine(engine)
-        if facts is None or not facts.serves("mtp"):
+        if facts is None or not facts.serves(DraftKind.MTP):
             notes.append(f"{engine} serves no native MTP draft for {spec.name} targets")
             continue
         theirs = spec.engine_computation(engine)
@@ -716,7 +706,7 @@ def detect_format(config: Mapping[str, Any]) -> str:
         return "speculators"
     if EAGLE3_ARCHITECTURE in architectures:
         return "sglang"
-    if config.get("draft_kind") == "mtp":
+    if config.get("draft_kind") == DraftKind.MTP:
         return "mtp"
     nextn = {s.nextn.architecture for s in _registry().values() if s.nextn.architecture}
     if any(a in nextn or a.endswith("NextN") for a in architectures):
@@ -1036,7 +1026,7 @@ def _validate_speculators(path: Path, cfg: dict[str, Any]) -> list[str]:
     problems: list[str] = []
     if cfg.get("architectures") != [SPECULATORS_ARCHITECTURE]:
         problems.append(f"architectures is {cfg.get('architectures')}, expected [{SPECULATORS_ARCHITECTURE!r}]")
-    if cfg.get("speculators_model_type") != "eagle3":
+    if cfg.get("speculators_model_type") != DraftKind.EAGLE3:
         problems.append(f"speculators_model_type is {cfg.get('speculators_model_type')!r}, expected 'eagle3'")
     if not cfg.get("speculators_version"):
         problems.append("speculators_version is missing")
@@ -1045,7 +1035,7 @@ def _validate_speculators(path: Path, cfg: dict[str, Any]) -> list[str]:
         problems.append("speculators_config is missing")
         sc = {}
     else:
-        if sc.get("algorithm") != "eagle3":
+        if sc.get("algorithm") != DraftKind.EAGLE3:
             problems.append(f"speculators_config.algorithm is {sc.get('algorithm')!r}, expected 'eagle3'")
         methods = sc.get("proposal_methods")
         if not isinstance(methods, list) or not methods:

@@ -32,6 +32,7 @@ from . import network
 from .checkpoint import INDEX_FILE, SINGLE_FILE, open_checkpoint, parse_index, read_config
 from .errors import CheckpointError, DataError, DraftError, SourceError
 from .io import atomic_output_dir, quiet_transformers, save_tensors, write_json
+from .kinds import DraftKind
 from .spec import Spec, find_spec
 
 HIDDEN_SCHEMA_VERSION = 1
@@ -56,7 +57,7 @@ class Features:
     topk_ids: torch.Tensor | None = None
 
     def step0_input(self, kind: str) -> torch.Tensor:
-        features = self.aux if kind == "eagle3" else self.final
+        features = self.aux if kind == DraftKind.EAGLE3 else self.final
         if features is None:
             raise DataError(f"these hidden states do not hold what a {kind} draft reads")
         return features

@@ -40,7 +40,9 @@ from ._version import __version__
 from .draft import CONFIG_FILE, PROVENANCE_FILE
 from .errors import DraftError, HubError, Mtp2DraftError, ValidationError
 from .export import EVALUATION_FILE, README_FILE, detect_format, validate
+from .formats import format_kind
 from .io import Progress, quiet
+from .kinds import DraftKind
 from .redact import find_secret, known_secrets, redact, register_secret
 from .spec import ENGINES, Spec, find_spec, get_spec
 
@@ -237,7 +239,7 @@ def launch_lines(fmt: str, target: str, draft: str, k: int = DEFAULT_K, spec: Sp
     lines = _all_launch_lines(fmt, target, draft, k)
     if spec is None:
         return lines
-    method = "eagle3" if fmt in ("sglang", "speculators") else "mtp"
+    method = format_kind(fmt)
     return {
         label: line
         for label, line in lines.items()
@@ -247,7 +249,7 @@ def launch_lines(fmt: str, target: str, draft: str, k: int = DEFAULT_K, spec: Sp
 
 def unsupported_engines(fmt: str, spec: Spec) -> list[str]:
     """'vllm 0.33.0'-style names of the engines that cannot run this format's draft kind for the family."""
-    method = "eagle3" if fmt in ("sglang", "speculators") else "mtp"
+    method = format_kind(fmt)
     out = []
     for engine in ENGINES:
         if not spec.serves(engine, method):
@@ -319,7 +321,7 @@ def model_card(path: str | Path, repo_id: str | None = None, base_model: str | N
     fmt = detect_format(cfg)
     prov = _read_json(path / PROVENANCE_FILE) or {}
     evaluation = _read_json(path / EVALUATION_FILE)
-    kind = "eagle3" if fmt in ("sglang", "speculators") else "mtp"
+    kind = format_kind(fmt)
     target = base_model or _target(cfg, prov)
     name = (repo_id or path.resolve().name).split("/")[-1]
     draft_ref = repo_id or str(path)
@@ -339,7 +341,7 @@ def model_card(path: str | Path, repo_id: str | None = None, base_model: str | N
                 metric_value=float(results[0]["mean_acceptance_length"]),
             )
         ]
-    tags = ["speculative-decoding", kind, "sglang", "vllm", LIBRARY_NAME]
+    tags = ["speculative-decoding", kind.value, "sglang", "vllm", LIBRARY_NAME]
     if fmt == "speculators":
         tags.append("speculators")
     data_card = ModelCardData(
@@ -413,7 +415,7 @@ def _body(
     if any(label in LINE_ENGINES for label in lines):
         for engine, line in lines.items():
             out += [f"{engine}:", "", "```bash", line, "```", ""]
-        if fmt == "nextn" and (spec is None or spec.serves("vllm", "mtp")):
+        if fmt == "nextn" and (spec is None or spec.serves("vllm", DraftKind.MTP)):
             out.append("vLLM loads MTP drafts from the target checkpoint itself: use the `stitched` export for vLLM.")
     elif fmt in ("mtp", "eagle3") or not lines:
         out.append("Export it first: `mtp2draft export DRAFT --format nextn|stitched --out DIR`.")

@@ -22,6 +22,7 @@ from .errors import SourceError
 from .evaluate import evaluate, save_evaluation
 from .export import export
 from .io import Progress, check_output_dir, mark
+from .kinds import DraftKind
 from .spec import ENGINES, Spec
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
@@ -45,12 +46,16 @@ def default_kind_and_format(spec: Spec, to: str | None = None, fmt: str | None =
     where an engine serves it (its SGLang layout where SGLang does, else vLLM's speculators layout), native MTP
     otherwise (a NextN checkpoint where SGLang loads one, else the stitched overlay)."""
     if to is None:
-        to = "eagle3" if any(spec.serves(e, "eagle3") for e in ENGINES) else "mtp"
+        to = DraftKind.EAGLE3 if any(spec.serves(e, DraftKind.EAGLE3) for e in ENGINES) else DraftKind.MTP
     if fmt is None:
-        if to == "eagle3":
-            fmt = "speculators" if spec.serves("vllm", "eagle3") and not spec.serves("sglang", "eagle3") else "sglang"
+        if to == DraftKind.EAGLE3:
+            fmt = (
+                "speculators"
+                if spec.serves("vllm", DraftKind.EAGLE3) and not spec.serves("sglang", DraftKind.EAGLE3)
+                else "sglang"
+            )
         else:
-            fmt = "nextn" if spec.nextn.architecture and spec.serves("sglang", "mtp") else "stitched"
+            fmt = "nextn" if spec.nextn.architecture and spec.serves("sglang", DraftKind.MTP) else "stitched"
     return to, fmt
 
 
@@ -99,12 +104,21 @@ def run(
     t = time.perf_counter()
     progress(f"[1/5] convert {source} -> raw MTP head and {to} draft")
     raw = work / "raw-mtp"
-    convert(source, raw, to="mtp", layer=layer, revision=revision, token=token, overwrite=True, progress=progress)
+    convert(
+        source, raw, to=DraftKind.MTP, layer=layer, revision=revision, token=token, overwrite=True, progress=progress
+    )
     start = raw
-    if to == "eagle3":
+    if to == DraftKind.EAGLE3:
         start = work / "raw-eagle3"
         convert(
-            source, start, to="eagle3", layer=layer, revision=revision, token=token, overwrite=True, progress=progress
+            source,
+            start,
+            to=DraftKind.EAGLE3,
+            layer=layer,
+            revision=revision,
+            token=token,
+            overwrite=True,
+            progress=progress,
         )
     stages["convert"] = time.perf_counter() - t
 
@@ -180,7 +194,7 @@ def demo(work: str | Path, steps: int = 150, overwrite: bool = True, progress: P
         str(BUNDLED_TARGET),
         work,
         BUNDLED_DATA / "train.jsonl",
-        to="mtp",
+        to=DraftKind.MTP,
         eval_data=BUNDLED_DATA / "heldout.jsonl",
         distill_config=cfg,
         num_draft_tokens=4,

@@ -12,12 +12,12 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from ..errors import DraftError
+from ..kinds import EAGLE3_ARCHITECTURE, DraftKind
 from ..spec import get_spec
 
 if TYPE_CHECKING:
     import torch
 
-EAGLE3_ARCHITECTURE = "LlamaForCausalLMEagle3"
 
 SPECULATORS_ARCHITECTURE = "Eagle3Speculator"
 
@@ -209,10 +209,10 @@ def speculators_config(
     layer.update({k: cfg[k] for k in TOKEN_FIELDS if k in cfg})
     out: dict[str, Any] = {
         "architectures": [SPECULATORS_ARCHITECTURE],
-        "speculators_model_type": "eagle3",
+        "speculators_model_type": DraftKind.EAGLE3,
         "speculators_version": SPECULATORS_VERSION,
         "speculators_config": {
-            "algorithm": "eagle3",
+            "algorithm": DraftKind.EAGLE3,
             "proposal_methods": [
                 {
                     "proposal_type": "greedy",
