@@ -46,13 +46,13 @@ from torch import nn
 
 from .errors import CheckpointError, DraftError
 from .formats.eagle3 import aux_ids, speculators_to_eagle3_config, speculators_weight_name
+from .kinds import CONFIG_FILE as CONFIG_FILE  # the draft directory's files (defined in kinds), re-exported
+from .kinds import PROVENANCE_FILE as PROVENANCE_FILE
+from .kinds import WEIGHTS_FILE as WEIGHTS_FILE
 from .kinds import DraftKind, detect_kind
 from .spec import Spec, get_spec
 
 DRAFT_FORMAT_VERSION = 1
-CONFIG_FILE = "config.json"
-WEIGHTS_FILE = "model.safetensors"
-PROVENANCE_FILE = "provenance.json"
 
 
 class DraftCache:

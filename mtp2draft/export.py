@@ -1,77 +1,42 @@
-"""Stage 4a: draft directory -> the files a serving engine loads, and the validators that check them.
+"""Stage 4a: draft directory -> the files a serving engine loads, validated before they appear. A dispatcher: each
+format lives in its own module of `formats/` (`formats.REGISTRY` lists them; `../shared/reference/draft-formats.md`
+is the contract):
+- `sglang` (EAGLE-3): SGLang's `LlamaForCausalLMEagle3` layout, also read by vLLM and TensorRT-LLM (`formats.eagle3`).
+- `speculators` (EAGLE-3): vLLM's native `Eagle3Speculator` format (`formats.eagle3`).
+- `nextn` (native MTP): a standalone NextN checkpoint for SGLang (`formats.nextn`).
+- `stitched` (native MTP): the fine-tuned layer written back over the target as an overlay (`formats.stitched`).
+- `mtp`: mtp2draft's own native draft directory, which `validate` checks and export reads (`formats.native`).
 
-Formats (`FORMATS`, each for one draft kind; `../shared/reference/draft-formats.md` is the contract):
-- `sglang` (EAGLE-3): SGLang's `LlamaForCausalLMEagle3` layout, also read by vLLM and TensorRT-LLM. Aux layer ids
-  written twice: `eagle_config` in "output of layer i" terms (SGLang captures before layer i + 1), top level in
-  vLLM's "input of layer i" terms (the same ids + 1).
-- `speculators` (EAGLE-3): vLLM's native format (`Eagle3Speculator`): the same weights with `midlayer.` renamed
-  `layers.0.`, a `transformer_layer_config`, the proposal method and verifier, and every norm switch written
-  explicitly with the values that reproduce mtp2draft's EAGLE-3 computation (`NORM_SWITCHES`).
-- `nextn` (native MTP): a standalone NextN checkpoint for SGLang: the layer renumbered to 0 under the family's own
-  key names, no embedding or head, `num_hidden_layers: 1`, the spec's `[nextn]` architecture; FP8 where the target
-  shipped the layer in FP8 (SGLang's `export_deepseek_nextn.py` copies tensors in their stored dtype).
-- `stitched` (native MTP): the fine-tuned layer written back under the target's key names, dtypes and quantization,
-  as an overlay: only the shards holding MTP keys (their other tensors unchanged), the index, the target's
-  config.json and a README saying how to lay the files over the target (vLLM's `method: "mtp"` then loads it).
-
-Every exporter writes into a temporary sibling directory, runs `validate` on it, and renames it into place only
+Every export writes into a temporary sibling directory, runs `validate` on it, and renames it into place only
 when the validator finds nothing: a violation raises `ValidationError` (listing them all) and nothing is written.
 `validate` is the same function the `validate` command runs on any directory (format detected from config.json).
 
 What this module does not do: train, evaluate or convert checkpoints (it reads draft directories written by
-`convert` / `distill`), or talk to the Hub beyond reading a `--target` checkpoint (`hub.py` publishes).
+`convert` / `distill`), know any one format (`formats/`), or talk to the Hub beyond reading a `--target` checkpoint
+(`hub.py` publishes).
 """
 
 from __future__ import annotations
 
-import copy
-import json
-import math
 import shutil
 import time
-from collections import OrderedDict
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import torch
-
 from ._version import __version__
-from .checkpoint import DTYPES as ST_DTYPES
-from .checkpoint import INDEX_FILE, SCALE_SUFFIX, Checkpoint, open_checkpoint, quantize_fp8
-from .draft import CONFIG_FILE, PROVENANCE_FILE, WEIGHTS_FILE, NativeMtpDraft, read_draft_config
+from .checkpoint import open_checkpoint
+from .draft import CONFIG_FILE, PROVENANCE_FILE, read_draft_config
 from .errors import DraftError, SourceError, ValidationError
-from .formats import FORMATS, VALIDATE_FORMATS
-from .formats.eagle3 import (
-    EAGLE3_ARCHITECTURE,
-    LLAMA_FIELDS,
-    NORM_SWITCHES,
-    SGLANG_PREFIX,
-    SPECULATORS_ARCHITECTURE,
-    SPECULATORS_PREFIX,
-    draft_spec_name,
-    dtype_name,
-    sglang_aux_ids,
-    sglang_aux_rule,
-    sglang_captured_outputs,
-    sglang_config,
-    speculators_config,
-    speculators_to_eagle3_config,
-    speculators_weight_name,
-)
-from .io import Progress, SafetensorsWriter, atomic_output_dir, check_output_dir, quiet, save_tensors, write_json
-from .kinds import DraftKind, detect_kind
-from .layout import native_to_checkpoint, plan_mtp_layer
+from .formats import FORMATS, REGISTRY, ExportJob, exportable, get_format
+from .formats.common import DTYPES, EVALUATION_FILE, README_FILE, _read_json
+from .formats.eagle3 import NORM_SWITCHES, hub_id_of, speculators_to_eagle3_config, speculators_weight_name
+from .formats.native import requantize_fp8
+from .io import Progress, atomic_output_dir, check_output_dir, quiet, write_json
+from .kinds import detect_kind
 from .redact import command_line
-from .spec import Spec, find_spec, get_spec
-
-DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
-EVALUATION_FILE = "evaluation.json"
-README_FILE = "README.md"
-
-# Tensors of a shard being rewritten are copied in runs of about this many bytes (peak memory per run).
-COPY_RUN_BYTES = 256 * 2**20
+from .spec import find_spec
 
 
 @dataclass
@@ -107,8 +72,9 @@ def export(
     required by `stitched`, optional for `nextn` (its dtypes and FP8 layout then come from the target's headers
     rather than the draft's provenance). speculative_tokens: k written into the speculators proposal method.
     """
-    if format not in FORMATS:
-        raise SourceError(f"--format must be one of {', '.join(FORMATS)}, got {format!r}")
+    formats = exportable()
+    if format not in formats:
+        raise SourceError(f"--format must be one of {', '.join(formats)}, got {format!r}")
     if dtype not in DTYPES:
         raise SourceError(f"--dtype must be one of {', '.join(DTYPES)}, got {dtype!r}")
     if speculative_tokens < 1:
@@ -116,14 +82,14 @@ def export(
     src = Path(draft)
     cfg = read_draft_config(src)
     kind = detect_kind(cfg, "export reads directories written by `convert` or `distill`")
-    if FORMATS[format] is not kind:
-        other = [f for f, k in FORMATS.items() if k is kind]
+    if formats[format] is not kind:
+        other = [f for f, k in formats.items() if k is kind]
         raise DraftError(
-            f"--format {format} takes {FORMATS[format].a_draft} draft; "
+            f"--format {format} takes {formats[format].a_draft} draft; "
             f"{src} is {kind.a_draft} draft (use --format {' or '.join(other)})"
         )
-    if format == "stitched" and not target:
-        raise SourceError("--format stitched needs --target: the checkpoint whose MTP layer the draft replaces")
+    if REGISTRY[format].needs_target and not target:
+        raise SourceError(f"--format {format} needs --target: the checkpoint whose MTP layer the draft replaces")
     check_output_dir(out, overwrite, inputs=[draft, target])
     started = time.perf_counter()
     provenance = _read_json(src / PROVENANCE_FILE) or {}
@@ -134,13 +100,22 @@ def export(
         "command": command_line(),
     }
     with atomic_output_dir(out, overwrite, inputs=[draft, target]) as tmp:
-        if format in ("sglang", "speculators"):
-            record["dtype"] = dtype
-            _export_eagle3(src, cfg, tmp, format, DTYPES[dtype], speculative_tokens, provenance, progress, verifier)
-        elif format == "nextn":
-            _export_nextn(src, cfg, tmp, provenance, record, target, revision, token, progress)
-        else:
-            _export_stitched(src, cfg, tmp, provenance, record, target, revision, token, progress)  # type: ignore[arg-type]
+        job = ExportJob(
+            src,
+            cfg,
+            tmp,
+            format,
+            dtype,
+            speculative_tokens,
+            provenance,
+            record,
+            target,
+            revision,
+            token,
+            progress,
+            verifier,
+        )
+        get_format(format).write(job)  # type: ignore[misc]
         if (src / EVALUATION_FILE).is_file():  # `push` puts the measured acceptance on the model card
             shutil.copyfile(src / EVALUATION_FILE, tmp / EVALUATION_FILE)
         provenance = {**provenance, "export": record}
@@ -159,571 +134,15 @@ def export(
     return ExportResult(Path(out), format, files, time.perf_counter() - started, provenance)
 
 
-def _read_json(path: Path) -> dict[str, Any] | None:
-    if not path.is_file():
-        return None
-    try:
-        data = json.loads(path.read_text())
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise DraftError(f"{path} is not valid JSON: {exc}") from exc
-    return data if isinstance(data, dict) else None
-
-
-# ---- EAGLE-3: sglang and speculators ------------------------------------------------------------------------------
-
-
-def _eagle3_input(src: Path, cfg: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
-    """(SGLang-layout config, SGLang-named tensors) of an EAGLE-3 draft directory in either layout."""
-    from safetensors.torch import load_file
-
-    weights = src / WEIGHTS_FILE
-    if not weights.is_file():
-        raise DraftError(f"{src} has no {WEIGHTS_FILE}")
-    state = load_file(str(weights))
-    if cfg.get("speculators_model_type"):
-        return speculators_to_eagle3_config(cfg), {speculators_weight_name(k): v for k, v in state.items()}
-    return dict(cfg), state
-
-
-def hub_id_of(source: str | None) -> str | None:
-    """The hub repo id a source names: itself when it is one, the repo of a Hugging Face cache snapshot directory
-    (`.../models--org--name/snapshots/<commit>`), else None (a plain local directory)."""
-    if not source:
-        return None
-    path = Path(source)
-    if not path.is_absolute() and not source.startswith((".", "~")) and source.count("/") == 1:
-        return source
-    for part in reversed(path.parts):
-        if part.startswith("models--") and part.count("--") >= 2:
-            return "/".join(part[len("models--") :].split("--", 1))
-    return None
-
-
-def _verifier(
-    cfg: Mapping[str, Any], provenance: Mapping[str, Any], name: str | None = None, progress: Progress = quiet
-) -> dict[str, Any]:
-    """The target (speculators' 'verifier', which `vllm serve DRAFT` loads): `name` when given, else the hub id the
-    draft was converted from; a local directory is written as it is, with a note (it only serves on this machine).
-    Architectures come from the spec."""
-    meta = cfg.get("mtp2draft") or {}
-    source = provenance.get("source") or meta.get("source")
-    if not name:
-        name = hub_id_of(source) or source
-        if name and name == source and hub_id_of(source) is None:
-            progress(
-                f"note: the verifier is the local directory {source}; pass --verifier HUB_ID so that "
-                "`vllm serve DRAFT` finds the target elsewhere"
-            )
-    spec_name = meta.get("spec") or provenance.get("spec")
-    architectures: list[str] = []
-    if spec_name:
-        spec = get_spec(spec_name)
-        architectures = list(spec.architectures[:1])
-    return {"name_or_path": name, "architectures": architectures}
-
-
-def _export_eagle3(
-    src: Path,
-    cfg: Mapping[str, Any],
-    tmp: Path,
-    format: str,
-    dtype: torch.dtype,
-    speculative_tokens: int,
-    provenance: Mapping[str, Any],
-    progress: Progress,
-    verifier_name: str | None = None,
-) -> None:
-    eagle_cfg, state = _eagle3_input(src, cfg)
-    if format == "sglang":
-        out_cfg, prefix = sglang_config(eagle_cfg, dtype), SGLANG_PREFIX
-    else:
-        verifier = _verifier(eagle_cfg, provenance, verifier_name, progress)
-        out_cfg = speculators_config(eagle_cfg, dtype, speculative_tokens, verifier)
-        prefix = SPECULATORS_PREFIX
-    tensors: dict[str, torch.Tensor] = {}
-    for name in sorted(state):
-        if name == "embed_tokens.weight":  # engines share the target's embedding
-            continue
-        tensor = state[name]
-        if name == "d2t":
-            tensor = tensor.to(torch.int64)
-        elif name == "t2d":
-            tensor = tensor.to(torch.bool)
-        elif tensor.is_floating_point():
-            tensor = tensor.to(dtype)
-        out_name = prefix + name[len(SGLANG_PREFIX) :] if name.startswith(SGLANG_PREFIX) else name
-        tensors[out_name] = tensor
-    progress(f"writing {len(tensors)} tensors ({format} layout, {dtype_name(dtype)})")
-    save_tensors(tmp / WEIGHTS_FILE, tensors, {"format": "pt"})
-    write_json(tmp / CONFIG_FILE, out_cfg)
-
-
-# ---- native MTP: nextn and stitched -------------------------------------------------------------------------------
-def _num_layers_field(spec: Spec) -> str:
-    return getattr(spec.config, "num_layers", "num_hidden_layers")
-
-
-def _with_text_fields(spec: Spec, config: Mapping[str, Any], **fields: Any) -> dict[str, Any]:
-    """A copy of `config` with `fields` set in its (possibly nested) text config."""
-    out = copy.deepcopy(dict(config))
-    text = out[spec.config.text_config] if spec.config.text_config else out
-    text.update(fields)
-    return out
-
-
-def nextn_text_fields(spec: Spec, target_config: Mapping[str, Any]) -> dict[str, Any]:
-    """Text-config fields a one-layer NextN checkpoint changes: the layer and MTP counts set to 1, and every per-layer
-    list (a list with one entry per trunk layer, e.g. Qwen3.5's `layer_types`) cut to the MTP block's one entry —
-    the spec's `block_overrides` value when it names the field, else the list's first entry. transformers' config
-    classes refuse a `layer_types` whose length is not `num_hidden_layers`."""
-    text = spec.text_config(target_config)
-    n = spec.num_layers(target_config)
-    fields: dict[str, Any] = {_num_layers_field(spec): 1, spec.config.mtp_count: 1}
-    for key, value in text.items():
-        if isinstance(value, list) and len(value) == n and n != 1:
-            override = spec.config.block_overrides.get(key)
-            fields[key] = list(override) if isinstance(override, (list, tuple)) and len(override) == 1 else value[:1]
-    return fields
-
-
-class NativeLayer:
-    """A native draft's weights seen under checkpoint key names, one module tensor in memory at a time.
-
-    The module -> checkpoint key map comes from `native_to_checkpoint` applied to meta tensors (no bytes read); a
-    tensor is read and split (e.g. fused experts -> per-expert keys) when first asked for, and the last two module
-    tensors are kept (a shard interleaves the gate_up and down pieces of consecutive experts)."""
-
-    def __init__(self, weights: Path, spec: Spec, config: Mapping[str, Any], layer: int) -> None:
-        from safetensors import safe_open
-
-        self.spec, self.config, self.layer = spec, dict(config), layer
-        self._to_checkpoint = native_to_checkpoint
-        self._fh = safe_open(str(weights), framework="pt")
-        self.module_of: dict[str, str] = {}
-        self.shapes: dict[str, tuple[int, ...]] = {}
-        for module_key in self._fh.keys():  # noqa: SIM118 - safe_open is not a mapping
-            meta = torch.empty(self._fh.get_slice(module_key).get_shape(), device="meta")
-            for ckpt_key, t in native_to_checkpoint(spec, self.config, layer, {module_key: meta}).items():
-                self.module_of[ckpt_key] = module_key
-                self.shapes[ckpt_key] = tuple(t.shape)
-        self._cache: OrderedDict[str, dict[str, torch.Tensor]] = OrderedDict()
-
-    def checkpoint_keys(self) -> list[str]:
-        return list(self.module_of)
-
-    def get(self, ckpt_key: str) -> torch.Tensor:
-        """The tensor stored under `ckpt_key` (fp32 for floating tensors)."""
-        module_key = self.module_of[ckpt_key]
-        if module_key not in self._cache:
-            tensor = self._fh.get_tensor(module_key)
-            tensor = tensor.float() if tensor.is_floating_point() else tensor
-            self._cache[module_key] = self._to_checkpoint(self.spec, self.config, self.layer, {module_key: tensor})
-            while len(self._cache) > 2:
-                self._cache.popitem(last=False)
-        self._cache.move_to_end(module_key)
-        return self._cache[module_key][ckpt_key]
-
-
-def _native_input(src: Path, cfg: Mapping[str, Any]) -> tuple[Spec, dict[str, Any], int]:
-    if not (src / WEIGHTS_FILE).is_file():
-        raise DraftError(f"{src} has no {WEIGHTS_FILE}")
-    try:
-        return get_spec(cfg["spec"]), dict(cfg["target_config"]), int(cfg.get("mtp_layer", 0))
-    except KeyError as exc:
-        raise DraftError(f"{src}/{CONFIG_FILE} lacks {exc} (not a native draft written by convert/distill?)") from exc
-
-
-def _open_target(target: str, spec: Spec, target_config: Mapping[str, Any], revision, token) -> Checkpoint:
-    """The target checkpoint, checked to be the family and shape the draft was converted from."""
-    ckpt = open_checkpoint(target, revision, token)
-    found = find_spec(ckpt.config)
-    if found.name != spec.name:
-        raise DraftError(f"--target {target} is a {found.name} checkpoint; the draft is a {spec.name} MTP layer")
-    mine, theirs = spec.text_config(target_config), spec.text_config(ckpt.config)
-    for key in ("hidden_size", _num_layers_field(spec), "vocab_size", spec.config.mtp_count):
-        if key in mine and mine.get(key) != theirs.get(key):
-            raise DraftError(
-                f"--target {target} has {key}={theirs.get(key)}, the draft was converted from a checkpoint with "
-                f"{key}={mine.get(key)}: not the draft's target"
-            )
-    return ckpt
-
-
-@dataclass(frozen=True)
-class _Stored:
-    """How the target stores one checkpoint tensor: dtype, and for FP8 the scale's key, dtype and block."""
-
-    dtype: torch.dtype
-    scale_key: str | None = None
-    scale_dtype: torch.dtype = torch.float32
-
-
-def _fp8_block(config: Mapping[str, Any], provenance: Mapping[str, Any]) -> tuple[tuple[int, int], bool]:
-    quant = config.get("quantization_config") or {}
-    block = provenance.get("fp8_block_size") or quant.get("weight_block_size") or [128, 128]
-    # DeepSeek-V3.1 ships power-of-two (UE8M0) scales; requantised weights keep that property.
-    return (int(block[0]), int(block[1])), quant.get("scale_fmt") == "ue8m0"
-
-
-def requantize_fp8(
-    weight: torch.Tensor, block: tuple[int, int], ue8m0: bool = False
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """fp32 weight -> (float8_e4m3fn weight, fp32 `_scale_inv`) per block, scale = amax / 448 (`quantize_fp8`);
-    with `ue8m0` the scale is rounded up to a power of two (so no value clips) and the weight requantised with it."""
-    q, scale = quantize_fp8(weight, block)
-    if not ue8m0:
-        return q, scale
-    scale = torch.exp2(torch.ceil(torch.log2(scale)))
-    m, n = weight.shape
-    full = scale.repeat_interleave(block[0], 0)[:m].repeat_interleave(block[1], 1)[:, :n]
-    fmax = torch.finfo(torch.float8_e4m3fn).max
-    return (weight.float() / full).clamp(-fmax, fmax).to(torch.float8_e4m3fn), scale
-
-
-class _Writer:
-    """Produces the stored form of each checkpoint tensor of the native layer: cast to the target's dtype, or FP8
-    requantised (weight and `_scale_inv` come out of one quantisation, whichever is asked for first)."""
-
-    def __init__(self, native: NativeLayer, stored: Mapping[str, _Stored], block: tuple[int, int], ue8m0: bool):
-        self.native, self.stored, self.block, self.ue8m0 = native, stored, block, ue8m0
-        self.scale_of = {s.scale_key: k for k, s in stored.items() if s.scale_key}
-        self._pending: dict[str, torch.Tensor] = {}
-        self.requantised: list[str] = []
-
-    def names(self, key: str) -> list[str]:
-        scale = self.stored[key].scale_key
-        return [key, scale] if scale else [key]
-
-    def spec(self, key: str) -> tuple[torch.dtype, tuple[int, ...]]:
-        """(dtype, shape) of a weight or scale key as it will be written."""
-        if key in self.scale_of:
-            weight = self.scale_of[key]
-            m, n = self.native.shapes[weight]
-            return self.stored[weight].scale_dtype, (math.ceil(m / self.block[0]), math.ceil(n / self.block[1]))
-        return self.stored[key].dtype, self.native.shapes[key]
-
-    def get(self, key: str) -> torch.Tensor:
-        if key in self._pending:
-            return self._pending.pop(key)
-        weight = self.scale_of.get(key, key)
-        stored = self.stored[weight]
-        tensor = self.native.get(weight)
-        if stored.scale_key is None:
-            return tensor.to(stored.dtype) if tensor.is_floating_point() else tensor
-        q, scale = requantize_fp8(tensor, self.block, self.ue8m0)
-        self.requantised.append(weight)
-        scale = scale.to(stored.scale_dtype)
-        if key == weight:
-            self._pending[stored.scale_key] = scale
-            return q
-        self._pending[weight] = q
-        return scale
-
-
-def _stored_from_target(ckpt: Checkpoint, keys: Iterable[str]) -> dict[str, _Stored]:
-    out = {}
-    for key in keys:
-        dtype = ST_DTYPES[ckpt.info(key).dtype][0]
-        scale = ckpt.scale_key(key)
-        scale_dtype = ST_DTYPES[ckpt.info(scale).dtype][0] if scale else torch.float32
-        out[key] = _Stored(dtype, scale, scale_dtype)
-    return out
-
-
-def _stored_from_provenance(
-    native: NativeLayer, spec: Spec, target_config: Mapping[str, Any], provenance: Mapping[str, Any]
-) -> dict[str, _Stored]:
-    """Without the target: FP8 exactly where convert dequantised FP8 (provenance), module buffers (router bias)
-    fp32, every other floating tensor in the target's torch_dtype (bf16 on every release we know)."""
-    fp8 = set(provenance.get("dequantised_fp8") or [])
-    with torch.device("meta"):
-        module = NativeMtpDraft(spec, target_config, native.layer)
-    buffers = {k for k, _ in module.named_buffers()}
-    text = spec.text_config(target_config)
-    default = DTYPES.get(str(text.get("torch_dtype") or target_config.get("torch_dtype") or "bfloat16"))
-    out = {}
-    for key in native.checkpoint_keys():
-        if key in fp8:
-            out[key] = _Stored(torch.float8_e4m3fn, key + SCALE_SUFFIX)
-        else:
-            out[key] = _Stored(torch.float32 if native.module_of[key] in buffers else default or torch.bfloat16)
-    return out
-
-
-def _export_nextn(
-    src: Path,
-    cfg: Mapping[str, Any],
-    tmp: Path,
-    provenance: Mapping[str, Any],
-    record: dict[str, Any],
-    target: str | None,
-    revision: str | None,
-    token: str | bool | None,
-    progress: Progress,
-) -> None:
-    spec, target_config, layer = _native_input(src, cfg)
-    if not spec.nextn.architecture:
-        raise DraftError(
-            f"spec {spec.name} has no [nextn] section: SGLang has no standalone NextN loader for this family "
-            "(export --format stitched writes the layer back into the target instead)"
-        )
-    native = NativeLayer(src / WEIGHTS_FILE, spec, target_config, layer)
-    if target:
-        ckpt = _open_target(target, spec, target_config, revision, token)
-        stored = _stored_from_target(ckpt, native.checkpoint_keys())
-        block, ue8m0 = _fp8_block(ckpt.config, {"fp8_block_size": list(ckpt.fp8_block_size())})
-        record.update(target=ckpt.source, target_commit=ckpt.commit)
-    else:
-        stored = _stored_from_provenance(native, spec, target_config, provenance)
-        block, ue8m0 = _fp8_block(target_config, provenance)
-    # Renumber: the same module tensors under a config with no trunk layers put layer 0 at `model.layers.0.`
-    # (SGLang's NextN loader reads layer 0 when num_hidden_layers is 1).
-    zero = _with_text_fields(spec, target_config, **{_num_layers_field(spec): 0})
-    renamed: dict[str, str] = {}
-    for module_key in dict.fromkeys(native.module_of.values()):
-        shape = native._fh.get_slice(module_key).get_shape()
-        meta = {module_key: torch.empty(shape, device="meta")}
-        old = list(native_to_checkpoint(spec, target_config, layer, meta))
-        new = list(native_to_checkpoint(spec, zero, 0, meta))
-        renamed.update(zip(old, new, strict=True))
-    writer = _Writer(native, stored, block, ue8m0)
-    order = sorted(native.checkpoint_keys(), key=lambda k: _natural(renamed[k]))
-    names = [
-        (name, renamed[key] if name == key else renamed[key] + SCALE_SUFFIX)
-        for key in order
-        for name in writer.names(key)
-    ]
-    plan = [(new, *writer.spec(old)) for old, new in names]
-    progress(f"writing the NextN layer ({len(plan)} tensors; MTP layer {layer} renumbered to layer 0)")
-    with SafetensorsWriter(tmp / WEIGHTS_FILE, plan, {"format": "pt"}) as out:
-        for old, new in names:
-            out.write(new, writer.get(old))
-    nextn_cfg = _with_text_fields(spec, target_config, **nextn_text_fields(spec, target_config))
-    nextn_cfg["architectures"] = [spec.nextn.architecture]
-    if not writer.requantised:  # an FP8 quantization_config over bf16 weights would make SGLang expect scales
-        nextn_cfg.pop("quantization_config", None)
-    write_json(tmp / CONFIG_FILE, nextn_cfg)
-    for note in engine_mismatches(spec, cfg, ("sglang",)):  # SGLang is the engine that loads a NextN checkpoint
-        progress("note: " + note)
-    record.update(
-        mtp_layer=layer,
-        spec=spec.name,
-        **_computation_record(spec, cfg),  # which computation (and hand-over) the draft was trained for
-        requantised_fp8=sorted(renamed[k] for k in writer.requantised),
-    )
-
-
-def _target_index(ckpt: Checkpoint) -> dict[str, Any]:
-    """The target's model.safetensors.index.json as stored (metadata included), or one built from its weight map."""
-    raw = None
-    try:
-        if ckpt.is_local:
-            raw = _read_json(Path(ckpt.source) / INDEX_FILE)
-        elif ckpt.files.exists(INDEX_FILE):
-            from huggingface_hub import hf_hub_download
-
-            local = hf_hub_download(
-                ckpt.source, INDEX_FILE, revision=ckpt.commit, token=getattr(ckpt.files, "token", None)
-            )
-            raw = _read_json(Path(local))
-    except (OSError, DraftError):
-        raw = None
-    if not raw or not isinstance(raw.get("weight_map"), dict):
-        raw = {"metadata": {"total_size": ckpt.total_bytes()}, "weight_map": dict(ckpt.weight_map)}
-    return raw
-
-
-def _export_stitched(
-    src: Path,
-    cfg: Mapping[str, Any],
-    tmp: Path,
-    provenance: Mapping[str, Any],
-    record: dict[str, Any],
-    target: str,
-    revision: str | None,
-    token: str | bool | None,
-    progress: Progress,
-) -> None:
-    spec, target_config, layer = _native_input(src, cfg)
-    ckpt = _open_target(target, spec, target_config, revision, token)
-    native = NativeLayer(src / WEIGHTS_FILE, spec, ckpt.config, layer)
-    foreign = [k for k in native.checkpoint_keys() if not ckpt.has(k)]
-    if foreign:
-        raise DraftError(f"the draft's {foreign[0]} has no counterpart in --target {target} (+{len(foreign) - 1})")
-    plan = plan_mtp_layer(ckpt, spec, layer)
-    uncovered = sorted(set(plan.checkpoint_keys) - set(native.checkpoint_keys()))
-    if uncovered:
-        raise DraftError(f"the draft lacks {uncovered[0]} of the target's MTP layer {layer} (+{len(uncovered) - 1})")
-    # A tensor the layer shares with the trunk (ERNIE's final norm is `model.norm`) is the target's, not the
-    # layer's: it is never rewritten, and a draft that changed it cannot be stitched without changing the target.
-    shared = _trunk_keys(spec, ckpt.config, layer) & set(native.checkpoint_keys())
-    for key in sorted(shared):
-        stored_tensor = ckpt.read_raw([key])[key]
-        if not torch.equal(native.get(key).to(stored_tensor.dtype), stored_tensor):
-            raise DraftError(
-                f"the draft changed {key}, which the MTP layer shares with the trunk: writing it back would change "
-                "the target (keep it frozen when fine-tuning)"
-            )
-    keys = [k for k in native.checkpoint_keys() if k not in shared]
-    stored = _stored_from_target(ckpt, keys)
-    writer = _Writer(native, stored, ckpt.fp8_block_size(), _fp8_block(ckpt.config, {})[1])
-    replaced = {name: key for key in keys for name in writer.names(key)}
-    shards = sorted({ckpt.weight_map[name] for name in replaced}, key=_natural)
-    for n, file in enumerate(shards, 1):
-        progress(f"rewriting shard {file} ({n}/{len(shards)})")
-        infos = sorted(ckpt.header(file).values(), key=lambda i: i.start)
-        for info in infos:
-            if info.name in replaced and tuple(info.shape) != tuple(writer.spec(info.name)[1]):
-                raise DraftError(
-                    f"the draft's {info.name} would be {list(writer.spec(info.name)[1])}, the target stores "
-                    f"{list(info.shape)}"
-                )
-        layout = [(i.name, ST_DTYPES[i.dtype][0], tuple(i.shape)) for i in infos]
-        with SafetensorsWriter(tmp / file, layout, {"format": "pt"}) as out:
-            for run in _runs(infos, COPY_RUN_BYTES):
-                kept = ckpt.read_raw([i.name for i in run if i.name not in replaced])
-                for info in run:
-                    out.write(info.name, writer.get(info.name) if info.name in replaced else kept[info.name])
-    write_json(tmp / INDEX_FILE, _target_index(ckpt))
-    write_json(tmp / CONFIG_FILE, ckpt.config)
-    (tmp / README_FILE).write_text(_stitched_readme(ckpt, spec, layer, shards, writer.requantised))
-    for note in engine_mismatches(spec, cfg, ("vllm", "sglang")):
-        progress("note: " + note)
-    record.update(
-        target=ckpt.source,
-        target_commit=ckpt.commit,
-        mtp_layer=layer,
-        spec=spec.name,
-        **_computation_record(spec, cfg),
-        overlay_files=[*shards, INDEX_FILE],
-        requantised_fp8=sorted(writer.requantised),
-    )
-
-
-def _computation_record(spec: Spec, cfg: Mapping[str, Any]) -> dict[str, Any]:
-    return {
-        "hidden_handover": cfg.get("hidden_handover", "post_norm"),
-        "input_hidden": cfg.get("input_hidden") or spec.layer.hidden,
-        "final_norm": cfg.get("final_norm", True),
-        "engine": cfg.get("engine"),
-    }
-
-
-def engine_mismatches(spec: Spec, cfg: Mapping[str, Any], engines: Iterable[str]) -> list[str]:
-    """One line per engine whose MTP computation for the family (the spec's `[engines.*]`) differs from the one the
-    native draft was trained for: served there, it loses acceptance beyond step 1 (or from step 1 on when the
-    step-0 input or the final norm differ)."""
-    mine = _computation_record(spec, cfg)
-    notes = []
-    for engine in engines:
-        facts = spec.engine(engine)
-        if facts is None or not facts.serves(DraftKind.MTP):
-            notes.append(f"{engine} serves no native MTP draft for {spec.name} targets")
-            continue
-        theirs = spec.engine_computation(engine)
-        wrong = [f"{k} {mine[k]} (draft) vs {theirs[k]} ({engine})" for k in theirs if mine[k] != theirs[k]]
-        if wrong:
-            notes.append(
-                f"{engine} {facts.version} computes this family's MTP layer differently: {'; '.join(wrong)}; "
-                f"for {engine}, distill with --engine {engine}"
-            )
-    return notes
-
-
-def _trunk_keys(spec: Spec, config: Mapping[str, Any], layer: int) -> set[str]:
-    """Checkpoint keys of the trunk's embedding, head and final norm (shared, never the MTP layer's own)."""
-    return {spec.key(t, config, layer) for t in (spec.keys.target_norm, spec.keys.target_embed, spec.keys.target_head)}
-
-
-def _runs(infos: list, limit: int) -> Iterable[list]:
-    run: list = []
-    size = 0
-    for info in infos:
-        if run and size + info.nbytes > limit:
-            yield run
-            run, size = [], 0
-        run.append(info)
-        size += info.nbytes
-    if run:
-        yield run
-
-
-def _stitched_readme(ckpt: Checkpoint, spec: Spec, layer: int, shards: list[str], requantised: list[str]) -> str:
-    where = ckpt.source + (f" (commit {ckpt.commit})" if ckpt.commit else "")
-    quant = (
-        f"{len(requantised)} FP8 weights were requantised per {ckpt.fp8_block_size()[0]}x{ckpt.fp8_block_size()[1]} "
-        "block with fresh `_scale_inv`; every other tensor keeps the target's dtype."
-        if requantised
-        else "Every tensor keeps the target's dtype."
-    )
-    files = "\n".join(f"- `{f}`" for f in [*shards, INDEX_FILE])
-    revision = f" --revision {ckpt.commit}" if ckpt.commit else ""
-    fetch = (
-        f"cp -r {ckpt.source} ./target-stitched"
-        if ckpt.is_local
-        else f"hf download {ckpt.source}{revision} --local-dir ./target-stitched"
-    )
-    return f"""# Stitched MTP layer ({spec.name})
-
-The fine-tuned MTP layer {layer} of `{where}`, written back under the checkpoint's own key names, dtypes and
-quantization by mtp2draft {__version__}. {quant}
-
-This directory is an overlay, not a whole checkpoint: it holds only the shards that contain MTP tensors (their
-other tensors are the target's, unchanged) and the index.
-
-{files}
-
-`config.json` is the target's, unchanged.
-
-## Overlay it onto the target
-
-```bash
-{fetch}
-cp {" ".join(shards)} {INDEX_FILE} ./target-stitched/
-```
-
-## Serve
-
-```bash
-vllm serve ./target-stitched --speculative-config '{{"method": "mtp", "num_speculative_tokens": 3}}'
-python -m sglang.launch_server --model ./target-stitched --speculative-algorithm EAGLE \\
-  --speculative-num-steps 3 --speculative-eagle-topk 1 --speculative-num-draft-tokens 4
-```
-"""
-
-
-def _natural(key: str) -> list[Any]:
-    import re
-
-    return [int(t) if t.isdigit() else t for t in re.split(r"(\d+)", key)]
-
-
 # ---- validation -------------------------------------------------------------------------------------------------
 def detect_format(config: Mapping[str, Any]) -> str:
-    """Which format a config.json describes (a target config with MTP layers reads as a stitched overlay)."""
+    """Which format a config.json describes: the registered formats' detectors, asked in their `detect_rank` order
+    (a target config with MTP layers reads as a stitched overlay, the last resort)."""
+    for name in sorted(REGISTRY, key=lambda n: REGISTRY[n].detect_rank):
+        if get_format(name).detect(config):
+            return name
     architectures = list(config.get("architectures") or [])
-    if config.get("speculators_model_type") or SPECULATORS_ARCHITECTURE in architectures:
-        return "speculators"
-    if EAGLE3_ARCHITECTURE in architectures:
-        return "sglang"
-    if config.get("draft_kind") == DraftKind.MTP:
-        return "mtp"
-    nextn = {s.nextn.architecture for s in _registry().values() if s.nextn.architecture}
-    if any(a in nextn or a.endswith("NextN") for a in architectures):
-        return "nextn"
-    try:
-        find_spec(config)
-    except Exception as exc:
-        raise DraftError(
-            f"cannot tell the format from config.json (architectures {architectures}); pass --format"
-        ) from exc
-    return "stitched"
-
-
-def _registry() -> dict[str, Spec]:
-    from .spec import registry
-
-    return registry()
+    raise DraftError(f"cannot tell the format from config.json (architectures {architectures}); pass --format")
 
 
 def validate(
@@ -746,9 +165,9 @@ def validate(
     if cfg is None:
         raise DraftError(f"{path} has no {CONFIG_FILE}")
     fmt = format or detect_format(cfg)
-    if fmt not in VALIDATE_FORMATS:
-        raise DraftError(f"--format must be one of {', '.join(VALIDATE_FORMATS)}, got {fmt!r}")
-    problems = _VALIDATORS[fmt](path, cfg)
+    if fmt not in REGISTRY:
+        raise DraftError(f"--format must be one of {', '.join(REGISTRY)}, got {fmt!r}")
+    problems = get_format(fmt).validate(path, cfg)
     target_cfg = open_checkpoint(target, revision, token).config if target else None
     return problems + _target_problems(cfg, target_cfg)
 
@@ -783,524 +202,16 @@ def _target_problems(cfg: Mapping[str, Any], target_cfg: Mapping[str, Any] | Non
     return []
 
 
-def _load_weights(path: Path, problems: list[str]) -> dict[str, torch.Tensor] | None:
-    from safetensors.torch import load_file
-
-    file = path / WEIGHTS_FILE
-    if not file.is_file():
-        problems.append(f"{WEIGHTS_FILE} is missing")
-        return None
-    try:
-        return load_file(str(file))
-    except Exception as exc:  # a corrupt file is a violation to report, not a crash
-        problems.append(f"{WEIGHTS_FILE} cannot be read: {exc}")
-        return None
-
-
-def _nonfinite(name: str, tensor: torch.Tensor) -> str | None:
-    if not (tensor.is_floating_point() and tensor.numel()):
-        return None
-    t = tensor.float()
-    nan, inf = int(torch.isnan(t).sum()), int(torch.isinf(t).sum())
-    if nan or inf:
-        what = " and ".join(x for x, n in (("NaN", nan), ("Inf", inf)) if n)
-        return f"{name} holds {what} ({nan} NaN, {inf} Inf of {t.numel()} values)"
-    return None
-
-
-def _validate_sglang(path: Path, cfg: dict[str, Any]) -> list[str]:
-    problems: list[str] = []
-    if cfg.get("architectures") != [EAGLE3_ARCHITECTURE]:
-        problems.append(f"architectures is {cfg.get('architectures')}, SGLang needs [{EAGLE3_ARCHITECTURE!r}]")
-    if cfg.get("model_type") != "llama":
-        problems.append(f"model_type is {cfg.get('model_type')!r}, expected 'llama'")
-    if cfg.get("num_hidden_layers") != 1:
-        problems.append(f"num_hidden_layers is {cfg.get('num_hidden_layers')}, the EAGLE-3 draft has 1 layer")
-    if cfg.get("tie_word_embeddings"):
-        problems.append("tie_word_embeddings is true: SGLang would use the target's embedding as the draft's lm_head")
-    problems += _llama_problems(cfg, "")
-    if cfg.get("draft_vocab_size") is None:
-        problems.append("draft_vocab_size is missing: SGLang would load the target's full lm_head instead of ours")
-    eagle = cfg.get("eagle_config")
-    inner = eagle.get("eagle_aux_hidden_state_layer_ids") if isinstance(eagle, dict) else None
-    top = cfg.get("eagle_aux_hidden_state_layer_ids")
-    if not inner:
-        problems.append(
-            "eagle_config.eagle_aux_hidden_state_layer_ids is missing: SGLang would capture its default layers "
-            "[2, N//2, N-3], not the ones the draft was trained on"
-        )
-    elif not _ids_ok(inner, 0):
-        problems.append(f"eagle_config.eagle_aux_hidden_state_layer_ids {inner} must be three distinct ids >= 0")
-    if isinstance(eagle, dict) and eagle.get("use_aux_hidden_state") is False:
-        problems.append("eagle_config.use_aux_hidden_state is false: the engines would skip fc")
-    if not top:
-        problems.append(
-            "top-level eagle_aux_hidden_state_layer_ids is missing: vLLM would capture its default layers "
-            "(or read eagle_config's 'output of layer' ids as 'input of layer' ids, one layer early)"
-        )
-    elif not _ids_ok(top, 1):
-        problems.append(f"top-level eagle_aux_hidden_state_layer_ids {top} must be three distinct ids >= 1")
-    elif inner and _ids_ok(inner, 0):
-        # Both copies must select the layers the draft was trained on: vLLM captures the input of each top-level
-        # id (= the output of id - 1); SGLang reads eagle_config by the target family's rule (`[engines.sglang]
-        # aux_ids`: + 1 always for Llama / Qwen / GLM, + 1 only when the first id is 1 for DeepSeek).
-        spec_name = draft_spec_name(cfg)
-        rule = sglang_aux_rule(spec_name)
-        trained = [int(i) - 1 for i in top]
-        sglang_reads = sglang_captured_outputs([int(i) for i in inner], rule)
-        if sglang_reads != trained:
-            want = sglang_aux_ids(trained, rule)
-            family = f"a {spec_name} target" if spec_name else "this target"
-            fix = (
-                f"eagle_config needs {want}"
-                if want is not None
-                else "no eagle_config ids can say so (serve it with vLLM, or convert with --aux-layers starting at 1)"
-            )
-            problems.append(
-                f"aux ids disagree: vLLM reads top-level {list(top)} as the outputs of layers {trained}; SGLang reads "
-                f"eagle_config {list(inner)} for {family} ({rule}) as the outputs of layers {sglang_reads}: {fix}"
-            )
-    weights = _load_weights(path, problems)
-    if weights is not None:
-        problems += _eagle3_weight_problems(cfg, weights, SGLANG_PREFIX, int(cfg.get("vocab_size") or 0))
-    return problems
-
-
-def _int(value: Any) -> Any:
-    return int(value) if isinstance(value, int | float) else value
-
-
-def _ids_ok(ids: Any, minimum: int) -> bool:
-    return (
-        isinstance(ids, list)
-        and len(ids) == 3
-        and all(isinstance(i, int) and i >= minimum for i in ids)
-        and len(set(ids)) == 3
-    )
-
-
-def _llama_problems(cfg: Mapping[str, Any], where: str) -> list[str]:
-    problems = []
-    for key in (*LLAMA_FIELDS, "vocab_size"):
-        if key not in cfg:
-            problems.append(f"{where}{key} is missing")
-    if cfg.get("hidden_act", "silu") != "silu":
-        problems.append(f"{where}hidden_act is {cfg.get('hidden_act')!r}: the EAGLE-3 layer's MLP is SwiGLU (silu)")
-    try:
-        h, heads, kv = int(cfg["hidden_size"]), int(cfg["num_attention_heads"]), int(cfg["num_key_value_heads"])
-    except (KeyError, TypeError, ValueError):
-        return problems
-    if heads <= 0 or h % heads:  # transformers' LlamaConfig (which the engines parse configs with) rejects it
-        problems.append(f"{where}hidden_size {h} is not a multiple of num_attention_heads {heads}")
-    if kv <= 0 or heads % kv:
-        problems.append(f"{where}num_attention_heads {heads} is not a multiple of num_key_value_heads {kv}")
-    return problems
-
-
-def _eagle3_shapes(cfg: Mapping[str, Any], layer: Mapping[str, Any], prefix: str) -> dict[str, tuple[int, ...]] | None:
-    try:
-        h, heads, kv = int(layer["hidden_size"]), int(layer["num_attention_heads"]), int(layer["num_key_value_heads"])
-        hd = int(layer.get("head_dim") or h // heads)
-        inter, v = int(layer["intermediate_size"]), int(layer["vocab_size"])
-        vd, ht = int(cfg.get("draft_vocab_size") or v), int(cfg.get("target_hidden_size") or h)
-    except (KeyError, TypeError, ValueError):
-        return None
-    a = prefix + "self_attn."
-    return {
-        "fc.weight": (h, 3 * ht),
-        prefix + "input_layernorm.weight": (h,),
-        prefix + "hidden_norm.weight": (h,),
-        prefix + "post_attention_layernorm.weight": (h,),
-        a + "q_proj.weight": (heads * hd, 2 * h),
-        a + "k_proj.weight": (kv * hd, 2 * h),
-        a + "v_proj.weight": (kv * hd, 2 * h),
-        a + "o_proj.weight": (h, heads * hd),
-        prefix + "mlp.gate_proj.weight": (inter, h),
-        prefix + "mlp.up_proj.weight": (inter, h),
-        prefix + "mlp.down_proj.weight": (h, inter),
-        "norm.weight": (h,),
-        "lm_head.weight": (vd, h),
-        "d2t": (vd,),
-        "t2d": (v,),
-    }
-
-
-def _eagle3_weight_problems(
-    cfg: Mapping[str, Any], weights: Mapping[str, torch.Tensor], prefix: str, vocab: int, layer_cfg=None
-) -> list[str]:
-    problems: list[str] = []
-    layer_cfg = cfg if layer_cfg is None else layer_cfg
-    expected = _eagle3_shapes(cfg, layer_cfg, prefix)
-    if "embed_tokens.weight" in weights:
-        problems.append(
-            "embed_tokens.weight is present: the EAGLE-3 layout leaves the embedding out (engines share the target's)"
-        )
-    if expected is not None:
-        for name in expected:
-            if name not in weights:
-                problems.append(f"{name} is missing (the engines would load the draft without it and accept ~nothing)")
-        for name in sorted(set(weights) - set(expected) - {"embed_tokens.weight"}):
-            other = SPECULATORS_PREFIX if prefix == SGLANG_PREFIX else SGLANG_PREFIX
-            hint = (
-                f" (the {'speculators' if other == SPECULATORS_PREFIX else 'SGLang'} name)"
-                if name.startswith(other)
-                else ""
-            )
-            problems.append(f"{name} is not a tensor of this layout{hint}")
-        h = int(layer_cfg["hidden_size"])
-        for name, want in expected.items():
-            if name not in weights or tuple(weights[name].shape) == want:
-                continue
-            got = tuple(weights[name].shape)
-            if name.endswith(("q_proj.weight", "k_proj.weight", "v_proj.weight")) and len(got) == 2 and got[1] == h:
-                problems.append(
-                    f"{name} reads H={h} inputs; EAGLE-3's q/k/v read [embed, hidden], 2H={2 * h} (shape "
-                    f"{list(got)}, expected {list(want)})"
-                )
-            elif name == "fc.weight":
-                problems.append(
-                    f"fc.weight is {list(got)}; it fuses three target layers: [hidden_size, 3 * target_hidden_size]"
-                    f" = {list(want)}"
-                )
-            else:
-                problems.append(f"{name} has shape {list(got)}, the config implies {list(want)}")
-    want_dtype = DTYPES.get(str(cfg.get("torch_dtype")))
-    floats = {n: t.dtype for n, t in weights.items() if n not in ("d2t", "t2d") and t.is_floating_point()}
-    for name, t in weights.items():
-        if name in ("d2t", "t2d"):
-            continue
-        if not t.is_floating_point():
-            problems.append(f"{name} is {dtype_name(t.dtype)}, expected a floating dtype")
-        elif want_dtype is not None and t.dtype != want_dtype:
-            problems.append(
-                f"{name} is {dtype_name(t.dtype)} but config.json says torch_dtype {cfg.get('torch_dtype')}"
-            )
-    if want_dtype is None and len(set(floats.values())) > 1:
-        problems.append(f"weights mix dtypes {sorted({dtype_name(d) for d in floats.values()})}")
-    for name, t in weights.items():
-        if (msg := _nonfinite(name, t)) is not None:
-            problems.append(msg)
-    problems += _vocab_problems(weights, vocab, int(cfg.get("draft_vocab_size") or 0))
-    return problems
-
-
-def _vocab_problems(weights: Mapping[str, torch.Tensor], vocab: int, draft_vocab: int) -> list[str]:
-    """d2t int64 [Vd] (target = draft id + d2t[draft id], inside [0, V), strictly increasing) and t2d bool [V]
-    marking exactly those targets."""
-    problems: list[str] = []
-    d2t, t2d = weights.get("d2t"), weights.get("t2d")
-    if d2t is not None and d2t.dtype != torch.int64:
-        problems.append(f"d2t is {dtype_name(d2t.dtype)}, engines expect int64")
-    if t2d is not None and t2d.dtype != torch.bool:
-        problems.append(f"t2d is {dtype_name(t2d.dtype)}, expected bool")
-    if t2d is not None and vocab and tuple(t2d.shape) != (vocab,):
-        problems.append(f"t2d has shape {list(t2d.shape)}, expected [{vocab}] (the target's vocab_size)")
-    if d2t is None or d2t.dim() != 1 or d2t.is_floating_point() or d2t.dtype == torch.bool:
-        return problems
-    if draft_vocab and d2t.numel() != draft_vocab:
-        problems.append(f"d2t has {d2t.numel()} entries, expected draft_vocab_size={draft_vocab}")
-    targets = torch.arange(d2t.numel(), dtype=torch.int64) + d2t.to(torch.int64)
-    outside = ((targets < 0) | (targets >= vocab)) if vocab else targets < 0
-    if outside.any():
-        bad = torch.nonzero(outside).flatten()[:5].tolist()
-        problems.append(
-            f"d2t maps {int(outside.sum())} draft ids outside the target vocabulary [0, {vocab}) "
-            f"(draft ids {bad} -> {targets[bad].tolist()})"
-        )
-    if targets.numel() > 1 and not bool((targets[1:] > targets[:-1]).all()):
-        problems.append("d2t's target ids are not strictly increasing (the draft vocabulary must be sorted, unique)")
-    if t2d is not None and t2d.dim() == 1 and not outside.any():
-        marks = t2d.to(torch.bool)
-        if targets.numel() and int(targets.max()) >= marks.numel():
-            return problems
-        unmarked = int((~marks[targets]).sum())
-        extra = int(marks.sum()) - int(marks[targets].sum())
-        if unmarked or extra:
-            problems.append(
-                f"t2d disagrees with d2t: {unmarked} draft targets not marked in t2d, {extra} marked ids not in d2t"
-            )
-    return problems
-
-
-def _validate_speculators(path: Path, cfg: dict[str, Any]) -> list[str]:
-    problems: list[str] = []
-    if cfg.get("architectures") != [SPECULATORS_ARCHITECTURE]:
-        problems.append(f"architectures is {cfg.get('architectures')}, expected [{SPECULATORS_ARCHITECTURE!r}]")
-    if cfg.get("speculators_model_type") != DraftKind.EAGLE3:
-        problems.append(f"speculators_model_type is {cfg.get('speculators_model_type')!r}, expected 'eagle3'")
-    if not cfg.get("speculators_version"):
-        problems.append("speculators_version is missing")
-    sc = cfg.get("speculators_config")
-    if not isinstance(sc, dict):
-        problems.append("speculators_config is missing")
-        sc = {}
-    else:
-        if sc.get("algorithm") != DraftKind.EAGLE3:
-            problems.append(f"speculators_config.algorithm is {sc.get('algorithm')!r}, expected 'eagle3'")
-        methods = sc.get("proposal_methods")
-        if not isinstance(methods, list) or not methods:
-            problems.append("speculators_config.proposal_methods is missing or empty (vLLM reads k from the first)")
-        else:
-            for i, m in enumerate(methods):
-                k = m.get("speculative_tokens") if isinstance(m, dict) else None
-                if not isinstance(m, dict) or not m.get("proposal_type"):
-                    problems.append(f"speculators_config.proposal_methods[{i}] has no proposal_type")
-                if not isinstance(k, int) or k < 1:
-                    problems.append(f"speculators_config.proposal_methods[{i}].speculative_tokens must be >= 1")
-            types = [m.get("proposal_type") for m in methods if isinstance(m, dict)]
-            if sc.get("default_proposal_method") not in types:
-                problems.append(
-                    f"speculators_config.default_proposal_method {sc.get('default_proposal_method')!r} is not one of "
-                    f"the proposal methods {types}"
-                )
-        verifier = sc.get("verifier")
-        if not isinstance(verifier, dict) or "name_or_path" not in verifier or "architectures" not in verifier:
-            problems.append("speculators_config.verifier needs name_or_path and architectures")
-    layer = cfg.get("transformer_layer_config")
-    if not isinstance(layer, dict):
-        problems.append("transformer_layer_config is missing (vLLM refuses the config)")
-        layer = {}
-    else:
-        if layer.get("model_type") != "llama":
-            problems.append(
-                f"transformer_layer_config.model_type is {layer.get('model_type')!r}; vLLM builds "
-                "Eagle3LlamaForCausalLM from 'llama'"
-            )
-        problems += _llama_problems(layer, "transformer_layer_config.")
-        if layer.get("num_hidden_layers", 1) != 1:
-            problems.append("transformer_layer_config.num_hidden_layers must be 1")
-    for key in ("draft_vocab_size", "target_hidden_size"):
-        if cfg.get(key) is None:
-            problems.append(f"{key} is missing")
-    ids = cfg.get("eagle_aux_hidden_state_layer_ids")
-    if not ids:
-        problems.append(
-            "eagle_aux_hidden_state_layer_ids is missing: vLLM would capture its default layers, not the ones the "
-            "draft was trained on"
-        )
-    elif not _ids_ok(ids, 1):
-        problems.append(
-            f"eagle_aux_hidden_state_layer_ids {ids} must be three distinct ids >= 1 ('input of layer i' terms)"
-        )
-    for key, want in NORM_SWITCHES.items():
-        if key not in cfg:
-            default = " (vLLM then assumes true)" if key == "norm_before_residual" else ""
-            problems.append(f"{key} is not written explicitly{default}; mtp2draft's EAGLE-3 needs {key}={want}")
-        elif cfg[key] is not want:
-            problems.append(f"{key} is {cfg[key]!r}; mtp2draft's EAGLE-3 computation needs {want}")
-    weights = _load_weights(path, problems)
-    if weights is not None:
-        vocab = int(layer.get("vocab_size") or 0)
-        merged = {**layer, **{k: cfg[k] for k in ("draft_vocab_size", "target_hidden_size") if k in cfg}}
-        merged["torch_dtype"] = cfg.get("torch_dtype") or layer.get("torch_dtype")
-        problems += _eagle3_weight_problems(merged, weights, SPECULATORS_PREFIX, vocab, layer)
-    return problems
-
-
-def _meta_checkpoint(spec: Spec, target_config: Mapping[str, Any], key_config: Mapping[str, Any], layer: int):
-    """(checkpoint key -> shape, module-buffer checkpoint keys) of one MTP layer, from meta tensors."""
-    with torch.device("meta"):
-        module = NativeMtpDraft(spec, target_config, layer)
-    state = module.state_dict()
-    buffers = {k for k, _ in module.named_buffers()}
-    shapes: dict[str, tuple[int, ...]] = {}
-    buffer_keys: set[str] = set()
-    for module_key, t in state.items():
-        for key, out in native_to_checkpoint(spec, dict(key_config), layer, {module_key: t}).items():
-            shapes[key] = tuple(out.shape)
-            if module_key in buffers:
-                buffer_keys.add(key)
-    return shapes, buffer_keys
-
-
-def _fp8_problems(name: str, tensor_dtype: str, shape, headers: Mapping[str, Any], block) -> list[str]:
-    """An FP8 weight needs its `_scale_inv` sibling of shape [ceil(M/bm), ceil(N/bn)]."""
-    if tensor_dtype not in ("F8_E4M3", "F8_E5M2"):
-        return []
-    scale = headers.get(name + SCALE_SUFFIX)
-    if scale is None:
-        return [f"{name} is FP8 but {name + SCALE_SUFFIX} is missing"]
-    want = [math.ceil(shape[0] / block[0]), math.ceil(shape[1] / block[1])] if len(shape) == 2 else None
-    if want is None or list(scale[1]) != want:
-        return [f"{name + SCALE_SUFFIX} has shape {list(scale[1])}, expected {want} for a {list(shape)} weight"]
-    return []
-
-
-def _headers(file: Path) -> dict[str, tuple[str, list[int]]]:
-    """name -> (safetensors dtype, shape) from a file's header (no tensor bytes read)."""
-    import struct
-
-    with open(file, "rb") as fh:
-        (n,) = struct.unpack("<Q", fh.read(8))
-        header = json.loads(fh.read(n))
-    return {k: (v["dtype"], v["shape"]) for k, v in header.items() if k != "__metadata__"}
-
-
-def _validate_nextn(path: Path, cfg: dict[str, Any]) -> list[str]:
-    problems: list[str] = []
-    try:
-        spec = find_spec({"model_type": cfg.get("model_type")})
-    except Exception:
-        return [f"model_type {cfg.get('model_type')!r} matches no spec: cannot check the NextN layer's tensors"]
-    text = spec.text_config(cfg)
-    if text.get(_num_layers_field(spec)) != 1:
-        problems.append(f"{_num_layers_field(spec)} is {text.get(_num_layers_field(spec))}, a NextN checkpoint has 1")
-    if spec.config.mtp_count in text and text.get(spec.config.mtp_count) != 1:
-        problems.append(f"{spec.config.mtp_count} is {text.get(spec.config.mtp_count)}; SGLang's NextN loader needs 1")
-    for key, value in text.items():
-        if key in ("layer_types", "mlp_layer_types") and isinstance(value, list) and len(value) != 1:
-            problems.append(f"{key} has {len(value)} entries; a NextN checkpoint has one layer")
-    if spec.nextn.architecture and cfg.get("architectures") != [spec.nextn.architecture]:
-        problems.append(f"architectures is {cfg.get('architectures')}, SGLang needs [{spec.nextn.architecture!r}]")
-    file = path / WEIGHTS_FILE
-    if not file.is_file():
-        return [*problems, f"{WEIGHTS_FILE} is missing"]
-    try:
-        headers = _headers(file)
-    except Exception as exc:
-        return [*problems, f"{WEIGHTS_FILE} cannot be read: {exc}"]
-    zero = _with_text_fields(spec, cfg, **{_num_layers_field(spec): 0})
-    try:
-        expected, _ = _meta_checkpoint(spec, cfg, zero, 0)
-    except Exception as exc:
-        return [*problems, f"cannot build the {spec.name} MTP block from config.json: {exc}"]
-    comp = spec.component_keys(zero, 0)
-    banned = {comp.get("embed"): "embed_tokens", comp.get("head"): "shared_head.head / lm_head"}
-    for name in headers:
-        if name in banned or name.endswith(("embed_tokens.weight", "lm_head.weight")):
-            problems.append(f"{name} is present: a NextN checkpoint shares the target's embedding and head")
-    quant = cfg.get("quantization_config") or {}
-    block = quant.get("weight_block_size") or [128, 128]
-    for name, shape in expected.items():
-        if name not in headers:
-            problems.append(f"{name} is missing")
-        elif list(headers[name][1]) != list(shape):
-            problems.append(f"{name} has shape {headers[name][1]}, the config implies {list(shape)}")
-        else:
-            problems += _fp8_problems(name, headers[name][0], shape, headers, block)
-    for name in headers:
-        banned_name = name in banned or name.endswith(("embed_tokens.weight", "lm_head.weight"))
-        if name not in expected and not name.endswith(SCALE_SUFFIX) and not banned_name:
-            problems.append(f"{name} is not a tensor of the NextN layer (layer 0)")
-    has_fp8 = any(headers[n][0] in ("F8_E4M3", "F8_E5M2") for n in headers)
-    if has_fp8 and not quant:
-        problems.append("FP8 tensors but config.json has no quantization_config")
-    if quant.get("quant_method") == "fp8" and not has_fp8:
-        problems.append("quantization_config says fp8 but no tensor is FP8: SGLang would look for scales")
-    problems += _finite_file(file, [n for n in headers if n in expected or n.endswith(SCALE_SUFFIX)])
-    return problems
-
-
-def _finite_file(file: Path, names: list[str]) -> list[str]:
-    from safetensors import safe_open
-
-    problems = []
-    with safe_open(str(file), framework="pt") as fh:
-        for name in names:
-            if (msg := _nonfinite(name, fh.get_tensor(name))) is not None:
-                problems.append(msg)
-    return problems
-
-
-def _validate_stitched(path: Path, cfg: dict[str, Any]) -> list[str]:
-    problems: list[str] = []
-    try:
-        spec = find_spec(cfg)
-    except Exception as exc:
-        return [f"config.json matches no spec ({exc})"]
-    count = spec.num_mtp_layers(cfg)
-    if count <= 0:
-        return [f"config.json declares no MTP layer ({spec.config.mtp_count})"]
-    index = _read_json(path / INDEX_FILE)
-    weight_map = index.get("weight_map") if index else None
-    if not isinstance(weight_map, dict):
-        return [f"{INDEX_FILE} is missing or has no weight_map"]
-    present = {p.name for p in path.glob("*.safetensors")}
-    for file in sorted(present - set(weight_map.values())):
-        problems.append(f"{file} is in the overlay but the index maps no tensor to it")
-    prefixes = [spec.key(spec.keys.block, cfg, i) for i in range(count)]
-    trunk = {k for i in range(count) for k in _trunk_keys(spec, cfg, i)}
-    named = {k for i in range(count) for k in spec.component_keys(cfg, i).values()} - trunk
-    mtp_keys = [k for k in weight_map if k in named or k.startswith(tuple(prefixes))]
-    if not mtp_keys:
-        problems.append("the index maps no MTP tensor")
-    for key in mtp_keys:
-        if weight_map[key] not in present:
-            problems.append(f"the index maps MTP tensor {key} to {weight_map[key]}, which is missing from the overlay")
-    quant = cfg.get("quantization_config") or {}
-    block = quant.get("weight_block_size") or [128, 128]
-    expected: dict[str, tuple[int, ...]] = {}
-    for i in range(count):
-        try:
-            shapes, _ = _meta_checkpoint(spec, cfg, cfg, i)
-        except Exception as exc:
-            problems.append(f"cannot build the {spec.name} MTP block from config.json: {exc}")
-            break
-        expected.update(shapes)
-    for key in sorted(set(expected) - set(weight_map), key=_natural):
-        problems.append(f"the index lacks MTP tensor {key}")
-    for file in sorted(present & set(weight_map.values())):
-        try:
-            headers = _headers(path / file)
-        except Exception as exc:
-            problems.append(f"{file} cannot be read: {exc}")
-            continue
-        mapped = {k for k, f in weight_map.items() if f == file}
-        for key in sorted(mapped - set(headers), key=_natural):
-            problems.append(f"the index maps {key} to {file}, which does not hold it")
-        for key in sorted(set(headers) - mapped, key=_natural):
-            problems.append(f"{file} holds {key}, which the index maps elsewhere")
-        for key in sorted(set(headers) & set(expected), key=_natural):
-            if list(headers[key][1]) != list(expected[key]):
-                problems.append(f"{key} has shape {headers[key][1]}, the config implies {list(expected[key])}")
-            else:
-                problems += _fp8_problems(key, headers[key][0], expected[key], headers, block)
-        mtp_here = [
-            k for k in headers if k in expected or (k.endswith(SCALE_SUFFIX) and k[: -len(SCALE_SUFFIX)] in expected)
-        ]
-        problems += _finite_file(path / file, mtp_here)
-    return problems
-
-
-def _validate_native(path: Path, cfg: dict[str, Any]) -> list[str]:
-    """mtp2draft's own native draft directory: the module's tensors under module names, shapes from the config."""
-    problems: list[str] = []
-    try:
-        spec, target_config, layer = get_spec(cfg["spec"]), cfg["target_config"], int(cfg.get("mtp_layer", 0))
-        with torch.device("meta"):
-            module = NativeMtpDraft(spec, target_config, layer)
-    except Exception as exc:
-        return [f"cannot build the native module from config.json: {exc}"]
-    weights = _load_weights(path, problems)
-    if weights is None:
-        return problems
-    expected = {k: tuple(v.shape) for k, v in module.state_dict().items()}
-    for key in sorted(set(expected) - set(weights)):
-        problems.append(f"{key} is missing")
-    for key in sorted(set(weights) - set(expected)):
-        problems.append(f"{key} is not a tensor of the {spec.name} MTP module")
-    for key in sorted(set(weights) & set(expected)):
-        if tuple(weights[key].shape) != expected[key]:
-            problems.append(f"{key} has shape {list(weights[key].shape)}, the config implies {list(expected[key])}")
-        if (msg := _nonfinite(key, weights[key])) is not None:
-            problems.append(msg)
-    return problems
-
-
-_VALIDATORS: dict[str, Callable[[Path, dict[str, Any]], list[str]]] = {
-    "sglang": _validate_sglang,
-    "speculators": _validate_speculators,
-    "nextn": _validate_nextn,
-    "stitched": _validate_stitched,
-    "mtp": _validate_native,
-}
-
 __all__ = [
+    "DTYPES",
+    "EVALUATION_FILE",
     "FORMATS",
     "NORM_SWITCHES",
+    "README_FILE",
     "ExportResult",
     "detect_format",
     "export",
+    "hub_id_of",
     "requantize_fp8",
     "speculators_to_eagle3_config",
     "speculators_weight_name",

@@ -40,7 +40,7 @@ from ._version import __version__
 from .draft import CONFIG_FILE, PROVENANCE_FILE
 from .errors import DraftError, HubError, Mtp2DraftError, ValidationError
 from .export import EVALUATION_FILE, README_FILE, detect_format, validate
-from .formats import format_kind
+from .formats import REGISTRY, format_kind, get_format
 from .io import Progress, quiet
 from .kinds import DraftKind
 from .redact import find_secret, known_secrets, redact, register_secret
@@ -48,13 +48,6 @@ from .spec import ENGINES, Spec, find_spec, get_spec
 
 LIBRARY_NAME = "mtp2draft"
 DEFAULT_K = 3
-FORMAT_WORDS = {
-    "sglang": "EAGLE-3 draft in SGLang's `LlamaForCausalLMEagle3` layout (read by SGLang, vLLM and TensorRT-LLM)",
-    "speculators": "EAGLE-3 draft in vLLM's speculators format (`Eagle3Speculator`)",
-    "nextn": "native MTP layer as a standalone NextN checkpoint for SGLang",
-    "stitched": "native MTP layer written back into the target's checkpoint layout (an overlay of its shards)",
-    "mtp": "native MTP layer in mtp2draft's own draft layout (export it to serve it)",
-}
 
 
 @dataclass
@@ -259,32 +252,8 @@ def unsupported_engines(fmt: str, spec: Spec) -> list[str]:
 
 
 def _all_launch_lines(fmt: str, target: str, draft: str, k: int) -> dict[str, str]:
-    sglang_steps = f"--speculative-num-steps {k} --speculative-eagle-topk 1 --speculative-num-draft-tokens {k + 1}"
-    if fmt in ("sglang", "speculators"):
-        lines = {
-            "SGLang": f"python -m sglang.launch_server --model {target} --speculative-algorithm EAGLE3 "
-            f"--speculative-draft-model-path {draft} {sglang_steps}",
-            "vLLM": f"vllm serve {target} --speculative-config "
-            f'\'{{"method": "eagle3", "model": "{draft}", "num_speculative_tokens": {k}}}\'',
-        }
-        if fmt == "speculators":  # the config names the verifier and k: vLLM needs nothing else
-            lines["vLLM (speculators config)"] = f"vllm serve {draft}"
-        return lines
-    if fmt == "nextn":
-        return {
-            "SGLang": f"python -m sglang.launch_server --model {target} --speculative-algorithm NEXTN "
-            f"--speculative-draft-model-path {draft} {sglang_steps}",
-        }
-    if fmt == "stitched":
-        return {
-            "overlay": f"hf download {target} --local-dir ./target-stitched && hf download {draft} --include "
-            "'*.safetensors' 'model.safetensors.index.json' --local-dir ./target-stitched",
-            "vLLM": "vllm serve ./target-stitched --speculative-config "
-            f'\'{{"method": "mtp", "num_speculative_tokens": {k}}}\'',
-            "SGLang": f"python -m sglang.launch_server --model ./target-stitched --speculative-algorithm EAGLE "
-            f"{sglang_steps}",
-        }
-    return {}
+    """Every launch line the format offers (each format module declares its own), before the support table."""
+    return get_format(fmt).launch_lines(target, draft, k) if fmt in REGISTRY else {}
 
 
 def _acceptance_table(evaluation: Mapping[str, Any]) -> str:
@@ -378,9 +347,9 @@ def _body(
         f"A speculative-decoding draft for {target_text}, built by mtp2draft from the "
         f"multi-token-prediction (MTP) layer the target ships, {how}.",
         "",
-        f"Format: {FORMAT_WORDS.get(fmt, fmt)}.",
+        f"Format: {REGISTRY[fmt].description if fmt in REGISTRY else fmt}.",
     ]
-    if fmt in ("sglang", "speculators"):
+    if format_kind(fmt) is DraftKind.EAGLE3:
         vocab = cfg.get("draft_vocab_size") or (cfg.get("transformer_layer_config") or {}).get("vocab_size")
         out += [
             "",
@@ -404,7 +373,7 @@ def _body(
     spec = _spec_of(cfg, prov)
     lines = launch_lines(fmt, target or "<target>", draft, k, spec)
     out += ["", "## Serve it", ""]
-    method = "EAGLE-3" if fmt in ("sglang", "speculators") else "native MTP"
+    method = "EAGLE-3" if format_kind(fmt) is DraftKind.EAGLE3 else "native MTP"
     if spec is not None:
         for engine in unsupported_engines(fmt, spec):
             out.append(

@@ -1,4 +1,4 @@
-"""Draft kinds: the two kinds of draft mtp2draft makes (`DraftKind`, the `convert --to` choices) and the one detector
+"""Draft kinds and the draft directory's file names: the two kinds of draft mtp2draft makes (`DraftKind`, the `convert --to` choices) and the one detector
 of a draft's kind from its config.json. Torch-free, so that the CLI can list kinds without loading a model library.
 
 A kind is also the speculative-decoding method an engine runs the draft with (`[engines.*] methods` in the specs).
@@ -28,6 +28,10 @@ class DraftKind(StrEnum):
 
 
 DRAFT_KINDS = tuple(k.value for k in DraftKind)
+# A draft directory (`convert`, `distill`, the EAGLE-3 exports) holds these.
+CONFIG_FILE = "config.json"
+WEIGHTS_FILE = "model.safetensors"
+PROVENANCE_FILE = "provenance.json"
 # config.json markers: mtp2draft's native draft says `draft_kind: mtp`; an EAGLE-3 draft carries SGLang's
 # architecture, or is vLLM's speculators layout of one.
 EAGLE3_ARCHITECTURE = "LlamaForCausalLMEagle3"

@@ -21,6 +21,7 @@ from .distill import DistillConfig, distill
 from .errors import SourceError
 from .evaluate import evaluate, save_evaluation
 from .export import export
+from .formats import REGISTRY, formats_of, get_format
 from .io import Progress, check_output_dir, mark
 from .kinds import DraftKind
 from .spec import ENGINES, Spec
@@ -43,19 +44,13 @@ class RunResult:
 
 def default_kind_and_format(spec: Spec, to: str | None = None, fmt: str | None = None) -> tuple[str, str]:
     """The draft kind and export format `run` picks when not told, from the family's engine support table: EAGLE-3
-    where an engine serves it (its SGLang layout where SGLang does, else vLLM's speculators layout), native MTP
-    otherwise (a NextN checkpoint where SGLang loads one, else the stitched overlay)."""
+    where an engine serves it, native MTP otherwise; then the first format of that kind in `formats.REGISTRY` whose
+    module says an engine serves it for the family (sglang, else speculators; nextn, else the stitched overlay)."""
     if to is None:
         to = DraftKind.EAGLE3 if any(spec.serves(e, DraftKind.EAGLE3) for e in ENGINES) else DraftKind.MTP
-    if fmt is None:
-        if to == DraftKind.EAGLE3:
-            fmt = (
-                "speculators"
-                if spec.serves("vllm", DraftKind.EAGLE3) and not spec.serves("sglang", DraftKind.EAGLE3)
-                else "sglang"
-            )
-        else:
-            fmt = "nextn" if spec.nextn.architecture and spec.serves("sglang", DraftKind.MTP) else "stitched"
+    if fmt is None:  # the first format of that kind (registry order) an engine serves for the family
+        candidates = formats_of(DraftKind(to))
+        fmt = next((f for f in candidates if get_format(f).usable(spec)), candidates[0])
     return to, fmt
 
 
@@ -162,7 +157,7 @@ def run(
         distilled,
         fmt,
         exported,
-        target=target if fmt in ("stitched", "nextn") else None,
+        target=target if REGISTRY[fmt].reads_target else None,
         overwrite=True,
         speculative_tokens=num_draft_tokens,
         revision=revision,
