@@ -32,7 +32,7 @@ from .draft import (
     native_config,
 )
 from .errors import CheckpointError, ShallowTargetError, SourceError
-from .formats.eagle3 import eagle_config_ids
+from .formats.eagle3_config import eagle_config_ids
 from .io import Progress, SafetensorsWriter, atomic_output_dir, check_output_dir, quiet, write_json
 from .kinds import DRAFT_KINDS, DraftKind
 from .layout import (
@@ -211,7 +211,7 @@ def eagle3_config(
         "target_hidden_size": int(text["hidden_size"]),
         "tie_word_embeddings": False,
         "torch_dtype": "bfloat16",
-        # SGLang's reading of these ids depends on the target family (formats.eagle3.sglang_aux_ids)
+        # SGLang's reading of these ids depends on the target family (formats.eagle3_config.sglang_aux_ids)
         "eagle_config": {
             "eagle_aux_hidden_state_layer_ids": eagle_config_ids(aux, spec_name),
             "use_aux_hidden_state": True,

@@ -45,7 +45,7 @@ from safetensors.torch import load_file
 from torch import nn
 
 from .errors import CheckpointError, DraftError
-from .formats.eagle3 import aux_ids, speculators_to_eagle3_config, speculators_weight_name
+from .formats.eagle3_config import aux_ids, speculators_to_eagle3_config, speculators_weight_name
 from .kinds import CONFIG_FILE as CONFIG_FILE  # the draft directory's files (defined in kinds), re-exported
 from .kinds import PROVENANCE_FILE as PROVENANCE_FILE
 from .kinds import WEIGHTS_FILE as WEIGHTS_FILE
@@ -421,7 +421,7 @@ class Eagle3Draft(nn.Module):
     def aux_layer_ids(self) -> list[int]:
         """Target layers (0-based, 'output of layer i') whose outputs `fc` fuses, low to high: the top-level
         ('input of layer i') ids - 1, as every engine reads them; `eagle_config`'s copy is in SGLang's terms, which
-        depend on the target family (see `formats.eagle3.sglang_aux_ids`)."""
+        depend on the target family (see `formats.eagle3_config.sglang_aux_ids`)."""
         return aux_ids(self.eagle_config)
 
     @property

@@ -31,7 +31,8 @@ from .draft import CONFIG_FILE, PROVENANCE_FILE, read_draft_config
 from .errors import DraftError, SourceError, ValidationError
 from .formats import FORMATS, REGISTRY, ExportJob, exportable, get_format
 from .formats.common import DTYPES, EVALUATION_FILE, README_FILE, _read_json
-from .formats.eagle3 import NORM_SWITCHES, hub_id_of, speculators_to_eagle3_config, speculators_weight_name
+from .formats.eagle3 import hub_id_of
+from .formats.eagle3_config import NORM_SWITCHES, speculators_to_eagle3_config, speculators_weight_name
 from .formats.native import requantize_fp8
 from .io import Progress, atomic_output_dir, check_output_dir, quiet, write_json
 from .kinds import detect_kind

@@ -129,7 +129,8 @@ def test_cli_help_specs_and_inspect_help_do_not_import_torch(argv: list[str]) ->
 
 def test_torch_free_modules_do_not_import_torch() -> None:
     code = (
-        "import sys, mtp2draft.spec, mtp2draft.kinds, mtp2draft.formats, mtp2draft.train_subsets, mtp2draft; "
+        "import sys, mtp2draft.spec, mtp2draft.kinds, mtp2draft.formats, mtp2draft.formats.eagle3_config, "
+        "mtp2draft.train_subsets, mtp2draft; "
         "print('torch' in sys.modules)"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
