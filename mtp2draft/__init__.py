@@ -6,20 +6,40 @@ Pipeline (each stage a CLI command and a function here):
     evaluate  chain speculative decoding against the target: acceptance per position, lossless check
     export    the formats engines load (sglang, speculators, nextn, stitched), validated before writing
     push      publish to the Hugging Face Hub with a model card
+
+The stage functions are loaded on first use (PEP 562 `__getattr__`), so `import mtp2draft` or `import
+mtp2draft.spec` does not import torch. They carry their module's name (`mtp2draft.convert` is the function here);
+import the modules themselves with `from mtp2draft.convert import ...` or `importlib.import_module(...)`.
 """
 
-__version__ = "0.1.0"
+from __future__ import annotations
 
-# The stage functions carry their module's name (mtp2draft.convert is the function here); import the modules
-# themselves with `from mtp2draft.convert import ...` or `importlib.import_module("mtp2draft.convert")`.
-from .convert import convert, inspect_checkpoint, load_native  # noqa: E402
-from .distill import DistillConfig, distill  # noqa: E402
-from .draft import Eagle3Draft, NativeMtpDraft, load_draft  # noqa: E402
-from .evaluate import evaluate  # noqa: E402
-from .export import export, validate  # noqa: E402
-from .hub import push  # noqa: E402
-from .run import run  # noqa: E402
-from .spec import find_spec, get_spec, registry  # noqa: E402
+import importlib
+import sys
+import types
+from typing import TYPE_CHECKING, Any
+
+from ._version import __version__
+
+# public name -> the module that defines it
+_LAZY: dict[str, str] = {
+    "convert": "convert",
+    "inspect_checkpoint": "convert",
+    "load_native": "convert",
+    "distill": "distill",
+    "DistillConfig": "distill",
+    "evaluate": "evaluate",
+    "export": "export",
+    "validate": "export",
+    "push": "hub",
+    "run": "run",
+    "load_draft": "draft",
+    "NativeMtpDraft": "draft",
+    "Eagle3Draft": "draft",
+    "find_spec": "spec",
+    "get_spec": "spec",
+    "registry": "spec",
+}
 
 __all__ = [
     "__version__",
@@ -40,3 +60,41 @@ __all__ = [
     "get_spec",
     "registry",
 ]
+
+if TYPE_CHECKING:  # for type checkers and IDEs only: at run time these load lazily
+    from .convert import convert, inspect_checkpoint, load_native
+    from .distill import DistillConfig, distill
+    from .draft import Eagle3Draft, NativeMtpDraft, load_draft
+    from .evaluate import evaluate
+    from .export import export, validate
+    from .hub import push
+    from .run import run
+    from .spec import find_spec, get_spec, registry
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(f".{module}", __name__), name)
+    # A stage function shares its module's name: importing mtp2draft.convert binds the MODULE as the package
+    # attribute `convert`, so the function is cached in the module globals, replacing it, as the eager imports did.
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))
+
+
+class _Package(types.ModuleType):
+    """Keeps `mtp2draft.convert` (and distill, evaluate, export, run) the stage FUNCTION once its submodule is
+    imported: the import system binds the submodule as a package attribute, which would shadow the function."""
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        if isinstance(value, types.ModuleType) and _LAZY.get(name) == name and hasattr(value, name):
+            value = getattr(value, name)
+        super().__setattr__(name, value)
+
+
+sys.modules[__name__].__class__ = _Package

@@ -15,6 +15,7 @@ from typing import Annotated, Any
 import typer
 
 from .errors import Mtp2DraftError
+from .kinds import DRAFT_KINDS, DraftKind
 
 app = typer.Typer(
     name="mtp2draft",
@@ -52,14 +53,12 @@ def _print_json(data: Any) -> None:
 
 
 def _subsets() -> list[str]:
-    from .parallel import TRAIN_SUBSETS
+    from .train_subsets import TRAIN_SUBSETS
 
     return list(TRAIN_SUBSETS)
 
 
 def _kinds() -> list[str]:
-    from .convert import DRAFT_KINDS
-
     return list(DRAFT_KINDS)
 
 
@@ -89,7 +88,7 @@ def specs(as_json: AsJson = False) -> None:
             facts = r["engines"].get(e) or {}
             methods = facts.get("methods") or []
             text = ", ".join(
-                f"mtp [{facts.get('handover')}]" if m == "mtp" else m for m in ("mtp", "eagle3") if m in methods
+                f"mtp [{facts.get('handover')}]" if m == DraftKind.MTP else m for m in DraftKind if m in methods
             )
             cells.append(f"{text or '-':<28}")
         print(f"{r['name']:<{width}}  " + "  ".join(cells))
@@ -136,7 +135,7 @@ def inspect(source: Source, revision: Revision = None, token: Token = None, as_j
 def convert(
     source: Source,
     out: Annotated[Path, typer.Option("--out", help="Output draft directory.", show_default=False)],
-    to: Annotated[str, typer.Option("--to", help=f"Draft kind: {' | '.join(_kinds())}.")] = "mtp",
+    to: Annotated[str, typer.Option("--to", help=f"Draft kind: {' | '.join(_kinds())}.")] = DraftKind.MTP.value,
     layer: Annotated[int | None, typer.Option("--layer", help="MTP layer index (default 0).")] = None,
     dtype: Annotated[str, typer.Option("--dtype", help="Weights dtype: bfloat16 | float32.")] = "bfloat16",
     aux_layers: Annotated[
@@ -451,7 +450,7 @@ def dump_hidden(
         loaded = load_draft(draft)
         final = getattr(loaded, "input_hidden", None)  # the final hidden a native draft reads
         if ids is None:
-            ids = loaded.aux_layer_ids if loaded.kind == "eagle3" else None
+            ids = loaded.aux_layer_ids if loaded.kind == DraftKind.EAGLE3 else None
     examples, skipped = read_examples(data, load_tokenizer(tm.path), max_length, skip_bad)
     if skipped:
         log(f"skipped {skipped} malformed line(s)")
@@ -468,7 +467,7 @@ def _engines() -> list[str]:
 
 
 def _formats(include_native: bool = False) -> list[str]:
-    from .export import FORMATS, VALIDATE_FORMATS
+    from .formats import FORMATS, VALIDATE_FORMATS
 
     return list(VALIDATE_FORMATS if include_native else FORMATS)
 

@@ -14,14 +14,13 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from . import __version__
+from ._version import __version__
 from .checkpoint import DTYPES as DTYPES_ST
 from .checkpoint import SCALE_SUFFIX, Checkpoint, check_finite, open_checkpoint
 from .draft import (
@@ -32,199 +31,26 @@ from .draft import (
     block_config,
     native_config,
 )
-from .errors import CheckpointError, NoMtpLayerError, ShallowTargetError, SourceError
+from .errors import CheckpointError, ShallowTargetError, SourceError
+from .formats.eagle3_config import eagle_config_ids
 from .io import Progress, SafetensorsWriter, atomic_output_dir, check_output_dir, quiet, write_json
+from .kinds import DRAFT_KINDS, DraftKind
+from .layout import (
+    MtpLayerPlan,
+    iter_native_tensors,
+    plan_mtp_layer,
+    resolve_layer,
+    target_embed_key,
+    target_head_key,
+)
 from .redact import command_line
 from .spec import Spec, find_spec
-from .transforms import EAGLE3_TRANSFORMS, LOAD_TRANSFORMS, Eagle3Build, Group, group_block_keys
+from .transforms import EAGLE3_TRANSFORMS, LOAD_TRANSFORMS, Eagle3Build
 
-DRAFT_KINDS = ("mtp", "eagle3")
 DTYPES = {"bfloat16": torch.bfloat16, "float32": torch.float32, "float16": torch.float16}
-# Keys some checkpoints carry that no module needs.
-IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)
 
 
 # ---- the MTP layer in a checkpoint -----------------------------------------------------------------------------------
-@dataclass
-class MtpLayerPlan:
-    """Where MTP layer `layer` of a checkpoint lives and how its tensors map onto the native module."""
-
-    spec: Spec
-    layer: int
-    groups: list[Group]  # module key (relative to the native module) <- checkpoint keys (absolute)
-    expected: dict[str, tuple[int, ...]]  # module key -> shape the config implies
-    buffers: frozenset[str] = frozenset()  # module keys that are buffers (kept in fp32)
-    stored_embed: str | None = None
-    stored_head: str | None = None
-
-    @property
-    def checkpoint_keys(self) -> list[str]:
-        return [k for g in self.groups for k in g.ckpt_keys]
-
-
-def resolve_layer(ckpt: Checkpoint, spec: Spec, layer: int | None) -> tuple[int, int]:
-    """(layer index, number of MTP layers), with clear errors for checkpoints without one."""
-    count = spec.num_mtp_layers(ckpt.config)
-    if count <= 0:
-        raise NoMtpLayerError(
-            f"{ckpt.source} has no MTP layer ({spec.config.mtp_count} is "
-            f"{spec.text_config(ckpt.config).get(spec.config.mtp_count, 'absent')}): nothing to convert"
-        )
-    if not any(ckpt.has(spec.key(spec.keys.proj, ckpt.config, i)) for i in range(count)):
-        raise NoMtpLayerError(
-            f"{ckpt.source} declares {count} MTP layer(s) but its index holds no MTP weights "
-            f"(looked for {spec.key(spec.keys.proj, ckpt.config, 0)})"
-        )
-    layer = 0 if layer is None else layer
-    if not 0 <= layer < count:
-        raise NoMtpLayerError(
-            f"--layer {layer} is out of range: {ckpt.source} has {count} MTP layer(s) (0..{count - 1})"
-        )
-    return layer, count
-
-
-def _meta_module(spec: Spec, config: dict[str, Any]) -> NativeMtpDraft:
-    with torch.device("meta"):
-        return NativeMtpDraft(spec, config)
-
-
-def plan_mtp_layer(ckpt: Checkpoint, spec: Spec, layer: int) -> MtpLayerPlan:
-    """Map the checkpoint keys of MTP layer `layer` onto the native module's state dict, checking names and shapes
-    against the module the config implies (from headers only: no tensor bytes are read)."""
-    cfg = ckpt.config
-    comp = spec.component_keys(cfg, layer)
-    groups = [
-        Group(module_key, (comp[name],))
-        for module_key, name in (
-            ("enorm.weight", "enorm"),
-            ("hnorm.weight", "hnorm"),
-            ("eh_proj.weight", "proj"),
-            ("final_norm.weight", "final_norm"),
-        )
-    ]
-    for g in groups:
-        if not ckpt.has(g.ckpt_keys[0]):
-            raise CheckpointError(f"MTP layer {layer} is missing {g.ckpt_keys[0]} (spec {spec.name})")
-    prefix = spec.key(spec.keys.block, cfg, layer)
-    named = set(comp.values())
-    block_keys = [
-        k[len(prefix) :]
-        for k in ckpt.keys_with_prefix(prefix)
-        if k not in named and not k.endswith(SCALE_SUFFIX) and not k.endswith(IGNORED_SUFFIXES)
-    ]
-    for g in group_block_keys(block_keys, dict(spec.block.rename), spec.block.load):
-        groups.append(Group("block." + g.module_key, tuple(prefix + k for k in g.ckpt_keys), g.transform))
-    module = _meta_module(spec, cfg)
-    expected = {k: tuple(v.shape) for k, v in module.state_dict().items()}
-    buffers = frozenset(k for k, _ in module.named_buffers() if k in expected)
-    have = {g.module_key for g in groups}
-    missing = sorted(set(expected) - have)
-    unexpected = sorted(have - set(expected))
-    if missing:
-        raise CheckpointError(
-            f"MTP layer {layer} lacks tensors the {spec.name} block needs: {', '.join(missing[:6])}"
-            + (f" (+{len(missing) - 6} more)" if len(missing) > 6 else "")
-        )
-    if unexpected:
-        names = [g.ckpt_keys[0] for g in groups if g.module_key in unexpected]
-        raise CheckpointError(
-            f"MTP layer {layer} has tensors the {spec.name} block does not use: {', '.join(names[:6])} "
-            "(wrong spec or config?)"
-        )
-    for g in groups:
-        shapes = [ckpt.info(k).shape for k in g.ckpt_keys]
-        shape = LOAD_TRANSFORMS[g.transform].out_shape(g, shapes) if g.transform else shapes[0]
-        want = expected[g.module_key]
-        if tuple(shape) != tuple(want):
-            raise CheckpointError(
-                f"tensor {g.ckpt_keys[0]} has shape {list(shapes[0])} but the config implies "
-                f"{list(want) if not g.transform else f'{list(want)} after {g.transform}'}"
-            )
-    stored_embed = comp.get("embed") if comp.get("embed") and ckpt.has(comp["embed"]) else None
-    stored_head = comp.get("head") if comp.get("head") and ckpt.has(comp["head"]) else None
-    return MtpLayerPlan(spec, layer, groups, expected, buffers, stored_embed, stored_head)
-
-
-def iter_native_tensors(
-    ckpt: Checkpoint, plan: MtpLayerPlan, dtype: torch.dtype = torch.float32
-) -> Iterator[tuple[str, torch.Tensor]]:
-    """(module key, tensor) for every tensor of the native module, one group in memory at a time.
-
-    Floating parameters become `dtype`; buffers (e.g. a router's score-correction bias) keep fp32, as the modules and
-    the checkpoints keep them."""
-    for g in plan.groups:
-        want = torch.float32 if g.module_key in plan.buffers else dtype
-        transform = LOAD_TRANSFORMS[g.transform] if g.transform else None
-        if transform is not None and hasattr(transform, "combine_stream"):
-            # e.g. fused experts: filled expert by expert into the output, never all in fp32 at once
-            shape = plan.expected[g.module_key]
-            tensor = transform.combine_stream(g, shape, ckpt.iter_weights(g.ckpt_keys, torch.float32), want)
-        else:
-            raw = ckpt.read_weights(g.ckpt_keys, dtype=torch.float32)
-            tensors = [raw[k] for k in g.ckpt_keys]
-            tensor = transform.combine(g, tensors) if transform is not None else tensors[0]
-            del raw, tensors
-            if tensor.is_floating_point():
-                tensor = tensor.to(want)
-        yield g.module_key, tensor
-        del tensor  # before the next group is built: one group in memory at a time
-
-
-def native_to_checkpoint(
-    spec: Spec, config: dict[str, Any], layer: int, state: dict[str, torch.Tensor]
-) -> dict[str, torch.Tensor]:
-    """Native module tensors -> checkpoint tensors under the family's real key names (the inverse of the plan).
-
-    Used to write MTP layers into tiny hub-layout checkpoints and to stitch a fine-tuned layer back."""
-    comp = spec.component_keys(config, layer)
-    named = {
-        "enorm.weight": "enorm",
-        "hnorm.weight": "hnorm",
-        "eh_proj.weight": "proj",
-        "final_norm.weight": "final_norm",
-    }
-    prefix = spec.key(spec.keys.block, config, layer)
-    inverse_rename = {new: old for old, new in spec.block.rename.items()}
-    out: dict[str, torch.Tensor] = {}
-    for key, tensor in state.items():
-        if key in named:
-            out[comp[named[key]]] = tensor
-            continue
-        if not key.startswith("block."):
-            raise CheckpointError(f"{key} is not a tensor of the native MTP module")
-        parts = {key[len("block.") :]: tensor}
-        for name in reversed(spec.block.load):
-            split = {}
-            for rel, t in parts.items():
-                mapped = LOAD_TRANSFORMS[name].to_checkpoint(rel, t)
-                split.update(mapped if mapped is not None else {rel: t})
-            parts = split
-        for rel, t in parts.items():
-            for new, old in inverse_rename.items():
-                if rel.startswith(new):
-                    rel = old + rel[len(new) :]
-                    break
-            out[prefix + rel] = t
-    return out
-
-
-def target_embed_key(ckpt: Checkpoint, spec: Spec, plan: MtpLayerPlan) -> str:
-    key = spec.key(spec.keys.target_embed, ckpt.config, plan.layer)
-    if ckpt.has(key):
-        return key
-    if plan.stored_embed:
-        return plan.stored_embed
-    raise CheckpointError(f"the checkpoint has no embedding ({key})")
-
-
-def target_head_key(ckpt: Checkpoint, spec: Spec, plan: MtpLayerPlan) -> str:
-    """The lm_head the MTP layer shares: the target's, its copy inside the layer, or the embedding when tied."""
-    key = spec.key(spec.keys.target_head, ckpt.config, plan.layer)
-    if ckpt.has(key):
-        return key
-    if plan.stored_head:
-        return plan.stored_head
-    return target_embed_key(ckpt, spec, plan)  # tied embeddings
 
 
 def load_native(
@@ -363,8 +189,6 @@ def eagle3_config(
     Aux ids are written twice: `eagle_config` holds 'output of layer i' ids (SGLang captures before layer i + 1),
     the top-level `eagle_aux_hidden_state_layer_ids` holds vLLM's 'input of layer i' ids, i.e. the same + 1.
     """
-    from .export import eagle_config_ids
-
     init = fields.pop("mtp2draft_init", None)
     cfg = {
         "architectures": ["LlamaForCausalLMEagle3"],
@@ -387,7 +211,7 @@ def eagle3_config(
         "target_hidden_size": int(text["hidden_size"]),
         "tie_word_embeddings": False,
         "torch_dtype": "bfloat16",
-        # SGLang's reading of these ids depends on the target family (export.sglang_aux_ids)
+        # SGLang's reading of these ids depends on the target family (formats.eagle3_config.sglang_aux_ids)
         "eagle_config": {
             "eagle_aux_hidden_state_layer_ids": eagle_config_ids(aux, spec_name),
             "use_aux_hidden_state": True,
@@ -420,7 +244,7 @@ class ConvertResult:
 def convert(
     source: str,
     out: str | Path,
-    to: str = "mtp",
+    to: str = DraftKind.MTP,
     layer: int | None = None,
     dtype: str = "bfloat16",
     revision: str | None = None,
@@ -432,6 +256,7 @@ def convert(
     """Convert MTP layer `layer` of SOURCE into a draft directory `out` (`to`: mtp or eagle3)."""
     if to not in DRAFT_KINDS:
         raise SourceError(f"--to must be one of {', '.join(DRAFT_KINDS)}, got {to!r}")
+    to = DraftKind(to)
     if dtype not in DTYPES:
         raise SourceError(f"--dtype must be one of {', '.join(DTYPES)}, got {dtype!r}")
     check_output_dir(out, overwrite, inputs=[source])
@@ -440,7 +265,7 @@ def convert(
     ckpt = open_checkpoint(source, revision, token)
     spec = find_spec(ckpt.config)
     layer, count = resolve_layer(ckpt, spec, layer)
-    if to == "eagle3" and not aux_layers:
+    if to == DraftKind.EAGLE3 and not aux_layers:
         default_aux_layers(spec.num_layers(ckpt.config))  # a too-shallow target is refused before any byte is read
     progress(f"{spec.name}: MTP layer {layer} of {count}; reading shard headers")
     plan = plan_mtp_layer(ckpt, spec, layer)
@@ -463,7 +288,7 @@ def convert(
         "fp8_block_size": list(ckpt.fp8_block_size()) if dequantised else None,
     }
     with atomic_output_dir(out, overwrite, inputs=[source]) as tmp:
-        if to == "mtp":
+        if to == DraftKind.MTP:
             needed = plan.checkpoint_keys
             _write_native(ckpt, plan, tmp, torch_dtype, progress)
             provenance["tensors"] = {
@@ -508,7 +333,7 @@ def convert(
         layer,
         count,
         ckpt.bytes_fetched,
-        ckpt.bytes_for(needed) if to == "mtp" else ckpt.bytes_fetched,
+        ckpt.bytes_for(needed) if to == DraftKind.MTP else ckpt.bytes_fetched,
         ckpt.total_bytes(),
         seconds,
         provenance,

@@ -43,7 +43,7 @@ class Example:
 def load_tokenizer(path: str | Path):
     from transformers import AutoTokenizer
 
-    from .hidden import quiet_transformers
+    from .io import quiet_transformers
 
     try:
         with quiet_transformers():

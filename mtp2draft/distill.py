@@ -35,7 +35,8 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from . import __version__, memory, parallel
+from . import memory, parallel
+from ._version import __version__
 from .data import Example, load_tokenizer, read_examples, regenerate
 from .draft import (
     CONFIG_FILE,
@@ -51,6 +52,7 @@ from .draft import (
 from .errors import DataError, DraftError, OptionError
 from .hidden import Features, OfflineHiddenStates, TargetModel, check_draft_fits, offline_features
 from .io import Progress, atomic_output_dir, check_output_dir, save_tensors, write_json
+from .kinds import DraftKind
 from .parallel import Parallel
 from .redact import command_line
 from .spec import ENGINES, get_spec
@@ -299,7 +301,7 @@ def calibrate_eagle3(
     init = draft.eagle_config.get("mtp2draft_init")
     if not init or init.get("fc_scale_calibrated", True):
         return None
-    aux = features.step0_input("eagle3").float()  # [B, T, 3Ht]
+    aux = features.step0_input(DraftKind.EAGLE3).float()  # [B, T, 3Ht]
     b, t = aux.shape[:2]
     ht = aux.shape[-1] // 3
     keep = mask.reshape(-1).bool() if mask is not None else torch.ones(b * t, dtype=torch.bool)
@@ -612,10 +614,10 @@ def _distill_on(
                 f"{cfg.engine} {facts.version if facts else ''} cannot serve a {kind} draft for {spec.name} targets "
                 f"(spec {spec.path}: [engines.{cfg.engine}] methods = {list(facts.methods) if facts else []})"
             )
-        if kind == "mtp":
+        if kind == DraftKind.MTP:
             draft.train_for_engine(cfg.engine)
     if cfg.hidden_handover is not None:
-        if kind != "mtp":
+        if kind != DraftKind.MTP:
             raise DataError(
                 "--hidden-handover applies to native MTP drafts (EAGLE-3 always hands on the pre-norm output)"
             )
@@ -631,12 +633,12 @@ def _distill_on(
         source_name, commit, target_model = store.source, store.commit, None
         embed, head = store.embedding(), store.lm_head()
         n_examples = len(store)
-        if kind == "mtp" and store.manifest.get("final") != draft.input_hidden:
+        if kind == DraftKind.MTP and store.manifest.get("final") != draft.input_hidden:
             raise DataError(
                 f"{hidden_states} holds the {store.manifest.get('final')} final hidden, the draft reads the "
                 f"{draft.input_hidden} one (dump it again with this draft)"
             )
-        if kind == "eagle3" and store.aux_layers != draft.aux_layer_ids:
+        if kind == DraftKind.EAGLE3 and store.aux_layers != draft.aux_layer_ids:
             raise DataError(
                 f"{hidden_states} holds aux layers {store.aux_layers}, the draft reads {draft.aux_layer_ids}"
             )
@@ -675,12 +677,12 @@ def _distill_on(
             return batch, _features_to(feats, device)
         batch = collate([examples[i] for i in idx], pad_id)  # padded as the global batch: same shapes on any N
         batch = {k: v[rows] for k, v in batch.items()}
-        aux = draft.aux_layer_ids if kind == "eagle3" else None
+        aux = draft.aux_layer_ids if kind == DraftKind.EAGLE3 else None
         feats = target_model.features(
             batch["input_ids"],
             batch["attention_mask"].to(target_model.device),
             aux_layers=aux,
-            want_final=want_final or kind == "mtp",
+            want_final=want_final or kind == DraftKind.MTP,
             final=getattr(draft, "input_hidden", None),
         )
         return batch, feats
@@ -698,7 +700,7 @@ def _distill_on(
     latest = latest_checkpoint(ckpt_dir) if resume else None
     if resume and latest is None:
         progress(f"no checkpoint in {ckpt_dir}: starting from step 0")
-    if kind == "eagle3" and cfg.draft_vocab_size and latest is None:
+    if kind == DraftKind.EAGLE3 and cfg.draft_vocab_size and latest is None:
         if cfg.draft_vocab_size > draft.vocab_size:
             raise DataError(
                 f"--draft-vocab-size {cfg.draft_vocab_size} exceeds the target vocabulary {draft.vocab_size}"
@@ -713,7 +715,7 @@ def _distill_on(
             progress(
                 f"draft vocabulary: the {used.numel()} most frequent target tokens, {share:.1%} of the training targets"
             )
-    elif kind == "mtp" and cfg.draft_vocab_size:
+    elif kind == DraftKind.MTP and cfg.draft_vocab_size:
         raise DataError("--draft-vocab-size applies to eagle3 drafts; a native MTP draft shares the target's head")
     calibration = None
     if isinstance(draft, Eagle3Draft) and latest is None and draft.eagle_config.get("mtp2draft_init"):

@@ -45,12 +45,14 @@ from safetensors.torch import load_file
 from torch import nn
 
 from .errors import CheckpointError, DraftError
+from .formats.eagle3_config import aux_ids, speculators_to_eagle3_config, speculators_weight_name
+from .kinds import CONFIG_FILE as CONFIG_FILE  # the draft directory's files (defined in kinds), re-exported
+from .kinds import PROVENANCE_FILE as PROVENANCE_FILE
+from .kinds import WEIGHTS_FILE as WEIGHTS_FILE
+from .kinds import DraftKind, detect_kind
 from .spec import Spec, get_spec
 
 DRAFT_FORMAT_VERSION = 1
-CONFIG_FILE = "config.json"
-WEIGHTS_FILE = "model.safetensors"
-PROVENANCE_FILE = "provenance.json"
 
 
 class DraftCache:
@@ -145,7 +147,7 @@ class ComposedBlock(nn.Module):
 class NativeMtpDraft(nn.Module):
     """One MTP layer of `spec`'s family, computed as the checkpoint defines it."""
 
-    kind = "mtp"
+    kind = DraftKind.MTP
 
     def __init__(
         self,
@@ -321,7 +323,7 @@ def native_config(
     text = spec.text_config(target_config)
     return {
         "architectures": ["Mtp2DraftNativeMtp"],
-        "draft_kind": "mtp",
+        "draft_kind": DraftKind.MTP,
         "format_version": DRAFT_FORMAT_VERSION,
         "spec": spec.name,
         "mtp_layer": layer,
@@ -393,7 +395,7 @@ class Eagle3Layer(nn.Module):
 class Eagle3Draft(nn.Module):
     """The EAGLE-3 draft in SGLang's layout (weights named exactly as `LlamaForCausalLMEagle3` loads them)."""
 
-    kind = "eagle3"
+    kind = DraftKind.EAGLE3
     hidden_handover = "pre_norm"
 
     def __init__(self, config: Mapping[str, Any]) -> None:
@@ -419,10 +421,8 @@ class Eagle3Draft(nn.Module):
     def aux_layer_ids(self) -> list[int]:
         """Target layers (0-based, 'output of layer i') whose outputs `fc` fuses, low to high: the top-level
         ('input of layer i') ids - 1, as every engine reads them; `eagle_config`'s copy is in SGLang's terms, which
-        depend on the target family (see `export.sglang_aux_ids`)."""
-        from .export import _aux_ids
-
-        return _aux_ids(self.eagle_config)
+        depend on the target family (see `formats.eagle3_config.sglang_aux_ids`)."""
+        return aux_ids(self.eagle_config)
 
     @property
     def vocab_size(self) -> int:
@@ -501,17 +501,9 @@ def read_draft_config(path: str | Path) -> dict[str, Any]:
         raise DraftError(f"{cfg_file} is not valid JSON: {exc}") from exc
 
 
-def draft_kind(cfg: Mapping[str, Any]) -> str:
-    if cfg.get("draft_kind") == "mtp":
-        return "mtp"
-    if "LlamaForCausalLMEagle3" in (cfg.get("architectures") or []):
-        return "eagle3"
-    raise DraftError("config.json describes neither an mtp2draft native MTP draft nor an EAGLE-3 draft")
-
-
 def build_draft(cfg: Mapping[str, Any]) -> Draft:
     """An uninitialised draft module from a draft config.json dict."""
-    if draft_kind(cfg) == "mtp":
+    if detect_kind(cfg) is DraftKind.MTP:
         return NativeMtpDraft(
             get_spec(cfg["spec"]),
             cfg["target_config"],
@@ -531,8 +523,6 @@ def load_draft(path: str | Path, dtype: torch.dtype = torch.float32) -> Draft:
     cfg = read_draft_config(path)
     rename = None
     if cfg.get("speculators_model_type"):  # vLLM's speculators layout: back to SGLang's config and names
-        from .export import speculators_to_eagle3_config, speculators_weight_name
-
         cfg, rename = speculators_to_eagle3_config(cfg), speculators_weight_name
     draft = build_draft(cfg)
     weights = path / WEIGHTS_FILE

@@ -32,6 +32,7 @@ from .draft import DraftCache, load_draft
 from .errors import DataError, OptionError
 from .hidden import TargetModel, check_draft_fits
 from .io import Progress, write_json
+from .kinds import DraftKind
 
 EVALUATION_FILE = "evaluation.json"
 TIE_TOLERANCE = 1e-4
@@ -75,7 +76,7 @@ class TargetRunner:
     def __init__(self, target: TargetModel, draft) -> None:
         self.target = target
         self.kind = draft.kind
-        self.aux = draft.aux_layer_ids if self.kind == "eagle3" else None
+        self.aux = draft.aux_layer_ids if self.kind == DraftKind.EAGLE3 else None
         self.input_hidden = getattr(draft, "input_hidden", None)  # a native draft's step-0 hidden (pre/post norm)
 
     def start(self):

@@ -17,7 +17,6 @@ What this module does not do: train or evaluate (`distill.py`, `evaluate.py`), o
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import json
 import math
@@ -32,7 +31,8 @@ from safetensors import safe_open
 from . import network
 from .checkpoint import INDEX_FILE, SINGLE_FILE, open_checkpoint, parse_index, read_config
 from .errors import CheckpointError, DataError, DraftError, SourceError
-from .io import atomic_output_dir, save_tensors, write_json
+from .io import atomic_output_dir, quiet_transformers, save_tensors, write_json
+from .kinds import DraftKind
 from .spec import Spec, find_spec
 
 HIDDEN_SCHEMA_VERSION = 1
@@ -57,30 +57,10 @@ class Features:
     topk_ids: torch.Tensor | None = None
 
     def step0_input(self, kind: str) -> torch.Tensor:
-        features = self.aux if kind == "eagle3" else self.final
+        features = self.aux if kind == DraftKind.EAGLE3 else self.final
         if features is None:
             raise DataError(f"these hidden states do not hold what a {kind} draft reads")
         return features
-
-
-@contextlib.contextmanager
-def quiet_transformers() -> Iterator[None]:
-    """Silence transformers' info/warning logs (load reports, deprecations) for the duration."""
-    import warnings
-
-    from transformers.utils import logging as hf_logging
-
-    level, bars = hf_logging.get_verbosity(), hf_logging.is_progress_bar_enabled()
-    hf_logging.set_verbosity_error()
-    hf_logging.disable_progress_bar()  # "Loading weights" bars of a 5 MB model are noise on stderr
-    try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", FutureWarning)
-            yield
-    finally:
-        hf_logging.set_verbosity(level)
-        if bars:
-            hf_logging.enable_progress_bar()
 
 
 # Weight files that are pickles: never loaded (loading one runs whatever code it carries).

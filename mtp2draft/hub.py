@@ -35,23 +35,19 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from . import __version__, network
+from . import network
+from ._version import __version__
 from .draft import CONFIG_FILE, PROVENANCE_FILE
 from .errors import DraftError, HubError, Mtp2DraftError, ValidationError
 from .export import EVALUATION_FILE, README_FILE, detect_format, validate
+from .formats import REGISTRY, format_kind, get_format
 from .io import Progress, quiet
+from .kinds import DraftKind
 from .redact import find_secret, known_secrets, redact, register_secret
 from .spec import ENGINES, Spec, find_spec, get_spec
 
 LIBRARY_NAME = "mtp2draft"
 DEFAULT_K = 3
-FORMAT_WORDS = {
-    "sglang": "EAGLE-3 draft in SGLang's `LlamaForCausalLMEagle3` layout (read by SGLang, vLLM and TensorRT-LLM)",
-    "speculators": "EAGLE-3 draft in vLLM's speculators format (`Eagle3Speculator`)",
-    "nextn": "native MTP layer as a standalone NextN checkpoint for SGLang",
-    "stitched": "native MTP layer written back into the target's checkpoint layout (an overlay of its shards)",
-    "mtp": "native MTP layer in mtp2draft's own draft layout (export it to serve it)",
-}
 
 
 @dataclass
@@ -236,7 +232,7 @@ def launch_lines(fmt: str, target: str, draft: str, k: int = DEFAULT_K, spec: Sp
     lines = _all_launch_lines(fmt, target, draft, k)
     if spec is None:
         return lines
-    method = "eagle3" if fmt in ("sglang", "speculators") else "mtp"
+    method = format_kind(fmt)
     return {
         label: line
         for label, line in lines.items()
@@ -246,7 +242,7 @@ def launch_lines(fmt: str, target: str, draft: str, k: int = DEFAULT_K, spec: Sp
 
 def unsupported_engines(fmt: str, spec: Spec) -> list[str]:
     """'vllm 0.33.0'-style names of the engines that cannot run this format's draft kind for the family."""
-    method = "eagle3" if fmt in ("sglang", "speculators") else "mtp"
+    method = format_kind(fmt)
     out = []
     for engine in ENGINES:
         if not spec.serves(engine, method):
@@ -256,32 +252,8 @@ def unsupported_engines(fmt: str, spec: Spec) -> list[str]:
 
 
 def _all_launch_lines(fmt: str, target: str, draft: str, k: int) -> dict[str, str]:
-    sglang_steps = f"--speculative-num-steps {k} --speculative-eagle-topk 1 --speculative-num-draft-tokens {k + 1}"
-    if fmt in ("sglang", "speculators"):
-        lines = {
-            "SGLang": f"python -m sglang.launch_server --model {target} --speculative-algorithm EAGLE3 "
-            f"--speculative-draft-model-path {draft} {sglang_steps}",
-            "vLLM": f"vllm serve {target} --speculative-config "
-            f'\'{{"method": "eagle3", "model": "{draft}", "num_speculative_tokens": {k}}}\'',
-        }
-        if fmt == "speculators":  # the config names the verifier and k: vLLM needs nothing else
-            lines["vLLM (speculators config)"] = f"vllm serve {draft}"
-        return lines
-    if fmt == "nextn":
-        return {
-            "SGLang": f"python -m sglang.launch_server --model {target} --speculative-algorithm NEXTN "
-            f"--speculative-draft-model-path {draft} {sglang_steps}",
-        }
-    if fmt == "stitched":
-        return {
-            "overlay": f"hf download {target} --local-dir ./target-stitched && hf download {draft} --include "
-            "'*.safetensors' 'model.safetensors.index.json' --local-dir ./target-stitched",
-            "vLLM": "vllm serve ./target-stitched --speculative-config "
-            f'\'{{"method": "mtp", "num_speculative_tokens": {k}}}\'',
-            "SGLang": f"python -m sglang.launch_server --model ./target-stitched --speculative-algorithm EAGLE "
-            f"{sglang_steps}",
-        }
-    return {}
+    """Every launch line the format offers (each format module declares its own), before the support table."""
+    return get_format(fmt).launch_lines(target, draft, k) if fmt in REGISTRY else {}
 
 
 def _acceptance_table(evaluation: Mapping[str, Any]) -> str:
@@ -318,7 +290,7 @@ def model_card(path: str | Path, repo_id: str | None = None, base_model: str | N
     fmt = detect_format(cfg)
     prov = _read_json(path / PROVENANCE_FILE) or {}
     evaluation = _read_json(path / EVALUATION_FILE)
-    kind = "eagle3" if fmt in ("sglang", "speculators") else "mtp"
+    kind = format_kind(fmt)
     target = base_model or _target(cfg, prov)
     name = (repo_id or path.resolve().name).split("/")[-1]
     draft_ref = repo_id or str(path)
@@ -338,7 +310,7 @@ def model_card(path: str | Path, repo_id: str | None = None, base_model: str | N
                 metric_value=float(results[0]["mean_acceptance_length"]),
             )
         ]
-    tags = ["speculative-decoding", kind, "sglang", "vllm", LIBRARY_NAME]
+    tags = ["speculative-decoding", kind.value, "sglang", "vllm", LIBRARY_NAME]
     if fmt == "speculators":
         tags.append("speculators")
     data_card = ModelCardData(
@@ -375,9 +347,9 @@ def _body(
         f"A speculative-decoding draft for {target_text}, built by mtp2draft from the "
         f"multi-token-prediction (MTP) layer the target ships, {how}.",
         "",
-        f"Format: {FORMAT_WORDS.get(fmt, fmt)}.",
+        f"Format: {REGISTRY[fmt].description if fmt in REGISTRY else fmt}.",
     ]
-    if fmt in ("sglang", "speculators"):
+    if format_kind(fmt) is DraftKind.EAGLE3:
         vocab = cfg.get("draft_vocab_size") or (cfg.get("transformer_layer_config") or {}).get("vocab_size")
         out += [
             "",
@@ -401,7 +373,7 @@ def _body(
     spec = _spec_of(cfg, prov)
     lines = launch_lines(fmt, target or "<target>", draft, k, spec)
     out += ["", "## Serve it", ""]
-    method = "EAGLE-3" if fmt in ("sglang", "speculators") else "native MTP"
+    method = "EAGLE-3" if format_kind(fmt) is DraftKind.EAGLE3 else "native MTP"
     if spec is not None:
         for engine in unsupported_engines(fmt, spec):
             out.append(
@@ -412,7 +384,7 @@ def _body(
     if any(label in LINE_ENGINES for label in lines):
         for engine, line in lines.items():
             out += [f"{engine}:", "", "```bash", line, "```", ""]
-        if fmt == "nextn" and (spec is None or spec.serves("vllm", "mtp")):
+        if fmt == "nextn" and (spec is None or spec.serves("vllm", DraftKind.MTP)):
             out.append("vLLM loads MTP drafts from the target checkpoint itself: use the `stitched` export for vLLM.")
     elif fmt in ("mtp", "eagle3") or not lines:
         out.append("Export it first: `mtp2draft export DRAFT --format nextn|stitched --out DIR`.")

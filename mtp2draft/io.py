@@ -172,3 +172,23 @@ def save_tensors(path: Path, tensors: Mapping[str, torch.Tensor], metadata=None)
     with SafetensorsWriter(path, plan, metadata) as writer:
         for key, value in tensors.items():
             writer.write(key, value)
+
+
+@contextlib.contextmanager
+def quiet_transformers() -> Iterator[None]:
+    """Silence transformers' info/warning logs (load reports, deprecations) for the duration."""
+    import warnings
+
+    from transformers.utils import logging as hf_logging
+
+    level, bars = hf_logging.get_verbosity(), hf_logging.is_progress_bar_enabled()
+    hf_logging.set_verbosity_error()
+    hf_logging.disable_progress_bar()  # "Loading weights" bars of a 5 MB model are noise on stderr
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", FutureWarning)
+            yield
+    finally:
+        hf_logging.set_verbosity(level)
+        if bars:
+            hf_logging.enable_progress_bar()

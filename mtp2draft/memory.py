@@ -36,7 +36,9 @@ from typing import Any
 import torch
 from torch import nn
 
-from .parallel import TRAIN_SUBSETS, shard_units
+from .kinds import DraftKind
+from .parallel import shard_units
+from .train_subsets import TRAIN_SUBSETS
 
 # Linear maps whose outputs are the attention's keys/values (transformers' names: GQA, gated attention, MLA).
 KV_PROJECTIONS = ("*.k_proj", "*.v_proj", "*.kv_b_proj")
@@ -171,7 +173,7 @@ def plan(
     width = getattr(draft, "fc", None).in_features if hasattr(draft, "fc") else h
     features = width * 4 + (vocab * 4 if online_logits else 0)
     activations = rows * length * (step_bytes + features) + sum(length * length * (s + 1) * 4 for s in range(ttt_steps))
-    target_tensors = vocab * h * a * (2 if draft.kind == "mtp" else 1)
+    target_tensors = vocab * h * a * (2 if draft.kind == DraftKind.MTP else 1)
 
     out = MemoryPlan(subset, world, precision, batch, length, ttt_steps, activation_checkpointing, total, trainable)
     out.bytes = {

@@ -41,22 +41,11 @@ import torch.distributed as dist
 from torch import nn
 
 from .io import is_ours, mark, write_json
+from .train_subsets import TRAIN_SUBSETS
 
 PRECISIONS = {
     "fp32": "parameters, gradients, optimizer state and compute in fp32",
     "bf16": "fp32 parameters, gradients and optimizer state; bf16 compute (FSDP2 MixedPrecisionPolicy, fp32 reduce)",
-}
-
-# Trainable subsets: name -> (what it trains, fnmatch patterns of parameter names kept FROZEN). Parameter names are
-# transformers' (the MTP block is built from its classes): routed experts are `<block>.mlp.experts.*` in every MoE
-# family it ships (fused 3-D tensors since transformers 5), shared experts `mlp.shared_expert(s)`.
-TRAIN_SUBSETS: dict[str, tuple[str, tuple[str, ...]]] = {
-    "all": ("every draft parameter", ()),
-    "no-routed-experts": (
-        "everything but the routed experts (attention, shared experts, router, norms, projection)",
-        ("*.mlp.experts.*",),
-    ),
-    "attention-only": ("the attention, norms and input projection; the whole MLP frozen", ("*.mlp.*",)),
 }
 
 

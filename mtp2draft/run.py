@@ -21,7 +21,9 @@ from .distill import DistillConfig, distill
 from .errors import SourceError
 from .evaluate import evaluate, save_evaluation
 from .export import export
+from .formats import REGISTRY, formats_of, get_format
 from .io import Progress, check_output_dir, mark
+from .kinds import DraftKind
 from .spec import ENGINES, Spec
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
@@ -42,15 +44,13 @@ class RunResult:
 
 def default_kind_and_format(spec: Spec, to: str | None = None, fmt: str | None = None) -> tuple[str, str]:
     """The draft kind and export format `run` picks when not told, from the family's engine support table: EAGLE-3
-    where an engine serves it (its SGLang layout where SGLang does, else vLLM's speculators layout), native MTP
-    otherwise (a NextN checkpoint where SGLang loads one, else the stitched overlay)."""
+    where an engine serves it, native MTP otherwise; then the first format of that kind in `formats.REGISTRY` whose
+    module says an engine serves it for the family (sglang, else speculators; nextn, else the stitched overlay)."""
     if to is None:
-        to = "eagle3" if any(spec.serves(e, "eagle3") for e in ENGINES) else "mtp"
-    if fmt is None:
-        if to == "eagle3":
-            fmt = "speculators" if spec.serves("vllm", "eagle3") and not spec.serves("sglang", "eagle3") else "sglang"
-        else:
-            fmt = "nextn" if spec.nextn.architecture and spec.serves("sglang", "mtp") else "stitched"
+        to = DraftKind.EAGLE3 if any(spec.serves(e, DraftKind.EAGLE3) for e in ENGINES) else DraftKind.MTP
+    if fmt is None:  # the first format of that kind (registry order) an engine serves for the family
+        candidates = formats_of(DraftKind(to))
+        fmt = next((f for f in candidates if get_format(f).usable(spec)), candidates[0])
     return to, fmt
 
 
@@ -99,12 +99,21 @@ def run(
     t = time.perf_counter()
     progress(f"[1/5] convert {source} -> raw MTP head and {to} draft")
     raw = work / "raw-mtp"
-    convert(source, raw, to="mtp", layer=layer, revision=revision, token=token, overwrite=True, progress=progress)
+    convert(
+        source, raw, to=DraftKind.MTP, layer=layer, revision=revision, token=token, overwrite=True, progress=progress
+    )
     start = raw
-    if to == "eagle3":
+    if to == DraftKind.EAGLE3:
         start = work / "raw-eagle3"
         convert(
-            source, start, to="eagle3", layer=layer, revision=revision, token=token, overwrite=True, progress=progress
+            source,
+            start,
+            to=DraftKind.EAGLE3,
+            layer=layer,
+            revision=revision,
+            token=token,
+            overwrite=True,
+            progress=progress,
         )
     stages["convert"] = time.perf_counter() - t
 
@@ -148,7 +157,7 @@ def run(
         distilled,
         fmt,
         exported,
-        target=target if fmt in ("stitched", "nextn") else None,
+        target=target if REGISTRY[fmt].reads_target else None,
         overwrite=True,
         speculative_tokens=num_draft_tokens,
         revision=revision,
@@ -180,7 +189,7 @@ def demo(work: str | Path, steps: int = 150, overwrite: bool = True, progress: P
         str(BUNDLED_TARGET),
         work,
         BUNDLED_DATA / "train.jsonl",
-        to="mtp",
+        to=DraftKind.MTP,
         eval_data=BUNDLED_DATA / "heldout.jsonl",
         distill_config=cfg,
         num_draft_tokens=4,

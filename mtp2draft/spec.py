@@ -23,13 +23,14 @@ from pathlib import Path
 from typing import Any
 
 from .errors import SpecError, UnknownFamilyError
+from .kinds import DRAFT_KINDS, DraftKind
 
 CONCAT_ORDERS = ("embed_hidden", "hidden_embed")
 HIDDEN_SOURCES = ("post_norm", "pre_norm")
 NORM_STYLES = ("standard", "zero_centered")
 QUANT_FORMATS = ("fp8_block",)
 ENGINES = ("vllm", "sglang")
-METHODS = ("mtp", "eagle3")
+METHODS = DRAFT_KINDS  # an engine's speculative methods are the draft kinds
 AUX_ID_RULES = ("plus_one", "plus_one_if_first_is_one")
 ATTN_IMPLEMENTATIONS = ("sdpa", "eager")
 
@@ -217,7 +218,7 @@ class Spec:
         """What `engine`'s native MTP module computes for this family: the step-0 target hidden (`input_hidden`),
         whether it applies the final norm (`final_norm`) and the hidden it hands on (`hidden_handover`)."""
         facts = self.engine(engine)
-        if facts is None or not facts.serves("mtp"):
+        if facts is None or not facts.serves(DraftKind.MTP):
             raise SpecError(f"{engine} serves no native MTP draft for {self.name} targets (spec {self.path})")
         return {
             "input_hidden": facts.hidden or self.layer.hidden,
@@ -346,7 +347,7 @@ def _check_values(spec: Spec) -> None:
         bad = [m for m in facts.methods if m not in METHODS]
         if bad:
             raise SpecError(f"{at}: methods must be among {METHODS}, got {bad}")
-        if "mtp" in facts.methods and facts.handover not in HIDDEN_SOURCES:
+        if DraftKind.MTP in facts.methods and facts.handover not in HIDDEN_SOURCES:
             raise SpecError(f"{at}: an engine serving mtp needs handover in {HIDDEN_SOURCES}, got {facts.handover!r}")
         if facts.handover and facts.handover not in HIDDEN_SOURCES:
             raise SpecError(f"{at}: handover must be one of {HIDDEN_SOURCES}, got {facts.handover!r}")
@@ -374,17 +375,6 @@ def _check_values(spec: Spec) -> None:
             template.format(i=0, n=0)
         except (KeyError, IndexError, ValueError) as exc:
             raise SpecError(f"{where}: keys.{name} = {template!r} uses a placeholder other than {{i}}/{{n}}") from exc
-    # Named transforms must exist; imported lazily to keep spec loading free of torch.
-    from .transforms import EAGLE3_TRANSFORMS, LOAD_TRANSFORMS
-
-    for name in spec.block.load:
-        if name not in LOAD_TRANSFORMS:
-            raise SpecError(f"{where}: block.load names unknown transform {name!r}; known: {sorted(LOAD_TRANSFORMS)}")
-    for name in spec.eagle3.transforms:
-        if name not in EAGLE3_TRANSFORMS:
-            raise SpecError(
-                f"{where}: eagle3.transforms names unknown transform {name!r}; known: {sorted(EAGLE3_TRANSFORMS)}"
-            )
 
 
 def load_spec_file(path: str | Path) -> Spec:

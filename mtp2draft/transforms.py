@@ -30,7 +30,7 @@ from typing import Any
 
 import torch
 
-from .errors import CheckpointError
+from .errors import CheckpointError, SpecError
 
 # ---- load transforms (checkpoint <-> module layout) ---------------------------------------------------------------
 
@@ -641,3 +641,17 @@ EAGLE3_TRANSFORMS: dict[str, Callable[[Eagle3Build], None]] = {
     "norms": norms,
     "lm_head_from_target": lm_head_from_target,
 }
+
+
+def check_spec_transforms(spec: Any) -> None:
+    """Every transform a spec names exists in these registries (`SpecError` otherwise). Checked here, where the
+    registries live, so that loading specs stays free of torch; `layout` calls it before using a spec's names."""
+    where = spec.path or spec.name
+    for name in spec.block.load:
+        if name not in LOAD_TRANSFORMS:
+            raise SpecError(f"{where}: block.load names unknown transform {name!r}; known: {sorted(LOAD_TRANSFORMS)}")
+    for name in spec.eagle3.transforms:
+        if name not in EAGLE3_TRANSFORMS:
+            raise SpecError(
+                f"{where}: eagle3.transforms names unknown transform {name!r}; known: {sorted(EAGLE3_TRANSFORMS)}"
+            )

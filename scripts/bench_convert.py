@@ -67,8 +67,8 @@ def build(out: Path, hidden: int, experts: int, layers: int) -> dict:
     """Weights with the right names and shapes (values random: the benchmark measures I/O and memory, not quality).
 
     Trunk layers get the same block shapes as the MTP layer (via the native module's shapes)."""
-    from mtp2draft.convert import native_to_checkpoint
     from mtp2draft.draft import NativeMtpDraft
+    from mtp2draft.layout import native_to_checkpoint
 
     cfg = synthetic_config(hidden, experts, layers)
     spec = get_spec("deepseek_v3")

@@ -410,7 +410,7 @@ def test_stitched_round_trip_fp8_is_within_e4m3_rounding(build, work: Path) -> N
     convert(str(overlay), work / "ds8-back", to="mtp", dtype="float32")
     back = load_file(str(work / "ds8-back" / "model.safetensors"))
     fine = {k: v.float() for k, v in load_file(str(draft / "model.safetensors")).items()}
-    from mtp2draft.convert import native_to_checkpoint
+    from mtp2draft.layout import native_to_checkpoint
     from mtp2draft.spec import get_spec
 
     spec = get_spec("deepseek_v3")

@@ -32,8 +32,6 @@ def test_every_shipped_spec_loads_and_is_named_after_its_file() -> None:
         (("keys", "extra"), "x", r"unknown key\(s\) extra"),
         (("layer", "concat"), "sideways", "layer.concat must be one of"),
         (("layer", "norm"), "fancy", "layer.norm must be one of"),
-        (("block", "load"), ["no_such_transform"], "unknown transform 'no_such_transform'"),
-        (("eagle3", "transforms"), ["attention_nope"], "unknown transform 'attention_nope'"),
         (("keys", "enorm"), "model.layers.{layer}.enorm.weight", "placeholder"),
         (("quantization",), ["int3"], "unknown quantization"),
         (("verified",), "yes", "expected true/false"),
@@ -47,6 +45,33 @@ def test_malformed_specs_are_rejected(path: tuple[str, ...], value, message: str
     target[path[-1]] = value
     with pytest.raises(SpecError, match=message):
         parse_spec(data, "test.toml")
+
+
+@pytest.mark.parametrize(
+    ("path", "value", "message"),
+    [
+        (("block", "load"), ["no_such_transform"], "unknown transform 'no_such_transform'"),
+        (("eagle3", "transforms"), ["attention_nope"], "unknown transform 'attention_nope'"),
+    ],
+)
+def test_unknown_transform_names_are_rejected_by_the_transform_registry(path, value, message: str) -> None:
+    """Spec loading stays torch-free: transform names are checked where the registries live (and before any use)."""
+    from mtp2draft.transforms import check_spec_transforms
+
+    data = _data()
+    data[path[0]][path[1]] = value
+    spec = parse_spec(data, "test.toml")
+    with pytest.raises(SpecError, match=message):
+        check_spec_transforms(spec)
+
+
+def test_every_shipped_spec_names_only_registered_transforms() -> None:
+    from mtp2draft.transforms import EAGLE3_TRANSFORMS, LOAD_TRANSFORMS, check_spec_transforms
+
+    for spec in registry().values():
+        check_spec_transforms(spec)
+        assert set(spec.block.load) <= set(LOAD_TRANSFORMS)
+        assert set(spec.eagle3.transforms) <= set(EAGLE3_TRANSFORMS)
 
 
 def test_missing_required_section_is_rejected() -> None:

@@ -25,9 +25,9 @@ import torch
 from safetensors.torch import load_file
 
 from ..checkpoint import quantize_fp8
-from ..convert import native_to_checkpoint
 from ..draft import NativeMtpDraft
 from ..io import save_tensors, write_json
+from ..layout import native_to_checkpoint
 from ..spec import get_spec
 
 DEEPSEEK_V3 = {

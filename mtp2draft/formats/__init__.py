@@ -1,0 +1,130 @@
+"""Export formats: the registry (`REGISTRY`, the one place a format is registered) and what a format module provides
+(`Format`). One module per format family: `eagle3` (sglang, speculators), `nextn`, `stitched`, and `native` (the
+`mtp` draft directory, validated but never written). `../shared/reference/draft-formats.md` is the contract.
+
+This package's `__init__` is torch-free: the CLI lists `--format` choices from it without loading a model library;
+`get_format(name)` imports the implementing module on first use.
+
+What this package does not do: convert, train or evaluate drafts; `export.py` is the stage that dispatches here.
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ..kinds import DraftKind
+
+
+@dataclass(frozen=True)
+class Registration:
+    """A format as the registry knows it without importing its module."""
+
+    kind: DraftKind  # the draft kind it holds (`export` takes drafts of this kind)
+    module: str  # the module of this package that implements it (its `PROVIDES[name]`)
+    description: str  # one line for the model card ("Format: ...")
+    exportable: bool = True  # `export --format` writes it (False: a draft directory `validate` only checks)
+    reads_target: bool = False  # `export` reads --target when given (its dtypes, quantization, shards)
+    needs_target: bool = False  # `export` needs --target (the checkpoint the draft is laid over)
+    # `detect_format` asks the formats in this order; a format detected only when nothing else matches sorts last
+    detect_rank: int = 0
+
+
+# The one place a format is registered. The order is the order of `--format` choices.
+REGISTRY: dict[str, Registration] = {
+    "sglang": Registration(
+        DraftKind.EAGLE3,
+        "eagle3",
+        "EAGLE-3 draft in SGLang's `LlamaForCausalLMEagle3` layout (read by SGLang, vLLM and TensorRT-LLM)",
+        detect_rank=1,
+    ),
+    "speculators": Registration(
+        DraftKind.EAGLE3,
+        "eagle3",
+        "EAGLE-3 draft in vLLM's speculators format (`Eagle3Speculator`)",
+        detect_rank=0,
+    ),
+    "nextn": Registration(
+        DraftKind.MTP,
+        "nextn",
+        "native MTP layer as a standalone NextN checkpoint for SGLang",
+        reads_target=True,
+        detect_rank=3,
+    ),
+    "stitched": Registration(
+        DraftKind.MTP,
+        "stitched",
+        "native MTP layer written back into the target's checkpoint layout (an overlay of its shards)",
+        reads_target=True,
+        needs_target=True,
+        detect_rank=9,
+    ),
+    "mtp": Registration(
+        DraftKind.MTP,
+        "native",
+        "native MTP layer in mtp2draft's own draft layout (export it to serve it)",
+        exportable=False,
+        detect_rank=2,
+    ),
+}
+
+
+def exportable() -> dict[str, DraftKind]:
+    """format -> the draft kind it takes, for the formats `export` writes (read from `REGISTRY` on every call)."""
+    return {name: r.kind for name, r in REGISTRY.items() if r.exportable}
+
+
+# format -> the draft kind it takes (`mtp2draft export --format` choices come from here)
+FORMATS: dict[str, DraftKind] = exportable()
+# `validate` also knows mtp2draft's own native draft directory (`convert --to mtp`, `distill`).
+VALIDATE_FORMATS = tuple(REGISTRY)
+
+
+@dataclass
+class ExportJob:
+    """What a format's writer gets: the draft directory, the temporary output directory and the options."""
+
+    src: Path  # the draft directory (`convert` / `distill` output)
+    cfg: dict[str, Any]  # its config.json
+    out: Path  # the temporary directory the writer fills (validated, then renamed into place)
+    format: str
+    dtype: str  # --dtype name (EAGLE-3 formats)
+    speculative_tokens: int
+    provenance: Mapping[str, Any]  # the draft's provenance.json
+    record: dict[str, Any]  # provenance["export"]: a writer adds what it decided (dtypes, requantised tensors)
+    target: str | None = None
+    revision: str | None = None
+    token: str | bool | None = None
+    progress: Callable[[str], None] = field(default=lambda _: None)
+    verifier: str | None = None
+
+
+@dataclass(frozen=True)
+class Format:
+    """What a format module provides for each format it registers (its `PROVIDES: dict[str, Format]`)."""
+
+    write: Callable[[ExportJob], None] | None  # fills job.out; None for a format `export` never writes
+    validate: Callable[[Path, dict[str, Any]], list[str]]  # (directory, its config.json) -> violations
+    detect: Callable[[Mapping[str, Any]], bool]  # does this config.json describe the format?
+    launch_lines: Callable[[str, str, int], dict[str, str]]  # (target, draft, k) -> label -> command
+    usable: Callable[[Any], bool]  # (spec) -> an engine serves it for the family: `run` picks the first usable
+    codec: Callable[..., dict[str, Any]] | None = None  # the format's config.json from a draft config
+
+
+def get_format(name: str) -> Format:
+    """The implementation of registered format `name` (imports its module)."""
+    module = importlib.import_module(f"{__name__}.{REGISTRY[name].module}")
+    return module.PROVIDES[name]
+
+
+def format_kind(fmt: str) -> DraftKind:
+    """The kind of draft a format (any of `VALIDATE_FORMATS`: "mtp" is the native draft directory) holds."""
+    return REGISTRY[fmt].kind if fmt in REGISTRY else DraftKind(fmt)
+
+
+def formats_of(kind: DraftKind) -> list[str]:
+    """The exportable formats holding drafts of `kind`, in registry order."""
+    return [name for name, k in exportable().items() if k is kind]

@@ -1,0 +1,102 @@
+"""Helpers every format module shares: reading a JSON file of a draft directory, loading and checking weights for the
+validators, the file names a draft directory holds besides its weights.
+
+What this module does not do: know any one format (each lives in its own module of this package).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from ..checkpoint import SCALE_SUFFIX
+from ..errors import DraftError
+from ..kinds import WEIGHTS_FILE
+
+DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
+
+
+EVALUATION_FILE = "evaluation.json"
+
+
+README_FILE = "README.md"
+
+
+def _read_json(path: Path) -> dict[str, Any] | None:
+    if not path.is_file():
+        return None
+    try:
+        data = json.loads(path.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise DraftError(f"{path} is not valid JSON: {exc}") from exc
+    return data if isinstance(data, dict) else None
+
+
+def _load_weights(path: Path, problems: list[str]) -> dict[str, torch.Tensor] | None:
+    from safetensors.torch import load_file
+
+    file = path / WEIGHTS_FILE
+    if not file.is_file():
+        problems.append(f"{WEIGHTS_FILE} is missing")
+        return None
+    try:
+        return load_file(str(file))
+    except Exception as exc:  # a corrupt file is a violation to report, not a crash
+        problems.append(f"{WEIGHTS_FILE} cannot be read: {exc}")
+        return None
+
+
+def _nonfinite(name: str, tensor: torch.Tensor) -> str | None:
+    if not (tensor.is_floating_point() and tensor.numel()):
+        return None
+    t = tensor.float()
+    nan, inf = int(torch.isnan(t).sum()), int(torch.isinf(t).sum())
+    if nan or inf:
+        what = " and ".join(x for x, n in (("NaN", nan), ("Inf", inf)) if n)
+        return f"{name} holds {what} ({nan} NaN, {inf} Inf of {t.numel()} values)"
+    return None
+
+
+def _fp8_problems(name: str, tensor_dtype: str, shape, headers: Mapping[str, Any], block) -> list[str]:
+    """An FP8 weight needs its `_scale_inv` sibling of shape [ceil(M/bm), ceil(N/bn)]."""
+    if tensor_dtype not in ("F8_E4M3", "F8_E5M2"):
+        return []
+    scale = headers.get(name + SCALE_SUFFIX)
+    if scale is None:
+        return [f"{name} is FP8 but {name + SCALE_SUFFIX} is missing"]
+    want = [math.ceil(shape[0] / block[0]), math.ceil(shape[1] / block[1])] if len(shape) == 2 else None
+    if want is None or list(scale[1]) != want:
+        return [f"{name + SCALE_SUFFIX} has shape {list(scale[1])}, expected {want} for a {list(shape)} weight"]
+    return []
+
+
+def _headers(file: Path) -> dict[str, tuple[str, list[int]]]:
+    """name -> (safetensors dtype, shape) from a file's header (no tensor bytes read)."""
+    import struct
+
+    with open(file, "rb") as fh:
+        (n,) = struct.unpack("<Q", fh.read(8))
+        header = json.loads(fh.read(n))
+    return {k: (v["dtype"], v["shape"]) for k, v in header.items() if k != "__metadata__"}
+
+
+def _finite_file(file: Path, names: list[str]) -> list[str]:
+    from safetensors import safe_open
+
+    problems = []
+    with safe_open(str(file), framework="pt") as fh:
+        for name in names:
+            if (msg := _nonfinite(name, fh.get_tensor(name))) is not None:
+                problems.append(msg)
+    return problems
+
+
+def sglang_steps(k: int) -> str:
+    """SGLang's speculative flags for k draft tokens: it counts the root token, so k + 1 draft tokens are vLLM's k
+    speculative tokens."""
+    return f"--speculative-num-steps {k} --speculative-eagle-topk 1 --speculative-num-draft-tokens {k + 1}"

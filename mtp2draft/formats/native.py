@@ -1,0 +1,317 @@
+"""The native MTP formats' shared machinery, and the `mtp` format: mtp2draft's own native draft directory
+(`convert --to mtp`, `distill`), which `validate` checks and which `export` reads but never writes.
+
+Shared by `nextn` and `stitched`: the native layer seen under checkpoint key names (`NativeLayer`), the target
+checkpoint's stored dtypes / FP8 layout (`_Stored`, `requantize_fp8`), the streaming shard writer, and the record of
+which computation the draft was trained for (`engine_mismatches`).
+
+What this module does not do: write either export (`nextn.py`, `stitched.py`).
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+from collections import OrderedDict
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from ..checkpoint import DTYPES as ST_DTYPES
+from ..checkpoint import SCALE_SUFFIX, Checkpoint, open_checkpoint, quantize_fp8
+from ..draft import NativeMtpDraft
+from ..errors import DraftError
+from ..kinds import CONFIG_FILE, WEIGHTS_FILE, DraftKind
+from ..layout import native_to_checkpoint
+from ..spec import Spec, find_spec, get_spec
+from . import Format
+from .common import DTYPES, _load_weights, _nonfinite
+
+# Tensors of a shard being rewritten are copied in runs of about this many bytes (peak memory per run).
+COPY_RUN_BYTES = 256 * 2**20
+
+
+def _num_layers_field(spec: Spec) -> str:
+    return getattr(spec.config, "num_layers", "num_hidden_layers")
+
+
+def _with_text_fields(spec: Spec, config: Mapping[str, Any], **fields: Any) -> dict[str, Any]:
+    """A copy of `config` with `fields` set in its (possibly nested) text config."""
+    out = copy.deepcopy(dict(config))
+    text = out[spec.config.text_config] if spec.config.text_config else out
+    text.update(fields)
+    return out
+
+
+class NativeLayer:
+    """A native draft's weights seen under checkpoint key names, one module tensor in memory at a time.
+
+    The module -> checkpoint key map comes from `native_to_checkpoint` applied to meta tensors (no bytes read); a
+    tensor is read and split (e.g. fused experts -> per-expert keys) when first asked for, and the last two module
+    tensors are kept (a shard interleaves the gate_up and down pieces of consecutive experts)."""
+
+    def __init__(self, weights: Path, spec: Spec, config: Mapping[str, Any], layer: int) -> None:
+        from safetensors import safe_open
+
+        self.spec, self.config, self.layer = spec, dict(config), layer
+        self._to_checkpoint = native_to_checkpoint
+        self._fh = safe_open(str(weights), framework="pt")
+        self.module_of: dict[str, str] = {}
+        self.shapes: dict[str, tuple[int, ...]] = {}
+        for module_key in self._fh.keys():  # noqa: SIM118 - safe_open is not a mapping
+            meta = torch.empty(self._fh.get_slice(module_key).get_shape(), device="meta")
+            for ckpt_key, t in native_to_checkpoint(spec, self.config, layer, {module_key: meta}).items():
+                self.module_of[ckpt_key] = module_key
+                self.shapes[ckpt_key] = tuple(t.shape)
+        self._cache: OrderedDict[str, dict[str, torch.Tensor]] = OrderedDict()
+
+    def checkpoint_keys(self) -> list[str]:
+        return list(self.module_of)
+
+    def get(self, ckpt_key: str) -> torch.Tensor:
+        """The tensor stored under `ckpt_key` (fp32 for floating tensors)."""
+        module_key = self.module_of[ckpt_key]
+        if module_key not in self._cache:
+            tensor = self._fh.get_tensor(module_key)
+            tensor = tensor.float() if tensor.is_floating_point() else tensor
+            self._cache[module_key] = self._to_checkpoint(self.spec, self.config, self.layer, {module_key: tensor})
+            while len(self._cache) > 2:
+                self._cache.popitem(last=False)
+        self._cache.move_to_end(module_key)
+        return self._cache[module_key][ckpt_key]
+
+
+def _native_input(src: Path, cfg: Mapping[str, Any]) -> tuple[Spec, dict[str, Any], int]:
+    if not (src / WEIGHTS_FILE).is_file():
+        raise DraftError(f"{src} has no {WEIGHTS_FILE}")
+    try:
+        return get_spec(cfg["spec"]), dict(cfg["target_config"]), int(cfg.get("mtp_layer", 0))
+    except KeyError as exc:
+        raise DraftError(f"{src}/{CONFIG_FILE} lacks {exc} (not a native draft written by convert/distill?)") from exc
+
+
+def _open_target(target: str, spec: Spec, target_config: Mapping[str, Any], revision, token) -> Checkpoint:
+    """The target checkpoint, checked to be the family and shape the draft was converted from."""
+    ckpt = open_checkpoint(target, revision, token)
+    found = find_spec(ckpt.config)
+    if found.name != spec.name:
+        raise DraftError(f"--target {target} is a {found.name} checkpoint; the draft is a {spec.name} MTP layer")
+    mine, theirs = spec.text_config(target_config), spec.text_config(ckpt.config)
+    for key in ("hidden_size", _num_layers_field(spec), "vocab_size", spec.config.mtp_count):
+        if key in mine and mine.get(key) != theirs.get(key):
+            raise DraftError(
+                f"--target {target} has {key}={theirs.get(key)}, the draft was converted from a checkpoint with "
+                f"{key}={mine.get(key)}: not the draft's target"
+            )
+    return ckpt
+
+
+@dataclass(frozen=True)
+class _Stored:
+    """How the target stores one checkpoint tensor: dtype, and for FP8 the scale's key, dtype and block."""
+
+    dtype: torch.dtype
+    scale_key: str | None = None
+    scale_dtype: torch.dtype = torch.float32
+
+
+def _fp8_block(config: Mapping[str, Any], provenance: Mapping[str, Any]) -> tuple[tuple[int, int], bool]:
+    quant = config.get("quantization_config") or {}
+    block = provenance.get("fp8_block_size") or quant.get("weight_block_size") or [128, 128]
+    # DeepSeek-V3.1 ships power-of-two (UE8M0) scales; requantised weights keep that property.
+    return (int(block[0]), int(block[1])), quant.get("scale_fmt") == "ue8m0"
+
+
+def requantize_fp8(
+    weight: torch.Tensor, block: tuple[int, int], ue8m0: bool = False
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """fp32 weight -> (float8_e4m3fn weight, fp32 `_scale_inv`) per block, scale = amax / 448 (`quantize_fp8`);
+    with `ue8m0` the scale is rounded up to a power of two (so no value clips) and the weight requantised with it."""
+    q, scale = quantize_fp8(weight, block)
+    if not ue8m0:
+        return q, scale
+    scale = torch.exp2(torch.ceil(torch.log2(scale)))
+    m, n = weight.shape
+    full = scale.repeat_interleave(block[0], 0)[:m].repeat_interleave(block[1], 1)[:, :n]
+    fmax = torch.finfo(torch.float8_e4m3fn).max
+    return (weight.float() / full).clamp(-fmax, fmax).to(torch.float8_e4m3fn), scale
+
+
+class _Writer:
+    """Produces the stored form of each checkpoint tensor of the native layer: cast to the target's dtype, or FP8
+    requantised (weight and `_scale_inv` come out of one quantisation, whichever is asked for first)."""
+
+    def __init__(self, native: NativeLayer, stored: Mapping[str, _Stored], block: tuple[int, int], ue8m0: bool):
+        self.native, self.stored, self.block, self.ue8m0 = native, stored, block, ue8m0
+        self.scale_of = {s.scale_key: k for k, s in stored.items() if s.scale_key}
+        self._pending: dict[str, torch.Tensor] = {}
+        self.requantised: list[str] = []
+
+    def names(self, key: str) -> list[str]:
+        scale = self.stored[key].scale_key
+        return [key, scale] if scale else [key]
+
+    def spec(self, key: str) -> tuple[torch.dtype, tuple[int, ...]]:
+        """(dtype, shape) of a weight or scale key as it will be written."""
+        if key in self.scale_of:
+            weight = self.scale_of[key]
+            m, n = self.native.shapes[weight]
+            return self.stored[weight].scale_dtype, (math.ceil(m / self.block[0]), math.ceil(n / self.block[1]))
+        return self.stored[key].dtype, self.native.shapes[key]
+
+    def get(self, key: str) -> torch.Tensor:
+        if key in self._pending:
+            return self._pending.pop(key)
+        weight = self.scale_of.get(key, key)
+        stored = self.stored[weight]
+        tensor = self.native.get(weight)
+        if stored.scale_key is None:
+            return tensor.to(stored.dtype) if tensor.is_floating_point() else tensor
+        q, scale = requantize_fp8(tensor, self.block, self.ue8m0)
+        self.requantised.append(weight)
+        scale = scale.to(stored.scale_dtype)
+        if key == weight:
+            self._pending[stored.scale_key] = scale
+            return q
+        self._pending[weight] = q
+        return scale
+
+
+def _stored_from_target(ckpt: Checkpoint, keys: Iterable[str]) -> dict[str, _Stored]:
+    out = {}
+    for key in keys:
+        dtype = ST_DTYPES[ckpt.info(key).dtype][0]
+        scale = ckpt.scale_key(key)
+        scale_dtype = ST_DTYPES[ckpt.info(scale).dtype][0] if scale else torch.float32
+        out[key] = _Stored(dtype, scale, scale_dtype)
+    return out
+
+
+def _stored_from_provenance(
+    native: NativeLayer, spec: Spec, target_config: Mapping[str, Any], provenance: Mapping[str, Any]
+) -> dict[str, _Stored]:
+    """Without the target: FP8 exactly where convert dequantised FP8 (provenance), module buffers (router bias)
+    fp32, every other floating tensor in the target's torch_dtype (bf16 on every release we know)."""
+    fp8 = set(provenance.get("dequantised_fp8") or [])
+    with torch.device("meta"):
+        module = NativeMtpDraft(spec, target_config, native.layer)
+    buffers = {k for k, _ in module.named_buffers()}
+    text = spec.text_config(target_config)
+    default = DTYPES.get(str(text.get("torch_dtype") or target_config.get("torch_dtype") or "bfloat16"))
+    out = {}
+    for key in native.checkpoint_keys():
+        if key in fp8:
+            out[key] = _Stored(torch.float8_e4m3fn, key + SCALE_SUFFIX)
+        else:
+            out[key] = _Stored(torch.float32 if native.module_of[key] in buffers else default or torch.bfloat16)
+    return out
+
+
+def _computation_record(spec: Spec, cfg: Mapping[str, Any]) -> dict[str, Any]:
+    return {
+        "hidden_handover": cfg.get("hidden_handover", "post_norm"),
+        "input_hidden": cfg.get("input_hidden") or spec.layer.hidden,
+        "final_norm": cfg.get("final_norm", True),
+        "engine": cfg.get("engine"),
+    }
+
+
+def engine_mismatches(spec: Spec, cfg: Mapping[str, Any], engines: Iterable[str]) -> list[str]:
+    """One line per engine whose MTP computation for the family (the spec's `[engines.*]`) differs from the one the
+    native draft was trained for: served there, it loses acceptance beyond step 1 (or from step 1 on when the
+    step-0 input or the final norm differ)."""
+    mine = _computation_record(spec, cfg)
+    notes = []
+    for engine in engines:
+        facts = spec.engine(engine)
+        if facts is None or not facts.serves(DraftKind.MTP):
+            notes.append(f"{engine} serves no native MTP draft for {spec.name} targets")
+            continue
+        theirs = spec.engine_computation(engine)
+        wrong = [f"{k} {mine[k]} (draft) vs {theirs[k]} ({engine})" for k in theirs if mine[k] != theirs[k]]
+        if wrong:
+            notes.append(
+                f"{engine} {facts.version} computes this family's MTP layer differently: {'; '.join(wrong)}; "
+                f"for {engine}, distill with --engine {engine}"
+            )
+    return notes
+
+
+def _trunk_keys(spec: Spec, config: Mapping[str, Any], layer: int) -> set[str]:
+    """Checkpoint keys of the trunk's embedding, head and final norm (shared, never the MTP layer's own)."""
+    return {spec.key(t, config, layer) for t in (spec.keys.target_norm, spec.keys.target_embed, spec.keys.target_head)}
+
+
+def _runs(infos: list, limit: int) -> Iterable[list]:
+    run: list = []
+    size = 0
+    for info in infos:
+        if run and size + info.nbytes > limit:
+            yield run
+            run, size = [], 0
+        run.append(info)
+        size += info.nbytes
+    if run:
+        yield run
+
+
+def _natural(key: str) -> list[Any]:
+    import re
+
+    return [int(t) if t.isdigit() else t for t in re.split(r"(\d+)", key)]
+
+
+def _meta_checkpoint(spec: Spec, target_config: Mapping[str, Any], key_config: Mapping[str, Any], layer: int):
+    """(checkpoint key -> shape, module-buffer checkpoint keys) of one MTP layer, from meta tensors."""
+    with torch.device("meta"):
+        module = NativeMtpDraft(spec, target_config, layer)
+    state = module.state_dict()
+    buffers = {k for k, _ in module.named_buffers()}
+    shapes: dict[str, tuple[int, ...]] = {}
+    buffer_keys: set[str] = set()
+    for module_key, t in state.items():
+        for key, out in native_to_checkpoint(spec, dict(key_config), layer, {module_key: t}).items():
+            shapes[key] = tuple(out.shape)
+            if module_key in buffers:
+                buffer_keys.add(key)
+    return shapes, buffer_keys
+
+
+def _validate_native(path: Path, cfg: dict[str, Any]) -> list[str]:
+    """mtp2draft's own native draft directory: the module's tensors under module names, shapes from the config."""
+    problems: list[str] = []
+    try:
+        spec, target_config, layer = get_spec(cfg["spec"]), cfg["target_config"], int(cfg.get("mtp_layer", 0))
+        with torch.device("meta"):
+            module = NativeMtpDraft(spec, target_config, layer)
+    except Exception as exc:
+        return [f"cannot build the native module from config.json: {exc}"]
+    weights = _load_weights(path, problems)
+    if weights is None:
+        return problems
+    expected = {k: tuple(v.shape) for k, v in module.state_dict().items()}
+    for key in sorted(set(expected) - set(weights)):
+        problems.append(f"{key} is missing")
+    for key in sorted(set(weights) - set(expected)):
+        problems.append(f"{key} is not a tensor of the {spec.name} MTP module")
+    for key in sorted(set(weights) & set(expected)):
+        if tuple(weights[key].shape) != expected[key]:
+            problems.append(f"{key} has shape {list(weights[key].shape)}, the config implies {list(expected[key])}")
+        if (msg := _nonfinite(key, weights[key])) is not None:
+            problems.append(msg)
+    return problems
+
+
+# ---- registration ---------------------------------------------------------------------------------------------------
+PROVIDES: dict[str, Format] = {
+    "mtp": Format(
+        write=None,  # the draft directory itself: `convert --to mtp` and `distill` write it
+        validate=_validate_native,
+        detect=lambda config: config.get("draft_kind") == DraftKind.MTP,
+        launch_lines=lambda target, draft, k: {},  # export it to serve it
+        usable=lambda spec: False,
+    ),
+}

@@ -1,0 +1,202 @@
+"""The `nextn` format (native MTP): a standalone NextN checkpoint for SGLang: the layer renumbered to 0 under the
+family's own key names, no embedding or head, `num_hidden_layers: 1`, the spec's `[nextn]` architecture; FP8 where
+the target shipped the layer in FP8 (SGLang's `export_deepseek_nextn.py` copies tensors in their stored dtype).
+
+What this module does not do: validate the draft directory it reads (`native.py`) or publish (`hub.py`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from ..checkpoint import SCALE_SUFFIX
+from ..errors import DraftError
+from ..io import Progress, SafetensorsWriter, write_json
+from ..kinds import CONFIG_FILE, WEIGHTS_FILE, DraftKind
+from ..layout import native_to_checkpoint
+from ..spec import Spec, find_spec, registry
+from . import ExportJob, Format
+from .common import _finite_file, _fp8_problems, _headers, sglang_steps
+from .native import (
+    NativeLayer,
+    _computation_record,
+    _fp8_block,
+    _meta_checkpoint,
+    _native_input,
+    _natural,
+    _num_layers_field,
+    _open_target,
+    _stored_from_provenance,
+    _stored_from_target,
+    _with_text_fields,
+    _Writer,
+    engine_mismatches,
+)
+
+
+def nextn_text_fields(spec: Spec, target_config: Mapping[str, Any]) -> dict[str, Any]:
+    """Text-config fields a one-layer NextN checkpoint changes: the layer and MTP counts set to 1, and every per-layer
+    list (a list with one entry per trunk layer, e.g. Qwen3.5's `layer_types`) cut to the MTP block's one entry —
+    the spec's `block_overrides` value when it names the field, else the list's first entry. transformers' config
+    classes refuse a `layer_types` whose length is not `num_hidden_layers`."""
+    text = spec.text_config(target_config)
+    n = spec.num_layers(target_config)
+    fields: dict[str, Any] = {_num_layers_field(spec): 1, spec.config.mtp_count: 1}
+    for key, value in text.items():
+        if isinstance(value, list) and len(value) == n and n != 1:
+            override = spec.config.block_overrides.get(key)
+            fields[key] = list(override) if isinstance(override, (list, tuple)) and len(override) == 1 else value[:1]
+    return fields
+
+
+def _export_nextn(
+    src: Path,
+    cfg: Mapping[str, Any],
+    tmp: Path,
+    provenance: Mapping[str, Any],
+    record: dict[str, Any],
+    target: str | None,
+    revision: str | None,
+    token: str | bool | None,
+    progress: Progress,
+) -> None:
+    spec, target_config, layer = _native_input(src, cfg)
+    if not spec.nextn.architecture:
+        raise DraftError(
+            f"spec {spec.name} has no [nextn] section: SGLang has no standalone NextN loader for this family "
+            "(export --format stitched writes the layer back into the target instead)"
+        )
+    native = NativeLayer(src / WEIGHTS_FILE, spec, target_config, layer)
+    if target:
+        ckpt = _open_target(target, spec, target_config, revision, token)
+        stored = _stored_from_target(ckpt, native.checkpoint_keys())
+        block, ue8m0 = _fp8_block(ckpt.config, {"fp8_block_size": list(ckpt.fp8_block_size())})
+        record.update(target=ckpt.source, target_commit=ckpt.commit)
+    else:
+        stored = _stored_from_provenance(native, spec, target_config, provenance)
+        block, ue8m0 = _fp8_block(target_config, provenance)
+    # Renumber: the same module tensors under a config with no trunk layers put layer 0 at `model.layers.0.`
+    # (SGLang's NextN loader reads layer 0 when num_hidden_layers is 1).
+    zero = _with_text_fields(spec, target_config, **{_num_layers_field(spec): 0})
+    renamed: dict[str, str] = {}
+    for module_key in dict.fromkeys(native.module_of.values()):
+        shape = native._fh.get_slice(module_key).get_shape()
+        meta = {module_key: torch.empty(shape, device="meta")}
+        old = list(native_to_checkpoint(spec, target_config, layer, meta))
+        new = list(native_to_checkpoint(spec, zero, 0, meta))
+        renamed.update(zip(old, new, strict=True))
+    writer = _Writer(native, stored, block, ue8m0)
+    order = sorted(native.checkpoint_keys(), key=lambda k: _natural(renamed[k]))
+    names = [
+        (name, renamed[key] if name == key else renamed[key] + SCALE_SUFFIX)
+        for key in order
+        for name in writer.names(key)
+    ]
+    plan = [(new, *writer.spec(old)) for old, new in names]
+    progress(f"writing the NextN layer ({len(plan)} tensors; MTP layer {layer} renumbered to layer 0)")
+    with SafetensorsWriter(tmp / WEIGHTS_FILE, plan, {"format": "pt"}) as out:
+        for old, new in names:
+            out.write(new, writer.get(old))
+    nextn_cfg = _with_text_fields(spec, target_config, **nextn_text_fields(spec, target_config))
+    nextn_cfg["architectures"] = [spec.nextn.architecture]
+    if not writer.requantised:  # an FP8 quantization_config over bf16 weights would make SGLang expect scales
+        nextn_cfg.pop("quantization_config", None)
+    write_json(tmp / CONFIG_FILE, nextn_cfg)
+    for note in engine_mismatches(spec, cfg, ("sglang",)):  # SGLang is the engine that loads a NextN checkpoint
+        progress("note: " + note)
+    record.update(
+        mtp_layer=layer,
+        spec=spec.name,
+        **_computation_record(spec, cfg),  # which computation (and hand-over) the draft was trained for
+        requantised_fp8=sorted(renamed[k] for k in writer.requantised),
+    )
+
+
+def _validate_nextn(path: Path, cfg: dict[str, Any]) -> list[str]:
+    problems: list[str] = []
+    try:
+        spec = find_spec({"model_type": cfg.get("model_type")})
+    except Exception:
+        return [f"model_type {cfg.get('model_type')!r} matches no spec: cannot check the NextN layer's tensors"]
+    text = spec.text_config(cfg)
+    if text.get(_num_layers_field(spec)) != 1:
+        problems.append(f"{_num_layers_field(spec)} is {text.get(_num_layers_field(spec))}, a NextN checkpoint has 1")
+    if spec.config.mtp_count in text and text.get(spec.config.mtp_count) != 1:
+        problems.append(f"{spec.config.mtp_count} is {text.get(spec.config.mtp_count)}; SGLang's NextN loader needs 1")
+    for key, value in text.items():
+        if key in ("layer_types", "mlp_layer_types") and isinstance(value, list) and len(value) != 1:
+            problems.append(f"{key} has {len(value)} entries; a NextN checkpoint has one layer")
+    if spec.nextn.architecture and cfg.get("architectures") != [spec.nextn.architecture]:
+        problems.append(f"architectures is {cfg.get('architectures')}, SGLang needs [{spec.nextn.architecture!r}]")
+    file = path / WEIGHTS_FILE
+    if not file.is_file():
+        return [*problems, f"{WEIGHTS_FILE} is missing"]
+    try:
+        headers = _headers(file)
+    except Exception as exc:
+        return [*problems, f"{WEIGHTS_FILE} cannot be read: {exc}"]
+    zero = _with_text_fields(spec, cfg, **{_num_layers_field(spec): 0})
+    try:
+        expected, _ = _meta_checkpoint(spec, cfg, zero, 0)
+    except Exception as exc:
+        return [*problems, f"cannot build the {spec.name} MTP block from config.json: {exc}"]
+    comp = spec.component_keys(zero, 0)
+    banned = {comp.get("embed"): "embed_tokens", comp.get("head"): "shared_head.head / lm_head"}
+    for name in headers:
+        if name in banned or name.endswith(("embed_tokens.weight", "lm_head.weight")):
+            problems.append(f"{name} is present: a NextN checkpoint shares the target's embedding and head")
+    quant = cfg.get("quantization_config") or {}
+    block = quant.get("weight_block_size") or [128, 128]
+    for name, shape in expected.items():
+        if name not in headers:
+            problems.append(f"{name} is missing")
+        elif list(headers[name][1]) != list(shape):
+            problems.append(f"{name} has shape {headers[name][1]}, the config implies {list(shape)}")
+        else:
+            problems += _fp8_problems(name, headers[name][0], shape, headers, block)
+    for name in headers:
+        banned_name = name in banned or name.endswith(("embed_tokens.weight", "lm_head.weight"))
+        if name not in expected and not name.endswith(SCALE_SUFFIX) and not banned_name:
+            problems.append(f"{name} is not a tensor of the NextN layer (layer 0)")
+    has_fp8 = any(headers[n][0] in ("F8_E4M3", "F8_E5M2") for n in headers)
+    if has_fp8 and not quant:
+        problems.append("FP8 tensors but config.json has no quantization_config")
+    if quant.get("quant_method") == "fp8" and not has_fp8:
+        problems.append("quantization_config says fp8 but no tensor is FP8: SGLang would look for scales")
+    problems += _finite_file(file, [n for n in headers if n in expected or n.endswith(SCALE_SUFFIX)])
+    return problems
+
+
+# ---- registration ---------------------------------------------------------------------------------------------------
+def _write(job: ExportJob) -> None:
+    _export_nextn(
+        job.src, job.cfg, job.out, job.provenance, job.record, job.target, job.revision, job.token, job.progress
+    )
+
+
+def _is_nextn(config: Mapping[str, Any]) -> bool:
+    nextn = {s.nextn.architecture for s in registry().values() if s.nextn.architecture}
+    return any(a in nextn or a.endswith("NextN") for a in config.get("architectures") or [])
+
+
+def _launch_lines(target: str, draft: str, k: int) -> dict[str, str]:
+    return {
+        "SGLang": f"python -m sglang.launch_server --model {target} --speculative-algorithm NEXTN "
+        f"--speculative-draft-model-path {draft} {sglang_steps(k)}",
+    }
+
+
+PROVIDES: dict[str, Format] = {
+    "nextn": Format(
+        write=_write,
+        validate=_validate_nextn,
+        detect=_is_nextn,
+        launch_lines=_launch_lines,
+        usable=lambda spec: bool(spec.nextn.architecture) and spec.serves("sglang", DraftKind.MTP),
+        codec=nextn_text_fields,
+    ),
+}

@@ -1,0 +1,277 @@
+"""The `stitched` format (native MTP): the fine-tuned layer written back under the target's key names, dtypes and
+quantization, as an overlay: only the shards holding MTP keys (their other tensors unchanged), the index, the
+target's config.json and a README saying how to lay the files over the target (vLLM's `method: "mtp"` then loads it).
+
+What this module does not do: write the NextN layout (`nextn.py`) or publish (`hub.py`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from .._version import __version__
+from ..checkpoint import DTYPES as ST_DTYPES
+from ..checkpoint import INDEX_FILE, SCALE_SUFFIX, Checkpoint
+from ..errors import DraftError
+from ..io import Progress, SafetensorsWriter, write_json
+from ..kinds import CONFIG_FILE, WEIGHTS_FILE
+from ..layout import plan_mtp_layer
+from ..spec import Spec, find_spec
+from . import ExportJob, Format
+from .common import README_FILE, _finite_file, _fp8_problems, _headers, _read_json, sglang_steps
+from .native import (
+    COPY_RUN_BYTES,
+    NativeLayer,
+    _computation_record,
+    _fp8_block,
+    _meta_checkpoint,
+    _native_input,
+    _natural,
+    _open_target,
+    _runs,
+    _stored_from_target,
+    _trunk_keys,
+    _Writer,
+    engine_mismatches,
+)
+
+
+def _target_index(ckpt: Checkpoint) -> dict[str, Any]:
+    """The target's model.safetensors.index.json as stored (metadata included), or one built from its weight map."""
+    raw = None
+    try:
+        if ckpt.is_local:
+            raw = _read_json(Path(ckpt.source) / INDEX_FILE)
+        elif ckpt.files.exists(INDEX_FILE):
+            from huggingface_hub import hf_hub_download
+
+            local = hf_hub_download(
+                ckpt.source, INDEX_FILE, revision=ckpt.commit, token=getattr(ckpt.files, "token", None)
+            )
+            raw = _read_json(Path(local))
+    except (OSError, DraftError):
+        raw = None
+    if not raw or not isinstance(raw.get("weight_map"), dict):
+        raw = {"metadata": {"total_size": ckpt.total_bytes()}, "weight_map": dict(ckpt.weight_map)}
+    return raw
+
+
+def _export_stitched(
+    src: Path,
+    cfg: Mapping[str, Any],
+    tmp: Path,
+    provenance: Mapping[str, Any],
+    record: dict[str, Any],
+    target: str,
+    revision: str | None,
+    token: str | bool | None,
+    progress: Progress,
+) -> None:
+    spec, target_config, layer = _native_input(src, cfg)
+    ckpt = _open_target(target, spec, target_config, revision, token)
+    native = NativeLayer(src / WEIGHTS_FILE, spec, ckpt.config, layer)
+    foreign = [k for k in native.checkpoint_keys() if not ckpt.has(k)]
+    if foreign:
+        raise DraftError(f"the draft's {foreign[0]} has no counterpart in --target {target} (+{len(foreign) - 1})")
+    plan = plan_mtp_layer(ckpt, spec, layer)
+    uncovered = sorted(set(plan.checkpoint_keys) - set(native.checkpoint_keys()))
+    if uncovered:
+        raise DraftError(f"the draft lacks {uncovered[0]} of the target's MTP layer {layer} (+{len(uncovered) - 1})")
+    # A tensor the layer shares with the trunk (ERNIE's final norm is `model.norm`) is the target's, not the
+    # layer's: it is never rewritten, and a draft that changed it cannot be stitched without changing the target.
+    shared = _trunk_keys(spec, ckpt.config, layer) & set(native.checkpoint_keys())
+    for key in sorted(shared):
+        stored_tensor = ckpt.read_raw([key])[key]
+        if not torch.equal(native.get(key).to(stored_tensor.dtype), stored_tensor):
+            raise DraftError(
+                f"the draft changed {key}, which the MTP layer shares with the trunk: writing it back would change "
+                "the target (keep it frozen when fine-tuning)"
+            )
+    keys = [k for k in native.checkpoint_keys() if k not in shared]
+    stored = _stored_from_target(ckpt, keys)
+    writer = _Writer(native, stored, ckpt.fp8_block_size(), _fp8_block(ckpt.config, {})[1])
+    replaced = {name: key for key in keys for name in writer.names(key)}
+    shards = sorted({ckpt.weight_map[name] for name in replaced}, key=_natural)
+    for n, file in enumerate(shards, 1):
+        progress(f"rewriting shard {file} ({n}/{len(shards)})")
+        infos = sorted(ckpt.header(file).values(), key=lambda i: i.start)
+        for info in infos:
+            if info.name in replaced and tuple(info.shape) != tuple(writer.spec(info.name)[1]):
+                raise DraftError(
+                    f"the draft's {info.name} would be {list(writer.spec(info.name)[1])}, the target stores "
+                    f"{list(info.shape)}"
+                )
+        layout = [(i.name, ST_DTYPES[i.dtype][0], tuple(i.shape)) for i in infos]
+        with SafetensorsWriter(tmp / file, layout, {"format": "pt"}) as out:
+            for run in _runs(infos, COPY_RUN_BYTES):
+                kept = ckpt.read_raw([i.name for i in run if i.name not in replaced])
+                for info in run:
+                    out.write(info.name, writer.get(info.name) if info.name in replaced else kept[info.name])
+    write_json(tmp / INDEX_FILE, _target_index(ckpt))
+    write_json(tmp / CONFIG_FILE, ckpt.config)
+    (tmp / README_FILE).write_text(_stitched_readme(ckpt, spec, layer, shards, writer.requantised))
+    for note in engine_mismatches(spec, cfg, ("vllm", "sglang")):
+        progress("note: " + note)
+    record.update(
+        target=ckpt.source,
+        target_commit=ckpt.commit,
+        mtp_layer=layer,
+        spec=spec.name,
+        **_computation_record(spec, cfg),
+        overlay_files=[*shards, INDEX_FILE],
+        requantised_fp8=sorted(writer.requantised),
+    )
+
+
+def _stitched_readme(ckpt: Checkpoint, spec: Spec, layer: int, shards: list[str], requantised: list[str]) -> str:
+    where = ckpt.source + (f" (commit {ckpt.commit})" if ckpt.commit else "")
+    quant = (
+        f"{len(requantised)} FP8 weights were requantised per {ckpt.fp8_block_size()[0]}x{ckpt.fp8_block_size()[1]} "
+        "block with fresh `_scale_inv`; every other tensor keeps the target's dtype."
+        if requantised
+        else "Every tensor keeps the target's dtype."
+    )
+    files = "\n".join(f"- `{f}`" for f in [*shards, INDEX_FILE])
+    revision = f" --revision {ckpt.commit}" if ckpt.commit else ""
+    fetch = (
+        f"cp -r {ckpt.source} ./target-stitched"
+        if ckpt.is_local
+        else f"hf download {ckpt.source}{revision} --local-dir ./target-stitched"
+    )
+    return f"""# Stitched MTP layer ({spec.name})
+
+The fine-tuned MTP layer {layer} of `{where}`, written back under the checkpoint's own key names, dtypes and
+quantization by mtp2draft {__version__}. {quant}
+
+This directory is an overlay, not a whole checkpoint: it holds only the shards that contain MTP tensors (their
+other tensors are the target's, unchanged) and the index.
+
+{files}
+
+`config.json` is the target's, unchanged.
+
+## Overlay it onto the target
+
+```bash
+{fetch}
+cp {" ".join(shards)} {INDEX_FILE} ./target-stitched/
+```
+
+## Serve
+
+```bash
+vllm serve ./target-stitched --speculative-config '{{"method": "mtp", "num_speculative_tokens": 3}}'
+python -m sglang.launch_server --model ./target-stitched --speculative-algorithm EAGLE \\
+  --speculative-num-steps 3 --speculative-eagle-topk 1 --speculative-num-draft-tokens 4
+```
+"""
+
+
+def _validate_stitched(path: Path, cfg: dict[str, Any]) -> list[str]:
+    problems: list[str] = []
+    try:
+        spec = find_spec(cfg)
+    except Exception as exc:
+        return [f"config.json matches no spec ({exc})"]
+    count = spec.num_mtp_layers(cfg)
+    if count <= 0:
+        return [f"config.json declares no MTP layer ({spec.config.mtp_count})"]
+    index = _read_json(path / INDEX_FILE)
+    weight_map = index.get("weight_map") if index else None
+    if not isinstance(weight_map, dict):
+        return [f"{INDEX_FILE} is missing or has no weight_map"]
+    present = {p.name for p in path.glob("*.safetensors")}
+    for file in sorted(present - set(weight_map.values())):
+        problems.append(f"{file} is in the overlay but the index maps no tensor to it")
+    prefixes = [spec.key(spec.keys.block, cfg, i) for i in range(count)]
+    trunk = {k for i in range(count) for k in _trunk_keys(spec, cfg, i)}
+    named = {k for i in range(count) for k in spec.component_keys(cfg, i).values()} - trunk
+    mtp_keys = [k for k in weight_map if k in named or k.startswith(tuple(prefixes))]
+    if not mtp_keys:
+        problems.append("the index maps no MTP tensor")
+    for key in mtp_keys:
+        if weight_map[key] not in present:
+            problems.append(f"the index maps MTP tensor {key} to {weight_map[key]}, which is missing from the overlay")
+    quant = cfg.get("quantization_config") or {}
+    block = quant.get("weight_block_size") or [128, 128]
+    expected: dict[str, tuple[int, ...]] = {}
+    for i in range(count):
+        try:
+            shapes, _ = _meta_checkpoint(spec, cfg, cfg, i)
+        except Exception as exc:
+            problems.append(f"cannot build the {spec.name} MTP block from config.json: {exc}")
+            break
+        expected.update(shapes)
+    for key in sorted(set(expected) - set(weight_map), key=_natural):
+        problems.append(f"the index lacks MTP tensor {key}")
+    for file in sorted(present & set(weight_map.values())):
+        try:
+            headers = _headers(path / file)
+        except Exception as exc:
+            problems.append(f"{file} cannot be read: {exc}")
+            continue
+        mapped = {k for k, f in weight_map.items() if f == file}
+        for key in sorted(mapped - set(headers), key=_natural):
+            problems.append(f"the index maps {key} to {file}, which does not hold it")
+        for key in sorted(set(headers) - mapped, key=_natural):
+            problems.append(f"{file} holds {key}, which the index maps elsewhere")
+        for key in sorted(set(headers) & set(expected), key=_natural):
+            if list(headers[key][1]) != list(expected[key]):
+                problems.append(f"{key} has shape {headers[key][1]}, the config implies {list(expected[key])}")
+            else:
+                problems += _fp8_problems(key, headers[key][0], expected[key], headers, block)
+        mtp_here = [
+            k for k in headers if k in expected or (k.endswith(SCALE_SUFFIX) and k[: -len(SCALE_SUFFIX)] in expected)
+        ]
+        problems += _finite_file(path / file, mtp_here)
+    return problems
+
+
+# ---- registration ---------------------------------------------------------------------------------------------------
+def _write(job: ExportJob) -> None:
+    _export_stitched(
+        job.src,
+        job.cfg,
+        job.out,
+        job.provenance,
+        job.record,
+        job.target,
+        job.revision,
+        job.token,
+        job.progress,  # type: ignore[arg-type]
+    )
+
+
+def _is_stitched(config: Mapping[str, Any]) -> bool:
+    """A target config.json (of a family a spec knows): the overlay carries the target's own config."""
+    try:
+        find_spec(config)
+    except Exception:
+        return False
+    return True
+
+
+def _launch_lines(target: str, draft: str, k: int) -> dict[str, str]:
+    return {
+        "overlay": f"hf download {target} --local-dir ./target-stitched && hf download {draft} --include "
+        "'*.safetensors' 'model.safetensors.index.json' --local-dir ./target-stitched",
+        "vLLM": "vllm serve ./target-stitched --speculative-config "
+        f'\'{{"method": "mtp", "num_speculative_tokens": {k}}}\'',
+        "SGLang": f"python -m sglang.launch_server --model ./target-stitched --speculative-algorithm EAGLE "
+        f"{sglang_steps(k)}",
+    }
+
+
+PROVIDES: dict[str, Format] = {
+    "stitched": Format(
+        write=_write,
+        validate=_validate_stitched,
+        detect=_is_stitched,
+        launch_lines=_launch_lines,
+        usable=lambda spec: True,  # any family with an MTP layer: the layer goes back where it came from
+    ),
+}

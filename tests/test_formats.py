@@ -1,0 +1,92 @@
+"""The formats registry: every registered format's module provides what `export`, `validate`, the model card and
+`run` ask of it, and a new format is one module plus one registry entry (shown with a toy format)."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import sys
+import types
+from pathlib import Path
+
+from mtp2draft import formats
+from mtp2draft.formats import FORMATS, REGISTRY, VALIDATE_FORMATS, ExportJob, Format, Registration, get_format
+from mtp2draft.kinds import DraftKind
+from mtp2draft.spec import registry
+
+
+def test_every_registered_format_provides_a_full_format() -> None:
+    assert list(FORMATS) == ["sglang", "speculators", "nextn", "stitched"]  # --format choices, in this order
+    assert (*FORMATS, "mtp") == VALIDATE_FORMATS
+    for name, reg in REGISTRY.items():
+        fmt = get_format(name)
+        assert isinstance(fmt, Format), name
+        assert (fmt.write is not None) == reg.exportable, name
+        assert callable(fmt.validate) and callable(fmt.detect) and callable(fmt.launch_lines) and callable(fmt.usable)
+        assert reg.description and reg.kind in DraftKind
+        if reg.needs_target:
+            assert reg.reads_target, name
+
+
+def test_each_detector_recognises_its_own_config_and_no_other() -> None:
+    configs = {
+        "sglang": {"architectures": ["LlamaForCausalLMEagle3"]},
+        "speculators": {"architectures": ["Eagle3Speculator"], "speculators_model_type": "eagle3"},
+        "nextn": {"architectures": ["DeepseekV3ForCausalLMNextN"]},
+        "mtp": {"draft_kind": "mtp", "architectures": []},
+    }
+    for name, config in configs.items():
+        assert [f for f in configs if get_format(f).detect(config)] == [name]
+    assert get_format("stitched").detect({"architectures": ["DeepseekV3ForCausalLM"], "model_type": "deepseek_v3"})
+    assert not get_format("stitched").detect({"architectures": ["LlamaForCausalLM"], "model_type": "llama"})
+
+
+def test_run_picks_a_usable_format_of_the_kind_for_every_family() -> None:
+    from mtp2draft.run import default_kind_and_format
+
+    for spec in registry().values():
+        kind, fmt = default_kind_and_format(spec)
+        assert FORMATS[fmt] is kind
+        if any(get_format(f).usable(spec) for f in FORMATS if FORMATS[f] is kind):
+            assert get_format(fmt).usable(spec), (spec.name, fmt)
+
+
+def test_a_new_format_is_one_module_and_one_registry_entry(build, tmp_path: Path, monkeypatch) -> None:
+    """A toy format copying the native draft's weights: registered once, it is exported, validated, detected and
+    given launch lines without touching export.py, hub.py or the CLI's code."""
+    from mtp2draft.convert import convert
+    from mtp2draft.export import detect_format, export, validate
+    from mtp2draft.hub import launch_lines
+
+    def write(job: ExportJob) -> None:
+        shutil.copyfile(job.src / "model.safetensors", job.out / "model.safetensors")
+        (job.out / "config.json").write_text(json.dumps({"toy_format": True, "from": job.cfg["spec"]}))
+        job.record["toy"] = "copied"
+
+    def check(path: Path, cfg: dict) -> list[str]:
+        return [] if (path / "model.safetensors").is_file() else ["model.safetensors is missing"]
+
+    module = types.ModuleType("mtp2draft.formats.toy")
+    module.PROVIDES = {
+        "toy": Format(
+            write=write,
+            validate=check,
+            detect=lambda config: bool(config.get("toy_format")),
+            launch_lines=lambda target, draft, k: {"toy engine": f"toy serve {target} --draft {draft} -k {k}"},
+            usable=lambda spec: True,
+        )
+    }
+    monkeypatch.setitem(sys.modules, "mtp2draft.formats.toy", module)
+    monkeypatch.setitem(REGISTRY, "toy", Registration(DraftKind.MTP, "toy", "a toy copy", detect_rank=-1))
+
+    draft = tmp_path / "draft"
+    convert(str(build("mimo")), draft, to="mtp")
+    result = export(draft, "toy", tmp_path / "out")
+    assert sorted(result.files) == ["config.json", "model.safetensors", "provenance.json"]
+    assert result.provenance["export"]["toy"] == "copied"
+    assert detect_format(json.loads((tmp_path / "out" / "config.json").read_text())) == "toy"
+    assert validate(tmp_path / "out") == []
+    (tmp_path / "out" / "model.safetensors").unlink()
+    assert validate(tmp_path / "out") == ["model.safetensors is missing"]
+    assert launch_lines("toy", "t", "d", 2) == {"toy engine": "toy serve t --draft d -k 2"}
+    assert formats.format_kind("toy") is DraftKind.MTP
