@@ -48,6 +48,7 @@ from .draft import (
     load_draft,
     read_draft_config,
     vocab_maps,
+    without_identity_maps,
 )
 from .errors import DataError, DraftError
 from .hidden import Features, OfflineHiddenStates, TargetModel, offline_features
@@ -707,6 +708,7 @@ def _write_result(draft, draft_dir: str | Path, out: Path, overwrite: bool, info
     }
     if isinstance(draft, Eagle3Draft):
         config = {**src_cfg, **draft.draft_config()}
+        state = without_identity_maps(state, draft.vocab_size, draft.draft_vocab_size)
     else:
         config = {**src_cfg, "hidden_handover": draft.hidden_handover}
     with atomic_output_dir(out, overwrite) as tmp:
