@@ -89,12 +89,15 @@ class EngineResult:
     generate_s: float | None = None
     error: str | None = None
     traceback: str | None = None
+    log_errors: list[str] = field(default_factory=list)  # lines of vLLM's log (and its workers') naming errors
+    log_loaded: list[str] = field(default_factory=list)  # its "Loading weights took ..." lines (target, then draft)
     extra: dict[str, Any] = field(default_factory=dict)
 
     def check(self) -> EngineResult:
         """Self, or AssertionError with vLLM's error when the run failed."""
         if self.error is not None:
-            raise AssertionError(f"vLLM run {self.name!r} failed: {self.error}\n{self.traceback or ''}")
+            causes = "\n".join(self.log_errors[-6:])
+            raise AssertionError(f"vLLM run {self.name!r} failed: {self.error}\n{causes}")
         return self
 
 
@@ -143,7 +146,7 @@ def run_vllm(
     env = dict(os.environ)
     env.setdefault("VLLM_CPU_KVCACHE_SPACE", str(kv_cache_gib))
     env.setdefault("VLLM_CPU_OMP_THREADS_BIND", "nobind")
-    env.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
+    env.setdefault("VLLM_LOGGING_LEVEL", "INFO")  # into per-run log files; the weight-loading lines are INFO
     env.setdefault("TOKENIZERS_PARALLELISM", "false")
     env.pop("PYTHONPATH", None)  # nothing of mtp2draft's venv may leak into vLLM's
     request = {
@@ -175,6 +178,8 @@ def run_vllm(
             generate_s=r.get("generate_s"),
             error=r.get("error"),
             traceback=r.get("traceback"),
+            log_errors=r.get("log_errors") or [],
+            log_loaded=r.get("log_loaded") or [],
         )
         for r in reply["runs"]
     }

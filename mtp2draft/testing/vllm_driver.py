@@ -26,6 +26,7 @@ from __future__ import annotations
 import contextlib
 import gc
 import json
+import os
 import sys
 import time
 import traceback
@@ -70,7 +71,35 @@ def metrics_between(before: dict, after: dict) -> dict:
     }
 
 
-def run_one(run: dict, request: dict) -> dict:
+def run_one(run: dict, request: dict, log_path: str) -> dict:
+    """One engine: start, generate, read metrics, shut down. Its own output and its workers' (they inherit the file
+    descriptors) go to `log_path`; the lines that name errors come back as `log_errors` (an engine-core failure's
+    exception says only "see root cause above"), those that report loaded weights as `log_loaded`."""
+    saved = os.dup(1), os.dup(2)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    with open(log_path, "w") as log:
+        os.dup2(log.fileno(), 1)
+        os.dup2(log.fileno(), 2)
+        try:
+            result = _run_one(run, request)
+        finally:
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os.dup2(saved[0], 1)
+            os.dup2(saved[1], 2)
+    with open(log_path) as log:
+        lines = log.read().splitlines()
+    result["log_errors"] = [line[-400:] for line in lines if "Error" in line][-20:]
+    result["log_loaded"] = [
+        line[-400:] for line in lines if "Loading weights took" in line or "Model loading took" in line
+    ]
+    if result["error"] is not None:  # vLLM's own log of a failed run, for the caller's failure message
+        print("\n".join(lines[-80:]), file=sys.stderr)
+    return result
+
+
+def _run_one(run: dict, request: dict) -> dict:
     from vllm import LLM, SamplingParams
     from vllm.inputs import TokensPrompt
 
@@ -122,7 +151,7 @@ def main(argv: list[str]) -> int:
     reply = {"vllm_version": vllm.__version__, "runs": []}
     for run in request["runs"]:
         print(f"[vllm_driver] {run['name']}: starting", file=sys.stderr, flush=True)
-        reply["runs"].append(run_one(run, request))
+        reply["runs"].append(run_one(run, request, f"{argv[1]}.{len(reply['runs'])}.log"))
         with open(argv[1], "w") as f:  # after every run: a crash later keeps what finished
             json.dump(reply, f)
     return 0

