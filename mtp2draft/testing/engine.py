@@ -154,7 +154,10 @@ def run_vllm(
         "max_new_tokens": int(max_new_tokens),
         "dtype": dtype,
         "max_model_len": int(max_model_len),
-        "runs": [{"name": r.name, "model": str(r.model), "speculative_config": r.speculative_config} for r in runs],
+        "runs": [
+            {"name": r.name, "model": _absolute(r.model), "speculative_config": _spec_paths(r.speculative_config)}
+            for r in runs
+        ],
     }
     with tempfile.TemporaryDirectory(prefix="mtp2draft-vllm-") as tmp:
         req, rep = Path(tmp) / "request.json", Path(tmp) / "reply.json"
@@ -184,6 +187,17 @@ def run_vllm(
         for r in reply["runs"]
     }
     return reply["vllm_version"], results
+
+
+def _absolute(model: str | Path) -> str:
+    """Local directories as absolute paths: the driver runs in its own working directory."""
+    return str(Path(model).resolve()) if Path(model).exists() else str(model)
+
+
+def _spec_paths(config: dict[str, Any] | None) -> dict[str, Any] | None:
+    if config is None or "model" not in config:
+        return config
+    return {**config, "model": _absolute(config["model"])}
 
 
 def relative_gap(ours: float, engine: float) -> float:
