@@ -303,11 +303,12 @@ def convert(
             for key, value in weights.items():  # the transforms' arithmetic, too, must stay finite
                 check_finite(key, value)
             draft_cfg["torch_dtype"] = dtype
-            from .draft import vocab_maps
+            from .draft import vocab_maps, without_identity_maps
 
             d2t, t2d = vocab_maps(torch.arange(draft_cfg["draft_vocab_size"]), draft_cfg["vocab_size"])
             ordered = {k: weights[k].to(torch_dtype) for k in sorted(weights)}
             ordered["d2t"], ordered["t2d"] = d2t, t2d
+            ordered = without_identity_maps(ordered, draft_cfg["vocab_size"], draft_cfg["draft_vocab_size"])
             from .io import save_tensors
 
             save_tensors(tmp / WEIGHTS_FILE, ordered, {"format": "pt"})

@@ -48,6 +48,7 @@ from .draft import (
     load_draft,
     read_draft_config,
     vocab_maps,
+    without_identity_maps,
 )
 from .errors import DataError, DraftError, OptionError
 from .hidden import Features, OfflineHiddenStates, TargetModel, check_draft_fits, offline_features
@@ -956,6 +957,7 @@ def _write_result(
     }
     if isinstance(draft, Eagle3Draft):
         config = {**src_cfg, **draft.draft_config()}
+        state = without_identity_maps(state, draft.vocab_size, draft.draft_vocab_size)
     else:
         config = {**src_cfg, **draft.computation(), "engine": draft.engine}
     with atomic_output_dir(out, overwrite, inputs=[draft_dir]) as tmp:

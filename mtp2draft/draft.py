@@ -487,6 +487,21 @@ def vocab_maps(used: torch.Tensor, vocab_size: int) -> tuple[torch.Tensor, torch
     return d2t, t2d
 
 
+VOCAB_MAPS = ("d2t", "t2d")
+
+
+def without_identity_maps(state: Mapping[str, torch.Tensor], vocab_size: int, draft_vocab_size: int) -> dict:
+    """`state` minus d2t/t2d when the draft vocabulary is the target's whole vocabulary.
+
+    vLLM 0.32's Eagle3LlamaForCausalLM creates `draft_id_to_target_id` (where it loads d2t) only when the vocabularies
+    differ, so a full-vocabulary draft that carries d2t fails to load ("no module or parameter named
+    'draft_id_to_target_id'"); speculators omits both maps for full vocabularies too. Every EAGLE-3 draft mtp2draft
+    writes goes through here; `load_draft` puts the identity maps back."""
+    if draft_vocab_size != vocab_size:
+        return dict(state)
+    return {k: v for k, v in state.items() if k not in VOCAB_MAPS}
+
+
 # ---- on disk --------------------------------------------------------------------------------------------------------
 def read_draft_config(path: str | Path) -> dict[str, Any]:
     path = Path(path)
@@ -533,6 +548,9 @@ def load_draft(path: str | Path, dtype: torch.dtype = torch.float32) -> Draft:
         state = {rename(k): v for k, v in state.items()}
     state = {k: v for k, v in state.items() if k != "embed_tokens.weight"}
     expected = draft.state_dict()
+    if isinstance(draft, Eagle3Draft) and draft.draft_vocab_size == draft.vocab_size:
+        # full vocabulary: the maps are the identity, written by older versions, never by this one
+        state = {**{k: expected[k] for k in VOCAB_MAPS}, **state}
     missing = sorted(set(expected) - set(state))
     unexpected = sorted(set(state) - set(expected))
     if missing or unexpected:

@@ -134,16 +134,16 @@ def test_eagle3_draft_has_the_sglang_layout(build, tmp_path: Path, fixture: str)
         "midlayer.mlp.down_proj.weight": (h, cfg["intermediate_size"]),
         "norm.weight": (h,),
         "lm_head.weight": (vd, h),
-        "d2t": (vd,),
-        "t2d": (v,),
     }
+    # convert keeps the full vocabulary: no d2t/t2d (vLLM 0.32 refuses a full-vocabulary draft that carries them)
+    assert vd == v
     assert {k: tuple(t.shape) for k, t in w.items()} == expect
-    assert w["d2t"].dtype == torch.int64 and w["t2d"].dtype == torch.bool
     assert cfg["architectures"] == ["LlamaForCausalLMEagle3"] and cfg["num_hidden_layers"] == 1
     ids = cfg["eagle_config"]["eagle_aux_hidden_state_layer_ids"]
     assert cfg["eagle_aux_hidden_state_layer_ids"] == [i + 1 for i in ids]  # vLLM reads 'input of layer' ids
     draft = load_draft(tmp_path / "e")
     assert isinstance(draft, Eagle3Draft) and not any("embed" in k for k in draft.state_dict())
+    assert torch.equal(draft.to_target_ids(torch.arange(vd)), torch.arange(vd))  # identity maps put back
     prov = json.loads((tmp_path / "e" / "provenance.json").read_text())["tensors"]
     assert prov["norm.weight"]["exact"] and prov["lm_head.weight"]["exact"]
     assert not prov["midlayer.self_attn.q_proj.weight"]["exact"]

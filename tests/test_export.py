@@ -702,3 +702,23 @@ def test_cli_export_and_validate(eagle3: Path, sglang_dir: Path, tmp_path: Path,
     assert code != 0 and report["format"] == "sglang" and not report["ok"] and report["violations"]
     code, out, err = run_cli(capsys, "validate", str(tmp_path / "nowhere"))
     assert code != 0 and err.startswith("error:") and "is not a directory" in err
+
+
+@pytest.mark.parametrize("format", ["sglang", "speculators"])
+def test_full_vocabulary_exports_carry_no_vocab_maps(eagle3: Path, work: Path, tmp_path: Path, format: str) -> None:
+    """vLLM 0.32 refuses a full-vocabulary EAGLE-3 draft holding d2t ('no module or parameter named
+    draft_id_to_target_id'): exports leave both maps out, load back with identity maps, and validate flags them."""
+    raw = work / "eagle3-raw"  # convert's output: the target's whole vocabulary
+    assert "d2t" not in load_file(str(raw / "model.safetensors"))
+    out = tmp_path / format
+    export(raw, format, out, dtype="float32")
+    w = load_file(str(out / "model.safetensors"))
+    assert not {"d2t", "t2d"} & set(w) and "lm_head.weight" in w
+    assert validate(out) == []
+    draft = load_draft(out)
+    assert draft.draft_vocab_size == draft.vocab_size
+    assert torch.equal(draft.to_target_ids(torch.arange(draft.vocab_size)), torch.arange(draft.vocab_size))
+    v = draft.vocab_size
+    broken = _mutate(out, tmp_path / "broken", None, lambda w: w.update(d2t=torch.zeros(v, dtype=torch.int64)))
+    problems = validate(broken)
+    assert any("d2t is present but draft_vocab_size equals vocab_size" in p for p in problems), problems

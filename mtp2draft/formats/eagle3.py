@@ -16,6 +16,7 @@ from typing import Any
 
 import torch
 
+from ..draft import VOCAB_MAPS, without_identity_maps
 from ..errors import DraftError
 from ..io import Progress, quiet, save_tensors, write_json
 from ..kinds import CONFIG_FILE, EAGLE3_ARCHITECTURE, WEIGHTS_FILE, DraftKind
@@ -121,6 +122,8 @@ def _export_eagle3(
             tensor = tensor.to(dtype)
         out_name = prefix + name[len(SGLANG_PREFIX) :] if name.startswith(SGLANG_PREFIX) else name
         tensors[out_name] = tensor
+    vocab = int(eagle_cfg["vocab_size"])
+    tensors = without_identity_maps(tensors, vocab, int(eagle_cfg.get("draft_vocab_size") or vocab))
     progress(f"writing {len(tensors)} tensors ({format} layout, {dtype_name(dtype)})")
     save_tensors(tmp / WEIGHTS_FILE, tensors, {"format": "pt"})
     write_json(tmp / CONFIG_FILE, out_cfg)
@@ -238,8 +241,8 @@ def _eagle3_shapes(cfg: Mapping[str, Any], layer: Mapping[str, Any], prefix: str
         prefix + "mlp.down_proj.weight": (h, inter),
         "norm.weight": (h,),
         "lm_head.weight": (vd, h),
-        "d2t": (vd,),
-        "t2d": (v,),
+        # the vocabulary maps exist only for a reduced draft vocabulary (see `draft.without_identity_maps`)
+        **({"d2t": (vd,), "t2d": (v,)} if vd != v else {}),
     }
 
 
@@ -258,6 +261,13 @@ def _eagle3_weight_problems(
             if name not in weights:
                 problems.append(f"{name} is missing (the engines would load the draft without it and accept ~nothing)")
         for name in sorted(set(weights) - set(expected) - {"embed_tokens.weight"}):
+            if name in VOCAB_MAPS:
+                problems.append(
+                    f"{name} is present but draft_vocab_size equals vocab_size ({int(layer_cfg['vocab_size'])}): "
+                    "vLLM 0.32 refuses to load a full-vocabulary EAGLE-3 draft that carries d2t/t2d "
+                    "(it has no draft_id_to_target_id parameter then); drop both"
+                )
+                continue
             other = SPECULATORS_PREFIX if prefix == SGLANG_PREFIX else SGLANG_PREFIX
             hint = (
                 f" (the {'speculators' if other == SPECULATORS_PREFIX else 'SGLang'} name)"

@@ -1,0 +1,161 @@
+"""Run configurations of one target in vLLM and write their greedy outputs and spec-decode metrics as JSON.
+
+This file runs under vLLM's own Python (its venv, `scripts/vllm_env.sh`), never in mtp2draft's: it imports only the
+standard library and vllm, and is started by path by `mtp2draft.testing.engine`, which writes the request and reads
+the reply:
+
+    python vllm_driver.py REQUEST.json REPLY.json
+
+Request: {"prompts": [[token ids]], "max_new_tokens": N, "dtype": "float32", "max_model_len": L,
+          "runs": [{"name": str, "model": dir, "speculative_config": {...} | null}]}
+Reply:   {"vllm_version": str, "runs": [{"name", "outputs": [[ids]], "metrics": {...} | null, "start_s", "generate_s",
+          "error": str | null}]}
+
+The runs share one process and start one engine each, in order (an engine start costs a minute or two on a small
+CPU; the interpreter, torch and vllm are imported once). A run that fails to start or generate is reported with its
+error and the next run goes on. Metrics are the differences of `LLM.get_metrics()` counters across the run's
+`generate` (they are process-wide Prometheus counters). Sampling is greedy (temperature 0), prompts are token ids,
+`generation_config="vllm"` keeps vLLM's defaults rather than the checkpoint's generation_config.json (so the only stop
+token is the tokenizer's eos, as in `mtp2draft evaluate`).
+
+What it does not do: sampling, batching policy, tensor parallelism, or any comparison (the caller compares).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import gc
+import json
+import os
+import sys
+import time
+import traceback
+
+SPEC_COUNTERS = {
+    "vllm:spec_decode_num_drafts": "drafts",
+    "vllm:spec_decode_num_draft_tokens": "draft_tokens",
+    "vllm:spec_decode_num_accepted_tokens": "accepted_tokens",
+}
+PER_POSITION = "vllm:spec_decode_num_accepted_tokens_per_pos"
+
+
+def read_counters(llm) -> dict:
+    """Spec-decode counters summed over labels: {'drafts': n, ..., 'per_position': [n_1, ..., n_k]}."""
+    out: dict = {v: 0 for v in SPEC_COUNTERS.values()}
+    per_pos: list[int] = []
+    for metric in llm.get_metrics():
+        name = metric.name.removesuffix("_total")
+        if name in SPEC_COUNTERS:
+            out[SPEC_COUNTERS[name]] += int(metric.value)
+        elif name == PER_POSITION:
+            values = list(metric.values)
+            n = max(len(per_pos), len(values))
+            per_pos = [
+                a + b for a, b in zip(per_pos + [0] * (n - len(per_pos)), values + [0] * (n - len(values)), strict=True)
+            ]
+    out["per_position"] = per_pos
+    return out
+
+
+def metrics_between(before: dict, after: dict) -> dict:
+    """What one `generate` added; mean acceptance length = 1 + accepted / drafts (bonus token included)."""
+    d = {k: after[k] - before[k] for k in SPEC_COUNTERS.values()}
+    pos_before = before["per_position"] + [0] * (len(after["per_position"]) - len(before["per_position"]))
+    per_pos = [a - b for a, b in zip(after["per_position"], pos_before, strict=True)]
+    drafts = d["drafts"]
+    return {
+        **d,
+        "accepted_per_position": per_pos,
+        "acceptance_per_position": [p / drafts if drafts else 0.0 for p in per_pos],
+        "mean_acceptance_length": 1.0 + d["accepted_tokens"] / drafts if drafts else None,
+    }
+
+
+def run_one(run: dict, request: dict, log_path: str) -> dict:
+    """One engine: start, generate, read metrics, shut down. Its own output and its workers' (they inherit the file
+    descriptors) go to `log_path`; the lines that name errors come back as `log_errors` (an engine-core failure's
+    exception says only "see root cause above"), those that report loaded weights as `log_loaded`."""
+    saved = os.dup(1), os.dup(2)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    with open(log_path, "w") as log:
+        os.dup2(log.fileno(), 1)
+        os.dup2(log.fileno(), 2)
+        try:
+            result = _run_one(run, request)
+        finally:
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os.dup2(saved[0], 1)
+            os.dup2(saved[1], 2)
+    with open(log_path) as log:
+        lines = log.read().splitlines()
+    result["log_errors"] = [line[-400:] for line in lines if "Error" in line][-20:]
+    result["log_loaded"] = [
+        line[-400:] for line in lines if "Loading weights took" in line or "Model loading took" in line
+    ]
+    if result["error"] is not None:  # vLLM's own log of a failed run, for the caller's failure message
+        print("\n".join(lines[-80:]), file=sys.stderr)
+    return result
+
+
+def _run_one(run: dict, request: dict) -> dict:
+    from vllm import LLM, SamplingParams
+    from vllm.inputs import TokensPrompt
+
+    result: dict = {"name": run["name"], "outputs": None, "metrics": None, "error": None}
+    t0 = time.perf_counter()
+    llm = None
+    try:
+        llm = LLM(
+            model=run["model"],
+            dtype=request.get("dtype", "float32"),
+            seed=0,
+            max_model_len=int(request.get("max_model_len", 1024)),
+            enforce_eager=True,
+            generation_config="vllm",
+            speculative_config=run.get("speculative_config"),
+            trust_remote_code=False,
+            disable_log_stats=False,  # get_metrics() asserts "Stat logging disabled" otherwise (vLLM 0.32)
+        )
+        result["start_s"] = round(time.perf_counter() - t0, 1)
+        params = SamplingParams(temperature=0.0, max_tokens=int(request["max_new_tokens"]))
+        prompts = [TokensPrompt(prompt_token_ids=list(p)) for p in request["prompts"]]
+        before = read_counters(llm)
+        t1 = time.perf_counter()
+        outs = llm.generate(prompts, params, use_tqdm=False)
+        result["generate_s"] = round(time.perf_counter() - t1, 1)
+        result["outputs"] = [list(o.outputs[0].token_ids) for o in outs]
+        if run.get("speculative_config"):
+            result["metrics"] = metrics_between(before, read_counters(llm))
+    except Exception as exc:  # reported to the caller, which fails the check with it
+        result["error"] = f"{type(exc).__name__}: {exc}"
+        result["traceback"] = traceback.format_exc()[-4000:]
+    finally:
+        if llm is not None:
+            with contextlib.suppress(Exception):  # best effort: the engine core also exits with its parent
+                llm.llm_engine.engine_core.shutdown()
+        del llm
+        gc.collect()
+    return result
+
+
+def main(argv: list[str]) -> int:
+    if len(argv) != 2:
+        print("usage: vllm_driver.py REQUEST.json REPLY.json", file=sys.stderr)
+        return 2
+    with open(argv[0]) as f:
+        request = json.load(f)
+    import vllm
+
+    reply = {"vllm_version": vllm.__version__, "runs": []}
+    for run in request["runs"]:
+        print(f"[vllm_driver] {run['name']}: starting", file=sys.stderr, flush=True)
+        reply["runs"].append(run_one(run, request, f"{argv[1]}.{len(reply['runs'])}.log"))
+        with open(argv[1], "w") as f:  # after every run: a crash later keeps what finished
+            json.dump(reply, f)
+    return 0
+
+
+if __name__ == "__main__":  # vLLM spawns workers that re-import this file
+    sys.exit(main(sys.argv[1:]))
