@@ -632,6 +632,10 @@ def run_all(
     max_new_tokens: Annotated[int, typer.Option("--max-new-tokens", help="Tokens generated per prompt.")] = 64,
     max_prompts: Annotated[int | None, typer.Option("--max-prompts", help="Evaluation prompts.")] = 20,
     layer: Annotated[int | None, typer.Option("--layer", help="MTP layer index.")] = None,
+    engine: Annotated[
+        str | None,
+        typer.Option("--engine", help=f"Train for what this engine computes ({' | '.join(_engines())})."),
+    ] = None,
     revision: Revision = None,
     token: Token = None,
     overwrite: Annotated[bool, typer.Option("--overwrite", help="Replace a non-empty --work.")] = False,
@@ -650,6 +654,7 @@ def run_all(
         batch_size=batch_size,
         max_length=max_length,
         draft_vocab_size=draft_vocab_size,
+        engine=engine,
     )
     result = run(
         source,

@@ -67,3 +67,27 @@ def test_run_from_the_hub_to_a_pushed_draft(target, text_data, hub, tmp_path: Pa
     prov = json.loads((work / "distilled" / "provenance.json").read_text())
     assert prov["source"] == "org/tiny-mimo" and len(prov["commit"]) == 40
     assert prov["distill"]["target_commit"] == prov["commit"]
+
+
+def test_run_trains_for_the_engine_named(target, text_data, tmp_path: Path, capsys) -> None:
+    work = tmp_path / "w"
+    args = [
+        "run",
+        str(target("mimo", num_hidden_layers=4)),
+        "--data",
+        str(text_data),
+        "--work",
+        str(work),
+        "--to",
+        "mtp",
+        "--engine",
+    ]
+    tail = ["--steps", "2", "--batch-size", "2", "--max-length", "32", "--max-prompts", "2", "--max-new-tokens", "8"]
+    assert main([*args, "vllm", *tail]) == 0, capsys.readouterr().err
+    config = json.loads((work / "distilled" / "config.json").read_text())
+    assert config["engine"]["name"] == "vllm"
+    # an engine that cannot serve the kind for the family is one line, before any training
+    capsys.readouterr()
+    assert main([*args[:-3], "--to", "eagle3", "--engine", "vllm", *tail, "--overwrite"]) != 0
+    err = capsys.readouterr().err
+    assert "cannot serve" in err and "Traceback" not in err
