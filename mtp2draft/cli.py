@@ -689,7 +689,8 @@ def demo(
     steps: Annotated[int, typer.Option("--steps", help="Distillation steps.")] = 150,
 ) -> None:
     """The quick start: convert -> distill -> evaluate -> export on the small target bundled with the repository
-    (a 5M-parameter DeepSeek-V3-layout model whose MTP head was trained jointly with it), then print the table.
+    (an 11M-parameter, 8-layer DeepSeek-V3-layout model whose MTP head was trained jointly with it), then print the
+    table.
 
     Example: `mtp2draft demo --work demo-run`
     """
