@@ -41,6 +41,7 @@ from .draft import CONFIG_FILE, PROVENANCE_FILE
 from .errors import DraftError, HubError, Mtp2DraftError, ValidationError
 from .export import EVALUATION_FILE, README_FILE, detect_format, validate
 from .formats import REGISTRY, format_kind, get_format
+from .formats.common import _read_json
 from .io import Progress, quiet
 from .kinds import DraftKind
 from .redact import find_secret, known_secrets, redact, register_secret
@@ -191,16 +192,6 @@ def _scannable_bytes(file: Path) -> bytes:
 
 
 # ---- the model card ---------------------------------------------------------------------------------------------
-def _read_json(path: Path) -> dict[str, Any] | None:
-    if not path.is_file():
-        return None
-    try:
-        data = json.loads(path.read_text())
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise DraftError(f"{path} is not valid JSON: {exc}") from exc
-    return data if isinstance(data, dict) else None
-
-
 def _is_repo_id(value: Any) -> bool:
     return isinstance(value, str) and bool(re.fullmatch(r"[A-Za-z0-9][\w.-]*/[\w.-]+", value)) and ".." not in value
 
