@@ -42,7 +42,7 @@ ENV_SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "vllm_env.sh"  # 
 # config.json fields a served view rewrites, by the target's model_type. MiMo-7B's config says `model_type: mimo`,
 # which transformers 5.19 (vLLM 0.32's pin) does not know, so vLLM would load it as remote code. MiMo's config is
 # Qwen2's plus `num_nextn_predict_layers`; vLLM 0.32 picks its own MiMoForCausalLM from `architectures` and the MTP
-# draft from architectures[0] == "MiMoForCausalLM" (config/speculative.py), so `model_type: qwen2` changes only how
+# draft when the first listed architecture is MiMoForCausalLM (config/speculative.py), so `model_type: qwen2` changes only how
 # the config is parsed. `hf_overrides` cannot do it: vLLM 0.32 applies a dict override only after AutoConfig has
 # parsed the on-disk model_type, and the MTP draft's config is loaded again from the directory.
 VLLM_CONFIG_VIEW: dict[str, dict[str, Any]] = {"mimo": {"model_type": "qwen2"}}
