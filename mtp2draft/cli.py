@@ -16,6 +16,7 @@ import typer
 
 from .errors import Mtp2DraftError
 from .kinds import DRAFT_KINDS, DraftKind
+from .units import human_bytes
 
 app = typer.Typer(
     name="mtp2draft",
@@ -38,14 +39,6 @@ AsJson = Annotated[bool, typer.Option("--json", help="Print JSON on stdout inste
 def log(message: str) -> None:
     """Progress and logs: stderr, so stdout stays data."""
     print(message, file=sys.stderr, flush=True)
-
-
-def _human(n: float) -> str:
-    for unit in ("B", "KB", "MB", "GB", "TB"):
-        if abs(n) < 1024 or unit == "TB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1024
-    return str(n)
 
 
 def _print_json(data: Any) -> None:
@@ -120,14 +113,14 @@ def inspect(source: Source, revision: Revision = None, token: Token = None, as_j
     print(f"MTP layers    {info['num_mtp_layers']}")
     for layer in info["layers"]:
         print(
-            f"\nlayer {layer['layer']}: {layer['parameters']:,} parameters, {_human(layer['bytes'])}"
+            f"\nlayer {layer['layer']}: {layer['parameters']:,} parameters, {human_bytes(layer['bytes'])}"
             + (f", {layer['fp8_weights']} FP8 weights" if layer["fp8_weights"] else "")
         )
         for t in layer["tensors"]:
-            print(f"  {t['name']:<64} {str(t['shape']):<18} {t['dtype']:<8} {_human(t['bytes'])}")
+            print(f"  {t['name']:<64} {str(t['shape']):<18} {t['dtype']:<8} {human_bytes(t['bytes'])}")
     total = info["checkpoint_bytes"]
     share = f" ({100 * info['convert_bytes'] / total:.2f} % of the checkpoint)" if total else ""
-    print(f"\nconvert fetches {_human(info['convert_bytes'])} of {_human(total)}{share}")
+    print(f"\nconvert fetches {human_bytes(info['convert_bytes'])} of {human_bytes(total)}{share}")
 
 
 # ---- convert -------------------------------------------------------------------------------------------------------
@@ -176,7 +169,7 @@ def convert(
         total = len(result.provenance.get("tensors", {}))
         print(f"wrote {result.kind} draft to {result.out} ({result.spec}, MTP layer {result.layer})")
         print(
-            f"fetched {_human(result.bytes_fetched)} of a {_human(result.checkpoint_bytes)} checkpoint "
+            f"fetched {human_bytes(result.bytes_fetched)} of a {human_bytes(result.checkpoint_bytes)} checkpoint "
             f"in {result.seconds:.1f} s; {exact}/{total} tensors transferred exactly (see provenance.json)"
         )
 

@@ -39,6 +39,7 @@ from torch import nn
 from .kinds import DraftKind
 from .parallel import shard_units
 from .train_subsets import TRAIN_SUBSETS
+from .units import human_bytes as human
 
 # Linear maps whose outputs are the attention's keys/values (transformers' names: GQA, gated attention, MLA).
 KV_PROJECTIONS = ("*.k_proj", "*.v_proj", "*.kv_b_proj")
@@ -204,14 +205,6 @@ def available_bytes(device: str, local_world: int = 1) -> int | None:
         return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_AVPHYS_PAGES") // max(local_world, 1)
     except (ValueError, OSError):
         return None
-
-
-def human(n: float) -> str:
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if abs(n) < 1024 or unit == "TiB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1024
-    return str(n)
 
 
 def _count(n: int) -> str:
