@@ -1,12 +1,12 @@
 """The `mtp2draft` command line: parse, call the library, format. Nothing else lives here.
 
 Data goes to stdout (tables, JSON); progress and logs go to stderr. Known errors (`Mtp2DraftError`) become one line
-and a non-zero exit; tracebacks appear only with MTP2DRAFT_DEBUG=1. Typer is imported here and nowhere else.
+and a non-zero exit; tracebacks appear only with MTP2DRAFT_DEBUG=1. Typer is imported here and nowhere else; what
+each command prints is written by `cli_output`.
 """
 
 from __future__ import annotations
 
-import json
 import os
 import sys
 from pathlib import Path
@@ -14,9 +14,9 @@ from typing import Annotated, Any
 
 import typer
 
+from . import cli_output as output
 from .errors import Mtp2DraftError
 from .kinds import DRAFT_KINDS, DraftKind
-from .units import human_bytes
 
 app = typer.Typer(
     name="mtp2draft",
@@ -27,32 +27,48 @@ app = typer.Typer(
     rich_markup_mode="markdown",
 )
 
-# ---- shared argument types (as the hf CLI shares repo id / revision / token) -------------------------------------------
-Source = Annotated[
-    str, typer.Argument(help="Hub repo id (org/name) or local checkpoint directory.", show_default=False)
-]
-Revision = Annotated[str | None, typer.Option("--revision", help="Hub branch, tag or commit.")]
-Token = Annotated[str | None, typer.Option("--token", help="Hub token (default: HF_TOKEN or `hf auth login`).")]
-AsJson = Annotated[bool, typer.Option("--json", help="Print JSON on stdout instead of a table.")]
-
 
 def log(message: str) -> None:
     """Progress and logs: stderr, so stdout stays data."""
     print(message, file=sys.stderr, flush=True)
 
 
-def _print_json(data: Any) -> None:
-    print(json.dumps(data, indent=2, default=str))
-
-
-def _subsets() -> list[str]:
+def _choices(option: str, sep: str = " | ") -> str:
+    """The values an option's help lists, from the registry that owns them (kinds, engines, formats, subsets)."""
+    from .formats import FORMATS, VALIDATE_FORMATS
+    from .spec import ENGINES
     from .train_subsets import TRAIN_SUBSETS
 
-    return list(TRAIN_SUBSETS)
+    registries = {"kinds": DRAFT_KINDS, "engines": ENGINES, "formats": FORMATS, "validate": VALIDATE_FORMATS}
+    return sep.join({**registries, "subsets": TRAIN_SUBSETS}[option])
 
 
-def _kinds() -> list[str]:
-    return list(DRAFT_KINDS)
+def _numbers(text: str | None, option: str, cast: type = float) -> list | None:
+    """'1,0.8,0.64' -> [1.0, 0.8, 0.64] (cast: float or int); a malformed list is a usage error naming the option."""
+    if not text:
+        return None
+    try:
+        return [cast(x) for x in text.split(",")]
+    except ValueError:
+        what = "whole numbers" if cast is int else "numbers"
+        raise typer.BadParameter(f"expected {what} separated by commas, got {text!r}", param_hint=option) from None
+
+
+# ---- shared argument types (as the hf CLI shares repo id / revision / token), declared once --------------------------
+Source = Annotated[
+    str, typer.Argument(help="Hub repo id (org/name) or local checkpoint directory.", show_default=False)
+]
+Revision = Annotated[str | None, typer.Option("--revision", help="Hub branch, tag or commit.")]
+Token = Annotated[str | None, typer.Option("--token", help="Hub token (default: HF_TOKEN or `hf auth login`).")]
+AsJson = Annotated[bool, typer.Option("--json", help="Print JSON on stdout instead of a table.")]
+Out = Annotated[Path, typer.Option("--out", help="Output draft directory.", show_default=False)]
+Overwrite = Annotated[bool, typer.Option("--overwrite", help="Replace a non-empty --out.")]
+Data = Annotated[Path, typer.Option("--data", help="JSONL: {'text': ...} or {'messages': [...]} per line.")]
+Target = Annotated[str, typer.Option("--target", help="Target model: hub repo id or local directory.")]
+SkipBad = Annotated[bool, typer.Option("--skip-bad", help="Skip malformed data lines (counted) instead of failing.")]
+BatchSize = Annotated[int, typer.Option("--batch-size", help="Sequences per step.")]
+MaxLength = Annotated[int, typer.Option("--max-length", help="Tokens per sequence.")]
+MaxNewTokens = Annotated[int, typer.Option("--max-new-tokens", help="Tokens generated per prompt.")]
 
 
 # ---- specs ---------------------------------------------------------------------------------------------------------
@@ -65,31 +81,7 @@ def specs(as_json: AsJson = False) -> None:
     from .spec import registry
 
     rows = [s.summary() for s in registry().values()]
-    if as_json:
-        _print_json(rows)
-        return
-    width = max(len(r["name"]) for r in rows)
-    for r in rows:
-        flag = "" if r["verified"] else "  (layout unverified)"
-        print(f"{r['name']:<{width}}  {', '.join(r['architectures'] or r['model_types'])}  [{r['block']}]{flag}")
-    # family x engine x method, from the specs' [engines.*] tables (MTP hand-over in brackets)
-    engines = sorted({e for r in rows for e in r["engines"]})
-    print(f"\n{'engine support':<{width}}  " + "  ".join(f"{e + ' ' + _engine_version(rows, e):<28}" for e in engines))
-    for r in rows:
-        cells = []
-        for e in engines:
-            facts = r["engines"].get(e) or {}
-            methods = facts.get("methods") or []
-            text = ", ".join(
-                f"mtp [{facts.get('handover')}]" if m == DraftKind.MTP else m for m in DraftKind if m in methods
-            )
-            cells.append(f"{text or '-':<28}")
-        print(f"{r['name']:<{width}}  " + "  ".join(cells))
-
-
-def _engine_version(rows: list[dict], engine: str) -> str:
-    versions = sorted({r["engines"][engine]["version"] for r in rows if engine in r["engines"]})
-    return "/".join(versions)
+    print(output.to_json(rows) if as_json else output.specs_text(rows))
 
 
 # ---- inspect -------------------------------------------------------------------------------------------------------
@@ -104,31 +96,15 @@ def inspect(source: Source, revision: Revision = None, token: Token = None, as_j
     from .convert import inspect_checkpoint
 
     info = inspect_checkpoint(source, revision, token)
-    if as_json:
-        _print_json(info)
-        return
-    print(f"source        {info['source']}" + (f"  (commit {info['commit'][:12]})" if info["commit"] else ""))
-    print(f"family        {info['spec']}: {info['family']}")
-    print(f"block         {info['block']}")
-    print(f"MTP layers    {info['num_mtp_layers']}")
-    for layer in info["layers"]:
-        print(
-            f"\nlayer {layer['layer']}: {layer['parameters']:,} parameters, {human_bytes(layer['bytes'])}"
-            + (f", {layer['fp8_weights']} FP8 weights" if layer["fp8_weights"] else "")
-        )
-        for t in layer["tensors"]:
-            print(f"  {t['name']:<64} {str(t['shape']):<18} {t['dtype']:<8} {human_bytes(t['bytes'])}")
-    total = info["checkpoint_bytes"]
-    share = f" ({100 * info['convert_bytes'] / total:.2f} % of the checkpoint)" if total else ""
-    print(f"\nconvert fetches {human_bytes(info['convert_bytes'])} of {human_bytes(total)}{share}")
+    print(output.to_json(info) if as_json else output.inspect_text(info))
 
 
 # ---- convert -------------------------------------------------------------------------------------------------------
 @app.command()
 def convert(
     source: Source,
-    out: Annotated[Path, typer.Option("--out", help="Output draft directory.", show_default=False)],
-    to: Annotated[str, typer.Option("--to", help=f"Draft kind: {' | '.join(_kinds())}.")] = DraftKind.MTP.value,
+    out: Out,
+    to: Annotated[str, typer.Option("--to", help=f"Draft kind: {_choices('kinds')}.")] = DraftKind.MTP.value,
     layer: Annotated[int | None, typer.Option("--layer", help="MTP layer index (default 0).")] = None,
     dtype: Annotated[str, typer.Option("--dtype", help="Weights dtype: bfloat16 | float32.")] = "bfloat16",
     aux_layers: Annotated[
@@ -136,7 +112,7 @@ def convert(
     ] = None,
     revision: Revision = None,
     token: Token = None,
-    overwrite: Annotated[bool, typer.Option("--overwrite", help="Replace a non-empty --out.")] = False,
+    overwrite: Overwrite = False,
     as_json: AsJson = False,
 ) -> None:
     """Convert the MTP layer of a checkpoint into a draft: native MTP (`--to mtp`) or EAGLE-3 (`--to eagle3`).
@@ -153,105 +129,96 @@ def convert(
 
     aux = _numbers(aux_layers, "--aux-layers", int)
     result = run(source, out, to, layer, dtype, revision, token, overwrite, aux, progress=log)
-    summary = {
-        "out": str(result.out),
-        "draft_kind": result.kind,
-        "spec": result.spec,
-        "mtp_layer": result.layer,
-        "bytes_fetched": result.bytes_fetched,
-        "checkpoint_bytes": result.checkpoint_bytes,
-        "seconds": round(result.seconds, 2),
-    }
-    if as_json:
-        _print_json(summary)
-    else:
-        exact = sum(1 for t in result.provenance.get("tensors", {}).values() if t["exact"])
-        total = len(result.provenance.get("tensors", {}))
-        print(f"wrote {result.kind} draft to {result.out} ({result.spec}, MTP layer {result.layer})")
-        print(
-            f"fetched {human_bytes(result.bytes_fetched)} of a {human_bytes(result.checkpoint_bytes)} checkpoint "
-            f"in {result.seconds:.1f} s; {exact}/{total} tensors transferred exactly (see provenance.json)"
-        )
+    print(output.to_json(output.convert_summary(result)) if as_json else output.convert_text(result))
 
 
 # ---- distill / evaluate / dump-hidden (pipeline stages 2 and 3) ----------------------------------------------------
-Data = Annotated[Path, typer.Option("--data", help="JSONL: {'text': ...} or {'messages': [...]} per line.")]
-Target = Annotated[str, typer.Option("--target", help="Target model: hub repo id or local directory.")]
-SkipBad = Annotated[bool, typer.Option("--skip-bad", help="Skip malformed data lines (counted) instead of failing.")]
+# distill's options, one line each in its signature (help texts as `mtp2draft distill --help` shows them)
+DraftDir = Annotated[Path, typer.Argument(help="Draft directory from `convert` (mtp or eagle3).", show_default=False)]
+HiddenStates = Annotated[
+    Path | None, typer.Option("--hidden-states", help="Train from a `dump-hidden` directory instead of a target.")
+]
+DraftVocab = Annotated[
+    int | None, typer.Option("--draft-vocab-size", help="eagle3: keep the V most frequent target tokens.")
+]
+StepWeights = Annotated[
+    str | None, typer.Option("--step-weights", help="Loss weight per TTT step, e.g. '1,0.8,0.64' (default 0.8^s).")
+]
+DistillEngine = Annotated[
+    str | None,
+    typer.Option(
+        "--engine",
+        help=f"Train for what this engine computes ({_choices('engines')}; facts per family: `mtp2draft specs`).",
+    ),
+]
+Handover = Annotated[
+    str | None, typer.Option("--hidden-handover", help="mtp: post_norm | pre_norm, overriding --engine's hand-over.")
+]
+Regenerate = Annotated[
+    bool, typer.Option("--regenerate", help="Train on the target's own responses to the data's prompts.")
+]
+Device = Annotated[str | None, typer.Option("--device", help="cpu, cuda, cuda:N (default: cuda when available).")]
+Precision = Annotated[
+    str | None, typer.Option("--precision", help="fp32 or bf16 (default: bf16 on CUDA, fp32 elsewhere).")
+]
+TrainSubset = Annotated[str, typer.Option("--train-subset", help=f"Parameters to train: {_choices('subsets', ', ')}.")]
+Checkpointing = Annotated[
+    bool, typer.Option("--activation-checkpointing", help="Recompute the block's MLP in backward.")
+]
+Plan = Annotated[bool, typer.Option("--plan", help="Print the per-rank memory plan (every --train-subset) and exit.")]
+WorldSize = Annotated[
+    int | None, typer.Option("--world-size", help="With --plan: ranks to plan for (default: torchrun's, or 1).")
+]
 
 
-def _numbers(text: str | None, option: str, cast: type = float) -> list | None:
-    """'1,0.8,0.64' -> [1.0, 0.8, 0.64] (cast: float or int); a malformed list is a usage error naming the option."""
-    if not text:
-        return None
-    try:
-        return [cast(x) for x in text.split(",")]
-    except ValueError:
-        what = "whole numbers" if cast is int else "numbers"
-        raise typer.BadParameter(f"expected {what} separated by commas, got {text!r}", param_hint=option) from None
+# The options `distill` and `run` pass on to DistillConfig: each command names them as the config's fields
+TRAINING_OPTIONS = ("steps", "ttt_steps", "lr", "batch_size", "max_length", "draft_vocab_size", "seed", "save_every")
+TRAINING_OPTIONS += ("engine", "hidden_handover", "precision", "train_subset", "activation_checkpointing")
+
+
+def _distill_config(options: dict[str, Any]) -> Any:
+    """The DistillConfig of a command's options (its `locals()`): the TRAINING_OPTIONS it has, `--step-weights`
+    parsed to numbers, and `--compile` (`compile_` in Python); what a command lacks keeps the config's default."""
+    from .distill import DistillConfig
+
+    given = {name: options[name] for name in TRAINING_OPTIONS if name in options}
+    given["step_weights"] = _numbers(options.get("step_weights"), "--step-weights")
+    given["compile"] = options.get("compile_", False)
+    return DistillConfig(**given)
 
 
 @app.command()
 def distill(
-    draft: Annotated[Path, typer.Argument(help="Draft directory from `convert` (mtp or eagle3).", show_default=False)],
-    out: Annotated[Path, typer.Option("--out", help="Output draft directory.", show_default=False)],
+    draft: DraftDir,
+    out: Out,
     target: Annotated[str | None, typer.Option("--target", help="Target: hub repo id or local directory.")] = None,
     data: Annotated[Path | None, typer.Option("--data", help="Training JSONL (text or chat records).")] = None,
-    hidden_states: Annotated[
-        Path | None, typer.Option("--hidden-states", help="Train from a `dump-hidden` directory instead of a target.")
-    ] = None,
+    hidden_states: HiddenStates = None,
     steps: Annotated[int, typer.Option("--steps", help="Optimizer steps.")] = 300,
     ttt_steps: Annotated[int, typer.Option("--ttt-steps", help="Draft steps unrolled per position (K).")] = 3,
     lr: Annotated[float, typer.Option("--lr", help="Peak learning rate (AdamW, warm-up + cosine).")] = 1e-4,
-    batch_size: Annotated[int, typer.Option("--batch-size", help="Sequences per step.")] = 8,
-    max_length: Annotated[int, typer.Option("--max-length", help="Tokens per sequence.")] = 256,
-    draft_vocab_size: Annotated[
-        int | None, typer.Option("--draft-vocab-size", help="eagle3: keep the V most frequent target tokens.")
-    ] = None,
-    step_weights: Annotated[
-        str | None, typer.Option("--step-weights", help="Loss weight per TTT step, e.g. '1,0.8,0.64' (default 0.8^s).")
-    ] = None,
-    engine: Annotated[
-        str | None,
-        typer.Option(
-            "--engine",
-            help=f"Train for what this engine computes ({' | '.join(_engines())}; facts per family: `mtp2draft specs`).",
-        ),
-    ] = None,
-    hidden_handover: Annotated[
-        str | None,
-        typer.Option("--hidden-handover", help="mtp: post_norm | pre_norm, overriding --engine's hand-over."),
-    ] = None,
+    batch_size: BatchSize = 8,
+    max_length: MaxLength = 256,
+    draft_vocab_size: DraftVocab = None,
+    step_weights: StepWeights = None,
+    engine: DistillEngine = None,
+    hidden_handover: Handover = None,
     seed: Annotated[int, typer.Option("--seed", help="Seed of the data order.")] = 0,
     save_every: Annotated[int, typer.Option("--save-every", help="Checkpoint every N steps.")] = 50,
     resume: Annotated[bool, typer.Option("--resume", help="Continue from the newest checkpoint of --out.")] = False,
-    regenerate: Annotated[
-        bool, typer.Option("--regenerate", help="Train on the target's own responses to the data's prompts.")
-    ] = False,
+    regenerate: Regenerate = False,
     sample: Annotated[bool, typer.Option("--sample", help="With --regenerate: sample instead of greedy.")] = False,
     skip_bad: SkipBad = False,
     revision: Revision = None,
     token: Token = None,
-    overwrite: Annotated[bool, typer.Option("--overwrite", help="Replace a non-empty --out.")] = False,
-    device: Annotated[
-        str | None, typer.Option("--device", help="cpu, cuda, cuda:N (default: cuda when available).")
-    ] = None,
-    precision: Annotated[
-        str | None, typer.Option("--precision", help="fp32 or bf16 (default: bf16 on CUDA, fp32 elsewhere).")
-    ] = None,
-    train_subset: Annotated[
-        str, typer.Option("--train-subset", help=f"Parameters to train: {', '.join(_subsets())}.")
-    ] = "all",
-    activation_checkpointing: Annotated[
-        bool, typer.Option("--activation-checkpointing", help="Recompute the block's MLP in backward.")
-    ] = False,
+    overwrite: Overwrite = False,
+    device: Device = None,
+    precision: Precision = None,
+    train_subset: TrainSubset = "all",
+    activation_checkpointing: Checkpointing = False,
     compile_: Annotated[bool, typer.Option("--compile", help="torch.compile the draft's block (GPU runs).")] = False,
-    plan: Annotated[
-        bool, typer.Option("--plan", help="Print the per-rank memory plan (every --train-subset) and exit.")
-    ] = False,
-    world_size: Annotated[
-        int | None, typer.Option("--world-size", help="With --plan: ranks to plan for (default: torchrun's, or 1).")
-    ] = None,
+    plan: Plan = False,
+    world_size: WorldSize = None,
     as_json: AsJson = False,
 ) -> None:
     """Fine-tune a draft against the frozen target with training-time test (K unrolled draft steps).
@@ -268,72 +235,30 @@ def distill(
       --batch-size stays the global batch)
     * `mtp2draft distill ds3-mtp --out x --plan --world-size 8 --max-length 2048` (memory per rank, then exit)
     """
-    from .distill import DistillConfig, plan_memory
     from .distill import distill as run
     from .parallel import resolve_device
 
-    cfg = DistillConfig(
-        steps=steps,
-        ttt_steps=ttt_steps,
-        lr=lr,
-        batch_size=batch_size,
-        max_length=max_length,
-        draft_vocab_size=draft_vocab_size,
-        seed=seed,
-        step_weights=_numbers(step_weights, "--step-weights"),
-        save_every=save_every,
-        hidden_handover=hidden_handover,
-        engine=engine,
-        precision=precision,
-        train_subset=train_subset,
-        activation_checkpointing=activation_checkpointing,
-        compile=compile_,
-    )
+    cfg = _distill_config(locals())
     device = resolve_device(device)
     if plan:
-        from .memory import render
+        _print_plan(draft, cfg, world_size, device, offline=hidden_states is not None, as_json=as_json)
+        return
+    inputs = {"data": data, "target": target, "hidden_states": hidden_states, "skip_bad": skip_bad}
+    flags = {"resume": resume, "overwrite": overwrite, "regenerate_data": regenerate, "sample": sample}
+    hub = {"revision": revision, "token": token}
+    bar = sys.stderr.isatty()
+    result = run(draft, out, config=cfg, **inputs, **flags, **hub, device=device, progress=log, progress_bar=bar)
+    if result.is_main:  # other torchrun ranks: rank 0 reports
+        print(output.to_json(output.distill_summary(result)) if as_json else output.distill_text(result))
 
-        plans = plan_memory(draft, cfg, world_size, device, offline=hidden_states is not None)
-        if as_json:
-            _print_json([p.as_dict() for p in plans])
-        else:
-            print(render(plans))
-        return
-    result = run(
-        draft,
-        out,
-        data,
-        target,
-        hidden_states,
-        cfg,
-        revision,
-        token,
-        resume,
-        overwrite,
-        regenerate,
-        sample,
-        skip_bad,
-        device=device,
-        progress=log,
-        progress_bar=sys.stderr.isatty(),
-    )
-    if not result.is_main:  # other torchrun ranks: rank 0 reports
-        return
-    summary = {
-        "out": str(result.out),
-        "steps": result.steps,
-        "seconds": round(result.seconds, 1),
-        "accuracy_per_step": [round(a, 4) for a in result.per_step_accuracy],
-        "resumed_from": result.resumed_from,
-    }
-    if as_json:
-        _print_json(summary)
-    else:
-        acc = " ".join(f"{a:.3f}" for a in result.per_step_accuracy)
-        print(
-            f"wrote distilled draft to {result.out} ({result.steps} steps, {result.seconds:.0f} s); "
-            f"top-1 agreement per step: {acc}"
-        )
+
+def _print_plan(draft: Path, cfg: Any, world_size: int | None, device: str, offline: bool, as_json: bool) -> None:
+    """`distill --plan`: the per-rank memory plan of every --train-subset, without training."""
+    from .distill import plan_memory
+    from .memory import render
+
+    plans = plan_memory(draft, cfg, world_size, device, offline=offline)
+    print(output.to_json([p.as_dict() for p in plans]) if as_json else render(plans))
 
 
 @app.command()
@@ -346,7 +271,7 @@ def evaluate(
         typer.Option("--baseline", help="Other draft(s) to run on the same prompts, e.g. the raw MTP head."),
     ] = None,
     num_draft_tokens: Annotated[int, typer.Option("--num-draft-tokens", "-k", help="Draft tokens per step (k).")] = 4,
-    max_new_tokens: Annotated[int, typer.Option("--max-new-tokens", help="Tokens generated per prompt.")] = 64,
+    max_new_tokens: MaxNewTokens = 64,
     max_prompts: Annotated[int | None, typer.Option("--max-prompts", help="Use the first N prompts.")] = None,
     max_prompt_length: Annotated[int, typer.Option("--max-prompt-length", help="Keep the last N prompt tokens.")] = 256,
     save: Annotated[bool, typer.Option("--save", help="Write evaluation.json into the draft directory.")] = False,
@@ -369,44 +294,11 @@ def evaluate(
     from .evaluate import save_evaluation
 
     drafts = [("draft", str(draft))] + [(f"baseline: {b}", str(b)) for b in (baseline or [])]
-    report = run(
-        drafts,
-        target,
-        data,
-        num_draft_tokens,
-        max_new_tokens,
-        max_prompts,
-        max_prompt_length,
-        revision,
-        token,
-        skip_bad,
-        progress=log,
-    )
+    limits = (num_draft_tokens, max_new_tokens, max_prompts, max_prompt_length)
+    report = run(drafts, target, data, *limits, revision, token, skip_bad, progress=log)
     if save:
         log(f"saved {save_evaluation(draft, report)}")
-    if as_json:
-        _print_json(report)
-        return
-    print(
-        f"target {report['target']}, {report['num_prompts']} prompts, k = {report['num_draft_tokens']}, "
-        f"{report['max_new_tokens']} new tokens each"
-    )
-    print(format_acceptance_table(report["results"]))
-
-
-def format_acceptance_table(results: list[dict[str, Any]]) -> str:
-    k = max(r["num_draft_tokens"] for r in results)
-    head = ["draft", "accept len"] + [f"pos {j}" for j in range(1, k + 1)] + ["lossless"]
-    rows = [
-        [r["name"], f"{r['mean_acceptance_length']:.3f}"]
-        + [f"{a:.3f}" for a in r["acceptance_per_position"]]
-        + [""] * (k - r["num_draft_tokens"])
-        + ["yes" if r["lossless"] else "NO"]
-        for r in results
-    ]
-    widths = [max(len(str(x)) for x in col) for col in zip(head, *rows, strict=True)]
-    lines = ["  ".join(str(x).ljust(w) for x, w in zip(row, widths, strict=True)) for row in [head, *rows]]
-    return "\n".join(lines)
+    print(output.to_json(report) if as_json else output.evaluate_text(report))
 
 
 @app.command("dump-hidden")
@@ -419,12 +311,12 @@ def dump_hidden(
     ] = None,
     aux_layers: Annotated[str | None, typer.Option("--aux-layers", help="Aux layer ids 'low,mid,high'.")] = None,
     top_k: Annotated[int, typer.Option("--top-k", help="Target log-probs kept per position.")] = 64,
-    max_length: Annotated[int, typer.Option("--max-length", help="Tokens per sequence.")] = 256,
+    max_length: MaxLength = 256,
     shard_size: Annotated[int, typer.Option("--shard-size", help="Sequences per shard file.")] = 256,
     skip_bad: SkipBad = False,
     revision: Revision = None,
     token: Token = None,
-    overwrite: Annotated[bool, typer.Option("--overwrite", help="Replace a non-empty --out.")] = False,
+    overwrite: Overwrite = False,
 ) -> None:
     """Write the target's hidden states and top-k log-probs for offline distillation (`distill --hidden-states`).
 
@@ -453,24 +345,16 @@ def dump_hidden(
 
 
 # ---- export / validate / push / run (pipeline stage 4) -------------------------------------------------------------
-def _engines() -> list[str]:
-    from .spec import ENGINES
-
-    return list(ENGINES)
-
-
-def _formats(include_native: bool = False) -> list[str]:
-    from .formats import FORMATS, VALIDATE_FORMATS
-
-    return list(VALIDATE_FORMATS if include_native else FORMATS)
+Verifier = Annotated[
+    str | None,
+    typer.Option("--verifier", help="speculators: the target's hub id (default: the source converted from)."),
+]
 
 
 @app.command()
 def export(
     draft: Annotated[Path, typer.Argument(help="Draft directory (written by convert or distill).", show_default=False)],
-    format: Annotated[
-        str, typer.Option("--format", help=f"Engine format: {' | '.join(_formats())}.", show_default=False)
-    ],
+    format: Annotated[str, typer.Option("--format", help=f"Engine format: {_choices('formats')}.", show_default=False)],
     out: Annotated[Path, typer.Option("--out", help="Output directory.", show_default=False)],
     target: Annotated[
         str | None,
@@ -484,13 +368,10 @@ def export(
     speculative_tokens: Annotated[
         int, typer.Option("--speculative-tokens", help="speculators: k written into the proposal method.")
     ] = 3,
-    verifier: Annotated[
-        str | None,
-        typer.Option("--verifier", help="speculators: the target's hub id (default: the source converted from)."),
-    ] = None,
+    verifier: Verifier = None,
     revision: Revision = None,
     token: Token = None,
-    overwrite: Annotated[bool, typer.Option("--overwrite", help="Replace a non-empty --out.")] = False,
+    overwrite: Overwrite = False,
     as_json: AsJson = False,
 ) -> None:
     """Write a draft in the format a serving engine loads; the output is validated before it appears.
@@ -506,24 +387,11 @@ def export(
     """
     from .export import export as run
 
+    hub = {"revision": revision, "token": token}
     result = run(
-        draft,
-        format,
-        out,
-        target,
-        overwrite,
-        dtype,
-        speculative_tokens,
-        revision,
-        token,
-        progress=log,
-        verifier=verifier,
+        draft, format, out, target, overwrite, dtype, speculative_tokens, **hub, verifier=verifier, progress=log
     )
-    summary = {"out": str(result.out), "format": result.format, "files": result.files, "seconds": result.seconds}
-    if as_json:
-        _print_json(summary)
-    else:
-        print(f"wrote {result.format} export of {draft} to {result.out} ({', '.join(result.files)})")
+    print(output.to_json(output.export_summary(result)) if as_json else output.export_text(result, draft))
 
 
 @app.command()
@@ -531,7 +399,7 @@ def validate(
     path: Annotated[Path, typer.Argument(help="Directory to check.", show_default=False)],
     format: Annotated[
         str | None,
-        typer.Option("--format", help=f"{' | '.join(_formats(True))} (default: from config.json).", show_default=False),
+        typer.Option("--format", help=f"{_choices('validate')} (default: from config.json).", show_default=False),
     ] = None,
     target: Annotated[
         str | None,
@@ -547,6 +415,8 @@ def validate(
     Examples: `mtp2draft validate glm-eagle3-sglang` · `mtp2draft validate ds3-stitched --format stitched --json` ·
     `mtp2draft validate glm-eagle3-sglang --target zai-org/GLM-4.5-Air`
     """
+    import json
+
     from .errors import ValidationError
     from .export import detect_format
     from .export import validate as run
@@ -554,13 +424,9 @@ def validate(
     violations = run(path, format, target, revision, token)
     fmt = format or detect_format(json.loads((path / "config.json").read_text()))
     if as_json:
-        _print_json({"path": str(path), "format": fmt, "ok": not violations, "violations": violations})
-    elif violations:
-        print(f"{path}: {len(violations)} violation(s) of the {fmt} format")
-        for v in violations:
-            print(f"  - {v}")
+        print(output.to_json({"path": str(path), "format": fmt, "ok": not violations, "violations": violations}))
     else:
-        print(f"{path}: valid {fmt} draft")
+        print(output.validate_text(path, fmt, violations))
     if violations:  # the list went to stdout; the one-line error and the exit status come from main()
         raise ValidationError(f"{path}: {len(violations)} violation(s) of the {fmt} format", violations)
 
@@ -589,11 +455,7 @@ def push(
     from .hub import push as run
 
     result = run(path, repo_id, private, revision, commit_message, token, progress=log)
-    if as_json:
-        _print_json(result.__dict__)
-    else:
-        print(result.url)
-        print(f"commit {result.commit}  {result.commit_url}")
+    print(output.to_json(result.__dict__) if as_json else f"{result.url}\ncommit {result.commit}  {result.commit_url}")
 
 
 @app.command("run")
@@ -603,7 +465,7 @@ def run_all(
     work: Annotated[Path, typer.Option("--work", help="Work directory: every stage's output is kept here.")],
     to: Annotated[
         str | None,
-        typer.Option("--to", help=f"Draft kind: {' | '.join(_kinds())} (default: eagle3 where an engine serves it)."),
+        typer.Option("--to", help=f"Draft kind: {_choices('kinds')} (default: eagle3 where an engine serves it)."),
     ] = None,
     target: Annotated[str | None, typer.Option("--target", help="Target to distill against (default: SOURCE).")] = None,
     eval_data: Annotated[
@@ -617,17 +479,17 @@ def run_all(
     steps: Annotated[int, typer.Option("--steps", help="Distillation steps.")] = 300,
     ttt_steps: Annotated[int, typer.Option("--ttt-steps", help="Draft steps unrolled per position.")] = 3,
     lr: Annotated[float, typer.Option("--lr", help="Peak learning rate.")] = 1e-4,
-    batch_size: Annotated[int, typer.Option("--batch-size", help="Sequences per step.")] = 8,
-    max_length: Annotated[int, typer.Option("--max-length", help="Tokens per sequence.")] = 256,
+    batch_size: BatchSize = 8,
+    max_length: MaxLength = 256,
     draft_vocab_size: Annotated[int | None, typer.Option("--draft-vocab-size", help="eagle3 draft vocabulary.")] = None,
     regenerate: Annotated[bool, typer.Option("--regenerate", help="Train on the target's own responses.")] = False,
     num_draft_tokens: Annotated[int, typer.Option("--num-draft-tokens", "-k", help="Draft tokens per step.")] = 4,
-    max_new_tokens: Annotated[int, typer.Option("--max-new-tokens", help="Tokens generated per prompt.")] = 64,
+    max_new_tokens: MaxNewTokens = 64,
     max_prompts: Annotated[int | None, typer.Option("--max-prompts", help="Evaluation prompts.")] = 20,
     layer: Annotated[int | None, typer.Option("--layer", help="MTP layer index.")] = None,
     engine: Annotated[
         str | None,
-        typer.Option("--engine", help=f"Train for what this engine computes ({' | '.join(_engines())})."),
+        typer.Option("--engine", help=f"Train for what this engine computes ({_choices('engines')})."),
     ] = None,
     revision: Revision = None,
     token: Token = None,
@@ -637,43 +499,15 @@ def run_all(
 
     Example: `mtp2draft run zai-org/GLM-4.5-Air --data chats.jsonl --eval-data prompts.jsonl --to eagle3 --regenerate --work glm-run --push me/GLM-4.5-Air-eagle3`
     """
-    from .distill import DistillConfig
     from .run import run
 
-    cfg = DistillConfig(
-        steps=steps,
-        ttt_steps=ttt_steps,
-        lr=lr,
-        batch_size=batch_size,
-        max_length=max_length,
-        draft_vocab_size=draft_vocab_size,
-        engine=engine,
-    )
-    result = run(
-        source,
-        work,
-        data,
-        to,
-        target,
-        eval_data,
-        fmt,
-        push_repo,
-        cfg,
-        num_draft_tokens,
-        max_new_tokens,
-        max_prompts,
-        layer,
-        revision,
-        token,
-        private,
-        regenerate,
-        overwrite,
-        progress=log,
-    )
-    print(format_acceptance_table(result.report["results"]))
-    print(f"export: {result.exported}")
-    if result.push is not None:
-        print(f"pushed: {result.push.url} (commit {result.push.commit})")
+    cfg = _distill_config(locals())
+    stages = {"to": to, "target": target, "eval_data": eval_data, "fmt": fmt, "push_repo": push_repo}
+    limits = {"num_draft_tokens": num_draft_tokens, "max_new_tokens": max_new_tokens, "max_prompts": max_prompts}
+    hub = {"revision": revision, "token": token, "private": private}
+    flags = {"layer": layer, "regenerate": regenerate, "overwrite": overwrite}
+    result = run(source, work, data, **stages, distill_config=cfg, **limits, **hub, **flags, progress=log)
+    print(output.run_text(result))
 
 
 @app.command()
@@ -689,12 +523,7 @@ def demo(
     """
     from .run import demo as run_demo
 
-    result = run_demo(work, steps, progress=log)
-    report = result.report
-    print(f"\ntarget {report['target']}: {report['num_prompts']} held-out prompts, k = {report['num_draft_tokens']}")
-    print(format_acceptance_table(report["results"]))
-    print("\nstage times: " + ", ".join(f"{k} {v:.0f} s" for k, v in result.stages.items()))
-    print(f"drafts and the {result.exported.name} export are in {result.work}")
+    print(output.demo_text(run_demo(work, steps, progress=log)))
 
 
 # ---- entry point -----------------------------------------------------------------------------------------------------
