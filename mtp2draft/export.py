@@ -73,24 +73,8 @@ def export(
     required by `stitched`, optional for `nextn` (its dtypes and FP8 layout then come from the target's headers
     rather than the draft's provenance). speculative_tokens: k written into the speculators proposal method.
     """
-    formats = exportable()
-    if format not in formats:
-        raise SourceError(f"--format must be one of {', '.join(formats)}, got {format!r}")
-    if dtype not in DTYPES:
-        raise SourceError(f"--dtype must be one of {', '.join(DTYPES)}, got {dtype!r}")
-    if speculative_tokens < 1:
-        raise SourceError(f"--speculative-tokens must be at least 1, got {speculative_tokens}")
     src = Path(draft)
-    cfg = read_draft_config(src)
-    kind = detect_kind(cfg, "export reads directories written by `convert` or `distill`")
-    if formats[format] is not kind:
-        other = [f for f, k in formats.items() if k is kind]
-        raise DraftError(
-            f"--format {format} takes {formats[format].a_draft} draft; "
-            f"{src} is {kind.a_draft} draft (use --format {' or '.join(other)})"
-        )
-    if REGISTRY[format].needs_target and not target:
-        raise SourceError(f"--format {format} needs --target: the checkpoint whose MTP layer the draft replaces")
+    cfg = _checked_request(src, format, target, dtype, speculative_tokens)
     check_output_dir(out, overwrite, inputs=[draft, target])
     started = time.perf_counter()
     provenance = _read_json(src / PROVENANCE_FILE) or {}
@@ -122,17 +106,44 @@ def export(
         provenance = {**provenance, "export": record}
         write_json(tmp / PROVENANCE_FILE, provenance)
         progress(f"validating the {format} export")
-        violations = validate(tmp, format)
-        if violations:
-            more = f" (+{len(violations) - 3} more)" if len(violations) > 3 else ""
-            raise ValidationError(
-                f"the {format} export of {src} violates its format ({len(violations)}): "
-                + "; ".join(violations[:3])
-                + more,
-                violations,
-            )
+        _refuse_violations(validate(tmp, format), format, src)
         files = sorted(p.name for p in tmp.iterdir())
     return ExportResult(Path(out), format, files, time.perf_counter() - started, provenance)
+
+
+def _checked_request(src: Path, format: str, target: str | None, dtype: str, speculative_tokens: int) -> dict:
+    """The draft's config.json, once the options make sense for it: a format `export` writes, of the draft's kind,
+    with the target it needs; one line (SourceError, DraftError) before any work otherwise."""
+    formats = exportable()
+    if format not in formats:
+        raise SourceError(f"--format must be one of {', '.join(formats)}, got {format!r}")
+    if dtype not in DTYPES:
+        raise SourceError(f"--dtype must be one of {', '.join(DTYPES)}, got {dtype!r}")
+    if speculative_tokens < 1:
+        raise SourceError(f"--speculative-tokens must be at least 1, got {speculative_tokens}")
+    cfg = read_draft_config(src)
+    kind = detect_kind(cfg, "export reads directories written by `convert` or `distill`")
+    if formats[format] is not kind:
+        other = [f for f, k in formats.items() if k is kind]
+        raise DraftError(
+            f"--format {format} takes {formats[format].a_draft} draft; "
+            f"{src} is {kind.a_draft} draft (use --format {' or '.join(other)})"
+        )
+    if REGISTRY[format].needs_target and not target:
+        raise SourceError(f"--format {format} needs --target: the checkpoint whose MTP layer the draft replaces")
+    return cfg
+
+
+def _refuse_violations(violations: list[str], format: str, src: Path) -> None:
+    """An export whose own output breaks its format is an error listing them all (the first three in its line)."""
+    if violations:
+        more = f" (+{len(violations) - 3} more)" if len(violations) > 3 else ""
+        raise ValidationError(
+            f"the {format} export of {src} violates its format ({len(violations)}): "
+            + "; ".join(violations[:3])
+            + more,
+            violations,
+        )
 
 
 # ---- validation -------------------------------------------------------------------------------------------------

@@ -382,7 +382,13 @@ def _body(
     trained = _trained_for(cfg, prov)
     if trained:
         out += ["", trained]
-    out += ["", "## Provenance", ""]
+    out += ["", "## Provenance", ""] + _provenance(cfg, prov, target)
+    return "\n".join(out) + "\n"
+
+
+def _provenance(cfg: Mapping[str, Any], prov: Mapping[str, Any], target: str | None) -> list[str]:
+    """The card's provenance section: where the draft came from and which mtp2draft made it, then the distillation
+    settings as a table when it was distilled."""
     export = prov.get("export") or {}
     facts = [
         ("target", prov.get("source") or target),
@@ -399,11 +405,12 @@ def _body(
         ("exported with", f"mtp2draft {export['version']}" if export.get("version") else None),
         ("pushed with", f"mtp2draft {__version__}"),
     ]
-    out += [f"- {key}: {value}" for key, value in facts if value not in (None, "", [])]
+    out = [f"- {key}: {value}" for key, value in facts if value not in (None, "", [])]
+    distill = prov.get("distill")
     if isinstance(distill, Mapping):
         out += ["", "### Distillation", "", "| setting | value |", "|---|---|"]
         out += [f"| {key} | {_cell(value)} |" for key, value in distill.items()]
-    return "\n".join(out) + "\n"
+    return out
 
 
 def _spec_of(cfg: Mapping[str, Any], prov: Mapping[str, Any]) -> Spec | None:

@@ -12,6 +12,9 @@ What this module does not do: implement any stage itself.
 
 from __future__ import annotations
 
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -77,8 +80,6 @@ def run(
 ) -> RunResult:
     """Convert SOURCE's MTP layer, distill it against the target (SOURCE itself unless `target` is given), evaluate
     it beside the untouched MTP head, export it for the engines and, with `push_repo`, publish it."""
-    import time
-
     work = Path(work)
     check_output_dir(work, overwrite, inputs=[source, target, data, eval_data])
     target = target or source
@@ -95,88 +96,52 @@ def run(
     stages: dict[str, float] = {}
     work.mkdir(parents=True, exist_ok=True)
     mark(work)  # a later `run --overwrite` may replace it
+    hub = {"revision": revision, "token": token}
+    inside = {"overwrite": True, "progress": progress}  # the stages write inside `work`, checked above
+    distilled, exported = work / "distilled", work / f"export-{fmt}"
 
-    t = time.perf_counter()
-    progress(f"[1/5] convert {source} -> raw MTP head and {to} draft")
-    raw = work / "raw-mtp"
-    convert(
-        source, raw, to=DraftKind.MTP, layer=layer, revision=revision, token=token, overwrite=True, progress=progress
-    )
-    start = raw
-    if to == DraftKind.EAGLE3:
-        start = work / "raw-eagle3"
-        convert(
-            source,
-            start,
-            to=DraftKind.EAGLE3,
-            layer=layer,
-            revision=revision,
-            token=token,
-            overwrite=True,
-            progress=progress,
-        )
-    stages["convert"] = time.perf_counter() - t
-
-    t = time.perf_counter()
-    progress(f"[2/5] distill against {target}")
-    distilled = work / "distilled"
-    distill(
-        start,
-        distilled,
-        data,
-        target,
-        config=distill_config or DistillConfig(),
-        revision=revision,
-        token=token,
-        overwrite=True,
-        regenerate_data=regenerate,
-        progress=progress,
-    )
-    stages["distill"] = time.perf_counter() - t
-
-    t = time.perf_counter()
-    progress(f"[3/5] evaluate (k = {num_draft_tokens}) beside the raw MTP head")
-    report = evaluate(
-        [("distilled " + to, str(distilled)), ("raw MTP head (baseline)", str(raw))],
-        target,
-        eval_data,
-        num_draft_tokens,
-        max_new_tokens,
-        max_prompts,
-        revision=revision,
-        token=token,
-        progress=progress,
-    )
-    save_evaluation(distilled, report)
-    stages["evaluate"] = time.perf_counter() - t
-
-    t = time.perf_counter()
-    progress(f"[4/5] export --format {fmt}")
-    exported = work / f"export-{fmt}"
-    export(
-        distilled,
-        fmt,
-        exported,
-        target=target if REGISTRY[fmt].reads_target else None,
-        overwrite=True,
-        speculative_tokens=num_draft_tokens,
-        revision=revision,
-        token=token,
-        progress=progress,
-    )
-    stages["export"] = time.perf_counter() - t
-
+    with _stage(stages, "convert", progress, f"[1/5] convert {source} -> raw MTP head and {to} draft"):
+        raw, start = _convert(source, work, to, layer, {**hub, **inside})
+    with _stage(stages, "distill", progress, f"[2/5] distill against {target}"):
+        config = distill_config or DistillConfig()
+        distill(start, distilled, data, target, config=config, regenerate_data=regenerate, **hub, **inside)
+    with _stage(stages, "evaluate", progress, f"[3/5] evaluate (k = {num_draft_tokens}) beside the raw MTP head"):
+        drafts = [("distilled " + to, str(distilled)), ("raw MTP head (baseline)", str(raw))]
+        limits = (num_draft_tokens, max_new_tokens, max_prompts)
+        report = evaluate(drafts, target, eval_data, *limits, **hub, progress=progress)
+        save_evaluation(distilled, report)
+    with _stage(stages, "export", progress, f"[4/5] export --format {fmt}"):
+        reads = target if REGISTRY[fmt].reads_target else None
+        export(distilled, fmt, exported, target=reads, speculative_tokens=num_draft_tokens, **hub, **inside)
     pushed = None
     if push_repo:
         from .hub import push
 
-        t = time.perf_counter()
-        progress(f"[5/5] push to {push_repo}")
-        pushed = push(exported, push_repo, private=private, token=token, progress=progress)
-        stages["push"] = time.perf_counter() - t
+        with _stage(stages, "push", progress, f"[5/5] push to {push_repo}"):
+            pushed = push(exported, push_repo, private=private, token=token, progress=progress)
     else:
         progress("[5/5] push skipped (no --push)")
     return RunResult(work, raw, distilled, exported, report, pushed, stages)
+
+
+@contextmanager
+def _stage(stages: dict[str, float], name: str, progress: Progress, line: str) -> Iterator[None]:
+    """Announce a stage and record its wall time in `stages[name]` (seconds), as the demo prints them."""
+    started = time.perf_counter()
+    progress(line)
+    yield
+    stages[name] = time.perf_counter() - started
+
+
+def _convert(source: str, work: Path, to: str, layer: int | None, options: dict[str, Any]) -> tuple[Path, Path]:
+    """The raw MTP head (`raw-mtp/`, the evaluation's baseline) and the draft to distill: that head itself, or for
+    `--to eagle3` an EAGLE-3 draft converted beside it (`raw-eagle3/`)."""
+    outs = {DraftKind.MTP: work / "raw-mtp"}
+    if to == DraftKind.EAGLE3:
+        outs[DraftKind.EAGLE3] = work / "raw-eagle3"
+    for kind, out in outs.items():
+        convert(source, out, to=kind, layer=layer, **options)
+    return outs[DraftKind.MTP], out
 
 
 def demo(work: str | Path, steps: int = 150, overwrite: bool = True, progress: Progress = lambda _: None) -> RunResult:
