@@ -687,23 +687,6 @@ def test_export_validates_its_own_output_and_writes_nothing_when_broken(eagle3: 
     assert not (tmp_path / "out").exists() and not [p for p in tmp_path.iterdir() if p.name.startswith(".out")]
 
 
-def test_cli_export_and_validate(eagle3: Path, sglang_dir: Path, tmp_path: Path, capsys) -> None:
-    code, out, err = run_cli(
-        capsys, "export", str(eagle3), "--format", "speculators", "--out", str(tmp_path / "s"), "--json"
-    )
-    assert code == 0 and json.loads(out)["format"] == "speculators" and "validating" in err
-    code, out, _ = run_cli(capsys, "validate", str(tmp_path / "s"))
-    assert code == 0 and "valid speculators draft" in out
-    broken = _mutate(sglang_dir, tmp_path / "b", weights=lambda w: w.pop("d2t"))
-    code, out, err = run_cli(capsys, "validate", str(broken))
-    assert code != 0 and "d2t is missing" in out and err.count("error:") == 1 and "1 violation(s)" in err
-    code, out, _ = run_cli(capsys, "validate", str(broken), "--json")
-    report = json.loads(out)
-    assert code != 0 and report["format"] == "sglang" and not report["ok"] and report["violations"]
-    code, out, err = run_cli(capsys, "validate", str(tmp_path / "nowhere"))
-    assert code != 0 and err.startswith("error:") and "is not a directory" in err
-
-
 @pytest.mark.parametrize("format", ["sglang", "speculators"])
 def test_full_vocabulary_exports_carry_no_vocab_maps(eagle3: Path, work: Path, tmp_path: Path, format: str) -> None:
     """vLLM 0.32 refuses a full-vocabulary EAGLE-3 draft holding d2t ('no module or parameter named

@@ -1,0 +1,188 @@
+"""The command line's own contract (cli.py, cli_output.py): data on stdout and logs on stderr, one formatter that turns
+every known failure into one line with its exit status, option lists parsed into numbers, training options reaching
+DistillConfig by name, and the texts the commands print. The stages themselves are tested in their own files."""
+
+from __future__ import annotations
+
+import errno
+import inspect
+import json
+import sys
+from dataclasses import fields
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+from safetensors.torch import load_file, save_file
+
+from mtp2draft import cli
+from mtp2draft.cli import main
+from mtp2draft.cli_output import acceptance_table, validate_text
+from mtp2draft.convert import convert
+from mtp2draft.distill import DistillConfig
+from mtp2draft.errors import DraftError, SourceError
+from mtp2draft.spec import registry
+
+SECRET = "hf_" + "Zq9w" * 9
+
+
+def run_cli(capsys, *args: str) -> tuple[int, str, str]:
+    code = main(list(args))
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+# ---- streams: data on stdout, progress on stderr -----------------------------------------------------------------
+def test_convert_prints_data_on_stdout_and_progress_on_stderr(build, tmp_path: Path, capsys) -> None:
+    src = str(build("deepseek_v3"))
+    code, out, err = run_cli(capsys, "convert", src, "--out", str(tmp_path / "j"), "--json")
+    summary = json.loads(out)  # stdout is exactly one JSON document
+    assert code == 0 and summary["draft_kind"] == "mtp" and summary["out"] == str(tmp_path / "j")
+    assert summary["bytes_fetched"] <= summary["checkpoint_bytes"] and err.strip()
+    code, out, err = run_cli(capsys, "convert", src, "--out", str(tmp_path / "t"))
+    lines = out.splitlines()
+    assert code == 0 and len(lines) == 2 and lines[0].startswith(f"wrote mtp draft to {tmp_path / 't'} (")
+    assert "tensors transferred exactly" in lines[1] and "wrote mtp draft" not in err
+
+
+def test_specs_json_lists_the_registry(capsys) -> None:
+    code, out, err = run_cli(capsys, "specs", "--json")
+    assert code == 0 and err == ""
+    assert [row["name"] for row in json.loads(out)] == list(registry())
+    code, out, _ = run_cli(capsys, "specs")
+    names = [line.split()[0] for line in out.split("\n\n")[0].splitlines()]
+    assert code == 0 and names == list(registry()) and "engine support" in out
+
+
+def test_cli_export_and_validate(build, tmp_path: Path, capsys) -> None:
+    """export --json, validate's text / JSON / exit status on a good, a broken and a missing directory."""
+    eagle3 = tmp_path / "e3"
+    convert(str(build("mimo", num_hidden_layers=6)), eagle3, to="eagle3", dtype="float32")
+    code, out, err = run_cli(capsys, "export", str(eagle3), "--format", "speculators", "--out", str(tmp_path / "s"))
+    assert code == 0 and out.startswith(f"wrote speculators export of {eagle3} to {tmp_path / 's'} (") and err
+    code, out, err = run_cli(
+        capsys, "export", str(eagle3), "--format", "sglang", "--out", str(tmp_path / "g"), "--json"
+    )
+    assert code == 0 and json.loads(out)["format"] == "sglang" and "validating" in err
+    code, out, _ = run_cli(capsys, "validate", str(tmp_path / "s"))
+    assert code == 0 and out == f"{tmp_path / 's'}: valid speculators draft\n"
+    weights = tmp_path / "g" / "model.safetensors"
+    save_file({k: v for k, v in load_file(str(weights)).items() if k != "fc.weight"}, str(weights), {"format": "pt"})
+    code, out, err = run_cli(capsys, "validate", str(tmp_path / "g"))
+    assert code == 2 and "fc.weight" in out and err.count("error:") == 1 and "violation(s)" in err
+    code, out, _ = run_cli(capsys, "validate", str(tmp_path / "g"), "--json")
+    report = json.loads(out)
+    assert code == 2 and report["format"] == "sglang" and report["ok"] is False
+    assert any("fc.weight" in v for v in report["violations"])
+    code, out, err = run_cli(capsys, "validate", str(tmp_path / "nowhere"))
+    assert code == 2 and out == "" and err == f"error: {tmp_path / 'nowhere'} is not a directory\n"
+
+
+# ---- the one error formatter -------------------------------------------------------------------------------------
+def test_a_known_error_is_one_redacted_line_and_its_exit_status(monkeypatch, capsys) -> None:
+    def fails(*_a, **_k):
+        raise SourceError(f"cannot read org/x with token {SECRET}")
+
+    monkeypatch.setattr(sys.modules["mtp2draft.convert"], "inspect_checkpoint", fails)
+    code, out, err = run_cli(capsys, "inspect", "org/x", "--token", SECRET)
+    assert (code, out) == (SourceError.exit_code, "")
+    assert err == "error: cannot read org/x with token ***\n"
+
+
+def test_debug_shows_the_traceback(monkeypatch, capsys) -> None:
+    def fails(*_a, **_k):
+        raise DraftError("broken")
+
+    monkeypatch.setattr(sys.modules["mtp2draft.convert"], "inspect_checkpoint", fails)
+    monkeypatch.setenv("MTP2DRAFT_DEBUG", "1")
+    with pytest.raises(DraftError, match="broken"):
+        main(["inspect", "org/x"])
+
+
+def test_an_os_error_is_one_line_with_the_path_and_status_1(monkeypatch, capsys) -> None:
+    def full(*_a, **_k):
+        raise OSError(errno.ENOSPC, "No space left on device", "/data/out")
+
+    monkeypatch.setattr("mtp2draft.spec.registry", full)
+    assert run_cli(capsys, "specs") == (1, "", "error: No space left on device: /data/out\n")
+
+
+def test_interrupt_is_status_130_without_a_traceback(monkeypatch, capsys) -> None:
+    def interrupted(*_a, **_k):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr("mtp2draft.spec.registry", interrupted)
+    code, out, err = run_cli(capsys, "specs")
+    assert (code, out) == (130, "") and "Traceback" not in err
+
+
+def test_usage_errors_are_click_usage_messages(capsys) -> None:
+    code, out, err = run_cli(capsys, "no-such-command")
+    assert code == 2 and out == "" and "Usage:" in err and "No such command" in err
+    code, _, err = run_cli(capsys, "distill", "d", "--out", "o", "--step-weights", "1,a")
+    assert code == 2 and "--step-weights" in err and "expected numbers separated by commas, got '1,a'" in err
+    code, _, err = run_cli(capsys, "convert", "src", "--out", "o", "--aux-layers", "1,2.5,3")
+    assert code == 2 and "expected whole numbers separated by commas" in err
+    assert run_cli(capsys, "--help")[0] == 0
+
+
+# ---- parsing -----------------------------------------------------------------------------------------------------
+def test_number_lists() -> None:
+    assert cli._numbers("1,0.8,0.64", "--step-weights") == [1.0, 0.8, 0.64]
+    assert cli._numbers("3,5,7", "--aux-layers", int) == [3, 5, 7]
+    assert cli._numbers(None, "--aux-layers", int) is None and cli._numbers("", "--x") is None
+
+
+def test_training_options_reach_the_config_by_name() -> None:
+    """Each name `distill` and `run` pass on is a DistillConfig field and a `distill` option: a renamed field or
+    option fails here rather than silently training with the default."""
+    config_fields = {f.name for f in fields(DistillConfig)}
+    distill_options = set(inspect.signature(cli.distill).parameters)
+    assert set(cli.TRAINING_OPTIONS) <= config_fields & distill_options
+    options = {
+        "steps": 7,
+        "ttt_steps": 2,
+        "seed": 3,
+        "step_weights": "1,0.5",
+        "compile_": True,
+        "device": "cpu",
+        "lr": 0.5,
+    }
+    assert cli._distill_config(options) == DistillConfig(
+        steps=7, ttt_steps=2, seed=3, lr=0.5, step_weights=[1.0, 0.5], compile=True
+    )
+    run_options = set(inspect.signature(cli.run_all).parameters) & set(cli.TRAINING_OPTIONS)
+    assert run_options == {"steps", "ttt_steps", "lr", "batch_size", "max_length", "draft_vocab_size", "engine"}
+
+
+# ---- texts -------------------------------------------------------------------------------------------------------
+def _row(name: str, mal: float, acc: list[float], lossless: bool = True) -> dict:
+    return {
+        "name": name,
+        "num_draft_tokens": len(acc),
+        "mean_acceptance_length": mal,
+        "acceptance_per_position": acc,
+        "lossless": lossless,
+    }
+
+
+def test_acceptance_table_aligns_drafts_of_different_k() -> None:
+    table = acceptance_table([_row("draft", 2.5, [0.9, 0.5, 0.25]), _row("raw head", 1.25, [0.5], False)])
+    assert table.splitlines() == [
+        "draft     accept len  pos 1  pos 2  pos 3  lossless",
+        "draft     2.500       0.900  0.500  0.250  yes     ",
+        "raw head  1.250       0.500                NO      ",
+    ]
+
+
+def test_validate_text_lists_every_violation() -> None:
+    assert validate_text(Path("d"), "sglang", []) == "d: valid sglang draft"
+    assert validate_text(Path("d"), "nextn", ["a", "b"]) == "d: 2 violation(s) of the nextn format\n  - a\n  - b"
+
+
+def test_run_text_names_the_push_only_when_there_was_one() -> None:
+    report = {"results": [_row("distilled mtp", 2.0, [0.5, 0.5])]}
+    result = SimpleNamespace(report=report, exported=Path("w/export-nextn"), push=None)
+    assert cli.output.run_text(result).splitlines()[-1] == "export: w/export-nextn"
+    result.push = SimpleNamespace(url="https://hub/me/d", commit="abc")
+    assert cli.output.run_text(result).splitlines()[-1] == "pushed: https://hub/me/d (commit abc)"
