@@ -54,6 +54,7 @@ class Case:
     needle: str  # what the one line must say
     usage: bool = False  # a typer usage error (short usage message) rather than an "error:" line
     stdout: str = ""  # what stdout must say (validate lists violations there)
+    code: int = 2  # the exit status: 2 for a bad input or usage, 1 for the environment (an OSError: disk, permissions)
 
 
 CaseFn = Callable[[World, Path, pytest.MonkeyPatch, contextlib.ExitStack], Case]
@@ -480,7 +481,7 @@ def disk_full_while_converting(w, tmp, mp, stack):
         raise OSError(errno.ENOSPC, "No space left on device")
 
     mp.setattr("mtp2draft.io.SafetensorsWriter.write", full)
-    return Case(_convert(w.ds, tmp), "No space left on device")
+    return Case(_convert(w.ds, tmp), "No space left on device", code=1)
 
 
 @case
@@ -489,7 +490,7 @@ def disk_full_while_saving_a_distill_checkpoint(w, tmp, mp, stack):
         raise OSError(errno.ENOSPC, "No space left on device", str(checkpoint_id))
 
     mp.setattr("torch.distributed.checkpoint.save", full)  # checkpoints are DCP folders
-    return Case(_distill(w, tmp, "--save-every", "1"), "No space left on device")
+    return Case(_distill(w, tmp, "--save-every", "1"), "No space left on device", code=1)
 
 
 @case
@@ -502,7 +503,9 @@ def read_only_export_location(w, tmp, mp, stack):
         return real(src, dst)
 
     mp.setattr("mtp2draft.io.os.replace", read_only)
-    return Case(["export", str(w.ds_e3), "--format", "sglang", "--out", str(tmp / "out")], "Read-only file system")
+    return Case(
+        ["export", str(w.ds_e3), "--format", "sglang", "--out", str(tmp / "out")], "Read-only file system", code=1
+    )
 
 
 # ---- data ------------------------------------------------------------------------------------------------------------
@@ -687,7 +690,7 @@ def test_bad_input_fails_in_one_line_and_writes_nothing(
         before = _snapshot(tmp_path, world.root, world.ds, world.mimo)
         code = main(spec.argv)
         out, err = capsys.readouterr()
-    assert code != 0, (out, err)
+    assert code == spec.code, (out, err)
     assert "Traceback" not in err and "Traceback" not in out
     assert spec.stdout in out
     if spec.usage:

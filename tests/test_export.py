@@ -299,17 +299,17 @@ def test_deepseek_aux_ids_from_layer_0_are_refused_for_sglang(build, tmp_path: P
 def test_convert_refuses_eagle3_on_a_target_too_shallow_for_three_aux_layers(build, tmp_path: Path, capsys) -> None:
     """A 3-layer target has two capturable layers (outputs of 0 and 1): convert used to write aux ids [0, 0, 1],
     which its own export then refused. It refuses at once, in one line, before writing anything."""
-    from mtp2draft.errors import ShallowTargetError
+    from mtp2draft.errors import CheckpointError, ShallowTargetError
 
     target = build("mimo", num_hidden_layers=3)
     with pytest.raises(ShallowTargetError, match="at least 4 layers; this one has 3"):
         convert(str(target), tmp_path / "e3", to="eagle3")
     code, out, err = run_cli(capsys, "convert", str(target), "--to", "eagle3", "--out", str(tmp_path / "e3"))
     errors = [line for line in err.splitlines() if line.startswith("error:")]
-    assert code != 0 and out == "" and len(errors) == 1 and "Traceback" not in err
+    assert code == ShallowTargetError.exit_code and out == "" and len(errors) == 1 and "Traceback" not in err
     assert err.strip().splitlines()[-1] == errors[0] and "at least 4 layers" in errors[0]
     assert not (tmp_path / "e3").exists()
-    with pytest.raises(Exception, match="three distinct"):
+    with pytest.raises(CheckpointError, match=r"three distinct target layers in 0\.\.4, got \[1, 1, 2\]"):
         convert(str(build("mimo", num_hidden_layers=6)), tmp_path / "e3", to="eagle3", aux_layers=[1, 1, 2])
     convert(str(target), tmp_path / "mtp", to="mtp")  # the native draft needs no aux layers
 
@@ -345,7 +345,7 @@ def test_nextn_is_refused_for_a_family_without_nextn(build, work: Path, tmp_path
     code, out, err = run_cli(
         capsys, "export", str(tmp_path / "mimo-mtp"), "--format", "nextn", "--out", str(tmp_path / "o")
     )
-    assert code != 0 and out == "" and "Traceback" not in err
+    assert code == 2 and out == "" and "Traceback" not in err
     assert err.strip().startswith("error:") and "has no [nextn] section" in err and len(err.strip().splitlines()) == 1
     assert not (tmp_path / "o").exists()
 
@@ -449,7 +449,7 @@ def test_stitched_never_rewrites_a_tensor_shared_with_the_trunk(build, work: Pat
 def test_stitched_needs_a_target_and_the_right_one(build, work: Path, tmp_path: Path, capsys) -> None:
     _, draft = _perturbed_native(build, work, "deepseek_v3", "deepseek_v3-ft")
     code, out, err = run_cli(capsys, "export", str(draft), "--format", "stitched", "--out", str(tmp_path / "o"))
-    assert code != 0 and "needs --target" in err and not (tmp_path / "o").exists()
+    assert code == 2 and "needs --target" in err and not (tmp_path / "o").exists()
     with pytest.raises(DraftError, match="is a glm4_moe checkpoint"):
         export(draft, "stitched", tmp_path / "o", target=str(build("glm4_moe")))
     with pytest.raises(DraftError, match="takes an EAGLE-3 draft"):

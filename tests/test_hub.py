@@ -150,7 +150,7 @@ def _one_line_error(capsys, args: list[str], needle: str) -> None:
     code = main(args)
     out, err = capsys.readouterr()
     lines = [line for line in err.strip().splitlines() if line.startswith("error:")]
-    assert code != 0 and out == "" and len(lines) == 1 and needle in lines[0], err
+    assert code == 2 and out == "" and len(lines) == 1 and needle in lines[0], err
     assert "Traceback" not in err
 
 

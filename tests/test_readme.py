@@ -24,3 +24,14 @@ def test_readme_lists_every_spec() -> None:
     readme = (ROOT / "README.md").read_text()
     listed = set(re.findall(r"^\| `([a-z0-9_]+)` \|", readme, flags=re.M))
     assert listed == set(registry())
+
+
+def test_the_fast_subset_the_readme_names_keeps_the_engine_tests_out() -> None:
+    """A later `-m` replaces pyproject's `-m 'not engine'`, so the fast subset must exclude engine itself; and the
+    markers it names are registered (an unknown marker would select nothing and pass)."""
+    readme = (ROOT / "README.md").read_text()
+    expression = re.search(r'`scripts/test\.sh -m "([^"]+)"`', readme)
+    assert expression is not None, "the README no longer says how to run the fast subset"
+    assert {"not slow", "not engine"} <= {part.strip() for part in expression.group(1).split(" and ")}
+    pyproject = (ROOT / "pyproject.toml").read_text()
+    assert '"slow: ' in pyproject and '"engine: ' in pyproject and "addopts = \"-ra -m 'not engine'\"" in pyproject

@@ -70,7 +70,7 @@ def test_push_refuses_a_link_that_leads_outside_the_directory(build, hub, tmp_pa
     (tmp_path / "secret.txt").write_text("private notes")
     (tmp_path / "x" / "notes.txt").symlink_to(tmp_path / "secret.txt")
     capsys.readouterr()
-    assert main(["push", str(tmp_path / "x"), "--repo-id", "tester/draft"]) != 0
+    assert main(["push", str(tmp_path / "x"), "--repo-id", "tester/draft"]) == 2
     assert "leads outside" in capsys.readouterr().err and not hub.files("tester/draft")
 
 
@@ -89,7 +89,7 @@ def test_offline_rerun_reuses_what_an_online_convert_fetched(
     a, b = (tmp_path / "online" / "model.safetensors"), (tmp_path / "offline" / "model.safetensors")
     assert a.read_bytes() == b.read_bytes()
     # a revision never fetched online is still a clear one-line miss
-    assert main(["convert", "org/tiny", "--revision", "v9", "--out", str(tmp_path / "v9")]) != 0
+    assert main(["convert", "org/tiny", "--revision", "v9", "--out", str(tmp_path / "v9")]) == 2
     assert "not in the local cache" in capsys.readouterr().err
 
 
@@ -103,5 +103,5 @@ def test_overwrite_replaces_only_what_mtp2draft_wrote(build, tmp_path: Path, cap
     mine = tmp_path / "mine"
     mine.mkdir()
     (mine / "a.txt").write_text("keep")
-    assert main(["convert", src, "--out", str(mine), "--overwrite"]) != 0
+    assert main(["convert", src, "--out", str(mine), "--overwrite"]) == 2
     assert (mine / "a.txt").read_text() == "keep" and sorted(p.name for p in mine.iterdir()) == ["a.txt"]
