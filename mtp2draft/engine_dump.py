@@ -80,6 +80,14 @@ def vllm_environment(kv_cache_gib: int = 1, pythonpath: Path | None = None) -> d
     return env
 
 
+def resolve_target(source: str, revision: str | None, token: str | bool | None) -> Path:
+    """The target's local directory (a hub repo is downloaded into the HF cache), checked as `TargetModel` checks
+    it; both engines read the tokenizer and config from it."""
+    from .hidden import _local_path  # hidden.py's resolver (private there; one place to resolve a target)
+
+    return _local_path(source, revision, token)
+
+
 def extract_view(target: Path, out: Path) -> Path:
     """`target` as vLLM's extraction can load it: a directory of symlinks, or, for the model types in
     `VLLM_EXTRACT_VIEW`, a rewritten config.json and index and filtered copies of the shards holding dropped
@@ -140,12 +148,12 @@ class VllmTarget:
         progress: Callable[[str], None] = lambda _: None,
     ) -> None:
         from .checkpoint import open_checkpoint, read_config
-        from .hidden import _commit_of, _local_path
+        from .hidden import _commit_of
         from .layout import plan_mtp_layer, target_embed_key, target_head_key
         from .spec import find_spec
 
         self.source = source
-        self.path = _local_path(source, revision, token)
+        self.path = resolve_target(source, revision, token)
         self.raw_config = read_config(self.path)
         self.spec = find_spec(self.raw_config)
         text = self.spec.text_config(self.raw_config)
