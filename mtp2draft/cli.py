@@ -313,6 +313,12 @@ def dump_hidden(
     top_k: Annotated[int, typer.Option("--top-k", help="Target log-probs kept per position.")] = 64,
     max_length: MaxLength = 256,
     shard_size: Annotated[int, typer.Option("--shard-size", help="Sequences per shard file.")] = 256,
+    engine: Annotated[
+        str, typer.Option("--engine", help=f"What runs the target: {' | '.join(_dump_engines())}.")
+    ] = "transformers",
+    tensor_parallel_size: Annotated[
+        int, typer.Option("--tensor-parallel-size", help="--engine vllm: GPUs the target is split across.")
+    ] = 1,
     skip_bad: SkipBad = False,
     revision: Revision = None,
     token: Token = None,
@@ -326,9 +332,9 @@ def dump_hidden(
     """
     from .data import load_tokenizer, read_examples
     from .draft import load_draft
-    from .hidden import TargetModel, dump_hidden_states
+    from .engine_dump import dump_hidden as dump
+    from .engine_dump import resolve_target
 
-    tm = TargetModel(target, revision, token)
     ids = _numbers(aux_layers, "--aux-layers", int)
     final = None
     if draft is not None:
@@ -336,12 +342,22 @@ def dump_hidden(
         final = getattr(loaded, "input_hidden", None)  # the final hidden a native draft reads
         if ids is None:
             ids = loaded.aux_layer_ids if loaded.kind == DraftKind.EAGLE3 else None
-    examples, skipped = read_examples(data, load_tokenizer(tm.path), max_length, skip_bad)
+    examples, skipped = read_examples(
+        data, load_tokenizer(resolve_target(target, revision, token)), max_length, skip_bad
+    )
     if skipped:
         log(f"skipped {skipped} malformed line(s)")
     seqs = [{"input_ids": e.input_ids, "loss_mask": e.loss_mask} for e in examples]
-    path = dump_hidden_states(tm, seqs, out, ids, top_k, shard_size, overwrite=overwrite, progress=log, final=final)
+    path = dump(
+        engine, target, seqs, out, ids, top_k, shard_size, overwrite, log, final, revision, token, tensor_parallel_size
+    )
     print(f"wrote hidden states of {len(seqs)} sequences to {path}")
+
+
+def _dump_engines() -> list[str]:
+    from .engine_dump import DUMP_ENGINES
+
+    return list(DUMP_ENGINES)
 
 
 # ---- export / validate / push / run (pipeline stage 4) -------------------------------------------------------------

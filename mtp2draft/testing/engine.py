@@ -22,7 +22,6 @@ run a server; it is test/benchmark tooling, not part of the pipeline.
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 import tempfile
@@ -32,10 +31,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+# where vLLM's venv is and how its subprocess runs: shared with `dump-hidden --engine vllm` (re-exported here)
+from ..engine_dump import DEFAULT_VENV, MARKER, VENV_ENV, EngineUnavailable, venv_dir, vllm_environment  # noqa: F401
+from ..engine_dump import vllm_python as engine_python
+
 VLLM_VERSION = "0.32.0"
-VENV_ENV = "MTP2DRAFT_VLLM_VENV"
-DEFAULT_VENV = Path.home() / ".cache" / "mtp2draft" / "vllm-venv"
-MARKER = ".mtp2draft-ready"  # written by scripts/vllm_env.sh after a complete install
 DRIVER = Path(__file__).with_name("vllm_driver.py")
 ENV_SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "vllm_env.sh"  # in a source checkout only
 
@@ -48,14 +48,6 @@ ENV_SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "vllm_env.sh"  # 
 VLLM_CONFIG_VIEW: dict[str, dict[str, Any]] = {"mimo": {"model_type": "qwen2"}}
 
 
-class EngineUnavailable(RuntimeError):
-    """vLLM's venv is missing or incomplete."""
-
-
-def venv_dir() -> Path:
-    return Path(os.environ.get(VENV_ENV) or DEFAULT_VENV)
-
-
 def vllm_python(create: bool = False) -> Path:
     """The Python of a complete vLLM venv; with `create`, run scripts/vllm_env.sh first (idempotent, minutes the
     first time). Raises EngineUnavailable when there is none."""
@@ -63,11 +55,7 @@ def vllm_python(create: bool = False) -> Path:
         if not ENV_SCRIPT.is_file():
             raise EngineUnavailable(f"{ENV_SCRIPT} not found (not a source checkout)")
         subprocess.run(["bash", str(ENV_SCRIPT)], check=True, stdout=subprocess.DEVNULL)
-    venv = venv_dir()
-    python = venv / "bin" / "python"
-    if not (venv / MARKER).is_file() or not python.is_file():
-        raise EngineUnavailable(f"no complete vLLM venv at {venv} (create it with scripts/vllm_env.sh)")
-    return python
+    return engine_python()
 
 
 @dataclass
@@ -143,12 +131,8 @@ def run_vllm(
 
     A run that vLLM refused carries its `error`; a crash of the driver itself raises RuntimeError."""
     python = vllm_python()
-    env = dict(os.environ)
-    env.setdefault("VLLM_CPU_KVCACHE_SPACE", str(kv_cache_gib))
-    env.setdefault("VLLM_CPU_OMP_THREADS_BIND", "nobind")
+    env = vllm_environment(kv_cache_gib)
     env.setdefault("VLLM_LOGGING_LEVEL", "INFO")  # into per-run log files; the weight-loading lines are INFO
-    env.setdefault("TOKENIZERS_PARALLELISM", "false")
-    env.pop("PYTHONPATH", None)  # nothing of mtp2draft's venv may leak into vLLM's
     request = {
         "prompts": [list(map(int, p)) for p in prompts],
         "max_new_tokens": int(max_new_tokens),

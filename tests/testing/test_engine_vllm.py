@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import torch
 
 from mtp2draft.convert import convert
 from mtp2draft.data import load_tokenizer
@@ -302,3 +303,73 @@ def test_distilled_beats_the_raw_head_in_vllm(served: dict, raw: str, tuned: str
     before = served["cases"][raw]["vllm"].check().metrics["mean_acceptance_length"]
     after = served["cases"][tuned]["vllm"].check().metrics["mean_acceptance_length"]
     assert after > before, f"vLLM: {tuned} {after:.3f} <= {raw} {before:.3f} tokens per step"
+
+
+# ---- dump-hidden --engine vllm: vLLM's extract_hidden_states vs the transformers dump (tiny-mimo) -----------------
+# fp32 in both (bf16 weights read into fp32): vLLM's CPU kernels sum in another order than torch's, so states agree to
+# a few fp32 ulps of the tensor's scale per layer; measured max |diff| / max |value| ~1e-6 over 8 layers (vLLM 0.32.0)
+STATE_RTOL = 1e-5
+LOGPROB_ATOL = 1e-4  # the top-k log-probs: measured max |diff| ~2e-5
+DUMP_SEQUENCES = DISTILL["steps"] * DISTILL["batch_size"]  # the sequences the distills read, each once
+DUMP_TOP_K = 64  # dump-hidden's default
+DUMP_AUX = [1, 4, 6]  # EAGLE-3-style aux layers too (vLLM ids 2, 5, 7; the mtp draft reads only `final`)
+
+
+@pytest.fixture(scope="session")
+def vllm_dump(vllm: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    """tiny-mimo's first DUMP_SEQUENCES training lines dumped by vLLM and by transformers, the raw MTP head
+    distilled online and from the vLLM dump with the same data and steps, both evaluated."""
+    from mtp2draft.data import read_examples
+    from mtp2draft.engine_dump import dump_hidden
+
+    work, target = tmp_path_factory.mktemp("vllm-dump"), TARGETS["mimo"]
+    data = work / "train.jsonl"
+    data.write_text("".join(TRAIN.read_text().splitlines(keepends=True)[:DUMP_SEQUENCES]))
+    examples, _ = read_examples(data, load_tokenizer(target), DISTILL["max_length"], False)
+    seqs = [{"input_ids": e.input_ids, "loss_mask": e.loss_mask} for e in examples]
+    raw = work / "raw-mtp"
+    convert(str(target), raw, to="mtp")
+    final = load_draft(raw).input_hidden
+    dumps = {
+        engine: dump_hidden(engine, str(target), seqs, work / engine, DUMP_AUX, DUMP_TOP_K, progress=log, final=final)
+        for engine in ("vllm", "transformers")
+    }
+    cfg = DistillConfig(**DISTILL)
+    distill(raw, work / "online", data, str(target), config=cfg, progress=log)
+    distill(raw, work / "offline", hidden_states=dumps["vllm"], config=cfg, progress=log)
+    drafts = [("online", work / "online"), ("offline-vllm", work / "offline")]
+    report = evaluate(drafts, str(target), HELDOUT, K, NEW_TOKENS, PROMPTS, PROMPT_LEN)
+    acceptance = {row["name"]: row["mean_acceptance_length"] for row in report["results"]}
+    log(f"dump-hidden --engine vllm: mean acceptance at k={K}: {acceptance}")
+    return {"dumps": dumps, "acceptance": acceptance, "sequences": len(seqs)}
+
+
+def test_vllm_dump_equals_the_transformers_dump(vllm_dump: dict) -> None:
+    from mtp2draft.hidden import OfflineHiddenStates
+
+    ours, theirs = (OfflineHiddenStates(vllm_dump["dumps"][e]) for e in ("transformers", "vllm"))
+    assert len(ours) == len(theirs) == vllm_dump["sequences"]
+    assert theirs.manifest["final"] == ours.manifest["final"] and theirs.aux_layers == ours.aux_layers
+    worst: dict[str, float] = {}
+    for n in range(len(ours)):
+        a, b = ours.sequence(n), theirs.sequence(n)
+        assert a.keys() == b.keys()
+        for key in ("input_ids", "loss_mask"):
+            assert torch.equal(a[key], b[key]), (n, key)
+        for key in ("final", "aux"):
+            gap = float((a[key] - b[key]).abs().max() / a[key].abs().max())
+            worst[key] = max(worst.get(key, 0.0), gap)
+        worst["topk_logprobs"] = max(
+            worst.get("topk_logprobs", 0.0), float((a["topk_logprobs"] - b["topk_logprobs"]).abs().max())
+        )
+        # the same ids, except where two log-probs tie within the tolerance and may swap places
+        swapped = a["topk_ids"] != b["topk_ids"]
+        assert (a["topk_logprobs"][swapped] - b["topk_logprobs"][swapped]).abs().max(initial=0) <= LOGPROB_ATOL, n
+    log(f"vLLM dump vs transformers dump, worst: {worst}")
+    assert max(worst["final"], worst["aux"]) <= STATE_RTOL and worst["topk_logprobs"] <= LOGPROB_ATOL, worst
+    assert torch.equal(ours.embedding(), theirs.embedding()) and torch.equal(ours.lm_head(), theirs.lm_head())
+
+
+def test_distill_from_the_vllm_dump_reaches_the_online_distill(vllm_dump: dict) -> None:
+    online, offline = vllm_dump["acceptance"]["online"], vllm_dump["acceptance"]["offline-vllm"]
+    assert relative_gap(online, offline) <= TOLERANCE, f"offline from vLLM {offline:.3f} vs online {online:.3f}"

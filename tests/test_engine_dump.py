@@ -1,0 +1,100 @@
+"""engine_dump without vLLM: the layer-id mapping, the view vLLM's extraction loads, the two computations done here
+(the final norm, the logits handed to the writer) and the CLI's --engine. The real engine: tests/testing/
+test_engine_vllm.py (marker `engine`)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+import torch
+from safetensors import safe_open
+
+from mtp2draft.cli import main
+from mtp2draft.engine_dump import DUMP_ENGINES, VllmTarget, extract_view, vllm_layer_ids
+
+ROOT = Path(__file__).resolve().parents[1]
+MIMO, DEEPSEEK = ROOT / "examples" / "targets" / "tiny-mimo", ROOT / "examples" / "targets" / "tiny-deepseek-v3"
+
+
+def test_layer_ids_are_vllm_inputs_of_the_next_layer_ascending() -> None:
+    assert vllm_layer_ids([6, 1, 4], 8, want_final=True) == [2, 5, 7, 8]
+    assert vllm_layer_ids([], 8, want_final=True) == [8]
+    assert vllm_layer_ids([7], 8, want_final=True) == [8]  # the last layer's output is the pre-norm final hidden
+
+
+def _keys(directory: Path) -> set[str]:
+    out: set[str] = set()
+    for shard in directory.glob("*.safetensors"):
+        with safe_open(str(shard), "pt") as fh:
+            out.update(fh.keys())  # noqa: SIM118 - safe_open handles are not iterable
+    return out
+
+
+def test_mimo_view_is_qwen2_without_the_mtp_layer(tmp_path: Path) -> None:
+    view = extract_view(MIMO, tmp_path / "view")
+    config = json.loads((view / "config.json").read_text())
+    assert config["model_type"] == "qwen2" and config["architectures"] == ["Qwen2ForCausalLM"]
+    mtp = {k for k in _keys(MIMO) if k.startswith("model.mtp_layers.")}
+    assert mtp and _keys(view) == _keys(MIMO) - mtp
+    index = json.loads((view / "model.safetensors.index.json").read_text())["weight_map"]
+    assert set(index) == _keys(view)
+    assert (view / "tokenizer.json").is_symlink()
+    assert not (MIMO / "config.json").read_text().count("qwen2")  # the target itself is untouched
+
+
+def test_a_target_vllm_extracts_from_as_is_gets_no_view(tmp_path: Path) -> None:
+    assert extract_view(DEEPSEEK, tmp_path / "view") == DEEPSEEK
+    assert not (tmp_path / "view").exists()
+
+
+def test_logits_handed_to_the_writer_give_back_vllms_topk() -> None:
+    torch.manual_seed(0)
+    vocab, k = 512, 16
+    logprobs = torch.log_softmax(torch.randn(7, vocab) * 3, dim=-1)
+    values, ids = logprobs.topk(k, dim=-1)
+    logits = VllmTarget._logits(SimpleNamespace(vocab_size=vocab), {"topk_logprobs": values, "topk_ids": ids})
+    back_values, back_ids = torch.log_softmax(logits, dim=-1).topk(k, dim=-1)  # what hidden.dump_hidden_states does
+    assert torch.equal(back_ids, ids)
+    torch.testing.assert_close(back_values, values, rtol=0, atol=1e-6)
+
+
+@pytest.mark.parametrize("norm", ["standard", "zero_centered"])
+def test_post_norm_final_is_the_targets_rmsnorm(norm: str) -> None:
+    from transformers.models.llama.modeling_llama import LlamaRMSNorm
+
+    torch.manual_seed(0)
+    weight, pre = torch.randn(32), torch.randn(5, 32) * 4
+    fake = SimpleNamespace(
+        final="post_norm", spec=SimpleNamespace(layer=SimpleNamespace(norm=norm)), _norm=weight, _eps=1e-6
+    )
+    reference = LlamaRMSNorm(32, eps=1e-6)
+    reference.weight.data = weight + 1 if norm == "zero_centered" else weight
+    torch.testing.assert_close(VllmTarget._final(fake, pre), reference(pre).detach())
+    fake.final = "pre_norm"
+    assert VllmTarget._final(fake, pre) is pre
+
+
+def test_cli_engine_choices_come_from_the_registry(capsys, tmp_path: Path) -> None:
+    assert main(["dump-hidden", "--help"]) == 0
+    assert " | ".join(DUMP_ENGINES) in " ".join(capsys.readouterr().out.split()).replace("│ ", "")
+    data = ROOT / "examples" / "data" / "heldout.jsonl"
+    base = ["dump-hidden", "--target", str(MIMO), "--data", str(data), "--out", str(tmp_path / "out")]
+    assert main([*base, "--engine", "sglang"]) == 2
+    assert "--engine must be one of transformers, vllm" in capsys.readouterr().err
+    assert main([*base, "--tensor-parallel-size", "2"]) == 2
+    assert "--tensor-parallel-size is for --engine vllm" in capsys.readouterr().err
+
+
+def test_cli_vllm_without_its_venv_is_one_line(capsys, tmp_path: Path, monkeypatch) -> None:
+    monkeypatch.setenv("MTP2DRAFT_VLLM_VENV", str(tmp_path / "no-venv"))
+    data = ROOT / "examples" / "data" / "heldout.jsonl"
+    code = main(
+        ["dump-hidden", "--target", str(MIMO), "--data", str(data), "--out", str(tmp_path / "out")]
+        + ["--engine", "vllm", "--max-length", "16"]
+    )
+    err = capsys.readouterr().err
+    assert code == 2 and "no complete vLLM venv" in err and "Traceback" not in err
+    assert not (tmp_path / "out").exists()
