@@ -213,10 +213,10 @@ def test_offline_hidden_states_train_like_the_online_target(target, text_data, t
     def no_target(*_a, **_k):
         raise AssertionError("offline distillation must not load the target")
 
-    import importlib
+    from mtp2draft import teacher
 
     monkeypatch.setattr(hidden, "TargetModel", no_target)
-    monkeypatch.setattr(importlib.import_module("mtp2draft.distill"), "TargetModel", no_target)
+    monkeypatch.setattr(teacher, "TargetModel", no_target)
     distill(tmp_path / "raw", tmp_path / "offline", hidden_states=tmp_path / "dump", config=cfg)
     a, b = _final_weights(tmp_path / "online"), _final_weights(tmp_path / "offline")
     for key in a:
