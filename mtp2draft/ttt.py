@@ -85,6 +85,49 @@ def teacher_logprobs(
         return torch.log_softmax(logits.float(), dim=-1), top1
     # Offline files keep the target's top-k only: the teacher is that top-k, renormalised over what the draft can
     # emit (ids outside the draft vocabulary drop out).
+    values, col, ids = _topk_columns(features, offset, vocab_ids, vocab_size)
+    size = vocab_ids.numel() if vocab_ids is not None else vocab_size
+    dense = torch.full((*ids.shape[:2], size + 1), -math.inf, device=ids.device)
+    dense.scatter_(-1, col.masked_fill(col < 0, size), values)  # absent ids land in a spare last column
+    logp = torch.log_softmax(dense[..., :size], dim=-1)
+    return logp.nan_to_num(nan=-math.inf), ids[..., 0]
+
+
+def step_kl(
+    logits: torch.Tensor,
+    features: Features,
+    offset: int,
+    vocab_ids: torch.Tensor | None,
+    vocab_size: int,
+    sparse_teacher: bool = False,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Forward KL(target || draft) for the token at p + offset + 1, at index p: ([B, T] KL, [B, T] whether a
+    teacher exists there, [B, T] the target's top-1 id). logits: [B, T, V'] the draft's.
+
+    Dense (default): the teacher as a [B, T, V'] distribution (`teacher_logprobs`). sparse_teacher, offline top-k
+    teachers only: the same sum over the k ids the teacher gives mass to (every other term is 0 * finite = 0), with
+    log q = logit - logsumexp(logits); no [B, T, V'] teacher is built. Equal to the dense KL up to float summation
+    order (the trained weights then differ from the default's in the last bits, so it is not the default)."""
+    if not sparse_teacher or features.logits is not None:
+        teacher, top1 = teacher_logprobs(features, offset, vocab_ids, vocab_size)
+        logq = torch.log_softmax(logits.float(), dim=-1)
+        p = teacher.exp()
+        kl = (p * (teacher.clamp(min=-1e30) - logq)).sum(-1)  # [B, T]
+        return kl, torch.isfinite(teacher).any(-1), top1
+    values, col, ids = _topk_columns(features, offset, vocab_ids, vocab_size)  # [B, T, k] each
+    teacher = torch.log_softmax(values, dim=-1).nan_to_num(nan=-math.inf)  # renormalised over the kept ids
+    flat = logits.float()
+    logq = flat.gather(-1, col.clamp(min=0)) - torch.logsumexp(flat, dim=-1, keepdim=True)  # [B, T, k]
+    p = teacher.exp()
+    kl = (p * (teacher.clamp(min=-1e30) - logq)).sum(-1)
+    return kl, torch.isfinite(teacher).any(-1), ids[..., 0]
+
+
+def _topk_columns(
+    features: Features, offset: int, vocab_ids: torch.Tensor | None, vocab_size: int
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """An offline teacher's top-k at p + offset + 1: ([B, T, k] log-probs, -inf where the id is outside the draft
+    vocabulary or past the end; [B, T, k] draft-vocabulary column of each id, -1 if absent; [B, T, k] target ids)."""
     values = shift(features.topk_logprobs, offset, -math.inf)  # [B, T, k]
     ids = shift(features.topk_ids, offset, 0)  # [B, T, k]
     size = vocab_ids.numel() if vocab_ids is not None else vocab_size
@@ -96,11 +139,7 @@ def teacher_logprobs(
         )
     )
     col = column[ids]  # [B, T, k]: draft-vocabulary column of each top-k id, -1 if absent
-    values = values.masked_fill(col < 0, -math.inf)
-    dense = torch.full((*ids.shape[:2], size + 1), -math.inf, device=ids.device)
-    dense.scatter_(-1, col.masked_fill(col < 0, size), values)  # absent ids land in a spare last column
-    logp = torch.log_softmax(dense[..., :size], dim=-1)
-    return logp.nan_to_num(nan=-math.inf), ids[..., 0]
+    return values.masked_fill(col < 0, -math.inf), col, ids
 
 
 def ttt_forward(
@@ -112,10 +151,11 @@ def ttt_forward(
     step_weights: Sequence[float],
     vocab_ids: torch.Tensor | None = None,
     return_logits: bool = False,
+    sparse_teacher: bool = False,
 ) -> StepStats | list[torch.Tensor]:
     """Unroll `ttt_steps` draft steps over every origin of a batch; loss and per-step top-1 agreement.
 
-    input_ids, loss_mask: [B, T]; features: the target's, for the same [B, T]."""
+    input_ids, loss_mask: [B, T]; features: the target's, for the same [B, T]. sparse_teacher: see `step_kl`."""
     b, t = input_ids.shape
     hidden = draft.initial_hidden(features.step0_input(draft.kind))  # [B, T, H]
     dtype = hidden.dtype
@@ -132,11 +172,8 @@ def ttt_forward(
             continue
         # the predicted token x[p + s + 2] must exist and be a loss token
         valid = shift(loss_mask, s + 2, False)
-        teacher, target_top1 = teacher_logprobs(features, s + 1, vocab_ids, draft.vocab_size)  # for x[p + s + 2]
-        logq = torch.log_softmax(logits.float(), dim=-1)
-        p = teacher.exp()
-        kl = (p * (teacher.clamp(min=-1e30) - logq)).sum(-1)  # forward KL(target || draft): [B, T]
-        valid = valid & torch.isfinite(teacher).any(-1)  # offline: no top-k id inside the draft vocabulary
+        kl, has_teacher, target_top1 = step_kl(logits, features, s + 1, vocab_ids, draft.vocab_size, sparse_teacher)
+        valid = valid & has_teacher  # offline: no top-k id inside the draft vocabulary
         n = valid.sum()
         kl_sum = (kl * valid).sum()
         step_loss = kl_sum / n.clamp(min=1)

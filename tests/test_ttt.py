@@ -88,3 +88,28 @@ def test_teacher_logprobs_offline_topk_renormalised_over_the_draft_vocabulary() 
     assert top1.tolist() == [[3, 0]]
     logp, _ = teacher_logprobs(feats, 0, None, 4)  # the target's vocabulary: id 2 was not kept
     assert logp[0, 0].exp().tolist() == pytest.approx([0.3, 0.2, 0.0, 0.5])
+
+
+@pytest.mark.parametrize("draft_vocab", [None, torch.tensor([0, 2, 3, 5, 8, 9])])
+def test_sparse_teacher_kl_equals_the_dense_one(draft_vocab) -> None:
+    """The opt-in sparse offline KL: same values and same gradient as the dense default, up to summation order."""
+    from mtp2draft.ttt import step_kl
+
+    gen = torch.Generator().manual_seed(0)
+    v, k = 10, 4
+    size = v if draft_vocab is None else draft_vocab.numel()
+    ids = torch.stack([torch.randperm(v, generator=gen)[:k] for _ in range(2 * 5)]).view(2, 5, k)
+    feats = Features(
+        None, None, topk_logprobs=torch.randn(2, 5, k, generator=gen).log_softmax(-1).sort(-1, True).values,
+        topk_ids=ids,
+    )  # fmt: skip
+    logits = torch.randn(2, 5, size, generator=gen, requires_grad=True)
+    out = {}
+    for sparse in (False, True):
+        kl, has, top1 = step_kl(logits, feats, 1, draft_vocab, v, sparse)
+        (grad,) = torch.autograd.grad((kl * has).sum(), logits)
+        out[sparse] = (kl[has], has, top1, grad)
+    dense, sparse = out[False], out[True]
+    assert torch.equal(dense[1], sparse[1]) and torch.equal(dense[2], sparse[2])
+    assert not dense[1][:, -1].any() and dense[1][:, :-1].any()  # past the end: no teacher
+    assert torch.allclose(dense[0], sparse[0], atol=1e-6) and torch.allclose(dense[3], sparse[3], atol=1e-6)
