@@ -259,16 +259,7 @@ class TargetModel:
         aux = torch.cat([captured[f"aux{i}"] for i in aux_layers], dim=-1) if aux_layers else None
         return Features(final=captured.get("final"), aux=aux, logits=out.logits.float())
 
-    def features(
-        self,
-        input_ids: torch.Tensor,
-        attention_mask: torch.Tensor | None = None,
-        aux_layers: Sequence[int] | None = None,
-        want_final: bool = True,
-        final: str | None = None,
-    ) -> Features:
-        """`run` over a whole batch (no cache): what distillation and `dump-hidden` read."""
-        return self.run(input_ids, attention_mask, aux_layers, want_final, final)
+    features = run  # the name distillation and `dump-hidden` use: `run` over a whole batch (no cache)
 
 
 def _commit_of(path: Path) -> str | None:
