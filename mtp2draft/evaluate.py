@@ -71,46 +71,26 @@ def _crop(cache, length: int) -> None:
 
 
 class TargetRunner:
-    """Incremental target forwards with a KV cache, returning logits and the features the draft reads."""
+    """Decoding with the frozen target: `TargetModel.run` over a KV cache (the same forward distillation reads),
+    returning the next-token logits and the features the draft reads.
 
-    def __init__(self, target: TargetModel, draft) -> None:
+    draft: the draft whose step-0 input to return (EAGLE-3: its aux layers; native: its `input_hidden`); None
+    returns the target's final hidden as its spec names it (a native MTP draft's default)."""
+
+    def __init__(self, target: TargetModel, draft=None) -> None:
         self.target = target
-        self.kind = draft.kind
+        self.kind = draft.kind if draft is not None else DraftKind.MTP
         self.aux = draft.aux_layer_ids if self.kind == DraftKind.EAGLE3 else None
         self.input_hidden = getattr(draft, "input_hidden", None)  # a native draft's step-0 hidden (pre/post norm)
 
     def start(self):
-        from transformers import DynamicCache
+        return self.target.new_cache()
 
-        return DynamicCache(config=self.target.model.config)
-
-    @torch.no_grad()
     def forward(self, ids: list[int], cache) -> tuple[torch.Tensor, torch.Tensor]:
         """logits [n, V] and step-0 features [1, n, *] for `ids`, appended after the cache's tokens."""
-        t = self.target
-        captured: dict[str, torch.Tensor] = {}
-
-        def keep(name):
-            def hook(_m, _i, output):
-                captured[name] = output[0] if isinstance(output, tuple) else output
-
-            return hook
-
-        hooks = []
-        if self.aux:
-            hooks += [t._layers[i].register_forward_hook(keep(f"aux{i}")) for i in set(self.aux)]
-        elif (getattr(self, "input_hidden", None) or t.spec.layer.hidden) == "pre_norm":
-            hooks.append(t._layers[t.num_layers - 1].register_forward_hook(keep("final")))
-        else:
-            hooks.append(t._norm.register_forward_hook(keep("final")))
-        try:
-            x = torch.tensor([ids], device=t.device)
-            out = t.model(input_ids=x, cache=cache, use_cache=True)
-        finally:
-            for h in hooks:
-                h.remove()
-        feats = torch.cat([captured[f"aux{i}"] for i in self.aux], -1) if self.aux else captured["final"]
-        return out.logits[0].float(), feats
+        x = torch.tensor([ids], device=self.target.device)
+        feats = self.target.run(x, aux_layers=self.aux, want_final=not self.aux, final=self.input_hidden, cache=cache)
+        return feats.logits[0], feats.step0_input(self.kind)
 
 
 @dataclass

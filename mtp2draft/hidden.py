@@ -207,20 +207,29 @@ class TargetModel:
             digest.update(tensor.detach().cpu().contiguous().view(torch.uint8).numpy().tobytes())
         return digest.hexdigest()
 
-    # -- forward --
+    # -- forward: the one way the frozen target is run (distill, dump-hidden, evaluate) --
+    def new_cache(self):
+        """An empty KV cache for `run(..., cache=...)` (incremental decoding)."""
+        from transformers import DynamicCache
+
+        return DynamicCache(config=self.model.config)
+
     @torch.no_grad()  # not inference_mode: the draft's autograd graph takes these tensors as inputs
-    def features(
+    def run(
         self,
         input_ids: torch.Tensor,
         attention_mask: torch.Tensor | None = None,
         aux_layers: Sequence[int] | None = None,
         want_final: bool = True,
         final: str | None = None,
+        cache=None,
     ) -> Features:
         """Run the target over input_ids [B, T]; capture what the drafts read with forward hooks.
 
         aux_layers: 0-based "output of layer i" ids (what EAGLE-3's fc fuses). final: which final hidden to capture,
-        `pre_norm` or `post_norm` (a native draft's `input_hidden`); default: the spec's `[layer] hidden`."""
+        `pre_norm` or `post_norm` (a native draft's `input_hidden`); default: the spec's `[layer] hidden`.
+        cache: None runs the whole batch; a `new_cache()` appends input_ids after the tokens it holds (decoding).
+        Returns Features with fp32 logits [B, T, V]. Nothing is written to the model: hooks only read outputs."""
         captured: dict[str, torch.Tensor] = {}
         hooks = []
 
@@ -238,12 +247,19 @@ class TargetModel:
             else:
                 hooks.append(self._norm.register_forward_hook(keep("final")))
         try:
-            out = self.model(input_ids=input_ids.to(self.device), attention_mask=attention_mask, use_cache=False)
+            out = self.model(
+                input_ids=input_ids.to(self.device),
+                attention_mask=attention_mask,
+                cache=cache,
+                use_cache=cache is not None,
+            )
         finally:
             for h in hooks:
                 h.remove()
         aux = torch.cat([captured[f"aux{i}"] for i in aux_layers], dim=-1) if aux_layers else None
         return Features(final=captured.get("final"), aux=aux, logits=out.logits.float())
+
+    features = run  # the name distillation and `dump-hidden` use: `run` over a whole batch (no cache)
 
 
 def _commit_of(path: Path) -> str | None:

@@ -33,9 +33,9 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from mtp2draft.distill import draft_target_ids, ttt_forward  # noqa: E402
 from mtp2draft.draft import build_draft, load_draft  # noqa: E402
 from mtp2draft.hidden import Features  # noqa: E402
+from mtp2draft.ttt import draft_target_ids, ttt_forward  # noqa: E402
 
 # Dense bf16 tensor-core peaks (TFLOP/s, no sparsity), from the vendors' data sheets.
 PEAKS = {"H200": 989.0, "H100": 989.0, "H800": 989.0, "A100": 312.0, "L40S": 362.0, "A10": 125.0, "B200": 2250.0}
@@ -104,6 +104,11 @@ def main() -> int:
     ap.add_argument("--topk", type=int, default=20, help="teacher top-k kept per position (offline files)")
     ap.add_argument("--precision", choices=["bf16", "fp32"], default=None)
     ap.add_argument("--compile", action="store_true")
+    ap.add_argument(
+        "--sparse-teacher",
+        action="store_true",
+        help="the opt-in sparse top-k KL (ttt.step_kl) instead of the dense one",
+    )
     ap.add_argument("--iters", type=int, default=5)
     ap.add_argument("--peak-tflops", type=float, default=None)
     ap.add_argument("--json", type=Path, help="also write the figures here")
@@ -172,7 +177,7 @@ def main() -> int:
 
     def step() -> None:
         with autocast():
-            stats = ttt_forward(draft, feats, ids, mask, k, weights, vocab_ids)
+            stats = ttt_forward(draft, feats, ids, mask, k, weights, vocab_ids, sparse_teacher=args.sparse_teacher)
         opt.zero_grad(set_to_none=True)
         stats.loss.backward()
         torch.nn.utils.clip_grad_norm_(params, 0.5)
@@ -193,6 +198,7 @@ def main() -> int:
         "trainable_params": sum(p.numel() for p in params),
         "precision": precision,
         "compile": args.compile,
+        "sparse_teacher": args.sparse_teacher,
         "batch": b,
         "length": t,
         "ttt_steps": k,

@@ -66,8 +66,8 @@ def test_plan_cli(ds3: dict, tmp_path: Path) -> None:
 def test_activation_estimate_tracks_what_autograd_keeps(build, tmp_path: Path, kind: str) -> None:
     """Saved-tensor bytes of one TTT forward on a small dense draft vs the plan's activation line (which also
     counts the target's features/logits the step reads): within a factor of 2."""
-    from mtp2draft.distill import ttt_forward
     from mtp2draft.hidden import Features
+    from mtp2draft.ttt import ttt_forward
 
     convert(str(build("mimo", **eagle3_depth("mimo", kind))), tmp_path / "d", to=kind, dtype="float32")
     draft = load_draft(tmp_path / "d")

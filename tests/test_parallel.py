@@ -59,9 +59,10 @@ def _weights(path: Path) -> dict[str, torch.Tensor]:
 def heldout():
     """The target's features for 8 held-out sequences, and a function from a draft directory to its TTT logits."""
     from mtp2draft.data import load_tokenizer, read_examples
-    from mtp2draft.distill import collate, ttt_forward
     from mtp2draft.draft import load_draft
     from mtp2draft.hidden import TargetModel
+    from mtp2draft.teacher import collate
+    from mtp2draft.ttt import ttt_forward
 
     tm = TargetModel(str(TARGET))
     examples, _ = read_examples(ROOT / "examples" / "data" / "heldout.jsonl", load_tokenizer(tm.path), 64)

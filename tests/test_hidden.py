@@ -1,0 +1,74 @@
+"""Hidden-state sources (mtp2draft/hidden.py): the frozen target's features (final hidden before/after the norm,
+aux layers, logits), the same forward run incrementally over a KV cache, and the offline files round trip."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import pytest
+import torch
+
+from mtp2draft.errors import DataError
+from mtp2draft.hidden import Features, OfflineHiddenStates, TargetModel, dump_hidden_states, offline_features
+
+
+def test_target_parameters_are_frozen(target) -> None:
+    tm = TargetModel(str(target("deepseek_v3")))
+    assert not any(p.requires_grad for p in tm.model.parameters())
+    assert not tm.model.training
+
+
+def test_pre_norm_families_read_the_hidden_before_the_final_norm(target) -> None:
+    tm = TargetModel(str(target("mimo")))  # MiMo: hidden taken before the final norm
+    ids = torch.randint(0, 200, (1, 9))
+    feats = tm.features(ids)
+    post = tm.model(ids, output_hidden_states=True).hidden_states[-1]
+    assert torch.allclose(tm._norm(feats.final), post, atol=1e-5)
+    assert not torch.allclose(feats.final, post, atol=1e-3)
+    tm2 = TargetModel(str(target("deepseek_v3")))  # DeepSeek: after
+    post2 = tm2.model(ids, output_hidden_states=True).hidden_states[-1]
+    assert torch.allclose(tm2.features(ids).final, post2, atol=1e-6)
+
+
+def test_incremental_run_over_a_cache_equals_the_whole_sequence(target) -> None:
+    """Decoding (evaluate) and training (distill) read the same forward: prefix + one token at a time over the KV
+    cache gives the whole sequence's logits, final hidden and aux layers."""
+    tm = TargetModel(str(target("deepseek_v3")))
+    ids = torch.randint(0, tm.vocab_size, (1, 9), generator=torch.Generator().manual_seed(0))
+    whole = tm.run(ids, aux_layers=[0, 1])
+    cache, parts = tm.new_cache(), []
+    for lo, hi in ((0, 5), (5, 6), (6, 9)):
+        parts.append(tm.run(ids[:, lo:hi], aux_layers=[0, 1], cache=cache))
+    for name in ("logits", "final", "aux"):
+        got = torch.cat([getattr(p, name) for p in parts], dim=1)
+        assert torch.allclose(got, getattr(whole, name), atol=1e-5), name
+    assert whole.aux.shape == (1, 9, 2 * tm.hidden_size)
+
+
+def test_step0_input_refuses_features_a_draft_does_not_read() -> None:
+    x = torch.zeros(1, 2, 3)
+    assert Features(final=x, aux=None).step0_input("mtp") is x
+    with pytest.raises(DataError, match="do not hold what a eagle3 draft reads"):
+        Features(final=x, aux=None).step0_input("eagle3")
+
+
+def test_dumped_files_read_back_as_the_targets_features(target, tmp_path: Path) -> None:
+    tm = TargetModel(str(target("deepseek_v3")))
+    gen = torch.Generator().manual_seed(1)
+    seqs = [{"input_ids": torch.randint(0, tm.vocab_size, (n,), generator=gen).tolist(), "loss_mask": [True] * n}
+            for n in (7, 4, 6)]  # fmt: skip
+    dump_hidden_states(tm, seqs, tmp_path / "d", aux_layers=[1, 0], top_k=5, shard_size=2)
+    store = OfflineHiddenStates(tmp_path / "d")
+    assert len(store) == 3 and store.aux_layers == [1, 0] and len(store.manifest["shards"]) == 2
+    assert torch.equal(store.lm_head(), tm.lm_head().float())
+    batch, feats = offline_features(store, [2, 1], length=5)  # sequence 2 cut to 5, sequence 1 padded to 5
+    assert batch["attention_mask"].tolist() == [[1] * 5, [1] * 4 + [0]]
+    for row, n, t in ((0, 2, 5), (1, 1, 4)):
+        ids = torch.tensor([seqs[n]["input_ids"]])
+        want = tm.features(ids, aux_layers=[1, 0])
+        assert batch["input_ids"][row, :t].tolist() == seqs[n]["input_ids"][:t]
+        assert torch.equal(feats.final[row, :t], want.final[0, :t]) and torch.equal(feats.aux[row, :t], want.aux[0, :t])
+        values, indices = torch.log_softmax(want.logits[0, :t], -1).topk(5)
+        assert torch.equal(feats.topk_logprobs[row, :t], values) and torch.equal(feats.topk_ids[row, :t], indices)
+    assert feats.topk_logprobs[1, 4].tolist() == [-math.inf] * 5 and not batch["loss_mask"][1, 4]
