@@ -83,9 +83,9 @@ def vllm_environment(kv_cache_gib: int = 1, pythonpath: Path | None = None) -> d
 def resolve_target(source: str, revision: str | None, token: str | bool | None) -> Path:
     """The target's local directory (a hub repo is downloaded into the HF cache), checked as `TargetModel` checks
     it; both engines read the tokenizer and config from it."""
-    from .hidden import _local_path  # hidden.py's resolver (private there; one place to resolve a target)
+    from .hidden import local_path  # one place resolves a target
 
-    return _local_path(source, revision, token)
+    return local_path(source, revision, token)
 
 
 def extract_view(target: Path, out: Path) -> Path:
@@ -148,7 +148,7 @@ class VllmTarget:
         progress: Callable[[str], None] = lambda _: None,
     ) -> None:
         from .checkpoint import open_checkpoint, read_config
-        from .hidden import _commit_of
+        from .hidden import commit_of
         from .layout import plan_mtp_layer, target_embed_key, target_head_key
         from .spec import find_spec
 
@@ -159,7 +159,7 @@ class VllmTarget:
         text = self.spec.text_config(self.raw_config)
         self.num_layers = self.spec.num_layers(self.raw_config)
         self.hidden_size, self.vocab_size = int(text["hidden_size"]), int(text["vocab_size"])
-        self.commit = _commit_of(self.path)
+        self.commit = commit_of(self.path)
         self.final = final or self.spec.layer.hidden
         self.aux_layers = list(aux_layers or [])
         ckpt = open_checkpoint(self.path)

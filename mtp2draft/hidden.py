@@ -67,7 +67,7 @@ class Features:
 PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt", ".pkl")
 
 
-def _local_path(source: str, revision: str | None, token: str | bool | None) -> Path:
+def local_path(source: str, revision: str | None, token: str | bool | None) -> Path:
     """A local directory with the whole target (hub repos are downloaded into the HF cache: the target runs),
     checked by `check_target_dir` before transformers sees it."""
     path = Path(source).expanduser()
@@ -161,7 +161,7 @@ class TargetModel:
         from .draft import hf_config as build_hf_config
 
         self.source = source
-        self.path = _local_path(source, revision, token)
+        self.path = local_path(source, revision, token)
         config = read_config(self.path)
         self.raw_config = config
         self.spec: Spec = find_spec(config)
@@ -190,7 +190,7 @@ class TargetModel:
         decoder = self.model.get_decoder()
         self._layers = decoder.layers
         self._norm = decoder.norm
-        self.commit = _commit_of(self.path)
+        self.commit = commit_of(self.path)
 
     # -- weights the drafts share --
     def embedding(self) -> torch.Tensor:
@@ -262,7 +262,7 @@ class TargetModel:
     features = run  # the name distillation and `dump-hidden` use: `run` over a whole batch (no cache)
 
 
-def _commit_of(path: Path) -> str | None:
+def commit_of(path: Path) -> str | None:
     """The hub commit a snapshot directory belongs to (its folder name in the HF cache), else None."""
     parts = path.resolve().parts
     if len(parts) >= 2 and parts[-2] == "snapshots" and len(parts[-1]) == 40:
