@@ -23,6 +23,8 @@ from .transforms import LOAD_TRANSFORMS, Group, check_spec_transforms, group_blo
 
 # Keys some checkpoints carry that no module needs.
 IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)
+# The routed experts in the native module (transformers' fused layout): gate_up [E, 2I, H], down [E, H, I].
+EXPERTS_GATE_UP, EXPERTS_DOWN = "block.mlp.experts.gate_up_proj", "block.mlp.experts.down_proj"
 
 
 @dataclass
@@ -149,6 +151,19 @@ def iter_native_tensors(
                 tensor = tensor.to(want)
         yield g.module_key, tensor
         del tensor  # before the next group is built: one group in memory at a time
+
+
+def expert_keys(plan: MtpLayerPlan, e: int) -> tuple[str, str, str] | None:
+    """Checkpoint keys (gate, up, down) of routed expert `e` when the checkpoint stores experts one by one, as the
+    spec's load transform grouped them; None when it stores them fused (3-D) or the block has no routed experts."""
+    groups = {g.module_key: g for g in plan.groups}
+    gate_up, down = groups.get(EXPERTS_GATE_UP), groups.get(EXPERTS_DOWN)
+    if gate_up is None or down is None or not gate_up.transform or not down.transform:
+        return None
+    transform = LOAD_TRANSFORMS[gate_up.transform]
+    gate, up = transform.expert_keys(gate_up, e)
+    (down_key,) = LOAD_TRANSFORMS[down.transform].expert_keys(down, e)
+    return gate, up, down_key
 
 
 def native_to_checkpoint(

@@ -108,6 +108,13 @@ class FuseExperts:
             return out
         return {key: tensor[e] for e, key in enumerate(group.ckpt_keys)}
 
+    def expert_keys(self, group: Group, e: int) -> tuple[str, ...]:
+        """The checkpoint keys of expert `e` in a group `group()` made: (gate, up) of `gate_up_proj`, (down,) of
+        `down_proj`."""
+        if group.module_key.endswith("gate_up_proj"):
+            return group.ckpt_keys[2 * e : 2 * e + 2]
+        return (group.ckpt_keys[e],)
+
     def to_checkpoint(self, module_key: str, tensor: torch.Tensor) -> dict[str, torch.Tensor] | None:
         """Module tensor -> per-expert checkpoint tensors (keys relative to the block); None if not ours."""
         for suffix, names in (("experts.gate_up_proj", ("gate", "up")), ("experts.down_proj", ("down",))):
@@ -164,7 +171,8 @@ class Eagle3Build:
 
     `tensor(name)` returns an MTP tensor in fp32 by its name in the native module ("eh_proj.weight",
     "block.self_attn.o_proj.weight", ...). `expert(e)` returns (gate [I, H], up [I, H], down [H, I]) of routed expert
-    e without reading the others. `target_head()` is the target's lm_head [V, H].
+    e without reading the others. `target_head()` is the target's lm_head [V, H]. `shapes` maps the native module's
+    tensor names to their shapes (the layer's layout, e.g. the routed experts' count and width), without reading.
     """
 
     spec: Any
@@ -179,6 +187,7 @@ class Eagle3Build:
     config: dict[str, Any] = field(default_factory=dict)
     provenance: dict[str, dict[str, Any]] = field(default_factory=dict)
     scratch: dict[str, Any] = field(default_factory=dict)
+    shapes: dict[str, tuple[int, ...]] = field(default_factory=dict)
 
     @property
     def hidden_size(self) -> int:
@@ -578,11 +587,9 @@ def mlp_moe_to_dense(b: Eagle3Build) -> None:
     """MoE -> one dense SwiGLU: the shared expert(s) plus the routed experts most often selected, each down_proj
     scaled by its mean routing weight, within the target's dense intermediate size (approximate: routing is input
     dependent, the dense MLP is not)."""
-    cfg = b.block_config
-    n_experts = int(
-        getattr(cfg, "n_routed_experts", None) or getattr(cfg, "num_experts", None) or cfg.num_local_experts
-    )
-    top_k = int(cfg.num_experts_per_tok)
+    n_experts, two_i, _ = b.shapes["block.mlp.experts.gate_up_proj"]  # [E, 2I, H]: the layout, not config names
+    expert_size = two_i // 2
+    top_k = int(b.block_config.num_experts_per_tok)
     freq, mean_w = _routing_estimate(b, n_experts)
     gates, ups, downs, sources = [], [], [], []
     for prefix in ("block.mlp.shared_experts.", "block.mlp.shared_expert."):
@@ -595,7 +602,6 @@ def mlp_moe_to_dense(b: Eagle3Build) -> None:
             downs.append(b.tensor(prefix + "down_proj.weight") * scale)
             sources.append(prefix + "*")
     shared = sum(g.shape[0] for g in gates)
-    expert_size = int(getattr(cfg, "moe_intermediate_size", 0) or b.expert(0)[0].shape[0])
     budget = int(b.target_text_config.get("intermediate_size") or (shared + top_k * expert_size))
     m = min(n_experts, max(top_k, (budget - shared) // expert_size))
     chosen = torch.argsort(freq, descending=True, stable=True)[:m].tolist()
