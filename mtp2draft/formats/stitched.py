@@ -15,8 +15,9 @@ import torch
 
 from .._version import __version__
 from ..checkpoint import DTYPES as ST_DTYPES
-from ..checkpoint import INDEX_FILE, SCALE_SUFFIX, Checkpoint
+from ..checkpoint import INDEX_FILE, Checkpoint
 from ..errors import DraftError
+from ..fp8 import SCALE_SUFFIX, fp8_block_size
 from ..io import Progress, SafetensorsWriter, write_json
 from ..kinds import CONFIG_FILE, WEIGHTS_FILE
 from ..layout import plan_mtp_layer
@@ -196,8 +197,7 @@ def _validate_stitched(path: Path, cfg: dict[str, Any]) -> list[str]:
     for key in mtp_keys:
         if weight_map[key] not in present:
             problems.append(f"the index maps MTP tensor {key} to {weight_map[key]}, which is missing from the overlay")
-    quant = cfg.get("quantization_config") or {}
-    block = quant.get("weight_block_size") or [128, 128]
+    block = fp8_block_size(cfg)
     expected: dict[str, tuple[int, ...]] = {}
     for i in range(count):
         try:

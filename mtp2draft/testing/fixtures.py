@@ -24,8 +24,8 @@ from typing import Any
 import torch
 from safetensors.torch import load_file
 
-from ..checkpoint import quantize_fp8
 from ..draft import NativeMtpDraft
+from ..fp8 import quantize_fp8
 from ..io import save_tensors, write_json
 from ..layout import native_to_checkpoint
 from ..spec import get_spec
