@@ -12,6 +12,8 @@ What this module does not do: train (`distill.py`), or write engine-specific exp
 
 from __future__ import annotations
 
+import ctypes
+import functools
 import math
 import time
 from dataclasses import dataclass, field
@@ -161,13 +163,14 @@ def build_eagle3(
         g, u = gate_up[e].chunk(2, dim=0)
         return g, u, down[e]
 
-    def head() -> torch.Tensor:
+    def head() -> torch.Tensor:  # copied as it is: read straight into the output dtype, never held in fp32
         key = target_head_key(ckpt, spec, plan)
-        return ckpt.read_weights([key])[key]
+        return ckpt.read_weights([key], dtype)[key]
 
     aux = _aux_layers(spec.num_layers(cfg), aux_layers)
     b = Eagle3Build(spec, block_config(spec, cfg), text, tensor, by_module.__contains__, expert, head, aux)
     b.shapes.update(plan.expected)
+    b.dtype = dtype
     b.config.update(hidden_size=int(text["hidden_size"]), hidden_act="silu", vocab_size=int(text["vocab_size"]))
     done: dict[str, torch.Tensor] = {}  # outputs already checked and cast (by identity: transforms reassign)
     for name in spec.eagle3.transforms:
@@ -176,6 +179,7 @@ def build_eagle3(
         for key, value in b.out.items():
             if done.get(key) is not value:  # the transforms' arithmetic, too, must stay finite
                 b.out[key] = done[key] = check_finite(key, value).to(dtype)
+        _return_freed_memory()
     config = eagle3_config(b.config, text, aux, cfg, spec.name)
     # every weight the SGLang layout needs must have been produced by the spec's transforms
     with torch.device("meta"):
@@ -184,6 +188,23 @@ def build_eagle3(
     if missing:
         raise CheckpointError(f"spec {spec.name}: eagle3.transforms leave {', '.join(missing)} uninitialised")
     return config, b.out, b.provenance
+
+
+def _return_freed_memory() -> None:
+    """Give the heap pages a transform freed back to the OS. glibc's malloc keeps them for later allocations, which
+    fragments them, so the process's RSS would climb towards the sum of the transforms' fp32 working sets rather than
+    the largest one (scripts/bench_convert.py measures it). A no-op where the C library has no `malloc_trim`."""
+    trim = _malloc_trim()
+    if trim is not None:
+        trim(0)
+
+
+@functools.cache
+def _malloc_trim() -> Any:
+    try:
+        return ctypes.CDLL(None).malloc_trim
+    except (OSError, AttributeError):
+        return None
 
 
 def _aux_layers(num_layers: int, aux_layers: list[int] | None) -> list[int]:

@@ -206,19 +206,15 @@ def native_to_checkpoint(
 
 
 def target_embed_key(ckpt: Checkpoint, spec: Spec, plan: MtpLayerPlan) -> str:
+    """The embedding the MTP layer shares: the target's, else its copy inside the layer."""
     key = spec.key(spec.keys.target_embed, ckpt.config, plan.layer)
-    if ckpt.has(key):
-        return key
-    if plan.stored_embed:
-        return plan.stored_embed
-    raise CheckpointError(f"the checkpoint has no embedding ({key})")
+    found = key if ckpt.has(key) else plan.stored_embed
+    if not found:
+        raise CheckpointError(f"the checkpoint has no embedding ({key})")
+    return found
 
 
 def target_head_key(ckpt: Checkpoint, spec: Spec, plan: MtpLayerPlan) -> str:
     """The lm_head the MTP layer shares: the target's, its copy inside the layer, or the embedding when tied."""
     key = spec.key(spec.keys.target_head, ckpt.config, plan.layer)
-    if ckpt.has(key):
-        return key
-    if plan.stored_head:
-        return plan.stored_head
-    return target_embed_key(ckpt, spec, plan)  # tied embeddings
+    return key if ckpt.has(key) else plan.stored_head or target_embed_key(ckpt, spec, plan)

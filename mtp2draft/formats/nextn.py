@@ -15,7 +15,7 @@ import torch
 
 from ..errors import DraftError
 from ..fp8 import SCALE_SUFFIX, fp8_block_size
-from ..io import Progress, SafetensorsWriter, write_json
+from ..io import SafetensorsWriter, write_json
 from ..kinds import CONFIG_FILE, WEIGHTS_FILE, DraftKind
 from ..layout import native_to_checkpoint
 from ..spec import Spec, find_spec, registry
@@ -53,17 +53,10 @@ def nextn_text_fields(spec: Spec, target_config: Mapping[str, Any]) -> dict[str,
     return fields
 
 
-def _export_nextn(
-    src: Path,
-    cfg: Mapping[str, Any],
-    tmp: Path,
-    provenance: Mapping[str, Any],
-    record: dict[str, Any],
-    target: str | None,
-    revision: str | None,
-    token: str | bool | None,
-    progress: Progress,
-) -> None:
+def _export_nextn(job: ExportJob) -> None:
+    """The `write` of this format: fills job.out from the draft job.src."""
+    src, cfg, tmp, provenance, record = job.src, job.cfg, job.out, job.provenance, job.record
+    target, revision, token, progress = job.target, job.revision, job.token, job.progress
     spec, target_config, layer = _native_input(src, cfg)
     if not spec.nextn.architecture:
         raise DraftError(
@@ -177,12 +170,6 @@ def _validate_nextn(path: Path, cfg: dict[str, Any]) -> list[str]:
 
 
 # ---- registration ---------------------------------------------------------------------------------------------------
-def _write(job: ExportJob) -> None:
-    _export_nextn(
-        job.src, job.cfg, job.out, job.provenance, job.record, job.target, job.revision, job.token, job.progress
-    )
-
-
 def _is_nextn(config: Mapping[str, Any]) -> bool:
     nextn = {s.nextn.architecture for s in registry().values() if s.nextn.architecture}
     return any(a in nextn for a in config.get("architectures") or [])  # the NextN classes the specs name
@@ -195,13 +182,12 @@ def _launch_lines(target: str, draft: str, k: int) -> dict[str, str]:
     }
 
 
+def _usable(spec: Spec) -> bool:
+    """SGLang loads a standalone NextN checkpoint for the family (it names the architecture) and serves its MTP."""
+    return bool(spec.nextn.architecture) and spec.serves("sglang", DraftKind.MTP)
+
+
+# Format(write, validate, detect, launch_lines, usable, codec): see formats/__init__.py
 PROVIDES: dict[str, Format] = {
-    "nextn": Format(
-        write=_write,
-        validate=_validate_nextn,
-        detect=_is_nextn,
-        launch_lines=_launch_lines,
-        usable=lambda spec: bool(spec.nextn.architecture) and spec.serves("sglang", DraftKind.MTP),
-        codec=nextn_text_fields,
-    ),
+    "nextn": Format(_export_nextn, _validate_nextn, _is_nextn, _launch_lines, _usable, codec=nextn_text_fields),
 }
