@@ -8,6 +8,7 @@ What this module does not do: parse safetensors headers or decide which bytes ar
 from __future__ import annotations
 
 import os
+from collections.abc import Iterable
 from pathlib import Path
 
 from . import network
@@ -90,7 +91,7 @@ class HubFiles:
             return cached
         if file not in self.sizes:
             raise CheckpointError(f"shard {file} is named in the index but is not in {self.repo_id}@{self.commit[:12]}")
-        data = bytearray(_range_get(self.repo_id, self.commit, file, start, end, self.token))
+        data = _range_get(self.repo_id, self.commit, file, start, end, self.token)
         self.bytes_fetched += len(data)
         self.requests += 1
         folder = self.cache / file
@@ -111,31 +112,47 @@ def _range_cache_dir(repo_id: str, commit: str) -> Path:
     return root / ("models--" + repo_id.replace("/", "--")) / commit
 
 
-def _range_get(repo_id: str, commit: str, file: str, start: int, end: int, token: str | bool | None) -> bytes:
+def _range_get(repo_id: str, commit: str, file: str, start: int, end: int, token: str | bool | None) -> bytearray:
+    """Bytes [start, end) of `file`, streamed straight into the buffer the tensors will view (no second copy of a
+    range that can be a whole lm_head)."""
     from huggingface_hub import hf_hub_url
-    from huggingface_hub.utils import build_hf_headers, http_backoff
+    from huggingface_hub.utils import build_hf_headers, http_stream_backoff
 
     url = hf_hub_url(repo_id, file, revision=commit)
     headers = build_hf_headers(token=token)
     headers["Range"] = f"bytes={start}-{end - 1}"
     network.configure()
     try:
-        response = http_backoff(
+        with http_stream_backoff(
             "GET",
             url,
             headers=headers,
             max_retries=network.retries(),
             retry_on_status_codes=(429, 500, 502, 503, 504),
-        )
-        response.raise_for_status()
+        ) as response:
+            response.raise_for_status()
+            # 200: the server ignored the range and sends the whole file (the bytes are spent anyway): keep the slice
+            data, got = _fill(response.iter_bytes(), end - start, skip=start if response.status_code == 200 else 0)
     except Exception as exc:  # network errors after huggingface_hub's retries
         if network.is_network_error(exc):
             raise SourceError(network.describe(exc)) from exc
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise SourceError(f"could not fetch bytes {start}-{end - 1} of {file} from {repo_id}: {first}") from exc
-    data = response.content
-    if response.status_code == 200:  # server ignored the range: keep the slice (the bytes were spent anyway)
-        data = data[start:end]
-    if len(data) != end - start:
-        raise CheckpointError(f"{file}: asked for {end - start} bytes at {start}, got {len(data)} (file truncated?)")
+    if got != end - start:
+        raise CheckpointError(f"{file}: asked for {end - start} bytes at {start}, got {got} (file truncated?)")
     return data
+
+
+def _fill(chunks: Iterable[bytes], size: int, skip: int = 0) -> tuple[bytearray, int]:
+    """(a buffer of `size` bytes filled from `chunks` after dropping the first `skip`, how many bytes arrived)."""
+    data = bytearray(size)
+    got = pos = 0  # bytes written; offset of the current chunk in the stream
+    for chunk in chunks:
+        view = memoryview(chunk)[max(skip - pos, 0) :]
+        pos += len(chunk)
+        take = min(len(view), size - got)
+        data[got : got + take] = view[:take]
+        got += take
+        if got == size:
+            break
+    return data, got
