@@ -185,6 +185,24 @@ LONGCAT_FLASH = {
     "zero_expert_type": "identity",
 }
 
+# Fields Qwen3.5 keeps from Qwen3-Next (the same hybrid layout: every 4th layer full attention, the others Gated
+# DeltaNet linear attention), at the same tiny sizes; splatted where they sort, so config.json keeps its order.
+_QWEN_HYBRID_SIZES = {
+    "full_attention_interval": 4,
+    "head_dim": 32,
+    "hidden_act": "silu",
+    "hidden_size": 64,
+    "initializer_range": 0.02,
+    "intermediate_size": 128,
+}
+_QWEN_LINEAR_ATTENTION = {
+    "linear_conv_kernel_dim": 4,
+    "linear_key_head_dim": 16,
+    "linear_num_key_heads": 2,
+    "linear_num_value_heads": 4,
+    "linear_value_head_dim": 16,
+}
+
 # Qwen3-Next-80B-A3B's config.json fields (tiny values): no MTP count field (engines assume 1), the hybrid layout
 # from full_attention_interval (every 4th layer is full attention), rope_theta / partial_rotary_factor top level.
 QWEN3_NEXT = {
@@ -195,17 +213,8 @@ QWEN3_NEXT = {
     "bos_token_id": 0,
     "decoder_sparse_step": 1,
     "eos_token_id": 1,
-    "full_attention_interval": 4,
-    "head_dim": 32,
-    "hidden_act": "silu",
-    "hidden_size": 64,
-    "initializer_range": 0.02,
-    "intermediate_size": 128,
-    "linear_conv_kernel_dim": 4,
-    "linear_key_head_dim": 16,
-    "linear_num_key_heads": 2,
-    "linear_num_value_heads": 4,
-    "linear_value_head_dim": 16,
+    **_QWEN_HYBRID_SIZES,
+    **_QWEN_LINEAR_ATTENTION,
     "max_position_embeddings": 4096,
     "mlp_only_layers": [],
     "moe_intermediate_size": 16,
@@ -238,18 +247,9 @@ _QWEN3_5_TEXT = {
     "bos_token_id": None,
     "dtype": "bfloat16",
     "eos_token_id": 1,
-    "full_attention_interval": 4,
-    "head_dim": 32,
-    "hidden_act": "silu",
-    "hidden_size": 64,
-    "initializer_range": 0.02,
-    "intermediate_size": 128,
+    **_QWEN_HYBRID_SIZES,
     "layer_types": ["linear_attention", "linear_attention", "linear_attention", "full_attention"],
-    "linear_conv_kernel_dim": 4,
-    "linear_key_head_dim": 16,
-    "linear_num_key_heads": 2,
-    "linear_num_value_heads": 4,
-    "linear_value_head_dim": 16,
+    **_QWEN_LINEAR_ATTENTION,
     "mamba_ssm_dtype": "float32",
     "max_position_embeddings": 4096,
     "mlp_only_layers": [],
