@@ -37,7 +37,7 @@ from .draft import (
     without_identity_maps,
 )
 from .errors import CheckpointError, ShallowTargetError, SourceError
-from .formats.eagle3_config import eagle_config_ids
+from .formats.eagle3_config import TOKEN_FIELDS, sglang_config
 from .io import Progress, SafetensorsWriter, atomic_output_dir, check_output_dir, quiet, save_tensors, write_json
 from .kinds import DRAFT_KINDS, DraftKind
 from .layout import (
@@ -180,7 +180,7 @@ def build_eagle3(
             if done.get(key) is not value:  # the transforms' arithmetic, too, must stay finite
                 b.out[key] = done[key] = check_finite(key, value).to(dtype)
         _return_freed_memory()
-    config = eagle3_config(b.config, text, aux, cfg, spec.name)
+    config = _sglang_layout_config(b.config, text, aux, cfg, spec.name)
     # every weight the SGLang layout needs must have been produced by the spec's transforms
     with torch.device("meta"):
         expected = Eagle3Draft(config).state_dict()
@@ -188,6 +188,23 @@ def build_eagle3(
     if missing:
         raise CheckpointError(f"spec {spec.name}: eagle3.transforms leave {', '.join(missing)} uninitialised")
     return config, b.out, b.provenance
+
+
+def _sglang_layout_config(
+    fields: dict[str, Any], text: dict[str, Any], aux: list[int], target_config: dict[str, Any], spec_name: str
+) -> dict[str, Any]:
+    """config.json of the new EAGLE-3 draft, through the `sglang` format's own codec (one builder of that layout):
+    the transforms' Llama fields, the target's width, token ids and aux ids ('input of layer i' at the top level;
+    `eagle_config` in SGLang's terms for the family). convert adds the `mtp2draft` record and the dtype itself."""
+    draft = {"rms_norm_eps": float(text.get("rms_norm_eps", 1e-6)), **fields}
+    draft.update(target_hidden_size=int(text["hidden_size"]), eagle_aux_hidden_state_layer_ids=[i + 1 for i in aux])
+    draft["mtp2draft"] = {"spec": spec_name}  # the family, for the SGLang aux id rule
+    for key in TOKEN_FIELDS:
+        if key in text or key in target_config:
+            draft[key] = text.get(key, target_config.get(key))
+    config = sglang_config(draft, torch.bfloat16)
+    del config["mtp2draft"]  # written last, in full, by convert
+    return config
 
 
 def _return_freed_memory() -> None:
@@ -214,55 +231,6 @@ def _aux_layers(num_layers: int, aux_layers: list[int] | None) -> list[int]:
         # repeated ids are refused by every exporter (and by SGLang's fc, which expects three different layers)
         raise CheckpointError(f"aux layer ids must be three distinct target layers in 0..{num_layers - 2}, got {aux}")
     return aux
-
-
-def eagle3_config(
-    fields: dict[str, Any],
-    text: dict[str, Any],
-    aux: list[int],
-    target_config: dict[str, Any],
-    spec_name: str | None = None,
-):
-    """config.json of an EAGLE-3 draft in SGLang's layout, read by vLLM and TensorRT-LLM too.
-
-    Aux ids are written twice: `eagle_config` holds 'output of layer i' ids (SGLang captures before layer i + 1),
-    the top-level `eagle_aux_hidden_state_layer_ids` holds vLLM's 'input of layer i' ids, i.e. the same + 1.
-    """
-    init = fields.pop("mtp2draft_init", None)
-    cfg = {
-        "architectures": ["LlamaForCausalLMEagle3"],
-        "model_type": "llama",
-        "num_hidden_layers": 1,
-        "hidden_size": fields["hidden_size"],
-        "intermediate_size": fields["intermediate_size"],
-        "num_attention_heads": fields["num_attention_heads"],
-        "num_key_value_heads": fields["num_key_value_heads"],
-        "head_dim": fields["head_dim"],
-        "rms_norm_eps": fields.get("rms_norm_eps", float(text.get("rms_norm_eps", 1e-6))),
-        "rope_theta": fields["rope_theta"],
-        "rope_scaling": fields.get("rope_scaling"),
-        "max_position_embeddings": fields["max_position_embeddings"],
-        "hidden_act": "silu",
-        "attention_bias": False,
-        "mlp_bias": False,
-        "vocab_size": fields["vocab_size"],
-        "draft_vocab_size": fields.get("draft_vocab_size", fields["vocab_size"]),
-        "target_hidden_size": int(text["hidden_size"]),
-        "tie_word_embeddings": False,
-        "torch_dtype": "bfloat16",
-        # SGLang's reading of these ids depends on the target family (formats.eagle3_config.sglang_aux_ids)
-        "eagle_config": {
-            "eagle_aux_hidden_state_layer_ids": eagle_config_ids(aux, spec_name),
-            "use_aux_hidden_state": True,
-        },
-        "eagle_aux_hidden_state_layer_ids": [i + 1 for i in aux],
-    }
-    for key in ("bos_token_id", "eos_token_id", "pad_token_id"):
-        if key in text or key in target_config:
-            cfg[key] = text.get(key, target_config.get(key))
-    if init is not None:
-        cfg["mtp2draft_init"] = init
-    return cfg
 
 
 # ---- the stage --------------------------------------------------------------------------------------------------------
