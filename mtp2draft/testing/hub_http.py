@@ -12,19 +12,16 @@ import contextlib
 import json
 import socketserver
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import TYPE_CHECKING
+from typing import Any
 from urllib.parse import parse_qs, unquote, urlsplit
 
 from .hub_store import _PLURAL, _RANGE, _URL_PREFIX, HubError, _Blob, _is_lfs, _Repo
-
-if TYPE_CHECKING:
-    from .hub_server import HubServer
 
 
 class _Server(ThreadingHTTPServer):
     daemon_threads = True
     request_queue_size = 64
-    hub: HubServer
+    hub: Any  # the hub_server.HubServer that owns the repos (not imported: it imports this module)
 
     def server_bind(self) -> None:  # skip HTTPServer's socket.getfqdn(), which can hang on a host without DNS
         socketserver.TCPServer.server_bind(self)
