@@ -8,7 +8,8 @@ From the Hub, step 2 and 3 are HTTP range requests through huggingface_hub's ses
 second run fetches nothing. Locally, shards that hold no needed key are never opened.
 
 FP8 block weights (`float8_e4m3fn` with an fp32 `<name>_scale_inv` sibling of shape [ceil(M/b), ceil(N/b)]) are
-dequantised as `W[i, j] * scale_inv[i // b, j // b]` in fp32 by `read_weights`.
+dequantised as `W[i, j] * scale_inv[i // b, j // b]` in fp32 by `read_weights` (the arithmetic is in `fp8.py`, the
+byte sources, local files and cached Hub ranges, in `byte_sources.py`).
 
 What this module does not do: know anything about MTP layers or families (that is `spec.py` / `convert.py`), or
 download whole shards.
@@ -28,31 +29,27 @@ from typing import Any
 import torch
 
 from . import network
+from .byte_sources import HubFiles, LocalFiles, _range_cache_dir
 from .errors import CheckpointError, SourceError
+from .fp8 import SCALE_SUFFIX as SCALE_SUFFIX  # re-exported (their home is fp8.py): callers import them from here
+from .fp8 import dequantize_fp8, fp8_block_size
+from .fp8 import quantize_fp8 as quantize_fp8
 
 INDEX_FILE = "model.safetensors.index.json"
 SINGLE_FILE = "model.safetensors"
 
-# safetensors dtype name -> (torch dtype, bytes per element)
+# safetensors dtype name -> (torch dtype, bytes per element); F8_E8M0 where this torch has it
+_ST_NAMES = (
+    "F64 float64, F32 float32, F16 float16, BF16 bfloat16, F8_E4M3 float8_e4m3fn, F8_E5M2 float8_e5m2, "
+    "I64 int64, I32 int32, I16 int16, I8 int8, U8 uint8, BOOL bool, F8_E8M0 float8_e8m0fnu"
+)
 DTYPES: dict[str, tuple[torch.dtype, int]] = {
-    "F64": (torch.float64, 8),
-    "F32": (torch.float32, 4),
-    "F16": (torch.float16, 2),
-    "BF16": (torch.bfloat16, 2),
-    "F8_E4M3": (torch.float8_e4m3fn, 1),
-    "F8_E5M2": (torch.float8_e5m2, 1),
-    "I64": (torch.int64, 8),
-    "I32": (torch.int32, 4),
-    "I16": (torch.int16, 2),
-    "I8": (torch.int8, 1),
-    "U8": (torch.uint8, 1),
-    "BOOL": (torch.bool, 1),
+    st: (getattr(torch, name), getattr(torch, name).itemsize)
+    for st, name in (pair.split() for pair in _ST_NAMES.split(", "))
+    if hasattr(torch, name)
 }
-if hasattr(torch, "float8_e8m0fnu"):
-    DTYPES["F8_E8M0"] = (torch.float8_e8m0fnu, 1)
 TORCH_TO_ST = {v[0]: k for k, v in DTYPES.items()}
 
-SCALE_SUFFIX = "_scale_inv"
 # Gap (bytes) up to which two needed tensors of one shard are fetched with a single range request.
 COALESCE_GAP = 4096
 # Largest range fetched (and held) at once when reading runs of adjacent tensors.
@@ -77,134 +74,6 @@ class TensorInfo:
     @property
     def numel(self) -> int:
         return math.prod(self.shape)
-
-
-# ---- byte sources -------------------------------------------------------------------------------------------------
-class LocalFiles:
-    """Reads byte ranges from files of a local directory; records which files it opened."""
-
-    def __init__(self, root: Path):
-        self.root = root
-        self.opened: set[str] = set()
-        self.bytes_read = 0
-
-    def exists(self, file: str) -> bool:
-        return (self.root / file).is_file()
-
-    def size(self, file: str) -> int | None:
-        path = self.root / file
-        return path.stat().st_size if path.is_file() else None
-
-    def read(self, file: str, start: int, end: int) -> bytes:
-        path = self.root / file
-        if not path.is_file():
-            raise CheckpointError(f"shard {file} is named in the index but does not exist in {self.root}")
-        self.opened.add(file)
-        data = bytearray(end - start)  # writable: tensors view it without a copy
-        with open(path, "rb") as fh:
-            fh.seek(start)
-            got = fh.readinto(data)
-        if got != end - start:
-            raise CheckpointError(f"{file}: asked for {end - start} bytes at {start}, got {got} (file truncated?)")
-        self.bytes_read += got
-        return data
-
-    def describe(self) -> str:
-        return str(self.root)
-
-
-class HubFiles:
-    """Reads byte ranges of files in a hub repo at a fixed commit, through an on-disk range cache."""
-
-    def __init__(self, repo_id: str, commit: str, sizes: dict[str, int | None], token: str | bool | None):
-        self.repo_id = repo_id
-        self.commit = commit
-        self.sizes = sizes
-        self.token = token
-        self.bytes_fetched = 0
-        self.requests = 0
-        self.cache = _range_cache_dir(repo_id, commit)
-
-    def exists(self, file: str) -> bool:
-        return file in self.sizes
-
-    def size(self, file: str) -> int | None:
-        return self.sizes.get(file)
-
-    def _cached(self, file: str, start: int, end: int) -> bytes | None:
-        folder = self.cache / file
-        if not folder.is_dir():
-            return None
-        for entry in folder.iterdir():
-            try:
-                a, b = (int(x) for x in entry.name.split("-"))
-            except ValueError:
-                continue
-            if a <= start and end <= b:
-                data = bytearray(end - start)
-                with open(entry, "rb") as fh:
-                    fh.seek(start - a)
-                    fh.readinto(data)
-                return data
-        return None
-
-    def read(self, file: str, start: int, end: int) -> bytes | bytearray:
-        if end <= start:
-            return bytearray()
-        cached = self._cached(file, start, end)
-        if cached is not None:
-            return cached
-        if file not in self.sizes:
-            raise CheckpointError(f"shard {file} is named in the index but is not in {self.repo_id}@{self.commit[:12]}")
-        data = bytearray(_range_get(self.repo_id, self.commit, file, start, end, self.token))
-        self.bytes_fetched += len(data)
-        self.requests += 1
-        folder = self.cache / file
-        folder.mkdir(parents=True, exist_ok=True)
-        tmp = folder / f".{start}-{end}.{os.getpid()}.tmp"
-        tmp.write_bytes(data)
-        os.replace(tmp, folder / f"{start}-{end}")
-        return data
-
-    def describe(self) -> str:
-        return f"{self.repo_id}@{self.commit[:12]}"
-
-
-def _range_cache_dir(repo_id: str, commit: str) -> Path:
-    from huggingface_hub import constants
-
-    root = Path(os.environ.get("MTP2DRAFT_CACHE") or Path(constants.HF_HOME) / "mtp2draft" / "ranges")
-    return root / ("models--" + repo_id.replace("/", "--")) / commit
-
-
-def _range_get(repo_id: str, commit: str, file: str, start: int, end: int, token: str | bool | None) -> bytes:
-    from huggingface_hub import hf_hub_url
-    from huggingface_hub.utils import build_hf_headers, http_backoff
-
-    url = hf_hub_url(repo_id, file, revision=commit)
-    headers = build_hf_headers(token=token)
-    headers["Range"] = f"bytes={start}-{end - 1}"
-    network.configure()
-    try:
-        response = http_backoff(
-            "GET",
-            url,
-            headers=headers,
-            max_retries=network.retries(),
-            retry_on_status_codes=(429, 500, 502, 503, 504),
-        )
-        response.raise_for_status()
-    except Exception as exc:  # network errors after huggingface_hub's retries
-        if network.is_network_error(exc):
-            raise SourceError(network.describe(exc)) from exc
-        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        raise SourceError(f"could not fetch bytes {start}-{end - 1} of {file} from {repo_id}: {first}") from exc
-    data = response.content
-    if response.status_code == 200:  # server ignored the range: keep the slice (the bytes were spent anyway)
-        data = data[start:end]
-    if len(data) != end - start:
-        raise CheckpointError(f"{file}: asked for {end - start} bytes at {start}, got {len(data)} (file truncated?)")
-    return data
 
 
 # ---- the checkpoint -----------------------------------------------------------------------------------------------
@@ -301,9 +170,7 @@ class Checkpoint:
         return scale
 
     def fp8_block_size(self) -> tuple[int, int]:
-        quant = self.config.get("quantization_config") or {}
-        block = quant.get("weight_block_size") or [128, 128]
-        return int(block[0]), int(block[1])
+        return fp8_block_size(self.config)
 
     # -- reading --
     def iter_raw(self, keys: Iterable[str], max_run_bytes: int = MAX_RUN_BYTES) -> Iterator[tuple[str, torch.Tensor]]:
@@ -366,10 +233,19 @@ class Checkpoint:
         return sum(self.info(k).nbytes for k in self.needed_keys(keys))
 
 
+# Elements checked at once by `check_finite`.
+FINITE_CHUNK = 1 << 20
+
+
 def check_finite(key: str, tensor: torch.Tensor) -> torch.Tensor:
     """`tensor`, or a CheckpointError when it holds NaN / Inf: a damaged weight would otherwise convert "exactly" and
     poison every draft made from it."""
-    if tensor.is_floating_point() and tensor.numel() and not bool(torch.isfinite(tensor).all()):
+    if not tensor.is_floating_point() or not tensor.numel():
+        return tensor
+    # in chunks: isfinite builds temporaries several times the size of what it checks (a whole lm_head would cost
+    # more than the tensor itself)
+    flat = tensor.reshape(-1)
+    if not all(bool(torch.isfinite(chunk).all()) for chunk in flat.split(FINITE_CHUNK)):
         nan, inf = int(torch.isnan(tensor).sum()), int(torch.isinf(tensor).sum())
         raise CheckpointError(
             f"{key} holds non-finite values ({nan} NaN, {inf} Inf of {tensor.numel()}): the checkpoint is damaged"
@@ -398,50 +274,6 @@ def _decode(data: bytes | bytearray | memoryview, info: TensorInfo) -> torch.Ten
     if not len(data):
         return torch.empty(info.shape, dtype=dtype)
     return torch.frombuffer(data, dtype=dtype).reshape(info.shape)
-
-
-def dequantize_fp8(
-    weight: torch.Tensor, scale_inv: torch.Tensor, block: tuple[int, int] = (128, 128), key: str = "weight"
-) -> torch.Tensor:
-    """`W[i, j] * scale_inv[i // bm, j // bn]` in fp32, ragged edge blocks included.
-
-    weight: [M, N] float8; scale_inv: [ceil(M/bm), ceil(N/bn)] (fp32, or e8m0 power-of-two scales).
-    """
-    if weight.dim() != 2:
-        raise CheckpointError(f"FP8 weight {key} has {weight.dim()} dimensions; block scales need 2")
-    m, n = weight.shape
-    bm, bn = block
-    want = (math.ceil(m / bm), math.ceil(n / bn))
-    if tuple(scale_inv.shape) != want:
-        raise CheckpointError(
-            f"{key}{SCALE_SUFFIX} has shape {list(scale_inv.shape)}, expected {list(want)} for a [{m}, {n}] weight"
-        )
-    scale = scale_inv.float()
-    # Expand the block scales to full size row-block by row-block to keep peak memory near one fp32 copy of W.
-    out = torch.empty((m, n), dtype=torch.float32)
-    for r in range(want[0]):
-        rows = slice(r * bm, min((r + 1) * bm, m))
-        full = scale[r].repeat_interleave(bn)[:n]
-        out[rows] = weight[rows].float() * full
-    return out
-
-
-def quantize_fp8(weight: torch.Tensor, block: tuple[int, int] = (128, 128)) -> tuple[torch.Tensor, torch.Tensor]:
-    """Inverse of `dequantize_fp8`: per block scale = amax / 448, W_fp8 = W / scale, scale_inv = scale."""
-    m, n = weight.shape
-    bm, bn = block
-    rows, cols = math.ceil(m / bm), math.ceil(n / bn)
-    w = weight.float()
-    scale = torch.empty((rows, cols), dtype=torch.float32)
-    q = torch.empty((m, n), dtype=torch.float8_e4m3fn)
-    fmax = torch.finfo(torch.float8_e4m3fn).max
-    for r in range(rows):
-        for c in range(cols):
-            blk = w[r * bm : (r + 1) * bm, c * bn : (c + 1) * bn]
-            s = blk.abs().max().clamp(min=1e-12) / fmax
-            scale[r, c] = s
-            q[r * bm : (r + 1) * bm, c * bn : (c + 1) * bn] = (blk / s).clamp(-fmax, fmax).to(torch.float8_e4m3fn)
-    return q, scale
 
 
 # ---- resolution ---------------------------------------------------------------------------------------------------

@@ -12,6 +12,8 @@ What this module does not do: train (`distill.py`), or write engine-specific exp
 
 from __future__ import annotations
 
+import ctypes
+import functools
 import math
 import time
 from dataclasses import dataclass, field
@@ -27,16 +29,22 @@ from .draft import (
     CONFIG_FILE,
     PROVENANCE_FILE,
     WEIGHTS_FILE,
+    Eagle3Draft,
     NativeMtpDraft,
     block_config,
     native_config,
+    vocab_maps,
+    without_identity_maps,
 )
 from .errors import CheckpointError, ShallowTargetError, SourceError
-from .formats.eagle3_config import eagle_config_ids
-from .io import Progress, SafetensorsWriter, atomic_output_dir, check_output_dir, quiet, write_json
+from .formats.eagle3_config import TOKEN_FIELDS, sglang_config
+from .io import Progress, SafetensorsWriter, atomic_output_dir, check_output_dir, quiet, save_tensors, write_json
 from .kinds import DRAFT_KINDS, DraftKind
 from .layout import (
+    EXPERTS_DOWN,
+    EXPERTS_GATE_UP,
     MtpLayerPlan,
+    expert_keys,
     iter_native_tensors,
     plan_mtp_layer,
     resolve_layer,
@@ -118,13 +126,21 @@ def default_aux_layers(num_layers: int) -> list[int]:
 
 
 def build_eagle3(
-    ckpt: Checkpoint, spec: Spec, plan: MtpLayerPlan, aux_layers: list[int] | None = None
+    ckpt: Checkpoint,
+    spec: Spec,
+    plan: MtpLayerPlan,
+    aux_layers: list[int] | None = None,
+    dtype: torch.dtype = torch.float32,
 ) -> tuple[dict[str, Any], dict[str, torch.Tensor], dict[str, dict[str, Any]]]:
-    """EAGLE-3 config, weights (fp32) and per-tensor provenance, initialised from the MTP layer by the transforms
-    the spec names. Experts are read one at a time, and only those the MoE transform keeps."""
+    """EAGLE-3 config, weights (in `dtype`) and per-tensor provenance, initialised from the MTP layer by the
+    transforms the spec names. Experts are read one at a time, and only those the MoE transform keeps.
+
+    Memory: the transforms compute in fp32 on the inputs they read, and what each one wrote is checked finite and
+    cast to `dtype` as soon as it returns, so the build holds the finished layer in `dtype` plus one transform's fp32
+    working set, never the whole layer in fp32. The cast commutes with what later transforms still do to earlier
+    outputs (concatenate heads, repeat kv heads: copies), so the bytes equal a cast of the all-fp32 result."""
     cfg = ckpt.config
     text = spec.text_config(cfg)
-    bcfg = block_config(spec, cfg)
     by_module = {g.module_key: g for g in plan.groups}
     cache: dict[str, torch.Tensor] = {}
 
@@ -138,38 +154,35 @@ def build_eagle3(
             cache[name] = LOAD_TRANSFORMS[g.transform].combine(g, parts) if g.transform else parts[0]
         return cache[name]
 
-    def has(name: str) -> bool:
-        return name in by_module
-
     def expert(e: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        prefix = spec.key(spec.keys.block, cfg, plan.layer)
-        keys = [f"{prefix}mlp.experts.{e}.{p}_proj.weight" for p in ("gate", "up", "down")]
-        if all(ckpt.has(k) for k in keys):
+        keys = expert_keys(plan, e)
+        if keys is not None:  # stored one by one: read this expert's three tensors only
             raw = ckpt.read_weights(keys)
             return raw[keys[0]], raw[keys[1]], raw[keys[2]]
-        gate_up, down = tensor("block.mlp.experts.gate_up_proj"), tensor("block.mlp.experts.down_proj")
+        gate_up, down = tensor(EXPERTS_GATE_UP), tensor(EXPERTS_DOWN)  # stored fused: [E, 2I, H], [E, H, I]
         g, u = gate_up[e].chunk(2, dim=0)
         return g, u, down[e]
 
-    def head() -> torch.Tensor:
+    def head() -> torch.Tensor:  # copied as it is: read straight into the output dtype, never held in fp32
         key = target_head_key(ckpt, spec, plan)
-        return ckpt.read_weights([key])[key]
+        return ckpt.read_weights([key], dtype)[key]
 
-    num_layers = spec.num_layers(cfg)
-    aux = list(aux_layers) if aux_layers else default_aux_layers(num_layers)
-    if len(aux) != 3 or len(set(aux)) != 3 or not all(0 <= i < num_layers - 1 for i in aux):
-        # repeated ids are refused by every exporter (and by SGLang's fc, which expects three different layers)
-        raise CheckpointError(f"aux layer ids must be three distinct target layers in 0..{num_layers - 2}, got {aux}")
-    b = Eagle3Build(spec, bcfg, text, tensor, has, expert, head, aux)
+    aux = _aux_layers(spec.num_layers(cfg), aux_layers)
+    b = Eagle3Build(spec, block_config(spec, cfg), text, tensor, by_module.__contains__, expert, head, aux)
+    b.shapes.update(plan.expected)
+    b.dtype = dtype
     b.config.update(hidden_size=int(text["hidden_size"]), hidden_act="silu", vocab_size=int(text["vocab_size"]))
+    done: dict[str, torch.Tensor] = {}  # outputs already checked and cast (by identity: transforms reassign)
     for name in spec.eagle3.transforms:
         EAGLE3_TRANSFORMS[name](b)
         cache.clear()  # inputs are re-read by the transform that needs them, not kept for the whole build
-    config = eagle3_config(b.config, text, aux, cfg, spec.name)
+        for key, value in b.out.items():
+            if done.get(key) is not value:  # the transforms' arithmetic, too, must stay finite
+                b.out[key] = done[key] = check_finite(key, value).to(dtype)
+        _return_freed_memory()
+    config = _sglang_layout_config(b.config, text, aux, cfg, spec.name)
     # every weight the SGLang layout needs must have been produced by the spec's transforms
     with torch.device("meta"):
-        from .draft import Eagle3Draft
-
         expected = Eagle3Draft(config).state_dict()
     missing = sorted(set(expected) - set(b.out) - {"d2t", "t2d"})
     if missing:
@@ -177,53 +190,47 @@ def build_eagle3(
     return config, b.out, b.provenance
 
 
-def eagle3_config(
-    fields: dict[str, Any],
-    text: dict[str, Any],
-    aux: list[int],
-    target_config: dict[str, Any],
-    spec_name: str | None = None,
-):
-    """config.json of an EAGLE-3 draft in SGLang's layout, read by vLLM and TensorRT-LLM too.
-
-    Aux ids are written twice: `eagle_config` holds 'output of layer i' ids (SGLang captures before layer i + 1),
-    the top-level `eagle_aux_hidden_state_layer_ids` holds vLLM's 'input of layer i' ids, i.e. the same + 1.
-    """
-    init = fields.pop("mtp2draft_init", None)
-    cfg = {
-        "architectures": ["LlamaForCausalLMEagle3"],
-        "model_type": "llama",
-        "num_hidden_layers": 1,
-        "hidden_size": fields["hidden_size"],
-        "intermediate_size": fields["intermediate_size"],
-        "num_attention_heads": fields["num_attention_heads"],
-        "num_key_value_heads": fields["num_key_value_heads"],
-        "head_dim": fields["head_dim"],
-        "rms_norm_eps": fields.get("rms_norm_eps", float(text.get("rms_norm_eps", 1e-6))),
-        "rope_theta": fields["rope_theta"],
-        "rope_scaling": fields.get("rope_scaling"),
-        "max_position_embeddings": fields["max_position_embeddings"],
-        "hidden_act": "silu",
-        "attention_bias": False,
-        "mlp_bias": False,
-        "vocab_size": fields["vocab_size"],
-        "draft_vocab_size": fields.get("draft_vocab_size", fields["vocab_size"]),
-        "target_hidden_size": int(text["hidden_size"]),
-        "tie_word_embeddings": False,
-        "torch_dtype": "bfloat16",
-        # SGLang's reading of these ids depends on the target family (formats.eagle3_config.sglang_aux_ids)
-        "eagle_config": {
-            "eagle_aux_hidden_state_layer_ids": eagle_config_ids(aux, spec_name),
-            "use_aux_hidden_state": True,
-        },
-        "eagle_aux_hidden_state_layer_ids": [i + 1 for i in aux],
-    }
-    for key in ("bos_token_id", "eos_token_id", "pad_token_id"):
+def _sglang_layout_config(
+    fields: dict[str, Any], text: dict[str, Any], aux: list[int], target_config: dict[str, Any], spec_name: str
+) -> dict[str, Any]:
+    """config.json of the new EAGLE-3 draft, through the `sglang` format's own codec (one builder of that layout):
+    the transforms' Llama fields, the target's width, token ids and aux ids ('input of layer i' at the top level;
+    `eagle_config` in SGLang's terms for the family). convert adds the `mtp2draft` record and the dtype itself."""
+    draft = {"rms_norm_eps": float(text.get("rms_norm_eps", 1e-6)), **fields}
+    draft.update(target_hidden_size=int(text["hidden_size"]), eagle_aux_hidden_state_layer_ids=[i + 1 for i in aux])
+    draft["mtp2draft"] = {"spec": spec_name}  # the family, for the SGLang aux id rule
+    for key in TOKEN_FIELDS:
         if key in text or key in target_config:
-            cfg[key] = text.get(key, target_config.get(key))
-    if init is not None:
-        cfg["mtp2draft_init"] = init
-    return cfg
+            draft[key] = text.get(key, target_config.get(key))
+    config = sglang_config(draft, torch.bfloat16)
+    del config["mtp2draft"]  # written last, in full, by convert
+    return config
+
+
+def _return_freed_memory() -> None:
+    """Give the heap pages a transform freed back to the OS. glibc's malloc keeps them for later allocations, which
+    fragments them, so the process's RSS would climb towards the sum of the transforms' fp32 working sets rather than
+    the largest one (scripts/bench_convert.py measures it). A no-op where the C library has no `malloc_trim`."""
+    trim = _malloc_trim()
+    if trim is not None:
+        trim(0)
+
+
+@functools.cache
+def _malloc_trim() -> Any:
+    try:
+        return ctypes.CDLL(None).malloc_trim
+    except (OSError, AttributeError):
+        return None
+
+
+def _aux_layers(num_layers: int, aux_layers: list[int] | None) -> list[int]:
+    """The three target layers fc fuses: the given ones, checked, or `default_aux_layers`."""
+    aux = list(aux_layers) if aux_layers else default_aux_layers(num_layers)
+    if len(aux) != 3 or len(set(aux)) != 3 or not all(0 <= i < num_layers - 1 for i in aux):
+        # repeated ids are refused by every exporter (and by SGLang's fc, which expects three different layers)
+        raise CheckpointError(f"aux layer ids must be three distinct target layers in 0..{num_layers - 2}, got {aux}")
+    return aux
 
 
 # ---- the stage --------------------------------------------------------------------------------------------------------
@@ -270,51 +277,12 @@ def convert(
     progress(f"{spec.name}: MTP layer {layer} of {count}; reading shard headers")
     plan = plan_mtp_layer(ckpt, spec, layer)
     check_weight_dtypes(ckpt, plan.checkpoint_keys)
-    torch_dtype = DTYPES[dtype]
-    dequantised = [k for k in plan.checkpoint_keys if ckpt.scale_key(k)]
-    provenance: dict[str, Any] = {
-        "tool": "mtp2draft",
-        "version": __version__,
-        "command": command_line(),
-        "source": str(source),  # as the user named it
-        "revision": revision,
-        "commit": ckpt.commit,
-        "spec": spec.name,
-        "spec_verified": spec.verified,
-        "mtp_layer": layer,
-        "draft_kind": to,
-        "dtype": dtype,
-        "dequantised_fp8": dequantised,
-        "fp8_block_size": list(ckpt.fp8_block_size()) if dequantised else None,
-    }
+    provenance = _provenance(ckpt, spec, plan, source, revision, to, dtype)
     with atomic_output_dir(out, overwrite, inputs=[source]) as tmp:
         if to == DraftKind.MTP:
-            needed = plan.checkpoint_keys
-            _write_native(ckpt, plan, tmp, torch_dtype, progress)
-            provenance["tensors"] = {
-                g.module_key: {"exact": True, "from": list(g.ckpt_keys), "how": g.transform or "copied"}
-                for g in plan.groups
-            }
-            draft_cfg = native_config(spec, ckpt.config, layer)
-            draft_cfg["torch_dtype"] = dtype
+            draft_cfg = _write_native_draft(ckpt, plan, tmp, dtype, provenance, progress)
         else:
-            progress("initialising the EAGLE-3 layer from the MTP layer")
-            draft_cfg, weights, tensor_prov = build_eagle3(ckpt, spec, plan, aux_layers)
-            for key, value in weights.items():  # the transforms' arithmetic, too, must stay finite
-                check_finite(key, value)
-            draft_cfg["torch_dtype"] = dtype
-            from .draft import vocab_maps, without_identity_maps
-
-            d2t, t2d = vocab_maps(torch.arange(draft_cfg["draft_vocab_size"]), draft_cfg["vocab_size"])
-            ordered = {k: weights[k].to(torch_dtype) for k in sorted(weights)}
-            ordered["d2t"], ordered["t2d"] = d2t, t2d
-            ordered = without_identity_maps(ordered, draft_cfg["vocab_size"], draft_cfg["draft_vocab_size"])
-            from .io import save_tensors
-
-            save_tensors(tmp / WEIGHTS_FILE, ordered, {"format": "pt"})
-            needed = [k for g in plan.groups for k in g.ckpt_keys]  # upper bound; exact bytes below
-            provenance["tensors"] = tensor_prov
-            provenance["aux_layer_ids"] = [i - 1 for i in draft_cfg["eagle_aux_hidden_state_layer_ids"]]
+            draft_cfg = _write_eagle3_draft(ckpt, plan, tmp, dtype, aux_layers, provenance, progress)
         draft_cfg["mtp2draft"] = {
             "version": __version__,
             "spec": spec.name,
@@ -326,19 +294,72 @@ def convert(
         write_json(tmp / CONFIG_FILE, draft_cfg)
         provenance["bytes_fetched"] = ckpt.bytes_fetched
         write_json(tmp / PROVENANCE_FILE, provenance)
+    # bytes needed: exact for the native layer; the EAGLE-3 transforms read a subset (experts), so what they fetched
+    needed = ckpt.bytes_for(plan.checkpoint_keys) if to == DraftKind.MTP else ckpt.bytes_fetched
     seconds = time.perf_counter() - started
     return ConvertResult(
-        Path(out),
-        to,
-        spec.name,
-        layer,
-        count,
-        ckpt.bytes_fetched,
-        ckpt.bytes_for(needed) if to == DraftKind.MTP else ckpt.bytes_fetched,
-        ckpt.total_bytes(),
-        seconds,
-        provenance,
+        Path(out), to, spec.name, layer, count, ckpt.bytes_fetched, needed, ckpt.total_bytes(), seconds, provenance
     )
+
+
+def _provenance(
+    ckpt: Checkpoint, spec: Spec, plan: MtpLayerPlan, source: str, revision: str | None, to: DraftKind, dtype: str
+) -> dict[str, Any]:
+    """provenance.json's head: where the draft comes from and how it was made (the writers add the tensors)."""
+    dequantised = [k for k in plan.checkpoint_keys if ckpt.scale_key(k)]
+    return {
+        "tool": "mtp2draft",
+        "version": __version__,
+        "command": command_line(),
+        "source": str(source),  # as the user named it
+        "revision": revision,
+        "commit": ckpt.commit,
+        "spec": spec.name,
+        "spec_verified": spec.verified,
+        "mtp_layer": plan.layer,
+        "draft_kind": to,
+        "dtype": dtype,
+        "dequantised_fp8": dequantised,
+        "fp8_block_size": list(ckpt.fp8_block_size()) if dequantised else None,
+    }
+
+
+def _write_native_draft(
+    ckpt: Checkpoint, plan: MtpLayerPlan, out: Path, dtype: str, provenance: dict[str, Any], progress: Progress
+) -> dict[str, Any]:
+    """`--to mtp`: the layer's tensors streamed into out/model.safetensors; returns the draft's config."""
+    _write_native(ckpt, plan, out, DTYPES[dtype], progress)
+    provenance["tensors"] = {
+        g.module_key: {"exact": True, "from": list(g.ckpt_keys), "how": g.transform or "copied"} for g in plan.groups
+    }
+    draft_cfg = native_config(plan.spec, ckpt.config, plan.layer)
+    draft_cfg["torch_dtype"] = dtype
+    return draft_cfg
+
+
+def _write_eagle3_draft(
+    ckpt: Checkpoint,
+    plan: MtpLayerPlan,
+    out: Path,
+    dtype: str,
+    aux_layers: list[int] | None,
+    provenance: dict[str, Any],
+    progress: Progress,
+) -> dict[str, Any]:
+    """`--to eagle3`: the EAGLE-3 layer initialised from the MTP layer, written with identity vocab maps (the full
+    vocabulary; distill narrows it); returns the draft's config."""
+    progress("initialising the EAGLE-3 layer from the MTP layer")
+    draft_cfg, weights, tensor_prov = build_eagle3(ckpt, plan.spec, plan, aux_layers, DTYPES[dtype])
+    draft_cfg["torch_dtype"] = dtype
+    d2t, t2d = vocab_maps(torch.arange(draft_cfg["draft_vocab_size"]), draft_cfg["vocab_size"])
+    ordered = {k: weights[k] for k in sorted(weights)}  # already in `dtype` (build_eagle3 casts as it goes)
+    del weights
+    ordered["d2t"], ordered["t2d"] = d2t, t2d
+    ordered = without_identity_maps(ordered, draft_cfg["vocab_size"], draft_cfg["draft_vocab_size"])
+    save_tensors(out / WEIGHTS_FILE, ordered, {"format": "pt"})
+    provenance["tensors"] = tensor_prov
+    provenance["aux_layer_ids"] = [i - 1 for i in draft_cfg["eagle_aux_hidden_state_layer_ids"]]
+    return draft_cfg
 
 
 def check_weight_dtypes(ckpt: Checkpoint, keys: list[str]) -> None:

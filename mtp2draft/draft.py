@@ -45,7 +45,7 @@ from safetensors.torch import load_file
 from torch import nn
 
 from .errors import CheckpointError, DraftError
-from .formats.eagle3_config import aux_ids, speculators_to_eagle3_config, speculators_weight_name
+from .formats.eagle3_config import LLAMA_FIELDS, aux_ids, speculators_to_eagle3_config, speculators_weight_name
 from .kinds import CONFIG_FILE as CONFIG_FILE  # the draft directory's files (defined in kinds), re-exported
 from .kinds import PROVENANCE_FILE as PROVENANCE_FILE
 from .kinds import WEIGHTS_FILE as WEIGHTS_FILE
@@ -144,7 +144,52 @@ class ComposedBlock(nn.Module):
         return hidden_states + self.mlp(self.post_attention_layernorm(hidden_states))
 
 
-class NativeMtpDraft(nn.Module):
+class _DraftModule(nn.Module):
+    """What both draft modules share: sizes from their transformers config, and one draft step (`forward`): the
+    target's embedding of the input ids, the layer (`layer_forward`: post-final-norm and pre-norm outputs), the head
+    (`logits`) and the hidden the next step consumes (`hidden_handover`: `post_norm` or `pre_norm`)."""
+
+    config: Any
+    hidden_handover: str
+
+    @property
+    def vocab_size(self) -> int:
+        return int(self.config.vocab_size)
+
+    @property
+    def hidden_size(self) -> int:
+        return int(self.config.hidden_size)
+
+    def missing_target(self) -> str | None:
+        """Why `forward` cannot run yet (a target tensor not attached), or None."""
+        raise NotImplementedError
+
+    def layer_forward(
+        self, embeds: torch.Tensor, hidden: torch.Tensor, *args: Any
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        raise NotImplementedError
+
+    def logits(self, normed: torch.Tensor) -> torch.Tensor:
+        raise NotImplementedError
+
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        hidden: torch.Tensor,
+        position_ids: torch.Tensor,
+        attention_mask: torch.Tensor | None = None,
+        cache: DraftCache | None = None,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """input_ids [B, T], hidden [B, T, H] -> (logits [B, T, V or Vd], the hidden the next step reads [B, T, H])."""
+        missing = self.missing_target()
+        if missing:
+            raise DraftError(missing)
+        embeds = F.embedding(input_ids, self.embed_weight).to(hidden.dtype)  # [B, T, H]
+        normed, out = self.layer_forward(embeds, hidden, position_ids, attention_mask, cache)
+        return self.logits(normed), (normed if self.hidden_handover == "post_norm" else out)
+
+
+class NativeMtpDraft(_DraftModule):
     """One MTP layer of `spec`'s family, computed as the checkpoint defines it."""
 
     kind = DraftKind.MTP
@@ -190,14 +235,6 @@ class NativeMtpDraft(nn.Module):
         _attach(self, "embed_weight", None)
         _attach(self, "head_weight", None)
 
-    @property
-    def vocab_size(self) -> int:
-        return int(self.config.vocab_size)
-
-    @property
-    def hidden_size(self) -> int:
-        return int(self.config.hidden_size)
-
     def attach_target(self, embed: torch.Tensor, head: torch.Tensor) -> NativeMtpDraft:
         """Share the target's embedding [V, H] and lm_head [V, H] (read-only)."""
         _attach(self, "embed_weight", embed)
@@ -235,20 +272,13 @@ class NativeMtpDraft(nn.Module):
         window = getattr(getattr(self.block, "self_attn", None), "sliding_window", None)
         return int(window) if window else None
 
-    def forward(
-        self,
-        input_ids: torch.Tensor,
-        hidden: torch.Tensor,
-        position_ids: torch.Tensor,
-        attention_mask: torch.Tensor | None = None,
-        cache: DraftCache | None = None,
-    ) -> tuple[torch.Tensor, torch.Tensor]:
+    def missing_target(self) -> str | None:
         if self.embed_weight is None or self.head_weight is None:
-            raise DraftError("the native draft needs the target's embedding and lm_head: call attach_target()")
-        embeds = F.embedding(input_ids, self.embed_weight).to(hidden.dtype)  # [B, T, H]
-        normed, out = self.layer_forward(embeds, hidden, position_ids, attention_mask, cache)
-        logits = F.linear(normed, self.head_weight.to(normed.dtype))  # [B, T, V]
-        return logits, (normed if self.hidden_handover == "post_norm" else out)
+            return "the native draft needs the target's embedding and lm_head: call attach_target()"
+        return None
+
+    def logits(self, normed: torch.Tensor) -> torch.Tensor:
+        return F.linear(normed, self.head_weight.to(normed.dtype))  # [B, T, V]: the target's head
 
     def layer_forward(
         self,
@@ -342,21 +372,9 @@ def llama_config(cfg: Mapping[str, Any]):
     """transformers LlamaConfig for the EAGLE-3 layer from an EAGLE-3 config.json dict."""
     from transformers import LlamaConfig
 
-    fields = {
-        k: cfg[k]
-        for k in (
-            "hidden_size",
-            "intermediate_size",
-            "num_attention_heads",
-            "num_key_value_heads",
-            "head_dim",
-            "rms_norm_eps",
-            "max_position_embeddings",
-            "hidden_act",
-            "vocab_size",
-        )
-        if k in cfg
-    }
+    # the EAGLE-3 config's Llama fields; RoPE goes through rope_parameters below
+    names = [k for k in (*LLAMA_FIELDS, "vocab_size") if k not in ("rope_theta", "rope_scaling")]
+    fields = {k: cfg[k] for k in names if k in cfg}
     rope = dict(cfg.get("rope_scaling") or {"rope_type": "default"})
     rope.setdefault("rope_type", rope.pop("type", "default"))
     rope["rope_theta"] = cfg.get("rope_theta", 10000.0)
@@ -392,7 +410,7 @@ class Eagle3Layer(nn.Module):
         return residual + self.mlp(self.post_attention_layernorm(residual))
 
 
-class Eagle3Draft(nn.Module):
+class Eagle3Draft(_DraftModule):
     """The EAGLE-3 draft in SGLang's layout (weights named exactly as `LlamaForCausalLMEagle3` loads them)."""
 
     kind = DraftKind.EAGLE3
@@ -425,16 +443,8 @@ class Eagle3Draft(nn.Module):
         return aux_ids(self.eagle_config)
 
     @property
-    def vocab_size(self) -> int:
-        return int(self.config.vocab_size)
-
-    @property
     def draft_vocab_size(self) -> int:
         return int(self.lm_head.out_features)
-
-    @property
-    def hidden_size(self) -> int:
-        return int(self.config.hidden_size)
 
     def attach_target(self, embed: torch.Tensor, head: torch.Tensor | None = None) -> Eagle3Draft:
         """Share the target's embedding [V, H] (read-only). The lm_head is the draft's own."""
@@ -451,21 +461,22 @@ class Eagle3Draft(nn.Module):
     def trainable_parameters(self) -> list[nn.Parameter]:
         return [p for p in self.parameters() if p.requires_grad]
 
-    def forward(
-        self,
-        input_ids: torch.Tensor,
-        hidden: torch.Tensor,
-        position_ids: torch.Tensor,
-        attention_mask: torch.Tensor | None = None,
-        cache: DraftCache | None = None,
+    def missing_target(self) -> str | None:
+        return (
+            "the EAGLE-3 draft needs the target's embedding: call attach_target()"
+            if self.embed_weight is None
+            else None
+        )
+
+    def layer_forward(
+        self, embeds: torch.Tensor, hidden: torch.Tensor, position_ids: torch.Tensor, *mask_cache: Any
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        if self.embed_weight is None:
-            raise DraftError("the EAGLE-3 draft needs the target's embedding: call attach_target()")
-        embeds = F.embedding(input_ids, self.embed_weight).to(hidden.dtype)  # [B, T, H]
-        position_embeddings = self.rotary_emb(hidden, position_ids)
-        out = self.midlayer(embeds, hidden, position_embeddings, attention_mask=attention_mask, cache=cache)
-        logits = self.lm_head(self.norm(out))  # [B, T, Vd]
-        return logits, out  # pre-norm output is what the next step consumes
+        """(norm(out), out [B, T, H]); the pre-norm `out` is what the next step consumes (`hidden_handover`)."""
+        out = self.midlayer(embeds, hidden, self.rotary_emb(hidden, position_ids), *mask_cache)
+        return self.norm(out), out
+
+    def logits(self, normed: torch.Tensor) -> torch.Tensor:
+        return self.lm_head(normed)  # [B, T, Vd]
 
     def draft_config(self) -> dict[str, Any]:
         return dict(self.eagle_config)

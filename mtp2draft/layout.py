@@ -23,6 +23,8 @@ from .transforms import LOAD_TRANSFORMS, Group, check_spec_transforms, group_blo
 
 # Keys some checkpoints carry that no module needs.
 IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)
+# The routed experts in the native module (transformers' fused layout): gate_up [E, 2I, H], down [E, H, I].
+EXPERTS_GATE_UP, EXPERTS_DOWN = "block.mlp.experts.gate_up_proj", "block.mlp.experts.down_proj"
 
 
 @dataclass
@@ -151,6 +153,19 @@ def iter_native_tensors(
         del tensor  # before the next group is built: one group in memory at a time
 
 
+def expert_keys(plan: MtpLayerPlan, e: int) -> tuple[str, str, str] | None:
+    """Checkpoint keys (gate, up, down) of routed expert `e` when the checkpoint stores experts one by one, as the
+    spec's load transform grouped them; None when it stores them fused (3-D) or the block has no routed experts."""
+    groups = {g.module_key: g for g in plan.groups}
+    gate_up, down = groups.get(EXPERTS_GATE_UP), groups.get(EXPERTS_DOWN)
+    if gate_up is None or down is None or not gate_up.transform or not down.transform:
+        return None
+    transform = LOAD_TRANSFORMS[gate_up.transform]
+    gate, up = transform.expert_keys(gate_up, e)
+    (down_key,) = LOAD_TRANSFORMS[down.transform].expert_keys(down, e)
+    return gate, up, down_key
+
+
 def native_to_checkpoint(
     spec: Spec, config: dict[str, Any], layer: int, state: dict[str, torch.Tensor]
 ) -> dict[str, torch.Tensor]:
@@ -191,19 +206,15 @@ def native_to_checkpoint(
 
 
 def target_embed_key(ckpt: Checkpoint, spec: Spec, plan: MtpLayerPlan) -> str:
+    """The embedding the MTP layer shares: the target's, else its copy inside the layer."""
     key = spec.key(spec.keys.target_embed, ckpt.config, plan.layer)
-    if ckpt.has(key):
-        return key
-    if plan.stored_embed:
-        return plan.stored_embed
-    raise CheckpointError(f"the checkpoint has no embedding ({key})")
+    found = key if ckpt.has(key) else plan.stored_embed
+    if not found:
+        raise CheckpointError(f"the checkpoint has no embedding ({key})")
+    return found
 
 
 def target_head_key(ckpt: Checkpoint, spec: Spec, plan: MtpLayerPlan) -> str:
     """The lm_head the MTP layer shares: the target's, its copy inside the layer, or the embedding when tied."""
     key = spec.key(spec.keys.target_head, ckpt.config, plan.layer)
-    if ckpt.has(key):
-        return key
-    if plan.stored_head:
-        return plan.stored_head
-    return target_embed_key(ckpt, spec, plan)  # tied embeddings
+    return key if ckpt.has(key) else plan.stored_head or target_embed_key(ckpt, spec, plan)

@@ -12,9 +12,11 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from mtp2draft.checkpoint import dequantize_fp8, open_checkpoint, quantize_fp8
+from mtp2draft.byte_sources import _fill
+from mtp2draft.checkpoint import FINITE_CHUNK, check_finite, open_checkpoint
 from mtp2draft.convert import convert, load_native
 from mtp2draft.errors import CheckpointError, SourceError
+from mtp2draft.fp8 import DEFAULT_FP8_BLOCK, dequantize_fp8, fp8_block_size, quantize_fp8
 
 
 def _reference_dequant(w: torch.Tensor, s: torch.Tensor, block: int = 128) -> torch.Tensor:
@@ -135,3 +137,28 @@ def test_tensor_shape_disagreeing_with_config(build, tmp_path: Path) -> None:
 def test_missing_local_directory_is_a_source_error(tmp_path: Path) -> None:
     with pytest.raises(SourceError, match="does not exist"):
         open_checkpoint(str(tmp_path / "nowhere"))
+
+
+def test_check_finite_finds_a_nan_past_the_first_chunk() -> None:
+    """The check runs in chunks (to bound its temporaries); a bad value in any chunk is still found and counted."""
+    w = torch.zeros(FINITE_CHUNK * 2 + 4)
+    w[-1] = float("nan")
+    with pytest.raises(CheckpointError, match=r"holds non-finite values \(1 NaN, 0 Inf"):
+        check_finite("w", w.view(-1, 4))
+    assert check_finite("ok", torch.zeros(FINITE_CHUNK + 1)).numel() == FINITE_CHUNK + 1
+
+
+@pytest.mark.parametrize("skip", [0, 3, 1000])
+def test_range_bytes_fill_one_buffer_from_any_chunking(skip: int) -> None:
+    """A streamed range lands in one buffer; a server that ignores the range (200) has its prefix dropped."""
+    body = bytes(range(256)) * 8
+    chunks = [body[i : i + 7] for i in range(0, len(body), 7)]
+    data, got = _fill(chunks, 500, skip=skip)
+    assert got == 500 and bytes(data) == body[skip : skip + 500]
+    data, got = _fill(chunks, 5000, skip=skip)  # asked for more than arrives: the count says so
+    assert got == len(body) - skip
+
+
+def test_fp8_block_size_defaults_to_128_and_follows_the_config() -> None:
+    assert fp8_block_size({}) == (128, 128) == DEFAULT_FP8_BLOCK
+    assert fp8_block_size({"quantization_config": {"weight_block_size": [64, 32]}}) == (64, 32)

@@ -76,13 +76,11 @@ def _fp8_problems(name: str, tensor_dtype: str, shape, headers: Mapping[str, Any
 
 
 def _headers(file: Path) -> dict[str, tuple[str, list[int]]]:
-    """name -> (safetensors dtype, shape) from a file's header (no tensor bytes read)."""
-    import struct
+    """name -> (safetensors dtype, shape) from a file's header, read and validated by safetensors (no tensor bytes)."""
+    from safetensors import safe_open
 
-    with open(file, "rb") as fh:
-        (n,) = struct.unpack("<Q", fh.read(8))
-        header = json.loads(fh.read(n))
-    return {k: (v["dtype"], v["shape"]) for k, v in header.items() if k != "__metadata__"}
+    with safe_open(str(file), "pt") as f:
+        return {k: (f.get_slice(k).get_dtype(), list(f.get_slice(k).get_shape())) for k in f.keys()}  # noqa: SIM118
 
 
 def _finite_file(file: Path, names: list[str]) -> list[str]:

@@ -154,14 +154,13 @@ def _validate_sglang(path: Path, cfg: dict[str, Any]) -> list[str]:
         problems.append(f"eagle_config.eagle_aux_hidden_state_layer_ids {inner} must be three distinct ids >= 0")
     if isinstance(eagle, dict) and eagle.get("use_aux_hidden_state") is False:
         problems.append("eagle_config.use_aux_hidden_state is false: the engines would skip fc")
-    if not top:
-        problems.append(
-            "top-level eagle_aux_hidden_state_layer_ids is missing: vLLM would capture its default layers "
-            "(or read eagle_config's 'output of layer' ids as 'input of layer' ids, one layer early)"
-        )
-    elif not _ids_ok(top, 1):
-        problems.append(f"top-level eagle_aux_hidden_state_layer_ids {top} must be three distinct ids >= 1")
-    elif inner and _ids_ok(inner, 0):
+    top_problems = _vllm_ids_problems(
+        top,
+        "top-level eagle_aux_hidden_state_layer_ids",
+        " (or read eagle_config's 'output of layer' ids as 'input of layer' ids, one layer early)",
+    )
+    problems += top_problems
+    if not top_problems and inner and _ids_ok(inner, 0):
         # Both copies must select the layers the draft was trained on: vLLM captures the input of each top-level
         # id (= the output of id - 1); SGLang reads eagle_config by the target family's rule (`[engines.sglang]
         # aux_ids`: + 1 always for Llama / Qwen / GLM, + 1 only when the first id is 1 for DeepSeek).
@@ -189,6 +188,15 @@ def _validate_sglang(path: Path, cfg: dict[str, Any]) -> list[str]:
 
 def _int(value: Any) -> Any:
     return int(value) if isinstance(value, int | float) else value
+
+
+def _vllm_ids_problems(ids: Any, name: str, missing_why: str) -> list[str]:
+    """What is wrong with the aux ids vLLM reads ('input of layer i', so >= 1) under config field `name`."""
+    if not ids:
+        return [f"{name} is missing: vLLM would capture its default layers{missing_why}"]
+    if not _ids_ok(ids, 1):
+        return [f"{name} {ids} must be three distinct ids >= 1 ('input of layer i' terms)"]
+    return []
 
 
 def _ids_ok(ids: Any, minimum: int) -> bool:
@@ -350,6 +358,15 @@ def _vocab_problems(weights: Mapping[str, torch.Tensor], vocab: int, draft_vocab
     return problems
 
 
+def _section(cfg: Mapping[str, Any], key: str, why: str, problems: list[str]) -> dict[str, Any] | None:
+    """cfg[key] when it is a JSON object; else None, with the problem recorded."""
+    value = cfg.get(key)
+    if isinstance(value, dict):
+        return value
+    problems.append(f"{key} is missing{why}")
+    return None
+
+
 def _validate_speculators(path: Path, cfg: dict[str, Any]) -> list[str]:
     problems: list[str] = []
     if cfg.get("architectures") != [SPECULATORS_ARCHITECTURE]:
@@ -358,11 +375,8 @@ def _validate_speculators(path: Path, cfg: dict[str, Any]) -> list[str]:
         problems.append(f"speculators_model_type is {cfg.get('speculators_model_type')!r}, expected 'eagle3'")
     if not cfg.get("speculators_version"):
         problems.append("speculators_version is missing")
-    sc = cfg.get("speculators_config")
-    if not isinstance(sc, dict):
-        problems.append("speculators_config is missing")
-        sc = {}
-    else:
+    sc = _section(cfg, "speculators_config", "", problems)
+    if sc is not None:
         if sc.get("algorithm") != DraftKind.EAGLE3:
             problems.append(f"speculators_config.algorithm is {sc.get('algorithm')!r}, expected 'eagle3'")
         methods = sc.get("proposal_methods")
@@ -384,9 +398,8 @@ def _validate_speculators(path: Path, cfg: dict[str, Any]) -> list[str]:
         verifier = sc.get("verifier")
         if not isinstance(verifier, dict) or "name_or_path" not in verifier or "architectures" not in verifier:
             problems.append("speculators_config.verifier needs name_or_path and architectures")
-    layer = cfg.get("transformer_layer_config")
-    if not isinstance(layer, dict):
-        problems.append("transformer_layer_config is missing (vLLM refuses the config)")
+    layer = _section(cfg, "transformer_layer_config", " (vLLM refuses the config)", problems)
+    if layer is None:
         layer = {}
     else:
         if layer.get("model_type") != "llama":
@@ -400,16 +413,11 @@ def _validate_speculators(path: Path, cfg: dict[str, Any]) -> list[str]:
     for key in ("draft_vocab_size", "target_hidden_size"):
         if cfg.get(key) is None:
             problems.append(f"{key} is missing")
-    ids = cfg.get("eagle_aux_hidden_state_layer_ids")
-    if not ids:
-        problems.append(
-            "eagle_aux_hidden_state_layer_ids is missing: vLLM would capture its default layers, not the ones the "
-            "draft was trained on"
-        )
-    elif not _ids_ok(ids, 1):
-        problems.append(
-            f"eagle_aux_hidden_state_layer_ids {ids} must be three distinct ids >= 1 ('input of layer i' terms)"
-        )
+    problems += _vllm_ids_problems(
+        cfg.get("eagle_aux_hidden_state_layer_ids"),
+        "eagle_aux_hidden_state_layer_ids",
+        ", not the ones the draft was trained on",
+    )
     for key, want in NORM_SWITCHES.items():
         if key not in cfg:
             default = " (vLLM then assumes true)" if key == "norm_before_residual" else ""
@@ -464,21 +472,19 @@ def _launch_lines(fmt: str) -> Callable[[str, str, int], dict[str, str]]:
     return lines
 
 
+def _format(name: str, engine: str, validate: Any, detect: Any, codec: Any) -> Format:
+    """The two EAGLE-3 formats share the writer and the launch lines; `engine` is the one that serves the format."""
+    return Format(
+        write=_write,
+        validate=validate,
+        detect=detect,
+        launch_lines=_launch_lines(name),
+        usable=lambda spec: spec.serves(engine, DraftKind.EAGLE3),
+        codec=codec,
+    )
+
+
 PROVIDES: dict[str, Format] = {
-    "sglang": Format(
-        write=_write,
-        validate=_validate_sglang,
-        detect=_is_sglang,
-        launch_lines=_launch_lines("sglang"),
-        usable=lambda spec: spec.serves("sglang", DraftKind.EAGLE3),
-        codec=sglang_config,
-    ),
-    "speculators": Format(
-        write=_write,
-        validate=_validate_speculators,
-        detect=_is_speculators,
-        launch_lines=_launch_lines("speculators"),
-        usable=lambda spec: spec.serves("vllm", DraftKind.EAGLE3),
-        codec=speculators_config,
-    ),
+    "sglang": _format("sglang", "sglang", _validate_sglang, _is_sglang, sglang_config),
+    "speculators": _format("speculators", "vllm", _validate_speculators, _is_speculators, speculators_config),
 }

@@ -21,9 +21,10 @@ from typing import Any
 import torch
 
 from ..checkpoint import DTYPES as ST_DTYPES
-from ..checkpoint import SCALE_SUFFIX, Checkpoint, open_checkpoint, quantize_fp8
+from ..checkpoint import Checkpoint, open_checkpoint
 from ..draft import NativeMtpDraft
 from ..errors import DraftError
+from ..fp8 import SCALE_SUFFIX, fp8_block_size, quantize_fp8
 from ..kinds import CONFIG_FILE, WEIGHTS_FILE, DraftKind
 from ..layout import native_to_checkpoint
 from ..spec import Spec, find_spec, get_spec
@@ -120,7 +121,7 @@ class _Stored:
 
 def _fp8_block(config: Mapping[str, Any], provenance: Mapping[str, Any]) -> tuple[tuple[int, int], bool]:
     quant = config.get("quantization_config") or {}
-    block = provenance.get("fp8_block_size") or quant.get("weight_block_size") or [128, 128]
+    block = provenance.get("fp8_block_size") or fp8_block_size(config)
     # DeepSeek-V3.1 ships power-of-two (UE8M0) scales; requantised weights keep that property.
     return (int(block[0]), int(block[1])), quant.get("scale_fmt") == "ue8m0"
 

@@ -13,9 +13,9 @@ from typing import Any
 
 import torch
 
-from ..checkpoint import SCALE_SUFFIX
 from ..errors import DraftError
-from ..io import Progress, SafetensorsWriter, write_json
+from ..fp8 import SCALE_SUFFIX, fp8_block_size
+from ..io import SafetensorsWriter, write_json
 from ..kinds import CONFIG_FILE, WEIGHTS_FILE, DraftKind
 from ..layout import native_to_checkpoint
 from ..spec import Spec, find_spec, registry
@@ -53,17 +53,10 @@ def nextn_text_fields(spec: Spec, target_config: Mapping[str, Any]) -> dict[str,
     return fields
 
 
-def _export_nextn(
-    src: Path,
-    cfg: Mapping[str, Any],
-    tmp: Path,
-    provenance: Mapping[str, Any],
-    record: dict[str, Any],
-    target: str | None,
-    revision: str | None,
-    token: str | bool | None,
-    progress: Progress,
-) -> None:
+def _export_nextn(job: ExportJob) -> None:
+    """The `write` of this format: fills job.out from the draft job.src."""
+    src, cfg, tmp, provenance, record = job.src, job.cfg, job.out, job.provenance, job.record
+    target, revision, token, progress = job.target, job.revision, job.token, job.progress
     spec, target_config, layer = _native_input(src, cfg)
     if not spec.nextn.architecture:
         raise DraftError(
@@ -145,12 +138,18 @@ def _validate_nextn(path: Path, cfg: dict[str, Any]) -> list[str]:
     except Exception as exc:
         return [*problems, f"cannot build the {spec.name} MTP block from config.json: {exc}"]
     comp = spec.component_keys(zero, 0)
-    banned = {comp.get("embed"): "embed_tokens", comp.get("head"): "shared_head.head / lm_head"}
+    # the layer's own embed/head copies and the target's (the spec's key names): SGLang shares the target's
+    banned = {
+        comp.get("embed"),
+        comp.get("head"),
+        *(spec.key(k, zero, 0) for k in (spec.keys.target_embed, spec.keys.target_head)),
+    }
+    banned.discard(None)
     for name in headers:
-        if name in banned or name.endswith(("embed_tokens.weight", "lm_head.weight")):
+        if name in banned:
             problems.append(f"{name} is present: a NextN checkpoint shares the target's embedding and head")
     quant = cfg.get("quantization_config") or {}
-    block = quant.get("weight_block_size") or [128, 128]
+    block = fp8_block_size(cfg)
     for name, shape in expected.items():
         if name not in headers:
             problems.append(f"{name} is missing")
@@ -159,8 +158,7 @@ def _validate_nextn(path: Path, cfg: dict[str, Any]) -> list[str]:
         else:
             problems += _fp8_problems(name, headers[name][0], shape, headers, block)
     for name in headers:
-        banned_name = name in banned or name.endswith(("embed_tokens.weight", "lm_head.weight"))
-        if name not in expected and not name.endswith(SCALE_SUFFIX) and not banned_name:
+        if name not in expected and not name.endswith(SCALE_SUFFIX) and name not in banned:
             problems.append(f"{name} is not a tensor of the NextN layer (layer 0)")
     has_fp8 = any(headers[n][0] in ("F8_E4M3", "F8_E5M2") for n in headers)
     if has_fp8 and not quant:
@@ -172,15 +170,9 @@ def _validate_nextn(path: Path, cfg: dict[str, Any]) -> list[str]:
 
 
 # ---- registration ---------------------------------------------------------------------------------------------------
-def _write(job: ExportJob) -> None:
-    _export_nextn(
-        job.src, job.cfg, job.out, job.provenance, job.record, job.target, job.revision, job.token, job.progress
-    )
-
-
 def _is_nextn(config: Mapping[str, Any]) -> bool:
     nextn = {s.nextn.architecture for s in registry().values() if s.nextn.architecture}
-    return any(a in nextn or a.endswith("NextN") for a in config.get("architectures") or [])
+    return any(a in nextn for a in config.get("architectures") or [])  # the NextN classes the specs name
 
 
 def _launch_lines(target: str, draft: str, k: int) -> dict[str, str]:
@@ -190,13 +182,12 @@ def _launch_lines(target: str, draft: str, k: int) -> dict[str, str]:
     }
 
 
+def _usable(spec: Spec) -> bool:
+    """SGLang loads a standalone NextN checkpoint for the family (it names the architecture) and serves its MTP."""
+    return bool(spec.nextn.architecture) and spec.serves("sglang", DraftKind.MTP)
+
+
+# Format(write, validate, detect, launch_lines, usable, codec): see formats/__init__.py
 PROVIDES: dict[str, Format] = {
-    "nextn": Format(
-        write=_write,
-        validate=_validate_nextn,
-        detect=_is_nextn,
-        launch_lines=_launch_lines,
-        usable=lambda spec: bool(spec.nextn.architecture) and spec.serves("sglang", DraftKind.MTP),
-        codec=nextn_text_fields,
-    ),
+    "nextn": Format(_export_nextn, _validate_nextn, _is_nextn, _launch_lines, _usable, codec=nextn_text_fields),
 }

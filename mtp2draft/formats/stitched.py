@@ -15,9 +15,10 @@ import torch
 
 from .._version import __version__
 from ..checkpoint import DTYPES as ST_DTYPES
-from ..checkpoint import INDEX_FILE, SCALE_SUFFIX, Checkpoint
+from ..checkpoint import INDEX_FILE, Checkpoint
 from ..errors import DraftError
-from ..io import Progress, SafetensorsWriter, write_json
+from ..fp8 import SCALE_SUFFIX, fp8_block_size
+from ..io import SafetensorsWriter, write_json
 from ..kinds import CONFIG_FILE, WEIGHTS_FILE
 from ..layout import plan_mtp_layer
 from ..spec import Spec, find_spec
@@ -60,17 +61,12 @@ def _target_index(ckpt: Checkpoint) -> dict[str, Any]:
     return raw
 
 
-def _export_stitched(
-    src: Path,
-    cfg: Mapping[str, Any],
-    tmp: Path,
-    provenance: Mapping[str, Any],
-    record: dict[str, Any],
-    target: str,
-    revision: str | None,
-    token: str | bool | None,
-    progress: Progress,
-) -> None:
+def _export_stitched(job: ExportJob) -> None:
+    """The `write` of this format: fills job.out from the draft job.src."""
+    src, cfg, tmp, record = job.src, job.cfg, job.out, job.record
+    target, revision, token, progress = job.target, job.revision, job.token, job.progress
+    if not target:  # the registry marks stitched needs_target, so export asks for it first
+        raise DraftError("the stitched format needs --target: the checkpoint the layer is written back over")
     spec, target_config, layer = _native_input(src, cfg)
     ckpt = _open_target(target, spec, target_config, revision, token)
     native = NativeLayer(src / WEIGHTS_FILE, spec, ckpt.config, layer)
@@ -196,8 +192,7 @@ def _validate_stitched(path: Path, cfg: dict[str, Any]) -> list[str]:
     for key in mtp_keys:
         if weight_map[key] not in present:
             problems.append(f"the index maps MTP tensor {key} to {weight_map[key]}, which is missing from the overlay")
-    quant = cfg.get("quantization_config") or {}
-    block = quant.get("weight_block_size") or [128, 128]
+    block = fp8_block_size(cfg)
     expected: dict[str, tuple[int, ...]] = {}
     for i in range(count):
         try:
@@ -232,20 +227,6 @@ def _validate_stitched(path: Path, cfg: dict[str, Any]) -> list[str]:
 
 
 # ---- registration ---------------------------------------------------------------------------------------------------
-def _write(job: ExportJob) -> None:
-    _export_stitched(
-        job.src,
-        job.cfg,
-        job.out,
-        job.provenance,
-        job.record,
-        job.target,
-        job.revision,
-        job.token,
-        job.progress,  # type: ignore[arg-type]
-    )
-
-
 def _is_stitched(config: Mapping[str, Any]) -> bool:
     """A target config.json (of a family a spec knows): the overlay carries the target's own config."""
     try:
@@ -266,12 +247,12 @@ def _launch_lines(target: str, draft: str, k: int) -> dict[str, str]:
     }
 
 
+def _usable(spec: Spec) -> bool:
+    """Any family with an MTP layer: the layer goes back where it came from."""
+    return True
+
+
+# Format(write, validate, detect, launch_lines, usable, codec): see formats/__init__.py
 PROVIDES: dict[str, Format] = {
-    "stitched": Format(
-        write=_write,
-        validate=_validate_stitched,
-        detect=_is_stitched,
-        launch_lines=_launch_lines,
-        usable=lambda spec: True,  # any family with an MTP layer: the layer goes back where it came from
-    ),
+    "stitched": Format(_export_stitched, _validate_stitched, _is_stitched, _launch_lines, _usable)
 }
