@@ -349,7 +349,19 @@ def dump_hidden(
         log(f"skipped {skipped} malformed line(s)")
     seqs = [{"input_ids": e.input_ids, "loss_mask": e.loss_mask} for e in examples]
     path = dump(
-        engine, target, seqs, out, ids, top_k, shard_size, overwrite, log, final, revision, token, tensor_parallel_size
+        engine,
+        target,
+        seqs,
+        out,
+        revision,
+        token,
+        tensor_parallel_size,
+        aux_layers=ids,
+        top_k=top_k,
+        shard_size=shard_size,
+        overwrite=overwrite,
+        progress=log,
+        final=final,
     )
     print(f"wrote hidden states of {len(seqs)} sequences to {path}")
 

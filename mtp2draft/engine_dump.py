@@ -259,18 +259,13 @@ def dump_hidden(
     target: str,
     sequences: Sequence[dict[str, Any]],
     out: str | Path,
-    aux_layers: Sequence[int] | None,
-    top_k: int = 64,
-    shard_size: int = 256,
-    overwrite: bool = False,
-    progress: Callable[[str], None] = lambda _: None,
-    final: str | None = None,
     revision: str | None = None,
     token: str | bool | None = None,
     tensor_parallel_size: int = 1,
+    **write: Any,
 ) -> Path:
-    """`dump-hidden` with the chosen engine (`DUMP_ENGINES`); same arguments and output as
-    `hidden.dump_hidden_states`, which writes the files in both cases."""
+    """`dump-hidden` with the chosen engine (`DUMP_ENGINES`). `write` are `hidden.dump_hidden_states`'s options
+    (aux_layers, top_k, shard_size, overwrite, progress, final), which writes the files in both cases."""
     from .hidden import TargetModel, dump_hidden_states
     from .io import check_output_dir
 
@@ -279,13 +274,14 @@ def dump_hidden(
     if engine == "transformers":
         if tensor_parallel_size != 1:
             raise OptionError("--tensor-parallel-size is for --engine vllm (transformers spreads with device_map)")
-        tm = TargetModel(target, revision, token)
-        return dump_hidden_states(tm, sequences, out, aux_layers, top_k, shard_size, overwrite, progress, final)
+        return dump_hidden_states(TargetModel(target, revision, token), sequences, out, **write)
     out = Path(out)
-    check_output_dir(out, overwrite, [target])  # refuse before the engine runs for minutes
+    check_output_dir(out, write.get("overwrite", False), [target])  # refuse before the engine runs for minutes
     out.parent.mkdir(parents=True, exist_ok=True)
+    progress = write.get("progress") or (lambda _: None)
     with tempfile.TemporaryDirectory(prefix=".mtp2draft-vllm-", dir=out.parent) as work:
         ids = [s["input_ids"] for s in sequences]
-        vt = VllmTarget(target, ids, aux_layers, final, top_k, Path(work), revision, token, tensor_parallel_size)
+        aux, final, top_k = write.get("aux_layers"), write.get("final"), write.get("top_k", 64)
+        vt = VllmTarget(target, ids, aux, final, top_k, Path(work), revision, token, tensor_parallel_size)
         progress(f"vLLM {vt.vllm_version}: hidden states extracted; writing {out}")
-        return dump_hidden_states(vt, sequences, out, aux_layers, top_k, shard_size, overwrite, progress, final)
+        return dump_hidden_states(vt, sequences, out, **write)

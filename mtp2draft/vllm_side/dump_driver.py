@@ -55,25 +55,17 @@ def wait_complete(path: str) -> None:
         fcntl.flock(lock, fcntl.LOCK_SH)
 
 
-def main(argv: list[str]) -> int:
-    if len(argv) != 2:
-        print("usage: dump_driver.py REQUEST.json REPLY.json", file=sys.stderr)
-        return 2
-    with open(argv[0]) as f:
-        req = json.load(f)
-    import vllm
-    from safetensors.torch import save_file
-    from vllm import LLM, SamplingParams
-    from vllm.inputs import TokensPrompt
+def start_engine(req: dict):
+    """vLLM's LLM with hidden-state extraction and the connector that writes the states under `req["out"]`."""
+    from vllm import LLM
 
-    out, k = req["out"], int(req["top_k"])
-    store = os.path.join(out, "connector")
+    store = os.path.join(req["out"], "connector")
     kv = {"kv_role": "kv_producer", "kv_connector_extra_config": {"shared_storage_path": store}}
     if req["connector"] == "cpu":
         kv.update(kv_connector="CpuHiddenStatesConnector", kv_connector_module_path="mtp2draft_cpu_hidden_states")
     else:
         kv.update(kv_connector="ExampleHiddenStatesConnector")
-    llm = LLM(
+    return LLM(
         model=req["model"],
         dtype=req["dtype"],
         seed=0,
@@ -82,7 +74,7 @@ def main(argv: list[str]) -> int:
         enforce_eager=True,
         generation_config="vllm",
         trust_remote_code=False,
-        max_logprobs=k,
+        max_logprobs=int(req["top_k"]),
         speculative_config={
             "method": "extract_hidden_states",
             "num_speculative_tokens": 1,  # the method asserts 1 (ExtractHiddenStatesProposer.__init__)
@@ -90,6 +82,19 @@ def main(argv: list[str]) -> int:
         },
         kv_transfer_config=kv,
     )
+
+
+def main(argv: list[str]) -> int:
+    request_path, reply_path = argv  # engine_dump.VllmTarget passes exactly these two
+    with open(request_path) as f:
+        req = json.load(f)
+    import vllm
+    from safetensors.torch import save_file
+    from vllm import SamplingParams
+    from vllm.inputs import TokensPrompt
+
+    out, k = req["out"], int(req["top_k"])
+    llm = start_engine(req)
     params = SamplingParams(temperature=0.0, max_tokens=1, prompt_logprobs=k, logprobs=k)
     sequences, chunk = req["sequences"], int(req.get("chunk", 256))
     files: dict[int, str] = {}
@@ -112,7 +117,7 @@ def main(argv: list[str]) -> int:
             raise RuntimeError(f"vLLM's connector wrote no hidden states for sequence {n} ({path})")
         wait_complete(path)
         os.replace(path, os.path.join(out, f"{n}.hidden.safetensors"))
-    with open(argv[1], "w") as f:
+    with open(reply_path, "w") as f:
         json.dump({"vllm_version": vllm.__version__, "sequences": len(files)}, f)
     return 0
 

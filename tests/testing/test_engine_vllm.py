@@ -331,7 +331,9 @@ def vllm_dump(vllm: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str,
     convert(str(target), raw, to="mtp")
     final = load_draft(raw).input_hidden
     dumps = {
-        engine: dump_hidden(engine, str(target), seqs, work / engine, DUMP_AUX, DUMP_TOP_K, progress=log, final=final)
+        engine: dump_hidden(
+            engine, str(target), seqs, work / engine, aux_layers=DUMP_AUX, top_k=DUMP_TOP_K, progress=log, final=final
+        )
         for engine in ("vllm", "transformers")
     }
     cfg = DistillConfig(**DISTILL)
