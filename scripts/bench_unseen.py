@@ -101,13 +101,13 @@ ROWS: dict[str, tuple[str, str, int | None, dict[str, Any]]] = {
     "raw": ("raw MTP head reused recursively", "mtp", None, {}),
     "native-120": ("native MTP after distill", "mtp", 120, {}),
     "native-40": ("native MTP after distill, a third of the steps", "mtp", 40, {}),
-    "e3-mtp-120": ("EAGLE-3 from MTP after distill", "eagle3", 120, {"draft_vocab_size": DRAFT_VOCAB}),
-    "e3-rand-480": ("EAGLE-3 from random init, 4x steps", "eagle3-random", 480, {"draft_vocab_size": DRAFT_VOCAB}),
-    "e3-rand-120": ("EAGLE-3 from random init, same steps", "eagle3-random", 120, {"draft_vocab_size": DRAFT_VOCAB}),
-    "e3-oracle-120": (
+    "e3-mtp-60": ("EAGLE-3 from MTP after distill", "eagle3", 60, {"draft_vocab_size": DRAFT_VOCAB}),
+    "e3-rand-240": ("EAGLE-3 from random init, 4x steps", "eagle3-random", 240, {"draft_vocab_size": DRAFT_VOCAB}),
+    "e3-rand-60": ("EAGLE-3 from random init, same steps", "eagle3-random", 60, {"draft_vocab_size": DRAFT_VOCAB}),
+    "e3-oracle-60": (
         "EAGLE-3 from MTP, oracle aux (top aux = final hidden), after distill",
         "eagle3-oracle",
-        120,
+        60,
         {"draft_vocab_size": DRAFT_VOCAB},
     ),
     "e3-mtp-0": ("EAGLE-3 from MTP, calibrated only (0 steps)", "eagle3", 0, {"draft_vocab_size": DRAFT_VOCAB}),
@@ -167,6 +167,8 @@ def train_rows(target: Path, w: Path, names: list[str]) -> dict[str, dict[str, A
             config=cfg,
             progress=lambda m, name=name: log(f"{target.name} {name}: {m}"),
         )
+        # re-read: rows of the same target may train in parallel processes
+        seconds = json.loads(seconds_file.read_text()) if seconds_file.is_file() else {}
         seconds[name] = round(time.perf_counter() - t)
         write_json(seconds_file, seconds)
         log(f"{target.name} {name}: trained in {seconds[name]} s")
