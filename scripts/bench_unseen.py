@@ -213,7 +213,9 @@ def run_engine(target: Path, w: Path, names: list[str], ks: list[int], args) -> 
 
     tok = load_tokenizer(target)
     prompts = load_prompts(w.parent / "data" / "prompts.jsonl", tok, args.prompts, args.prompt_len)
-    runs = [EngineRun("base", served_view(target, w / "view-base"))]
+    # vLLM's plain greedy decoding, once per target and settings (an engine start costs minutes on loaded cores)
+    base_file = w / f"vllm-plain-{args.prompts}x{args.new_tokens}x{args.prompt_len}.json"
+    runs = [] if base_file.is_file() else [EngineRun("base", served_view(target, w / "view-base"))]
     for name in names:
         if ROWS[name][1] != "mtp":
             continue
@@ -228,9 +230,13 @@ def run_engine(target: Path, w: Path, names: list[str], ks: list[int], args) -> 
     t = time.perf_counter()
     version, results = run_vllm(runs, prompts, args.new_tokens, log=log)
     log(f"{target.name}: vLLM {len(runs)} runs in {time.perf_counter() - t:.0f} s")
-    base = results["base"].check().outputs
+    if not base_file.is_file():
+        write_json(base_file, {"outputs": results["base"].check().outputs})
+    base = json.loads(base_file.read_text())["outputs"]
     out: dict[str, Any] = {"vllm_version": version, "rows": {}}
-    for r in runs[1:]:
+    for r in runs:
+        if r.name == "base":
+            continue
         res = results[r.name]
         name, k = r.name.split("/k")
         entry = {"error": res.error}
@@ -294,6 +300,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--work", type=Path, required=True)
     ap.add_argument("--target", default="tiny-mimo")
+    ap.add_argument("--name", help="work subdirectory and figures key (default: the target directory's name)")
     ap.add_argument("--rows", default="raw,native-120")
     ap.add_argument("--train", action="store_true", help="train the rows that are not trained yet")
     ap.add_argument("--evaluate", default="", help="k values for evaluate, e.g. 1,2,3,4,5")
@@ -306,41 +313,50 @@ def main() -> None:
     data = args.work / "data"
     if not (data / "prompts.jsonl").is_file():
         log(f"data: {build_data(data)}")
-    target, w = TARGETS / args.target, args.work / args.target
+    # a bundled target by name, or a directory (e.g. an older bundled target from git history) under --name
+    target = Path(args.target) if "/" in args.target else TARGETS / args.target
+    key = args.name or target.name
+    w = args.work / key
     w.mkdir(parents=True, exist_ok=True)
     names = args.rows.split(",")
     fig_file = args.work / "figures.json"
-    fig = json.loads(fig_file.read_text()) if fig_file.is_file() else {}
-    fig.update(
-        data=json.loads((data / "data.json").read_text()),
-        prompts=args.prompts,
-        new_tokens=args.new_tokens,
-        prompt_len=args.prompt_len,
-        distill=BASE,
-        draft_vocab=DRAFT_VOCAB,
-    )
-    tf = fig.setdefault(args.target, {"rows": {}, "evaluate": {}})
+    settings = {
+        "data": json.loads((data / "data.json").read_text()),
+        "prompts": args.prompts,
+        "new_tokens": args.new_tokens,
+        "prompt_len": args.prompt_len,
+        "distill": BASE,
+        "draft_vocab": DRAFT_VOCAB,
+    }
     if args.train:
-        tf["rows"].update(train_rows(target, w, names))
+        rows = train_rows(target, w, names)
     else:
         sources(target, w)
         seconds = json.loads((w / "seconds.json").read_text()) if (w / "seconds.json").is_file() else {}
-        tf["rows"].update(
-            {n: {"label": ROWS[n][0], "steps": ROWS[n][2] or 0, "seconds": seconds.get(n, 0)} for n in names}
-        )
-    write_json(fig_file, fig)
-    if args.evaluate:
-        ev = run_evaluate(target, w, names, [int(k) for k in args.evaluate.split(",")], args)
-        for n, byk in ev.items():
-            tf["evaluate"].setdefault(n, {}).update({str(k): v for k, v in byk.items()})
+        rows = {n: {"label": ROWS[n][0], "steps": ROWS[n][2] or 0, "seconds": seconds.get(n, 0)} for n in names}
+
+    def save(section: str | None, figures: dict[str, Any], version: str | None = None) -> dict[str, Any]:
+        """Merge into figures.json, re-read first: other rows may be running in parallel processes."""
+        fig = json.loads(fig_file.read_text()) if fig_file.is_file() else {}
+        fig.update(settings)
+        tf = fig.setdefault(key, {"rows": {}, "evaluate": {}})
+        tf["rows"].update(rows)
+        if section is not None:
+            sec = tf.setdefault(section, {"rows": {}} if section == "vllm" else {})
+            into = sec["rows"] if section == "vllm" else sec
+            if version:
+                sec["vllm_version"] = version
+            for n, byk in figures.items():
+                into.setdefault(n, {}).update({str(k): v for k, v in byk.items()})
         write_json(fig_file, fig)
+        return fig
+
+    fig = save(None, {})
+    if args.evaluate:
+        fig = save("evaluate", run_evaluate(target, w, names, [int(k) for k in args.evaluate.split(",")], args))
     if args.vllm:
         res = run_engine(target, w, names, [int(k) for k in args.vllm.split(",")], args)
-        vl = tf.setdefault("vllm", {"rows": {}})
-        vl["vllm_version"] = res["vllm_version"]
-        for n, byk in res["rows"].items():
-            vl["rows"].setdefault(n, {}).update({str(k): v for k, v in byk.items()})
-        write_json(fig_file, fig)
+        fig = save("vllm", res["rows"], res["vllm_version"])
     print(markdown(fig))
 
 
