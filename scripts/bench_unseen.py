@@ -23,6 +23,7 @@ What it does not do: tune anything on the prompts, or touch the bundled targets 
 from __future__ import annotations
 
 import argparse
+import fcntl
 import hashlib
 import importlib.util
 import json
@@ -336,7 +337,12 @@ def main() -> None:
         rows = {n: {"label": ROWS[n][0], "steps": ROWS[n][2] or 0, "seconds": seconds.get(n, 0)} for n in names}
 
     def save(section: str | None, figures: dict[str, Any], version: str | None = None) -> dict[str, Any]:
-        """Merge into figures.json, re-read first: other rows may be running in parallel processes."""
+        """Merge into figures.json under a lock, re-read first: other rows may be running in parallel processes."""
+        with open(args.work / "figures.lock", "w") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            return _merge(section, figures, version)
+
+    def _merge(section: str | None, figures: dict[str, Any], version: str | None) -> dict[str, Any]:
         fig = json.loads(fig_file.read_text()) if fig_file.is_file() else {}
         fig.update(settings)
         tf = fig.setdefault(key, {"rows": {}, "evaluate": {}})
