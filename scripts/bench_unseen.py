@@ -104,6 +104,7 @@ ROWS: dict[str, tuple[str, str, int | None, dict[str, Any]]] = {
     "native-40": ("native MTP after distill, a third of the steps", "mtp", 40, {}),
     "e3-mtp-60": ("EAGLE-3 from MTP after distill", "eagle3", 60, {"draft_vocab_size": DRAFT_VOCAB}),
     "e3-rand-240": ("EAGLE-3 from random init, 4x steps", "eagle3-random", 240, {"draft_vocab_size": DRAFT_VOCAB}),
+    "e3-mtp-240": ("EAGLE-3 from MTP after distill, random's steps", "eagle3", 240, {"draft_vocab_size": DRAFT_VOCAB}),
     "e3-rand-60": ("EAGLE-3 from random init, same steps", "eagle3-random", 60, {"draft_vocab_size": DRAFT_VOCAB}),
     "e3-oracle-60": (
         "EAGLE-3 from MTP, oracle aux (top aux = final hidden), after distill",
