@@ -303,6 +303,7 @@ def main() -> None:
     ap.add_argument("--work", type=Path, required=True)
     ap.add_argument("--target", default="tiny-mimo")
     ap.add_argument("--name", help="work subdirectory and figures key (default: the target directory's name)")
+    ap.add_argument("--figures-key", help="store the figures under this key (e.g. a run with more prompts)")
     ap.add_argument("--rows", default="raw,native-120")
     ap.add_argument("--train", action="store_true", help="train the rows that are not trained yet")
     ap.add_argument("--evaluate", default="", help="k values for evaluate, e.g. 1,2,3,4,5")
@@ -345,8 +346,10 @@ def main() -> None:
 
     def _merge(section: str | None, figures: dict[str, Any], version: str | None) -> dict[str, Any]:
         fig = json.loads(fig_file.read_text()) if fig_file.is_file() else {}
-        fig.update(settings)
-        tf = fig.setdefault(key, {"rows": {}, "evaluate": {}})
+        if not args.figures_key:
+            fig.update(settings)
+        tf = fig.setdefault(args.figures_key or key, {"rows": {}, "evaluate": {}})
+        tf["measured_with"] = {k: settings[k] for k in ("prompts", "new_tokens", "prompt_len")}
         tf["rows"].update(rows)
         if section is not None:
             sec = tf.setdefault(section, {"rows": {}} if section == "vllm" else {})
