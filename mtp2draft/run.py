@@ -46,11 +46,13 @@ class RunResult:
 
 
 def default_kind_and_format(spec: Spec, to: str | None = None, fmt: str | None = None) -> tuple[str, str]:
-    """The draft kind and export format `run` picks when not told, from the family's engine support table: EAGLE-3
-    where an engine serves it, native MTP otherwise; then the first format of that kind in `formats.REGISTRY` whose
-    module says an engine serves it for the family (sglang, else speculators; nextn, else the stitched overlay)."""
+    """The draft kind and export format `run` picks when not told, from the family's engine support table: native
+    MTP where an engine serves it, EAGLE-3 otherwise (docs/eagle3-from-mtp.md: distilled for the same steps, the
+    native draft accepts more than an EAGLE-3 draft converted from the same layer, which loses the chain after
+    position 1); then the first format of that kind in `formats.REGISTRY` whose module says an engine serves it for
+    the family (nextn, else the stitched overlay; sglang, else speculators)."""
     if to is None:
-        to = DraftKind.EAGLE3 if any(spec.serves(e, DraftKind.EAGLE3) for e in ENGINES) else DraftKind.MTP
+        to = DraftKind.MTP if any(spec.serves(e, DraftKind.MTP) for e in ENGINES) else DraftKind.EAGLE3
     if fmt is None:  # the first format of that kind (registry order) an engine serves for the family
         candidates = formats_of(DraftKind(to))
         fmt = next((f for f in candidates if get_format(f).usable(spec)), candidates[0])

@@ -98,11 +98,12 @@ def test_launch_lines_only_for_engines_that_can_run_them() -> None:
 
 
 def test_run_defaults_follow_the_support_table() -> None:
-    assert default_kind_and_format(get_spec("deepseek_v3")) == ("eagle3", "sglang")
-    assert default_kind_and_format(get_spec("mimo_v2_flash")) == ("eagle3", "speculators")  # SGLang has no aux capture
-    assert default_kind_and_format(get_spec("mimo")) == ("mtp", "stitched")  # no engine runs EAGLE-3, no NextN class
+    """Native MTP wherever an engine serves it (docs/eagle3-from-mtp.md), then the first format an engine serves."""
+    assert default_kind_and_format(get_spec("deepseek_v3")) == ("mtp", "nextn")
+    assert default_kind_and_format(get_spec("mimo")) == ("mtp", "stitched")  # no NextN class for MiMo
     assert default_kind_and_format(get_spec("ernie4_5_moe")) == ("mtp", "stitched")
-    assert default_kind_and_format(get_spec("glm4_moe"), "mtp") == ("mtp", "nextn")
+    assert default_kind_and_format(get_spec("deepseek_v3"), "eagle3") == ("eagle3", "sglang")
+    assert default_kind_and_format(get_spec("mimo_v2_flash"), "eagle3") == ("eagle3", "speculators")  # no SGLang aux
 
 
 @pytest.mark.parametrize(

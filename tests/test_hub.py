@@ -87,6 +87,7 @@ def test_card_offers_no_launch_line_an_engine_cannot_run(build, hub, tmp_path: P
     assert "--speculative-algorithm EAGLE3" not in text and '"method": "eagle3"' not in text
     assert "sglang 0.5.23 cannot serve a EAGLE-3 draft for mimo targets" in text
     assert "vllm 0.33.0 cannot serve a EAGLE-3 draft for mimo targets" in text
+    assert "prefer `mtp2draft convert --to mtp`" in text  # docs/eagle3-from-mtp.md's recommendation
 
 
 def test_push_downloads_back_as_a_valid_draft_with_a_parseable_card(draft: Path, hub, tmp_path: Path) -> None:
@@ -206,6 +207,7 @@ def test_cards_of_native_exports_carry_their_launch_lines(build, tmp_path: Path)
     assert "--speculative-algorithm NEXTN --speculative-draft-model-path me/ds-nextn" in nextn.text
     assert "### Distillation" in nextn.text and "| ttt_steps | 3 |" in nextn.text
     assert nextn.data.eval_results is None  # nothing measured: no model-index
+    assert "prefer `mtp2draft convert --to mtp`" not in nextn.text  # the advice is for EAGLE-3 cards only
     stitched = model_card(tmp_path / "stitched", "me/ds-stitched")
     assert stitched.data.base_model is None  # a local path is not a Hub repo id
     assert '"method": "mtp", "num_speculative_tokens": 3' in stitched.text
