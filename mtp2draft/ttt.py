@@ -99,16 +99,17 @@ def step_kl(
     offset: int,
     vocab_ids: torch.Tensor | None,
     vocab_size: int,
-    sparse_teacher: bool = False,
+    dense_offline: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Forward KL(target || draft) for the token at p + offset + 1, at index p: ([B, T] KL, [B, T] whether a
     teacher exists there, [B, T] the target's top-1 id). logits: [B, T, V'] the draft's.
 
-    Dense (default): the teacher as a [B, T, V'] distribution (`teacher_logprobs`). sparse_teacher, offline top-k
-    teachers only: the same sum over the k ids the teacher gives mass to (every other term is 0 * finite = 0), with
-    log q = logit - logsumexp(logits); no [B, T, V'] teacher is built. Equal to the dense KL up to float summation
-    order (the trained weights then differ from the default's in the last bits, so it is not the default)."""
-    if not sparse_teacher or features.logits is not None:
+    A full-logits teacher (online) is a [B, T, V'] distribution (`teacher_logprobs`). An offline top-k teacher is
+    summed over its k ids only (every other term is 0 * finite = 0), with log q = logit - logsumexp(logits), so no
+    [B, T, V'] teacher is built: the same KL as the dense one up to float summation order, at a fraction of the
+    elementwise work (docs/benchmarks.md, "Distill"). `dense_offline` builds the dense one anyway (tests, benchmark).
+    """
+    if dense_offline or features.logits is not None:
         teacher, top1 = teacher_logprobs(features, offset, vocab_ids, vocab_size)
         logq = torch.log_softmax(logits.float(), dim=-1)
         p = teacher.exp()
@@ -151,11 +152,11 @@ def ttt_forward(
     step_weights: Sequence[float],
     vocab_ids: torch.Tensor | None = None,
     return_logits: bool = False,
-    sparse_teacher: bool = False,
+    dense_offline: bool = False,
 ) -> StepStats | list[torch.Tensor]:
     """Unroll `ttt_steps` draft steps over every origin of a batch; loss and per-step top-1 agreement.
 
-    input_ids, loss_mask: [B, T]; features: the target's, for the same [B, T]. sparse_teacher: see `step_kl`."""
+    input_ids, loss_mask: [B, T]; features: the target's, for the same [B, T]. dense_offline: see `step_kl`."""
     b, t = input_ids.shape
     hidden = draft.initial_hidden(features.step0_input(draft.kind))  # [B, T, H]
     dtype = hidden.dtype
@@ -172,7 +173,7 @@ def ttt_forward(
             continue
         # the predicted token x[p + s + 2] must exist and be a loss token
         valid = shift(loss_mask, s + 2, False)
-        kl, has_teacher, target_top1 = step_kl(logits, features, s + 1, vocab_ids, draft.vocab_size, sparse_teacher)
+        kl, has_teacher, target_top1 = step_kl(logits, features, s + 1, vocab_ids, draft.vocab_size, dense_offline)
         valid = valid & has_teacher  # offline: no top-k id inside the draft vocabulary
         n = valid.sum()
         kl_sum = (kl * valid).sum()

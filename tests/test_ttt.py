@@ -92,7 +92,7 @@ def test_teacher_logprobs_offline_topk_renormalised_over_the_draft_vocabulary() 
 
 @pytest.mark.parametrize("draft_vocab", [None, torch.tensor([0, 2, 3, 5, 8, 9])])
 def test_sparse_teacher_kl_equals_the_dense_one(draft_vocab) -> None:
-    """The opt-in sparse offline KL: same values and same gradient as the dense default, up to summation order."""
+    """The offline KL over the teacher's top-k ids: same values and gradient as the dense one, up to summation order."""
     from mtp2draft.ttt import step_kl
 
     gen = torch.Generator().manual_seed(0)
@@ -106,7 +106,7 @@ def test_sparse_teacher_kl_equals_the_dense_one(draft_vocab) -> None:
     logits = torch.randn(2, 5, size, generator=gen, requires_grad=True)
     out = {}
     for sparse in (False, True):
-        kl, has, top1 = step_kl(logits, feats, 1, draft_vocab, v, sparse)
+        kl, has, top1 = step_kl(logits, feats, 1, draft_vocab, v, dense_offline=not sparse)
         (grad,) = torch.autograd.grad((kl * has).sum(), logits)
         out[sparse] = (kl[has], has, top1, grad)
     dense, sparse = out[False], out[True]
