@@ -1,8 +1,8 @@
 """The `mtp2draft` command line: parse, call the library, format. Nothing else lives here.
 
 Data goes to stdout (tables, JSON); progress and logs go to stderr. Known errors (`Mtp2DraftError`) become one line
-and a non-zero exit; tracebacks appear only with MTP2DRAFT_DEBUG=1. Typer is imported here and nowhere else; what
-each command prints is written by `cli_output`.
+and a non-zero exit; tracebacks appear only with MTP2DRAFT_DEBUG=1. Typer is imported here and in `cli_options` (the
+shared option types) only; what each command prints is written by `cli_output`.
 """
 
 from __future__ import annotations
@@ -15,8 +15,37 @@ from typing import Annotated, Any
 import typer
 
 from . import cli_output as output
+from .cli_options import (
+    AsJson,
+    BatchSize,
+    Checkpointing,
+    Data,
+    Device,
+    DistillEngine,
+    DraftDir,
+    DraftVocab,
+    Handover,
+    HiddenStates,
+    MaxLength,
+    MaxNewTokens,
+    Out,
+    Overwrite,
+    Plan,
+    Precision,
+    Regenerate,
+    Revision,
+    SkipBad,
+    Source,
+    StepWeights,
+    Target,
+    Token,
+    TrainSubset,
+    Verifier,
+    WorldSize,
+    choices,
+)
 from .errors import Mtp2DraftError
-from .kinds import DRAFT_KINDS, DraftKind
+from .kinds import DraftKind
 
 app = typer.Typer(
     name="mtp2draft",
@@ -33,16 +62,6 @@ def log(message: str) -> None:
     print(message, file=sys.stderr, flush=True)
 
 
-def _choices(option: str, sep: str = " | ") -> str:
-    """The values an option's help lists, from the registry that owns them (kinds, engines, formats, subsets)."""
-    from .formats import FORMATS, VALIDATE_FORMATS
-    from .spec import ENGINES
-    from .train_subsets import TRAIN_SUBSETS
-
-    registries = {"kinds": DRAFT_KINDS, "engines": ENGINES, "formats": FORMATS, "validate": VALIDATE_FORMATS}
-    return sep.join({**registries, "subsets": TRAIN_SUBSETS}[option])
-
-
 def _numbers(text: str | None, option: str, cast: type = float) -> list | None:
     """'1,0.8,0.64' -> [1.0, 0.8, 0.64] (cast: float or int); a malformed list is a usage error naming the option."""
     if not text:
@@ -52,23 +71,6 @@ def _numbers(text: str | None, option: str, cast: type = float) -> list | None:
     except ValueError:
         what = "whole numbers" if cast is int else "numbers"
         raise typer.BadParameter(f"expected {what} separated by commas, got {text!r}", param_hint=option) from None
-
-
-# ---- shared argument types (as the hf CLI shares repo id / revision / token), declared once --------------------------
-Source = Annotated[
-    str, typer.Argument(help="Hub repo id (org/name) or local checkpoint directory.", show_default=False)
-]
-Revision = Annotated[str | None, typer.Option("--revision", help="Hub branch, tag or commit.")]
-Token = Annotated[str | None, typer.Option("--token", help="Hub token (default: HF_TOKEN or `hf auth login`).")]
-AsJson = Annotated[bool, typer.Option("--json", help="Print JSON on stdout instead of a table.")]
-Out = Annotated[Path, typer.Option("--out", help="Output draft directory.", show_default=False)]
-Overwrite = Annotated[bool, typer.Option("--overwrite", help="Replace a non-empty --out.")]
-Data = Annotated[Path, typer.Option("--data", help="JSONL: {'text': ...} or {'messages': [...]} per line.")]
-Target = Annotated[str, typer.Option("--target", help="Target model: hub repo id or local directory.")]
-SkipBad = Annotated[bool, typer.Option("--skip-bad", help="Skip malformed data lines (counted) instead of failing.")]
-BatchSize = Annotated[int, typer.Option("--batch-size", help="Sequences per step.")]
-MaxLength = Annotated[int, typer.Option("--max-length", help="Tokens per sequence.")]
-MaxNewTokens = Annotated[int, typer.Option("--max-new-tokens", help="Tokens generated per prompt.")]
 
 
 # ---- specs ---------------------------------------------------------------------------------------------------------
@@ -104,7 +106,7 @@ def inspect(source: Source, revision: Revision = None, token: Token = None, as_j
 def convert(
     source: Source,
     out: Out,
-    to: Annotated[str, typer.Option("--to", help=f"Draft kind: {_choices('kinds')}.")] = DraftKind.MTP.value,
+    to: Annotated[str, typer.Option("--to", help=f"Draft kind: {choices('kinds')}.")] = DraftKind.MTP.value,
     layer: Annotated[int | None, typer.Option("--layer", help="MTP layer index (default 0).")] = None,
     dtype: Annotated[str, typer.Option("--dtype", help="Weights dtype: bfloat16 | float32.")] = "bfloat16",
     aux_layers: Annotated[
@@ -133,44 +135,6 @@ def convert(
 
 
 # ---- distill / evaluate / dump-hidden (pipeline stages 2 and 3) ----------------------------------------------------
-# distill's options, one line each in its signature (help texts as `mtp2draft distill --help` shows them)
-DraftDir = Annotated[Path, typer.Argument(help="Draft directory from `convert` (mtp or eagle3).", show_default=False)]
-HiddenStates = Annotated[
-    Path | None, typer.Option("--hidden-states", help="Train from a `dump-hidden` directory instead of a target.")
-]
-DraftVocab = Annotated[
-    int | None, typer.Option("--draft-vocab-size", help="eagle3: keep the V most frequent target tokens.")
-]
-StepWeights = Annotated[
-    str | None, typer.Option("--step-weights", help="Loss weight per TTT step, e.g. '1,0.8,0.64' (default 0.8^s).")
-]
-DistillEngine = Annotated[
-    str | None,
-    typer.Option(
-        "--engine",
-        help=f"Train for what this engine computes ({_choices('engines')}; facts per family: `mtp2draft specs`).",
-    ),
-]
-Handover = Annotated[
-    str | None, typer.Option("--hidden-handover", help="mtp: post_norm | pre_norm, overriding --engine's hand-over.")
-]
-Regenerate = Annotated[
-    bool, typer.Option("--regenerate", help="Train on the target's own responses to the data's prompts.")
-]
-Device = Annotated[str | None, typer.Option("--device", help="cpu, cuda, cuda:N (default: cuda when available).")]
-Precision = Annotated[
-    str | None, typer.Option("--precision", help="fp32 or bf16 (default: bf16 on CUDA, fp32 elsewhere).")
-]
-TrainSubset = Annotated[str, typer.Option("--train-subset", help=f"Parameters to train: {_choices('subsets', ', ')}.")]
-Checkpointing = Annotated[
-    bool, typer.Option("--activation-checkpointing", help="Recompute the block's MLP in backward.")
-]
-Plan = Annotated[bool, typer.Option("--plan", help="Print the per-rank memory plan (every --train-subset) and exit.")]
-WorldSize = Annotated[
-    int | None, typer.Option("--world-size", help="With --plan: ranks to plan for (default: torchrun's, or 1).")
-]
-
-
 # The options `distill` and `run` pass on to DistillConfig: each command names them as the config's fields
 TRAINING_OPTIONS = ("steps", "ttt_steps", "lr", "batch_size", "max_length", "draft_vocab_size", "seed", "save_every")
 TRAINING_OPTIONS += ("engine", "hidden_handover", "precision", "train_subset", "activation_checkpointing")
@@ -314,7 +278,7 @@ def dump_hidden(
     max_length: MaxLength = 256,
     shard_size: Annotated[int, typer.Option("--shard-size", help="Sequences per shard file.")] = 256,
     engine: Annotated[
-        str, typer.Option("--engine", help=f"What runs the target: {' | '.join(_dump_engines())}.")
+        str, typer.Option("--engine", help=f"What runs the target: {choices('dump_engines')}.")
     ] = "transformers",
     tensor_parallel_size: Annotated[
         int, typer.Option("--tensor-parallel-size", help="--engine vllm: GPUs the target is split across.")
@@ -366,23 +330,11 @@ def dump_hidden(
     print(f"wrote hidden states of {len(seqs)} sequences to {path}")
 
 
-def _dump_engines() -> list[str]:
-    from .engine_dump import DUMP_ENGINES
-
-    return list(DUMP_ENGINES)
-
-
 # ---- export / validate / push / run (pipeline stage 4) -------------------------------------------------------------
-Verifier = Annotated[
-    str | None,
-    typer.Option("--verifier", help="speculators: the target's hub id (default: the source converted from)."),
-]
-
-
 @app.command()
 def export(
     draft: Annotated[Path, typer.Argument(help="Draft directory (written by convert or distill).", show_default=False)],
-    format: Annotated[str, typer.Option("--format", help=f"Engine format: {_choices('formats')}.", show_default=False)],
+    format: Annotated[str, typer.Option("--format", help=f"Engine format: {choices('formats')}.", show_default=False)],
     out: Annotated[Path, typer.Option("--out", help="Output directory.", show_default=False)],
     target: Annotated[
         str | None,
@@ -427,7 +379,7 @@ def validate(
     path: Annotated[Path, typer.Argument(help="Directory to check.", show_default=False)],
     format: Annotated[
         str | None,
-        typer.Option("--format", help=f"{_choices('validate')} (default: from config.json).", show_default=False),
+        typer.Option("--format", help=f"{choices('validate')} (default: from config.json).", show_default=False),
     ] = None,
     target: Annotated[
         str | None,
@@ -493,7 +445,7 @@ def run_all(
     work: Annotated[Path, typer.Option("--work", help="Work directory: every stage's output is kept here.")],
     to: Annotated[
         str | None,
-        typer.Option("--to", help=f"Draft kind: {_choices('kinds')} (default: eagle3 where an engine serves it)."),
+        typer.Option("--to", help=f"Draft kind: {choices('kinds')} (default: mtp where an engine serves it)."),
     ] = None,
     target: Annotated[str | None, typer.Option("--target", help="Target to distill against (default: SOURCE).")] = None,
     eval_data: Annotated[
@@ -517,7 +469,7 @@ def run_all(
     layer: Annotated[int | None, typer.Option("--layer", help="MTP layer index.")] = None,
     engine: Annotated[
         str | None,
-        typer.Option("--engine", help=f"Train for what this engine computes ({_choices('engines')})."),
+        typer.Option("--engine", help=f"Train for what this engine computes ({choices('engines')})."),
     ] = None,
     revision: Revision = None,
     token: Token = None,
