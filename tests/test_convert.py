@@ -49,9 +49,9 @@ def test_inspect_reads_headers_only(build) -> None:
     assert header_bytes < info["convert_bytes"]  # headers, not tensors
 
 
-# ---- bad input: one line, exit != 0, no traceback, nothing written ----------------------------------------------
+# ---- bad input: one line, exit 2, no traceback, nothing written ----------------------------------------------
 def _assert_clean_failure(code: int, out: str, err: str, needle: str, out_dir: Path | None = None) -> None:
-    assert code != 0
+    assert code == 2  # Mtp2DraftError's status: the input is at fault
     lines = [line for line in err.strip().splitlines() if line.startswith("error:")]
     assert len(lines) == 1 and needle in lines[0], err
     assert "Traceback" not in err and out == ""
@@ -94,10 +94,10 @@ def test_out_not_empty_without_overwrite(build, tmp_path: Path, capsys) -> None:
     out_dir.mkdir()
     (out_dir / "keep.txt").write_text("mine")
     code, out, err = run_cli(capsys, "convert", str(build("mimo")), "--out", str(out_dir))
-    assert code != 0 and "--overwrite" in err and (out_dir / "keep.txt").read_text() == "mine"
+    assert code == 2 and "--overwrite" in err and (out_dir / "keep.txt").read_text() == "mine"
     # --overwrite never deletes files mtp2draft did not write ...
     code, out, err = run_cli(capsys, "convert", str(build("mimo")), "--out", str(out_dir), "--overwrite")
-    assert code != 0 and "did not write" in err and (out_dir / "keep.txt").read_text() == "mine"
+    assert code == 2 and "did not write" in err and (out_dir / "keep.txt").read_text() == "mine"
     # ... and replaces a directory it did write
     ours = tmp_path / "ours"
     assert run_cli(capsys, "convert", str(build("mimo")), "--out", str(ours))[0] == 0
@@ -121,7 +121,7 @@ def test_debug_variable_shows_the_traceback(build, tmp_path: Path) -> None:
     env = {**os.environ, "MTP2DRAFT_DEBUG": "1"}
     cmd = [sys.executable, "-m", "mtp2draft.cli", "convert", str(build("kimi_k2")), "--out", str(tmp_path / "o")]
     proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
-    assert proc.returncode != 0 and "Traceback" in proc.stderr and "NoMtpLayerError" in proc.stderr
+    assert proc.returncode == 1 and "Traceback" in proc.stderr  # uncaught and "NoMtpLayerError" in proc.stderr
     env.pop("MTP2DRAFT_DEBUG")
     proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
     assert proc.returncode == 2 and "Traceback" not in proc.stderr

@@ -211,7 +211,7 @@ def test_layer_past_the_last_fails_cleanly(build, tmp_path: Path, capsys, fixtur
     code = main(["convert", str(build(fixture)), "--out", str(tmp_path / "o"), "--layer", str(layer)])
     out, err = capsys.readouterr()
     lines = [line for line in err.strip().splitlines() if line.startswith("error:")]
-    assert code != 0 and out == "" and "Traceback" not in err
+    assert code == 2 and out == "" and "Traceback" not in err
     assert len(lines) == 1 and f"--layer {layer} is out of range" in lines[0] and f"{count} MTP layer(s)" in lines[0]
     assert not (tmp_path / "o").exists()
 
