@@ -104,11 +104,6 @@ def main() -> int:
     ap.add_argument("--topk", type=int, default=20, help="teacher top-k kept per position (offline files)")
     ap.add_argument("--precision", choices=["bf16", "fp32"], default=None)
     ap.add_argument("--compile", action="store_true")
-    ap.add_argument(
-        "--dense-teacher",
-        action="store_true",
-        help="the dense offline teacher over the whole draft vocabulary (what offline distillation computed before the top-k KL; for comparison)",
-    )
     ap.add_argument("--iters", type=int, default=5)
     ap.add_argument("--peak-tflops", type=float, default=None)
     ap.add_argument("--json", type=Path, help="also write the figures here")
@@ -177,7 +172,7 @@ def main() -> int:
 
     def step() -> None:
         with autocast():
-            stats = ttt_forward(draft, feats, ids, mask, k, weights, vocab_ids, dense_offline=args.dense_teacher)
+            stats = ttt_forward(draft, feats, ids, mask, k, weights, vocab_ids)
         opt.zero_grad(set_to_none=True)
         stats.loss.backward()
         torch.nn.utils.clip_grad_norm_(params, 0.5)
@@ -198,7 +193,6 @@ def main() -> int:
         "trainable_params": sum(p.numel() for p in params),
         "precision": precision,
         "compile": args.compile,
-        "dense_teacher": args.dense_teacher,
         "batch": b,
         "length": t,
         "ttt_steps": k,

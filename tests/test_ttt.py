@@ -74,42 +74,48 @@ def test_teacher_logprobs_online_restricted_to_the_draft_vocabulary() -> None:
     assert top1.tolist() == [[0, 0]]  # past the end: the shift fills 0 logits
 
 
-def test_teacher_logprobs_offline_topk_renormalised_over_the_draft_vocabulary() -> None:
-    """Top-3 of a 4-token target {3: .5, 0: .3, 1: .2}; the draft emits ids 1 and 3 only: p = (.2, .5) / .7."""
+def test_top_k_kl_by_hand_with_its_tail_bucket() -> None:
+    """Top-2 of a 4-token target {3: .5, 0: .3} (the tail, ids 1 and 2, holds .2); the draft's probabilities are
+    (.1, .2, .3, .4): KL = .5 log(.5/.4) + .3 log(.3/.1) + .2 log(.2/.5). With a draft vocabulary {1, 3}, id 0 drops
+    out with its mass: p = (.5, .2) / .7 against q = (.4, tail .6) read from the draft's own 2 logits."""
+    from mtp2draft.ttt import step_kl
+
     feats = Features(
-        None,
-        None,
-        topk_logprobs=torch.tensor([[[math.log(0.5), math.log(0.3), math.log(0.2)]] * 2]),
-        topk_ids=torch.tensor([[[3, 0, 1]] * 2]),
-    )
-    logp, top1 = teacher_logprobs(feats, 1, torch.tensor([1, 3]), 4)  # offset 1: index 0 reads position 1
-    assert logp[0, 0].exp().tolist() == pytest.approx([0.2 / 0.7, 0.5 / 0.7])
-    assert logp[0, 1].tolist() == [-math.inf, -math.inf]  # past the end: no teacher, never NaN
+        None, None, topk_logprobs=torch.tensor([[[math.log(0.5), math.log(0.3)]] * 2]), topk_ids=torch.tensor([[[3, 0]] * 2])
+    )  # fmt: skip
+    q = torch.tensor([0.1, 0.2, 0.3, 0.4])
+    kl, has, top1 = step_kl(q.log().expand(1, 2, 4), feats, 1, None, 4)  # offset 1: index 0 reads position 1
+    by_hand = 0.5 * math.log(0.5 / 0.4) + 0.3 * math.log(0.3 / 0.1) + 0.2 * math.log(0.2 / 0.5)
+    assert kl[0, 0].item() == pytest.approx(by_hand, abs=1e-6)
+    assert has.tolist() == [[True, False]] and kl[0, 1].item() == 0  # past the end: no teacher, never NaN
     assert top1.tolist() == [[3, 0]]
-    logp, _ = teacher_logprobs(feats, 0, None, 4)  # the target's vocabulary: id 2 was not kept
-    assert logp[0, 0].exp().tolist() == pytest.approx([0.3, 0.2, 0.0, 0.5])
+    q2 = torch.tensor([0.4, 0.6])  # the draft's distribution over its vocabulary [1, 3]
+    kl, _, _ = step_kl(q2.log().expand(1, 2, 2), feats, 1, torch.tensor([1, 3]), 4)
+    p3, pt = 0.5 / 0.7, 0.2 / 0.7
+    assert kl[0, 0].item() == pytest.approx(p3 * math.log(p3 / 0.6) + pt * math.log(pt / 0.4), abs=1e-6)
 
 
 @pytest.mark.parametrize("draft_vocab", [None, torch.tensor([0, 2, 3, 5, 8, 9])])
-def test_sparse_teacher_kl_equals_the_dense_one(draft_vocab) -> None:
-    """The offline KL over the teacher's top-k ids: same values and gradient as the dense one, up to summation order."""
+def test_top_k_kl_with_the_whole_vocabulary_is_the_online_kl(draft_vocab) -> None:
+    """Offline files with k = the vocabulary hold the whole teacher: the KL and its gradient equal the online ones."""
     from mtp2draft.ttt import step_kl
 
     gen = torch.Generator().manual_seed(0)
-    v, k = 10, 4
+    v = 10
     size = v if draft_vocab is None else draft_vocab.numel()
-    ids = torch.stack([torch.randperm(v, generator=gen)[:k] for _ in range(2 * 5)]).view(2, 5, k)
-    feats = Features(
-        None, None, topk_logprobs=torch.randn(2, 5, k, generator=gen).log_softmax(-1).sort(-1, True).values,
-        topk_ids=ids,
-    )  # fmt: skip
+    target_logits = torch.randn(2, 5, v, generator=gen)
+    values, ids = target_logits.log_softmax(-1).sort(-1, descending=True)
+    online, offline = (
+        Features(None, None, logits=target_logits),
+        Features(None, None, topk_logprobs=values, topk_ids=ids),
+    )
     logits = torch.randn(2, 5, size, generator=gen, requires_grad=True)
-    out = {}
-    for sparse in (False, True):
-        kl, has, top1 = step_kl(logits, feats, 1, draft_vocab, v, dense_offline=not sparse)
+    out = []
+    for feats in (online, offline):
+        kl, has, top1 = step_kl(logits, feats, 1, draft_vocab, v)
         (grad,) = torch.autograd.grad((kl * has).sum(), logits)
-        out[sparse] = (kl[has], has, top1, grad)
-    dense, sparse = out[False], out[True]
-    assert torch.equal(dense[1], sparse[1]) and torch.equal(dense[2], sparse[2])
-    assert not dense[1][:, -1].any() and dense[1][:, :-1].any()  # past the end: no teacher
-    assert torch.allclose(dense[0], sparse[0], atol=1e-6) and torch.allclose(dense[3], sparse[3], atol=1e-6)
+        out.append((kl * has, has, top1, grad))
+    (a, has_a, top_a, grad_a), (b, has_b, top_b, grad_b) = out
+    assert has_a[:, :-1].all() and not has_b[:, -1].any() and torch.equal(has_a[:, :-1], has_b[:, :-1])
+    assert torch.equal(top_a[:, :-1], top_b[:, :-1])
+    assert torch.allclose(a[:, :-1], b[:, :-1], atol=1e-5) and torch.allclose(grad_a[:, :-1], grad_b[:, :-1], atol=1e-6)

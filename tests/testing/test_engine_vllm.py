@@ -311,7 +311,10 @@ def test_distilled_beats_the_raw_head_in_vllm(served: dict, raw: str, tuned: str
 STATE_RTOL = 1e-5
 LOGPROB_ATOL = 1e-4  # the top-k log-probs: measured max |diff| ~2e-5
 DUMP_SEQUENCES = DISTILL["steps"] * DISTILL["batch_size"]  # the sequences the distills read, each once
-DUMP_TOP_K = 64  # dump-hidden's default
+# the top-k kept: tiny-mimo's top-64 covers only 62 % of its probability mass; with the tail bucket (ttt.top_k_kl) a
+# distill from k = 64 came out 7.7 % above the online one on these 10 prompts, from k = 256 within 1.1 % (measured
+# on transformers dumps, 2026-11-30), so the comparison with the online distill uses 256
+DUMP_TOP_K = 256
 DUMP_AUX = [1, 4, 6]  # EAGLE-3-style aux layers too (vLLM ids 2, 5, 7; the mtp draft reads only `final`)
 
 
@@ -366,7 +369,8 @@ def test_vllm_dump_equals_the_transformers_dump(vllm_dump: dict) -> None:
         )
         # the same ids, except where two log-probs tie within the tolerance and may swap places
         swapped = a["topk_ids"] != b["topk_ids"]
-        assert (a["topk_logprobs"][swapped] - b["topk_logprobs"][swapped]).abs().max(initial=0) <= LOGPROB_ATOL, n
+        if swapped.any():
+            assert (a["topk_logprobs"][swapped] - b["topk_logprobs"][swapped]).abs().max() <= LOGPROB_ATOL, n
     log(f"vLLM dump vs transformers dump, worst: {worst}")
     assert max(worst["final"], worst["aux"]) <= STATE_RTOL and worst["topk_logprobs"] <= LOGPROB_ATOL, worst
     assert torch.equal(ours.embedding(), theirs.embedding()) and torch.equal(ours.lm_head(), theirs.lm_head())
