@@ -134,8 +134,13 @@ def first_reaching(curve: dict[int, float], seconds: dict[int, float], gain: boo
     return {"goal": round(goal, 3), "step": step, "seconds": seconds.get(step, 0.0)}
 
 
-def table(fig: dict[str, Any], k: int) -> str:
-    steps = sorted({int(s) for c in fig["curves"].values() for s in c.get("evaluate", {}).get(str(k), {})})
+def section(prompts: int) -> str:
+    """Where a curve's figures go: `evaluate` for the protocol's 16 prompts, `evaluate-<n>p` for another count."""
+    return "evaluate" if prompts == 16 else f"evaluate-{prompts}p"
+
+
+def table(fig: dict[str, Any], k: int, sec: str = "evaluate") -> str:
+    steps = sorted({int(s) for c in fig["curves"].values() for s in c.get(sec, {}).get(str(k), {})})
     lines = [
         "| init | "
         + " | ".join(f"step {s}" for s in steps)
@@ -143,7 +148,7 @@ def table(fig: dict[str, Any], k: int) -> str:
         "|---|" + "---|" * len(steps) + "---|---|",
     ]
     for init, c in fig["curves"].items():
-        ev = {int(s): v for s, v in c.get("evaluate", {}).get(str(k), {}).items()}
+        ev = {int(s): v for s, v in c.get(sec, {}).get(str(k), {}).items()}
         if not ev:
             continue
         secs = {0: 0.0, **{int(s): v for s, v in c["train"]["points"].items()}}
@@ -177,6 +182,7 @@ def main() -> None:
     points = [int(p) for p in args.points.split(",")]
     inits = args.inits.split(",")
     fig_file = args.work / "curves.json"
+    sec = section(args.prompts)
 
     def update(fn) -> dict[str, Any]:
         import fcntl
@@ -217,14 +223,14 @@ def main() -> None:
         def put(f, k=k, report=report):
             for r in report["results"]:
                 init, step = r["name"].split("@")
-                c = f["curves"].setdefault(init, {}).setdefault("evaluate", {}).setdefault(str(k), {})
+                c = f["curves"].setdefault(init, {}).setdefault(sec, {}).setdefault(str(k), {})
                 c[step] = round(r["mean_acceptance_length"], 3)
-                pp = f["curves"][init].setdefault("per_position", {}).setdefault(str(k), {})
+                pp = f["curves"][init].setdefault(f"per_position-{sec}", {}).setdefault(str(k), {})
                 pp[step] = [round(a, 3) for a in r["acceptance_per_position"]]
 
         fig = update(put)
-    for k in sorted({k for c in fig["curves"].values() for k in c.get("evaluate", {})}):
-        print(f"### k = {k}, {args.prompts} prompts\n\n{table(fig, int(k))}\n")
+    for k in sorted({k for c in fig["curves"].values() for k in c.get(sec, {})}):
+        print(f"### k = {k}, {args.prompts} prompts\n\n{table(fig, int(k), sec)}\n")
 
 
 if __name__ == "__main__":
