@@ -56,17 +56,22 @@ def log(msg: str) -> None:
     print(f"[{time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
 
 
-def config(init: str, steps: int, save_every: int) -> DistillConfig:
+def config(init: str, steps: int, save_every: int, seed: int = 0) -> DistillConfig:
     bu = _unseen()
     extra = {} if init == "native" else {"draft_vocab_size": bu.DRAFT_VOCAB}
-    return DistillConfig(**{**bu.BASE, "steps": steps, "save_every": save_every, **extra})
+    return DistillConfig(**{**bu.BASE, "steps": steps, "save_every": save_every, "seed": seed, **extra})
 
 
-def train_curve(target: Path, w: Path, init: str, steps: int, points: list[int]) -> dict[str, Any]:
+def key(init: str, seed: int) -> str:
+    """The curve's name in curves.json: the init, with `-seed<N>` for a run of another distill seed (data order)."""
+    return init if seed == 0 else f"{init}-seed{seed}"
+
+
+def train_curve(target: Path, w: Path, init: str, steps: int, points: list[int], seed: int = 0) -> dict[str, Any]:
     """One run cut at `points`; a draft written at each point; returns per-point cumulative seconds."""
     bu = _unseen()
     src = bu.sources(target, w)[INITS[init][0]]
-    name = f"curve-{init}-{steps}"
+    name = f"curve-{key(init, seed)}-{steps}"
     ckpt = w / f"{name}.checkpoints"
     data = w.parent / "data" / "train.jsonl"
     save_every = math.gcd(*points)
@@ -81,7 +86,7 @@ def train_curve(target: Path, w: Path, init: str, steps: int, points: list[int])
             w / name,
             data,
             str(target),
-            config=config(init, steps, save_every),
+            config=config(init, steps, save_every, seed),
             resume=done > 0,
             checkpoint_dir=ckpt,
             stop_after=None if p == steps else p - done,
@@ -103,7 +108,7 @@ def train_curve(target: Path, w: Path, init: str, steps: int, points: list[int])
             w / f"{name}-step{p}",
             data,
             str(target),
-            config=config(init, p, save_every),
+            config=config(init, p, save_every, seed),
             resume=True,
             checkpoint_dir=copy,
             overwrite=True,
@@ -112,16 +117,17 @@ def train_curve(target: Path, w: Path, init: str, steps: int, points: list[int])
         record["write_seconds"][p] = round(time.perf_counter() - t, 1)
         shutil.rmtree(copy, ignore_errors=True)
     row = w / INITS[init][1].format(steps=steps) / "model.safetensors"
-    if row.is_file():
+    if row.is_file() and seed == 0:  # the uninterrupted rows are seed 0's
         same = row.read_bytes() == (w / name / "model.safetensors").read_bytes()
         record["same_bytes_as_uninterrupted"] = same
         log(f"{name}: final draft {'==' if same else '!='} uninterrupted {row.parent.name}")
     return record
 
 
-def curve_drafts(w: Path, init: str, steps: int, points: list[int]) -> dict[int, Path]:
-    name = f"curve-{init}-{steps}"
-    out = {0: w / INITS[init][2]}
+def curve_drafts(w: Path, init: str, steps: int, points: list[int], seed: int = 0) -> dict[int, Path]:
+    """Each point's draft; step 0 only for seed 0 (another seed calibrates on another first batch)."""
+    name = f"curve-{key(init, seed)}-{steps}"
+    out = {0: w / INITS[init][2]} if seed == 0 else {}
     out.update({p: w / f"{name}-step{p}" for p in points})
     out[steps] = w / name
     return out
@@ -170,6 +176,7 @@ def main() -> None:
     ap.add_argument("--inits", default="e3-mtp,e3-rand")
     ap.add_argument("--steps", type=int, default=240)
     ap.add_argument("--points", default="30,60,120", help="steps at which the run is cut and a draft written")
+    ap.add_argument("--seed", type=int, default=0, help="distill seed (data order); not 0: a second run per init")
     ap.add_argument("--train", action="store_true")
     ap.add_argument("--evaluate", default="", help="k values, e.g. 4")
     ap.add_argument("--prompts", type=int, default=16)
@@ -196,15 +203,20 @@ def main() -> None:
 
     if args.train:
         for init in inits:
-            rec = train_curve(target, w, init, args.steps, points)
-            update(lambda f, init=init, rec=rec: f["curves"].setdefault(init, {}).update(train=rec, steps=args.steps))
+            rec = train_curve(target, w, init, args.steps, points, args.seed)
+            name = key(init, args.seed)
+            update(lambda f, name=name, rec=rec: f["curves"].setdefault(name, {}).update(train=rec, steps=args.steps))
     fig = update(lambda f: None)
     for k in [int(x) for x in args.evaluate.split(",") if x]:
         from mtp2draft.evaluate import evaluate
         from mtp2draft.hidden import TargetModel
 
         tm = TargetModel(str(target))
-        drafts = {f"{i}@{s}": d for i in inits for s, d in curve_drafts(w, i, args.steps, points).items()}
+        drafts = {
+            f"{key(i, args.seed)}@{s}": d
+            for i in inits
+            for s, d in curve_drafts(w, i, args.steps, points, args.seed).items()
+        }
         t = time.perf_counter()
         report = evaluate(
             [(n, str(d)) for n, d in drafts.items()],
