@@ -14,7 +14,9 @@ draft: the calibrated-only EAGLE-3 (`e3-mtp-0`), the random-init one as built, o
 `--evaluate K` measures every point with `evaluate` (16 prompts, 48 new tokens by default, lossless checked) and
 prints, per init, acceptance vs step, the cumulative training seconds (each segment's distill time, its setup
 included), and the first measured step (and its seconds) reaching 90 % of the final mean acceptance length and 90 %
-of the final gain over 1 token. Figures go to `--work/curves.json`.
+of the final gain over 1 token. Figures go to `--work/curves.json` (`evaluate` for 16 prompts, `evaluate-<n>p`
+for another count). `--seed N` runs a second curve per init on distill seed N (another data order), stored as
+`<init>-seedN`, without a step-0 point.
 
 What it does not do: change any distill option between segments, or read the prompts before the runs are done.
 """
