@@ -96,6 +96,9 @@ def build_data(out: Path) -> dict[str, Any]:
 # TTT depth, with a batch small enough for 2 shared CPU cores (4 x 128 tokens instead of 8 x 256).
 BASE = {"ttt_steps": 3, "lr": 1e-3, "batch_size": 4, "max_length": 128, "save_every": 10**9, "seed": 0}
 DRAFT_VOCAB = 1024  # EAGLE-3 rows (of the targets' 4096)
+# the aux-layer ablation: 0-based "output of layer i" ids, the three deepest an engine captures on an 8-layer target
+# (convert's default there is [1, 3, 6])
+DEEP_AUX = [4, 5, 6]
 
 # name -> (label, source draft, distill steps or None for "not trained", extra DistillConfig fields)
 ROWS: dict[str, tuple[str, str, int | None, dict[str, Any]]] = {
@@ -119,17 +122,38 @@ ROWS: dict[str, tuple[str, str, int | None, dict[str, Any]]] = {
         0,
         {"draft_vocab_size": DRAFT_VOCAB},
     ),
+    # ablations (docs/eagle3-from-mtp.md, fixed before scoring): one recipe change each against e3-mtp-60 / e3-rand-60
+    "e3-mtp-60-flat": (
+        "EAGLE-3 from MTP, flat step weights 1/1/1",
+        "eagle3",
+        60,
+        {"draft_vocab_size": DRAFT_VOCAB, "step_weights": [1.0, 1.0, 1.0]},
+    ),
+    "e3-rand-60-flat": (
+        "EAGLE-3 from random init, flat step weights 1/1/1",
+        "eagle3-random",
+        60,
+        {"draft_vocab_size": DRAFT_VOCAB, "step_weights": [1.0, 1.0, 1.0]},
+    ),
+    "e3-mtp-60-deep": (
+        f"EAGLE-3 from MTP, aux layers {DEEP_AUX} (the three deepest capturable)",
+        "eagle3-deep",
+        60,
+        {"draft_vocab_size": DRAFT_VOCAB},
+    ),
 }
 
 
 def sources(target: Path, w: Path) -> dict[str, Path]:
-    """The undistilled drafts rows start from: convert's native and EAGLE-3 drafts, a random-init EAGLE-3 (as
-    scripts/bench_acceptance.py builds it) and the oracle EAGLE-3 whose top aux layer is the target's last layer."""
+    """The undistilled drafts rows start from: convert's native and EAGLE-3 drafts (the latter also with `DEEP_AUX`),
+    a random-init EAGLE-3 (as scripts/bench_acceptance.py builds it) and the oracle EAGLE-3 whose top aux layer is the
+    target's last layer."""
     out = {"mtp": w / "src-mtp", "eagle3": w / "src-e3", "eagle3-random": w / "src-e3-rand"}
     out["eagle3-oracle"] = w / "src-e3-oracle"
-    for key, to in (("mtp", "mtp"), ("eagle3", "eagle3")):
+    out["eagle3-deep"] = w / "src-e3-deep"
+    for key, to, aux in (("mtp", "mtp", None), ("eagle3", "eagle3", None), ("eagle3-deep", "eagle3", DEEP_AUX)):
         if not (out[key] / "model.safetensors").is_file():
-            convert(str(target), out[key], to=to, overwrite=True)
+            convert(str(target), out[key], to=to, overwrite=True, aux_layers=aux)
     if not (out["eagle3-random"] / "model.safetensors").is_file():
         shutil.rmtree(out["eagle3-random"], ignore_errors=True)
         spec = importlib.util.spec_from_file_location("bench_acceptance", ROOT / "scripts" / "bench_acceptance.py")
