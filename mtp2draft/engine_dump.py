@@ -231,7 +231,8 @@ class VllmTarget:
         pick = {layer: states[:, j] for j, layer in enumerate(self.ids)}
         top = load_file(str(self.work / f"{n}.logprobs.safetensors"))
         aux = torch.cat([pick[i + 1] for i in self.aux_layers], dim=-1)[None] if self.aux_layers else None
-        return Features(final=self._final(pick[self.num_layers])[None], aux=aux, logits=self._logits(top)[None])
+        values, ids = top["topk_logprobs"][None], top["topk_ids"][None]  # [1, T, k]: vLLM's, already sorted
+        return Features(self._final(pick[self.num_layers])[None], aux, topk_logprobs=values, topk_ids=ids)
 
     def _final(self, pre_norm):
         """[T, H] the final hidden the dump keeps: vLLM's pre-norm state, or it through the target's final RMSNorm
@@ -242,16 +243,6 @@ class VllmTarget:
             return pre_norm
         scale = 1 + self._norm if self.spec.layer.norm == "zero_centered" else self._norm
         return pre_norm * torch.rsqrt(pre_norm.pow(2).mean(-1, keepdim=True) + self._eps) * scale
-
-    def _logits(self, top: dict):
-        """[T, V] logits whose log-softmax is vLLM's top-k log-probs exactly where vLLM gave them: the other V - k
-        entries share the remaining probability mass equally, so the logsumexp is 0 and the writer's
-        `log_softmax(...).topk(k)` returns vLLM's values and ids (a shared tail value is never above the k-th)."""
-        values, ids = top["topk_logprobs"], top["topk_ids"]  # [T, k]
-        k = values.shape[-1]
-        rest = (1 - values.double().exp().sum(-1)).clamp_min(1e-300) / max(self.vocab_size - k, 1)  # [T]
-        logits = rest.log().float()[:, None].expand(-1, self.vocab_size).clone()
-        return logits.scatter_(-1, ids, values)
 
 
 def dump_hidden(

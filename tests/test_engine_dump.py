@@ -1,5 +1,5 @@
 """engine_dump without vLLM: the layer-id mapping, the view vLLM's extraction loads, the two computations done here
-(the final norm, the logits handed to the writer) and the CLI's --engine. The real engine: tests/testing/
+(the final norm, the top-k handed to the writer) and the CLI's --engine. The real engine: tests/testing/
 test_engine_vllm.py (marker `engine`)."""
 
 from __future__ import annotations
@@ -50,15 +50,27 @@ def test_a_target_vllm_extracts_from_as_is_gets_no_view(tmp_path: Path) -> None:
     assert not (tmp_path / "view").exists()
 
 
-def test_logits_handed_to_the_writer_give_back_vllms_topk() -> None:
-    torch.manual_seed(0)
-    vocab, k = 512, 16
-    logprobs = torch.log_softmax(torch.randn(7, vocab) * 3, dim=-1)
-    values, ids = logprobs.topk(k, dim=-1)
-    logits = VllmTarget._logits(SimpleNamespace(vocab_size=vocab), {"topk_logprobs": values, "topk_ids": ids})
-    back_values, back_ids = torch.log_softmax(logits, dim=-1).topk(k, dim=-1)  # what hidden.dump_hidden_states does
-    assert torch.equal(back_ids, ids)
-    torch.testing.assert_close(back_values, values, rtol=0, atol=1e-6)
+def test_a_target_giving_only_its_top_k_writes_the_same_dump(tmp_path: Path) -> None:
+    """What VllmTarget hands the writer (top-k log-probs, no logits) is written exactly as the top-k of full logits."""
+    from mtp2draft.hidden import Features, OfflineHiddenStates, TargetModel, dump_hidden_states
+
+    target = TargetModel(str(MIMO))
+    seqs = [{"input_ids": list(range(5 + n, 29 + n)), "loss_mask": [True] * 24} for n in range(3)]
+    dump_hidden_states(target, seqs, tmp_path / "logits", [1, 4], top_k=8)
+    run = target.features
+
+    def top_k_only(*args, **kwargs) -> Features:  # as an engine returns them: more than asked, sorted
+        f = run(*args, **kwargs)
+        values, ids = torch.log_softmax(f.logits.float(), dim=-1).topk(16, dim=-1)
+        return Features(f.final, f.aux, topk_logprobs=values, topk_ids=ids)
+
+    target.features = top_k_only
+    dump_hidden_states(target, seqs, tmp_path / "top-k", [1, 4], top_k=8)
+    a, b = OfflineHiddenStates(tmp_path / "logits"), OfflineHiddenStates(tmp_path / "top-k")
+    for n in range(len(seqs)):
+        x, y = a.sequence(n), b.sequence(n)
+        assert x.keys() == y.keys() and y["topk_ids"].shape[-1] == 8
+        assert all(torch.equal(x[key], y[key]) for key in x), n
 
 
 @pytest.mark.parametrize("norm", ["standard", "zero_centered"])
