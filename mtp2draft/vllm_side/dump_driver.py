@@ -24,6 +24,7 @@ What it does not do: decide which layers to read or apply any norm (`mtp2draft.e
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import json
 import os
@@ -119,8 +120,16 @@ def main(argv: list[str]) -> int:
         os.replace(path, os.path.join(out, f"{n}.hidden.safetensors"))
     with open(reply_path, "w") as f:
         json.dump({"vllm_version": vllm.__version__, "sequences": len(files)}, f)
+    with contextlib.suppress(Exception):  # best effort, as in the serving driver: the engine core exits with us too
+        llm.llm_engine.engine_core.shutdown()
     return 0
 
 
 if __name__ == "__main__":  # vLLM spawns workers that re-import this file
-    sys.exit(main(sys.argv[1:]))
+    status = main(sys.argv[1:])
+    # Everything is written (the reply last). vLLM 0.32's CPU engine can abort in its own interpreter-exit teardown
+    # ("terminate called without an active exception", SIGABRT; seen here once, with a second vLLM engine running
+    # beside it), which would fail a finished dump: leave without that teardown.
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(status)
