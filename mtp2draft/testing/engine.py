@@ -32,7 +32,15 @@ from pathlib import Path
 from typing import Any
 
 # where vLLM's venv is and how its subprocess runs: shared with `dump-hidden --engine vllm` (re-exported here)
-from ..engine_dump import DEFAULT_VENV, MARKER, VENV_ENV, EngineUnavailable, venv_dir, vllm_environment  # noqa: F401
+from ..engine_dump import (  # noqa: F401
+    DEFAULT_VENV,
+    MARKER,
+    VENV_ENV,
+    VLLM_SIDE,
+    EngineUnavailable,
+    venv_dir,
+    vllm_environment,
+)
 from ..engine_dump import vllm_python as engine_python
 
 VLLM_VERSION = "0.32.0"
@@ -131,7 +139,7 @@ def run_vllm(
 
     A run that vLLM refused carries its `error`; a crash of the driver itself raises RuntimeError."""
     python = vllm_python()
-    env = vllm_environment(kv_cache_gib)
+    env = vllm_environment(kv_cache_gib, pythonpath=VLLM_SIDE)  # the drivers' shared exit (vllm_side/driver_exit)
     env.setdefault("VLLM_LOGGING_LEVEL", "INFO")  # into per-run log files; the weight-loading lines are INFO
     request = {
         "prompts": [list(map(int, p)) for p in prompts],

@@ -158,9 +158,6 @@ def main(argv: list[str]) -> int:
 
 
 if __name__ == "__main__":  # vLLM spawns workers that re-import this file
-    status = main(sys.argv[1:])
-    # the reply is written; skip vLLM 0.32's interpreter-exit teardown, which can abort with SIGABRT ("terminate
-    # called without an active exception"; seen here in the dump driver, vllm_side/dump_driver.py)
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(status)
+    from driver_exit import leave  # mtp2draft/vllm_side, which engine.run_vllm puts on PYTHONPATH
+
+    leave(main(sys.argv[1:]))

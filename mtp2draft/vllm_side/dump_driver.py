@@ -126,10 +126,6 @@ def main(argv: list[str]) -> int:
 
 
 if __name__ == "__main__":  # vLLM spawns workers that re-import this file
-    status = main(sys.argv[1:])
-    # Everything is written (the reply last). vLLM 0.32's CPU engine can abort in its own interpreter-exit teardown
-    # ("terminate called without an active exception", SIGABRT; seen here once, with a second vLLM engine running
-    # beside it), which would fail a finished dump: leave without that teardown.
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(status)
+    from driver_exit import leave  # beside this file; engine_dump puts this directory on PYTHONPATH
+
+    leave(main(sys.argv[1:]))
