@@ -8,68 +8,48 @@ Pipeline (each stage a CLI command and a function here):
     push      publish to the Hugging Face Hub with a model card
 
 The stage functions are loaded on first use (PEP 562 `__getattr__`), so `import mtp2draft` or `import
-mtp2draft.spec` does not import torch. They carry their module's name (`mtp2draft.convert` is the function here);
-import the modules themselves with `from mtp2draft.convert import ...` or `importlib.import_module(...)`.
+mtp2draft.family.spec` does not import torch. No module shares a public function's name (`mtp2draft.convert` is the
+function, its module is `mtp2draft.conversion`), so importing a module never shadows a function.
 """
 
 from __future__ import annotations
 
 import importlib
-import sys
-import types
 from typing import TYPE_CHECKING, Any
 
-from ._version import __version__
+from mtp2draft._version import __version__
 
-# public name -> the module that defines it
+# public name -> the module that defines it (stage modules are named after nouns, so no module shadows a function)
 _LAZY: dict[str, str] = {
-    "convert": "convert",
-    "inspect_checkpoint": "convert",
-    "load_native": "convert",
-    "distill": "distill",
-    "DistillConfig": "distill",
-    "evaluate": "evaluate",
-    "export": "export",
-    "validate": "export",
+    "convert": "conversion",
+    "inspect_checkpoint": "conversion",
+    "load_native": "conversion",
+    "distill": "train.recipe",
+    "DistillConfig": "train.recipe",
+    "evaluate": "evaluation",
+    "export": "formats.export",
+    "validate": "formats.export",
     "push": "hub",
-    "run": "run",
-    "load_draft": "draft",
-    "NativeMtpDraft": "draft",
-    "Eagle3Draft": "draft",
-    "find_spec": "spec",
-    "get_spec": "spec",
-    "registry": "spec",
+    "run": "pipeline",
+    "load_draft": "draft.modules",
+    "NativeMtpDraft": "draft.modules",
+    "Eagle3Draft": "draft.modules",
+    "find_spec": "family.spec",
+    "get_spec": "family.spec",
+    "registry": "family.spec",
 }
 
-__all__ = [
-    "__version__",
-    "convert",
-    "inspect_checkpoint",
-    "load_native",
-    "distill",
-    "DistillConfig",
-    "evaluate",
-    "export",
-    "validate",
-    "push",
-    "run",
-    "load_draft",
-    "NativeMtpDraft",
-    "Eagle3Draft",
-    "find_spec",
-    "get_spec",
-    "registry",
-]
+__all__ = ["__version__", *_LAZY]
 
 if TYPE_CHECKING:  # for type checkers and IDEs only: at run time these load lazily
-    from .convert import convert, inspect_checkpoint, load_native
-    from .distill import DistillConfig, distill
-    from .draft import Eagle3Draft, NativeMtpDraft, load_draft
-    from .evaluate import evaluate
-    from .export import export, validate
+    from .conversion import convert, inspect_checkpoint, load_native
+    from .draft.modules import Eagle3Draft, NativeMtpDraft, load_draft
+    from .evaluation import evaluate
+    from .family.spec import find_spec, get_spec, registry
+    from .formats.export import export, validate
     from .hub import push
-    from .run import run
-    from .spec import find_spec, get_spec, registry
+    from .pipeline import run
+    from .train.recipe import DistillConfig, distill
 
 
 def __getattr__(name: str) -> Any:
@@ -77,24 +57,9 @@ def __getattr__(name: str) -> Any:
     if module is None:
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
     value = getattr(importlib.import_module(f".{module}", __name__), name)
-    # A stage function shares its module's name: importing mtp2draft.convert binds the MODULE as the package
-    # attribute `convert`, so the function is cached in the module globals, replacing it, as the eager imports did.
     globals()[name] = value
     return value
 
 
 def __dir__() -> list[str]:
     return sorted(set(globals()) | set(__all__))
-
-
-class _Package(types.ModuleType):
-    """Keeps `mtp2draft.convert` (and distill, evaluate, export, run) the stage FUNCTION once its submodule is
-    imported: the import system binds the submodule as a package attribute, which would shadow the function."""
-
-    def __setattr__(self, name: str, value: Any) -> None:
-        if isinstance(value, types.ModuleType) and _LAZY.get(name) == name and hasattr(value, name):
-            value = getattr(value, name)
-        super().__setattr__(name, value)
-
-
-sys.modules[__name__].__class__ = _Package
