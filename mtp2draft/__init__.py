@@ -39,7 +39,25 @@ _LAZY: dict[str, str] = {
     "registry": "family.spec",
 }
 
-__all__ = ["__version__", *_LAZY]
+__all__ = [
+    "__version__",
+    "convert",
+    "inspect_checkpoint",
+    "load_native",
+    "distill",
+    "DistillConfig",
+    "evaluate",
+    "export",
+    "validate",
+    "push",
+    "run",
+    "load_draft",
+    "NativeMtpDraft",
+    "Eagle3Draft",
+    "find_spec",
+    "get_spec",
+    "registry",
+]
 
 if TYPE_CHECKING:  # for type checkers and IDEs only: at run time these load lazily
     from .conversion import convert, inspect_checkpoint, load_native

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from mtp2draft.testing import engine, vllm_driver
 from mtp2draft.target import engine as target_engine
+from mtp2draft.testing import vllm_driver
 from mtp2draft.testing.engine import EngineUnavailable, served_view, speculative_config, vllm_python
 
 
