@@ -23,7 +23,7 @@ from mtp2draft._version import __version__
 _LAZY: dict[str, str] = {
     "convert": "conversion",
     "inspect_checkpoint": "conversion",
-    "load_native": "conversion",
+    "load_native": "draft.layout",
     "distill": "train.recipe",
     "DistillConfig": "train.recipe",
     "evaluate": "evaluation",
@@ -60,7 +60,8 @@ __all__ = [
 ]
 
 if TYPE_CHECKING:  # for type checkers and IDEs only: at run time these load lazily
-    from .conversion import convert, inspect_checkpoint, load_native
+    from .conversion import convert, inspect_checkpoint
+    from .draft.layout import load_native
     from .draft.modules import Eagle3Draft, NativeMtpDraft, load_draft
     from .evaluation import evaluate
     from .family.spec import find_spec, get_spec, registry

@@ -26,7 +26,6 @@ from mtp2draft._version import __version__
 from mtp2draft.checkpoint.reader import DTYPES as DTYPES_ST
 from mtp2draft.checkpoint.reader import SCALE_SUFFIX, Checkpoint, check_finite, open_checkpoint
 from mtp2draft.draft.eagle3_config import TOKEN_FIELDS, sglang_config
-from mtp2draft.draft.kinds import DRAFT_KINDS, DraftKind
 from mtp2draft.draft.layout import (
     EXPERTS_DOWN,
     EXPERTS_GATE_UP,
@@ -35,7 +34,6 @@ from mtp2draft.draft.layout import (
     iter_native_tensors,
     plan_mtp_layer,
     resolve_layer,
-    target_embed_key,
     target_head_key,
 )
 from mtp2draft.draft.modules import (
@@ -43,15 +41,16 @@ from mtp2draft.draft.modules import (
     PROVENANCE_FILE,
     WEIGHTS_FILE,
     Eagle3Draft,
-    NativeMtpDraft,
     block_config,
     native_config,
     vocab_maps,
     without_identity_maps,
 )
+from mtp2draft.eagle3.transfer import Eagle3Build
+from mtp2draft.eagle3.transforms import EAGLE3_TRANSFORMS, check_eagle3_transforms
 from mtp2draft.errors import CheckpointError, ShallowTargetError, SourceError
 from mtp2draft.family.spec import Spec, find_spec
-from mtp2draft.family.transforms import EAGLE3_TRANSFORMS, LOAD_TRANSFORMS, Eagle3Build
+from mtp2draft.family.transforms import LOAD_TRANSFORMS
 from mtp2draft.io import (
     Progress,
     SafetensorsWriter,
@@ -61,51 +60,10 @@ from mtp2draft.io import (
     save_tensors,
     write_json,
 )
+from mtp2draft.kinds import DRAFT_KINDS, DraftKind
 from mtp2draft.redact import command_line
 
 DTYPES = {"bfloat16": torch.bfloat16, "float32": torch.float32, "float16": torch.float16}
-
-
-# ---- the MTP layer in a checkpoint -----------------------------------------------------------------------------------
-
-
-def load_native(
-    source: str | Checkpoint,
-    layer: int | None = None,
-    revision: str | None = None,
-    token: str | bool | None = None,
-    attach_target: bool = True,
-    dtype: torch.dtype = torch.float32,
-    parts: tuple[str, ...] | None = None,
-) -> NativeMtpDraft:
-    """The native MTP module straight from a checkpoint (in memory; `convert --to mtp` writes the same weights).
-
-    parts: module-name prefixes to materialise and read (e.g. ("enorm", "hnorm", "eh_proj", "block.input_layernorm",
-    "block.self_attn")); the rest of the module stays on the meta device and its bytes are never fetched."""
-    ckpt = source if isinstance(source, Checkpoint) else open_checkpoint(source, revision, token)
-    spec = find_spec(ckpt.config)
-    layer, _ = resolve_layer(ckpt, spec, layer)
-    plan = plan_mtp_layer(ckpt, spec, layer)
-    if parts is None:
-        module = NativeMtpDraft(spec, ckpt.config, layer)
-    else:
-        with torch.device("meta"):
-            module = NativeMtpDraft(spec, ckpt.config, layer)
-        module.rotary_emb = spec.import_class(spec.block.rotary)(config=module.config)  # buffers computed, not loaded
-        for name, sub in module.named_modules():
-            if name and name.startswith(parts) and not any(n.startswith(name + ".") for n in parts if n != name):
-                sub.to_empty(device="cpu", recurse=True)
-        keep = [g for g in plan.groups if g.module_key.startswith(parts)]
-        plan = MtpLayerPlan(
-            plan.spec, plan.layer, keep, plan.expected, plan.buffers, plan.stored_embed, plan.stored_head
-        )
-    state = dict(iter_native_tensors(ckpt, plan, dtype=torch.float32))
-    module.load_state_dict(state, strict=parts is None)
-    if attach_target:
-        embed, head = target_embed_key(ckpt, spec, plan), target_head_key(ckpt, spec, plan)
-        shared = ckpt.read_weights([embed, head])
-        module.attach_target(shared[embed], shared[head])
-    return module.to(dtype) if parts is None else module
 
 
 # ---- EAGLE-3 --------------------------------------------------------------------------------------------------------
@@ -148,6 +106,7 @@ def build_eagle3(
     working set, never the whole layer in fp32. The cast commutes with what later transforms still do to earlier
     outputs (concatenate heads, repeat kv heads: copies), so the bytes equal a cast of the all-fp32 result."""
     cfg = ckpt.config
+    check_eagle3_transforms(spec)
     text = spec.text_config(cfg)
     by_module = {g.module_key: g for g in plan.groups}
     cache: dict[str, torch.Tensor] = {}

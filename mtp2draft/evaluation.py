@@ -28,10 +28,10 @@ from typing import Any
 import torch
 
 from mtp2draft.data import load_tokenizer, prompt_ids, read_records
-from mtp2draft.draft.kinds import DraftKind
 from mtp2draft.draft.modules import DraftCache, load_draft
 from mtp2draft.errors import DataError, OptionError
 from mtp2draft.io import Progress, write_json
+from mtp2draft.kinds import DraftKind
 from mtp2draft.target.hidden import TargetModel, check_draft_fits
 
 EVALUATION_FILE = "evaluation.json"

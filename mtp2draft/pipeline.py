@@ -20,13 +20,13 @@ from pathlib import Path
 from typing import Any
 
 from mtp2draft.conversion import convert
-from mtp2draft.draft.kinds import DraftKind
 from mtp2draft.errors import SourceError
 from mtp2draft.evaluation import evaluate, save_evaluation
 from mtp2draft.family.spec import ENGINES, Spec
 from mtp2draft.formats import REGISTRY, formats_of, get_format
 from mtp2draft.formats.export import export
 from mtp2draft.io import Progress, check_output_dir, mark
+from mtp2draft.kinds import DraftKind
 from mtp2draft.train.recipe import DistillConfig, distill
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
@@ -75,16 +75,21 @@ def run(
     layer: int | None = None,
     revision: str | None = None,
     token: str | None = None,
+    target_revision: str | None = None,
     private: bool = False,
     regenerate: bool = False,
     overwrite: bool = False,
     progress: Progress = lambda _: None,
 ) -> RunResult:
     """Convert SOURCE's MTP layer, distill it against the target (SOURCE itself unless `target` is given), evaluate
-    it beside the untouched MTP head, export it for the engines and, with `push_repo`, publish it."""
+    it beside the untouched MTP head, export it for the engines and, with `push_repo`, publish it.
+
+    `revision` pins SOURCE; `target_revision` pins a `target` given apart from SOURCE (a revision names a commit of
+    one repo, so SOURCE's never travels to another). The token is the user's credential and serves both."""
     work = Path(work)
     check_output_dir(work, overwrite, inputs=[source, target, data, eval_data])
-    target = target or source
+    if target is None or target == source:
+        target, target_revision = source, revision
     if to is None or fmt is None:
         from mtp2draft.checkpoint.reader import open_checkpoint
         from mtp2draft.family.spec import find_spec
@@ -98,7 +103,8 @@ def run(
     stages: dict[str, float] = {}
     work.mkdir(parents=True, exist_ok=True)
     mark(work)  # a later `run --overwrite` may replace it
-    hub = {"revision": revision, "token": token}
+    hub = {"revision": revision, "token": token}  # for SOURCE
+    target_hub = {"revision": target_revision, "token": token}  # for the target (SOURCE's own unless --target)
     inside = {"overwrite": True, "progress": progress}  # the stages write inside `work`, checked above
     distilled, exported = work / "distilled", work / f"export-{fmt}"
 
@@ -106,15 +112,15 @@ def run(
         raw, start = _convert(source, work, to, layer, {**hub, **inside})
     with _stage(stages, "distill", progress, f"[2/5] distill against {target}"):
         config = distill_config or DistillConfig()
-        distill(start, distilled, data, target, config=config, regenerate_data=regenerate, **hub, **inside)
+        distill(start, distilled, data, target, config=config, regenerate_data=regenerate, **target_hub, **inside)
     with _stage(stages, "evaluate", progress, f"[3/5] evaluate (k = {num_draft_tokens}) beside the raw MTP head"):
         drafts = [("distilled " + to, str(distilled)), ("raw MTP head (baseline)", str(raw))]
         limits = (num_draft_tokens, max_new_tokens, max_prompts)
-        report = evaluate(drafts, target, eval_data, *limits, **hub, progress=progress)
+        report = evaluate(drafts, target, eval_data, *limits, **target_hub, progress=progress)
         save_evaluation(distilled, report)
     with _stage(stages, "export", progress, f"[4/5] export --format {fmt}"):
         reads = target if REGISTRY[fmt].reads_target else None
-        export(distilled, fmt, exported, target=reads, speculative_tokens=num_draft_tokens, **hub, **inside)
+        export(distilled, fmt, exported, target=reads, speculative_tokens=num_draft_tokens, **target_hub, **inside)
     pushed = None
     if push_repo:
         from mtp2draft.hub import push

@@ -10,9 +10,9 @@ import types
 from pathlib import Path
 
 from mtp2draft import formats
-from mtp2draft.draft.kinds import DraftKind
 from mtp2draft.family.spec import registry
 from mtp2draft.formats import FORMATS, REGISTRY, VALIDATE_FORMATS, ExportJob, Format, Registration, get_format
+from mtp2draft.kinds import DraftKind
 
 
 def test_every_registered_format_provides_a_full_format() -> None:

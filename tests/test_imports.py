@@ -82,6 +82,31 @@ def test_the_package_import_graph_is_acyclic() -> None:
     assert _cycle(import_graph()) is None
 
 
+def package_graph(graph: dict[str, set[str]]) -> dict[str, set[str]]:
+    """The module graph folded onto mtp2draft's concept packages (`mtp2draft.train.ttt` -> `mtp2draft.train`);
+    top-level modules stay themselves."""
+
+    def unit(module: str) -> str:
+        return ".".join(module.split(".")[:2])
+
+    folded: dict[str, set[str]] = {}
+    for module, edges in graph.items():
+        folded.setdefault(unit(module), set()).update(unit(e) for e in edges if unit(e) != unit(module))
+    return folded
+
+
+def test_no_import_cycle_between_packages() -> None:
+    """A package may import the packages below it, never one that imports it back (e.g. draft -> family only)."""
+    assert package_graph({"p.a.x": {"p.b.y"}, "p.b.y": {"p.a.z"}, "p.a.z": set()}) == {"p.a": {"p.b"}, "p.b": {"p.a"}}
+    assert _cycle(package_graph(import_graph())) is None
+
+
+def test_modules_belong_to_packages() -> None:
+    """At most a handful of top-level modules beside the concept packages (issue 16: ~8 plus the package's own)."""
+    top = sorted(p.stem for p in PACKAGE.glob("*.py") if p.stem not in ("__init__", "__main__", "_version"))
+    assert len(top) <= 10, top
+
+
 def test_no_module_imports_the_package_root() -> None:
     """`from . import __version__` through __init__ would load every stage; modules import `_version` instead."""
     importers = sorted(m for m, edges in import_graph().items() if "mtp2draft" in edges and m != "mtp2draft.__main__")
@@ -129,7 +154,7 @@ def test_cli_help_specs_and_inspect_help_do_not_import_torch(argv: list[str]) ->
 
 def test_torch_free_modules_do_not_import_torch() -> None:
     code = (
-        "import sys, mtp2draft.family.spec, mtp2draft.draft.kinds, mtp2draft.formats, mtp2draft.draft.eagle3_config, "
+        "import sys, mtp2draft.family.spec, mtp2draft.kinds, mtp2draft.formats, mtp2draft.draft.eagle3_config, "
         "mtp2draft.train.subsets, mtp2draft; "
         "print('torch' in sys.modules)"
     )

@@ -6,9 +6,9 @@ import json
 
 import pytest
 
-from mtp2draft.draft.kinds import DRAFT_KINDS, DraftKind, detect_kind
 from mtp2draft.errors import DraftError
 from mtp2draft.formats import FORMATS, VALIDATE_FORMATS, format_kind
+from mtp2draft.kinds import DRAFT_KINDS, DraftKind, detect_kind
 
 
 def test_kinds_are_plain_strings_in_json_messages_and_choices() -> None:

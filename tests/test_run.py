@@ -92,3 +92,35 @@ def test_run_trains_for_the_engine_named(target, text_data, tmp_path: Path, caps
     assert main([*args[:-3], "--to", "eagle3", "--engine", "vllm", *tail, "--overwrite"]) == 2
     err = capsys.readouterr().err
     assert "cannot serve" in err and "Traceback" not in err
+
+
+def test_run_never_hands_the_source_revision_to_another_target(monkeypatch, tmp_path: Path) -> None:
+    """`run SOURCE --revision R --target T`: R pins SOURCE only; the stages that read T get T's own revision
+    (`--target-revision`, default None). Before the fix, distill, evaluate and export all received R."""
+    from mtp2draft import pipeline
+
+    seen: dict[str, dict] = {}
+
+    def record(stage: str, result=None):
+        def fake(*args, **kwargs):
+            seen[stage] = {k: kwargs.get(k) for k in ("revision", "token")}
+            return result
+
+        return fake
+
+    monkeypatch.setattr(pipeline, "convert", record("convert"))
+    monkeypatch.setattr(pipeline, "distill", record("distill"))
+    monkeypatch.setattr(pipeline, "evaluate", record("evaluate", {"results": []}))
+    monkeypatch.setattr(pipeline, "save_evaluation", lambda *a, **k: None)
+    monkeypatch.setattr(pipeline, "export", record("export"))
+    data = tmp_path / "d.jsonl"
+    data.write_text('{"text": "x"}\n')
+    common = {"to": "mtp", "fmt": "nextn", "token": "hf_secret"}
+    pipeline.run("org/source", tmp_path / "w1", data, target="org/target", revision="abc123", **common)
+    assert seen["convert"] == {"revision": "abc123", "token": "hf_secret"}
+    for stage in ("distill", "evaluate", "export"):
+        assert seen[stage] == {"revision": None, "token": "hf_secret"}, stage
+    pipeline.run("org/source", tmp_path / "w2", data, target="org/target", target_revision="def456", **common)
+    assert {seen[s]["revision"] for s in ("distill", "evaluate", "export")} == {"def456"}
+    pipeline.run("org/source", tmp_path / "w3", data, revision="abc123", **common)  # no --target: SOURCE's own
+    assert {seen[s]["revision"] for s in ("convert", "distill", "evaluate", "export")} == {"abc123"}

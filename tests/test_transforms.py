@@ -10,19 +10,15 @@ import pytest
 import torch
 
 from mtp2draft.checkpoint.reader import open_checkpoint
-from mtp2draft.conversion import build_eagle3, convert, load_native
-from mtp2draft.draft.layout import expert_keys, plan_mtp_layer
+from mtp2draft.conversion import build_eagle3, convert
+from mtp2draft.draft.layout import expert_keys, load_native, plan_mtp_layer
 from mtp2draft.draft.modules import load_draft
+from mtp2draft.eagle3.attention import rope_permutation
 from mtp2draft.eagle3.transfer import Eagle3Build
+from mtp2draft.eagle3.transforms import EAGLE3_TRANSFORMS, check_eagle3_transforms
 from mtp2draft.errors import CheckpointError
 from mtp2draft.family.spec import find_spec, registry
-from mtp2draft.family.transforms import (
-    EAGLE3_TRANSFORMS,
-    LOAD_TRANSFORMS,
-    FuseExperts,
-    check_spec_transforms,
-    rope_permutation,
-)
+from mtp2draft.family.transforms import LOAD_TRANSFORMS, FuseExperts, check_spec_transforms
 from mtp2draft.testing.fixtures import eagle3_depth
 
 
@@ -59,6 +55,7 @@ def test_expert_keys_come_from_the_plan(build) -> None:
 def test_every_shipped_spec_names_only_registered_transforms() -> None:
     for spec in registry().values():
         check_spec_transforms(spec)
+        check_eagle3_transforms(spec)
         assert set(spec.block.load) <= set(LOAD_TRANSFORMS)
         assert set(spec.eagle3.transforms) <= set(EAGLE3_TRANSFORMS)
 

@@ -44,8 +44,8 @@ from mtp2draft.cli.options import (
     WorldSize,
     choices,
 )
-from mtp2draft.draft.kinds import DraftKind
 from mtp2draft.errors import Mtp2DraftError
+from mtp2draft.kinds import DraftKind
 
 app = typer.Typer(
     name="mtp2draft",
@@ -448,6 +448,9 @@ def run_all(
         typer.Option("--to", help=f"Draft kind: {choices('kinds')} (default: mtp where an engine serves it)."),
     ] = None,
     target: Annotated[str | None, typer.Option("--target", help="Target to distill against (default: SOURCE).")] = None,
+    target_revision: Annotated[
+        str | None, typer.Option("--target-revision", help="Hub branch, tag or commit of --target (default: main).")
+    ] = None,
     eval_data: Annotated[
         Path | None, typer.Option("--eval-data", help="Held-out prompts for evaluation (default: --data).")
     ] = None,
@@ -484,7 +487,7 @@ def run_all(
     cfg = _distill_config(locals())
     stages = {"to": to, "target": target, "eval_data": eval_data, "fmt": fmt, "push_repo": push_repo}
     limits = {"num_draft_tokens": num_draft_tokens, "max_new_tokens": max_new_tokens, "max_prompts": max_prompts}
-    hub = {"revision": revision, "token": token, "private": private}
+    hub = {"revision": revision, "token": token, "target_revision": target_revision, "private": private}
     flags = {"layer": layer, "regenerate": regenerate, "overwrite": overwrite}
     result = run(source, work, data, **stages, distill_config=cfg, **limits, **hub, **flags, progress=log)
     print(output.run_text(result))

@@ -11,7 +11,7 @@ from typing import Annotated
 
 import typer
 
-from mtp2draft.draft.kinds import DRAFT_KINDS
+from mtp2draft.kinds import DRAFT_KINDS
 
 
 def choices(option: str, sep: str = " | ") -> str:

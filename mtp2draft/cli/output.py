@@ -14,7 +14,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from mtp2draft.draft.kinds import DraftKind
+from mtp2draft.kinds import DraftKind
 from mtp2draft.units import human_bytes
 
 

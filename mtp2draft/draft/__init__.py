@@ -2,5 +2,5 @@
 on-disk form (`modules`), the checkpoint <-> module key mapping of an MTP layer (`layout`) and the EAGLE-3 config
 codec (`eagle3_config`).
 
-This package's `__init__` imports nothing, so `mtp2draft.draft.kinds` stays torch-free.
+This package's `__init__` imports nothing, so `mtp2draft.kinds` stays torch-free.
 """

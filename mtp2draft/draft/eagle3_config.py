@@ -13,9 +13,9 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
-from mtp2draft.draft.kinds import EAGLE3_ARCHITECTURE, DraftKind
 from mtp2draft.errors import DraftError
 from mtp2draft.family.spec import get_spec
+from mtp2draft.kinds import EAGLE3_ARCHITECTURE, DraftKind
 
 if TYPE_CHECKING:
     import torch

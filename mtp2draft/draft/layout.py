@@ -15,10 +15,10 @@ from typing import Any
 
 import torch
 
-from mtp2draft.checkpoint.reader import SCALE_SUFFIX, Checkpoint
+from mtp2draft.checkpoint.reader import SCALE_SUFFIX, Checkpoint, open_checkpoint
 from mtp2draft.draft.modules import NativeMtpDraft
 from mtp2draft.errors import CheckpointError, NoMtpLayerError
-from mtp2draft.family.spec import Spec
+from mtp2draft.family.spec import Spec, find_spec
 from mtp2draft.family.transforms import LOAD_TRANSFORMS, Group, check_spec_transforms, group_block_keys
 
 # Keys some checkpoints carry that no module needs.
@@ -218,3 +218,42 @@ def target_head_key(ckpt: Checkpoint, spec: Spec, plan: MtpLayerPlan) -> str:
     """The lm_head the MTP layer shares: the target's, its copy inside the layer, or the embedding when tied."""
     key = spec.key(spec.keys.target_head, ckpt.config, plan.layer)
     return key if ckpt.has(key) else plan.stored_head or target_embed_key(ckpt, spec, plan)
+
+
+def load_native(
+    source: str | Checkpoint,
+    layer: int | None = None,
+    revision: str | None = None,
+    token: str | bool | None = None,
+    attach_target: bool = True,
+    dtype: torch.dtype = torch.float32,
+    parts: tuple[str, ...] | None = None,
+) -> NativeMtpDraft:
+    """The native MTP module straight from a checkpoint (in memory; `convert --to mtp` writes the same weights).
+
+    parts: module-name prefixes to materialise and read (e.g. ("enorm", "hnorm", "eh_proj", "block.input_layernorm",
+    "block.self_attn")); the rest of the module stays on the meta device and its bytes are never fetched."""
+    ckpt = source if isinstance(source, Checkpoint) else open_checkpoint(source, revision, token)
+    spec = find_spec(ckpt.config)
+    layer, _ = resolve_layer(ckpt, spec, layer)
+    plan = plan_mtp_layer(ckpt, spec, layer)
+    if parts is None:
+        module = NativeMtpDraft(spec, ckpt.config, layer)
+    else:
+        with torch.device("meta"):
+            module = NativeMtpDraft(spec, ckpt.config, layer)
+        module.rotary_emb = spec.import_class(spec.block.rotary)(config=module.config)  # buffers computed, not loaded
+        for name, sub in module.named_modules():
+            if name and name.startswith(parts) and not any(n.startswith(name + ".") for n in parts if n != name):
+                sub.to_empty(device="cpu", recurse=True)
+        keep = [g for g in plan.groups if g.module_key.startswith(parts)]
+        plan = MtpLayerPlan(
+            plan.spec, plan.layer, keep, plan.expected, plan.buffers, plan.stored_embed, plan.stored_head
+        )
+    state = dict(iter_native_tensors(ckpt, plan, dtype=torch.float32))
+    module.load_state_dict(state, strict=parts is None)
+    if attach_target:
+        embed, head = target_embed_key(ckpt, spec, plan), target_head_key(ckpt, spec, plan)
+        shared = ckpt.read_weights([embed, head])
+        module.attach_target(shared[embed], shared[head])
+    return module.to(dtype) if parts is None else module

@@ -22,8 +22,8 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
-from mtp2draft.draft.kinds import DRAFT_KINDS, DraftKind
 from mtp2draft.errors import SpecError, UnknownFamilyError
+from mtp2draft.kinds import DRAFT_KINDS, DraftKind
 
 CONCAT_ORDERS = ("embed_hidden", "hidden_embed")
 HIDDEN_SOURCES = ("post_norm", "pre_norm")

@@ -1,29 +1,22 @@
-"""Named weight transforms that spec files refer to.
+"""Named load transforms that spec files refer to (`[block] load`).
 
-Two registries:
 - `LOAD_TRANSFORMS` map a block's checkpoint layout onto the transformers module layout and back (e.g. per-expert
   `experts.{e}.gate_proj.weight` <-> fused 3-D `experts.gate_up_proj`). Each is exact and invertible; the inverse is
   what the `stitched` exporter uses to write a fine-tuned layer back under the original key names. They live here.
-- `EAGLE3_TRANSFORMS` initialise the EAGLE-3 layer from an MTP layer (`eagle3_init.py` explains the mapping and holds
-  the projection, MLP, norm and head transfers; `eagle3_attention.py` the attention ones). Each records, per output
-  tensor, whether the transfer is exact or an approximation (and why), which the provenance file carries.
 
-What this module does not do: read checkpoints or write files; it works on tensors handed to it.
+What this module does not do: read checkpoints or write files (it works on tensors handed to it), or initialise an
+EAGLE-3 layer (`eagle3.transforms.EAGLE3_TRANSFORMS`).
 """
 
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 
-from mtp2draft.eagle3.attention import attention_gated, attention_gqa, attention_mla
-from mtp2draft.eagle3.attention import rope_permutation as rope_permutation  # re-exported for callers of the old home
-from mtp2draft.eagle3.transfer import Eagle3Build as Eagle3Build
-from mtp2draft.eagle3.transfer import absorb_projection, lm_head_from_target, mlp_dense, mlp_moe_to_dense, norms
 from mtp2draft.errors import CheckpointError, SpecError
 
 # ---- load transforms (checkpoint <-> module layout) ---------------------------------------------------------------
@@ -156,27 +149,10 @@ def group_block_keys(keys: list[str], rename: dict[str, str], load: tuple[str, .
     return groups
 
 
-EAGLE3_TRANSFORMS: dict[str, Callable[[Eagle3Build], None]] = {
-    "attention_gqa": attention_gqa,
-    "attention_gated": attention_gated,
-    "attention_mla": attention_mla,
-    "absorb_projection": absorb_projection,
-    "mlp_dense": mlp_dense,
-    "mlp_moe_to_dense": mlp_moe_to_dense,
-    "norms": norms,
-    "lm_head_from_target": lm_head_from_target,
-}
-
-
 def check_spec_transforms(spec: Any) -> None:
-    """Every transform a spec names exists in these registries (`SpecError` otherwise). Checked here, where the
-    registries live, so that loading specs stays free of torch; `layout` calls it before using a spec's names."""
+    """Every load transform a spec names exists in the registry (`SpecError` otherwise). Checked here, where the
+    registry lives, so that loading specs stays free of torch; `layout` calls it before using a spec's names."""
     where = spec.path or spec.name
     for name in spec.block.load:
         if name not in LOAD_TRANSFORMS:
             raise SpecError(f"{where}: block.load names unknown transform {name!r}; known: {sorted(LOAD_TRANSFORMS)}")
-    for name in spec.eagle3.transforms:
-        if name not in EAGLE3_TRANSFORMS:
-            raise SpecError(
-                f"{where}: eagle3.transforms names unknown transform {name!r}; known: {sorted(EAGLE3_TRANSFORMS)}"
-            )

@@ -28,7 +28,6 @@ from typing import Any
 from mtp2draft._version import __version__
 from mtp2draft.checkpoint.reader import open_checkpoint
 from mtp2draft.draft.eagle3_config import NORM_SWITCHES, speculators_to_eagle3_config, speculators_weight_name
-from mtp2draft.draft.kinds import detect_kind
 from mtp2draft.draft.modules import CONFIG_FILE, PROVENANCE_FILE, read_draft_config
 from mtp2draft.errors import DraftError, SourceError, ValidationError
 from mtp2draft.family.spec import find_spec
@@ -37,6 +36,7 @@ from mtp2draft.formats.common import DTYPES, EVALUATION_FILE, README_FILE, _read
 from mtp2draft.formats.eagle3 import hub_id_of
 from mtp2draft.formats.native import requantize_fp8
 from mtp2draft.io import Progress, atomic_output_dir, check_output_dir, quiet, write_json
+from mtp2draft.kinds import detect_kind
 from mtp2draft.redact import command_line
 
 

@@ -14,7 +14,6 @@ from typing import Any
 import torch
 
 from mtp2draft.checkpoint.fp8 import SCALE_SUFFIX, fp8_block_size
-from mtp2draft.draft.kinds import CONFIG_FILE, WEIGHTS_FILE, DraftKind
 from mtp2draft.draft.layout import native_to_checkpoint
 from mtp2draft.errors import DraftError
 from mtp2draft.family.spec import Spec, find_spec, registry
@@ -23,6 +22,7 @@ from mtp2draft.formats import native as nat  # the helpers the native writers sh
 from mtp2draft.formats.common import _finite_file, _fp8_problems, _headers, sglang_steps
 from mtp2draft.formats.native import NativeLayer
 from mtp2draft.io import SafetensorsWriter, write_json
+from mtp2draft.kinds import CONFIG_FILE, WEIGHTS_FILE, DraftKind
 
 
 def nextn_text_fields(spec: Spec, target_config: Mapping[str, Any]) -> dict[str, Any]:

@@ -17,7 +17,6 @@ from mtp2draft._version import __version__
 from mtp2draft.checkpoint.fp8 import SCALE_SUFFIX, fp8_block_size
 from mtp2draft.checkpoint.reader import DTYPES as ST_DTYPES
 from mtp2draft.checkpoint.reader import INDEX_FILE, Checkpoint
-from mtp2draft.draft.kinds import CONFIG_FILE, WEIGHTS_FILE
 from mtp2draft.draft.layout import plan_mtp_layer
 from mtp2draft.errors import DraftError
 from mtp2draft.family.spec import Spec, find_spec
@@ -39,6 +38,7 @@ from mtp2draft.formats.native import (
     engine_mismatches,
 )
 from mtp2draft.io import SafetensorsWriter, write_json
+from mtp2draft.kinds import CONFIG_FILE, WEIGHTS_FILE
 
 
 def _target_index(ckpt: Checkpoint) -> dict[str, Any]:

@@ -30,10 +30,10 @@ from safetensors import safe_open
 
 from mtp2draft.checkpoint import network
 from mtp2draft.checkpoint.reader import INDEX_FILE, SINGLE_FILE, open_checkpoint, parse_index, read_config
-from mtp2draft.draft.kinds import DraftKind
 from mtp2draft.errors import CheckpointError, DataError, DraftError, SourceError
 from mtp2draft.family.spec import Spec, find_spec
 from mtp2draft.io import atomic_output_dir, quiet_transformers, save_tensors, write_json
+from mtp2draft.kinds import DraftKind
 
 HIDDEN_SCHEMA_VERSION = 1
 MANIFEST = "manifest.json"

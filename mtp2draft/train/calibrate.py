@@ -20,9 +20,9 @@ import torch
 import torch.nn.functional as F
 
 from mtp2draft.data import Example
-from mtp2draft.draft.kinds import DraftKind
 from mtp2draft.draft.modules import PROVENANCE_FILE, Eagle3Draft, NativeMtpDraft, vocab_maps
 from mtp2draft.io import Progress
+from mtp2draft.kinds import DraftKind
 from mtp2draft.target.hidden import Features
 from mtp2draft.train.ttt import shift
 
@@ -174,7 +174,7 @@ def _fit_attention_scales(draft, native, features, input_ids, mask, iterations: 
 def _native_attention(draft_dir: str | Path, embed: torch.Tensor, progress: Progress) -> NativeMtpDraft | None:
     """The attention side of the MTP layer an EAGLE-3 draft was converted from (its provenance names the source):
     norms, projection and attention only — the experts are never read. None, with a note, when unreachable."""
-    from mtp2draft.conversion import load_native
+    from mtp2draft.draft.layout import load_native
 
     prov_path = Path(draft_dir) / PROVENANCE_FILE
     prov = json.loads(prov_path.read_text()) if prov_path.is_file() else {}

@@ -36,7 +36,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from mtp2draft.draft.kinds import DraftKind
+from mtp2draft.kinds import DraftKind
 from mtp2draft.train.parallel import shard_units
 from mtp2draft.train.subsets import TRAIN_SUBSETS
 from mtp2draft.units import human_bytes as human

@@ -20,9 +20,9 @@ from pathlib import Path
 import torch
 
 from mtp2draft.data import Example, load_tokenizer, read_examples, regenerate
-from mtp2draft.draft.kinds import DraftKind
 from mtp2draft.errors import DataError
 from mtp2draft.io import Progress
+from mtp2draft.kinds import DraftKind
 from mtp2draft.target.hidden import Features, OfflineHiddenStates, TargetModel, check_draft_fits, offline_features
 
 
