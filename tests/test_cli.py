@@ -5,7 +5,6 @@ DistillConfig by name, and the texts the commands print. The stages themselves a
 from __future__ import annotations
 
 import errno
-import inspect
 import json
 import sys
 from dataclasses import fields
@@ -134,11 +133,8 @@ def test_number_lists() -> None:
 
 
 def test_training_options_reach_the_config_by_name() -> None:
-    """Each name `distill` and `run` pass on is a DistillConfig field and a `distill` option: a renamed field or
-    option fails here rather than silently training with the default."""
-    config_fields = {f.name for f in fields(DistillConfig)}
-    distill_options = set(inspect.signature(cli.distill).parameters)
-    assert set(cli.TRAINING_OPTIONS) <= config_fields & distill_options
+    """The CLI's parsed options become the DistillConfig by field name, `--step-weights` parsed to numbers; options
+    that are not training settings (device) are left out."""
     options = {
         "steps": 7,
         "ttt_steps": 2,
@@ -148,11 +144,9 @@ def test_training_options_reach_the_config_by_name() -> None:
         "device": "cpu",
         "lr": 0.5,
     }
-    assert cli._distill_config(options) == DistillConfig(
+    assert cli._distill_config(SimpleNamespace(params=options)) == DistillConfig(
         steps=7, ttt_steps=2, seed=3, lr=0.5, step_weights=[1.0, 0.5], compile=True
     )
-    run_options = set(inspect.signature(cli.run_all).parameters) & set(cli.TRAINING_OPTIONS)
-    assert run_options == {"steps", "ttt_steps", "lr", "batch_size", "max_length", "draft_vocab_size", "engine"}
 
 
 # ---- texts -------------------------------------------------------------------------------------------------------
@@ -186,3 +180,39 @@ def test_run_text_names_the_push_only_when_there_was_one() -> None:
     assert cli.output.run_text(result).splitlines()[-1] == "export: w/export-nextn"
     result.push = SimpleNamespace(url="https://hub/me/d", commit="abc")
     assert cli.output.run_text(result).splitlines()[-1] == "pushed: https://hub/me/d (commit abc)"
+
+
+def _option_names(command_name: str) -> set[str]:
+    """The Python names of a command's options (typer's click command), a trailing `_` dropped as `from_options`
+    does (`compile_` is `--compile`)."""
+    import typer.main
+
+    from mtp2draft.cli.app import app
+
+    group = typer.main.get_command(app)
+    command = group.commands[command_name]
+    return {p.name.rstrip("_") for p in command.params if p.param_type_name == "option"}
+
+
+def test_distill_settings_are_declared_once_and_offered_by_the_cli() -> None:
+    """Every DistillConfig field is a `distill` option of the same name, or listed as library-only with its reason;
+    `run` offers only options that are fields or its own (no training option spelt differently)."""
+
+    from mtp2draft.train.recipe import DistillConfig
+
+    names = {f.name for f in fields(DistillConfig)}
+    offered = _option_names("distill")
+    assert names - offered == set(DistillConfig.LIBRARY_ONLY)
+    assert all(reason.strip() for reason in DistillConfig.LIBRARY_ONLY.values())
+    assert not set(DistillConfig.LIBRARY_ONLY) & offered  # nothing listed as library-only is offered after all
+    run_training = _option_names("run") & names
+    assert {"steps", "ttt_steps", "lr", "batch_size", "max_length", "draft_vocab_size", "engine"} <= run_training
+
+
+def test_distill_config_comes_from_the_parsed_options_by_field_name() -> None:
+    from mtp2draft.train.recipe import DistillConfig
+
+    cfg = DistillConfig.from_options({"steps": 7, "compile_": True, "out": "x", "ttt_steps": 2, "target": "t"})
+    assert (cfg.steps, cfg.compile, cfg.ttt_steps) == (7, True, 2)
+    with pytest.raises(Exception, match="frozen|cannot assign"):
+        cfg.steps = 3  # one settings object, passed whole: nothing downstream edits it

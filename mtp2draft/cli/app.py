@@ -135,24 +135,20 @@ def convert(
 
 
 # ---- distill / evaluate / dump-hidden (pipeline stages 2 and 3) ----------------------------------------------------
-# The options `distill` and `run` pass on to DistillConfig: each command names them as the config's fields
-TRAINING_OPTIONS = ("steps", "ttt_steps", "lr", "batch_size", "max_length", "draft_vocab_size", "seed", "save_every")
-TRAINING_OPTIONS += ("engine", "hidden_handover", "precision", "train_subset", "activation_checkpointing")
-
-
-def _distill_config(options: dict[str, Any]) -> Any:
-    """The DistillConfig of a command's options (its `locals()`): the TRAINING_OPTIONS it has, `--step-weights`
-    parsed to numbers, and `--compile` (`compile_` in Python); what a command lacks keeps the config's default."""
+def _distill_config(ctx: typer.Context) -> Any:
+    """The DistillConfig of a command's parsed options: every option named like one of its fields, with
+    `--step-weights` parsed to numbers; what a command lacks keeps the config's default."""
     from mtp2draft.train.recipe import DistillConfig
 
-    given = {name: options[name] for name in TRAINING_OPTIONS if name in options}
-    given["step_weights"] = _numbers(options.get("step_weights"), "--step-weights")
-    given["compile"] = options.get("compile_", False)
-    return DistillConfig(**given)
+    params = dict(ctx.params)
+    if "step_weights" in params:
+        params["step_weights"] = _numbers(params["step_weights"], "--step-weights")
+    return DistillConfig.from_options(params)
 
 
 @app.command()
 def distill(
+    ctx: typer.Context,
     draft: DraftDir,
     out: Out,
     target: Annotated[str | None, typer.Option("--target", help="Target: hub repo id or local directory.")] = None,
@@ -202,7 +198,7 @@ def distill(
     from mtp2draft.train.parallel import resolve_device
     from mtp2draft.train.recipe import distill as run
 
-    cfg = _distill_config(locals())
+    cfg = _distill_config(ctx)
     device = resolve_device(device)
     if plan:
         _print_plan(draft, cfg, world_size, device, offline=hidden_states is not None, as_json=as_json)
@@ -440,6 +436,7 @@ def push(
 
 @app.command("run")
 def run_all(
+    ctx: typer.Context,
     source: Source,
     data: Data,
     work: Annotated[Path, typer.Option("--work", help="Work directory: every stage's output is kept here.")],
@@ -484,7 +481,7 @@ def run_all(
     """
     from mtp2draft.pipeline import run
 
-    cfg = _distill_config(locals())
+    cfg = _distill_config(ctx)
     stages = {"to": to, "target": target, "eval_data": eval_data, "fmt": fmt, "push_repo": push_repo}
     limits = {"num_draft_tokens": num_draft_tokens, "max_new_tokens": max_new_tokens, "max_prompts": max_prompts}
     hub = {"revision": revision, "token": token, "target_revision": target_revision, "private": private}
