@@ -15,14 +15,16 @@ from .kinds import DRAFT_KINDS
 
 
 def choices(option: str, sep: str = " | ") -> str:
-    """The values an option's help lists, from the registry that owns them (kinds, engines, formats, subsets)."""
+    """The values an option's help lists, from the registry that owns them (kinds, engines, formats, subsets, gpus)."""
     from .engine_dump import DUMP_ENGINES
     from .formats import FORMATS, VALIDATE_FORMATS
     from .spec import ENGINES
+    from .speed.accelerators import ACCELERATORS
     from .train_subsets import TRAIN_SUBSETS
 
     registries = {"kinds": DRAFT_KINDS, "engines": ENGINES, "formats": FORMATS, "validate": VALIDATE_FORMATS}
-    return sep.join({**registries, "subsets": TRAIN_SUBSETS, "dump_engines": DUMP_ENGINES}[option])
+    registries |= {"subsets": TRAIN_SUBSETS, "dump_engines": DUMP_ENGINES, "gpus": ACCELERATORS}
+    return sep.join(registries[option])
 
 
 Source = Annotated[

@@ -1,16 +1,22 @@
 """The speed model: the cost model's arithmetic on real configs, the one fitted constant (fit on non-speculative
-figures only, shared by every case) and the gate against published speedups."""
+figures only, shared by every case), the gate against published speedups and the `speedup` command."""
 
 from __future__ import annotations
 
 import dataclasses
+import json
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 
+from mtp2draft.cli import main
 from mtp2draft.speed import cost, published
 from mtp2draft.speed.accelerators import ACCELERATORS
+from mtp2draft.speed.api import speedup
 from mtp2draft.speed.cost import distinct_experts, forward_time, mtp_draft_cost, target_cost
-from mtp2draft.speed.model import Acceptance, predict
+from mtp2draft.speed.model import Acceptance, predict, read_acceptance
 from mtp2draft.speed.published import PUBLISHED_CASES, get_case, load_config, predict_case
 
 DS3 = "deepseek-ai/DeepSeek-V3"
@@ -155,3 +161,81 @@ def test_no_latency_makes_the_qwen_case_a_slowdown_while_matching_its_own_baseli
         step = forward_time(d, h100, 1, 1, 1, case.context, latency).seconds
         step += forward_time(t, h100, 1, 1, 2, case.context, latency).seconds
         assert 1.966 * base / step > 1.0
+
+
+# ---- the command ---------------------------------------------------------------------------------------------------
+def _evaluation(path: Path, per: list[float]) -> Path:
+    report = {"target": DS3, "num_draft_tokens": len(per), "acceptance_per_position": per}
+    report["results"] = [{"name": "draft", "num_draft_tokens": len(per), "acceptance_per_position": per}]
+    path.write_text(json.dumps(report))
+    return path
+
+
+def test_read_acceptance_takes_the_file_or_the_draft_directory(tmp_path: Path) -> None:
+    _evaluation(tmp_path / "evaluation.json", [0.9, 0.6])
+    assert read_acceptance(tmp_path).per_position == read_acceptance(tmp_path / "evaluation.json").per_position
+    with pytest.raises(Exception, match="no evaluation"):
+        read_acceptance(tmp_path / "nowhere")
+
+
+def test_speedup_prints_json_with_the_recommended_k(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    ev = _evaluation(tmp_path / "ev.json", [0.9, 0.8, 0.7, 0.6])
+    code = main(["speedup", str(ev), "--target", DS3, "--gpu", "h200", "--tp", "8", "--batch", "1,64", "--json"])
+    out = json.loads(capsys.readouterr().out)
+    assert code == 0 and out["gpu"] == "h200" and out["tp"] == 8
+    assert {r["k"] for r in out["rows"]} == {1, 2, 3, 4} and out["unmeasured_ks"] == [5, 6, 7, 8]
+    best = max((r for r in out["rows"] if r["batch"] == 1), key=lambda r: r["tokens_per_s"])
+    assert out["recommended"]["1"] == best["k"]
+
+
+def test_speedup_text_table_and_a_local_config(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    ev = _evaluation(tmp_path / "ev.json", [0.97])
+    (tmp_path / "qwen").mkdir()
+    (tmp_path / "qwen" / "config.json").write_text(json.dumps(load_config(QWEN)))
+    assert main(["speedup", str(ev), "--target", str(tmp_path / "qwen"), "--gpu", "mi300x"]) == 0
+    text = capsys.readouterr().out
+    assert "k=1" in text and "no draft" in text and "recommended k:" in text and "k <= 1 only" in text
+
+
+def test_speedup_bad_gpu_and_missing_config_are_one_line_errors(tmp_path: Path, capsys) -> None:
+    ev = _evaluation(tmp_path / "ev.json", [0.9])
+    assert main(["speedup", str(ev), "--target", DS3, "--gpu", "a100"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and "h100, h200, b200, mi300x" in err
+    assert main(["speedup", str(ev), "--target", "org/unknown", "--gpu", "h100"]) == 2
+    assert "no config.json at org/unknown" in capsys.readouterr().err
+
+
+def test_gpu_choices_in_help_come_from_the_registry(capsys: pytest.CaptureFixture) -> None:
+    assert main(["speedup", "--help"]) == 0
+    assert " | ".join(ACCELERATORS) in capsys.readouterr().out.replace("\n", " ")
+
+
+def test_speedup_does_not_import_torch(tmp_path: Path) -> None:
+    ev = _evaluation(tmp_path / "ev.json", [0.9])
+    code = (
+        "import sys\nfrom mtp2draft.cli import main\n"
+        f"rc = main(['speedup', {str(ev)!r}, '--target', {DS3!r}, '--gpu', 'b200', '--tp', '8'])\n"
+        "print('TORCH', 'torch' in sys.modules, rc, file=sys.stderr)\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert "TORCH False 0" in done.stderr, done.stderr[-2000:]
+
+
+def test_speedup_warns_when_the_target_does_not_fit(tmp_path: Path) -> None:
+    report = speedup(Acceptance((0.9,)), DS3, "h100", tp=1)
+    assert any("raise --tp" in n for n in report.notes)
+
+
+def test_a_draft_directory_prices_its_own_eagle3_layer(tmp_path: Path) -> None:
+    """EVALUATION as a draft directory: the draft priced is the one evaluated (one dense Llama layer here), not the
+    target's MoE MTP layer."""
+    _evaluation(tmp_path / "evaluation.json", [0.8])
+    eagle3 = {"architectures": ["LlamaForCausalLMEagle3"], "hidden_size": 7168, "intermediate_size": 18432}
+    eagle3 |= {"num_attention_heads": 56, "num_key_value_heads": 8, "num_hidden_layers": 1, "draft_vocab_size": 32000}
+    (tmp_path / "config.json").write_text(json.dumps({**eagle3, "vocab_size": 129280, "torch_dtype": "bfloat16"}))
+    own = speedup(tmp_path, DS3, "h200", 8, batches=(1,))
+    mtp = speedup(tmp_path / "evaluation.json", DS3, "h200", 8, batches=(1,))
+    assert own.draft.startswith("draft (") and mtp.draft == "the target's MTP layer"
+    # a 32k-row head and no experts read fewer bytes than the MTP layer's 129k-row head and nine experts
+    assert own.row(1, 1).step_s < mtp.row(1, 1).step_s - 1e-5
