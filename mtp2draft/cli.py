@@ -470,6 +470,12 @@ def push(
         str | None, typer.Option("--revision", help="Branch to commit to (created from main if missing).")
     ] = None,
     commit_message: Annotated[str | None, typer.Option("--commit-message", help="Commit message.")] = None,
+    base_model: Annotated[
+        str | None,
+        typer.Option(
+            "--base-model", help="The target's hub id, for the card's base_model (drafts converted from a local dir)."
+        ),
+    ] = None,
     token: Token = None,
     as_json: AsJson = False,
 ) -> None:
@@ -478,11 +484,12 @@ def push(
     The directory is validated first and never modified: the card is generated into the upload.
 
     Examples: `mtp2draft push glm-eagle3-sglang --repo-id me/GLM-4.5-Air-eagle3` ·
-    `mtp2draft push ds3-stitched --repo-id me/ds3-mtp-ft --revision v2 --private`
+    `mtp2draft push ds3-stitched --repo-id me/ds3-mtp-ft --revision v2 --private` ·
+    `mtp2draft push ./ds3-local-mtp --repo-id me/ds3-mtp --base-model deepseek-ai/DeepSeek-V3`
     """
     from .hub import push as run
 
-    result = run(path, repo_id, private, revision, commit_message, token, progress=log)
+    result = run(path, repo_id, private, revision, commit_message, token, base_model, progress=log)
     print(output.to_json(result.__dict__) if as_json else f"{result.url}\ncommit {result.commit}  {result.commit_url}")
 
 

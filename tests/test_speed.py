@@ -1,5 +1,6 @@
 """The speed model: the cost model's arithmetic on real configs, the one fitted constant (fit on non-speculative
-figures only, shared by every case), the gate against published speedups and the `speedup` command."""
+figures only, shared by every case), the gate against published speedups, the `speedup` command, the model card's
+prediction and `push --base-model`."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ from mtp2draft.cli import main
 from mtp2draft.speed import cost, published
 from mtp2draft.speed.accelerators import ACCELERATORS
 from mtp2draft.speed.api import speedup
+from mtp2draft.speed.card import card_section
 from mtp2draft.speed.cost import distinct_experts, forward_time, mtp_draft_cost, target_cost
 from mtp2draft.speed.model import Acceptance, predict, read_acceptance
 from mtp2draft.speed.published import PUBLISHED_CASES, get_case, load_config, predict_case
@@ -239,3 +241,49 @@ def test_a_draft_directory_prices_its_own_eagle3_layer(tmp_path: Path) -> None:
     assert own.draft.startswith("draft (") and mtp.draft == "the target's MTP layer"
     # a 32k-row head and no experts read fewer bytes than the MTP layer's 129k-row head and nine experts
     assert own.row(1, 1).step_s < mtp.row(1, 1).step_s - 1e-5
+
+
+# ---- the model card and push --base-model --------------------------------------------------------------------------
+EVAL = {"results": [{"name": "draft", "num_draft_tokens": 3, "acceptance_per_position": [0.9, 0.7, 0.5]}]}
+
+
+def test_card_predicts_for_the_family_checkpoint_and_says_which_config() -> None:
+    lines = "\n".join(card_section({}, "mtp", "org/tiny-deepseek", "deepseek_v3", EVAL))
+    assert "## Predicted speed" in lines and f"`{DS3}`, the family's real checkpoint" in lines
+    assert "(`org/tiny-deepseek`) is not one whose config ships" in lines and "8x H200 (TP 8)" in lines
+    own = "\n".join(card_section({}, "mtp", DS3, "deepseek_v3", EVAL))
+    assert f"for `{DS3}` on 8x H200" in own and "is not one whose config ships" not in own
+    qwen = "\n".join(card_section({}, "eagle3", None, "qwen3_5_text", EVAL))
+    assert f"`{QWEN}`" in qwen and "1x H200 (TP 1)" in qwen
+
+
+def test_card_has_no_prediction_without_acceptance_or_a_known_family() -> None:
+    assert card_section({}, "mtp", None, "deepseek_v3", {"results": [{"name": "draft"}]}) == []
+    assert card_section({}, "mtp", None, "mimo", EVAL) == []
+
+
+def test_model_card_of_a_converted_draft_carries_the_prediction(build, tmp_path: Path) -> None:
+    from mtp2draft.convert import convert
+    from mtp2draft.hub import model_card
+
+    convert(str(build("deepseek_v3", num_hidden_layers=2)), tmp_path / "mtp", to="mtp")
+    (tmp_path / "mtp" / "evaluation.json").write_text(json.dumps({**EVAL, "data": "p.jsonl"}))
+    text = str(model_card(tmp_path / "mtp", "me/tiny", base_model=DS3))
+    assert "## Predicted speed" in text and f"for `{DS3}` on 8x H200" in text
+    assert text.index("## Predicted speed") < text.index("## Serve it")
+
+
+def test_push_passes_base_model_to_the_library(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys) -> None:
+    from mtp2draft import hub
+
+    seen = {}
+
+    def fake_push(path, repo_id, private, revision, commit_message, token, base_model, progress):
+        seen.update(repo_id=repo_id, base_model=base_model)
+        return hub.PushResult(repo_id, "u", "c" * 40, "cu", "main", [])
+
+    monkeypatch.setattr(hub, "push", fake_push)
+    argv = ["push", str(tmp_path), "--repo-id", "me/draft", "--base-model", DS3]
+    assert main(argv) == 0
+    assert seen == {"repo_id": "me/draft", "base_model": DS3}
+    assert main(argv[:-2]) == 0 and seen["base_model"] is None
