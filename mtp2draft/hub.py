@@ -379,7 +379,7 @@ def _body(
     if evaluation and evaluation.get("results"):
         from .speed.card import card_section  # torch-free, like this module
 
-        speed = card_section(cfg, format_kind(fmt).value, target, spec.name if spec else None, evaluation)
+        speed = card_section(format_kind(fmt).value, target, spec.name if spec else None, evaluation)
         out += ["", *speed] if speed else []
     lines = launch_lines(fmt, target or "<target>", draft, k, spec)
     out += ["", "## Serve it", ""]

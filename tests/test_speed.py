@@ -178,6 +178,9 @@ def test_read_acceptance_takes_the_file_or_the_draft_directory(tmp_path: Path) -
     assert read_acceptance(tmp_path).per_position == read_acceptance(tmp_path / "evaluation.json").per_position
     with pytest.raises(Exception, match="no evaluation"):
         read_acceptance(tmp_path / "nowhere")
+    (tmp_path / "list.json").write_text("[1, 2]")
+    with pytest.raises(Exception, match="not an `mtp2draft evaluate --save` report"):
+        read_acceptance(tmp_path / "list.json")
 
 
 def test_speedup_prints_json_with_the_recommended_k(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
@@ -248,18 +251,18 @@ EVAL = {"results": [{"name": "draft", "num_draft_tokens": 3, "acceptance_per_pos
 
 
 def test_card_predicts_for_the_family_checkpoint_and_says_which_config() -> None:
-    lines = "\n".join(card_section({}, "mtp", "org/tiny-deepseek", "deepseek_v3", EVAL))
+    lines = "\n".join(card_section("mtp", "org/tiny-deepseek", "deepseek_v3", EVAL))
     assert "## Predicted speed" in lines and f"`{DS3}`, the family's real checkpoint" in lines
     assert "(`org/tiny-deepseek`) is not one whose config ships" in lines and "8x H200 (TP 8)" in lines
-    own = "\n".join(card_section({}, "mtp", DS3, "deepseek_v3", EVAL))
+    own = "\n".join(card_section("mtp", DS3, "deepseek_v3", EVAL))
     assert f"for `{DS3}` on 8x H200" in own and "is not one whose config ships" not in own
-    qwen = "\n".join(card_section({}, "eagle3", None, "qwen3_5_text", EVAL))
+    qwen = "\n".join(card_section("eagle3", None, "qwen3_5_text", EVAL))
     assert f"`{QWEN}`" in qwen and "1x H200 (TP 1)" in qwen
 
 
 def test_card_has_no_prediction_without_acceptance_or_a_known_family() -> None:
-    assert card_section({}, "mtp", None, "deepseek_v3", {"results": [{"name": "draft"}]}) == []
-    assert card_section({}, "mtp", None, "mimo", EVAL) == []
+    assert card_section("mtp", None, "deepseek_v3", {"results": [{"name": "draft"}]}) == []
+    assert card_section("mtp", None, "mimo", EVAL) == []
 
 
 def test_model_card_of_a_converted_draft_carries_the_prediction(build, tmp_path: Path) -> None:

@@ -68,10 +68,9 @@ def _eagle3_at(cfg: Mapping[str, Any]) -> dict[str, Any]:
     }
 
 
-def card_section(
-    draft_config: Mapping[str, Any], kind: str, target: str | None, family: str | None, evaluation: Mapping | None
-) -> list[str]:
-    """The section's markdown lines, or [] when there is nothing honest to say."""
+def card_section(kind: str, target: str | None, family: str | None, evaluation: Mapping | None) -> list[str]:
+    """The section's markdown lines for a draft of `kind` ('mtp' or 'eagle3') built for `target` of spec `family`,
+    or [] when there is nothing honest to say."""
     results = (evaluation or {}).get("results") or []
     per = results[0].get("acceptance_per_position") if results else None
     found = family_config(target, family)

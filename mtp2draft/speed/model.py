@@ -71,7 +71,9 @@ def read_acceptance(path: str | Path) -> Acceptance:
         report = json.loads(file.read_text())
     except json.JSONDecodeError as exc:
         raise DataError(f"{file}: not JSON ({exc.msg} at line {exc.lineno})") from None
-    first = (report.get("results") or [report])[0] if isinstance(report, dict) else {}
+    if not isinstance(report, dict):
+        raise DataError(f"{file}: not an `mtp2draft evaluate --save` report (a JSON object)")
+    first = (report.get("results") or [report])[0]
     per = first.get("acceptance_per_position") or report.get("acceptance_per_position")
     if not isinstance(per, list) or not per:
         raise DataError(f"{file}: has no acceptance_per_position (is it an `mtp2draft evaluate --save` report?)")
