@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from mtp2draft.cli import main
+from mtp2draft.cli.app import main
 from mtp2draft.speed import cost, published
 from mtp2draft.speed.accelerators import ACCELERATORS
 from mtp2draft.speed.api import speedup
@@ -219,7 +219,7 @@ def test_gpu_choices_in_help_come_from_the_registry(capsys: pytest.CaptureFixtur
 def test_speedup_does_not_import_torch(tmp_path: Path) -> None:
     ev = _evaluation(tmp_path / "ev.json", [0.9])
     code = (
-        "import sys\nfrom mtp2draft.cli import main\n"
+        "import sys\nfrom mtp2draft.cli.app import main\n"
         f"rc = main(['speedup', {str(ev)!r}, '--target', {DS3!r}, '--gpu', 'b200', '--tp', '8'])\n"
         "print('TORCH', 'torch' in sys.modules, rc, file=sys.stderr)\n"
     )
@@ -266,7 +266,7 @@ def test_card_has_no_prediction_without_acceptance_or_a_known_family() -> None:
 
 
 def test_model_card_of_a_converted_draft_carries_the_prediction(build, tmp_path: Path) -> None:
-    from mtp2draft.convert import convert
+    from mtp2draft.conversion import convert
     from mtp2draft.hub import model_card
 
     convert(str(build("deepseek_v3", num_hidden_layers=2)), tmp_path / "mtp", to="mtp")

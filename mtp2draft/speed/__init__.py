@@ -16,9 +16,9 @@ fitted latency can say: it predicts ratios better than absolute tokens/s (see `p
 
 from __future__ import annotations
 
-from .accelerators import ACCELERATORS, Accelerator, get_accelerator
-from .cost import LAYER_LATENCY_S, draft_cost, forward_time, mtp_draft_cost, target_cost
-from .model import Acceptance, SpeedReport, predict, read_acceptance
+from mtp2draft.speed.accelerators import ACCELERATORS, Accelerator, get_accelerator
+from mtp2draft.speed.cost import LAYER_LATENCY_S, draft_cost, forward_time, mtp_draft_cost, target_cost
+from mtp2draft.speed.model import Acceptance, SpeedReport, predict, read_acceptance
 
 __all__ = [
     "ACCELERATORS",

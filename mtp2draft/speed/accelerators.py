@@ -78,7 +78,7 @@ ACCELERATORS: dict[str, Accelerator] = {
 
 def get_accelerator(name: str) -> Accelerator:
     """The accelerator registered under `name` (case-insensitive); OptionError naming the choices otherwise."""
-    from ..errors import OptionError
+    from mtp2draft.errors import OptionError
 
     try:
         return ACCELERATORS[name.lower()]

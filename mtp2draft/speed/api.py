@@ -14,11 +14,11 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from ..errors import DataError, SourceError
-from .accelerators import get_accelerator
-from .cost import draft_cost, mtp_draft_cost, target_cost, text_config
-from .model import BATCHES, KS, Acceptance, SpeedReport, predict, read_acceptance
-from .published import load_config, shipped_configs
+from mtp2draft.errors import DataError, SourceError
+from mtp2draft.speed.accelerators import get_accelerator
+from mtp2draft.speed.cost import draft_cost, mtp_draft_cost, target_cost, text_config
+from mtp2draft.speed.model import BATCHES, KS, Acceptance, SpeedReport, predict, read_acceptance
+from mtp2draft.speed.published import load_config, shipped_configs
 
 
 def read_config(ref: str | Path) -> tuple[dict[str, Any], str]:

@@ -18,13 +18,13 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from ..errors import Mtp2DraftError
-from ..spec import find_spec
-from .accelerators import ACCELERATORS
-from .cost import draft_cost, mtp_draft_cost, target_cost, text_config
-from .model import Acceptance, predict
-from .published import load_config, shipped_configs
-from .text import card_lines
+from mtp2draft.errors import Mtp2DraftError
+from mtp2draft.family.spec import find_spec
+from mtp2draft.speed.accelerators import ACCELERATORS
+from mtp2draft.speed.cost import draft_cost, mtp_draft_cost, target_cost, text_config
+from mtp2draft.speed.model import Acceptance, predict
+from mtp2draft.speed.published import load_config, shipped_configs
+from mtp2draft.speed.text import card_lines
 
 CARD_GPU = "h200"
 CARD_CONTEXT = 4096

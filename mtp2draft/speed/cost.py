@@ -32,8 +32,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..errors import OptionError
-from .accelerators import Accelerator
+from mtp2draft.errors import OptionError
+from mtp2draft.speed.accelerators import Accelerator
 
 # Fitted once by `fit_layer_latency()` from the non-speculative figures in published.PUBLISHED_CASES (seconds per
 # decoder layer per forward). tests/test_speed.py re-runs the fit and fails if this value is not what it gives.

@@ -23,9 +23,9 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..errors import DataError, OptionError
-from .accelerators import Accelerator
-from .cost import LAYER_LATENCY_S, ModelCost, forward_time
+from mtp2draft.errors import DataError, OptionError
+from mtp2draft.speed.accelerators import Accelerator
+from mtp2draft.speed.cost import LAYER_LATENCY_S, ModelCost, forward_time
 
 EVALUATION_FILE = "evaluation.json"  # what `mtp2draft evaluate --save` writes (evaluate.EVALUATION_FILE)
 KS = tuple(range(1, 9))

@@ -16,9 +16,9 @@ from dataclasses import dataclass
 from importlib import resources
 from typing import Any
 
-from .accelerators import ACCELERATORS
-from .cost import fit_layer_latency, forward_time, mtp_draft_cost, target_cost
-from .model import Acceptance, step_seconds
+from mtp2draft.speed.accelerators import ACCELERATORS
+from mtp2draft.speed.cost import fit_layer_latency, forward_time, mtp_draft_cost, target_cost
+from mtp2draft.speed.model import Acceptance, step_seconds
 
 CONFIGS = "configs"
 

@@ -5,7 +5,7 @@ What this module does not do: compute anything (`model.py`) or decide where text
 
 from __future__ import annotations
 
-from .model import SpeedReport
+from mtp2draft.speed.model import SpeedReport
 
 
 def _cell(tokens_per_s: float, speedup: float) -> str:
