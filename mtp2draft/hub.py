@@ -9,6 +9,9 @@ provenance.json and evaluation.json into a staging directory of links to the use
 is never written to. A README.md already in the directory (the stitched export's overlay note) becomes a section of
 the card.
 
+The card also carries the speed model's prediction for the family's real checkpoint (`speed/card.py`) when the
+draft has an evaluation and mtp2draft ships that checkpoint's config.
+
 Card metadata: `base_model` (the target), `library_name: mtp2draft`, `pipeline_tag: text-generation`, tags, and a
 `model-index` entry with the measured mean acceptance length when evaluation.json exists. `library_name` is
 mtp2draft because the Hub uses it for the "use this model" snippet and download counting: `transformers` would be
@@ -373,6 +376,11 @@ def _body(
     else:
         out.append("Not measured yet (no evaluation.json beside the draft: run `mtp2draft evaluate --save`).")
     spec = _spec_of(cfg, prov)
+    if evaluation and evaluation.get("results"):
+        from mtp2draft.speed.card import card_section  # torch-free, like this module
+
+        speed = card_section(format_kind(fmt).value, target, spec.name if spec else None, evaluation)
+        out += ["", *speed] if speed else []
     lines = launch_lines(fmt, target or "<target>", draft, k, spec)
     out += ["", "## Serve it", ""]
     method = "EAGLE-3" if format_kind(fmt) is DraftKind.EAGLE3 else "native MTP"

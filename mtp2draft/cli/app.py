@@ -261,6 +261,54 @@ def evaluate(
     print(output.to_json(report) if as_json else output.evaluate_text(report))
 
 
+@app.command()
+def speedup(
+    evaluation: Annotated[
+        Path, typer.Argument(help="evaluation.json (`evaluate --save`) or the draft directory holding it.")
+    ],
+    target: Annotated[
+        str,
+        typer.Option(
+            "--target", help="Target config.json, its directory, or a hub id whose config ships with mtp2draft."
+        ),
+    ],
+    gpu: Annotated[str, typer.Option("--gpu", help=f"Accelerator: {choices('gpus')}.", show_default=False)],
+    tp: Annotated[int, typer.Option("--tp", help="Tensor-parallel devices the target runs on.")] = 1,
+    draft: Annotated[
+        str | None,
+        typer.Option(
+            "--draft", help="Draft config.json or dir (default: EVALUATION's draft dir, else the target's MTP layer)."
+        ),
+    ] = None,
+    draft_tp: Annotated[
+        int | None, typer.Option("--draft-tp", help="Devices the draft runs on (default: --tp).")
+    ] = None,
+    context: Annotated[int, typer.Option("--context", help="Context length (tokens of history) per request.")] = 4096,
+    batch: Annotated[
+        str | None, typer.Option("--batch", help="Batch sizes, e.g. '1,8,64' (default 1,2,4,8,16,32,64).")
+    ] = None,
+    as_json: AsJson = False,
+) -> None:
+    """Predict tokens/s and time per output token with and without the draft, for k = 1..8 and each batch, and the
+    k to use: measured acceptance per position + a cost model of target and draft on the accelerator.
+
+    A prediction (a roofline plus one latency constant fit on published non-speculative figures), not a measurement;
+    k beyond the positions the evaluation measured is not predicted.
+
+    Examples:
+
+    * `mtp2draft speedup ds3-mtp-ft --target deepseek-ai/DeepSeek-V3 --gpu h200 --tp 8`
+    * `mtp2draft speedup glm-e3-ft/evaluation.json --target glm-air/config.json --draft glm-e3-ft --gpu h100 --tp 4`
+    * `mtp2draft speedup ds3-mtp-ft --target ds3/config.json --gpu mi300x --tp 8 --context 32768 --json`
+    """
+    from mtp2draft.speed.api import speedup as run
+    from mtp2draft.speed.text import speedup_text
+
+    batches = _numbers(batch, "--batch", int)
+    report = run(evaluation, target, gpu, tp, draft, context, draft_tp, batches=batches)
+    print(output.to_json(report.as_dict()) if as_json else speedup_text(report))
+
+
 @app.command("dump-hidden")
 def dump_hidden(
     target: Target,
@@ -418,6 +466,12 @@ def push(
         str | None, typer.Option("--revision", help="Branch to commit to (created from main if missing).")
     ] = None,
     commit_message: Annotated[str | None, typer.Option("--commit-message", help="Commit message.")] = None,
+    base_model: Annotated[
+        str | None,
+        typer.Option(
+            "--base-model", help="The target's hub id, for the card's base_model (drafts converted from a local dir)."
+        ),
+    ] = None,
     token: Token = None,
     as_json: AsJson = False,
 ) -> None:
@@ -426,11 +480,12 @@ def push(
     The directory is validated first and never modified: the card is generated into the upload.
 
     Examples: `mtp2draft push glm-eagle3-sglang --repo-id me/GLM-4.5-Air-eagle3` ·
-    `mtp2draft push ds3-stitched --repo-id me/ds3-mtp-ft --revision v2 --private`
+    `mtp2draft push ds3-stitched --repo-id me/ds3-mtp-ft --revision v2 --private` ·
+    `mtp2draft push ./ds3-local-mtp --repo-id me/ds3-mtp --base-model deepseek-ai/DeepSeek-V3`
     """
     from mtp2draft.hub import push as run
 
-    result = run(path, repo_id, private, revision, commit_message, token, progress=log)
+    result = run(path, repo_id, private, revision, commit_message, token, base_model, progress=log)
     print(output.to_json(result.__dict__) if as_json else f"{result.url}\ncommit {result.commit}  {result.commit_url}")
 
 

@@ -15,14 +15,16 @@ from mtp2draft.kinds import DRAFT_KINDS
 
 
 def choices(option: str, sep: str = " | ") -> str:
-    """The values an option's help lists, from the registry that owns them (kinds, engines, formats, subsets)."""
+    """The values an option's help lists, from the registry that owns them (kinds, engines, formats, subsets, gpus)."""
     from mtp2draft.family.spec import ENGINES
     from mtp2draft.formats import FORMATS, VALIDATE_FORMATS
+    from mtp2draft.speed.accelerators import ACCELERATORS
     from mtp2draft.target.engine import DUMP_ENGINES
     from mtp2draft.train.subsets import TRAIN_SUBSETS
 
     registries = {"kinds": DRAFT_KINDS, "engines": ENGINES, "formats": FORMATS, "validate": VALIDATE_FORMATS}
-    return sep.join({**registries, "subsets": TRAIN_SUBSETS, "dump_engines": DUMP_ENGINES}[option])
+    registries |= {"subsets": TRAIN_SUBSETS, "dump_engines": DUMP_ENGINES, "gpus": ACCELERATORS}
+    return sep.join(registries[option])
 
 
 Source = Annotated[

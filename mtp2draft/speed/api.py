@@ -1,0 +1,85 @@
+"""`speedup`: the speed model from files, as the CLI and the model card call it: an evaluation (or acceptance), a
+target config.json, optionally a draft config.json, an accelerator name and a TP size.
+
+A config reference is a config.json, a directory holding one, or the hub id of a checkpoint whose config ships with
+mtp2draft (`published.shipped_configs()`): nothing is downloaded.
+
+What this module does not do: build cost models (`cost.py`) or compute speeds (`model.py`).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from mtp2draft.errors import DataError, SourceError
+from mtp2draft.speed.accelerators import get_accelerator
+from mtp2draft.speed.cost import draft_cost, mtp_draft_cost, target_cost, text_config
+from mtp2draft.speed.model import BATCHES, KS, Acceptance, SpeedReport, predict, read_acceptance
+from mtp2draft.speed.published import load_config, shipped_configs
+
+
+def read_config(ref: str | Path) -> tuple[dict[str, Any], str]:
+    """(config, where it came from) for a config.json path, a directory holding one, or a shipped hub id."""
+    path = Path(ref)
+    file = path / "config.json" if path.is_dir() else path
+    if file.is_file():
+        try:
+            return json.loads(file.read_text()), str(file)
+        except json.JSONDecodeError as exc:
+            raise DataError(f"{file}: not JSON ({exc.msg} at line {exc.lineno})") from None
+    if str(ref) in shipped_configs():
+        return load_config(str(ref)), f"{ref} (config shipped with mtp2draft)"
+    shipped = ", ".join(sorted(shipped_configs()))
+    raise SourceError(
+        f"no config.json at {ref}: pass a config.json or its directory (e.g. `hf download REPO config.json "
+        f"--local-dir DIR`), or one of the shipped {shipped}"
+    )
+
+
+def model_name(config: Mapping[str, Any], fallback: str) -> str:
+    cfg = text_config(config)
+    return str(cfg.get("_name_or_path") or fallback)
+
+
+def speedup(
+    evaluation: str | Path | Acceptance,
+    target: str | Path | Mapping[str, Any],
+    gpu: str,
+    tp: int = 1,
+    draft: str | Path | Mapping[str, Any] | None = None,
+    context: int = 4096,
+    draft_tp: int | None = None,
+    ks: Sequence[int] = KS,
+    batches: Sequence[int] | None = None,
+) -> SpeedReport:
+    """Predicted speed with and without the draft. `draft` None: the evaluated draft directory's own config when
+    `evaluation` is one, else the target's own MTP layer; `batches` None: 1, 2, 4, ..., 64."""
+    acceptance = evaluation if isinstance(evaluation, Acceptance) else read_acceptance(evaluation)
+    if isinstance(target, Mapping):
+        target_cfg, target_src = dict(target), "target config"
+    else:
+        target_cfg, target_src = read_config(target)
+    accelerator = get_accelerator(gpu)
+    t = target_cost(target_cfg, model_name(target_cfg, str(target) if not isinstance(target, Mapping) else "target"))
+    if draft is None and not isinstance(evaluation, Acceptance) and (Path(evaluation) / "config.json").is_file():
+        draft = Path(evaluation)  # a draft directory: the draft is the one evaluated
+    if draft is None:
+        d = mtp_draft_cost(target_cfg, "the target's MTP layer")
+    else:
+        draft_cfg, draft_src = (dict(draft), "draft config") if isinstance(draft, Mapping) else read_config(draft)
+        d = draft_cost(draft_cfg, f"draft ({draft_src})")
+    report = predict(t, d, acceptance, accelerator, tp, draft_tp, ks, batches or BATCHES, context)
+    report.notes.insert(0, f"target config: {target_src}")
+    per_device = t.weight_bytes() / tp
+    if per_device > accelerator.memory_bytes:
+        report.notes.append(
+            f"the target's weights alone take {per_device / 1e9:.0f} GB per device at TP {tp}, more than the "
+            f"{accelerator.memory_bytes / 1e9:.0f} GB of one {accelerator.description}: raise --tp"
+        )
+    return report
+
+
+__all__ = ["read_config", "speedup"]
