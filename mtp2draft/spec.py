@@ -32,6 +32,7 @@ QUANT_FORMATS = ("fp8_block",)
 ENGINES = ("vllm", "sglang")
 METHODS = DRAFT_KINDS  # an engine's speculative methods are the draft kinds
 AUX_ID_RULES = ("plus_one", "plus_one_if_first_is_one")
+STEP_LAYER_RULES = ("cycle", "first")
 ATTN_IMPLEMENTATIONS = ("sdpa", "eager")
 
 
@@ -142,6 +143,9 @@ class EngineSpec:
     """How the engine turns `eagle_config` aux ids into captured layers (SGLang): `plus_one` (captures the input of
     layer id + 1, i.e. the output of layer id) or `plus_one_if_first_is_one` (DeepSeek V2/V3/V3.2 in SGLang: + 1 only
     when the first id is 1, otherwise the ids are the captured layer inputs as they stand)."""
+    step_layers: str = ""
+    """Which MTP layer draft step s (of k) runs: `cycle` (layer s % n, n = the checkpoint's MTP layers) or `first`
+    (layer 0 at every step: the engine loads one layer); empty: not recorded. Equal for one-layer checkpoints."""
     sources: str = ""
     """Engine source files the facts were read from."""
     notes: str = ""
@@ -256,6 +260,7 @@ class Spec:
                     "hidden": facts.hidden or self.layer.hidden,
                     "final_norm": facts.final_norm,
                     "aux_ids": facts.aux_ids,
+                    "step_layers": facts.step_layers,
                     "sources": facts.sources,
                 }
                 for name, facts in self.engines.items()
@@ -355,6 +360,8 @@ def _check_values(spec: Spec) -> None:
             raise SpecError(f"{at}: hidden must be one of {HIDDEN_SOURCES}, got {facts.hidden!r}")
         if facts.aux_ids not in AUX_ID_RULES:
             raise SpecError(f"{at}: aux_ids must be one of {AUX_ID_RULES}, got {facts.aux_ids!r}")
+        if facts.step_layers and facts.step_layers not in STEP_LAYER_RULES:
+            raise SpecError(f"{at}: step_layers must be one of {STEP_LAYER_RULES}, got {facts.step_layers!r}")
         if not facts.version:
             raise SpecError(f"{at}: version (the engine release the facts were read from) is required")
     for q in spec.quantization:

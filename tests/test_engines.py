@@ -67,6 +67,7 @@ def test_engine_tables_are_validated() -> None:
         ({"vllm": {"version": "1", "methods": ["mtp"]}}, "needs handover"),
         ({"vllm": {"methods": []}}, "version"),
         ({"sglang": {"version": "1", "aux_ids": "minus_one"}}, "aux_ids"),
+        ({"vllm": {"version": "1", "step_layers": "random"}}, "step_layers must be one of"),
     ]:
         with pytest.raises(SpecError, match=message):
             parse_spec({**base, "engines": engines})
