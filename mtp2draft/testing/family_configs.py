@@ -412,6 +412,48 @@ ERNIE4_5_MOE = {
 }
 
 
+# GLM-4.7-Flash's config.json fields in the release's order (tiny values; the release keeps qk_nope + qk_rope =
+# v_head_dim, rope_interleave defaulted, first_k_dense_replace 1 and mlp_layer_types absent), one MTP layer.
+GLM4_MOE_LITE = {
+    "architectures": ["Glm4MoeLiteForCausalLM"],
+    "attention_bias": False,
+    "attention_dropout": 0.0,
+    "pad_token_id": 0,
+    "eos_token_id": [1, 2],
+    "hidden_act": "silu",
+    "hidden_size": 64,
+    "intermediate_size": 128,
+    "max_position_embeddings": 4096,
+    "model_type": "glm4_moe_lite",
+    "moe_intermediate_size": 32,
+    "topk_method": "noaux_tc",
+    "norm_topk_prob": True,
+    "num_attention_heads": 4,
+    "n_group": 1,
+    "topk_group": 1,
+    "n_routed_experts": 8,
+    "n_shared_experts": 1,
+    "routed_scaling_factor": 1.8,
+    "num_experts_per_tok": 2,
+    "first_k_dense_replace": 1,
+    "num_hidden_layers": 2,
+    "num_key_value_heads": 4,
+    "num_nextn_predict_layers": 1,
+    "partial_rotary_factor": 1.0,
+    "rms_norm_eps": 1e-05,
+    "rope_scaling": None,
+    "rope_theta": 1000000,
+    "tie_word_embeddings": False,
+    "dtype": "bfloat16",
+    "q_lora_rank": 48,
+    "kv_lora_rank": 32,
+    "qk_nope_head_dim": 16,
+    "qk_rope_head_dim": 8,
+    "v_head_dim": 24,
+    "vocab_size": 256,
+}
+
+
 def with_fields(base: dict[str, Any], **changes: Any) -> dict[str, Any]:
     """A deep copy of config `base` with `changes` applied."""
     out = copy.deepcopy(base)

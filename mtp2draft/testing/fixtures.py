@@ -33,6 +33,7 @@ from .family_configs import (
     DEEPSEEK_V32,
     ERNIE4_5_MOE,
     GLM4_MOE,
+    GLM4_MOE_LITE,
     MIMO_V2_FLASH,
     QWEN3_5,
     QWEN3_5_MOE,
@@ -79,6 +80,9 @@ FIXTURES: dict[str, dict[str, Any]] = {
     "deepseek_v32": _row("deepseek_v32", DEEPSEEK_V32, _V32, store_embed_head=True),
     "longcat_flash": _row(
         "longcat_flash", LONGCAT_FLASH, ("longcat_flash", "LongcatFlashForCausalLM"), store_embed_head=True
+    ),
+    "glm4_moe_lite": _row(
+        "glm4_moe_lite", GLM4_MOE_LITE, ("glm4_moe_lite", "Glm4MoeLiteForCausalLM"), store_embed_head=True
     ),
 }
 FIXTURES["deepseek_v3_fp8"] = _fp8(FIXTURES["deepseek_v3"])
