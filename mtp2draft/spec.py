@@ -22,7 +22,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
-from .errors import SpecError, UnknownFamilyError
+from .errors import CheckpointError, SpecError, UnknownFamilyError
 from .kinds import DRAFT_KINDS, DraftKind
 
 CONCAT_ORDERS = ("embed_hidden", "hidden_embed")
@@ -189,6 +189,8 @@ class Spec:
         value = text.get(self.config.mtp_count)
         if value is None:
             value = self.config.mtp_count_default
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 0):
+            raise CheckpointError(f"config.json: {self.config.mtp_count} = {value!r} is not a count of MTP layers")
         return int(value or 0)
 
     def num_layers(self, config: Mapping[str, Any]) -> int:
