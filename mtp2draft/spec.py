@@ -22,7 +22,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
-from .errors import CheckpointError, SpecError, UnknownFamilyError
+from .errors import CheckpointError, NotMtpError, SpecError, UnknownFamilyError
 from .kinds import DRAFT_KINDS, DraftKind
 
 CONCAT_ORDERS = ("embed_hidden", "hidden_embed")
@@ -431,8 +431,30 @@ def get_spec(name: str) -> Spec:
         raise UnknownFamilyError(f"no spec named {name!r}; supported: {', '.join(spec_names())}") from None
 
 
+# config.json fields that say the checkpoint's MTP-named tensors are another drafter: field -> what it is. DeepSeek-V4-0731
+# / V4.1 keep a DSpark block drafter (Markov head, no enorm / hnorm / projection) under `mtp.*`; vLLM 0.33 serves it
+# with method "dspark" and refuses "mtp" for V4.1 (vllm/config/speculative.py).
+NOT_MTP_FIELDS = {
+    "dspark_block_size": "a DSpark block drafter (served by vLLM's speculative method 'dspark')",
+}
+
+
+def refuse_non_mtp(config: Mapping[str, Any]) -> None:
+    """NotMtpError when config.json (or its text_config) marks the MTP-named tensors as another kind of drafter."""
+    sections = [config, config.get("text_config") if isinstance(config.get("text_config"), Mapping) else {}]
+    for section in sections:
+        for name, what in NOT_MTP_FIELDS.items():
+            if section.get(name) is not None:
+                raise NotMtpError(
+                    f"this checkpoint's MTP tensors are {what}, not an MTP layer (config.json: {name} = "
+                    f"{section[name]!r}); mtp2draft converts MTP layers only and will not half-load it"
+                )
+
+
 def find_spec(config: Mapping[str, Any]) -> Spec:
-    """The spec matching a config.json: by `architectures` first, then by `model_type`."""
+    """The spec matching a config.json: by `architectures` first, then by `model_type`. A config marking its MTP
+    tensors as another drafter (`NOT_MTP_FIELDS`) is refused first, whatever its family."""
+    refuse_non_mtp(config)
     architectures = list(config.get("architectures") or [])
     model_type = config.get("model_type")
     for spec in registry().values():

@@ -429,6 +429,22 @@ def glm4_moe_lite_count_field_not_a_number(w, tmp, mp, stack):
 
 
 @case
+def dspark_under_mtp_convert(w, tmp, mp, stack):
+    """DeepSeek-V4-0731: a DSpark block drafter under mtp.*, num_nextn_predict_layers 1 all the same."""
+    return Case(_convert(_family(tmp, "deepseek_v4_0731_dspark"), tmp), "are a DSpark block drafter")
+
+
+@case
+def dspark_under_mtp_inspect(w, tmp, mp, stack):
+    return Case(["inspect", str(_family(tmp, "deepseek_v4_0731_dspark"))], "not an MTP layer (config.json: dspark")
+
+
+@case
+def dspark_target_for_distill(w, tmp, mp, stack):
+    return Case(_distill(w, tmp, target=_family(tmp, "deepseek_v4_0731_dspark")), "DSpark block drafter")
+
+
+@case
 def expert_of_the_wrong_shape(w, tmp, mp, stack):
     key = MTP + "mlp.experts.0.gate_proj.weight"
     ck = _broken_ds(w, tmp, key, lambda t: torch.zeros(t.shape[0] + 3, t.shape[1], dtype=t.dtype))

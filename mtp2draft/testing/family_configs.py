@@ -454,6 +454,55 @@ GLM4_MOE_LITE = {
 }
 
 
+# DeepSeek-V4-Flash-0731's config.json fields (tiny values): the V4 trunk (MQA head_dim, q/o LoRA, grouped output,
+# sliding window, hyper-connections, FP8 with FP4 experts) plus the DSpark fields. The release says
+# num_nextn_predict_layers 1 although mtp.0-2 hold three DSpark stages; dspark_target_layer_ids are the last three
+# trunk layers (40, 41, 42 of 43 on the release). Here: no compressed or hash-routed layers, so the trunk's layers
+# carry no compressor / indexer / tid2eid tensors.
+DEEPSEEK_V4_0731 = {
+    "architectures": ["DeepseekV4ForCausalLM"],
+    "model_type": "deepseek_v4",
+    "compress_ratios": [0, 0, 0],
+    "dspark_block_size": 5,
+    "dspark_markov_rank": 8,
+    "dspark_noise_token_id": 255,
+    "dspark_target_layer_ids": [0, 1, 2],
+    "expert_dtype": "fp4",
+    "hc_eps": 1e-06,
+    "hc_mult": 4,
+    "hc_sinkhorn_iters": 20,
+    "head_dim": 32,
+    "hidden_size": 64,
+    "index_head_dim": 16,
+    "index_n_heads": 4,
+    "index_topk": 4,
+    "moe_intermediate_size": 32,
+    "n_routed_experts": 4,
+    "n_shared_experts": 1,
+    "num_attention_heads": 4,
+    "num_experts_per_tok": 2,
+    "num_hash_layers": 0,
+    "num_hidden_layers": 3,
+    "num_key_value_heads": 1,
+    "num_nextn_predict_layers": 1,
+    "o_groups": 2,
+    "o_lora_rank": 32,
+    "q_lora_rank": 32,
+    "qk_rope_head_dim": 8,
+    "quantization_config": {
+        "activation_scheme": "dynamic",
+        "fmt": "e4m3",
+        "quant_method": "fp8",
+        "scale_fmt": "ue8m0",
+        "weight_block_size": [128, 128],
+    },  # fmt: skip
+    "rms_norm_eps": 1e-06,
+    "sliding_window": 8,
+    "torch_dtype": "bfloat16",
+    "vocab_size": 256,
+}
+
+
 def with_fields(base: dict[str, Any], **changes: Any) -> dict[str, Any]:
     """A deep copy of config `base` with `changes` applied."""
     out = copy.deepcopy(base)
