@@ -303,6 +303,8 @@ class NativeMtpDraft(_DraftModule):
             cache=cache,
             position_embeddings=position_embeddings,
         )
+        if isinstance(out, tuple):  # decoder layers returning (hidden, extras): GLM-5's (hidden, DSA top-k indices)
+            out = out[0]
         return (self.final_norm(out) if self.apply_final_norm else out), out
 
     def default_mask(self, x: torch.Tensor, cache: DraftCache | None = None) -> torch.Tensor | None:
