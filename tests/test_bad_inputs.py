@@ -429,6 +429,19 @@ def glm4_moe_lite_count_field_not_a_number(w, tmp, mp, stack):
 
 
 @case
+def glm_moe_dsa_indexer_key_missing(w, tmp, mp, stack):
+    ck = _drop_key(_family(tmp, "glm_moe_dsa"), "model.layers.4.self_attn.indexer.wk.weight")
+    return Case(_convert(ck, tmp), "lacks tensors the glm_moe_dsa block needs: block.self_attn.indexer.wk.weight")
+
+
+@case
+def glm_moe_dsa_count_field_says_two(w, tmp, mp, stack):
+    ck = _family(tmp, "glm_moe_dsa")
+    _edit_config(ck, num_nextn_predict_layers=2)
+    return Case(_convert(ck, tmp, "--layer", "1"), "MTP layer 1 is missing model.layers.5.enorm.weight")
+
+
+@case
 def dspark_under_mtp_convert(w, tmp, mp, stack):
     """DeepSeek-V4-0731: a DSpark block drafter under mtp.*, num_nextn_predict_layers 1 all the same."""
     return Case(_convert(_family(tmp, "deepseek_v4_0731_dspark"), tmp), "are a DSpark block drafter")

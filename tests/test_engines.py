@@ -44,7 +44,8 @@ def test_support_table_matches_the_engines() -> None:
     assert mimo.engine_computation("vllm")["input_hidden"] == "pre_norm"
     assert mimo.engine_computation("sglang")["input_hidden"] == "post_norm"
     sglang_rules = {s.name: s.engine("sglang").aux_ids for s in registry().values() if s.serves("sglang", "eagle3")}
-    assert {n for n, r in sglang_rules.items() if r != "plus_one"} == {"deepseek_v3", "deepseek_v32", "glm4_moe_lite"}
+    plus_one_if_first = {"deepseek_v3", "deepseek_v32", "glm4_moe_lite", "glm_moe_dsa"}
+    assert {n for n, r in sglang_rules.items() if r != "plus_one"} == plus_one_if_first
 
 
 def test_engine_tables_are_validated() -> None:

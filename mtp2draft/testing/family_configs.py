@@ -503,6 +503,58 @@ DEEPSEEK_V4_0731 = {
 }
 
 
+# GLM-5.2's config.json fields (tiny values; names from stored copies of the release's config): MLA + DSA indexer with
+# cross-layer top-k sharing (layer i runs its own indexer iff max(i - offset + 1, 0) % freq == 0: full, shared, full,
+# shared here), first_k_dense_replace dense layers, index_share_for_mtp_iteration, no stored MTP embed / head.
+# index_topk 4 < a test sequence, so the indexer's selection matters.
+GLM_MOE_DSA = {
+    "architectures": ["GlmMoeDsaForCausalLM"],
+    "attention_bias": False,
+    "dtype": "bfloat16",
+    "eos_token_id": [1, 2],
+    "first_k_dense_replace": 1,
+    "hidden_act": "silu",
+    "hidden_size": 64,
+    "index_head_dim": 16,
+    "index_n_heads": 4,
+    "index_share_for_mtp_iteration": True,
+    "index_skip_topk_offset": 1,
+    "index_topk": 4,
+    "index_topk_freq": 2,
+    "indexer_rope_interleave": True,
+    "intermediate_size": 128,
+    "kv_lora_rank": 32,
+    "max_position_embeddings": 4096,
+    "model_type": "glm_moe_dsa",
+    "moe_intermediate_size": 32,
+    "moe_router_dtype": "float32",
+    "n_group": 1,
+    "n_routed_experts": 8,
+    "n_shared_experts": 1,
+    "norm_topk_prob": True,
+    "num_attention_heads": 4,
+    "num_experts_per_tok": 2,
+    "num_hidden_layers": 4,
+    "num_key_value_heads": 4,
+    "num_nextn_predict_layers": 1,
+    "pad_token_id": 0,
+    "q_lora_rank": 48,
+    "qk_head_dim": 24,
+    "qk_nope_head_dim": 16,
+    "qk_rope_head_dim": 8,
+    "rms_norm_eps": 1e-05,
+    "rope_interleave": True,
+    "rope_parameters": {"rope_theta": 1000000, "rope_type": "default"},
+    "routed_scaling_factor": 2.5,
+    "scoring_func": "sigmoid",
+    "tie_word_embeddings": False,
+    "topk_group": 1,
+    "topk_method": "noaux_tc",
+    "v_head_dim": 24,
+    "vocab_size": 256,
+}
+
+
 def with_fields(base: dict[str, Any], **changes: Any) -> dict[str, Any]:
     """A deep copy of config `base` with `changes` applied."""
     out = copy.deepcopy(base)

@@ -35,6 +35,7 @@ from .family_configs import (
     ERNIE4_5_MOE,
     GLM4_MOE,
     GLM4_MOE_LITE,
+    GLM_MOE_DSA,
     MIMO_V2_FLASH,
     QWEN3_5,
     QWEN3_5_MOE,
@@ -85,12 +86,14 @@ FIXTURES: dict[str, dict[str, Any]] = {
     "glm4_moe_lite": _row(
         "glm4_moe_lite", GLM4_MOE_LITE, ("glm4_moe_lite", "Glm4MoeLiteForCausalLM"), store_embed_head=True
     ),
+    "glm_moe_dsa": _row("glm_moe_dsa", GLM_MOE_DSA, ("glm_moe_dsa", "GlmMoeDsaForCausalLM")),
 }
 FIXTURES["deepseek_v3_fp8"] = _fp8(FIXTURES["deepseek_v3"])
 # Not an MTP checkpoint: DeepSeek-V4-0731's DSpark block drafter under mtp.*, written from its key list (no spec
 # builds it; every command refuses it). `tensors` rows write their own layout.
 FIXTURES["deepseek_v4_0731_dspark"] = {"spec": None, "config": DEEPSEEK_V4_0731, "tensors": "dspark"}
 FIXTURES["deepseek_v32_fp8"] = _fp8(FIXTURES["deepseek_v32"])
+FIXTURES["glm_moe_dsa_fp8"] = _fp8(FIXTURES["glm_moe_dsa"])
 
 # Weights that stay bf16 in DeepSeek's FP8 release: embeddings, heads, norms, the router, the MTP projection and
 # V3.2's indexer weights_proj (engines load it unquantised).
