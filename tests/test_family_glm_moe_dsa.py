@@ -20,10 +20,10 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from mtp2draft.checkpoint import open_checkpoint
-from mtp2draft.cli import main
-from mtp2draft.convert import convert, load_native, plan_mtp_layer
-from mtp2draft.spec import find_spec, get_spec
+from mtp2draft.checkpoint.reader import open_checkpoint
+from mtp2draft.cli.app import main
+from mtp2draft.conversion import convert, load_native, plan_mtp_layer
+from mtp2draft.family.spec import find_spec, get_spec
 from mtp2draft.testing import hub_keys
 from mtp2draft.testing.fixtures import FIXTURES, eagle3_depth
 
@@ -169,7 +169,7 @@ def test_layer_follows_vllms_computation(build) -> None:
 
 
 def test_layer_uses_the_draft_cache(build) -> None:
-    from mtp2draft.draft import DraftCache
+    from mtp2draft.draft.modules import DraftCache
 
     ours = load_native(str(build(FIXTURE))).eval()
     nxt, hidden, pos = _inputs(1)

@@ -14,9 +14,9 @@ from pathlib import Path
 
 import pytest
 
-from mtp2draft.cli import main
+from mtp2draft.cli.app import main
 from mtp2draft.errors import NotMtpError, UnknownFamilyError
-from mtp2draft.spec import find_spec
+from mtp2draft.family.spec import find_spec
 from mtp2draft.testing import hub_keys
 from mtp2draft.testing.fixtures import DEEPSEEK_V3, FIXTURES
 
