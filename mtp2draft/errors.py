@@ -28,6 +28,11 @@ class NoMtpLayerError(Mtp2DraftError):
     """The checkpoint has no MTP layer (e.g. Kimi-K2 with num_nextn_predict_layers: 0)."""
 
 
+class NotMtpError(NoMtpLayerError):
+    """The checkpoint's MTP-named tensors hold another kind of drafter (DeepSeek's DSpark block drafter under
+    `mtp.*`), which loading as an MTP layer would half-load."""
+
+
 class ShallowTargetError(Mtp2DraftError):
     """The target has too few layers for the draft asked for (EAGLE-3 needs three distinct capturable layers)."""
 

@@ -394,6 +394,69 @@ def fp8_weight_without_scale(w, tmp, mp, stack, *, fixture: str = "deepseek_v3_f
     return Case(_convert(ck, tmp), "kv_b_proj.weight_scale_inv")
 
 
+# ---- per new family: the MTP layer's keys missing, a count field that is wrong -------------------------------------
+def _family(tmp: Path, fixture: str) -> Path:
+    from mtp2draft.testing.fixtures import build_fixture
+
+    return build_fixture(fixture, tmp / "ck")
+
+
+def _drop_key(ck: Path, key: str) -> Path:
+    index = _index(ck)
+    del index["weight_map"][key]
+    _write_index(ck, index)
+    return ck
+
+
+@case
+def glm4_moe_lite_mtp_key_missing(w, tmp, mp, stack):
+    ck = _drop_key(_family(tmp, "glm4_moe_lite"), "model.layers.2.hnorm.weight")
+    return Case(_convert(ck, tmp), "MTP layer 0 is missing model.layers.2.hnorm.weight (spec glm4_moe_lite)")
+
+
+@case
+def glm4_moe_lite_count_field_says_two(w, tmp, mp, stack):
+    ck = _family(tmp, "glm4_moe_lite")
+    _edit_config(ck, num_nextn_predict_layers=2)  # one layer in the weights
+    return Case(["inspect", str(ck)], "MTP layer 1 is missing model.layers.3.enorm.weight")
+
+
+@case
+def glm4_moe_lite_count_field_not_a_number(w, tmp, mp, stack):
+    ck = _family(tmp, "glm4_moe_lite")
+    _edit_config(ck, num_nextn_predict_layers="one")
+    return Case(_convert(ck, tmp), "num_nextn_predict_layers = 'one' is not a count of MTP layers")
+
+
+@case
+def glm_moe_dsa_indexer_key_missing(w, tmp, mp, stack):
+    ck = _drop_key(_family(tmp, "glm_moe_dsa"), "model.layers.4.self_attn.indexer.wk.weight")
+    return Case(_convert(ck, tmp), "lacks tensors the glm_moe_dsa block needs: block.self_attn.indexer.wk.weight")
+
+
+@case
+def glm_moe_dsa_count_field_says_two(w, tmp, mp, stack):
+    ck = _family(tmp, "glm_moe_dsa")
+    _edit_config(ck, num_nextn_predict_layers=2)
+    return Case(_convert(ck, tmp, "--layer", "1"), "MTP layer 1 is missing model.layers.5.enorm.weight")
+
+
+@case
+def dspark_under_mtp_convert(w, tmp, mp, stack):
+    """DeepSeek-V4-0731: a DSpark block drafter under mtp.*, num_nextn_predict_layers 1 all the same."""
+    return Case(_convert(_family(tmp, "deepseek_v4_0731_dspark"), tmp), "are a DSpark block drafter")
+
+
+@case
+def dspark_under_mtp_inspect(w, tmp, mp, stack):
+    return Case(["inspect", str(_family(tmp, "deepseek_v4_0731_dspark"))], "not an MTP layer (config.json: dspark")
+
+
+@case
+def dspark_target_for_distill(w, tmp, mp, stack):
+    return Case(_distill(w, tmp, target=_family(tmp, "deepseek_v4_0731_dspark")), "DSpark block drafter")
+
+
 @case
 def expert_of_the_wrong_shape(w, tmp, mp, stack):
     key = MTP + "mlp.experts.0.gate_proj.weight"

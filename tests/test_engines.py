@@ -20,9 +20,9 @@ from mtp2draft.pipeline import default_kind_and_format
 # Read from vLLM 0.33.0 / SGLang 0.5.23 sources (see each spec's `sources`); written out here so a wrong spec fails.
 NO_EAGLE3 = {
     "sglang": {"mimo", "ernie4_5_moe", "mimo_v2_flash"},
-    "vllm": {"glm4_moe", "ernie4_5_moe", "longcat_flash", "mimo"},
+    "vllm": {"glm4_moe", "ernie4_5_moe", "longcat_flash", "mimo", "glm4_moe_lite"},
 }
-VLLM_PRE_NORM_HANDOVER = {"glm4_moe", "ernie4_5_moe"}
+VLLM_PRE_NORM_HANDOVER = {"glm4_moe", "ernie4_5_moe", "glm4_moe_lite"}
 
 
 def test_support_table_matches_the_engines() -> None:
@@ -44,7 +44,8 @@ def test_support_table_matches_the_engines() -> None:
     assert mimo.engine_computation("vllm")["input_hidden"] == "pre_norm"
     assert mimo.engine_computation("sglang")["input_hidden"] == "post_norm"
     sglang_rules = {s.name: s.engine("sglang").aux_ids for s in registry().values() if s.serves("sglang", "eagle3")}
-    assert {n for n, r in sglang_rules.items() if r != "plus_one"} == {"deepseek_v3", "deepseek_v32"}
+    plus_one_if_first = {"deepseek_v3", "deepseek_v32", "glm4_moe_lite", "glm_moe_dsa"}
+    assert {n for n, r in sglang_rules.items() if r != "plus_one"} == plus_one_if_first
 
 
 def test_engine_tables_are_validated() -> None:
@@ -67,6 +68,7 @@ def test_engine_tables_are_validated() -> None:
         ({"vllm": {"version": "1", "methods": ["mtp"]}}, "needs handover"),
         ({"vllm": {"methods": []}}, "version"),
         ({"sglang": {"version": "1", "aux_ids": "minus_one"}}, "aux_ids"),
+        ({"vllm": {"version": "1", "step_layers": "random"}}, "step_layers must be one of"),
     ]:
         with pytest.raises(SpecError, match=message):
             parse_spec({**base, "engines": engines})

@@ -47,9 +47,7 @@ from torch import nn
 from mtp2draft.draft.eagle3_config import LLAMA_FIELDS, aux_ids, speculators_to_eagle3_config, speculators_weight_name
 from mtp2draft.errors import CheckpointError, DraftError
 from mtp2draft.family.spec import Spec, get_spec
-from mtp2draft.kinds import (
-    CONFIG_FILE as CONFIG_FILE,  # the draft directory's files (defined in kinds), re-exported
-)
+from mtp2draft.kinds import CONFIG_FILE as CONFIG_FILE  # the draft directory's files (defined in kinds), re-exported
 from mtp2draft.kinds import PROVENANCE_FILE as PROVENANCE_FILE
 from mtp2draft.kinds import WEIGHTS_FILE as WEIGHTS_FILE
 from mtp2draft.kinds import DraftKind, detect_kind
@@ -305,6 +303,8 @@ class NativeMtpDraft(_DraftModule):
             cache=cache,
             position_embeddings=position_embeddings,
         )
+        if isinstance(out, tuple):  # decoder layers returning (hidden, extras): GLM-5's (hidden, DSA top-k indices)
+            out = out[0]
         return (self.final_norm(out) if self.apply_final_norm else out), out
 
     def default_mask(self, x: torch.Tensor, cache: DraftCache | None = None) -> torch.Tensor | None:

@@ -22,7 +22,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
-from mtp2draft.errors import SpecError, UnknownFamilyError
+from mtp2draft.errors import CheckpointError, NotMtpError, SpecError, UnknownFamilyError
 from mtp2draft.kinds import DRAFT_KINDS, DraftKind
 
 CONCAT_ORDERS = ("embed_hidden", "hidden_embed")
@@ -32,6 +32,7 @@ QUANT_FORMATS = ("fp8_block",)
 ENGINES = ("vllm", "sglang")
 METHODS = DRAFT_KINDS  # an engine's speculative methods are the draft kinds
 AUX_ID_RULES = ("plus_one", "plus_one_if_first_is_one")
+STEP_LAYER_RULES = ("cycle", "first")
 ATTN_IMPLEMENTATIONS = ("sdpa", "eager")
 
 
@@ -142,6 +143,9 @@ class EngineSpec:
     """How the engine turns `eagle_config` aux ids into captured layers (SGLang): `plus_one` (captures the input of
     layer id + 1, i.e. the output of layer id) or `plus_one_if_first_is_one` (DeepSeek V2/V3/V3.2 in SGLang: + 1 only
     when the first id is 1, otherwise the ids are the captured layer inputs as they stand)."""
+    step_layers: str = ""
+    """Which MTP layer draft step s (of k) runs: `cycle` (layer s % n, n = the checkpoint's MTP layers) or `first`
+    (layer 0 at every step: the engine loads one layer); empty: not recorded. Equal for one-layer checkpoints."""
     sources: str = ""
     """Engine source files the facts were read from."""
     notes: str = ""
@@ -185,6 +189,8 @@ class Spec:
         value = text.get(self.config.mtp_count)
         if value is None:
             value = self.config.mtp_count_default
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 0):
+            raise CheckpointError(f"config.json: {self.config.mtp_count} = {value!r} is not a count of MTP layers")
         return int(value or 0)
 
     def num_layers(self, config: Mapping[str, Any]) -> int:
@@ -256,6 +262,7 @@ class Spec:
                     "hidden": facts.hidden or self.layer.hidden,
                     "final_norm": facts.final_norm,
                     "aux_ids": facts.aux_ids,
+                    "step_layers": facts.step_layers,
                     "sources": facts.sources,
                 }
                 for name, facts in self.engines.items()
@@ -355,6 +362,8 @@ def _check_values(spec: Spec) -> None:
             raise SpecError(f"{at}: hidden must be one of {HIDDEN_SOURCES}, got {facts.hidden!r}")
         if facts.aux_ids not in AUX_ID_RULES:
             raise SpecError(f"{at}: aux_ids must be one of {AUX_ID_RULES}, got {facts.aux_ids!r}")
+        if facts.step_layers and facts.step_layers not in STEP_LAYER_RULES:
+            raise SpecError(f"{at}: step_layers must be one of {STEP_LAYER_RULES}, got {facts.step_layers!r}")
         if not facts.version:
             raise SpecError(f"{at}: version (the engine release the facts were read from) is required")
     for q in spec.quantization:
@@ -422,8 +431,30 @@ def get_spec(name: str) -> Spec:
         raise UnknownFamilyError(f"no spec named {name!r}; supported: {', '.join(spec_names())}") from None
 
 
+# config.json fields that say the checkpoint's MTP-named tensors are another drafter: field -> what it is. DeepSeek-V4-0731
+# / V4.1 keep a DSpark block drafter (Markov head, no enorm / hnorm / projection) under `mtp.*`; vLLM 0.33 serves it
+# with method "dspark" and refuses "mtp" for V4.1 (vllm/config/speculative.py).
+NOT_MTP_FIELDS = {
+    "dspark_block_size": "a DSpark block drafter (served by vLLM's speculative method 'dspark')",
+}
+
+
+def refuse_non_mtp(config: Mapping[str, Any]) -> None:
+    """NotMtpError when config.json (or its text_config) marks the MTP-named tensors as another kind of drafter."""
+    sections = [config, config.get("text_config") if isinstance(config.get("text_config"), Mapping) else {}]
+    for section in sections:
+        for name, what in NOT_MTP_FIELDS.items():
+            if section.get(name) is not None:
+                raise NotMtpError(
+                    f"this checkpoint's MTP tensors are {what}, not an MTP layer (config.json: {name} = "
+                    f"{section[name]!r}); mtp2draft converts MTP layers only and will not half-load it"
+                )
+
+
 def find_spec(config: Mapping[str, Any]) -> Spec:
-    """The spec matching a config.json: by `architectures` first, then by `model_type`."""
+    """The spec matching a config.json: by `architectures` first, then by `model_type`. A config marking its MTP
+    tensors as another drafter (`NOT_MTP_FIELDS`) is refused first, whatever its family."""
+    refuse_non_mtp(config)
     architectures = list(config.get("architectures") or [])
     model_type = config.get("model_type")
     for spec in registry().values():

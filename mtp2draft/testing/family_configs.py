@@ -412,6 +412,149 @@ ERNIE4_5_MOE = {
 }
 
 
+# GLM-4.7-Flash's config.json fields in the release's order (tiny values; the release keeps qk_nope + qk_rope =
+# v_head_dim, rope_interleave defaulted, first_k_dense_replace 1 and mlp_layer_types absent), one MTP layer.
+GLM4_MOE_LITE = {
+    "architectures": ["Glm4MoeLiteForCausalLM"],
+    "attention_bias": False,
+    "attention_dropout": 0.0,
+    "pad_token_id": 0,
+    "eos_token_id": [1, 2],
+    "hidden_act": "silu",
+    "hidden_size": 64,
+    "intermediate_size": 128,
+    "max_position_embeddings": 4096,
+    "model_type": "glm4_moe_lite",
+    "moe_intermediate_size": 32,
+    "topk_method": "noaux_tc",
+    "norm_topk_prob": True,
+    "num_attention_heads": 4,
+    "n_group": 1,
+    "topk_group": 1,
+    "n_routed_experts": 8,
+    "n_shared_experts": 1,
+    "routed_scaling_factor": 1.8,
+    "num_experts_per_tok": 2,
+    "first_k_dense_replace": 1,
+    "num_hidden_layers": 2,
+    "num_key_value_heads": 4,
+    "num_nextn_predict_layers": 1,
+    "partial_rotary_factor": 1.0,
+    "rms_norm_eps": 1e-05,
+    "rope_scaling": None,
+    "rope_theta": 1000000,
+    "tie_word_embeddings": False,
+    "dtype": "bfloat16",
+    "q_lora_rank": 48,
+    "kv_lora_rank": 32,
+    "qk_nope_head_dim": 16,
+    "qk_rope_head_dim": 8,
+    "v_head_dim": 24,
+    "vocab_size": 256,
+}
+
+
+# DeepSeek-V4-Flash-0731's config.json fields (tiny values): the V4 trunk (MQA head_dim, q/o LoRA, grouped output,
+# sliding window, hyper-connections, FP8 with FP4 experts) plus the DSpark fields. The release says
+# num_nextn_predict_layers 1 although mtp.0-2 hold three DSpark stages; dspark_target_layer_ids are the last three
+# trunk layers (40, 41, 42 of 43 on the release). Here: no compressed or hash-routed layers, so the trunk's layers
+# carry no compressor / indexer / tid2eid tensors.
+DEEPSEEK_V4_0731 = {
+    "architectures": ["DeepseekV4ForCausalLM"],
+    "model_type": "deepseek_v4",
+    "compress_ratios": [0, 0, 0],
+    "dspark_block_size": 5,
+    "dspark_markov_rank": 8,
+    "dspark_noise_token_id": 255,
+    "dspark_target_layer_ids": [0, 1, 2],
+    "expert_dtype": "fp4",
+    "hc_eps": 1e-06,
+    "hc_mult": 4,
+    "hc_sinkhorn_iters": 20,
+    "head_dim": 32,
+    "hidden_size": 64,
+    "index_head_dim": 16,
+    "index_n_heads": 4,
+    "index_topk": 4,
+    "moe_intermediate_size": 32,
+    "n_routed_experts": 4,
+    "n_shared_experts": 1,
+    "num_attention_heads": 4,
+    "num_experts_per_tok": 2,
+    "num_hash_layers": 0,
+    "num_hidden_layers": 3,
+    "num_key_value_heads": 1,
+    "num_nextn_predict_layers": 1,
+    "o_groups": 2,
+    "o_lora_rank": 32,
+    "q_lora_rank": 32,
+    "qk_rope_head_dim": 8,
+    "quantization_config": {
+        "activation_scheme": "dynamic",
+        "fmt": "e4m3",
+        "quant_method": "fp8",
+        "scale_fmt": "ue8m0",
+        "weight_block_size": [128, 128],
+    },  # fmt: skip
+    "rms_norm_eps": 1e-06,
+    "sliding_window": 8,
+    "torch_dtype": "bfloat16",
+    "vocab_size": 256,
+}
+
+
+# GLM-5.2's config.json fields (tiny values; names from stored copies of the release's config): MLA + DSA indexer with
+# cross-layer top-k sharing (layer i runs its own indexer iff max(i - offset + 1, 0) % freq == 0: full, shared, full,
+# shared here), first_k_dense_replace dense layers, index_share_for_mtp_iteration, no stored MTP embed / head.
+# index_topk 4 < a test sequence, so the indexer's selection matters.
+GLM_MOE_DSA = {
+    "architectures": ["GlmMoeDsaForCausalLM"],
+    "attention_bias": False,
+    "dtype": "bfloat16",
+    "eos_token_id": [1, 2],
+    "first_k_dense_replace": 1,
+    "hidden_act": "silu",
+    "hidden_size": 64,
+    "index_head_dim": 16,
+    "index_n_heads": 4,
+    "index_share_for_mtp_iteration": True,
+    "index_skip_topk_offset": 1,
+    "index_topk": 4,
+    "index_topk_freq": 2,
+    "indexer_rope_interleave": True,
+    "intermediate_size": 128,
+    "kv_lora_rank": 32,
+    "max_position_embeddings": 4096,
+    "model_type": "glm_moe_dsa",
+    "moe_intermediate_size": 32,
+    "moe_router_dtype": "float32",
+    "n_group": 1,
+    "n_routed_experts": 8,
+    "n_shared_experts": 1,
+    "norm_topk_prob": True,
+    "num_attention_heads": 4,
+    "num_experts_per_tok": 2,
+    "num_hidden_layers": 4,
+    "num_key_value_heads": 4,
+    "num_nextn_predict_layers": 1,
+    "pad_token_id": 0,
+    "q_lora_rank": 48,
+    "qk_head_dim": 24,
+    "qk_nope_head_dim": 16,
+    "qk_rope_head_dim": 8,
+    "rms_norm_eps": 1e-05,
+    "rope_interleave": True,
+    "rope_parameters": {"rope_theta": 1000000, "rope_type": "default"},
+    "routed_scaling_factor": 2.5,
+    "scoring_func": "sigmoid",
+    "tie_word_embeddings": False,
+    "topk_group": 1,
+    "topk_method": "noaux_tc",
+    "v_head_dim": 24,
+    "vocab_size": 256,
+}
+
+
 def with_fields(base: dict[str, Any], **changes: Any) -> dict[str, Any]:
     """A deep copy of config `base` with `changes` applied."""
     out = copy.deepcopy(base)

@@ -32,9 +32,12 @@ from mtp2draft.testing.family_configs import (
     DEEPSEEK_V3 as DEEPSEEK_V3,  # re-exported: scripts and tests import configs from here
 )
 from mtp2draft.testing.family_configs import (
+    DEEPSEEK_V4_0731,
     DEEPSEEK_V32,
     ERNIE4_5_MOE,
     GLM4_MOE,
+    GLM4_MOE_LITE,
+    GLM_MOE_DSA,
     MIMO_V2_FLASH,
     QWEN3_5,
     QWEN3_5_MOE,
@@ -82,9 +85,17 @@ FIXTURES: dict[str, dict[str, Any]] = {
     "longcat_flash": _row(
         "longcat_flash", LONGCAT_FLASH, ("longcat_flash", "LongcatFlashForCausalLM"), store_embed_head=True
     ),
+    "glm4_moe_lite": _row(
+        "glm4_moe_lite", GLM4_MOE_LITE, ("glm4_moe_lite", "Glm4MoeLiteForCausalLM"), store_embed_head=True
+    ),
+    "glm_moe_dsa": _row("glm_moe_dsa", GLM_MOE_DSA, ("glm_moe_dsa", "GlmMoeDsaForCausalLM")),
 }
 FIXTURES["deepseek_v3_fp8"] = _fp8(FIXTURES["deepseek_v3"])
+# Not an MTP checkpoint: DeepSeek-V4-0731's DSpark block drafter under mtp.*, written from its key list (no spec
+# builds it; every command refuses it). `tensors` rows write their own layout.
+FIXTURES["deepseek_v4_0731_dspark"] = {"spec": None, "config": DEEPSEEK_V4_0731, "tensors": "dspark"}
 FIXTURES["deepseek_v32_fp8"] = _fp8(FIXTURES["deepseek_v32"])
+FIXTURES["glm_moe_dsa_fp8"] = _fp8(FIXTURES["glm_moe_dsa"])
 
 # Weights that stay bf16 in DeepSeek's FP8 release: embeddings, heads, norms, the router, the MTP projection and
 # V3.2's indexer weights_proj (engines load it unquantised).
@@ -226,6 +237,81 @@ def fuse_expert_tensors(tensors: dict[str, torch.Tensor]) -> dict[str, torch.Ten
     return out
 
 
+def _v4_block(prefix: str, config: dict[str, Any], gen: torch.Generator) -> dict[str, torch.Tensor]:
+    """One DeepSeek-V4 decoder block under `prefix` in the release's names (vLLM 0.33 deepseek_v4 loaders): MQA with
+    q / o LoRA and grouped output, sink logits, hyper-connection mixes (fp32), router with bias, FP4 experts (int8
+    pairs + E8M0 scales per 32) and an FP8 shared expert (E8M0 block scales). Shapes follow the roles."""
+    h, hc, i = config["hidden_size"], config["hc_mult"], config["moe_intermediate_size"]
+    heads, d, q, o, g = (
+        config[k] for k in ("num_attention_heads", "head_dim", "q_lora_rank", "o_lora_rank", "o_groups")
+    )
+    e8m0, fp8 = torch.float8_e8m0fnu, torch.float8_e4m3fn
+
+    def rnd(*shape: int, dtype: torch.dtype = torch.bfloat16) -> torch.Tensor:
+        return (torch.randn(shape, generator=gen) * 0.05).to(dtype)
+
+    def quant(name: str, rows: int, cols: int) -> dict[str, torch.Tensor]:
+        scale = torch.ones(-(-rows // 128), -(-cols // 128)).to(e8m0)
+        return {f"{prefix}{name}.weight": rnd(rows, cols, dtype=torch.float32).to(fp8), f"{prefix}{name}.scale": scale}
+
+    out = {f"{prefix}{n}.weight": torch.ones(h, dtype=torch.bfloat16) for n in ("attn_norm", "ffn_norm")}
+    out.update(quant("attn.wq_a", q, h) | quant("attn.wq_b", heads * d, q) | quant("attn.wkv", d, h))
+    out.update(quant("attn.wo_a", g * o, heads * d // g) | quant("attn.wo_b", h, g * o))
+    out[f"{prefix}attn.q_norm.weight"] = torch.ones(q, dtype=torch.bfloat16)
+    out[f"{prefix}attn.kv_norm.weight"] = torch.ones(d, dtype=torch.bfloat16)
+    out[f"{prefix}attn.attn_sink"] = rnd(heads, dtype=torch.float32)
+    for mix in ("attn", "ffn"):
+        out[f"{prefix}hc_{mix}_fn"] = rnd((2 + hc) * hc, hc * h, dtype=torch.float32)
+        out[f"{prefix}hc_{mix}_base"] = rnd((2 + hc) * hc, dtype=torch.float32)
+        out[f"{prefix}hc_{mix}_scale"] = torch.ones(3)
+    out[f"{prefix}ffn.gate.weight"] = rnd(config["n_routed_experts"], h)
+    out[f"{prefix}ffn.gate.bias"] = torch.zeros(config["n_routed_experts"])
+    for e in range(config["n_routed_experts"]):
+        for w, (rows, cols) in (("w1", (i, h)), ("w2", (h, i)), ("w3", (i, h))):
+            key = f"{prefix}ffn.experts.{e}.{w}"
+            out[key + ".weight"] = torch.randint(-128, 128, (rows, cols // 2), generator=gen, dtype=torch.int8)
+            out[key + ".scale"] = torch.ones(rows, cols // 32).to(e8m0)
+    for w, (rows, cols) in (("w1", (i, h)), ("w2", (h, i)), ("w3", (i, h))):
+        out.update(quant(f"ffn.shared_experts.{w}", rows, cols))
+    return out
+
+
+def dspark_tensors(config: dict[str, Any], seed: int) -> dict[str, torch.Tensor]:
+    """DeepSeek-V4-0731's checkpoint: the trunk (no `model.` prefix: embed, layers.{i}, norm, hc_head_*, head) and
+    three DSpark stages mtp.{0,1,2}: decoder blocks as the trunk's, mtp.0.main_proj / main_norm (fusing the three
+    target layers), and on the last stage the head stack: norm, hc_head_*, markov_head.markov_w{1,2},
+    confidence_head.proj (vLLM 0.33 deepseek_v4/nvidia/dspark.py, _remap_dspark_name). No enorm / hnorm / e_proj /
+    h_proj anywhere."""
+    gen = torch.Generator().manual_seed(seed)
+    h, hc, v, rank = (config[k] for k in ("hidden_size", "hc_mult", "vocab_size", "dspark_markov_rank"))
+    out: dict[str, torch.Tensor] = {
+        "embed.weight": torch.randn(v, h, generator=gen).to(torch.bfloat16),
+        "head.weight": torch.randn(v, h, generator=gen).to(torch.bfloat16),
+        "norm.weight": torch.ones(h, dtype=torch.bfloat16),
+    }
+    for owner in ("", "mtp.2."):
+        out[f"{owner}hc_head_fn"] = torch.randn(hc, hc * h, generator=gen)
+        out[f"{owner}hc_head_base"] = torch.zeros(hc)
+        out[f"{owner}hc_head_scale"] = torch.ones(1)
+    for layer in range(config["num_hidden_layers"]):
+        out.update(_v4_block(f"layers.{layer}.", config, gen))
+    stages = 3  # DSpark stages on the release, whatever num_nextn_predict_layers says
+    for stage in range(stages):
+        out.update(_v4_block(f"mtp.{stage}.", config, gen))
+    fused = len(config["dspark_target_layer_ids"]) * h
+    out["mtp.0.main_proj.weight"] = torch.randn(h, fused, generator=gen).to(torch.float8_e4m3fn)
+    out["mtp.0.main_proj.scale"] = torch.ones(1, -(-fused // 128)).to(torch.float8_e8m0fnu)
+    out["mtp.0.main_norm.weight"] = torch.ones(h, dtype=torch.bfloat16)
+    out["mtp.2.norm.weight"] = torch.ones(h, dtype=torch.bfloat16)
+    for w in ("markov_w1", "markov_w2"):
+        out[f"mtp.2.markov_head.{w}.weight"] = torch.randn(v, rank, generator=gen).to(torch.bfloat16)
+    out["mtp.2.confidence_head.proj.weight"] = torch.randn(1, h + rank, generator=gen).to(torch.bfloat16)
+    return out
+
+
+_TENSOR_WRITERS = {"dspark": dspark_tensors}
+
+
 def build_fixture(
     name: str, out: str | Path, seed: int = 0, shards: int = 2, decoy: str | None = None, **overrides: Any
 ) -> Path:
@@ -233,6 +319,8 @@ def build_fixture(
     row = FIXTURES[name]
     config = with_fields(row["config"], **overrides)
     out = Path(out)
+    if row.get("tensors"):
+        return write_checkpoint(out, config, _TENSOR_WRITERS[row["tensors"]](config, seed), shards=shards, decoy=decoy)
     tensors = trunk_tensors(config, row["trunk"], seed)
     if row.get("fused_experts"):
         tensors = fuse_expert_tensors(tensors)
