@@ -6,8 +6,8 @@ directory appears complete or not at all.
 
 Also `inspect_checkpoint`: what a SOURCE holds and what a conversion would fetch, from config, index and headers only.
 
-What this module does not do: train (`distill.py`), or write engine-specific exports beyond the EAGLE-3 SGLang layout
-(`export.py`).
+What this module does not do: train (`train/recipe.py`), or write engine-specific exports beyond the EAGLE-3 SGLang layout
+(`formats/export.py`).
 """
 
 from __future__ import annotations
@@ -23,8 +23,7 @@ from typing import Any
 import torch
 
 from mtp2draft._version import __version__
-from mtp2draft.checkpoint.reader import DTYPES as DTYPES_ST
-from mtp2draft.checkpoint.reader import SCALE_SUFFIX, Checkpoint, check_finite, open_checkpoint
+from mtp2draft.checkpoint.reader import SCALE_SUFFIX, ST_DTYPES, Checkpoint, check_finite, open_checkpoint
 from mtp2draft.draft.eagle3_config import TOKEN_FIELDS, sglang_config
 from mtp2draft.draft.layout import (
     EXPERTS_DOWN,
@@ -52,6 +51,7 @@ from mtp2draft.errors import CheckpointError, ShallowTargetError, SourceError
 from mtp2draft.family.spec import Spec, find_spec
 from mtp2draft.family.transforms import LOAD_TRANSFORMS
 from mtp2draft.io import (
+    TORCH_DTYPES,
     Progress,
     SafetensorsWriter,
     atomic_output_dir,
@@ -62,9 +62,6 @@ from mtp2draft.io import (
 )
 from mtp2draft.kinds import DRAFT_KINDS, DraftKind
 from mtp2draft.redact import command_line
-
-DTYPES = {"bfloat16": torch.bfloat16, "float32": torch.float32, "float16": torch.float16}
-
 
 # ---- EAGLE-3 --------------------------------------------------------------------------------------------------------
 # fc fuses three distinct target layers, and engines capture layer inputs only (the outputs of layers 0..N-2).
@@ -231,8 +228,8 @@ def convert(
     if to not in DRAFT_KINDS:
         raise SourceError(f"--to must be one of {', '.join(DRAFT_KINDS)}, got {to!r}")
     to = DraftKind(to)
-    if dtype not in DTYPES:
-        raise SourceError(f"--dtype must be one of {', '.join(DTYPES)}, got {dtype!r}")
+    if dtype not in TORCH_DTYPES:
+        raise SourceError(f"--dtype must be one of {', '.join(TORCH_DTYPES)}, got {dtype!r}")
     check_output_dir(out, overwrite, inputs=[source])
     started = time.perf_counter()
     progress(f"resolving {source}")
@@ -295,7 +292,7 @@ def _write_native_draft(
     ckpt: Checkpoint, plan: MtpLayerPlan, out: Path, dtype: str, provenance: dict[str, Any], progress: Progress
 ) -> dict[str, Any]:
     """`--to mtp`: the layer's tensors streamed into out/model.safetensors; returns the draft's config."""
-    _write_native(ckpt, plan, out, DTYPES[dtype], progress)
+    _write_native(ckpt, plan, out, TORCH_DTYPES[dtype], progress)
     provenance["tensors"] = {
         g.module_key: {"exact": True, "from": list(g.ckpt_keys), "how": g.transform or "copied"} for g in plan.groups
     }
@@ -316,7 +313,7 @@ def _write_eagle3_draft(
     """`--to eagle3`: the EAGLE-3 layer initialised from the MTP layer, written with identity vocab maps (the full
     vocabulary; distill narrows it); returns the draft's config."""
     progress("initialising the EAGLE-3 layer from the MTP layer")
-    draft_cfg, weights, tensor_prov = build_eagle3(ckpt, plan.spec, plan, aux_layers, DTYPES[dtype])
+    draft_cfg, weights, tensor_prov = build_eagle3(ckpt, plan.spec, plan, aux_layers, TORCH_DTYPES[dtype])
     draft_cfg["torch_dtype"] = dtype
     d2t, t2d = vocab_maps(torch.arange(draft_cfg["draft_vocab_size"]), draft_cfg["vocab_size"])
     ordered = {k: weights[k] for k in sorted(weights)}  # already in `dtype` (build_eagle3 casts as it goes)
@@ -333,7 +330,7 @@ def check_weight_dtypes(ckpt: Checkpoint, keys: list[str]) -> None:
     """Every MTP tensor must be stored as a float (FP8 included): an integer "weight" would convert, then crash an
     exporter or an engine."""
     for key in keys:
-        stored = DTYPES_ST[ckpt.info(key).dtype][0]
+        stored = ST_DTYPES[ckpt.info(key).dtype][0]
         if not stored.is_floating_point:
             raise CheckpointError(f"{key} is stored as {ckpt.info(key).dtype}: MTP weights must be floating point")
 
@@ -342,7 +339,7 @@ def _write_native(ckpt: Checkpoint, plan: MtpLayerPlan, out: Path, dtype: torch.
     # dtypes come from the header (integer tensors stay as stored), shapes from the module the config implies
     tensor_plan = []
     for g in plan.groups:
-        stored = DTYPES_ST[ckpt.info(g.ckpt_keys[0]).dtype][0]
+        stored = ST_DTYPES[ckpt.info(g.ckpt_keys[0]).dtype][0]
         want = stored if not stored.is_floating_point else torch.float32 if g.module_key in plan.buffers else dtype
         tensor_plan.append((g.module_key, want, plan.expected[g.module_key]))
     total = len(plan.groups)

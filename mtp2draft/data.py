@@ -9,7 +9,7 @@ Two record shapes, one per line:
 `regenerate` has the target write its own responses (greedy or sampled): drafts trained on the target's own outputs
 accept more. Malformed lines are an error naming file and line, or are skipped and counted with `skip_bad`.
 
-What this module does not do: batching or hidden states (`distill.py`, `hidden.py`); it never prints text.
+What this module does not do: batching or hidden states (`train/recipe.py`, `target/hidden.py`); it never prints text.
 """
 
 from __future__ import annotations

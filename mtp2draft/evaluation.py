@@ -13,7 +13,7 @@ Acceptance length = mean(a + 1) (target tokens per target forward, bonus include
 target's own greedy decoding token for token; a mismatch raises, except at a position where the target's top two
 logits tie within float rounding (reported separately).
 
-What this module does not do: train (`distill.py`) or load checkpoints beyond the draft/target loaders.
+What this module does not do: train (`train/recipe.py`) or load checkpoints beyond the draft/target loaders.
 """
 
 from __future__ import annotations

@@ -22,7 +22,7 @@ Failures become one line (`HubError`): no token, 401, 403 (someone else's repo o
 and network errors. Retries are huggingface_hub's own: it retries LFS transfers (`http_backoff`) but not the
 repo-creation and commit POSTs, and neither does this module (a commit is not idempotent).
 
-What this module does not do: export or validate formats (`export.py`) or measure acceptance (`evaluate.py`).
+What this module does not do: export or validate formats (`formats/export.py`) or measure acceptance (`evaluation.py`).
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 tensor so peak memory tracks the largest tensor group rather than the whole file; and the progress-callback type
 every stage reports through.
 
-What this module does not do: decide what to write (the stages do) or read checkpoints (`checkpoint.py`).
+What this module does not do: decide what to write (the stages do) or read checkpoints (`checkpoint/reader.py`).
 """
 
 from __future__ import annotations
@@ -19,9 +19,13 @@ from typing import Any
 
 import torch
 
-from mtp2draft.checkpoint.reader import DTYPES, TORCH_TO_ST
+from mtp2draft.checkpoint.reader import ST_DTYPES, TORCH_TO_ST
 from mtp2draft.errors import OutputExistsError
+from mtp2draft.kinds import DTYPE_NAMES
 from mtp2draft.redact import scrub
+
+# The weight dtypes mtp2draft writes (`kinds.DTYPE_NAMES`) as torch dtypes: the one map from name to dtype.
+TORCH_DTYPES: dict[str, torch.dtype] = {name: getattr(torch, name) for name in DTYPE_NAMES}
 
 # Every stage reports progress through a callable taking one line; the CLI prints it on stderr, tests drop it.
 Progress = Callable[[str], None]
@@ -130,7 +134,7 @@ class SafetensorsWriter:
             header["__metadata__"] = {str(k): str(v) for k, v in metadata.items()}
         offset = 0
         for name, dtype, shape in plan:
-            size = math.prod(shape) * DTYPES[TORCH_TO_ST[dtype]][1]
+            size = math.prod(shape) * ST_DTYPES[TORCH_TO_ST[dtype]][1]
             header[name] = {"dtype": TORCH_TO_ST[dtype], "shape": list(shape), "data_offsets": [offset, offset + size]}
             offset += size
         raw = json.dumps(header, separators=(",", ":")).encode()

@@ -1,9 +1,11 @@
-"""Draft kinds and the draft directory's file names: the two kinds of draft mtp2draft makes (`DraftKind`, the `convert --to` choices) and the one detector
-of a draft's kind from its config.json. Torch-free, so that the CLI can list kinds without loading a model library.
+"""The enumerations every stage shares, defined once: the two kinds of draft mtp2draft makes (`DraftKind`, the
+`convert --to` choices) and the one detector of a draft's kind from its config.json; where a hidden state is taken
+(`Hidden`: post_norm / pre_norm); the weight dtypes it writes; the draft directory's file names. Torch-free, so that
+the CLI can list choices without loading a model library.
 
 A kind is also the speculative-decoding method an engine runs the draft with (`[engines.*] methods` in the specs).
 
-What this module does not do: build or load drafts (`draft.py`), or tell export formats apart (`formats`).
+What this module does not do: build or load drafts (`draft/modules.py`), or tell export formats apart (`formats`).
 """
 
 from __future__ import annotations
@@ -28,6 +30,19 @@ class DraftKind(StrEnum):
 
 
 DRAFT_KINDS = tuple(k.value for k in DraftKind)
+
+
+class Hidden(StrEnum):
+    """Where a hidden state is taken, relative to a final RMSNorm: the target's hidden a draft reads at step 0
+    (`[layer] hidden`, an engine's `hidden`), and the hidden a native draft hands to its next step (`handover`)."""
+
+    POST_NORM = "post_norm"  # after the norm (DeepSeek's hnorm input; the normed output a draft hands on)
+    PRE_NORM = "pre_norm"  # before it (the raw residual stream)
+
+
+HIDDEN_PLACES = tuple(h.value for h in Hidden)
+# The weight dtypes mtp2draft writes (`convert --dtype`, `export --dtype`); their torch dtypes: `io.TORCH_DTYPES`.
+DTYPE_NAMES = ("bfloat16", "float16", "float32")
 # A draft directory (`convert`, `distill`, the EAGLE-3 exports) holds these.
 CONFIG_FILE = "config.json"
 WEIGHTS_FILE = "model.safetensors"

@@ -8,10 +8,10 @@ From the Hub, step 2 and 3 are HTTP range requests through huggingface_hub's ses
 second run fetches nothing. Locally, shards that hold no needed key are never opened.
 
 FP8 block weights (`float8_e4m3fn` with an fp32 `<name>_scale_inv` sibling of shape [ceil(M/b), ceil(N/b)]) are
-dequantised as `W[i, j] * scale_inv[i // b, j // b]` in fp32 by `read_weights` (the arithmetic is in `fp8.py`, the
-byte sources, local files and cached Hub ranges, in `byte_sources.py`).
+dequantised as `W[i, j] * scale_inv[i // b, j // b]` in fp32 by `read_weights` (the arithmetic is in `checkpoint/fp8.py`, the
+byte sources, local files and cached Hub ranges, in `checkpoint/sources.py`).
 
-What this module does not do: know anything about MTP layers or families (that is `spec.py` / `convert.py`), or
+What this module does not do: know anything about MTP layers or families (that is `family/spec.py` / `conversion.py`), or
 download whole shards.
 """
 
@@ -45,12 +45,12 @@ _ST_NAMES = (
     "F64 float64, F32 float32, F16 float16, BF16 bfloat16, F8_E4M3 float8_e4m3fn, F8_E5M2 float8_e5m2, "
     "I64 int64, I32 int32, I16 int16, I8 int8, U8 uint8, BOOL bool, F8_E8M0 float8_e8m0fnu"
 )
-DTYPES: dict[str, tuple[torch.dtype, int]] = {
+ST_DTYPES: dict[str, tuple[torch.dtype, int]] = {
     st: (getattr(torch, name), getattr(torch, name).itemsize)
     for st, name in (pair.split() for pair in _ST_NAMES.split(", "))
     if hasattr(torch, name)
 }
-TORCH_TO_ST = {v[0]: k for k, v in DTYPES.items()}
+TORCH_TO_ST = {v[0]: k for k, v in ST_DTYPES.items()}
 
 # Gap (bytes) up to which two needed tensors of one shard are fetched with a single range request.
 COALESCE_GAP = 4096
@@ -135,9 +135,9 @@ class Checkpoint:
                 dtype, shape, (a, b) = entry["dtype"], tuple(int(d) for d in entry["shape"]), entry["data_offsets"]
             except (KeyError, TypeError, ValueError) as exc:
                 raise CheckpointError(f"{file}: corrupt header entry for {name}: {entry!r}") from exc
-            if dtype not in DTYPES:
+            if dtype not in ST_DTYPES:
                 raise CheckpointError(f"{file}: tensor {name} has unsupported dtype {dtype}")
-            if b - a != math.prod(shape) * DTYPES[dtype][1] or base + b > size or a < 0:
+            if b - a != math.prod(shape) * ST_DTYPES[dtype][1] or base + b > size or a < 0:
                 raise CheckpointError(
                     f"{file}: header entry for {name} is inconsistent (offsets {a}-{b}, shape {list(shape)}, "
                     f"dtype {dtype}, file size {size})"
@@ -272,7 +272,7 @@ def _coalesce(infos: list[TensorInfo], max_bytes: int = 1 << 62) -> Iterator[lis
 
 def _decode(data: bytes | bytearray | memoryview, info: TensorInfo) -> torch.Tensor:
     """A tensor viewing `data` (no copy; it keeps the buffer alive)."""
-    dtype, _ = DTYPES[info.dtype]
+    dtype, _ = ST_DTYPES[info.dtype]
     if not len(data):
         return torch.empty(info.shape, dtype=dtype)
     return torch.frombuffer(data, dtype=dtype).reshape(info.shape)

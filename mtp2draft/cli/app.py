@@ -45,7 +45,7 @@ from mtp2draft.cli.options import (
     choices,
 )
 from mtp2draft.errors import Mtp2DraftError
-from mtp2draft.kinds import DraftKind
+from mtp2draft.kinds import DTYPE_NAMES, DraftKind
 
 app = typer.Typer(
     name="mtp2draft",
@@ -108,7 +108,7 @@ def convert(
     out: Out,
     to: Annotated[str, typer.Option("--to", help=f"Draft kind: {choices('kinds')}.")] = DraftKind.MTP.value,
     layer: Annotated[int | None, typer.Option("--layer", help="MTP layer index (default 0).")] = None,
-    dtype: Annotated[str, typer.Option("--dtype", help="Weights dtype: bfloat16 | float32.")] = "bfloat16",
+    dtype: Annotated[str, typer.Option("--dtype", help=f"Weights dtype: {' | '.join(DTYPE_NAMES)}.")] = "bfloat16",
     aux_layers: Annotated[
         str | None, typer.Option("--aux-layers", help="eagle3: three target layer ids 'low,mid,high' (output of).")
     ] = None,
@@ -387,7 +387,7 @@ def export(
         ),
     ] = None,
     dtype: Annotated[
-        str, typer.Option("--dtype", help="sglang/speculators weights dtype: bfloat16 | float16 | float32.")
+        str, typer.Option("--dtype", help=f"sglang/speculators weights dtype: {' | '.join(DTYPE_NAMES)}.")
     ] = "bfloat16",
     speculative_tokens: Annotated[
         int, typer.Option("--speculative-tokens", help="speculators: k written into the proposal method.")

@@ -2,7 +2,7 @@
 vLLM's speculators `Eagle3Speculator` config.json, the weight-name mapping between the two layouts, and how each
 engine reads the aux layer ids (`../shared/reference/draft-formats.md` is the contract).
 
-Torch-free (a dtype is only named). `draft.py` loads either layout through these; `convert.py` writes the aux ids
+Torch-free (a dtype is only named). `draft/modules.py` loads either layout through these; `conversion.py` writes the aux ids
 with them; the `sglang` / `speculators` formats (`eagle3.py`) write and check the files.
 
 What this module does not do: read or write weights.

@@ -4,7 +4,7 @@ inverse mapping back to the family's own key names (`native_to_checkpoint`), and
 shares with the target. All of it is driven by the family's spec; `convert` and `export` both use it.
 
 Reads headers to plan and tensor bytes only in `iter_native_tensors`. What this module does not do: write files, or
-choose a layer or output format (`convert.py`, `export.py`).
+choose a layer or output format (`conversion.py`, `formats/export.py`).
 """
 
 from __future__ import annotations

@@ -25,8 +25,8 @@ post-norm hidden.
 The target's embedding (and, for the native draft, its lm_head) are attached as non-persistent buffers: the draft
 reads them, no optimizer sees them, and they are never written into a draft directory.
 
-What this module does not do: read hub checkpoints (`checkpoint.py`), map MTP weights to EAGLE-3 (`transforms.py`),
-or train (`distill.py`).
+What this module does not do: read hub checkpoints (`checkpoint/reader.py`), map MTP weights to EAGLE-3 (`family/transforms.py`),
+or train (`train/recipe.py`).
 """
 
 from __future__ import annotations
@@ -48,9 +48,9 @@ from mtp2draft.draft.eagle3_config import LLAMA_FIELDS, aux_ids, speculators_to_
 from mtp2draft.errors import CheckpointError, DraftError
 from mtp2draft.family.spec import Spec, get_spec
 from mtp2draft.kinds import CONFIG_FILE as CONFIG_FILE  # the draft directory's files (defined in kinds), re-exported
+from mtp2draft.kinds import HIDDEN_PLACES, DraftKind, Hidden, detect_kind
 from mtp2draft.kinds import PROVENANCE_FILE as PROVENANCE_FILE
 from mtp2draft.kinds import WEIGHTS_FILE as WEIGHTS_FILE
-from mtp2draft.kinds import DraftKind, detect_kind
 
 DRAFT_FORMAT_VERSION = 1
 
@@ -186,7 +186,7 @@ class _DraftModule(nn.Module):
             raise DraftError(missing)
         embeds = F.embedding(input_ids, self.embed_weight).to(hidden.dtype)  # [B, T, H]
         normed, out = self.layer_forward(embeds, hidden, position_ids, attention_mask, cache)
-        return self.logits(normed), (normed if self.hidden_handover == "post_norm" else out)
+        return self.logits(normed), (normed if self.hidden_handover == Hidden.POST_NORM else out)
 
 
 class NativeMtpDraft(_DraftModule):
@@ -199,14 +199,14 @@ class NativeMtpDraft(_DraftModule):
         spec: Spec,
         target_config: Mapping[str, Any],
         layer: int = 0,
-        hidden_handover: str = "post_norm",
+        hidden_handover: str = Hidden.POST_NORM,
         input_hidden: str | None = None,
         final_norm: bool = True,
         engine: Mapping[str, str] | None = None,
     ) -> None:
         super().__init__()
-        for name, value in (("hidden_handover", hidden_handover), ("input_hidden", input_hidden or "post_norm")):
-            if value not in ("post_norm", "pre_norm"):
+        for name, value in (("hidden_handover", hidden_handover), ("input_hidden", input_hidden or Hidden.POST_NORM)):
+            if value not in HIDDEN_PLACES:
                 raise DraftError(f"{name} must be post_norm or pre_norm, got {value!r}")
         self.spec = spec
         self.target_config = dict(target_config)
@@ -346,7 +346,7 @@ def native_config(
     spec: Spec,
     target_config: Mapping[str, Any],
     layer: int,
-    hidden_handover: str = "post_norm",
+    hidden_handover: str = Hidden.POST_NORM,
     input_hidden: str | None = None,
     final_norm: bool = True,
     engine: Mapping[str, str] | None = None,
@@ -416,7 +416,7 @@ class Eagle3Draft(_DraftModule):
     """The EAGLE-3 draft in SGLang's layout (weights named exactly as `LlamaForCausalLMEagle3` loads them)."""
 
     kind = DraftKind.EAGLE3
-    hidden_handover = "pre_norm"
+    hidden_handover = Hidden.PRE_NORM
 
     def __init__(self, config: Mapping[str, Any]) -> None:
         from transformers.models.llama.modeling_llama import LlamaRMSNorm, LlamaRotaryEmbedding
@@ -536,7 +536,7 @@ def build_draft(cfg: Mapping[str, Any]) -> Draft:
             get_spec(cfg["spec"]),
             cfg["target_config"],
             cfg.get("mtp_layer", 0),
-            cfg.get("hidden_handover", "post_norm"),
+            cfg.get("hidden_handover", Hidden.POST_NORM),
             cfg.get("input_hidden"),
             cfg.get("final_norm", True),
             cfg.get("engine"),

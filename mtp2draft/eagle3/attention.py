@@ -1,8 +1,8 @@
 """EAGLE-3 attention transfers: a family's attention block (GQA with partial or interleaved RoPE, QK-norm, biases,
 sinks, value scale; gated GQA; MLA with its low-rank norms and LoRA scaling) -> Llama GQA acting on u = x / rms(x),
-stored for `absorb_projection` (`eagle3_init.py`) to fold the MTP input projection in.
+stored for `absorb_projection` (`eagle3/transfer.py`) to fold the MTP input projection in.
 
-What this module does not do: read checkpoints or write files, or touch the MLP, norms and lm_head (`eagle3_init.py`).
+What this module does not do: read checkpoints or write files, or touch the MLP, norms and lm_head (`eagle3/transfer.py`).
 """
 
 from __future__ import annotations

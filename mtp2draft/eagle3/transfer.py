@@ -1,6 +1,6 @@
 """Initialise the EAGLE-3 layer from an MTP layer: what the transforms read and write (`Eagle3Build`), the fold of
 the MTP input projection into attention (`absorb_projection`), the MLP, norm and lm_head transfers. The attention
-transfers are in `eagle3_attention.py`; the registry that specs name them by is `transforms.EAGLE3_TRANSFORMS`.
+transfers are in `eagle3/attention.py`; the registry that specs name them by is `transforms.EAGLE3_TRANSFORMS`.
 
 How the EAGLE-3 initialisation maps the MTP computation (H hidden, u = x / rms(x)):
     MTP:    x = P_e enorm(e) + P_h hnorm(h_final);  q = Wq input_layernorm(x) = Wq_u u,  residual = x

@@ -5,7 +5,7 @@ target hidden it reads, norm style), which transformers classes build its decode
 map it onto each draft kind. Everything family-specific that stage code needs comes from here, so stage code never
 branches on an architecture name.
 
-What this module does not do: read checkpoints (see `checkpoint.py`) or apply transforms (see `transforms.py`). It
+What this module does not do: read checkpoints (see `checkpoint/reader.py`) or apply transforms (see `family/transforms.py`). It
 only validates that the transforms a spec names exist in the registry.
 """
 
@@ -23,10 +23,10 @@ from pathlib import Path
 from typing import Any
 
 from mtp2draft.errors import CheckpointError, NotMtpError, SpecError, UnknownFamilyError
-from mtp2draft.kinds import DRAFT_KINDS, DraftKind
+from mtp2draft.kinds import DRAFT_KINDS, HIDDEN_PLACES, DraftKind, Hidden
 
 CONCAT_ORDERS = ("embed_hidden", "hidden_embed")
-HIDDEN_SOURCES = ("post_norm", "pre_norm")
+HIDDEN_SOURCES = HIDDEN_PLACES
 NORM_STYLES = ("standard", "zero_centered")
 QUANT_FORMATS = ("fp8_block",)
 ENGINES = ("vllm", "sglang")
@@ -80,7 +80,7 @@ class KeySpec:
 class LayerSpec:
     concat: str = "embed_hidden"
     """Order of the two normalised inputs fed to the projection."""
-    hidden: str = "post_norm"
+    hidden: str = Hidden.POST_NORM
     """Which target hidden state feeds step 0: after (`post_norm`) or before (`pre_norm`) the final norm."""
     norm: str = "standard"
     """`standard` RMSNorm (x * w) or `zero_centered` (x * (1 + w))."""

@@ -5,7 +5,7 @@
 This package's `__init__` is torch-free: the CLI lists `--format` choices from it without loading a model library;
 `get_format(name)` imports the implementing module on first use.
 
-What this package does not do: convert, train or evaluate drafts; `export.py` is the stage that dispatches here.
+What this package does not do: convert, train or evaluate drafts; `formats/export.py` is the stage that dispatches here.
 """
 
 from __future__ import annotations

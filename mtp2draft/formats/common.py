@@ -18,9 +18,6 @@ from mtp2draft.checkpoint.reader import SCALE_SUFFIX
 from mtp2draft.errors import DraftError
 from mtp2draft.kinds import WEIGHTS_FILE
 
-DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
-
-
 EVALUATION_FILE = "evaluation.json"
 
 

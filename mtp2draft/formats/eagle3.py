@@ -2,10 +2,10 @@
 layer ids written twice: `eagle_config` in "output of layer i" terms, top level in vLLM's "input of layer i" terms)
 and `speculators` (vLLM's `Eagle3Speculator`: the same weights with `midlayer.` renamed `layers.0.`, a
 `transformer_layer_config`, the proposal method and verifier, and every norm switch written explicitly). Their
-config codecs live in `eagle3_config.py`; `../shared/reference/draft-formats.md` is the contract.
+config codecs live in `draft/eagle3_config.py`; `../shared/reference/draft-formats.md` is the contract.
 
 Also the two formats' writer (`_export_eagle3`) and validators. What this module does not do: load a draft for
-training or evaluation (`draft.py`, which uses the codecs).
+training or evaluation (`draft/modules.py`, which uses the codecs).
 """
 
 from __future__ import annotations
@@ -36,8 +36,8 @@ from mtp2draft.draft.modules import VOCAB_MAPS, without_identity_maps
 from mtp2draft.errors import DraftError
 from mtp2draft.family.spec import get_spec
 from mtp2draft.formats import ExportJob, Format
-from mtp2draft.formats.common import DTYPES, _load_weights, _nonfinite, sglang_steps
-from mtp2draft.io import Progress, quiet, save_tensors, write_json
+from mtp2draft.formats.common import _load_weights, _nonfinite, sglang_steps
+from mtp2draft.io import TORCH_DTYPES, Progress, quiet, save_tensors, write_json
 from mtp2draft.kinds import CONFIG_FILE, EAGLE3_ARCHITECTURE, WEIGHTS_FILE, DraftKind
 
 
@@ -300,7 +300,7 @@ def _eagle3_weight_problems(
                 )
             else:
                 problems.append(f"{name} has shape {list(got)}, the config implies {list(want)}")
-    want_dtype = DTYPES.get(str(cfg.get("torch_dtype")))
+    want_dtype = TORCH_DTYPES.get(str(cfg.get("torch_dtype")))
     floats = {n: t.dtype for n, t in weights.items() if n not in ("d2t", "t2d") and t.is_floating_point()}
     for name, t in weights.items():
         if name in ("d2t", "t2d"):
@@ -441,7 +441,7 @@ def _write(job: ExportJob) -> None:
         job.cfg,
         job.out,
         job.format,
-        DTYPES[job.dtype],
+        TORCH_DTYPES[job.dtype],
         job.speculative_tokens,
         job.provenance,
         job.progress,

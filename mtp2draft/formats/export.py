@@ -32,10 +32,10 @@ from mtp2draft.draft.modules import CONFIG_FILE, PROVENANCE_FILE, read_draft_con
 from mtp2draft.errors import DraftError, SourceError, ValidationError
 from mtp2draft.family.spec import find_spec
 from mtp2draft.formats import FORMATS, REGISTRY, ExportJob, exportable, get_format
-from mtp2draft.formats.common import DTYPES, EVALUATION_FILE, README_FILE, _read_json
+from mtp2draft.formats.common import EVALUATION_FILE, README_FILE, _read_json
 from mtp2draft.formats.eagle3 import hub_id_of
 from mtp2draft.formats.native import requantize_fp8
-from mtp2draft.io import Progress, atomic_output_dir, check_output_dir, quiet, write_json
+from mtp2draft.io import TORCH_DTYPES, Progress, atomic_output_dir, check_output_dir, quiet, write_json
 from mtp2draft.kinds import detect_kind
 from mtp2draft.redact import command_line
 
@@ -117,8 +117,8 @@ def _checked_request(src: Path, format: str, target: str | None, dtype: str, spe
     formats = exportable()
     if format not in formats:
         raise SourceError(f"--format must be one of {', '.join(formats)}, got {format!r}")
-    if dtype not in DTYPES:
-        raise SourceError(f"--dtype must be one of {', '.join(DTYPES)}, got {dtype!r}")
+    if dtype not in TORCH_DTYPES:
+        raise SourceError(f"--dtype must be one of {', '.join(TORCH_DTYPES)}, got {dtype!r}")
     if speculative_tokens < 1:
         raise SourceError(f"--speculative-tokens must be at least 1, got {speculative_tokens}")
     cfg = read_draft_config(src)
@@ -215,7 +215,7 @@ def _target_problems(cfg: Mapping[str, Any], target_cfg: Mapping[str, Any] | Non
 
 
 __all__ = [
-    "DTYPES",
+    "TORCH_DTYPES",
     "EVALUATION_FILE",
     "FORMATS",
     "NORM_SWITCHES",

@@ -21,15 +21,15 @@ from typing import Any
 import torch
 
 from mtp2draft.checkpoint.fp8 import SCALE_SUFFIX, fp8_block_size, quantize_fp8
-from mtp2draft.checkpoint.reader import DTYPES as ST_DTYPES
-from mtp2draft.checkpoint.reader import Checkpoint, open_checkpoint
+from mtp2draft.checkpoint.reader import ST_DTYPES, Checkpoint, open_checkpoint
 from mtp2draft.draft.layout import native_to_checkpoint
 from mtp2draft.draft.modules import NativeMtpDraft
 from mtp2draft.errors import DraftError
 from mtp2draft.family.spec import Spec, find_spec, get_spec
 from mtp2draft.formats import Format
-from mtp2draft.formats.common import DTYPES, _load_weights, _nonfinite
-from mtp2draft.kinds import CONFIG_FILE, WEIGHTS_FILE, DraftKind
+from mtp2draft.formats.common import _load_weights, _nonfinite
+from mtp2draft.io import TORCH_DTYPES
+from mtp2draft.kinds import CONFIG_FILE, WEIGHTS_FILE, DraftKind, Hidden
 
 # Tensors of a shard being rewritten are copied in runs of about this many bytes (peak memory per run).
 COPY_RUN_BYTES = 256 * 2**20
@@ -201,7 +201,7 @@ def _stored_from_provenance(
         module = NativeMtpDraft(spec, target_config, native.layer)
     buffers = {k for k, _ in module.named_buffers()}
     text = spec.text_config(target_config)
-    default = DTYPES.get(str(text.get("torch_dtype") or target_config.get("torch_dtype") or "bfloat16"))
+    default = TORCH_DTYPES.get(str(text.get("torch_dtype") or target_config.get("torch_dtype") or "bfloat16"))
     out = {}
     for key in native.checkpoint_keys():
         if key in fp8:
@@ -213,7 +213,7 @@ def _stored_from_provenance(
 
 def _computation_record(spec: Spec, cfg: Mapping[str, Any]) -> dict[str, Any]:
     return {
-        "hidden_handover": cfg.get("hidden_handover", "post_norm"),
+        "hidden_handover": cfg.get("hidden_handover", Hidden.POST_NORM),
         "input_hidden": cfg.get("input_hidden") or spec.layer.hidden,
         "final_norm": cfg.get("final_norm", True),
         "engine": cfg.get("engine"),

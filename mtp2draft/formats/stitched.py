@@ -15,8 +15,7 @@ import torch
 
 from mtp2draft._version import __version__
 from mtp2draft.checkpoint.fp8 import SCALE_SUFFIX, fp8_block_size
-from mtp2draft.checkpoint.reader import DTYPES as ST_DTYPES
-from mtp2draft.checkpoint.reader import INDEX_FILE, Checkpoint
+from mtp2draft.checkpoint.reader import INDEX_FILE, ST_DTYPES, Checkpoint
 from mtp2draft.draft.layout import plan_mtp_layer
 from mtp2draft.errors import DraftError
 from mtp2draft.family.spec import Spec, find_spec

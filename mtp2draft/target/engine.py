@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from mtp2draft.errors import Mtp2DraftError, OptionError
+from mtp2draft.kinds import Hidden
 
 DUMP_ENGINES: dict[str, str] = {
     "transformers": "the target loaded by transformers in this process (device_map across local GPUs)",
@@ -239,7 +240,7 @@ class VllmTarget:
         (fp32; `zero_centered` norms scale by 1 + w, as the spec says of the family's norms)."""
         import torch
 
-        if self.final == "pre_norm":
+        if self.final == Hidden.PRE_NORM:
             return pre_norm
         scale = 1 + self._norm if self.spec.layer.norm == "zero_centered" else self._norm
         return pre_norm * torch.rsqrt(pre_norm.pow(2).mean(-1, keepdim=True) + self._eps) * scale

@@ -12,7 +12,7 @@ Two sources give the same `Features`:
 - `OfflineHiddenStates`: files written earlier by `dump-hidden` (or converted from an inference engine's dump),
   so targets too large for one machine can be served by vLLM/SGLang and the draft trained from files.
 
-What this module does not do: train or evaluate (`distill.py`, `evaluate.py`), or tokenise data (`data.py`).
+What this module does not do: train or evaluate (`train/recipe.py`, `evaluation.py`), or tokenise data (`data.py`).
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ from mtp2draft.checkpoint.reader import INDEX_FILE, SINGLE_FILE, open_checkpoint
 from mtp2draft.errors import CheckpointError, DataError, DraftError, SourceError
 from mtp2draft.family.spec import Spec, find_spec
 from mtp2draft.io import atomic_output_dir, quiet_transformers, save_tensors, write_json
-from mtp2draft.kinds import DraftKind
+from mtp2draft.kinds import DraftKind, Hidden
 
 HIDDEN_SCHEMA_VERSION = 1
 MANIFEST = "manifest.json"
@@ -242,7 +242,7 @@ class TargetModel:
         for i in set(aux_layers or ()):
             hooks.append(self._layers[i].register_forward_hook(keep(f"aux{i}")))
         if want_final:
-            if (final or self.spec.layer.hidden) == "pre_norm":
+            if (final or self.spec.layer.hidden) == Hidden.PRE_NORM:
                 hooks.append(self._layers[self.num_layers - 1].register_forward_hook(keep("final")))
             else:
                 hooks.append(self._norm.register_forward_hook(keep("final")))

@@ -5,8 +5,8 @@
 - calibration of a draft converted from an MTP layer (`mtp2draft_init` in its config): `fc` refitted on real
   activations and, with the MTP layer's attention at hand, per-head q/k/v scales (see `calibrate_eagle3`).
 
-What this module does not do: train (`ttt.py`, `distill.py`), run the target (it is handed `Features`), or
-convert checkpoints (`convert.py` builds the native layer it compares with).
+What this module does not do: train (`train/ttt.py`, `train/recipe.py`), run the target (it is handed `Features`), or
+convert checkpoints (`conversion.py` builds the native layer it compares with).
 """
 
 from __future__ import annotations

@@ -4,20 +4,20 @@
 - `check_outputs` / `check_memory`: refuse a run before anything loads (an --out we did not write, stale
   checkpoints, a memory plan the device cannot hold);
 - `setup_model`: the draft, trained for the chosen engine's computation;
-- `setup_data`: the teacher (online target + examples, or `dump-hidden` files; `teacher.py`);
-- `setup_draft`: EAGLE-3 draft vocabulary and calibration on fresh runs (`calibrate.py`), or the checkpoint's shape
+- `setup_data`: the teacher (online target + examples, or `dump-hidden` files; `train/teacher.py`);
+- `setup_draft`: EAGLE-3 draft vocabulary and calibration on fresh runs (`train/calibrate.py`), or the checkpoint's shape
   on resumed ones;
 - `setup_optimizer`: subset freezing, activation checkpointing, FSDP2, compile, then AdamW (built once) and the
   checkpoint's state;
-- `train`: the loop (the math is `ttt.py`), logging and periodic checkpoints (`distill_state.py`);
+- `train`: the loop (the math is `train/ttt.py`), logging and periodic checkpoints (`train/state.py`);
 - `save`: the draft directory and its provenance, written by rank 0.
 
 Both draft kinds go through the same loop; nothing here depends on the family (the spec and the draft module carry
 that). The target is never written: its parameters are frozen, no optimizer sees them, and its weight hash is
 checked before the result is written.
 
-What this module does not do: the TTT math (`ttt.py`), measure acceptance (`evaluate.py`), read checkpoints of the
-target (`checkpoint.py`), or shard and checkpoint by itself (`parallel.py`).
+What this module does not do: the TTT math (`train/ttt.py`), measure acceptance (`evaluation.py`), read checkpoints of the
+target (`checkpoint/reader.py`), or shard and checkpoint by itself (`train/parallel.py`).
 """
 
 from __future__ import annotations
@@ -41,7 +41,7 @@ from mtp2draft.draft.modules import Eagle3Draft, NativeMtpDraft, load_draft, rea
 from mtp2draft.errors import DataError, DraftError, OptionError
 from mtp2draft.family.spec import ENGINES, get_spec
 from mtp2draft.io import Progress, check_output_dir
-from mtp2draft.kinds import DraftKind
+from mtp2draft.kinds import HIDDEN_PLACES, DraftKind
 from mtp2draft.redact import command_line
 from mtp2draft.train import memory, parallel
 from mtp2draft.train.calibrate import (
@@ -494,7 +494,7 @@ def configure_draft(draft, cfg: DistillConfig) -> None:
             raise DataError(
                 "--hidden-handover applies to native MTP drafts (EAGLE-3 always hands on the pre-norm output)"
             )
-        if cfg.hidden_handover not in ("post_norm", "pre_norm"):
+        if cfg.hidden_handover not in HIDDEN_PLACES:
             raise DataError(f"--hidden-handover must be post_norm or pre_norm, got {cfg.hidden_handover!r}")
         draft.hidden_handover = cfg.hidden_handover
 

@@ -5,7 +5,7 @@
 - the result: the fine-tuned draft in the same format as its input (dtype of the input's `torch_dtype`), its
   provenance extended with a `distill` section; written atomically.
 
-What this module does not do: decide when to save (the recipe in `distill.py`) or shard anything (`parallel.py`).
+What this module does not do: decide when to save (the recipe in `train/recipe.py`) or shard anything (`train/parallel.py`).
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """The trainable parameter subsets `distill --train-subset` offers, torch-free so that the CLI can list them.
 
-What this module does not do: freeze parameters (`parallel.freeze_subset`) or size memory (`memory.py`).
+What this module does not do: freeze parameters (`parallel.freeze_subset`) or size memory (`train/memory.py`).
 """
 
 from __future__ import annotations

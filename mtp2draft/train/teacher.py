@@ -7,7 +7,7 @@ Two sources serve the same `Teacher.batch(step, ...)`:
 The examples of step s are fixed by the seed (`batch_indices`), so a resumed run sees exactly the batches an
 uninterrupted one would, and ranks take their rows of the same global batch.
 
-What this module does not do: train, choose the draft vocabulary (`calibrate.py`), or read JSONL itself (`data.py`).
+What this module does not do: train, choose the draft vocabulary (`train/calibrate.py`), or read JSONL itself (`data.py`).
 """
 
 from __future__ import annotations

@@ -12,8 +12,8 @@ vocabulary for EAGLE-3), weighted per step; top-1 agreement with the target is r
 
 `tests/test_distill.py` proves the unrolled computation equals the serving-time chain (`evaluate.draft_chain`).
 
-What this module does not do: run the target (`hidden.py` gives the `Features`), hold an optimizer, batch data or
-write anything (`distill.py`). Nothing here depends on the family: the draft module carries that.
+What this module does not do: run the target (`target/hidden.py` gives the `Features`), hold an optimizer, batch data or
+write anything (`train/recipe.py`). Nothing here depends on the family: the draft module carries that.
 """
 
 from __future__ import annotations
