@@ -56,6 +56,7 @@ from mtp2draft.io import (
     SafetensorsWriter,
     atomic_output_dir,
     check_output_dir,
+    meter,
     quiet,
     save_tensors,
     write_json,
@@ -342,15 +343,14 @@ def _write_native(ckpt: Checkpoint, plan: MtpLayerPlan, out: Path, dtype: torch.
         stored = ST_DTYPES[ckpt.info(g.ckpt_keys[0]).dtype][0]
         want = stored if not stored.is_floating_point else torch.float32 if g.module_key in plan.buffers else dtype
         tensor_plan.append((g.module_key, want, plan.expected[g.module_key]))
-    total = len(plan.groups)
+    total = sum(math.prod(shape) * want.itemsize for _, want, shape in tensor_plan)
+    bar = meter(progress, "convert", total, "B")
     with SafetensorsWriter(out / WEIGHTS_FILE, tensor_plan, {"format": "pt"}) as writer:
-        n = 0  # no enumerate(): its cached result tuple would keep the previous group alive during the next
         for key, tensor in iter_native_tensors(ckpt, plan, dtype=dtype):
             writer.write(key, tensor)
+            bar.update(tensor.numel() * tensor.element_size())
             del tensor  # let the group go before the next one is read
-            n += 1  # noqa: SIM113 - see the comment above
-            if n % 25 == 0 or n == total:
-                progress(f"wrote {n}/{total} tensors")
+    bar.close()
 
 
 # ---- inspect --------------------------------------------------------------------------------------------------------

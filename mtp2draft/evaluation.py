@@ -30,7 +30,7 @@ import torch
 from mtp2draft.data import load_tokenizer, prompt_ids, read_records
 from mtp2draft.draft.modules import DraftCache, load_draft
 from mtp2draft.errors import DataError, OptionError
-from mtp2draft.io import Progress, write_json
+from mtp2draft.io import Progress, meter, write_json
 from mtp2draft.kinds import DraftKind
 from mtp2draft.target.hidden import TargetModel, check_draft_fits
 
@@ -264,6 +264,7 @@ def evaluate(
             progress(f"target greedy reference on {len(prompts)} prompts")
             references = [greedy_reference(runner, p, max_new_tokens, eos) for p in prompts]
         started, results = time.perf_counter(), []
+        bar = meter(progress, f"evaluate {name}", len(prompts), "prompt")
         for n, (prompt, ref) in enumerate(zip(prompts, references, strict=True), 1):
             tokens, accepted = speculative_decode(runner, draft, prompt, num_draft_tokens, max_new_tokens, eos)
             result = PromptResult(tokens, accepted, ref, tokens == ref)
@@ -276,8 +277,8 @@ def evaluate(
                     )
                 result.tie_at = at
             results.append(result)
-            if n % 5 == 0 or n == len(prompts):
-                progress(f"{name}: {n}/{len(prompts)} prompts")
+            bar.update(1)
+        bar.close()
         summary = summarise(name, str(path), num_draft_tokens, results, time.perf_counter() - started)
         out["results"].append(asdict(summary))
     first = out["results"][0]

@@ -35,6 +35,46 @@ def quiet(_: str) -> None:
     """The default progress sink: drops the line."""
 
 
+class LineMeter:
+    """A counted piece of long work (tensor bytes, steps, prompts, sequences) told through a plain `Progress` sink:
+    one line at each tenth of the way. The CLI's sink (`cli.progress.Reporter`) shows a bar instead."""
+
+    def __init__(self, progress: Progress, desc: str, total: int, unit: str = "it", initial: int = 0) -> None:
+        self.progress, self.desc, self.total, self.unit, self.n = progress, desc, max(total, 0), unit, initial
+        self.tenths = self._tenths()
+
+    def _tenths(self) -> int:
+        return 10 if self.total == 0 else min(10, self.n * 10 // self.total)
+
+    def update(self, n: int = 1, note: str = "") -> None:
+        self.n += n
+        tenths = self._tenths()
+        if tenths > self.tenths or self.n == self.total:
+            self.tenths = tenths
+            done = human_count(self.n, self.unit)
+            self.progress(f"{self.desc}: {done}/{human_count(self.total, self.unit)}" + (f"  {note}" if note else ""))
+
+    def write(self, line: str) -> None:
+        self.progress(line)
+
+    def close(self) -> None:
+        """Nothing to release: lines are already out."""
+
+
+def human_count(n: int, unit: str) -> str:
+    """'3.2 MiB' for bytes (unit "B"), '12 step' otherwise."""
+    from mtp2draft.units import human_bytes
+
+    return human_bytes(n) if unit == "B" else f"{n} {unit}"
+
+
+def meter(progress: Progress, desc: str, total: int, unit: str = "it", initial: int = 0) -> LineMeter:
+    """The meter of a counted piece of work: the sink's own (`progress.meter`, a bar with rate and ETA on a
+    terminal) when it has one, else a `LineMeter` of plain lines. Every long loop of a stage reports through this."""
+    make = getattr(progress, "meter", None)
+    return make(desc, total, unit, initial) if make else LineMeter(progress, desc, total, unit, initial)
+
+
 # Every directory mtp2draft writes carries this file; --overwrite replaces only such directories (or empty ones), so
 # a mistyped --out can never delete a user's files.
 MARKER = ".mtp2draft"

@@ -44,6 +44,7 @@ from mtp2draft.cli.options import (
     WorldSize,
     choices,
 )
+from mtp2draft.cli.progress import Reporter
 from mtp2draft.errors import Mtp2DraftError
 from mtp2draft.kinds import DTYPE_NAMES, DraftKind
 
@@ -57,9 +58,7 @@ app = typer.Typer(
 )
 
 
-def log(message: str) -> None:
-    """Progress and logs: stderr, so stdout stays data."""
-    print(message, file=sys.stderr, flush=True)
+log = Reporter()  # progress and logs: stderr (bars on a terminal), so stdout stays data
 
 
 def _numbers(text: str | None, option: str, cast: type = float) -> list | None:
@@ -206,8 +205,7 @@ def distill(
     inputs = {"data": data, "target": target, "hidden_states": hidden_states, "skip_bad": skip_bad}
     flags = {"resume": resume, "overwrite": overwrite, "regenerate_data": regenerate, "sample": sample}
     hub = {"revision": revision, "token": token}
-    bar = sys.stderr.isatty()
-    result = run(draft, out, config=cfg, **inputs, **flags, **hub, device=device, progress=log, progress_bar=bar)
+    result = run(draft, out, config=cfg, **inputs, **flags, **hub, device=device, progress=log)
     if result.is_main:  # other torchrun ranks: rank 0 reports
         print(output.to_json(output.distill_summary(result)) if as_json else output.distill_text(result))
 

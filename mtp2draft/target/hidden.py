@@ -32,7 +32,7 @@ from mtp2draft.checkpoint import network
 from mtp2draft.checkpoint.reader import INDEX_FILE, SINGLE_FILE, open_checkpoint, parse_index, read_config
 from mtp2draft.errors import CheckpointError, DataError, DraftError, SourceError
 from mtp2draft.family.spec import Spec, find_spec
-from mtp2draft.io import atomic_output_dir, quiet_transformers, save_tensors, write_json
+from mtp2draft.io import atomic_output_dir, meter, quiet_transformers, save_tensors, write_json
 from mtp2draft.kinds import DraftKind, Hidden
 
 HIDDEN_SCHEMA_VERSION = 1
@@ -303,6 +303,7 @@ def dump_hidden_states(
             buffer.clear()
             held.clear()
 
+        bar = meter(progress, "dump-hidden", len(sequences), "sequence")
         for n, seq in enumerate(sequences):
             ids = torch.as_tensor(seq["input_ids"], dtype=torch.int64)[None]  # [1, T]
             feats = target.features(ids, aux_layers=aux_layers or None, final=final)
@@ -321,8 +322,8 @@ def dump_hidden_states(
             held.append(n)
             if len(held) == shard_size or n == len(sequences) - 1:
                 flush()
-            if (n + 1) % 50 == 0 or n == len(sequences) - 1:
-                progress(f"dumped {n + 1}/{len(sequences)} sequences")
+            bar.update(1)
+        bar.close()
         save_tensors(tmp / SHARED_FILE, {"embed": target.embedding().float(), "lm_head": target.lm_head().float()})
         write_json(
             tmp / MANIFEST,

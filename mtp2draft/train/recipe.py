@@ -27,7 +27,6 @@ import json
 import math
 import os
 import shutil
-import sys
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field, fields
@@ -40,7 +39,7 @@ from mtp2draft._version import __version__
 from mtp2draft.draft.modules import Eagle3Draft, NativeMtpDraft, load_draft, read_draft_config
 from mtp2draft.errors import DataError, DraftError, OptionError
 from mtp2draft.family.spec import ENGINES, get_spec
-from mtp2draft.io import Progress, check_output_dir
+from mtp2draft.io import Progress, check_output_dir, meter, quiet
 from mtp2draft.kinds import HIDDEN_PLACES, DraftKind
 from mtp2draft.redact import command_line
 from mtp2draft.train import memory, parallel
@@ -184,7 +183,6 @@ class DistillJob:
     checkpoint_dir: str | Path | None = None
     progress: Progress = lambda _: None
     stop_after: int | None = None
-    progress_bar: bool = False
 
     @property
     def inputs(self) -> list:
@@ -216,7 +214,7 @@ def distill(
     owned = not torch.distributed.is_initialized()
     par = Parallel.from_env(job.pop("device", "cpu"))
     if not par.is_main:  # other torchrun ranks: rank 0 reports
-        job = {**job, "progress": lambda _: None, "progress_bar": False}
+        job = {**job, "progress": quiet}
     try:
         job = DistillJob(draft_dir=draft_dir, out=Path(out), data=data, target=target, **job)
         return DistillRecipe(par, cfg, job).run()
@@ -406,22 +404,14 @@ class DistillRecipe:
         """Steps `self.start` .. `end`: log every `log_every` steps, checkpoint every `save_every` (not the last)."""
         cfg, log = self.cfg, self.progress
         self.draft.train()
-        bar = None
-        if self.job.progress_bar:
-            from huggingface_hub.utils import tqdm
-
-            bar = tqdm(
-                total=cfg.steps, initial=self.start, desc="distill", unit="step", file=sys.stderr, dynamic_ncols=True
-            )
-            log = bar.write  # log lines above the bar, not through it
+        bar = meter(self.progress, "distill", cfg.steps, "step", initial=self.start)
+        log = bar.write  # log lines above a bar, not through it
         window: list[list[float]] = []
         for step in range(self.start, end):
             stats = self.train_step(step)
             acc = [c / max(n, 1) for c, n in zip(stats.per_step_correct, stats.per_step_count, strict=True)]
             window.append(acc)
-            if bar is not None:
-                bar.set_postfix_str(f"loss {stats.loss.item():.3f} top-1 " + " ".join(f"{a:.2f}" for a in acc))
-                bar.update(1)
+            bar.update(1, f"loss {stats.loss.item():.3f} top-1 " + " ".join(f"{a:.2f}" for a in acc))
             if (step + 1) % cfg.log_every == 0 or step + 1 == cfg.steps:
                 mean = [sum(a[s] for a in window) / len(window) for s in range(cfg.ttt_steps)]
                 self.history.append({"step": step + 1, "loss": stats.loss.item(), "accuracy": mean})
@@ -434,8 +424,7 @@ class DistillRecipe:
             if (step + 1) % cfg.save_every == 0 and step + 1 < cfg.steps:
                 meta = {"settings_hash": settings_hash(self.settings), "history": self.history}
                 save_checkpoint(self.job.checkpoints, step + 1, self.draft, self.optimizer, meta, self.par)
-        if bar is not None:
-            bar.close()
+        bar.close()
 
     # -- the result --
     def save(self) -> DistillResult:

@@ -1,0 +1,58 @@
+"""The one progress facility of the command line: where long work shows itself, on stderr.
+
+`Reporter` is the `Progress` sink every command hands the library: a line goes to stderr; a counted piece of work
+(`io.meter`: tensor bytes of a conversion, distill steps, evaluated prompts, dumped sequences) becomes a bar with
+rate and ETA as huggingface_hub shows downloads (its tqdm, which honours HF_HUB_DISABLE_PROGRESS_BARS) when stderr
+is a terminal, and plain lines at each tenth of the way when it is not (CI logs, pipes).
+
+What this module does not do: decide what is long (the stages call `io.meter`) or print data (stdout is for data).
+"""
+
+from __future__ import annotations
+
+import sys
+from typing import Any, TextIO
+
+
+class _Bar:
+    """A tqdm bar behind the `LineMeter` interface (update / write / close)."""
+
+    def __init__(self, bar: Any, stream: TextIO) -> None:
+        self.bar, self.stream = bar, stream
+
+    def update(self, n: int = 1, note: str = "") -> None:
+        if note:
+            self.bar.set_postfix_str(note, refresh=False)
+        self.bar.update(n)
+
+    def write(self, line: str) -> None:
+        self.bar.write(line, file=self.stream)  # above the bar, on the bar's stream (tqdm's default is stdout)
+
+    def close(self) -> None:
+        self.bar.close()
+
+
+class Reporter:
+    """Progress and logs on `stream` (stderr), so stdout stays data."""
+
+    def __init__(self, stream: TextIO | None = None) -> None:
+        self.stream = stream
+
+    @property
+    def out(self) -> TextIO:
+        return self.stream or sys.stderr  # looked up late: tests capture sys.stderr after the CLI module loads
+
+    def __call__(self, message: str) -> None:
+        print(message, file=self.out, flush=True)
+
+    def meter(self, desc: str, total: int, unit: str = "it", initial: int = 0) -> Any:
+        """A `_Bar` on a terminal, else `io.LineMeter` lines (imported here: `io` loads torch, `--help` must not)."""
+        if not self.out.isatty():
+            from mtp2draft.io import LineMeter
+
+            return LineMeter(self, desc, total, unit, initial)
+        from huggingface_hub.utils import tqdm
+
+        scale = {"unit_scale": True, "unit_divisor": 1024} if unit == "B" else {}
+        bar = tqdm(total=total, initial=initial, desc=desc, unit=unit, file=self.out, dynamic_ncols=True, **scale)
+        return _Bar(bar, self.out)
