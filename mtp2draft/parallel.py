@@ -299,7 +299,8 @@ def check_same_settings(par: Parallel, settings: dict[str, Any], what: str = "se
 def together(par: Parallel, fn: Callable[[], Any]) -> Any:
     """`fn()` on every rank, failing on every rank when it fails on one: each rank's outcome is all-gathered, and a
     known error (one line) on the first failing rank r is raised everywhere, naming r, instead of leaving the other ranks waiting on
-    their next collective. One small all_gather per call; a plain call on one process."""
+    their next collective. One all_reduce of one number per call (the messages are gathered only on a failure); a
+    plain call on one process."""
     from .errors import Mtp2DraftError
 
     if not par.distributed:
@@ -309,6 +310,8 @@ def together(par: Parallel, fn: Callable[[], Any]) -> Any:
         out = fn()
     except Mtp2DraftError as exc:
         error, out = exc, None
+    if not any(par.sum([float(error is not None)])):  # the common case: one all_reduce of one number
+        return out
     failures: list[Any] = [None] * par.world
     dist.all_gather_object(failures, None if error is None else (type(error).__name__, str(error)))
     for rank, failure in enumerate(failures):
