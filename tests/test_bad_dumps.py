@@ -248,6 +248,35 @@ def dump_missing_target(w, tmp, mp):
     return Case(_dump_hidden(w, tmp, target=tmp / "no-target"), "does not exist")
 
 
+def _data(tmp: Path, lines: list[dict]) -> Path:
+    path = tmp / "data.jsonl"
+    path.write_text("".join(json.dumps(line) + "\n" for line in lines))
+    return path
+
+
+@case
+def dump_data_without_a_loss_token(w, tmp, mp):
+    data = _data(tmp, [{"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": ""}]}])
+    return Case(_dump_hidden(w, tmp, data=data), "no record has enough loss tokens")
+
+
+@case
+def dump_max_length_two(w, tmp, mp):
+    return Case(_dump_hidden(w, tmp, "--max-length", "2"), "no record has enough loss tokens after truncation to 2")
+
+
+@case
+def dump_data_is_a_directory(w, tmp, mp):
+    (tmp / "data").mkdir()
+    return Case(_dump_hidden(w, tmp, data=tmp / "data"), "data file")
+
+
+@case
+def dump_draft_is_a_file(w, tmp, mp):
+    (tmp / "draft").write_text("x")
+    return Case(_dump_hidden(w, tmp, "--draft", str(tmp / "draft")), "draft directory")
+
+
 # ---- dump-hidden: outputs (never delete an input) --------------------------------------------------------------------
 @case
 def dump_overwrite_an_earlier_dump_holding_the_data(w, tmp, mp):
@@ -1236,6 +1265,18 @@ def test_torchrun_ranks_with_other_settings_fail_together(world: World, tmp_path
     assert "ranks disagree on their settings: rank 1 has ttt_steps 2 (rank 0: 3)" in errors["0"][0]
     assert not (tmp_path / "out").exists() and not (tmp_path / "out.checkpoints").exists()
     print(f"torchrun mismatch refused on both ranks in {seconds:.1f} s (process start included)")
+
+
+@pytest.mark.slow
+def test_torchrun_a_rank_refused_before_it_joins_hangs_no_one(world: World, tmp_path: Path) -> None:
+    """Rank 1 refuses its options before the process group exists: torchrun stops rank 0, nothing waits forever."""
+    done, seconds = _torchrun(*_distill(world, tmp_path, world.dump)[1:], timeout=240, RANK_1_OPTIONS="--ttt-steps 0")
+    output = done.stdout + done.stderr
+    errors = _rank_errors(output)
+    assert done.returncode != 0 and not _rank_tracebacks(output), output
+    assert errors.get("1") == ["error: --ttt-steps must be a whole number >= 1, got 0"], output
+    assert not (tmp_path / "out").exists()
+    print(f"torchrun: rank 1's refusal ended the run in {seconds:.1f} s (process start included)")
 
 
 @pytest.mark.slow
