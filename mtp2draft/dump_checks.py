@@ -361,11 +361,18 @@ def _any_loss_token(ckpt: Checkpoint, masks: list[TensorInfo], max_length: int |
 def check_batch(store: Any, indices: Sequence[int], seqs: list[dict[str, torch.Tensor]]) -> None:
     """Refuse a batch holding NaN / Inf features or log-probs (-inf log-probs are allowed: zero probability), or
     token ids outside the vocabulary: one reduction per field of each record (the tensors are already in memory)."""
-    v = store.vocab_size
     for n, s in zip(indices, seqs, strict=True):
-        for name in ("final", "aux", "topk_logprobs", "input_ids", "topk_ids"):
-            if name in s and _bad(name, s[name], v):
-                raise DataError(f"{store.path / store.where[int(n)]}: record {int(n)}: {_describe(name, s[name], v)}")
+        problem = record_problem(s, store.vocab_size)
+        if problem:
+            raise DataError(f"{store.path / store.where[int(n)]}: record {int(n)}: {problem}: refusing to train on it")
+
+
+def record_problem(record: Mapping[str, torch.Tensor], vocab_size: int) -> str | None:
+    """What is wrong with one record's values (None: nothing), for the reader and for the writer."""
+    for name in ("final", "aux", "topk_logprobs", "input_ids", "topk_ids"):
+        if name in record and _bad(name, record[name], vocab_size):
+            return _describe(name, record[name], vocab_size)
+    return None
 
 
 def _bad(name: str, t: torch.Tensor, v: int) -> bool:
@@ -383,7 +390,7 @@ def _describe(name: str, t: torch.Tensor, v: int) -> str:
         return f"{name} holds ids in {int(t.min())}..{int(t.max())}, outside the vocabulary 0..{v - 1}"
     nan, inf = int(torch.isnan(t).sum()), int(torch.isinf(t).sum())
     what = f"{nan} NaN, {inf} Inf" if name != "topk_logprobs" else f"{nan} NaN, {int((t == math.inf).sum())} +Inf"
-    return f"{name} holds non-finite values ({what} of {t.numel()}): refusing to train on it"
+    return f"{name} holds non-finite values ({what} of {t.numel()})"
 
 
 def check_finite_state(state: Mapping[str, torch.Tensor], what: str, action: str = "refusing to write it") -> None:

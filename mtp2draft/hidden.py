@@ -321,6 +321,10 @@ def dump_hidden_states(
                 buffer[f"{n}.aux"] = feats.aux[0].float().contiguous()
             buffer[f"{n}.topk_logprobs"] = values.contiguous()
             buffer[f"{n}.topk_ids"] = indices.contiguous()
+            record = {k.split(".", 1)[1]: v for k, v in buffer.items() if k.startswith(f"{n}.")}
+            problem = dump_checks.record_problem(record, target.vocab_size)
+            if problem:  # a damaged target: no dump that distill would refuse is written
+                raise DataError(f"the target {target.source}, sequence {n}: {problem}: is the target damaged?")
             held.append(n)
             if len(held) == shard_size or n == len(sequences) - 1:
                 flush()

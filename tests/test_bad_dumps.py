@@ -277,6 +277,18 @@ def dump_draft_is_a_file(w, tmp, mp):
     return Case(_dump_hidden(w, tmp, "--draft", str(tmp / "draft")), "draft directory")
 
 
+@case
+def dump_from_a_target_with_a_nan_weight(w, tmp, mp):
+    """A damaged target is run: its NaN hidden states are refused as they come, and no dump is left behind."""
+    ck = _copy(w.ds, tmp, "ck")
+    index = json.loads((ck / "model.safetensors.index.json").read_text())["weight_map"]
+    shard = ck / index["model.norm.weight"]
+    tensors = load_file(str(shard))
+    tensors["model.norm.weight"] = _poke(float("nan"), (3,))(tensors["model.norm.weight"])
+    save_file(tensors, str(shard), {"format": "pt"})
+    return Case(_dump_hidden(w, tmp, target=ck), "sequence 0: final holds non-finite values")
+
+
 # ---- dump-hidden: outputs (never delete an input) --------------------------------------------------------------------
 @case
 def dump_overwrite_an_earlier_dump_holding_the_data(w, tmp, mp):
