@@ -306,6 +306,14 @@ def dump_overwrite_an_earlier_dump_holding_the_draft(w, tmp, mp):
 
 
 @case
+def dump_out_is_a_link_to_a_directory_holding_the_data(w, tmp, mp):
+    earlier = _copy(w.dump, tmp, "earlier")
+    shutil.copyfile(w.data, earlier / "train.jsonl")
+    (tmp / "out").symlink_to(earlier)
+    return Case(_dump_hidden(w, tmp, "--overwrite", data=earlier / "train.jsonl"), "contains the input")
+
+
+@case
 def dump_out_is_the_draft(w, tmp, mp):
     draft = _copy(w.ds_mtp, tmp, "out")  # a draft directory is ours too
     return Case(_dump_hidden(w, tmp, "--overwrite", "--draft", str(draft)), "is the input")
@@ -582,6 +590,18 @@ def manifest_num_sequences_fewer_than_stored(w, tmp, mp):
 
 
 @case
+def manifest_num_sequences_huge(w, tmp, mp):
+    dump = _edited(w, tmp, num_sequences=10**12)
+    return Case(_distill(w, tmp, dump), "num_sequences is 1000000000000 but shards list 4 (missing 4, 5, 6, 7, 8 ...)")
+
+
+@case
+def manifest_top_k_huge(w, tmp, mp):
+    dump = _edited(w, tmp, top_k=10**30)  # the writer keeps at most the vocabulary: 256 columns expected, 8 stored
+    return Case(_distill(w, tmp, dump), "0.topk_logprobs has shape [32, 8], expected [32, 256]")
+
+
+@case
 def manifest_hidden_size_disagrees_with_its_config(w, tmp, mp):
     return Case(_distill(w, tmp, _edited(w, tmp, hidden_size=65)), "hidden_size 65 disagrees with its target_config")
 
@@ -711,6 +731,14 @@ def shard_sequence_negative(w, tmp, mp):
         shards[0]["sequences"] = [-1, 1]
 
     return Case(_distill(w, tmp, _shards(w, tmp, fn)), "lists sequence -1, outside 0..3")
+
+
+@case
+def shard_sequences_booleans(w, tmp, mp):
+    def fn(shards):
+        shards[0]["sequences"] = [False, True]  # JSON false / true are not 0 / 1 here
+
+    return Case(_distill(w, tmp, _shards(w, tmp, fn)), "must list its sequences as whole numbers, got [False, True]")
 
 
 @case
