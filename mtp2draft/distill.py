@@ -280,8 +280,18 @@ class DistillRecipe:
             parallel.run_main_only(par, lambda: shutil.rmtree(ckpt, ignore_errors=True))
         latest = latest_checkpoint(ckpt) if job.resume else None
         if latest is not None:
-            done = json.loads((latest / parallel.STATE_FILE).read_text()).get("step")
-            if isinstance(done, int) and done >= self.cfg.steps:
+            try:
+                state = json.loads((latest / parallel.STATE_FILE).read_text())
+            except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+                raise DraftError(
+                    f"{latest / parallel.STATE_FILE} is not valid JSON ({exc}): start over with --overwrite"
+                ) from exc
+            done = state.get("step") if isinstance(state, dict) else None
+            if not isinstance(done, int) or isinstance(done, bool) or done < 1:
+                raise DraftError(
+                    f"{latest / parallel.STATE_FILE} records no valid step ({done!r}): start over with --overwrite"
+                )
+            if done >= self.cfg.steps:
                 raise OptionError(
                     f"--steps {self.cfg.steps} with --resume: {latest} is already at step {done}, so nothing would "
                     f"train and its weights would be recorded as {self.cfg.steps} steps; resume with --steps above "

@@ -458,6 +458,21 @@ def offline_resume_with_the_checkpoints_steps(w, tmp, mp):
     return Case(_distill(w, tmp, w.dump, "--resume", "--steps", "2"), "resume with --steps above 2")
 
 
+@case
+def offline_resume_from_a_checkpoint_whose_state_is_not_json(w, tmp, mp):
+    _checkpointed(w, tmp)
+    (tmp / "out.checkpoints" / "step-0000002" / "state.json").write_text("{half")
+    return Case(_distill(w, tmp, w.dump, "--resume", "--steps", "4"), "state.json is not valid JSON")
+
+
+@case
+def offline_resume_from_a_checkpoint_without_a_step(w, tmp, mp):
+    _checkpointed(w, tmp)
+    state = tmp / "out.checkpoints" / "step-0000002" / "state.json"
+    state.write_text(json.dumps({**json.loads(state.read_text()), "step": "2"}))
+    return Case(_distill(w, tmp, w.dump, "--resume", "--steps", "4"), "records no valid step ('2')")
+
+
 def _checkpointed(w: World, tmp: Path) -> None:
     """A run of 4 steps from w.dump stopped after its step-2 checkpoint (tmp/out.checkpoints/step-0000002)."""
     from mtp2draft.distill import DistillConfig, distill
