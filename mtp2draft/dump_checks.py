@@ -26,9 +26,9 @@ from typing import Any
 
 import torch
 
-from .byte_sources import LocalFiles
-from .checkpoint import Checkpoint, TensorInfo, check_shard_name
-from .errors import CheckpointError, DataError, OptionError, SpecError, UnknownFamilyError
+from mtp2draft.checkpoint.reader import Checkpoint, TensorInfo, check_shard_name
+from mtp2draft.checkpoint.sources import LocalFiles
+from mtp2draft.errors import CheckpointError, DataError, OptionError, SpecError, UnknownFamilyError
 
 MANIFEST = "manifest.json"
 SHARED_FILE = "shared.safetensors"
@@ -96,9 +96,9 @@ def check_dump_request(
     """Everything `dump-hidden` can refuse before the target loads: its options, aux ids beyond the target, a draft
     made for another family, and an --out that is, contains or lies in an input (data, draft, the target's directory:
     `--overwrite` would delete it)."""
-    from .checkpoint import read_config
-    from .io import check_output_dir
-    from .spec import find_spec
+    from mtp2draft.checkpoint.reader import read_config
+    from mtp2draft.family.spec import find_spec
+    from mtp2draft.io import check_output_dir
 
     check_dump_options(top_k, shard_size, max_length)
     check_output_dir(out, overwrite, [*inputs, target, target_dir])
@@ -138,7 +138,7 @@ def check_offline_options(job: Any) -> None:
 # ---- the manifest -----------------------------------------------------------------------------------------------------
 def read_manifest(root: Path) -> dict[str, Any]:
     """The manifest of the dump at `root`, checked field by field and for consistency; DataError otherwise."""
-    from .spec import get_spec
+    from mtp2draft.family.spec import get_spec
 
     path = root / MANIFEST
     if not root.is_dir():
@@ -236,8 +236,8 @@ def check_inside(root: Path, file: str, where: Path) -> None:
 def check_dump_fits_draft(manifest: dict[str, Any], draft: Any, draft_config: Mapping[str, Any], where: Path) -> None:
     """Refuse a dump of another target than the draft's: family, sizes, trunk depth, token ids and (native drafts
     carry the target's whole config.json) every config key that can change the computation."""
-    from .kinds import DraftKind
-    from .spec import get_spec
+    from mtp2draft.family.spec import get_spec
+    from mtp2draft.kinds import DraftKind
 
     record = draft_config.get("mtp2draft") or {}
     made_for = getattr(getattr(draft, "spec", None), "name", None) or record.get("spec")

@@ -5,7 +5,7 @@ import os
 import shlex
 import sys
 
-from mtp2draft.cli import main
+from mtp2draft.cli.app import main
 
 if __name__ == "__main__":
     extra = shlex.split(os.environ.get(f"RANK_{os.environ.get('RANK', '0')}_OPTIONS", ""))

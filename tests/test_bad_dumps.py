@@ -23,8 +23,8 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from mtp2draft.cli import main
-from mtp2draft.convert import convert
+from mtp2draft.cli.app import main
+from mtp2draft.conversion import convert
 from mtp2draft.dump_checks import FIELDS
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -50,8 +50,8 @@ class World:
 
 def _dump(target: Path, draft: Path, data: Path, out: Path) -> Path:
     from mtp2draft.data import load_tokenizer, read_examples
-    from mtp2draft.draft import load_draft
-    from mtp2draft.hidden import TargetModel, dump_hidden_states
+    from mtp2draft.draft.modules import load_draft
+    from mtp2draft.target.hidden import TargetModel, dump_hidden_states
 
     d = load_draft(draft)
     examples, _ = read_examples(data, load_tokenizer(target), LENGTH)
@@ -475,7 +475,7 @@ def offline_resume_from_a_checkpoint_without_a_step(w, tmp, mp):
 
 def _checkpointed(w: World, tmp: Path) -> None:
     """A run of 4 steps from w.dump stopped after its step-2 checkpoint (tmp/out.checkpoints/step-0000002)."""
-    from mtp2draft.distill import DistillConfig, distill
+    from mtp2draft.train.recipe import DistillConfig, distill
 
     cfg = DistillConfig(steps=4, batch_size=2, max_length=LENGTH, save_every=2)
     distill(w.ds_mtp, tmp / "out", hidden_states=w.dump, config=cfg, stop_after=2)
@@ -1054,7 +1054,7 @@ def loss_mask_only_beyond_max_length(w, tmp, mp):
 
 # ---- records: values, checked per batch as it is consumed -------------------------------------------------------------
 def _first_batch_record(w: World) -> int:
-    from mtp2draft.teacher import batch_indices
+    from mtp2draft.train.teacher import batch_indices
 
     return batch_indices(0, 2, 4, 0)[0]
 
@@ -1075,7 +1075,7 @@ def record_final_with_inf(w, tmp, mp):
 
 @case
 def record_nan_in_a_later_step(w, tmp, mp):
-    from mtp2draft.teacher import batch_indices
+    from mtp2draft.train.teacher import batch_indices
 
     n = batch_indices(1, 2, 4, 0)[1]  # step 2's second row: step 1 trains, step 2 is refused
     dump = _damaged(w, tmp, n, _set(f"{n}.final", _poke(float("nan"), (0, 0))))
@@ -1337,7 +1337,7 @@ def test_torchrun_a_rank_refused_before_it_joins_hangs_no_one(world: World, tmp_
 @pytest.mark.slow
 def test_torchrun_a_damaged_row_on_one_rank_fails_every_rank(world: World, tmp_path: Path) -> None:
     """NaN in the row rank 1 reads at step 1: rank 0's rows are fine, yet both ranks fail at once with one line."""
-    from mtp2draft.teacher import batch_indices
+    from mtp2draft.train.teacher import batch_indices
 
     n = batch_indices(0, 2, 4, 0)[1]  # rank 1's row of the first global batch
     dump = _damaged(world, tmp_path, n, _set(f"{n}.final", _poke(float("nan"))))
