@@ -323,8 +323,9 @@ def parse_index(index: dict[str, Any], where: str) -> dict[str, str]:
     return dict(weight_map)
 
 
-def check_shard_name(file: str, where: str) -> None:
-    """A shard named by an index must be a plain relative name inside the checkpoint: no absolute path, no `..`.
+def check_shard_name(file: str, where: str, inside: str = "the checkpoint") -> None:
+    """A shard named by an index (or a dump's manifest: `inside`) must be a plain relative name inside the
+    directory: no absolute path, no `..`.
 
     Checked by name, never by resolving: HF cache snapshots are symlinks into the blob store, and those are fine."""
     parts = PurePosixPath(file).parts
@@ -336,9 +337,7 @@ def check_shard_name(file: str, where: str) -> None:
         or PureWindowsPath(file).drive
         or any(part in ("..", ".") for part in parts)
     ):
-        raise CheckpointError(
-            f"{where} names the shard {file!r}, which lies outside the checkpoint: refusing to read it"
-        )
+        raise CheckpointError(f"{where} names the shard {file!r}, which lies outside {inside}: refusing to read it")
 
 
 def read_config(root: Path) -> dict[str, Any]:

@@ -338,19 +338,21 @@ def dump_hidden(
     """
     from mtp2draft.data import load_tokenizer, read_examples
     from mtp2draft.draft.modules import load_draft
+    from mtp2draft.target.dump_checks import check_dump_request
     from mtp2draft.target.engine import dump_hidden as dump
     from mtp2draft.target.engine import resolve_target
 
     ids = _numbers(aux_layers, "--aux-layers", int)
-    final = None
+    final, loaded = None, None
     if draft is not None:
         loaded = load_draft(draft)
         final = getattr(loaded, "input_hidden", None)  # the final hidden a native draft reads
         if ids is None:
             ids = loaded.aux_layer_ids if loaded.kind == DraftKind.EAGLE3 else None
-    examples, skipped = read_examples(
-        data, load_tokenizer(resolve_target(target, revision, token)), max_length, skip_bad
-    )
+    target_dir = resolve_target(target, revision, token)
+    inputs = [data, draft]  # never deleted by --overwrite, never written into
+    check_dump_request(target, target_dir, out, overwrite, inputs, top_k, shard_size, max_length, ids, loaded)
+    examples, skipped = read_examples(data, load_tokenizer(target_dir), max_length, skip_bad)
     if skipped:
         log(f"skipped {skipped} malformed line(s)")
     seqs = [{"input_ids": e.input_ids, "loss_mask": e.loss_mask} for e in examples]
@@ -368,6 +370,7 @@ def dump_hidden(
         overwrite=overwrite,
         progress=log,
         final=final,
+        inputs=inputs,
     )
     print(f"wrote hidden states of {len(seqs)} sequences to {path}")
 

@@ -257,7 +257,7 @@ def dump_hidden(
     **write: Any,
 ) -> Path:
     """`dump-hidden` with the chosen engine (`DUMP_ENGINES`). `write` are `hidden.dump_hidden_states`'s options
-    (aux_layers, top_k, shard_size, overwrite, progress, final), which writes the files in both cases."""
+    (aux_layers, top_k, shard_size, overwrite, progress, final, inputs), which writes the files in both cases."""
     from mtp2draft.io import check_output_dir
     from mtp2draft.target.hidden import TargetModel, dump_hidden_states
 
@@ -268,7 +268,8 @@ def dump_hidden(
             raise OptionError("--tensor-parallel-size is for --engine vllm (transformers spreads with device_map)")
         return dump_hidden_states(TargetModel(target, revision, token), sequences, out, **write)
     out = Path(out)
-    check_output_dir(out, write.get("overwrite", False), [target])  # refuse before the engine runs for minutes
+    # refuse before the engine runs for minutes (dump_hidden_states checks again, with the target's directory)
+    check_output_dir(out, write.get("overwrite", False), [*write.get("inputs", ()), target])
     out.parent.mkdir(parents=True, exist_ok=True)
     progress = write.get("progress") or (lambda _: None)
     with tempfile.TemporaryDirectory(prefix=".mtp2draft-vllm-", dir=out.parent) as work:

@@ -34,10 +34,10 @@ from mtp2draft.errors import CheckpointError, DataError, DraftError, SourceError
 from mtp2draft.family.spec import Spec, find_spec
 from mtp2draft.io import atomic_output_dir, meter, quiet_transformers, save_tensors, write_json
 from mtp2draft.kinds import DraftKind, Hidden
+from mtp2draft.target import dump_checks
 
 HIDDEN_SCHEMA_VERSION = 1
-MANIFEST = "manifest.json"
-SHARED_FILE = "shared.safetensors"
+MANIFEST, SHARED_FILE = dump_checks.MANIFEST, dump_checks.SHARED_FILE  # the names dump_checks checks
 
 
 @dataclass
@@ -281,17 +281,21 @@ def dump_hidden_states(
     overwrite: bool = False,
     progress=lambda _: None,
     final: str | None = None,
+    inputs: Sequence[str | Path | None] = (),
 ) -> Path:
     """Write what distillation reads into sharded safetensors files (schema: docs/formats.md, "hidden states").
 
     final: which final hidden to store (`pre_norm` | `post_norm`, a native draft's `input_hidden`); default: the
-    spec's `[layer] hidden`.
+    spec's `[layer] hidden`. inputs: the other local paths the command reads (data file, draft): `out` may not be,
+    contain or lie in one of them, nor in the target's directory, so `--overwrite` can never delete them.
 
     Each sequence n is stored as `{n}.input_ids` [T] int64, `{n}.loss_mask` [T] bool, `{n}.final` [T, H],
     `{n}.aux` [T, 3H] (when aux layers are given), `{n}.topk_logprobs` [T, k] fp32 and `{n}.topk_ids` [T, k] int64.
     `shared.safetensors` holds the target's embedding and lm_head so distillation never loads the target."""
     aux_layers = list(aux_layers or [])
-    with atomic_output_dir(out, overwrite) as tmp:
+    dump_checks.check_dump_options(top_k, shard_size)
+    dump_checks.check_aux_layers(aux_layers, target.num_layers, target.source)
+    with atomic_output_dir(out, overwrite, [*inputs, target.source, target.path]) as tmp:
         shards: list[dict[str, Any]] = []
         buffer: dict[str, torch.Tensor] = {}
         held: list[int] = []
@@ -319,6 +323,10 @@ def dump_hidden_states(
                 buffer[f"{n}.aux"] = feats.aux[0].float().contiguous()
             buffer[f"{n}.topk_logprobs"] = values.contiguous()
             buffer[f"{n}.topk_ids"] = indices.contiguous()
+            record = {k.split(".", 1)[1]: v for k, v in buffer.items() if k.startswith(f"{n}.")}
+            problem = dump_checks.record_problem(record, target.vocab_size)
+            if problem:  # a damaged target: no dump that distill would refuse is written
+                raise DataError(f"the target {target.source}, sequence {n}: {problem}: is the target damaged?")
             held.append(n)
             if len(held) == shard_size or n == len(sequences) - 1:
                 flush()
@@ -346,17 +354,16 @@ def dump_hidden_states(
 
 
 class OfflineHiddenStates:
-    """Reads a `dump-hidden` directory; serves `Features` for batches of stored sequences."""
+    """Reads a `dump-hidden` directory; serves `Features` for batches of stored sequences.
 
-    def __init__(self, path: str | Path) -> None:
+    The manifest, the shard names and every shard's header are checked when it opens (`dump_checks`), and every
+    batch as it is read: a damaged dump is one line naming the file (and record), before or instead of a step.
+    max_length: the tokens a run reads per sequence (a dump with no loss token within them is refused)."""
+
+    def __init__(self, path: str | Path, max_length: int | None = None) -> None:
         self.path = Path(path)
-        manifest = self.path / MANIFEST
-        if not manifest.is_file():
-            raise DataError(f"{self.path} has no {MANIFEST}: not a dump-hidden directory")
-        self.manifest = json.loads(manifest.read_text())
-        if self.manifest.get("schema_version") != HIDDEN_SCHEMA_VERSION:
-            raise DataError(f"{manifest}: schema_version {self.manifest.get('schema_version')} is not supported")
-        self.where = {n: s["file"] for s in self.manifest["shards"] for n in s["sequences"]}
+        self.manifest = dump_checks.read_manifest(self.path)
+        self.where = dump_checks.check_shards(self.path, self.manifest, max_length)
         self.raw_config = self.manifest["target_config"]
         self.aux_layers = list(self.manifest["aux_layer_ids"])
         self.vocab_size = int(self.manifest["vocab_size"])
@@ -365,6 +372,8 @@ class OfflineHiddenStates:
         self.commit = self.manifest.get("target_commit")
         with safe_open(str(self.path / SHARED_FILE), "pt") as fh:
             self._embed, self._head = fh.get_tensor("embed"), fh.get_tensor("lm_head")
+        shared = {"embed": self._embed, "lm_head": self._head}
+        dump_checks.check_finite_state(shared, str(self.path / SHARED_FILE), "the dump is damaged")
 
     def __len__(self) -> int:
         return int(self.manifest["num_sequences"])
@@ -396,6 +405,7 @@ def pad_stack(tensors: list[torch.Tensor], length: int, value: float = 0) -> tor
 def offline_features(store: OfflineHiddenStates, indices: Sequence[int], length: int) -> tuple[dict, Features]:
     """A padded batch of stored sequences: ({input_ids, loss_mask, attention_mask}, Features)."""
     seqs = [store.sequence(int(i)) for i in indices]
+    dump_checks.check_batch(store, indices, seqs)  # before any step can consume it
     lengths = [min(s["input_ids"].shape[0], length) for s in seqs]
     t = max(lengths)
     batch = {

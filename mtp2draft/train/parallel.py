@@ -265,6 +265,70 @@ def load(path: Path, draft: nn.Module, optimizer: torch.optim.Optimizer, par: Pa
     return meta
 
 
+# ---- failing together ------------------------------------------------------------------------------------------------
+def check_same_settings(par: Parallel, settings: dict[str, Any], what: str = "settings") -> None:
+    """Refuse, on every rank at once, ranks started with different settings (they would wait forever on collectives
+    of different shapes): a sha256 of the settings is all-gathered; on a mismatch the settings themselves are, so
+    every rank names the same first differing field. A no-op on one process."""
+    if not par.distributed:
+        return
+    import hashlib
+
+    from mtp2draft.errors import OptionError
+
+    digest = hashlib.sha256(json.dumps(settings, sort_keys=True, default=str).encode()).digest()
+    mine = torch.frombuffer(bytearray(digest), dtype=torch.uint8)
+    if par.device.startswith("cuda"):
+        mine = mine.to(par.device)
+    every = [torch.empty_like(mine) for _ in range(par.world)]
+    dist.all_gather(every, mine)
+    if all(torch.equal(t, every[0]) for t in every):
+        return
+    gathered: list[Any] = [None] * par.world
+    dist.all_gather_object(gathered, settings)
+    rank = next(r for r, t in enumerate(every) if not torch.equal(t, every[0]))
+    first, other = gathered[0], gathered[rank]
+    keys = sorted(k for k in set(first) | set(other) if first.get(k) != other.get(k))
+    differ = ", ".join(f"{k} {other.get(k)!r} (rank 0: {first.get(k)!r})" for k in keys[:3])
+    raise OptionError(
+        f"torchrun ranks disagree on their {what}: rank {rank} has {differ or 'other values'}; start every rank with "
+        "the same options"
+    )
+
+
+def together(par: Parallel, fn: Callable[[], Any]) -> Any:
+    """`fn()` on every rank, failing on every rank when it fails on one: each rank's outcome is all-gathered, and a
+    known error (one line) on the first failing rank r is raised everywhere, naming r, instead of leaving the other ranks waiting on
+    their next collective. One all_reduce of one number per call (the messages are gathered only on a failure); a
+    plain call on one process."""
+    from mtp2draft.errors import Mtp2DraftError
+
+    if not par.distributed:
+        return fn()
+    error: Mtp2DraftError | None = None
+    try:
+        out = fn()
+    except Mtp2DraftError as exc:
+        error, out = exc, None
+    if not any(par.sum([float(error is not None)])):  # the common case: one all_reduce of one number
+        return out
+    failures: list[Any] = [None] * par.world
+    dist.all_gather_object(failures, None if error is None else (type(error).__name__, str(error)))
+    for rank, failure in enumerate(failures):
+        if failure is not None:  # the first failing rank's line on every rank (naming it on the others)
+            if rank == par.rank:
+                raise error
+            raise _error_class(failure[0])(f"rank {rank}: {failure[1]}")
+    return out
+
+
+def _error_class(name: str) -> type:
+    from mtp2draft import errors
+
+    cls = getattr(errors, name, None)
+    return cls if isinstance(cls, type) and issubclass(cls, errors.Mtp2DraftError) else errors.Mtp2DraftError
+
+
 def run_main_only(par: Parallel, fn: Callable[[], Any]) -> Any:
     """Run `fn` on rank 0, then wait for it everywhere (writing results, pruning folders)."""
     out = fn() if par.is_main else None

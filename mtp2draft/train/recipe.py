@@ -42,6 +42,7 @@ from mtp2draft.family.spec import ENGINES, get_spec
 from mtp2draft.io import Progress, check_output_dir, meter, quiet
 from mtp2draft.kinds import HIDDEN_PLACES, DraftKind
 from mtp2draft.redact import command_line
+from mtp2draft.target.dump_checks import check_finite_state, check_offline_options
 from mtp2draft.train import memory, parallel
 from mtp2draft.train.calibrate import (
     calibrate_pending,
@@ -238,6 +239,7 @@ class DistillRecipe:
         self.start = 0
 
     def run(self) -> DistillResult:
+        self.check_agreement()
         self.check_outputs()
         self.check_memory()
         self.setup_model()
@@ -254,10 +256,24 @@ class DistillRecipe:
         return self.save()
 
     # -- before anything loads --
+    def check_agreement(self) -> None:
+        """Under torchrun, before any other collective: every rank was started with the same settings, or every rank
+        fails with the same line (ranks that disagree would wait on each other forever)."""
+        job = self.job
+        given = {k: getattr(job, k) for k in ("draft_dir", "out", "data", "target", "hidden_states", "revision")}
+        given |= {k: getattr(job, k) for k in ("resume", "overwrite", "regenerate_data", "sample", "skip_bad")}
+        given |= {"checkpoint_dir": job.checkpoint_dir, "stop_after": job.stop_after}
+        device = torch.device(self.device).type
+        parallel.check_same_settings(
+            self.par, {**asdict(self.cfg), **given, "precision": self.precision, "device": device}
+        )
+
     def check_outputs(self) -> None:
         """--resume continues from checkpoints; it never stands in for --overwrite: an existing --out is only
         replaced with --overwrite, and only when mtp2draft wrote it."""
         job, par, ckpt = self.job, self.par, self.job.checkpoints
+        if job.hidden_states is not None:
+            check_offline_options(job)
         if self.cfg.batch_size < par.world:
             raise DataError(
                 f"--batch-size {self.cfg.batch_size} is the global batch: it must be at least the {par.world} ranks"
@@ -271,6 +287,25 @@ class DistillRecipe:
                     "start over"
                 )
             parallel.run_main_only(par, lambda: shutil.rmtree(ckpt, ignore_errors=True))
+        latest = latest_checkpoint(ckpt) if job.resume else None
+        if latest is not None:
+            try:
+                state = json.loads((latest / parallel.STATE_FILE).read_text())
+            except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+                raise DraftError(
+                    f"{latest / parallel.STATE_FILE} is not valid JSON ({exc}): start over with --overwrite"
+                ) from exc
+            done = state.get("step") if isinstance(state, dict) else None
+            if not isinstance(done, int) or isinstance(done, bool) or done < 1:
+                raise DraftError(
+                    f"{latest / parallel.STATE_FILE} records no valid step ({done!r}): start over with --overwrite"
+                )
+            if done >= self.cfg.steps:
+                raise OptionError(
+                    f"--steps {self.cfg.steps} with --resume: {latest} is already at step {done}, so nothing would "
+                    f"train and its weights would be recorded as {self.cfg.steps} steps; resume with --steps above "
+                    f"{done}, or start over with --overwrite"
+                )
 
     def check_memory(self) -> None:
         """The memory plan, from the draft's config alone, printed; refused when the device cannot hold it."""
@@ -301,7 +336,7 @@ class DistillRecipe:
     def setup_data(self) -> None:
         job, cfg, draft = self.job, self.cfg, self.draft
         if job.hidden_states is not None:
-            self.teacher: Teacher = offline_teacher(job.hidden_states, draft)
+            self.teacher: Teacher = offline_teacher(job.hidden_states, draft, job.draft_dir, cfg.max_length)
         else:
             # regenerate only what this run will see: one pass of steps x batch size examples (data order is seeded)
             regen = max(cfg.steps * cfg.batch_size, cfg.batch_size) if job.regenerate_data else None
@@ -319,6 +354,7 @@ class DistillRecipe:
             "data_hash": self.teacher.data_hash,
             "target": self.teacher.source,
         }
+        parallel.check_same_settings(self.par, self.settings, "data")  # every rank read the same data and target
 
     def batch(self, step: int, final: bool = False, whole: bool = False):
         """Step `step`'s batch and features: this rank's rows of the global batch (all of it when `whole`)."""
@@ -378,7 +414,8 @@ class DistillRecipe:
     # -- the loop --
     def train_step(self, step: int) -> StepStats:
         """One optimizer step on step `step`'s batch; the stats are the global batch's."""
-        batch, feats = self.batch(step)
+        # a batch refused on one rank (NaN in its rows of a dump) is refused on every rank, before any step
+        batch, feats = parallel.together(self.par, lambda: self.batch(step))
         for group in self.optimizer.param_groups:
             group["lr"] = _lr(step, self.cfg)
         with self.autocast():
@@ -394,9 +431,18 @@ class DistillRecipe:
         loss = stats.loss
         if self.par.distributed:
             stats, loss = _global_stats(stats, self.weights, self.par)
+        value = float(stats.loss.detach())
+        if not math.isfinite(value):  # the global loss: every rank refuses the same step
+            raise DataError(
+                f"step {step + 1}: the loss is {value}: no optimizer step is taken on it (the batch or the draft "
+                "holds values that overflow)"
+            )
         self.optimizer.zero_grad(set_to_none=True)
         loss.backward()
-        torch.nn.utils.clip_grad_norm_(self.params, self.cfg.grad_clip)
+        norm = torch.nn.utils.clip_grad_norm_(self.params, self.cfg.grad_clip)
+        norm = norm.full_tensor() if hasattr(norm, "full_tensor") else norm  # FSDP2: the global norm, on every rank
+        if not bool(torch.isfinite(norm)):
+            raise DataError(f"step {step + 1}: the gradient norm is {float(norm)}: the update is not applied")
         self.optimizer.step()
         return stats
 
@@ -437,7 +483,7 @@ class DistillRecipe:
         resumed = self.start or None
         state = parallel.full_state_dict(self.draft, par)  # collective: every rank takes part
         if not par.is_main:
-            par.barrier()  # rank 0 writes the result, then everyone returns
+            parallel.together(par, lambda: None)  # rank 0 writes the result, then everyone returns (or fails)
             return DistillResult(job.out, cfg.steps, seconds, final_acc, self.history, resumed, is_main=False)
         info = {
             "settings": self.settings,
@@ -452,9 +498,15 @@ class DistillRecipe:
             "version": __version__,
             "world_size": par.world,
         }
-        write_result(self.draft, job.draft_dir, job.out, job.overwrite, info, state)
-        shutil.rmtree(job.checkpoints, ignore_errors=True)
-        par.barrier()
+
+        def write() -> None:
+            check_finite_state(
+                state if state is not None else self.draft.state_dict(), f"the distilled draft {job.out}"
+            )
+            write_result(self.draft, job.draft_dir, job.out, job.overwrite, info, state)
+            shutil.rmtree(job.checkpoints, ignore_errors=True)
+
+        parallel.together(par, write)
         return DistillResult(job.out, cfg.steps, seconds, final_acc, self.history, resumed)
 
 

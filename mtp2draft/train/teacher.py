@@ -92,9 +92,17 @@ class Teacher:
         return self.target.fingerprint() if self.target is not None else None
 
 
-def offline_teacher(hidden_states: str | Path, draft) -> Teacher:
-    """A `dump-hidden` directory, refused when it does not hold what the draft reads."""
-    store = OfflineHiddenStates(hidden_states)
+def offline_teacher(
+    hidden_states: str | Path, draft, draft_dir: str | Path | None = None, max_length: int | None = None
+) -> Teacher:
+    """A `dump-hidden` directory, refused when it is damaged (`dump_checks`), was dumped from another target than the
+    draft's (`draft_dir`: its config.json's record) or does not hold what the draft reads."""
+    from mtp2draft.draft.modules import read_draft_config
+    from mtp2draft.target.dump_checks import check_dump_fits_draft
+
+    store = OfflineHiddenStates(hidden_states, max_length)
+    recorded = read_draft_config(draft_dir) if draft_dir is not None else {}
+    check_dump_fits_draft(store.manifest, draft, recorded, Path(hidden_states))
     if draft.kind == DraftKind.MTP and store.manifest.get("final") != draft.input_hidden:
         raise DataError(
             f"{hidden_states} holds the {store.manifest.get('final')} final hidden, the draft reads the "
