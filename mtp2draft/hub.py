@@ -35,17 +35,17 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from . import network
-from ._version import __version__
-from .draft import CONFIG_FILE, PROVENANCE_FILE
-from .errors import DraftError, HubError, Mtp2DraftError, ValidationError
-from .export import EVALUATION_FILE, README_FILE, detect_format, validate
-from .formats import REGISTRY, format_kind, get_format
-from .formats.common import _read_json
-from .io import Progress, quiet
-from .kinds import DraftKind
-from .redact import find_secret, known_secrets, redact, register_secret
-from .spec import ENGINES, Spec, find_spec, get_spec
+from mtp2draft._version import __version__
+from mtp2draft.checkpoint import network
+from mtp2draft.draft.modules import CONFIG_FILE, PROVENANCE_FILE
+from mtp2draft.errors import DraftError, HubError, Mtp2DraftError, ValidationError
+from mtp2draft.family.spec import ENGINES, Spec, find_spec, get_spec
+from mtp2draft.formats import REGISTRY, format_kind, get_format
+from mtp2draft.formats.common import _read_json
+from mtp2draft.formats.export import EVALUATION_FILE, README_FILE, detect_format, validate
+from mtp2draft.io import Progress, quiet
+from mtp2draft.kinds import DraftKind
+from mtp2draft.redact import find_secret, known_secrets, redact, register_secret
 
 # What mtp2draft measured about EAGLE-3 drafts converted from an MTP layer (docs/eagle3-from-mtp.md), said on every
 # EAGLE-3 card so that a user who can serve the native draft knows it was the better one there.

@@ -12,11 +12,12 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from mtp2draft.byte_sources import _fill
-from mtp2draft.checkpoint import FINITE_CHUNK, check_finite, open_checkpoint
-from mtp2draft.convert import convert, load_native
+from mtp2draft.checkpoint.fp8 import DEFAULT_FP8_BLOCK, dequantize_fp8, fp8_block_size, quantize_fp8
+from mtp2draft.checkpoint.reader import FINITE_CHUNK, check_finite, open_checkpoint
+from mtp2draft.checkpoint.sources import _fill
+from mtp2draft.conversion import convert
+from mtp2draft.draft.layout import load_native
 from mtp2draft.errors import CheckpointError, SourceError
-from mtp2draft.fp8 import DEFAULT_FP8_BLOCK, dequantize_fp8, fp8_block_size, quantize_fp8
 
 
 def _reference_dequant(w: torch.Tensor, s: torch.Tensor, block: int = 128) -> torch.Tensor:

@@ -16,10 +16,11 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from mtp2draft.checkpoint import open_checkpoint
-from mtp2draft.convert import convert, load_native, plan_mtp_layer
+from mtp2draft.checkpoint.reader import open_checkpoint
+from mtp2draft.conversion import convert, plan_mtp_layer
+from mtp2draft.draft.layout import load_native
 from mtp2draft.errors import CheckpointError
-from mtp2draft.spec import find_spec, get_spec
+from mtp2draft.family.spec import find_spec, get_spec
 from mtp2draft.testing.fixtures import eagle3_depth
 
 T = 10  # sequence length of the forward checks: longer than the V3.2 fixture's index_topk (4)
@@ -254,7 +255,7 @@ def test_v32_equals_dense_v3_mla_while_context_fits_index_topk(build) -> None:
 
 def test_v32_indexer_uses_the_draft_cache(build) -> None:
     """Step by step with DraftCache (MLA latents + indexer keys, no mask given) equals the full causal forward."""
-    from mtp2draft.draft import DraftCache
+    from mtp2draft.draft.modules import DraftCache
 
     path = build("deepseek_v32")
     ours = load_native(str(path)).eval()

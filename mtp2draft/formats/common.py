@@ -14,9 +14,9 @@ from typing import Any
 
 import torch
 
-from ..checkpoint import SCALE_SUFFIX
-from ..errors import DraftError
-from ..kinds import WEIGHTS_FILE
+from mtp2draft.checkpoint.reader import SCALE_SUFFIX
+from mtp2draft.errors import DraftError
+from mtp2draft.kinds import WEIGHTS_FILE
 
 DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
 

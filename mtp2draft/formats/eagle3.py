@@ -16,14 +16,7 @@ from typing import Any
 
 import torch
 
-from ..draft import VOCAB_MAPS, without_identity_maps
-from ..errors import DraftError
-from ..io import Progress, quiet, save_tensors, write_json
-from ..kinds import CONFIG_FILE, EAGLE3_ARCHITECTURE, WEIGHTS_FILE, DraftKind
-from ..spec import get_spec
-from . import ExportJob, Format
-from .common import DTYPES, _load_weights, _nonfinite, sglang_steps
-from .eagle3_config import (
+from mtp2draft.draft.eagle3_config import (
     LLAMA_FIELDS,
     NORM_SWITCHES,
     SGLANG_PREFIX,
@@ -39,6 +32,13 @@ from .eagle3_config import (
     speculators_to_eagle3_config,
     speculators_weight_name,
 )
+from mtp2draft.draft.modules import VOCAB_MAPS, without_identity_maps
+from mtp2draft.errors import DraftError
+from mtp2draft.family.spec import get_spec
+from mtp2draft.formats import ExportJob, Format
+from mtp2draft.formats.common import DTYPES, _load_weights, _nonfinite, sglang_steps
+from mtp2draft.io import Progress, quiet, save_tensors, write_json
+from mtp2draft.kinds import CONFIG_FILE, EAGLE3_ARCHITECTURE, WEIGHTS_FILE, DraftKind
 
 
 def _eagle3_input(src: Path, cfg: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:

@@ -20,16 +20,16 @@ from typing import Any
 
 import torch
 
-from ..checkpoint import DTYPES as ST_DTYPES
-from ..checkpoint import Checkpoint, open_checkpoint
-from ..draft import NativeMtpDraft
-from ..errors import DraftError
-from ..fp8 import SCALE_SUFFIX, fp8_block_size, quantize_fp8
-from ..kinds import CONFIG_FILE, WEIGHTS_FILE, DraftKind
-from ..layout import native_to_checkpoint
-from ..spec import Spec, find_spec, get_spec
-from . import Format
-from .common import DTYPES, _load_weights, _nonfinite
+from mtp2draft.checkpoint.fp8 import SCALE_SUFFIX, fp8_block_size, quantize_fp8
+from mtp2draft.checkpoint.reader import DTYPES as ST_DTYPES
+from mtp2draft.checkpoint.reader import Checkpoint, open_checkpoint
+from mtp2draft.draft.layout import native_to_checkpoint
+from mtp2draft.draft.modules import NativeMtpDraft
+from mtp2draft.errors import DraftError
+from mtp2draft.family.spec import Spec, find_spec, get_spec
+from mtp2draft.formats import Format
+from mtp2draft.formats.common import DTYPES, _load_weights, _nonfinite
+from mtp2draft.kinds import CONFIG_FILE, WEIGHTS_FILE, DraftKind
 
 # Tensors of a shard being rewritten are copied in runs of about this many bytes (peak memory per run).
 COPY_RUN_BYTES = 256 * 2**20

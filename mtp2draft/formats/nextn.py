@@ -13,16 +13,16 @@ from typing import Any
 
 import torch
 
-from ..errors import DraftError
-from ..fp8 import SCALE_SUFFIX, fp8_block_size
-from ..io import SafetensorsWriter, write_json
-from ..kinds import CONFIG_FILE, WEIGHTS_FILE, DraftKind
-from ..layout import native_to_checkpoint
-from ..spec import Spec, find_spec, registry
-from . import ExportJob, Format
-from . import native as nat  # the helpers the native writers share
-from .common import _finite_file, _fp8_problems, _headers, sglang_steps
-from .native import NativeLayer
+from mtp2draft.checkpoint.fp8 import SCALE_SUFFIX, fp8_block_size
+from mtp2draft.draft.layout import native_to_checkpoint
+from mtp2draft.errors import DraftError
+from mtp2draft.family.spec import Spec, find_spec, registry
+from mtp2draft.formats import ExportJob, Format
+from mtp2draft.formats import native as nat  # the helpers the native writers share
+from mtp2draft.formats.common import _finite_file, _fp8_problems, _headers, sglang_steps
+from mtp2draft.formats.native import NativeLayer
+from mtp2draft.io import SafetensorsWriter, write_json
+from mtp2draft.kinds import CONFIG_FILE, WEIGHTS_FILE, DraftKind
 
 
 def nextn_text_fields(spec: Spec, target_config: Mapping[str, Any]) -> dict[str, Any]:

@@ -13,18 +13,16 @@ from typing import Any
 
 import torch
 
-from .._version import __version__
-from ..checkpoint import DTYPES as ST_DTYPES
-from ..checkpoint import INDEX_FILE, Checkpoint
-from ..errors import DraftError
-from ..fp8 import SCALE_SUFFIX, fp8_block_size
-from ..io import SafetensorsWriter, write_json
-from ..kinds import CONFIG_FILE, WEIGHTS_FILE
-from ..layout import plan_mtp_layer
-from ..spec import Spec, find_spec
-from . import ExportJob, Format
-from .common import README_FILE, _finite_file, _fp8_problems, _headers, _read_json, sglang_steps
-from .native import (
+from mtp2draft._version import __version__
+from mtp2draft.checkpoint.fp8 import SCALE_SUFFIX, fp8_block_size
+from mtp2draft.checkpoint.reader import DTYPES as ST_DTYPES
+from mtp2draft.checkpoint.reader import INDEX_FILE, Checkpoint
+from mtp2draft.draft.layout import plan_mtp_layer
+from mtp2draft.errors import DraftError
+from mtp2draft.family.spec import Spec, find_spec
+from mtp2draft.formats import ExportJob, Format
+from mtp2draft.formats.common import README_FILE, _finite_file, _fp8_problems, _headers, _read_json, sglang_steps
+from mtp2draft.formats.native import (
     COPY_RUN_BYTES,
     NativeLayer,
     _computation_record,
@@ -39,6 +37,8 @@ from .native import (
     _Writer,
     engine_mismatches,
 )
+from mtp2draft.io import SafetensorsWriter, write_json
+from mtp2draft.kinds import CONFIG_FILE, WEIGHTS_FILE
 
 
 def _target_index(ckpt: Checkpoint) -> dict[str, Any]:

@@ -15,7 +15,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 from urllib.parse import parse_qs, unquote, urlsplit
 
-from .hub_store import _PLURAL, _RANGE, _URL_PREFIX, HubError, _Blob, _is_lfs, _Repo
+from mtp2draft.testing.hub_store import _PLURAL, _RANGE, _URL_PREFIX, HubError, _Blob, _is_lfs, _Repo
 
 
 class _Server(ThreadingHTTPServer):

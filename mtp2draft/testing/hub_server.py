@@ -27,9 +27,9 @@ import threading
 from collections.abc import Iterator
 from pathlib import Path
 
-from .hub_http import _Handler, _Server
-from .hub_store import HubError as HubError  # re-exported: HubServer's methods raise it
-from .hub_store import _Blob, _Commit, _is_lfs, _Repo
+from mtp2draft.testing.hub_http import _Handler, _Server
+from mtp2draft.testing.hub_store import HubError as HubError  # re-exported: HubServer's methods raise it
+from mtp2draft.testing.hub_store import _Blob, _Commit, _is_lfs, _Repo
 
 
 class HubServer:
