@@ -1,50 +1,68 @@
 """Train the small benchmark targets: a trunk and its MTP layer, jointly, as DeepSeek-V3 trains its MTP module.
 
-Nothing can be downloaded here, so the project's acceptance figures come from targets trained by this script on the
-Python standard library's own source. For each family in `FAMILIES` it
+Nothing can be downloaded here, so the project's acceptance figures come from targets trained by this script on
+Python source that is on the machine anyway. For each family in `FAMILIES` it
 
-1. splits the stdlib `*.py` files (sorted, site-packages excluded) by file into train and held-out (a file is
-   held out when the sha256 of its relative path is 0 mod 20: about 5 %, the same on every machine with the same
-   Python), and trains a byte-level BPE tokenizer (vocab 4096, `<|endoftext|>` as bos/eos/pad, `<|im_start|>` /
-   `<|im_end|>` with a ChatML chat template) on the train files;
+1. reads the corpus (`corpus_files`): the standard library's `*.py` and those of every installed package in the
+   running interpreter's site-packages (pip skipped: it vendors copies of other packages), each source capped in
+   characters, files in sha256-of-path order, byte-identical copies dropped. Whole packages are held out
+   (`HELDOUT_PACKAGES`: huggingface_hub, also the unseen corpus of scripts/bench_unseen.py, and pytest's `_pytest` /
+   `pytest`); no train file comes from them. The tokenizer is the committed one (examples/targets/<dir>/
+   tokenizer.json: byte-level BPE, vocab 4096, `<|endoftext|>` as bos/eos/pad, ChatML `<|im_start|>` /
+   `<|im_end|>`), reused unchanged so the data files and the tests keep their token ids;
 2. builds the trunk with transformers' own class from a config dict written with the family's real config.json
    field names, and the MTP layer with `NativeMtpDraft(spec, config)`;
-3. trains both at once: loss = next-token CE of the trunk + 0.3 * t+2 CE of the MTP layer, the MTP layer reading the
-   trunk's hidden state at t (before or after the final norm, as the spec's `layer.hidden` says) and the embedding
-   of token t+1, through the trunk's own (trainable) embedding and lm_head. MoE routers get DeepSeek-V3's
-   auxiliary-loss-free balancing (`e_score_correction_bias += gamma * sign(mean load - load)` after each step);
-4. writes the family's exact hub layout (trunk keys as transformers' save_pretrained writes them, MTP keys via
-   `native_to_checkpoint`, bf16 except the router's fp32 `e_score_correction_bias`, >= 2 shards + index), the
-   tokenizer files, `generation_config.json` and `training.json`;
-5. reloads what it wrote (transformers for the trunk, `load_native` for the MTP layer) and measures it on held-out
-   files: next-token loss / perplexity / top-1, MTP t+2 loss / top-1, a unigram baseline, greedy-continuation
-   statistics and how often the raw MTP head's t+2 guess equals the trunk's own greedy t+2 (the step-1 acceptance
-   of greedy speculative decoding with the untouched head, which the project tries to beat).
+3. trains both at once: loss = next-token CE of the trunk + `--mtp-weight` (0.3, DeepSeek-V3's) * t+2 CE of the MTP
+   layer, the MTP layer reading the trunk's hidden state at t (before or after the final norm, as the spec's
+   `layer.hidden` says) and the embedding of token t+1, through the trunk's own (trainable) embedding and lm_head.
+   MoE routers get DeepSeek-V3's auxiliary-loss-free balancing (`e_score_correction_bias += gamma * sign(mean load -
+   load)` after each step). Then, with `--mtp-only-steps`, the MTP layer alone on the frozen trunk (its own AdamW,
+   `--mtp-lr`, its own warm-up + cosine);
+4. every `--eval-every` steps measures a curve point on a fixed small held-out set (next-token loss / top-1, MTP t+2
+   loss / top-1, MTP-vs-trunk agreement, greedy MTP-vs-trunk t+2 and 4-gram repeats), appended to `curves.jsonl` in
+   the state directory and kept for training.json;
+5. checkpoints (model, optimizers, RNG, step, curves, CPU / wall seconds, command lines) into `--state-dir/<family>`
+   every `--save-minutes` and at the end of each invocation; `--resume` continues bit for bit (the batch of a step is
+   a function of the step; the LR schedule is fixed by `--steps`, so `--minutes` only ends an invocation early). The
+   state directory also holds the packed data (data.pt) and the tokenizer copy, so a resumed run reads nothing else;
+6. once all steps are done, writes the family's exact hub layout (trunk keys as transformers' save_pretrained writes
+   them, MTP keys via `native_to_checkpoint`, bf16 except the router's fp32 `e_score_correction_bias`, >= 2 shards +
+   index), the tokenizer files, `generation_config.json` and `training.json`, reloads what it wrote (transformers for
+   the trunk, `load_native` for the MTP layer) and measures it on held-out windows: next-token loss / perplexity /
+   top-1, MTP t+2 loss / top-1, a unigram baseline, greedy-continuation statistics and how often the raw MTP head's
+   t+2 guess equals the trunk's own greedy t+2 (the step-1 acceptance of greedy speculative decoding with the
+   untouched head, which the project tries to beat). `--export-now` writes a target from the last checkpoint before
+   the planned steps are done (training.json: `complete: false`).
 
 It also writes the data files later stages use (`--data-out`): `train.jsonl` (text chunks of train files, for
-distillation), `heldout.jsonl` (prompts from held-out files only, for evaluation) and `chat.jsonl` (user: a function's
-signature and docstring, assistant: its body; from train files). A few such chat-formatted functions from train files
-are mixed into the training stream so the targets know the chat tokens.
+distillation), `heldout.jsonl` (prompts from the held-out packages only, for evaluation) and `chat.jsonl` (user: a
+function's signature and docstring, assistant: its body; from train files). A few such chat-formatted functions from
+train files are mixed into the training stream so the targets know the chat tokens.
 
-What it does not do: use a GPU, resume, or train anything but these two tiny families (their configs are data in
-`FAMILIES`); it never prints tokens or decoded text. Runs are reproducible from the defaults on the same machine
-(`--steps` fixes the run; `--minutes` adds a wall-clock cap, which makes a run depend on the machine's speed).
+What it does not do: use a GPU or train anything but these two tiny families (their configs are data in
+`FAMILIES`); it never prints tokens or decoded text. Runs are reproducible from the same installed packages and
+thread count, interrupted or not.
 """
 
 from __future__ import annotations
 
 import argparse
 import ast
+import contextlib
 import copy
 import hashlib
+import importlib.metadata
 import json
 import math
+import os
 import platform
 import random
+import shutil
 import sys
 import sysconfig
+import tempfile
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
@@ -73,14 +91,15 @@ COMMON = {
     "eos_token_id": EOS_ID,
 }
 # name -> output directory, trunk class, config.json (real field names; fixtures' tiny configs scaled up), default
-# steps (about 6 minutes of training each on 2 free CPU cores) and whether bf16 autocast pays: measured on this machine
+# joint steps (about 95 minutes each on one thread with 70 % of a core: 1.6 / 0.6 CPU s a step of 8 x 256 tokens,
+# measured here) and whether bf16 autocast pays: measured on this machine
 # (AVX512-BF16), 1.5x faster for the dense Qwen2 trunk, no faster for DeepSeek's MoE (small per-expert matmuls), so
 # DeepSeek trains in fp32.
 FAMILIES: dict[str, dict[str, Any]] = {
     "deepseek_v3": {
         "dir": "tiny-deepseek-v3",
         "trunk": ("deepseek_v3", "DeepseekV3ForCausalLM"),
-        "steps": 240,
+        "steps": 2100,
         "autocast": False,
         "config": {
             **copy.deepcopy(DEEPSEEK_V3),
@@ -105,7 +124,7 @@ FAMILIES: dict[str, dict[str, Any]] = {
     "mimo": {
         "dir": "tiny-mimo",
         "trunk": ("qwen2", "Qwen2ForCausalLM"),
-        "steps": 400,
+        "steps": 5500,
         "autocast": True,
         "config": {
             **copy.deepcopy(MIMO),
@@ -121,7 +140,12 @@ FAMILIES: dict[str, dict[str, Any]] = {
 MTP_WEIGHT = 0.3  # DeepSeek-V3's lambda for the first 10T tokens
 BIAS_UPDATE = 1e-2  # router bias speed gamma: 10x DeepSeek-V3 (0.001), too slow to balance a 500-step run
 EXPERTS = "eager"  # MoE experts: the fastest on CPU (grouped_mm / batched_mm take slow fallback paths here)
-HELDOUT_MOD = 20  # held out: sha256(relative path) % 20 == 0
+# Held out whole: huggingface_hub (also the "unseen" corpus of scripts/bench_unseen.py) and pytest's packages, present
+# on every machine after `pip install -e .[test,train]`. pip is skipped (it vendors copies of other packages).
+HELDOUT_PACKAGES = ("huggingface_hub", "_pytest", "pytest")
+SKIP_PACKAGES = ("pip",)
+SOURCE_CAP = 3_000_000  # characters taken from one installed package (files in hash order)
+STDLIB_CAP = 8_000_000  # characters taken from the standard library
 CHAT_TEMPLATE = (
     "{%- for message in messages %}"
     "{{- '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>' + '\\n' }}"
@@ -130,10 +154,10 @@ CHAT_TEMPLATE = (
 )
 
 EXAMPLES = """examples:
-  # both targets with the defaults (about 15 minutes on 2 CPU cores), plus examples/data/*.jsonl
-  python scripts/train_target.py --family all --out examples/targets
-  # one target, capped at 5 minutes of training
-  python scripts/train_target.py --family mimo --out /tmp/targets --minutes 5
+  # the bundled targets (each about 95 minutes on one thread), resumable; outputs checked before copying in
+  python scripts/train_target.py --family mimo --threads 1 --state-dir /work/train-state --out /work/train-out/targets \\
+      --data-out /work/train-out/data --mtp-only-steps 1000 --eval-every 250
+  # the same command plus --resume continues a stopped run where its last checkpoint left it
   # a smoke run in seconds
   python scripts/train_target.py --family all --out /tmp/t --data-out /tmp/d --steps 3 --max-files 12 \\
       --batch-size 2 --eval-windows 2 --gen-prompts 2 --gen-tokens 4
@@ -149,31 +173,110 @@ def path_hash(rel: str) -> int:
     return int(hashlib.sha256(rel.encode()).hexdigest()[:16], 16)
 
 
-def stdlib_files(max_files: int | None) -> tuple[Path, list[tuple[str, str]], list[tuple[str, str]]]:
-    """(stdlib root, train files, held-out files) as (relative path, text), each list in hash order (a fixed
-    shuffle). Files that are empty or not UTF-8 are skipped; `max_files` keeps the first N in hash order."""
-    root = Path(sysconfig.get_paths()["stdlib"])
-    rels = sorted(
-        p.relative_to(root).as_posix()
-        for p in root.rglob("*.py")
-        if "site-packages" not in p.relative_to(root).parts and p.is_file()
-    )
-    files = []
-    for rel in sorted(rels, key=lambda r: (path_hash(r), r)):
+def package_of(rel: str) -> str:
+    """The top-level package (or module) of a path relative to site-packages: 'torch/nn/x.py' -> 'torch'."""
+    head = rel.split("/", 1)[0]
+    return head[:-3] if head.endswith(".py") else head
+
+
+def source_roots() -> list[tuple[str, Path]]:
+    """(name, root) of the corpus sources: the standard library and the running interpreter's site-packages."""
+    paths = sysconfig.get_paths()
+    roots = [("stdlib", Path(paths["stdlib"]))]
+    for key in ("purelib", "platlib"):
+        root = Path(paths[key])
+        if root.is_dir() and all(root != r for _, r in roots):
+            roots.append(("site-packages", root))
+    return roots
+
+
+def corpus_files(max_files: int | None) -> tuple[list[tuple[str, str]], list[tuple[str, str]], dict[str, Any]]:
+    """(train files, held-out files, description) as ("source:relative path", text), each list in hash order (a
+    fixed shuffle).
+
+    Held out: every file of the packages in HELDOUT_PACKAGES (whole packages, never a file of them in training).
+    Train: the stdlib (site-packages excluded) and every other installed package but SKIP_PACKAGES, each source
+    (the stdlib, or one top-level package) capped at SOURCE_CAP characters, its files taken in hash order. Files
+    that are empty, not UTF-8, or byte-identical to a file already taken (vendored copies) are skipped, and no train
+    file equals a held-out file. `max_files` (smoke runs) keeps the first N train files and N // 4 + 1 held-out."""
+    cands: list[tuple[str, str, Path]] = []  # (group, key, path)
+    for name, root in source_roots():
+        for path in root.rglob("*.py"):
+            rel = path.relative_to(root).as_posix()
+            parts = rel.split("/")
+            if "__pycache__" in parts or not path.is_file():
+                continue
+            if name == "stdlib":
+                if "site-packages" in parts or "dist-packages" in parts:
+                    continue
+                group = "stdlib"
+            else:
+                group = package_of(rel)
+                if (
+                    group in SKIP_PACKAGES
+                    or group.startswith("__editable__")
+                    or group.endswith((".dist-info", ".data"))
+                ):
+                    continue
+            cands.append((group, f"{name}:{rel}", path))
+    cands.sort(key=lambda c: (path_hash(c[1]), c[1]))
+    seen: set[str] = set()
+    heldout, train = [], []
+    used: dict[str, int] = {}
+    held_hashes = []
+    # held-out first, so their contents are excluded from training even where a copy lives elsewhere
+    for group, key, path in [c for c in cands if c[0] in HELDOUT_PACKAGES] + [
+        c for c in cands if c[0] not in HELDOUT_PACKAGES
+    ]:
+        held = group in HELDOUT_PACKAGES
+        if not held and used.get(group, 0) >= (STDLIB_CAP if group == "stdlib" else SOURCE_CAP):
+            continue
         try:
-            text = (root / rel).read_text("utf-8")
+            text = path.read_text("utf-8")
         except (UnicodeDecodeError, OSError):
             continue
-        if text.strip():
-            files.append((rel, text))
-        if max_files and len(files) >= max_files:
-            break
-    if len(files) < 2:
-        raise SystemExit(f"found fewer than two usable .py files under {root}")
-    heldout = [f for f in files if path_hash(f[0]) % HELDOUT_MOD == 0] or files[:1]  # tiny subsets: the first
-    held = {rel for rel, _ in heldout}
-    train = [f for f in files if f[0] not in held]
-    return root, train, heldout
+        digest = hashlib.sha256(text.encode()).hexdigest()
+        if not text.strip() or digest in seen:
+            continue
+        seen.add(digest)
+        if held:
+            heldout.append((key, text))
+            held_hashes.append(f"{key} {digest}")
+        else:
+            train.append((key, text))
+            used[group] = used.get(group, 0) + len(text)
+    train.sort(key=lambda f: (path_hash(f[0]), f[0]))
+    heldout.sort(key=lambda f: (path_hash(f[0]), f[0]))
+    if max_files:
+        train, heldout = train[:max_files], heldout[: max_files // 4 + 1]
+    if len(train) < 1 or not heldout:
+        raise SystemExit("found no usable train or held-out .py files")
+    versions = {}
+    dists = importlib.metadata.packages_distributions()
+    for group in sorted(set(used) | set(HELDOUT_PACKAGES)):
+        for dist in dists.get(group, [])[:1]:
+            with contextlib.suppress(importlib.metadata.PackageNotFoundError):
+                versions[group] = f"{dist} {importlib.metadata.version(dist)}"
+    held_hashes.sort()
+    info = {
+        "source": "Python standard library *.py + the *.py of the installed packages (site-packages)",
+        "roots": {name: str(root) for name, root in source_roots()},
+        "heldout_packages": list(HELDOUT_PACKAGES),
+        "skipped_packages": list(SKIP_PACKAGES),
+        "heldout_rule": "every file of the held-out packages; no train file is byte-identical to a held-out one",
+        "source_cap_chars": {"stdlib": STDLIB_CAP, "package": SOURCE_CAP},
+        "train_chars_per_source": dict(sorted(used.items())),
+        "package_versions": versions,
+        "train_files": len(train),
+        "heldout_files": len(heldout),
+        "train_list_sha256": hashlib.sha256("\n".join(k for k, _ in train).encode()).hexdigest(),
+        "train_content_sha256": hashlib.sha256(
+            "\n".join(hashlib.sha256(t.encode()).hexdigest() for _, t in train).encode()
+        ).hexdigest(),
+        "heldout_list_sha256": hashlib.sha256("\n".join(k for k, _ in heldout).encode()).hexdigest(),
+        "heldout_file_sha256": held_hashes,
+    }
+    return train, heldout, info
 
 
 def text_chunks(text: str, lo: int, hi: int) -> list[str]:
@@ -260,10 +363,12 @@ def write_data(out: Path, train: list[tuple[str, str]], heldout: list[tuple[str,
         ("train.jsonl", [{"text": t} for t in records]),
         ("heldout.jsonl", [{"text": t} for t in prompts]),
         ("chat.jsonl", chats),
-    ):
-        with open(out / name, "w") as fh:
+    ):  # written whole, then renamed: both families' processes may write the same (identical) files at once
+        tmp = out / f".{name}.{os.getpid()}.tmp"
+        with open(tmp, "w") as fh:
             for row in rows:
                 fh.write(json.dumps(row, ensure_ascii=False) + "\n")
+        os.replace(tmp, out / name)
     log(f"data: {len(records)} train records, {len(prompts)} held-out prompts, {len(chats)} chats -> {out}")
     return {"train_records": len(records), "heldout_prompts": len(prompts), "chats": len(chats), "chat_used": used}
 
@@ -280,7 +385,7 @@ def training_docs(train: list[tuple[str, str]], skip: set[tuple[str, int]]) -> l
 
 def encode(tok, docs: list[str]) -> list[torch.Tensor]:
     """Token ids of each document followed by <|endoftext|> ([n_i] int64 each)."""
-    return [torch.tensor([*enc.ids, EOS_ID]) for enc in tok.encode_batch(docs)]
+    return [torch.tensor([*enc.ids, EOS_ID]) for enc in tok.encode_batch(docs, add_special_tokens=False)]
 
 
 def pack(encoded: list[torch.Tensor], width: int) -> torch.Tensor:
@@ -292,14 +397,16 @@ def pack(encoded: list[torch.Tensor], width: int) -> torch.Tensor:
     return flat[: n * width].view(n, width)
 
 
-def batches(n: int, size: int, gen: torch.Generator) -> Iterator[torch.Tensor]:
-    """Row indices [size] of successive batches: each epoch a fresh seeded permutation (its tail dropped)."""
-    if n < size:
+def batch_rows(step: int, n: int, size: int, seed: int) -> torch.Tensor:
+    """Row indices [size] of the batch of optimizer step `step` (0-based): epoch e = step // (n // size) walks a
+    permutation seeded with (seed, e), its tail dropped. A function of the step alone, so a resumed run reads the
+    same data as an uninterrupted one."""
+    per_epoch = n // size
+    if per_epoch == 0:
         raise SystemExit(f"{n} training windows cannot fill a batch of {size}")
-    while True:
-        perm = torch.randperm(n, generator=gen)
-        for i in range(0, n - size + 1, size):
-            yield perm[i : i + size]
+    epoch, i = divmod(step, per_epoch)
+    perm = torch.randperm(n, generator=torch.Generator().manual_seed(seed * 1_000_003 + epoch))
+    return perm[i * size : (i + 1) * size]
 
 
 def heldout_windows(tok, heldout: list[tuple[str, str]], width: int, n: int) -> torch.Tensor:
@@ -322,52 +429,24 @@ def heldout_windows(tok, heldout: list[tuple[str, str]], width: int, n: int) -> 
 
 
 # ---- tokenizer --------------------------------------------------------------------------------------------------
-def train_tokenizer(texts: list[str]):
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json")
 
-    tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(
-        vocab_size=VOCAB,
-        min_frequency=2,
-        special_tokens=list(SPECIAL_TOKENS),
-        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-        show_progress=False,
-    )
-    tok.train_from_iterator(texts, trainer, length=len(texts))
+
+def load_tokenizer(src: Path):
+    """The committed byte-level BPE (vocab 4096, trained on the stdlib by an earlier version of this script), reused
+    unchanged so examples/data and the tests keep their token ids."""
+    from tokenizers import Tokenizer
+
+    tok = Tokenizer.from_file(str(src / "tokenizer.json"))
+    if tok.get_vocab_size() != VOCAB or [tok.token_to_id(t) for t in SPECIAL_TOKENS] != [0, 1, 2]:
+        raise SystemExit(f"{src / 'tokenizer.json'}: not the 4096-token tokenizer with {SPECIAL_TOKENS} as 0, 1, 2")
     return tok
 
 
-def save_tokenizer(tok, out: Path) -> None:
-    """tokenizer.json + tokenizer_config.json (+ whatever else transformers writes) loadable by AutoTokenizer."""
-    from transformers import PreTrainedTokenizerFast
-
-    fast = PreTrainedTokenizerFast(
-        tokenizer_object=tok,
-        bos_token=SPECIAL_TOKENS[0],
-        eos_token=SPECIAL_TOKENS[0],
-        pad_token=SPECIAL_TOKENS[0],
-        extra_special_tokens=list(SPECIAL_TOKENS[1:]),
-        chat_template=CHAT_TEMPLATE,
-        model_max_length=COMMON["max_position_embeddings"],
-    )
-    probe = chat_messages("def f(x):\n    'Doc.'", "    return x")
-    if fast.apply_chat_template(probe, tokenize=False) != render_chat(probe):
-        raise RuntimeError("chat template and render_chat disagree")
-    fast.save_pretrained(str(out))
-    # Spelled so transformers 4.x (which serving engines may pin) loads it too: the generic fast class, the template
-    # inside tokenizer_config.json, and the older name of the extra special tokens list. transformers 5 reads all.
-    cfg_file = out / "tokenizer_config.json"
-    cfg = json.loads(cfg_file.read_text())
-    cfg.pop("extra_special_tokens", None)
-    cfg.update(
-        tokenizer_class="PreTrainedTokenizerFast",
-        additional_special_tokens=list(SPECIAL_TOKENS[1:]),
-        chat_template=CHAT_TEMPLATE,
-    )
-    (out / "chat_template.jinja").unlink(missing_ok=True)
-    write_json(cfg_file, cfg)
+def save_tokenizer(src: Path, out: Path) -> None:
+    """Copies the tokenizer files byte for byte (tokenizer.json, tokenizer_config.json with the chat template)."""
+    for name in TOKENIZER_FILES:
+        shutil.copyfile(src / name, out / name)
 
 
 # ---- model ------------------------------------------------------------------------------------------------------
@@ -456,14 +535,30 @@ def count(module: nn.Module) -> int:
 
 
 # ---- evaluation -------------------------------------------------------------------------------------------------
+def mtp_forward(model: nn.Module, mtp: NativeMtpDraft, ids: torch.Tensor, hidden: torch.Tensor, pos: torch.Tensor):
+    """MTP logits [B, T, V] for tokens ids [B, T] and hidden [B, T, H]: through the layer's attached embed/head
+    when it was loaded from disk (as later stages run it), else through the live trunk's, as training does."""
+    if mtp.embed_weight is not None:
+        return mtp(ids, hidden, pos)[0]
+    post, _ = mtp.layer_forward(model.model.embed_tokens(ids), hidden, pos)
+    return model.lm_head(post)
+
+
 @torch.no_grad()
 def evaluate(
-    model: nn.Module, mtp: NativeMtpDraft, spec: Spec, held: torch.Tensor, unigram: torch.Tensor, args
+    model: nn.Module,
+    mtp: NativeMtpDraft,
+    spec: Spec,
+    held: torch.Tensor,
+    unigram: torch.Tensor,
+    args,
+    pre: PreNorm | None = None,
 ) -> dict[str, Any]:
-    """Teacher-forced held-out metrics and greedy-continuation agreement, on the model as written to disk.
+    """Teacher-forced held-out metrics and greedy-continuation agreement (the final report measures the model as
+    written to disk; the curves measure the live one).
 
-    held: [N, T+1] held-out windows; unigram: [V] train token counts."""
-    pre = PreNorm(model)
+    held: [N, T+1] held-out windows; unigram: [V] train token counts; args: batch_size, gen_prompts, gen_tokens."""
+    pre = pre or PreNorm(model)
     n_tok = n_mtp = 0
     nll = nll_mtp = top1 = top1_mtp = agree = 0.0
     for i in range(0, held.shape[0], args.batch_size):
@@ -474,7 +569,7 @@ def evaluate(
         nll += F.cross_entropy(logits.flatten(0, 1), x[:, 1:].flatten(), reduction="sum").item()
         top1 += (logits.argmax(-1) == x[:, 1:]).sum().item()
         pos = torch.arange(t - 1).expand(b, -1)
-        mtp_logits, _ = mtp(x[:, 1:t], hidden[:, : t - 1], pos)  # [b, T-1, V]: token t+2 from (h_t, x_{t+1})
+        mtp_logits = mtp_forward(model, mtp, x[:, 1:t], hidden[:, : t - 1], pos)  # [b, T-1, V]: t+2 from (h_t, x_{t+1})
         mtp_logits = mtp_logits.float()
         nll_mtp += F.cross_entropy(mtp_logits.flatten(0, 1), x[:, 2:].flatten(), reduction="sum").item()
         guess = mtp_logits.argmax(-1)  # [b, T-1]
@@ -525,7 +620,7 @@ def greedy_agreement(model, mtp, spec, pre: PreNorm, held: torch.Tensor, probs: 
     # MTP at t reads h_t and token t+1; positions whose tokens t+1 and t+2 are both greedy: t in [Lp-1, L-3]
     length = seq.shape[1]
     pos = torch.arange(length - 1).expand(seq.shape[0], -1)
-    mtp_logits, _ = mtp(seq[:, 1:], hidden[:, :-1], pos)  # [P, L-1, V]
+    mtp_logits = mtp_forward(model, mtp, seq[:, 1:], hidden[:, :-1], pos)  # [P, L-1, V]
     guess = mtp_logits[:, p_len - 1 : length - 2].argmax(-1)  # [P, G-1]
     truth = seq[:, p_len + 1 :]  # [P, G-1]
 
@@ -571,24 +666,59 @@ def hub_state(model: nn.Module, mtp: NativeMtpDraft, spec: Spec, config: dict[st
     return tensors
 
 
-def train_family(
-    family: str, args, tok, data: torch.Tensor, heldout, out_root: Path, provenance: dict
-) -> dict[str, Any]:
-    """Train, write and measure one target. data: [N, T+1] packed training windows."""
+RECIPE = (  # arguments that fix a run: stored in the state directory at its start, taken from there on --resume
+    "seed", "steps", "mtp_only_steps", "batch_size", "seq_len", "lr", "mtp_lr", "mtp_weight", "weight_decay", "clip",
+    "autocast", "max_files", "eval_windows", "gen_prompts", "gen_tokens", "eval_every", "curve_windows",
+    "curve_gen_prompts", "curve_gen_tokens",
+)  # fmt: skip
+
+
+def save_atomic(obj: Any, path: Path) -> None:
+    tmp = path.with_name(f".{path.name}.tmp")
+    torch.save(obj, tmp)
+    os.replace(tmp, path)
+
+
+def prepare_data(args, state: Path, tok_src: Path, corpus=None) -> dict[str, Any]:
+    """Builds (once per run) what training reads and stores it in the state directory: the packed train windows,
+    the held-out windows, the unigram-free provenance of the corpus, and a copy of the tokenizer files. A resumed run
+    reads only these, never the installed packages again. `corpus`: (train, heldout, info) already read."""
+    train, heldout, info = corpus or corpus_files(args.max_files)
+    tok = load_tokenizer(tok_src)
+    (state / "tokenizer").mkdir(parents=True, exist_ok=True)
+    save_tokenizer(tok_src, state / "tokenizer")
+    data = write_data(args.data_out, train, heldout)
+    skip = {tuple(x) for x in data.pop("chat_used")}
+    t1 = time.perf_counter()
+    windows = pack(encode(tok, training_docs(train, skip)), args.seq_len + 1)  # [N, T+1]
+    data["train_windows"] = windows.shape[0]
+    data["train_tokens"] = windows.numel()
+    log(f"training windows: {windows.shape[0]:,} x {args.seq_len + 1} tokens ({time.perf_counter() - t1:.0f}s)")
+    held = heldout_windows(tok, heldout, args.seq_len + 1, args.eval_windows)  # [N, T+1]
+    info = {**info, "files_written": data}
+    blob = {"windows": windows.to(torch.int16), "held": held.to(torch.int16), "data": info}
+    save_atomic(blob, state / "data.pt")
+    return blob
+
+
+def train_family(family: str, args, state: Path, blob: dict[str, Any], provenance: dict) -> dict[str, Any] | None:
+    """Train (or continue training) one target for at most `args.minutes`; once all steps are done, write and
+    measure it. Returns the report, or None when the budget ran out first (resume with --resume)."""
     import transformers
 
+    t_inv, c_inv = time.perf_counter(), time.process_time()
     row = FAMILIES[family]
     spec = get_spec(family)
     config = copy.deepcopy(row["config"])
-    out_dir = out_root / row["dir"]
-    check_output_dir(out_dir, args.overwrite)
+    out_dir = args.out / row["dir"]
+    data = blob["windows"]  # [N, T+1] int16
+    heldout = blob["held"].long()  # [eval_windows, T+1]
+    curve_held = heldout[: args.curve_windows]
     random.seed(args.seed)
     torch.manual_seed(args.seed)
     model = build_trunk(family)  # transformers' init, from the seeded global RNG
     mtp = NativeMtpDraft(spec, config)
     init_mtp(mtp, std=config["initializer_range"])
-    model.train()
-    mtp.train()
     params = {"trunk": count(model), "mtp_layer": count(mtp), "total": count(model) + count(mtp)}
     log(f"[{family}] parameters: trunk {params['trunk']:,}, MTP layer {params['mtp_layer']:,} (shares embed/head)")
 
@@ -602,62 +732,171 @@ def train_family(
         betas=(0.9, 0.95),
         eps=1e-8,
     )
-    seq = args.seq_len
-    batch_rows = batches(data.shape[0], args.batch_size, torch.Generator().manual_seed(args.seed))
-    unigram = torch.zeros(VOCAB)
+    mtp_params = list(mtp.parameters())  # the MTP-only phase: the layer's own weights (embed/head are the trunk's)
+    opt2 = torch.optim.AdamW(
+        [
+            {"params": [p for p in mtp_params if p.dim() >= 2], "weight_decay": args.weight_decay},
+            {"params": [p for p in mtp_params if p.dim() < 2], "weight_decay": 0.0},
+        ],
+        lr=args.mtp_lr,
+        betas=(0.9, 0.95),
+        eps=1e-8,
+    )
+    st: dict[str, Any] = {
+        "step": 0, "tokens": 0, "losses": [], "unigram": torch.zeros(VOCAB), "cpu_s": 0.0, "wall_s": 0.0,
+        "curve_eval_s": 0.0, "curves": [], "invocations": [], "worst": 0.0,
+    }  # fmt: skip
+    ckpt = state / "ckpt.pt"
+    if ckpt.exists():
+        saved = torch.load(ckpt, weights_only=False)
+        model.load_state_dict(saved["model"])
+        mtp.load_state_dict(saved["mtp"])
+        opt.load_state_dict(saved["opt"])
+        if saved["opt2"] is not None:
+            opt2.load_state_dict(saved["opt2"])
+        torch.set_rng_state(saved["torch_rng"])
+        random.setstate(saved["py_rng"])
+        st = saved["st"]
+        log(f"[{family}] resumed at step {st['step']} from {ckpt}")
+    with open(state / "curves.jsonl", "w") as fh:  # the checkpoint's curve (points after it are measured again)
+        fh.writelines(json.dumps(point) + "\n" for point in st["curves"])
+    st["invocations"].append(
+        {"argv": provenance["argv"], "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+    )
+
+    def save() -> None:
+        now_c, now_w = time.process_time(), time.perf_counter()
+        st["cpu_s"] += now_c - mark[0]
+        st["wall_s"] += now_w - mark[1]
+        mark[:] = [now_c, now_w]
+        save_atomic(
+            {
+                "model": model.state_dict(),
+                "mtp": mtp.state_dict(),
+                "opt": opt.state_dict(),
+                "opt2": opt2.state_dict() if st["step"] > args.steps else None,
+                "torch_rng": torch.get_rng_state(),
+                "py_rng": random.getstate(),
+                "st": st,
+            },
+            ckpt,
+        )
+
+    seq, steps, total = args.seq_len, args.steps, args.steps + args.mtp_only_steps
     pos = torch.arange(seq - 1).expand(args.batch_size, -1)  # MTP position of (h_t, x_{t+1}) is t
     budget = args.minutes * 60 if args.minutes else None
-    steps = args.steps if args.steps else (row["steps"] if budget is None else 10**9)
-    autocast = row["autocast"] if args.autocast is None else args.autocast
-    losses: list[tuple[float, float]] = []
-    tokens = 0
-    t0 = time.perf_counter()
-    step = 0
-    worst = 0.0
-    while True:
-        elapsed = time.perf_counter() - t0
-        progress = max(step / steps, elapsed / budget if budget else 0.0)
-        if progress >= 1.0:
+    autocast = args.autocast
+    curve_args = argparse.Namespace(
+        batch_size=args.batch_size, gen_prompts=args.curve_gen_prompts, gen_tokens=args.curve_gen_tokens
+    )
+    curve_log = state / "curves.jsonl"
+    mark = [time.process_time(), time.perf_counter()]
+    t_loop = last_save = time.perf_counter()
+    t_log, tok_log = time.perf_counter(), 0
+    while st["step"] < total and not args.export_now:
+        if (budget and time.perf_counter() - t_loop >= budget) or (args.stop_at and st["step"] >= args.stop_at):
             break
-        lr = args.lr * lr_factor(max((step + 1) / steps, elapsed / budget if budget else 0.0))
-        for group in opt.param_groups:
+        step = st["step"]
+        joint = step < steps
+        if joint:
+            model.train()
+            lr = args.lr * lr_factor((step + 1) / steps)
+            cur = opt
+        else:
+            model.eval()  # frozen trunk
+            for p in model.parameters():
+                p.requires_grad_(False)
+            lr = args.mtp_lr * lr_factor((step - steps + 1) / args.mtp_only_steps)
+            cur = opt2
+        mtp.train()
+        for group in cur.param_groups:
             group["lr"] = lr
-        x = data[next(batch_rows)]  # [B, T+1]
-        unigram += torch.bincount(x[:, 1:].flatten(), minlength=VOCAB).float()
+        x = data[batch_rows(step, data.shape[0], args.batch_size, args.seed)].long()  # [B, T+1]
+        st["unigram"] += torch.bincount(x[:, 1:].flatten(), minlength=VOCAB).float()
         with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
-            post, hidden = trunk_forward(model, pre, spec, x[:, :seq])  # [B, T, H] each
-            logits = model.lm_head(post)  # [B, T, V]
-            embeds = model.model.embed_tokens(x[:, 1:seq])  # [B, T-1, H]: token t+1 for t = 0..T-2
+            with torch.set_grad_enabled(joint):
+                post, hidden = trunk_forward(model, pre, spec, x[:, :seq])  # [B, T, H] each
+                logits = model.lm_head(post) if joint else None  # [B, T, V]
+                embeds = model.model.embed_tokens(x[:, 1:seq])  # [B, T-1, H]: token t+1 for t = 0..T-2
             mtp_post, _ = mtp.layer_forward(embeds, hidden[:, : seq - 1], pos)  # [B, T-1, H]
             mtp_logits = model.lm_head(mtp_post)  # [B, T-1, V]: token t+2
-        loss_next = F.cross_entropy(logits.float().flatten(0, 1), x[:, 1:].flatten())
         loss_mtp = F.cross_entropy(mtp_logits.float().flatten(0, 1), x[:, 2:].flatten())
-        loss = loss_next + MTP_WEIGHT * loss_mtp
-        opt.zero_grad(set_to_none=True)
+        if joint:
+            loss_next = F.cross_entropy(logits.float().flatten(0, 1), x[:, 1:].flatten())
+            loss = loss_next + args.mtp_weight * loss_mtp
+        else:
+            loss_next, loss = torch.tensor(float("nan")), loss_mtp
+        cur.zero_grad(set_to_none=True)
         loss.backward()
-        grad_norm = nn.utils.clip_grad_norm_(decay + no_decay, args.clip)
-        opt.step()
-        worst = balance.step()
-        step += 1
-        tokens += x[:, :seq].numel()
-        losses.append((loss_next.item(), loss_mtp.item()))
+        grad_norm = nn.utils.clip_grad_norm_(decay + no_decay if joint else mtp_params, args.clip)
+        cur.step()
+        st["worst"] = balance.step()
+        st["step"] = step = step + 1
+        st["tokens"] += x[:, :seq].numel()
+        tok_log += x[:, :seq].numel()
+        st["losses"].append((loss_next.item(), loss_mtp.item()))
         if step % args.log_every == 0 or step == 1:
-            el = time.perf_counter() - t0
+            el = time.perf_counter() - t_log
             log(
-                f"[{family}] step {step} loss {loss_next.item():.3f} mtp {loss_mtp.item():.3f} "
-                f"lr {opt.param_groups[0]['lr']:.2e} gnorm {float(grad_norm):.2f}"
-                + (f" moe max/mean load {worst:.2f}" if balance.routers else "")
-                + f" tok/s {tokens / el:.0f} elapsed {el:.0f}s"
+                f"[{family}] step {step}/{total} {'joint' if joint else 'mtp-only'} loss {loss_next.item():.3f} "
+                f"mtp {loss_mtp.item():.3f} lr {lr:.2e} gnorm {float(grad_norm):.2f}"
+                + (f" moe max/mean load {st['worst']:.2f}" if balance.routers else "")
+                + f" tok/s {tok_log / el:.0f} cpu {st['cpu_s'] + time.process_time() - mark[0]:.0f}s"
             )
-    wall = time.perf_counter() - t0
-    tail = losses[-20:]
-    log(f"[{family}] trained {step} steps, {tokens:,} tokens in {wall:.0f}s ({tokens / wall:.0f} tok/s)")
+            t_log, tok_log = time.perf_counter(), 0
+        if step % args.eval_every == 0 or step in (steps, total):
+            t_e = time.perf_counter()
+            model.eval()
+            mtp.eval()
+            m = evaluate(model, mtp, spec, curve_held, st["unigram"], curve_args, pre=pre)
+            tail = st["losses"][-args.eval_every :]
+            point = {
+                "step": step,
+                "phase": "joint" if joint else "mtp_only",
+                "tokens": st["tokens"],
+                "lr": lr,
+                "train_loss": sum(a for a, _ in tail) / len(tail),
+                "train_mtp_loss": sum(b for _, b in tail) / len(tail),
+                "heldout_next_token_loss": m["next_token_loss"],
+                "heldout_next_token_top1": m["next_token_top1"],
+                "heldout_mtp_t2_loss": m["mtp_t2_loss"],
+                "heldout_mtp_t2_top1": m["mtp_t2_top1"],
+                "mtp_vs_trunk_top1_teacher_forced": m["mtp_vs_trunk_top1_teacher_forced"],
+                "mtp_vs_trunk_greedy_t2": m["greedy"]["mtp_vs_trunk_greedy_t2"],
+                "repeated_4gram_fraction_greedy": m["greedy"]["repeated_4gram_fraction_greedy"],
+                "cpu_s": round(st["cpu_s"] + time.process_time() - mark[0], 1),
+                "wall_s": round(st["wall_s"] + time.perf_counter() - mark[1], 1),
+            }
+            st["curves"].append(point)
+            st["curve_eval_s"] += time.perf_counter() - t_e
+            with open(curve_log, "a") as fh:
+                fh.write(json.dumps(point) + "\n")
+            log(
+                f"[{family}] eval step {step}: next loss {point['heldout_next_token_loss']:.3f} top-1 "
+                f"{point['heldout_next_token_top1']:.3f}, mtp t+2 top-1 {point['heldout_mtp_t2_top1']:.3f}, "
+                f"mtp~trunk {point['mtp_vs_trunk_top1_teacher_forced']:.3f} greedy {point['mtp_vs_trunk_greedy_t2']:.3f}"
+                f", 4-gram repeats {point['repeated_4gram_fraction_greedy']:.3f}"
+            )
+        if time.perf_counter() - last_save >= args.save_minutes * 60:
+            save()
+            last_save = time.perf_counter()
+    save()
+    if st["step"] < total and not args.export_now:
+        log(f"[{family}] budget reached at step {st['step']}/{total}; checkpoint {ckpt} (continue with --resume)")
+        return None
+    log(
+        f"[{family}] trained {st['step']} steps, {st['tokens']:,} tokens, {st['cpu_s']:.0f} CPU s, "
+        f"{st['wall_s']:.0f} wall s ({st['tokens'] / st['wall_s']:.0f} tok/s)"
+    )
 
     model.eval()
     mtp.eval()
+    tok_dir = state / "tokenizer"
+    tail = st["losses"][-20:]
+    joint_tail = [a for a, _ in st["losses"][:steps][-20:]]
     with atomic_output_dir(out_dir, overwrite=args.overwrite) as tmp:
         write_checkpoint(tmp, config, hub_state(model, mtp, spec, config), shards=2)
-        save_tokenizer(tok, tmp)
+        save_tokenizer(tok_dir, tmp)
         write_json(
             tmp / "generation_config.json",
             {"bos_token_id": EOS_ID, "eos_token_id": [EOS_ID, IM_END_ID], "pad_token_id": EOS_ID},
@@ -668,48 +907,76 @@ def train_family(
         saved = cls.from_pretrained(str(tmp), dtype=torch.float32).eval()
         saved.set_experts_implementation(EXPERTS)
         saved_mtp = load_native(str(tmp), dtype=torch.float32).eval()
-        held = heldout_windows(tok, heldout, seq + 1, args.eval_windows)  # [N, T+1]
         t_eval = time.perf_counter()
-        metrics = evaluate(saved, saved_mtp, spec, held, unigram, args)
+        metrics = evaluate(saved, saved_mtp, spec, heldout, st["unigram"], args)
         routers = [m for m in saved.modules() if isinstance(getattr(m, "e_score_correction_bias", None), torch.Tensor)]
+        info = blob["data"]
         report = {
             "family": family,
             "spec": spec.name,
             "parameters": params,
             "seed": args.seed,
-            "steps": step,
+            "steps": st["step"],
+            "complete": st["step"] >= total,  # False: written by --export-now before the planned steps were done
+            "planned_steps": total,
+            "joint_steps": steps,
+            "mtp_only_steps": args.mtp_only_steps,
             "batch_size": args.batch_size,
             "seq_len": seq,
-            "tokens_seen": tokens,
-            "wall_time_s": round(wall, 1),
-            "tokens_per_s": round(tokens / wall, 1),
-            "final_train_loss": sum(a for a, _ in tail) / len(tail),
+            "tokens_seen": st["tokens"],
+            "wall_time_s": round(st["wall_s"], 1),
+            "cpu_time_s": round(st["cpu_s"], 1),
+            "curve_eval_time_s": round(st["curve_eval_s"], 1),
+            "tokens_per_s": round(st["tokens"] / st["wall_s"], 1),
+            "final_train_loss": sum(joint_tail) / max(len(joint_tail), 1),
             "final_train_mtp_loss": sum(b for _, b in tail) / len(tail),
+            "next_token_top1": metrics["next_token_top1"],
+            "mtp_vs_trunk_agreement": metrics["mtp_vs_trunk_top1_teacher_forced"],
+            "mtp_vs_trunk_greedy_t2": metrics["greedy"]["mtp_vs_trunk_greedy_t2"],
+            "greedy_repeat_rate": metrics["greedy"]["repeated_4gram_fraction_greedy"],
+            "heldout_packages": info["heldout_packages"],
             "heldout": metrics,
             "eval_time_s": round(time.perf_counter() - t_eval, 1),
             "router_bias_abs_max": max((float(r.e_score_correction_bias.abs().max()) for r in routers), default=None),
             "optimizer": {
                 "name": "AdamW",
                 "lr": args.lr,
+                "mtp_only_lr": args.mtp_lr,
                 "betas": [0.9, 0.95],
                 "weight_decay": args.weight_decay,
-                "schedule": "linear warm-up 5 %, cosine to 10 %",
+                "schedule": "linear warm-up 5 %, cosine to 10 %, over --steps (and again over --mtp-only-steps)",
                 "grad_clip": args.clip,
-                "minutes_cap": args.minutes,
             },
-            "mtp_loss_weight": MTP_WEIGHT,
+            "mtp_loss_weight": args.mtp_weight,
             "router_bias_update": BIAS_UPDATE if routers else None,
             "bf16_autocast": autocast,
             "mtp_hidden": spec.layer.hidden,
-            **provenance,
+            "curves": st["curves"],
+            "curve_set": {
+                "windows": int(curve_held.shape[0]),
+                "greedy_prompts": args.curve_gen_prompts,
+                "greedy_tokens": args.curve_gen_tokens,
+                "every_steps": args.eval_every,
+                "note": "the first windows of the held-out eval set, on the live fp32 model",
+            },
+            "recipe": {k: getattr(args, k) for k in RECIPE},
+            "command": " ".join(st["invocations"][0]["argv"]),
+            "commands": [{"command": " ".join(i["argv"]), "started": i["started"]} for i in st["invocations"]],
+            "script_sha256": provenance["script_sha256"],
+            "tokenizer_sha256": hashlib.sha256((tok_dir / "tokenizer.json").read_bytes()).hexdigest(),
+            "data": info,
+            "versions": provenance["versions"],
+            "threads": provenance["threads"],
         }
         write_json(tmp / "training.json", report)
     log(
         f"[{family}] held-out next-token loss {metrics['next_token_loss']:.3f} "
         f"(ppl {metrics['next_token_perplexity']:.1f}) top-1 {metrics['next_token_top1']:.3f}; "
         f"MTP t+2 top-1 {metrics['mtp_t2_top1']:.3f}; unigram top-1 {metrics['unigram_top1_next']:.3f}; "
-        f"MTP vs trunk greedy t+2 {metrics['greedy']['mtp_vs_trunk_greedy_t2']:.3f} -> {out_dir}"
+        f"MTP vs trunk greedy t+2 {metrics['greedy']['mtp_vs_trunk_greedy_t2']:.3f}; 4-gram repeats "
+        f"{metrics['greedy']['repeated_4gram_fraction_greedy']:.3f} -> {out_dir}"
     )
+    log(f"[{family}] this invocation: {time.perf_counter() - t_inv:.0f}s wall, {time.process_time() - c_inv:.0f}s CPU")
     return report
 
 
@@ -723,30 +990,55 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--family", choices=[*FAMILIES, "all"], default="all")
     ap.add_argument("--out", type=Path, default=Path("examples/targets"), help="parent of the target directories")
     ap.add_argument("--data-out", type=Path, default=Path("examples/data"), help="where the *.jsonl files go")
+    ap.add_argument(
+        "--state-dir",
+        type=Path,
+        default=None,
+        help="parent of the per-family state directories (checkpoints, data, curves.jsonl); default: a temporary one",
+    )
+    ap.add_argument("--resume", action="store_true", help="continue the run in --state-dir (fresh if none there)")
+    ap.add_argument("--tokenizer-from", type=Path, default=None, help="tokenizer files (default: the family's bundle)")
     default_steps = ", ".join(f"{k} {v['steps']}" for k, v in FAMILIES.items())
-    ap.add_argument("--steps", type=int, default=None, help=f"optimizer steps (default: {default_steps})")
-    ap.add_argument("--minutes", type=float, default=None, help="wall-clock cap on training (the schedule follows)")
+    ap.add_argument("--steps", type=int, default=None, help=f"joint optimizer steps (default: {default_steps})")
+    ap.add_argument("--mtp-only-steps", type=int, default=0, help="then MTP-only steps on the frozen trunk")
+    ap.add_argument("--minutes", type=float, default=None, help="wall-clock cap on this invocation's training")
+    ap.add_argument("--stop-at", type=int, default=None, help="end this invocation at this step (checkpointed)")
+    ap.add_argument("--save-minutes", type=float, default=5.0, help="checkpoint at least this often")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--batch-size", type=int, default=8)
     ap.add_argument("--seq-len", type=int, default=256)
     ap.add_argument("--lr", type=float, default=3e-3)
+    ap.add_argument("--mtp-lr", type=float, default=1e-3, help="peak lr of the MTP-only phase")
+    ap.add_argument("--mtp-weight", type=float, default=0.3, help="weight of the MTP t+2 loss in the joint phase")
     ap.add_argument("--weight-decay", type=float, default=0.1)
     ap.add_argument("--clip", type=float, default=1.0)
     ap.add_argument(
         "--autocast", action=argparse.BooleanOptionalAction, default=None, help="bf16 autocast (default: per family)"
     )
-    ap.add_argument("--max-files", type=int, default=None, help="use only the first N stdlib files (hash order)")
+    ap.add_argument("--max-files", type=int, default=None, help="use only the first N train files (hash order)")
     ap.add_argument("--eval-windows", type=int, default=64, help="held-out windows of seq-len tokens to score")
     ap.add_argument("--gen-prompts", type=int, default=16, help="held-out prompts for greedy continuation")
     ap.add_argument("--gen-tokens", type=int, default=64, help="greedy tokens per prompt")
+    ap.add_argument("--eval-every", type=int, default=100, help="steps between curve points")
+    ap.add_argument("--curve-windows", type=int, default=16, help="held-out windows per curve point")
+    ap.add_argument("--curve-gen-prompts", type=int, default=8, help="greedy prompts per curve point")
+    ap.add_argument("--curve-gen-tokens", type=int, default=32, help="greedy tokens per curve prompt")
     ap.add_argument("--log-every", type=int, default=25)
     ap.add_argument(
         "--threads", type=int, default=2, help="torch threads (1 when the cores are shared: spinning threads stall)"
     )
     ap.add_argument("--overwrite", action="store_true", help="replace existing target directories")
+    ap.add_argument("--restart", action="store_true", help="discard the run in --state-dir and start over")
+    ap.add_argument(
+        "--export-now",
+        action="store_true",
+        help="train no further: write the target from the last checkpoint (training.json says complete: false)",
+    )
     args = ap.parse_args(argv)
     if args.gen_prompts > args.eval_windows:
         ap.error("--gen-prompts must not exceed --eval-windows")
+    args.curve_windows = min(args.curve_windows, args.eval_windows)
+    args.curve_gen_prompts = min(args.curve_gen_prompts, args.curve_windows)
     return args
 
 
@@ -760,31 +1052,16 @@ def main(argv: list[str] | None = None) -> int:
     for family in families:  # fail before any work
         check_output_dir(args.out / FAMILIES[family]["dir"], args.overwrite)
     t0 = time.perf_counter()
-    root, train, heldout = stdlib_files(args.max_files)
-    log(f"corpus: {len(train)} train / {len(heldout)} held-out files from {root}")
-    tok = train_tokenizer([t for _, t in train])
-    log(f"tokenizer: {tok.get_vocab_size()} tokens in {time.perf_counter() - t0:.1f}s")
-    data = write_data(args.data_out, train, heldout)
-    skip = {tuple(x) for x in data.pop("chat_used")}
-    t1 = time.perf_counter()
-    windows = pack(encode(tok, training_docs(train, skip)), args.seq_len + 1)  # [N, T+1]
-    data["train_windows"] = windows.shape[0]
-    log(f"training windows: {windows.shape[0]:,} x {args.seq_len + 1} tokens ({time.perf_counter() - t1:.0f}s)")
+    tmp_state = None
+    if args.state_dir is None:
+        tmp_state = tempfile.TemporaryDirectory(prefix="train-target-")
+        state_root = Path(tmp_state.name)
+    else:
+        state_root = args.state_dir
     script = Path(__file__).read_bytes()
     provenance = {
-        "command": " ".join([Path(sys.argv[0]).name, *(argv if argv is not None else sys.argv[1:])]),
+        "argv": [Path(sys.argv[0]).name, *(argv if argv is not None else sys.argv[1:])],
         "script_sha256": hashlib.sha256(script).hexdigest(),
-        "tokenizer_sha256": hashlib.sha256(tok.to_str().encode()).hexdigest(),
-        "data": {
-            "source": "Python standard library *.py (site-packages excluded)",
-            "python": platform.python_version(),
-            "stdlib": str(root),
-            "train_files": len(train),
-            "heldout_files": len(heldout),
-            "heldout_rule": f"sha256(relative path) % {HELDOUT_MOD} == 0",
-            "heldout_list_sha256": hashlib.sha256("\n".join(r for r, _ in heldout).encode()).hexdigest(),
-            "files_written": data,
-        },
         "versions": {
             "torch": torch.__version__,
             "transformers": transformers.__version__,
@@ -793,9 +1070,41 @@ def main(argv: list[str] | None = None) -> int:
         },
         "threads": torch.get_num_threads(),
     }
+    corpus = None
+    cli = vars(args).copy()
     for family in families:
-        train_family(family, args, tok, windows, heldout, args.out, provenance)
+        state = state_root / family
+        meta_file = state / "meta.json"
+        fargs = argparse.Namespace(**cli)
+        if meta_file.exists() and (state / "data.pt").exists() and not args.restart:
+            if not (args.resume or args.export_now):
+                raise SystemExit(f"{state} holds a run: pass --resume to continue it (or --restart to start over)")
+            recipe = json.loads(meta_file.read_text())["recipe"]
+            changed = {k: (cli[k], v) for k, v in recipe.items() if cli[k] is not None and cli[k] != v}
+            if changed:
+                log(f"[{family}] --resume keeps the run's recipe; ignoring {changed}")
+            for k, v in recipe.items():
+                setattr(fargs, k, v)
+            blob = torch.load(state / "data.pt", weights_only=False)
+        else:
+            if state.exists():
+                shutil.rmtree(state)
+            state.mkdir(parents=True)
+            row = FAMILIES[family]
+            fargs.steps = args.steps if args.steps is not None else row["steps"]
+            fargs.autocast = row["autocast"] if args.autocast is None else args.autocast
+            if corpus is None:
+                corpus = corpus_files(args.max_files)
+                log(
+                    f"corpus: {len(corpus[0])} train / {len(corpus[1])} held-out files ({time.perf_counter() - t0:.0f}s)"
+                )
+            tok_src = args.tokenizer_from or Path(__file__).resolve().parents[1] / "examples" / "targets" / row["dir"]
+            blob = prepare_data(fargs, state, tok_src, corpus)
+            write_json(meta_file, {"recipe": {k: getattr(fargs, k) for k in RECIPE}, "family": family})
+        train_family(family, fargs, state, blob, provenance)
     log(f"done in {time.perf_counter() - t0:.0f}s")
+    if tmp_state is not None:
+        tmp_state.cleanup()
     return 0
 
 
