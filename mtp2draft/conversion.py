@@ -23,7 +23,8 @@ from typing import Any
 import torch
 
 from mtp2draft._version import __version__
-from mtp2draft.checkpoint.reader import SCALE_SUFFIX, ST_DTYPES, Checkpoint, check_finite, open_checkpoint
+from mtp2draft.checkpoint.fp8 import SCALE_SUFFIX
+from mtp2draft.checkpoint.reader import ST_DTYPES, Checkpoint, check_finite, open_checkpoint
 from mtp2draft.draft.eagle3_config import TOKEN_FIELDS, sglang_config
 from mtp2draft.draft.layout import (
     EXPERTS_DOWN,
@@ -36,9 +37,6 @@ from mtp2draft.draft.layout import (
     target_head_key,
 )
 from mtp2draft.draft.modules import (
-    CONFIG_FILE,
-    PROVENANCE_FILE,
-    WEIGHTS_FILE,
     Eagle3Draft,
     block_config,
     native_config,
@@ -61,7 +59,7 @@ from mtp2draft.io import (
     save_tensors,
     write_json,
 )
-from mtp2draft.kinds import DRAFT_KINDS, DraftKind
+from mtp2draft.kinds import CONFIG_FILE, DRAFT_KINDS, PROVENANCE_FILE, WEIGHTS_FILE, DraftKind
 from mtp2draft.redact import command_line
 
 # ---- EAGLE-3 --------------------------------------------------------------------------------------------------------

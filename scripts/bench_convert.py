@@ -30,11 +30,12 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from mtp2draft.checkpoint.reader import open_checkpoint, quantize_fp8  # noqa: E402
+from mtp2draft.checkpoint.fp8 import quantize_fp8
+from mtp2draft.checkpoint.reader import open_checkpoint
 from mtp2draft.conversion import MIN_EAGLE3_LAYERS, plan_mtp_layer  # noqa: E402
 from mtp2draft.family.spec import get_spec  # noqa: E402
 from mtp2draft.io import save_tensors, write_json  # noqa: E402
-from mtp2draft.testing.fixtures import DEEPSEEK_V3, FP8_QUANTIZATION  # noqa: E402
+from mtp2draft.testing.family_configs import DEEPSEEK_V3, FP8_QUANTIZATION
 from mtp2draft.testing.hub_server import HubServer  # noqa: E402
 
 MB = 1 << 20

@@ -127,9 +127,9 @@ def test_usage_errors_are_click_usage_messages(capsys) -> None:
 
 # ---- parsing -----------------------------------------------------------------------------------------------------
 def test_number_lists() -> None:
-    assert cli._numbers("1,0.8,0.64", "--step-weights") == [1.0, 0.8, 0.64]
-    assert cli._numbers("3,5,7", "--aux-layers", int) == [3, 5, 7]
-    assert cli._numbers(None, "--aux-layers", int) is None and cli._numbers("", "--x") is None
+    assert cli.number_list("1,0.8,0.64", "--step-weights") == [1.0, 0.8, 0.64]
+    assert cli.number_list("3,5,7", "--aux-layers", int) == [3, 5, 7]
+    assert cli.number_list(None, "--aux-layers", int) is None and cli.number_list("", "--x") is None
 
 
 def test_training_options_reach_the_config_by_name() -> None:
@@ -144,7 +144,7 @@ def test_training_options_reach_the_config_by_name() -> None:
         "device": "cpu",
         "lr": 0.5,
     }
-    assert cli._distill_config(SimpleNamespace(params=options)) == DistillConfig(
+    assert cli.distill_config(SimpleNamespace(params=options)) == DistillConfig(
         steps=7, ttt_steps=2, seed=3, lr=0.5, step_weights=[1.0, 0.5], compile=True
     )
 

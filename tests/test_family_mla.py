@@ -124,7 +124,7 @@ def test_longcat_checkpoint_has_the_hub_names_and_the_plan_reads_the_mtp_layer(b
 
 def test_longcat_count_and_layer_fields() -> None:
     """The release config.json has neither an MTP count (engines hard-code 1) nor num_hidden_layers (num_layers)."""
-    from mtp2draft.testing.fixtures import LONGCAT_FLASH
+    from mtp2draft.testing.family_configs import LONGCAT_FLASH
 
     spec = get_spec("longcat_flash")
     assert "num_hidden_layers" not in LONGCAT_FLASH and "num_nextn_layers" not in LONGCAT_FLASH

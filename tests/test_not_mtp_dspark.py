@@ -18,7 +18,8 @@ from mtp2draft.cli.app import main
 from mtp2draft.errors import NotMtpError, UnknownFamilyError
 from mtp2draft.family.spec import find_spec
 from mtp2draft.testing import hub_keys
-from mtp2draft.testing.fixtures import DEEPSEEK_V3, FIXTURES
+from mtp2draft.testing.family_configs import DEEPSEEK_V3
+from mtp2draft.testing.fixtures import FIXTURES
 
 FIXTURE = "deepseek_v4_0731_dspark"
 

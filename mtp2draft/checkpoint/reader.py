@@ -30,11 +30,11 @@ import torch
 
 from mtp2draft.checkpoint import network
 from mtp2draft.checkpoint.fp8 import (
-    SCALE_SUFFIX as SCALE_SUFFIX,  # re-exported (their home is fp8.py): callers import them from here
+    SCALE_SUFFIX,
+    dequantize_fp8,
+    fp8_block_size,
 )
-from mtp2draft.checkpoint.fp8 import dequantize_fp8, fp8_block_size
-from mtp2draft.checkpoint.fp8 import quantize_fp8 as quantize_fp8
-from mtp2draft.checkpoint.sources import HubFiles, LocalFiles, _range_cache_dir
+from mtp2draft.checkpoint.sources import HubFiles, LocalFiles, range_cache_dir
 from mtp2draft.errors import CheckpointError, SourceError
 
 INDEX_FILE = "model.safetensors.index.json"
@@ -90,7 +90,7 @@ class Checkpoint:
     revision: str | None = None
     commit: str | None = None
     file_sizes: dict[str, int | None] = field(default_factory=dict)
-    _headers: dict[str, dict[str, TensorInfo]] = field(default_factory=dict, repr=False)
+    read_headers: dict[str, dict[str, TensorInfo]] = field(default_factory=dict, repr=False)
 
     @property
     def is_local(self) -> bool:
@@ -106,9 +106,9 @@ class Checkpoint:
 
     # -- headers --
     def header(self, file: str) -> dict[str, TensorInfo]:
-        if file not in self._headers:
-            self._headers[file] = self._read_header(file)
-        return self._headers[file]
+        if file not in self.read_headers:
+            self.read_headers[file] = self._read_header(file)
+        return self.read_headers[file]
 
     def _read_header(self, file: str) -> dict[str, TensorInfo]:
         size = self.files.size(file)
@@ -450,7 +450,7 @@ def _offline_commit(repo_id: str, revision: str | None) -> tuple[str, dict[str, 
     rev = revision or "main"
     ref = folder / "refs" / rev
     commit = ref.read_text().strip() if ref.is_file() else rev
-    meta = _range_cache_dir(repo_id, commit) / "files.json"
+    meta = range_cache_dir(repo_id, commit) / "files.json"
     if not (folder / "snapshots" / commit).is_dir() or not meta.is_file():
         raise SourceError(f"{repo_id}@{rev} is not in the local cache and HF_HUB_OFFLINE is set")
     return commit, json.loads(meta.read_text())

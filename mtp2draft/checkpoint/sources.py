@@ -58,7 +58,7 @@ class HubFiles:
         self.token = token
         self.bytes_fetched = 0
         self.requests = 0
-        self.cache = _range_cache_dir(repo_id, commit)
+        self.cache = range_cache_dir(repo_id, commit)
 
     def exists(self, file: str) -> bool:
         return file in self.sizes
@@ -105,7 +105,7 @@ class HubFiles:
         return f"{self.repo_id}@{self.commit[:12]}"
 
 
-def _range_cache_dir(repo_id: str, commit: str) -> Path:
+def range_cache_dir(repo_id: str, commit: str) -> Path:
     from huggingface_hub import constants
 
     root = Path(os.environ.get("MTP2DRAFT_CACHE") or Path(constants.HF_HOME) / "mtp2draft" / "ranges")
@@ -132,7 +132,7 @@ def _range_get(repo_id: str, commit: str, file: str, start: int, end: int, token
         ) as response:
             response.raise_for_status()
             # 200: the server ignored the range and sends the whole file (the bytes are spent anyway): keep the slice
-            data, got = _fill(response.iter_bytes(), end - start, skip=start if response.status_code == 200 else 0)
+            data, got = fill_range(response.iter_bytes(), end - start, skip=start if response.status_code == 200 else 0)
     except Exception as exc:  # network errors after huggingface_hub's retries
         if network.is_network_error(exc):
             raise SourceError(network.describe(exc)) from exc
@@ -143,7 +143,7 @@ def _range_get(repo_id: str, commit: str, file: str, start: int, end: int, token
     return data
 
 
-def _fill(chunks: Iterable[bytes], size: int, skip: int = 0) -> tuple[bytearray, int]:
+def fill_range(chunks: Iterable[bytes], size: int, skip: int = 0) -> tuple[bytearray, int]:
     """(a buffer of `size` bytes filled from `chunks` after dropping the first `skip`, how many bytes arrived)."""
     data = bytearray(size)
     got = pos = 0  # bytes written; offset of the current chunk in the stream

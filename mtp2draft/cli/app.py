@@ -61,7 +61,7 @@ app = typer.Typer(
 log = Reporter()  # progress and logs: stderr (bars on a terminal), so stdout stays data
 
 
-def _numbers(text: str | None, option: str, cast: type = float) -> list | None:
+def number_list(text: str | None, option: str, cast: type = float) -> list | None:
     """'1,0.8,0.64' -> [1.0, 0.8, 0.64] (cast: float or int); a malformed list is a usage error naming the option."""
     if not text:
         return None
@@ -128,20 +128,20 @@ def convert(
     """
     from mtp2draft.conversion import convert as run
 
-    aux = _numbers(aux_layers, "--aux-layers", int)
+    aux = number_list(aux_layers, "--aux-layers", int)
     result = run(source, out, to, layer, dtype, revision, token, overwrite, aux, progress=log)
     print(output.to_json(output.convert_summary(result)) if as_json else output.convert_text(result))
 
 
 # ---- distill / evaluate / dump-hidden (pipeline stages 2 and 3) ----------------------------------------------------
-def _distill_config(ctx: typer.Context) -> Any:
+def distill_config(ctx: typer.Context) -> Any:
     """The DistillConfig of a command's parsed options: every option named like one of its fields, with
     `--step-weights` parsed to numbers; what a command lacks keeps the config's default."""
     from mtp2draft.train.recipe import DistillConfig
 
     params = dict(ctx.params)
     if "step_weights" in params:
-        params["step_weights"] = _numbers(params["step_weights"], "--step-weights")
+        params["step_weights"] = number_list(params["step_weights"], "--step-weights")
     return DistillConfig.from_options(params)
 
 
@@ -197,7 +197,7 @@ def distill(
     from mtp2draft.train.parallel import resolve_device
     from mtp2draft.train.recipe import distill as run
 
-    cfg = _distill_config(ctx)
+    cfg = distill_config(ctx)
     device = resolve_device(device)
     if plan:
         _print_plan(draft, cfg, world_size, device, offline=hidden_states is not None, as_json=as_json)
@@ -302,7 +302,7 @@ def speedup(
     from mtp2draft.speed.api import speedup as run
     from mtp2draft.speed.text import speedup_text
 
-    batches = _numbers(batch, "--batch", int)
+    batches = number_list(batch, "--batch", int)
     report = run(evaluation, target, gpu, tp, draft, context, draft_tp, batches=batches)
     print(output.to_json(report.as_dict()) if as_json else speedup_text(report))
 
@@ -342,7 +342,7 @@ def dump_hidden(
     from mtp2draft.target.engine import dump_hidden as dump
     from mtp2draft.target.engine import resolve_target
 
-    ids = _numbers(aux_layers, "--aux-layers", int)
+    ids = number_list(aux_layers, "--aux-layers", int)
     final, loaded = None, None
     if draft is not None:
         loaded = load_draft(draft)
@@ -537,7 +537,7 @@ def run_all(
     """
     from mtp2draft.pipeline import run
 
-    cfg = _distill_config(ctx)
+    cfg = distill_config(ctx)
     stages = {"to": to, "target": target, "eval_data": eval_data, "fmt": fmt, "push_repo": push_repo}
     limits = {"num_draft_tokens": num_draft_tokens, "max_new_tokens": max_new_tokens, "max_prompts": max_prompts}
     hub = {"revision": revision, "token": token, "target_revision": target_revision, "private": private}

@@ -15,7 +15,8 @@ from typing import Any
 
 import torch
 
-from mtp2draft.checkpoint.reader import SCALE_SUFFIX, Checkpoint, open_checkpoint
+from mtp2draft.checkpoint.fp8 import SCALE_SUFFIX
+from mtp2draft.checkpoint.reader import Checkpoint, open_checkpoint
 from mtp2draft.draft.modules import NativeMtpDraft
 from mtp2draft.errors import CheckpointError, NoMtpLayerError
 from mtp2draft.family.spec import Spec, find_spec

@@ -47,10 +47,14 @@ from torch import nn
 from mtp2draft.draft.eagle3_config import LLAMA_FIELDS, aux_ids, speculators_to_eagle3_config, speculators_weight_name
 from mtp2draft.errors import CheckpointError, DraftError
 from mtp2draft.family.spec import Spec, get_spec
-from mtp2draft.kinds import CONFIG_FILE as CONFIG_FILE  # the draft directory's files (defined in kinds), re-exported
-from mtp2draft.kinds import HIDDEN_PLACES, DraftKind, Hidden, detect_kind
-from mtp2draft.kinds import PROVENANCE_FILE as PROVENANCE_FILE
-from mtp2draft.kinds import WEIGHTS_FILE as WEIGHTS_FILE
+from mtp2draft.kinds import (
+    CONFIG_FILE,
+    HIDDEN_PLACES,
+    WEIGHTS_FILE,
+    DraftKind,
+    Hidden,
+    detect_kind,
+)
 
 DRAFT_FORMAT_VERSION = 1
 

@@ -11,7 +11,7 @@ from typing import Any
 
 import torch
 
-from mtp2draft.eagle3.transfer import Eagle3Build, _fro_rms
+from mtp2draft.eagle3.transfer import Eagle3Build, fro_rms
 from mtp2draft.errors import CheckpointError
 
 
@@ -126,7 +126,7 @@ def attention_gqa(b: Eagle3Build) -> None:
         if b.has(norm_key):
             scale = b.norm_weight(norm_key)
             hw = w.view(n, d, -1)
-            c = torch.stack([torch.tensor(_fro_rms(hw[i])) for i in range(n)])  # per-head rms estimate
+            c = torch.stack([torch.tensor(fro_rms(hw[i])) for i in range(n)])  # per-head rms estimate
             hw = hw * scale[None, :, None] / c[:, None, None]
             if p == "q":
                 wq = hw.reshape(n * d, -1)
@@ -205,11 +205,11 @@ def attention_mla(b: Eagle3Build) -> None:
         wq = t("block.self_attn.q_b_proj.weight") @ (
             b.norm_weight("block.self_attn.q_a_layernorm.weight")[:, None] * wqa
         )
-        wq = wq / _fro_rms(wqa)
+        wq = wq / fro_rms(wqa)
     else:
         wq = t("block.self_attn.q_proj.weight") * d_in
     wkva = t("block.self_attn.kv_a_proj_with_mqa.weight") * d_in  # [r_kv + dr, H]
-    c_kv = _fro_rms(wkva[:r_kv])
+    c_kv = fro_rms(wkva[:r_kv])
     latent = b.norm_weight("block.self_attn.kv_a_layernorm.weight")[:, None] * wkva[:r_kv] / c_kv  # [r_kv, H]
     notes = []
     if getattr(cfg, "mla_scale_q_lora", False) and getattr(cfg, "q_lora_rank", None):

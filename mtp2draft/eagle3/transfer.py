@@ -79,7 +79,7 @@ class Eagle3Build:
         self.provenance[name] = {"exact": exact, "from": sources, "how": how}
 
 
-def _fro_rms(w: torch.Tensor, dim_in_scale: torch.Tensor | None = None) -> float:
+def fro_rms(w: torch.Tensor, dim_in_scale: torch.Tensor | None = None) -> float:
     """RMS of W @ (D u) over the rows of W, for u isotropic with unit variance: ||W D||_F / sqrt(rows)."""
     m = w if dim_in_scale is None else w * dim_in_scale
     return float(m.norm() / math.sqrt(w.shape[0]))

@@ -28,15 +28,15 @@ from typing import Any
 from mtp2draft._version import __version__
 from mtp2draft.checkpoint.reader import open_checkpoint
 from mtp2draft.draft.eagle3_config import NORM_SWITCHES, speculators_to_eagle3_config, speculators_weight_name
-from mtp2draft.draft.modules import CONFIG_FILE, PROVENANCE_FILE, read_draft_config
+from mtp2draft.draft.modules import read_draft_config
 from mtp2draft.errors import DraftError, SourceError, ValidationError
 from mtp2draft.family.spec import find_spec
 from mtp2draft.formats import FORMATS, REGISTRY, ExportJob, exportable, get_format
-from mtp2draft.formats.common import EVALUATION_FILE, README_FILE, _read_json
+from mtp2draft.formats.common import EVALUATION_FILE, README_FILE, read_json
 from mtp2draft.formats.eagle3 import hub_id_of
 from mtp2draft.formats.native import requantize_fp8
 from mtp2draft.io import TORCH_DTYPES, Progress, atomic_output_dir, check_output_dir, quiet, write_json
-from mtp2draft.kinds import detect_kind
+from mtp2draft.kinds import CONFIG_FILE, PROVENANCE_FILE, detect_kind
 from mtp2draft.redact import command_line
 
 
@@ -77,7 +77,7 @@ def export(
     cfg = _checked_request(src, format, target, dtype, speculative_tokens)
     check_output_dir(out, overwrite, inputs=[draft, target])
     started = time.perf_counter()
-    provenance = _read_json(src / PROVENANCE_FILE) or {}
+    provenance = read_json(src / PROVENANCE_FILE) or {}
     record: dict[str, Any] = {
         "format": format,
         "from": str(src),
@@ -173,7 +173,7 @@ def validate(
     path = Path(path)
     if not path.is_dir():
         raise DraftError(f"{path} is not a directory")
-    cfg = _read_json(path / CONFIG_FILE)
+    cfg = read_json(path / CONFIG_FILE)
     if cfg is None:
         raise DraftError(f"{path} has no {CONFIG_FILE}")
     fmt = format or detect_format(cfg)

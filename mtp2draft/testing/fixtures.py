@@ -29,25 +29,23 @@ from mtp2draft.draft.modules import NativeMtpDraft
 from mtp2draft.family.spec import get_spec
 from mtp2draft.io import save_tensors, write_json
 from mtp2draft.testing.family_configs import (
-    DEEPSEEK_V3 as DEEPSEEK_V3,  # re-exported: scripts and tests import configs from here
-)
-from mtp2draft.testing.family_configs import (
+    DEEPSEEK_V3,
     DEEPSEEK_V4_0731,
     DEEPSEEK_V32,
     ERNIE4_5_MOE,
+    FP8_QUANTIZATION,
     GLM4_MOE,
     GLM4_MOE_LITE,
     GLM_MOE_DSA,
+    LONGCAT_FLASH,
+    MIMO,
     MIMO_V2_FLASH,
     QWEN3_5,
     QWEN3_5_MOE,
     QWEN3_NEXT,
-    _tied,
+    tied,
     with_fields,
 )
-from mtp2draft.testing.family_configs import FP8_QUANTIZATION as FP8_QUANTIZATION
-from mtp2draft.testing.family_configs import LONGCAT_FLASH as LONGCAT_FLASH
-from mtp2draft.testing.family_configs import MIMO as MIMO
 
 
 def _row(spec: str, config: dict[str, Any], trunk: tuple[str, str], **options: Any) -> dict[str, Any]:
@@ -77,7 +75,7 @@ FIXTURES: dict[str, dict[str, Any]] = {
     "ernie4_5_moe": _row("ernie4_5_moe", ERNIE4_5_MOE, ("ernie4_5_moe", "Ernie4_5_MoeForCausalLM")),
     "qwen3_next": _row("qwen3_next", QWEN3_NEXT, ("qwen3_next", "Qwen3NextForCausalLM")),
     "qwen3_5": _row("qwen3_5_text", QWEN3_5, _QWEN3_5),
-    "qwen3_5_tied": _row("qwen3_5_text", _tied(QWEN3_5), _QWEN3_5),
+    "qwen3_5_tied": _row("qwen3_5_text", tied(QWEN3_5), _QWEN3_5),
     "qwen3_5_moe": _row(
         "qwen3_5_moe_text", QWEN3_5_MOE, ("qwen3_5_moe", "Qwen3_5MoeForConditionalGeneration"), fused_experts=True
     ),
