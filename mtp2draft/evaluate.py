@@ -33,6 +33,7 @@ from .errors import DataError, OptionError
 from .hidden import TargetModel, check_draft_fits
 from .io import Progress, write_json
 from .kinds import DraftKind
+from .sampling import Greedy, Speculative
 
 EVALUATION_FILE = "evaluation.json"
 TIE_TOLERANCE = 1e-4
@@ -116,12 +117,20 @@ def greedy_reference(runner: TargetRunner, prompt: list[int], max_new: int, eos:
 
 @torch.no_grad()
 def speculative_decode(
-    runner: TargetRunner, draft, prompt: list[int], k: int, max_new: int, eos: int | None
+    runner: TargetRunner,
+    draft,
+    prompt: list[int],
+    k: int,
+    max_new: int,
+    eos: int | None,
+    sampler: Greedy | Speculative | None = None,
 ) -> tuple[list[int], list[int]]:
-    """Chain speculative decoding with greedy verification: (generated tokens, accepted count per target forward)."""
+    """Chain speculative decoding: (generated tokens, accepted count per target forward). `sampler` picks, proposes
+    and verifies tokens (`sampling.py`); None is greedy verification."""
+    sampler = sampler or Greedy()
     tcache, dcache = runner.start(), DraftCache()
     logits, feats = runner.forward(prompt, tcache)  # [L, V], [1, L, *]
-    out = [int(logits[-1].argmax())]
+    out = [sampler.first(logits[-1])]
     o = len(prompt) - 1  # origin: last position whose target feature is known
     if o > 0:  # step-0 entries of origins 0..o-1 (tokens 1..o at positions 1..o)
         draft(
@@ -130,18 +139,16 @@ def speculative_decode(
     last = feats[:, o : o + 1]
     accepted: list[int] = []
     while len(out) < max_new and out[-1] != eos:
-        h, tok, proposal = draft.initial_hidden(last), out[-1], []
+        h, tok, proposal, qs = draft.initial_hidden(last), out[-1], [], []
         for j in range(k):
             logits_d, h = draft(torch.tensor([[tok]]), h, torch.tensor([[o + 1 + j]]), cache=dcache)
-            tok = int(draft.to_target_ids(logits_d[0, -1].argmax()))
+            tok, q = sampler.propose(logits_d[0, -1], draft)  # q: [V_draft] the token was drawn from (greedy: None)
             proposal.append(tok)
+            qs.append(q)
         vlogits, vfeats = runner.forward([out[-1], *proposal], tcache)  # positions o+1 .. o+1+k
-        greedy = vlogits.argmax(-1).tolist()
-        a = 0
-        while a < k and proposal[a] == greedy[a]:
-            a += 1
+        a, nxt = sampler.verify(vlogits, proposal, qs, draft)  # row j of vlogits: the target at draft token j
         accepted.append(a)
-        out += proposal[:a] + [greedy[a]]
+        out += proposal[:a] + [nxt]
         _crop(tcache, o + 2 + a)  # keep tokens 0 .. o+1+a (through the last accepted draft token)
         dcache.crop(o + 1)  # origins 0..o (origin o's step-0 entry was the chain's first)
         if a > 0:  # step-0 entries of origins o+1 .. o+a: their features came with the verification
