@@ -11,7 +11,7 @@ from typing import Annotated
 
 import typer
 
-from .kinds import DRAFT_KINDS
+from .kinds import DRAFT_KINDS, DRAFT_SAMPLING
 
 
 def choices(option: str, sep: str = " | ") -> str:
@@ -22,6 +22,7 @@ def choices(option: str, sep: str = " | ") -> str:
     from .train_subsets import TRAIN_SUBSETS
 
     registries = {"kinds": DRAFT_KINDS, "engines": ENGINES, "formats": FORMATS, "validate": VALIDATE_FORMATS}
+    registries["draft_sampling"] = DRAFT_SAMPLING
     return sep.join({**registries, "subsets": TRAIN_SUBSETS, "dump_engines": DUMP_ENGINES}[option])
 
 

@@ -28,6 +28,8 @@ class DraftKind(StrEnum):
 
 
 DRAFT_KINDS = tuple(k.value for k in DraftKind)
+# How a draft proposes at a temperature (`evaluate --draft-sampling`, vLLM's draft_sample_method; see sampling.py)
+DRAFT_SAMPLING = ("greedy", "sample")
 # A draft directory (`convert`, `distill`, the EAGLE-3 exports) holds these.
 CONFIG_FILE = "config.json"
 WEIGHTS_FILE = "model.safetensors"

@@ -33,8 +33,7 @@ from typing import Protocol
 import torch
 
 from .errors import OptionError
-
-DRAFT_SAMPLING = ("greedy", "sample")  # how the draft proposes at a temperature (vLLM's draft_sample_method)
+from .kinds import DRAFT_SAMPLING
 
 
 @dataclass(frozen=True)
