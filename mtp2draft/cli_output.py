@@ -131,7 +131,8 @@ def acceptance_table(results: list[dict[str, Any]]) -> str:
     ]
     widths = [max(len(str(x)) for x in col) for col in zip(head, *rows, strict=True)]
     lines = ["  ".join(str(x).ljust(w) for x, w in zip(row, widths, strict=True)) for row in [head, *rows]]
-    lines.append("pos j: P(j accepted | 1..j-1 accepted) / P(j accepted) per draft")
+    if any(r.get("per_draft_acceptance") for r in results):
+        lines.append("pos j: P(j accepted | 1..j-1 accepted) / P(j accepted) per draft")
     return "\n".join(lines)
 
 

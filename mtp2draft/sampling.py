@@ -104,31 +104,32 @@ class TorchRandomness:
 
 
 class Rule:
-    """Speculative sampling's rule, one method per piece. Tests subclass it to inject wrong rules into the real loop."""
+    """Speculative sampling's rule, one method per piece, each elementwise over leading dimensions (so tests can also
+    compute a rule's exact output distribution in bulk). Tests subclass it to inject wrong rules into the real loop."""
 
     def proposal(self, logits_d: torch.Tensor, s: Sampling) -> torch.Tensor:
-        """The distribution [V_draft] draft tokens are drawn from: one-hot at the argmax, or the warped softmax."""
+        """The distribution [..., V_draft] draft tokens are drawn from: one-hot at the argmax, or the warped softmax."""
         if s.draft_sampling == "greedy":
-            return torch.nn.functional.one_hot(logits_d.argmax(), logits_d.shape[-1]).double()
+            return torch.nn.functional.one_hot(logits_d.argmax(-1), logits_d.shape[-1]).double()
         return warp(logits_d, s.temperature, s.top_p)
 
     def verify_q(self, logits_d: torch.Tensor, proposal: torch.Tensor, s: Sampling) -> torch.Tensor:
-        """The q [V_draft] verification divides by: exactly the distribution the token was drawn from."""
+        """The q [..., V_draft] verification divides by: exactly the distribution the token was drawn from."""
         return proposal
 
-    def accept_prob(self, p_x: float, q_x: float) -> float:
+    def accept_prob(self, p_x: torch.Tensor, q_x: torch.Tensor) -> torch.Tensor:
         """Probability of accepting draft token x: min(1, p(x) / q(x)) (q(x) > 0: x was drawn from q)."""
-        return min(1.0, p_x / q_x)
+        return (p_x / q_x).clamp(max=1.0)
 
     def residual(self, p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
-        """What a rejection draws from: max(0, p - q) normalised [V]. It has mass whenever a rejection can happen
-        (p != q); p itself is returned when rounding leaves none."""
+        """What a rejection draws from: max(0, p - q) normalised [..., V]. It has mass whenever a rejection can happen
+        (p != q); p itself is returned where rounding leaves none."""
         r = (p - q).clamp(min=0)
-        total = r.sum()
-        return r / total if total > 0 else p
+        total = r.sum(-1, keepdim=True)
+        return torch.where(total > 0, r / total.clamp(min=torch.finfo(r.dtype).tiny), p)
 
     def bonus(self, p: torch.Tensor) -> torch.Tensor:
-        """What the token after k accepted drafts is drawn from: the target's p [V] at position k."""
+        """What the token after k accepted drafts is drawn from: the target's p [..., V] at position k."""
         return p
 
 
@@ -177,7 +178,7 @@ class Speculative:
         p = self.p(vlogits)  # [k + 1, V]
         for j, x in enumerate(proposal):
             q = to_target_vocab(qs[j], draft, p.shape[-1]).to(p.device)  # [V]
-            if not self.rng.coin(self.rule.accept_prob(float(p[j, x]), float(q[x]))):
+            if not self.rng.coin(float(self.rule.accept_prob(p[j, x], q[x]))):
                 return j, self.rng.draw(self.rule.residual(p[j], q))
         return len(proposal), self.rng.draw(self.rule.bonus(p[len(proposal)]))
 
