@@ -3,10 +3,13 @@
 (a) exact: toy target and draft "models" with a vocabulary of 3 whose p and q depend on the whole prefix run through
     the real loop (`evaluate.speculative_decode`, real cache cropping) with every random outcome enumerated (the
     randomness is injected); the distribution of the emitted tokens must equal the target's own autoregressive
-    distribution to 1e-9. Chains of k = 2 with the bonus token visible, several rounds, so p read from the wrong
-    position or a target cache cropped wrong changes the result (both are shown to be caught).
-(b) statistical, on the bundled tiny-mimo target with its raw MTP head, through `evaluate`'s own distribution check:
-    see `test_pit_is_uniform_on_a_bundled_target` for how the sample size follows from the wrong rules' distance.
+    distribution to 1e-9. Chains of k = 2 and 3 with the bonus token visible, several rounds, so p read from the
+    wrong position or a target cache cropped wrong changes the result (both are shown to be caught). A wrong draft
+    cache cannot change the distribution (any q is lossless), only acceptance: test_evaluate's forced-chain test
+    pins that.
+(b) statistical, on the bundled tiny-mimo target with its raw MTP head made far from p, through `evaluate`'s own
+    distribution check (`emitted_pit`): see `sample_sizes` for how the sample size follows from the wrong rules'
+    exact distance on that target.
 (c) both fail on each wrong rule in WRONG_RULES, injected into the same loop as a `Rule` subclass.
 """
 
