@@ -32,8 +32,8 @@ from typing import Protocol
 
 import torch
 
-from .errors import OptionError
-from .kinds import DRAFT_SAMPLING
+from mtp2draft.errors import OptionError
+from mtp2draft.kinds import DRAFT_SAMPLING
 
 
 @dataclass(frozen=True)

@@ -25,14 +25,14 @@ from pathlib import Path
 import pytest
 import torch
 
-from mtp2draft.convert import convert
+from mtp2draft.conversion import convert
 from mtp2draft.data import load_tokenizer
-from mtp2draft.draft import load_draft
-from mtp2draft.hidden import TargetModel
+from mtp2draft.draft.modules import load_draft
 from mtp2draft.kinds import DRAFT_SAMPLING
 from mtp2draft.sampling import Rule, Sampling, Speculative, TorchRandomness, ks_uniform, warp
+from mtp2draft.target.hidden import TargetModel
 
-ev = importlib.import_module("mtp2draft.evaluate")  # the package exports the function under this name
+ev = importlib.import_module("mtp2draft.evaluation")  # the package exports the function under this name
 
 V = 3  # toy vocabulary
 
