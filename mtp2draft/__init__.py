@@ -26,7 +26,7 @@ _LAZY: dict[str, str] = {
     "load_native": "draft.layout",
     "distill": "train.recipe",
     "DistillConfig": "train.recipe",
-    "evaluate": "evaluation",
+    "evaluate": "evaluation.decode",
     "export": "formats.export",
     "validate": "formats.export",
     "push": "hub",
@@ -63,7 +63,7 @@ if TYPE_CHECKING:  # for type checkers and IDEs only: at run time these load laz
     from .conversion import convert, inspect_checkpoint
     from .draft.layout import load_native
     from .draft.modules import Eagle3Draft, NativeMtpDraft, load_draft
-    from .evaluation import evaluate
+    from .evaluation.decode import evaluate
     from .family.spec import find_spec, get_spec, registry
     from .formats.export import export, validate
     from .hub import push

@@ -22,7 +22,7 @@ Failures become one line (`HubError`): no token, 401, 403 (someone else's repo o
 and network errors. Retries are huggingface_hub's own: it retries LFS transfers (`http_backoff`) but not the
 repo-creation and commit POSTs, and neither does this module (a commit is not idempotent).
 
-What this module does not do: export or validate formats (`formats/export.py`) or measure acceptance (`evaluation.py`).
+What this module does not do: export or validate formats (`formats/export.py`) or measure acceptance (`evaluation/decode.py`).
 """
 
 from __future__ import annotations
@@ -260,17 +260,25 @@ def _all_launch_lines(fmt: str, target: str, draft: str, k: int) -> dict[str, st
 
 def _acceptance_table(evaluation: Mapping[str, Any]) -> str:
     rows = [
-        "| draft | draft tokens | mean acceptance length | acceptance per position | lossless |",
-        "|---|---|---|---|---|",
+        "| draft | draft tokens | mean acceptance length | acceptance per position | per draft | lossless |",
+        "|---|---|---|---|---|---|",
     ]
     for n, r in enumerate(evaluation.get("results") or []):
         name = "**this draft**" if n == 0 else str(r.get("name", "baseline"))
         per = " / ".join(f"{p:.2f}" for p in r.get("acceptance_per_position") or [])
+        per_draft = " / ".join(f"{p:.2f}" for p in r.get("per_draft_acceptance") or []) or "?"
         mal = r.get("mean_acceptance_length")
         lossless = {True: "yes", False: "**no**"}.get(r.get("lossless"), "?")
+        if r.get("lossless") is None and r.get("distribution_check"):
+            lossless = f"KS p = {r['distribution_check']['pit_ks_p_value']:.2f}"
         mal_text = f"{mal:.2f}" if isinstance(mal, int | float) else "?"
-        rows.append(f"| {name} | {r.get('num_draft_tokens', '?')} | {mal_text} | {per} | {lossless} |")
+        rows.append(f"| {name} | {r.get('num_draft_tokens', '?')} | {mal_text} | {per} | {per_draft} | {lossless} |")
     return "\n".join(rows)
+
+
+def _decoding(evaluation: Mapping[str, Any]) -> str:
+    temperature = evaluation.get("temperature") or 0
+    return f"temperature {temperature:g}, top-p {evaluation.get('top_p', 1):g}" if temperature else "greedy"
 
 
 def _demote(markdown: str) -> str:
@@ -367,8 +375,11 @@ def _body(
         out += [
             f"Measured by `mtp2draft evaluate` against {where} on `{evaluation.get('data', '?')}` "
             f"({evaluation.get('num_prompts', '?')} prompts, up to {evaluation.get('max_new_tokens', '?')} new tokens, "
-            "greedy). Mean acceptance length counts the tokens each target forward produces, bonus token included; "
-            "lossless means the output equals the target's own greedy output token for token.",
+            f"{_decoding(evaluation)}). Mean acceptance length counts the tokens each target forward produces, bonus "
+            "token included; acceptance per position is conditional (position j accepted given 1..j-1 were), per "
+            "draft it is P(position j accepted) (vLLM's per-position counters); lossless means the output equals the "
+            "target's own greedy output token for token (at a temperature: checked in distribution, see "
+            "evaluation.json).",
             "",
             _acceptance_table(evaluation),
         ]

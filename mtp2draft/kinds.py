@@ -43,6 +43,9 @@ class Hidden(StrEnum):
 HIDDEN_PLACES = tuple(h.value for h in Hidden)
 # The weight dtypes mtp2draft writes (`convert --dtype`, `export --dtype`); their torch dtypes: `io.TORCH_DTYPES`.
 DTYPE_NAMES = ("bfloat16", "float16", "float32")
+
+# How a draft proposes at a temperature (`evaluate --draft-sampling`, vLLM's draft_sample_method; see evaluation/sampling.py)
+DRAFT_SAMPLING = ("greedy", "sample")
 # A draft directory (`convert`, `distill`, the EAGLE-3 exports) holds these.
 CONFIG_FILE = "config.json"
 WEIGHTS_FILE = "model.safetensors"

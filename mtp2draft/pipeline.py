@@ -21,7 +21,7 @@ from typing import Any
 
 from mtp2draft.conversion import convert
 from mtp2draft.errors import SourceError
-from mtp2draft.evaluation import evaluate, save_evaluation
+from mtp2draft.evaluation.decode import evaluate, save_evaluation
 from mtp2draft.family.spec import ENGINES, Spec
 from mtp2draft.formats import REGISTRY, formats_of, get_format
 from mtp2draft.formats.export import export

@@ -210,7 +210,7 @@ def main() -> None:
             update(lambda f, name=name, rec=rec: f["curves"].setdefault(name, {}).update(train=rec, steps=args.steps))
     fig = update(lambda f: None)
     for k in [int(x) for x in args.evaluate.split(",") if x]:
-        from mtp2draft.evaluation import evaluate
+        from mtp2draft.evaluation.decode import evaluate
         from mtp2draft.target.hidden import TargetModel
 
         tm = TargetModel(str(target))

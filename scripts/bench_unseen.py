@@ -39,7 +39,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from mtp2draft.conversion import convert  # noqa: E402
-from mtp2draft.evaluation import evaluate  # noqa: E402
+from mtp2draft.evaluation.decode import evaluate  # noqa: E402
 from mtp2draft.io import write_json  # noqa: E402
 from mtp2draft.target.hidden import TargetModel  # noqa: E402
 from mtp2draft.train.recipe import DistillConfig, distill  # noqa: E402
@@ -233,7 +233,7 @@ def run_evaluate(target: Path, w: Path, names: list[str], ks: list[int], args) -
 def run_engine(target: Path, w: Path, names: list[str], ks: list[int], args) -> dict[str, Any]:
     """Native rows served by vLLM (stitched export over a served view of the target), plus plain decoding."""
     from mtp2draft.data import load_tokenizer
-    from mtp2draft.evaluation import load_prompts
+    from mtp2draft.evaluation.decode import load_prompts
     from mtp2draft.formats.export import export
     from mtp2draft.testing.engine import EngineRun, run_vllm, served_view, speculative_config
 

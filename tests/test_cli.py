@@ -169,6 +169,14 @@ def test_acceptance_table_aligns_drafts_of_different_k() -> None:
     ]
 
 
+def test_acceptance_table_shows_both_metrics_and_the_distribution_check() -> None:
+    sampled = {**_row("draft", 2.0, [0.8, 0.5]), "per_draft_acceptance": [0.8, 0.4], "lossless": None}
+    sampled["distribution_check"] = {"pit_ks_statistic": 0.01, "pit_ks_p_value": 0.4321, "tokens": 900}
+    lines = acceptance_table([sampled]).splitlines()
+    assert lines[1].split() == ["draft", "2.000", "0.800", "/", "0.800", "0.500", "/", "0.400", "KS", "p", "=", "0.432"]
+    assert lines[-1] == "pos j: P(j accepted | 1..j-1 accepted) / P(j accepted) per draft"
+
+
 def test_validate_text_lists_every_violation() -> None:
     assert validate_text(Path("d"), "sglang", []) == "d: valid sglang draft"
     assert validate_text(Path("d"), "nextn", ["a", "b"]) == "d: 2 violation(s) of the nextn format\n  - a\n  - b"

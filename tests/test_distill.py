@@ -226,7 +226,7 @@ def test_eagle3_from_mtp_is_calibrated_once_on_real_activations(target, text_dat
 
 def test_regenerate_writes_the_targets_own_greedy_continuations(target, text_data) -> None:
     from mtp2draft.data import regenerate
-    from mtp2draft.evaluation import TargetRunner, greedy_reference
+    from mtp2draft.evaluation.decode import TargetRunner, greedy_reference
 
     tgt = target("mimo", num_hidden_layers=4)
     tm, tok = TargetModel(str(tgt)), load_tokenizer(tgt)

@@ -12,7 +12,7 @@ import torch
 from mtp2draft.cli.app import main
 from mtp2draft.conversion import convert
 from mtp2draft.draft.modules import DraftCache, load_draft
-from mtp2draft.evaluation import TargetRunner, draft_chain, greedy_reference, speculative_decode, summarise
+from mtp2draft.evaluation.decode import TargetRunner, draft_chain, greedy_reference, speculative_decode, summarise
 from mtp2draft.target.hidden import TargetModel
 from mtp2draft.testing.fixtures import eagle3_depth
 
@@ -67,7 +67,7 @@ def test_oracle_drafts_pin_the_acceptance_bookkeeping(ds_target, k: int) -> None
 
 
 def test_summary_arithmetic() -> None:
-    from mtp2draft.evaluation import PromptResult
+    from mtp2draft.evaluation.decode import PromptResult
 
     results = [PromptResult([], [3, 1, 0, 2], [], True), PromptResult([], [3], [], True)]
     s = summarise("x", "d", 3, results, 0.0)
@@ -235,3 +235,48 @@ def test_evaluate_cli_reports_the_documented_keys(target, text_data, tmp_path: P
     )
     out, _ = capsys.readouterr()
     assert code == 0 and "accept len" in out and "pos 2" in out
+
+
+def test_summary_reports_acceptance_per_draft_beside_the_conditional() -> None:
+    from mtp2draft.evaluation.decode import PromptResult
+
+    results = [PromptResult([], [3, 1, 0, 2], [], True), PromptResult([], [3], [], True)]
+    s = summarise("x", "d", 3, results, 0.0)
+    # position j per draft: P(a >= j) over the 5 drafts: 4/5, 3/5, 2/5 (falls with j by construction)
+    assert s.per_draft_acceptance == pytest.approx([4 / 5, 3 / 5, 2 / 5])
+    # ... and it is the running product of the conditional figures
+    running = [s.acceptance_per_position[0]]
+    for c in s.acceptance_per_position[1:]:
+        running.append(running[-1] * c)
+    assert s.per_draft_acceptance == pytest.approx(running)
+
+
+@pytest.mark.slow
+def test_evaluate_cli_at_a_temperature(target, text_data, tmp_path: Path, capsys) -> None:
+    """--temperature: seeded (same seed, same report), both acceptance metrics, a distribution check instead of the
+    token-for-token one; bad sampling options are one-line errors."""
+    tgt = target("mimo", num_hidden_layers=4)
+    convert(str(tgt), tmp_path / "raw")
+    args = ["evaluate", str(tmp_path / "raw"), "--target", str(tgt), "--data", str(text_data), "-k", "3"]
+    args += ["--max-new-tokens", "12", "--max-prompts", "3", "--temperature", "1", "--top-p", "0.95"]
+    reports = []
+    for _ in range(2):
+        assert main([*args, "--draft-sampling", "sample", "--json"]) == 0
+        reports.append(json.loads(capsys.readouterr().out))
+    first, again = reports
+    strip = [{k: v for k, v in r.items() if k != "seconds"} for r in (first["results"][0], again["results"][0])]
+    assert strip[0] == strip[1]  # seeded
+    assert (first["temperature"], first["top_p"], first["draft_sampling"]) == (1.0, 0.95, "sample")
+    result = first["results"][0]
+    assert result["lossless"] is None and first["lossless"] is None
+    check = result["distribution_check"]
+    assert check["tokens"] == 3 * 12 and 0 <= check["pit_ks_p_value"] <= 1
+    assert len(result["per_draft_acceptance"]) == 3 == len(first["per_draft_acceptance"])
+    assert result["per_draft_acceptance"][0] == pytest.approx(result["acceptance_per_position"][0])
+    assert main([*args, "--seed", "7"]) == 0  # argmax proposals, the table
+    out = capsys.readouterr().out
+    assert "seed 7, draft proposes by argmax" in out and "KS p = " in out
+    for bad, message in ((["--top-p", "0"], "--top-p"), (["--draft-sampling", "beam"], "--draft-sampling")):
+        assert main(args + bad) == 2
+        err = capsys.readouterr().err.strip()
+        assert message in err and len(err.splitlines()) == 1, err

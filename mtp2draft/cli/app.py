@@ -232,28 +232,42 @@ def evaluate(
     max_new_tokens: MaxNewTokens = 64,
     max_prompts: Annotated[int | None, typer.Option("--max-prompts", help="Use the first N prompts.")] = None,
     max_prompt_length: Annotated[int, typer.Option("--max-prompt-length", help="Keep the last N prompt tokens.")] = 256,
+    temperature: Annotated[
+        float, typer.Option("--temperature", help="Sampling temperature of target and draft (0: greedy verification).")
+    ] = 0.0,
+    top_p: Annotated[float, typer.Option("--top-p", help="Nucleus sampling mass (with --temperature).")] = 1.0,
+    seed: Annotated[int, typer.Option("--seed", help="Seed of the sampling (with --temperature).")] = 0,
+    draft_sampling: Annotated[
+        str,
+        typer.Option("--draft-sampling", help=f"How the draft proposes at a temperature: {choices('draft_sampling')}."),
+    ] = "greedy",
     save: Annotated[bool, typer.Option("--save", help="Write evaluation.json into the draft directory.")] = False,
     skip_bad: SkipBad = False,
     revision: Revision = None,
     token: Token = None,
     as_json: AsJson = False,
 ) -> None:
-    """Measure acceptance by real speculative decoding (chain of k drafts, greedy verification) against the target.
+    """Measure acceptance by real speculative decoding (chain of k drafts) against the target: greedy verification,
+    or speculative sampling with --temperature.
 
     Reports mean acceptance length (target tokens per target forward, bonus included), acceptance per draft
-    position, and `lossless`: the output equals the target's own greedy output on every prompt.
+    position both conditional (given the earlier ones accepted) and per draft (vLLM's counters), and `lossless`: the
+    output equals the target's own greedy output on every prompt; at a temperature, a KS test of the emitted tokens'
+    randomised PIT under the target's distribution instead (`distribution_check`).
 
     Examples:
 
     * `mtp2draft evaluate ds3-mtp-ft --target deepseek-ai/DeepSeek-V3 --data prompts.jsonl --baseline ds3-mtp -k 4`
     * `mtp2draft evaluate glm-eagle3-ft --target zai-org/GLM-4.5-Air --data prompts.jsonl --json --save`
+    * `mtp2draft evaluate ds3-mtp-ft --target deepseek-ai/DeepSeek-V3 --data prompts.jsonl --temperature 1 --seed 0 --draft-sampling sample`
     """
-    from mtp2draft.evaluation import evaluate as run
-    from mtp2draft.evaluation import save_evaluation
+    from mtp2draft.evaluation.decode import evaluate as run
+    from mtp2draft.evaluation.decode import save_evaluation
 
     drafts = [("draft", str(draft))] + [(f"baseline: {b}", str(b)) for b in (baseline or [])]
     limits = (num_draft_tokens, max_new_tokens, max_prompts, max_prompt_length)
-    report = run(drafts, target, data, *limits, revision, token, skip_bad, progress=log)
+    sampling = {"temperature": temperature, "top_p": top_p, "seed": seed, "draft_sampling": draft_sampling}
+    report = run(drafts, target, data, *limits, revision, token, skip_bad, progress=log, **sampling)
     if save:
         log(f"saved {save_evaluation(draft, report)}")
     print(output.to_json(report) if as_json else output.evaluate_text(report))

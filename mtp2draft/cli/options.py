@@ -11,7 +11,7 @@ from typing import Annotated
 
 import typer
 
-from mtp2draft.kinds import DRAFT_KINDS
+from mtp2draft.kinds import DRAFT_KINDS, DRAFT_SAMPLING
 
 
 def choices(option: str, sep: str = " | ") -> str:
@@ -24,6 +24,7 @@ def choices(option: str, sep: str = " | ") -> str:
 
     registries = {"kinds": DRAFT_KINDS, "engines": ENGINES, "formats": FORMATS, "validate": VALIDATE_FORMATS}
     registries |= {"subsets": TRAIN_SUBSETS, "dump_engines": DUMP_ENGINES, "gpus": ACCELERATORS}
+    registries["draft_sampling"] = DRAFT_SAMPLING
     return sep.join(registries[option])
 
 

@@ -118,25 +118,51 @@ def distill_text(result: Any) -> str:
 
 
 def acceptance_table(results: list[dict[str, Any]]) -> str:
-    """One row a draft: mean acceptance length, acceptance per draft position (blank past a draft's own k), lossless."""
+    """One row a draft: mean acceptance length, acceptance per draft position as conditional / per draft (blank past a
+    draft's own k), lossless (at a temperature: the distribution check's KS p-value); a legend line under it."""
     k = max(r["num_draft_tokens"] for r in results)
     head = ["draft", "accept len"] + [f"pos {j}" for j in range(1, k + 1)] + ["lossless"]
     rows = [
         [r["name"], f"{r['mean_acceptance_length']:.3f}"]
-        + [f"{a:.3f}" for a in r["acceptance_per_position"]]
+        + [_position(r, j) for j in range(r["num_draft_tokens"])]
         + [""] * (k - r["num_draft_tokens"])
-        + ["yes" if r["lossless"] else "NO"]
+        + [_lossless(r)]
         for r in results
     ]
     widths = [max(len(str(x)) for x in col) for col in zip(head, *rows, strict=True)]
     lines = ["  ".join(str(x).ljust(w) for x, w in zip(row, widths, strict=True)) for row in [head, *rows]]
+    if any(r.get("per_draft_acceptance") for r in results):
+        lines.append("pos j: P(j accepted | 1..j-1 accepted) / P(j accepted) per draft")
     return "\n".join(lines)
 
 
+def _position(result: dict[str, Any], j: int) -> str:
+    per_draft = result.get("per_draft_acceptance")  # absent from reports written before it existed
+    text = f"{result['acceptance_per_position'][j]:.3f}"
+    return f"{text} / {per_draft[j]:.3f}" if per_draft else text
+
+
+def _lossless(result: dict[str, Any]) -> str:
+    check = result.get("distribution_check")
+    if result["lossless"] is None and check:
+        return f"KS p = {check['pit_ks_p_value']:.3f}"
+    return "yes" if result["lossless"] else "NO"
+
+
+PROPOSING = {"greedy": "argmax", "sample": "sampling"}  # --draft-sampling, in words
+
+
 def evaluate_text(report: dict[str, Any]) -> str:
+    temperature = report.get("temperature") or 0
+    how = (
+        "greedy"
+        if not temperature
+        else f"temperature {temperature:g}, top-p {report['top_p']:g}, seed {report['seed']}"
+    )
+    how += f", draft proposes by {PROPOSING[report['draft_sampling']]}" if temperature else ""
     return (
         f"target {report['target']}, {report['num_prompts']} prompts, k = {report['num_draft_tokens']}, "
-        f"{report['max_new_tokens']} new tokens each\n" + acceptance_table(report["results"])
+        f"{report['max_new_tokens']} new tokens each, {how}\n" + acceptance_table(report["results"])
     )
 
 

@@ -11,7 +11,7 @@ step time / E[tokens]; tokens/s per request is its inverse; aggregate tokens/s m
 Only positions the evaluation measured are used: a k beyond them has no prediction (the report says so), and the
 recommended k is the fastest measured one, or none when no measured k beats decoding without the draft.
 
-What this module does not do: measure anything (`evaluation.py` does), or model tree drafting, rejection-sampling
+What this module does not do: measure anything (`evaluation/decode.py` does), or model tree drafting, rejection-sampling
 temperature effects or scheduling across requests of different lengths.
 """
 

@@ -12,7 +12,7 @@ Two sources give the same `Features`:
 - `OfflineHiddenStates`: files written earlier by `dump-hidden` (or converted from an inference engine's dump),
   so targets too large for one machine can be served by vLLM/SGLang and the draft trained from files.
 
-What this module does not do: train or evaluate (`train/recipe.py`, `evaluation.py`), or tokenise data (`data.py`).
+What this module does not do: train or evaluate (`train/recipe.py`, `evaluation/decode.py`), or tokenise data (`data.py`).
 """
 
 from __future__ import annotations

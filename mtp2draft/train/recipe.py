@@ -16,7 +16,7 @@ Both draft kinds go through the same loop; nothing here depends on the family (t
 that). The target is never written: its parameters are frozen, no optimizer sees them, and its weight hash is
 checked before the result is written.
 
-What this module does not do: the TTT math (`train/ttt.py`), measure acceptance (`evaluation.py`), read checkpoints of the
+What this module does not do: the TTT math (`train/ttt.py`), measure acceptance (`evaluation/decode.py`), read checkpoints of the
 target (`checkpoint/reader.py`), or shard and checkpoint by itself (`train/parallel.py`).
 """
 

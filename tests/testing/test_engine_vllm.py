@@ -28,7 +28,7 @@ import torch
 from mtp2draft.conversion import convert
 from mtp2draft.data import load_tokenizer
 from mtp2draft.draft.modules import load_draft
-from mtp2draft.evaluation import TargetRunner, evaluate, greedy_reference, load_prompts
+from mtp2draft.evaluation.decode import TargetRunner, evaluate, greedy_reference, load_prompts
 from mtp2draft.formats.export import export, validate
 from mtp2draft.target.hidden import TargetModel
 from mtp2draft.testing.engine import (

@@ -9,9 +9,17 @@ Chain drafting with greedy verification, one prompt at a time (positions are 0-b
   prefix with d == greedy is accepted (a tokens), greedy[a] is the bonus token;
 - both caches are cut back to the accepted tokens, the draft cache gets the step-0 entries of the new origins, and
   the loop goes on from origin o+1+a.
-Acceptance length = mean(a + 1) (target tokens per target forward, bonus included). The output must equal the
-target's own greedy decoding token for token; a mismatch raises, except at a position where the target's top two
-logits tie within float rounding (reported separately).
+Acceptance length = mean(a + 1) (target tokens per target forward, bonus included). Acceptance per position j comes
+two ways: conditional, P(d[j] accepted | d[1..j-1] accepted) (`acceptance_per_position`), and per draft,
+P(d[j] accepted) (`per_draft_acceptance`, what vLLM's per-position counters divided by the number of drafts give; it
+falls with j by construction).
+
+At temperature 0 the output must equal the target's own greedy decoding token for token; a mismatch raises, except
+at a position where the target's top two logits tie within float rounding (reported separately). At a temperature
+the sampler (`sampling.py`: speculative sampling, draft proposing by argmax or by sampling, seeded per prompt) leaves
+the output's *distribution* unchanged, which no single output can show: the report's `distribution_check` is a
+Kolmogorov-Smirnov test of the randomised PIT of every emitted token under the target's exact p (uniform iff
+lossless; tests/test_sampling.py proves the rule exactly and fails it on wrong rules), and `lossless` is null.
 
 What this module does not do: train (`train/recipe.py`) or load checkpoints beyond the draft/target loaders.
 """
@@ -30,6 +38,7 @@ import torch
 from mtp2draft.data import load_tokenizer, prompt_ids, read_records
 from mtp2draft.draft.modules import DraftCache, load_draft
 from mtp2draft.errors import DataError, OptionError
+from mtp2draft.evaluation.sampling import Greedy, Sampling, Speculative, ks_uniform, make_sampler, pit, warp
 from mtp2draft.io import Progress, meter, write_json
 from mtp2draft.kinds import DraftKind
 from mtp2draft.target.hidden import TargetModel, check_draft_fits
@@ -98,7 +107,7 @@ class PromptResult:
     tokens: list[int]
     accepted: list[int]  # a per target forward
     reference: list[int]
-    lossless: bool
+    lossless: bool | None  # None: sampled output, checked in distribution only
     tie_at: int | None = None
 
 
@@ -116,12 +125,20 @@ def greedy_reference(runner: TargetRunner, prompt: list[int], max_new: int, eos:
 
 @torch.no_grad()
 def speculative_decode(
-    runner: TargetRunner, draft, prompt: list[int], k: int, max_new: int, eos: int | None
+    runner: TargetRunner,
+    draft,
+    prompt: list[int],
+    k: int,
+    max_new: int,
+    eos: int | None,
+    sampler: Greedy | Speculative | None = None,
 ) -> tuple[list[int], list[int]]:
-    """Chain speculative decoding with greedy verification: (generated tokens, accepted count per target forward)."""
+    """Chain speculative decoding: (generated tokens, accepted count per target forward). `sampler` picks, proposes
+    and verifies tokens (`sampling.py`); None is greedy verification."""
+    sampler = sampler or Greedy()
     tcache, dcache = runner.start(), DraftCache()
     logits, feats = runner.forward(prompt, tcache)  # [L, V], [1, L, *]
-    out = [int(logits[-1].argmax())]
+    out = [sampler.first(logits[-1])]
     o = len(prompt) - 1  # origin: last position whose target feature is known
     if o > 0:  # step-0 entries of origins 0..o-1 (tokens 1..o at positions 1..o)
         draft(
@@ -130,18 +147,16 @@ def speculative_decode(
     last = feats[:, o : o + 1]
     accepted: list[int] = []
     while len(out) < max_new and out[-1] != eos:
-        h, tok, proposal = draft.initial_hidden(last), out[-1], []
+        h, tok, proposal, qs = draft.initial_hidden(last), out[-1], [], []
         for j in range(k):
             logits_d, h = draft(torch.tensor([[tok]]), h, torch.tensor([[o + 1 + j]]), cache=dcache)
-            tok = int(draft.to_target_ids(logits_d[0, -1].argmax()))
+            tok, q = sampler.propose(logits_d[0, -1], draft)  # q: [V_draft] the token was drawn from (greedy: None)
             proposal.append(tok)
+            qs.append(q)
         vlogits, vfeats = runner.forward([out[-1], *proposal], tcache)  # positions o+1 .. o+1+k
-        greedy = vlogits.argmax(-1).tolist()
-        a = 0
-        while a < k and proposal[a] == greedy[a]:
-            a += 1
+        a, nxt = sampler.verify(vlogits, proposal, qs, draft)  # row j of vlogits: the target at draft token j
         accepted.append(a)
-        out += proposal[:a] + [greedy[a]]
+        out += proposal[:a] + [nxt]
         _crop(tcache, o + 2 + a)  # keep tokens 0 .. o+1+a (through the last accepted draft token)
         dcache.crop(o + 1)  # origins 0..o (origin o's step-0 entry was the chain's first)
         if a > 0:  # step-0 entries of origins o+1 .. o+a: their features came with the verification
@@ -177,14 +192,18 @@ class EvalResult:
     tokens_drafted: int
     tokens_accepted: int
     target_forwards: int
-    lossless: bool
+    lossless: bool | None
     ties: int
     num_prompts: int
     seconds: float
     tokens_per_forward_by_prompt: list[float] = field(default_factory=list)
+    per_draft_acceptance: list[float] = field(default_factory=list)  # P(position j accepted), per draft
+    distribution_check: dict[str, float] | None = None  # at a temperature: the PIT's KS test (see the module doc)
 
 
 def summarise(name: str, draft_path: str, k: int, results: Sequence[PromptResult], seconds: float) -> EvalResult:
+    """Acceptance figures of one draft: conditional acceptance per position (accepted at j / reached j) and per
+    draft (accepted at j / drafts)."""
     steps = [a for r in results for a in r.accepted]
     attempted = [sum(1 for a in steps if a >= j - 1) for j in range(1, k + 1)]
     passed = [sum(1 for a in steps if a >= j) for j in range(1, k + 1)]
@@ -197,14 +216,27 @@ def summarise(name: str, draft_path: str, k: int, results: Sequence[PromptResult
         tokens_drafted=k * len(steps),
         tokens_accepted=sum(steps),
         target_forwards=len(steps),
-        lossless=all(r.lossless for r in results),
+        lossless=None if any(r.lossless is None for r in results) else all(r.lossless for r in results),
         ties=sum(1 for r in results if r.tie_at is not None),
         num_prompts=len(results),
         seconds=round(seconds, 2),
         tokens_per_forward_by_prompt=[
             round(sum(a + 1 for a in r.accepted) / max(len(r.accepted), 1), 3) for r in results
         ],
+        per_draft_acceptance=[p / len(steps) if steps else 0.0 for p in passed],
     )
+
+
+@torch.no_grad()
+def emitted_pit(
+    runner: TargetRunner, prompt: list[int], tokens: list[int], sampling: Sampling, generator: torch.Generator
+) -> torch.Tensor:
+    """Randomised PIT [n] of the n emitted tokens under the target's exact sampling distribution at each of them
+    (one forward over prompt + tokens, no cache reuse from decoding): uniform iff they were sampled from it."""
+    logits, _ = runner.forward(prompt + tokens[:-1], runner.start())  # [L + n - 1, V]
+    p = warp(logits[len(prompt) - 1 :].float().cpu(), sampling.temperature, sampling.top_p)  # [n, V]
+    noise = torch.rand(len(tokens), dtype=torch.float64, generator=generator)
+    return pit(p, torch.tensor(tokens), noise)
 
 
 def load_prompts(
@@ -230,10 +262,18 @@ def evaluate(
     token: str | bool | None = None,
     skip_bad: bool = False,
     progress: Progress = lambda _: None,
+    temperature: float = 0.0,
+    top_p: float = 1.0,
+    seed: int = 0,
+    draft_sampling: str = "greedy",
 ) -> dict[str, Any]:
     """Evaluate each (name, draft directory) against the target on the prompts in `data`.
 
-    The target's greedy reference is computed once and shared; every draft's output is checked against it."""
+    Temperature 0: the target's greedy reference is computed once and shared; every draft's output is checked against
+    it. A temperature: speculative sampling at that temperature and top-p, the draft proposing by `draft_sampling`
+    (greedy: argmax, sample: from its own distribution), prompt n seeded with (seed, n) for every draft alike; each
+    draft's output is checked in distribution (`distribution_check`)."""
+    sampling = Sampling(temperature, top_p, draft_sampling)  # OptionError on a bad value
     for option, value in (
         ("--num-draft-tokens", num_draft_tokens),
         ("--max-new-tokens", max_new_tokens),
@@ -253,6 +293,10 @@ def evaluate(
         "data": str(data),
         "num_prompts": len(prompts),
         "max_new_tokens": max_new_tokens,
+        "temperature": temperature,
+        "top_p": top_p,
+        "seed": seed,
+        "draft_sampling": "greedy" if sampling.greedy else draft_sampling,
         "results": [],
     }
     for name, path in drafts:
@@ -260,15 +304,19 @@ def evaluate(
         check_draft_fits(draft, tm, path)
         draft.attach_target(tm.embedding().float(), tm.lm_head().float())
         runner = TargetRunner(tm, draft)
-        if references is None:
+        if references is None and sampling.greedy:
             progress(f"target greedy reference on {len(prompts)} prompts")
             references = [greedy_reference(runner, p, max_new_tokens, eos) for p in prompts]
-        started, results = time.perf_counter(), []
+        started, results, pits = time.perf_counter(), [], []
+        check = torch.Generator().manual_seed(seed)  # the PIT's noise
         bar = meter(progress, f"evaluate {name}", len(prompts), "prompt")
-        for n, (prompt, ref) in enumerate(zip(prompts, references, strict=True), 1):
-            tokens, accepted = speculative_decode(runner, draft, prompt, num_draft_tokens, max_new_tokens, eos)
-            result = PromptResult(tokens, accepted, ref, tokens == ref)
-            if not result.lossless:
+        for n, (prompt, ref) in enumerate(zip(prompts, references or [[]] * len(prompts), strict=True), 1):
+            sampler = make_sampler(sampling, seed * 1_000_003 + n)
+            tokens, accepted = speculative_decode(runner, draft, prompt, num_draft_tokens, max_new_tokens, eos, sampler)
+            result = PromptResult(tokens, accepted, ref, tokens == ref if sampling.greedy else None)
+            if not sampling.greedy:
+                pits.append(emitted_pit(runner, prompt, tokens, sampling, check))
+            elif not result.lossless:
                 at = next(i for i, (x, y) in enumerate(zip(tokens + [-1], ref + [-2], strict=False)) if x != y)
                 if not _tie(runner, prompt, ref, at):
                     raise LosslessError(
@@ -280,11 +328,19 @@ def evaluate(
             bar.update(1)
         bar.close()
         summary = summarise(name, str(path), num_draft_tokens, results, time.perf_counter() - started)
+        if pits:
+            u = torch.cat(pits)  # [tokens emitted over all prompts]
+            d, p_value = ks_uniform(u)
+            summary.distribution_check = {"pit_ks_statistic": d, "pit_ks_p_value": p_value, "tokens": u.numel()}
         out["results"].append(asdict(summary))
     first = out["results"][0]
     # the documented top-level keys describe the first draft
     out.update(
-        {k: first[k] for k in ("mean_acceptance_length", "acceptance_per_position", "lossless", "num_draft_tokens")}
+        {
+            k: first[k]
+            for k in ("mean_acceptance_length", "acceptance_per_position", "per_draft_acceptance", "lossless")
+            + ("num_draft_tokens",)
+        }
     )
     return out
 
