@@ -21,6 +21,7 @@ from .cli_options import (
     Checkpointing,
     Data,
     Device,
+    DeviceMap,
     DistillEngine,
     DraftDir,
     DraftVocab,
@@ -38,6 +39,7 @@ from .cli_options import (
     Source,
     StepWeights,
     Target,
+    TargetDtype,
     Token,
     TrainSubset,
     Verifier,
@@ -108,7 +110,7 @@ def convert(
     out: Out,
     to: Annotated[str, typer.Option("--to", help=f"Draft kind: {choices('kinds')}.")] = DraftKind.MTP.value,
     layer: Annotated[int | None, typer.Option("--layer", help="MTP layer index (default 0).")] = None,
-    dtype: Annotated[str, typer.Option("--dtype", help="Weights dtype: bfloat16 | float32.")] = "bfloat16",
+    dtype: Annotated[str, typer.Option("--dtype", help=f"Weights dtype: {choices('dtypes')}.")] = "bfloat16",
     aux_layers: Annotated[
         str | None, typer.Option("--aux-layers", help="eagle3: three target layer ids 'low,mid,high' (output of).")
     ] = None,
@@ -177,6 +179,8 @@ def distill(
     token: Token = None,
     overwrite: Overwrite = False,
     device: Device = None,
+    dtype: TargetDtype = "float32",
+    device_map: DeviceMap = None,
     precision: Precision = None,
     train_subset: TrainSubset = "all",
     activation_checkpointing: Checkpointing = False,
@@ -210,8 +214,9 @@ def distill(
     inputs = {"data": data, "target": target, "hidden_states": hidden_states, "skip_bad": skip_bad}
     flags = {"resume": resume, "overwrite": overwrite, "regenerate_data": regenerate, "sample": sample}
     hub = {"revision": revision, "token": token}
+    where = {"device": device, "target_dtype": dtype, "device_map": device_map}
     bar = sys.stderr.isatty()
-    result = run(draft, out, config=cfg, **inputs, **flags, **hub, device=device, progress=log, progress_bar=bar)
+    result = run(draft, out, config=cfg, **inputs, **flags, **hub, **where, progress=log, progress_bar=bar)
     if result.is_main:  # other torchrun ranks: rank 0 reports
         print(output.to_json(output.distill_summary(result)) if as_json else output.distill_text(result))
 
@@ -242,24 +247,30 @@ def evaluate(
     skip_bad: SkipBad = False,
     revision: Revision = None,
     token: Token = None,
+    device: Device = None,
+    dtype: TargetDtype = "float32",
+    device_map: DeviceMap = None,
     as_json: AsJson = False,
 ) -> None:
     """Measure acceptance by real speculative decoding (chain of k drafts, greedy verification) against the target.
 
     Reports mean acceptance length (target tokens per target forward, bonus included), acceptance per draft
-    position, and `lossless`: the output equals the target's own greedy output on every prompt.
+    position, and `lossless`: the output equals the target's own greedy output on every prompt (up to ties of the
+    top two logits within the rounding of --dtype). The draft runs on the target's device, in its dtype.
 
     Examples:
 
-    * `mtp2draft evaluate ds3-mtp-ft --target deepseek-ai/DeepSeek-V3 --data prompts.jsonl --baseline ds3-mtp -k 4`
-    * `mtp2draft evaluate glm-eagle3-ft --target zai-org/GLM-4.5-Air --data prompts.jsonl --json --save`
+    * `mtp2draft evaluate ds3-mtp-ft --target deepseek-ai/DeepSeek-V3 --data prompts.jsonl --baseline ds3-mtp -k 4 --device-map auto --dtype bfloat16`
+    * `mtp2draft evaluate glm-eagle3-ft --target zai-org/GLM-4.5-Air --data prompts.jsonl --device-map auto --dtype bfloat16 --json --save`
+    * `mtp2draft evaluate tiny-ft --target ./tiny-target --data prompts.jsonl --device cpu` (fp32, the default dtype)
     """
     from .evaluate import evaluate as run
     from .evaluate import save_evaluation
 
     drafts = [("draft", str(draft))] + [(f"baseline: {b}", str(b)) for b in (baseline or [])]
     limits = (num_draft_tokens, max_new_tokens, max_prompts, max_prompt_length)
-    report = run(drafts, target, data, *limits, revision, token, skip_bad, progress=log)
+    where = {"device": device, "dtype": dtype, "device_map": device_map}
+    report = run(drafts, target, data, *limits, revision, token, skip_bad, progress=log, **where)
     if save:
         log(f"saved {save_evaluation(draft, report)}")
     print(output.to_json(report) if as_json else output.evaluate_text(report))
@@ -343,7 +354,7 @@ def export(
         ),
     ] = None,
     dtype: Annotated[
-        str, typer.Option("--dtype", help="sglang/speculators weights dtype: bfloat16 | float16 | float32.")
+        str, typer.Option("--dtype", help=f"sglang/speculators weights dtype: {choices('dtypes')}.")
     ] = "bfloat16",
     speculative_tokens: Annotated[
         int, typer.Option("--speculative-tokens", help="speculators: k written into the proposal method.")

@@ -16,13 +16,15 @@ from .kinds import DRAFT_KINDS
 
 def choices(option: str, sep: str = " | ") -> str:
     """The values an option's help lists, from the registry that owns them (kinds, engines, formats, subsets)."""
+    from .dtypes import DTYPE_NAMES
     from .engine_dump import DUMP_ENGINES
     from .formats import FORMATS, VALIDATE_FORMATS
     from .spec import ENGINES
     from .train_subsets import TRAIN_SUBSETS
 
     registries = {"kinds": DRAFT_KINDS, "engines": ENGINES, "formats": FORMATS, "validate": VALIDATE_FORMATS}
-    return sep.join({**registries, "subsets": TRAIN_SUBSETS, "dump_engines": DUMP_ENGINES}[option])
+    more = {"subsets": TRAIN_SUBSETS, "dump_engines": DUMP_ENGINES, "dtypes": DTYPE_NAMES}
+    return sep.join({**registries, **more}[option])
 
 
 Source = Annotated[
@@ -67,6 +69,17 @@ Regenerate = Annotated[
 Device = Annotated[str | None, typer.Option("--device", help="cpu, cuda, cuda:N (default: cuda when available).")]
 Precision = Annotated[
     str | None, typer.Option("--precision", help="fp32 or bf16 (default: bf16 on CUDA, fp32 elsewhere).")
+]
+# where the frozen target runs (evaluate, and distill's online target); the draft follows the target
+TargetDtype = Annotated[
+    str, typer.Option("--dtype", help=f"dtype the target is loaded and run in: {choices('dtypes')}.")
+]
+DeviceMap = Annotated[
+    str | None,
+    typer.Option(
+        "--device-map",
+        help="Spread the target over the local GPUs as transformers' device_map does (e.g. auto); overrides --device.",
+    ),
 ]
 TrainSubset = Annotated[str, typer.Option("--train-subset", help=f"Parameters to train: {choices('subsets', ', ')}.")]
 Checkpointing = Annotated[

@@ -36,6 +36,7 @@ from .draft import (
     vocab_maps,
     without_identity_maps,
 )
+from .dtypes import torch_dtypes
 from .errors import CheckpointError, ShallowTargetError, SourceError
 from .formats.eagle3_config import TOKEN_FIELDS, sglang_config
 from .io import Progress, SafetensorsWriter, atomic_output_dir, check_output_dir, quiet, save_tensors, write_json
@@ -55,7 +56,7 @@ from .redact import command_line
 from .spec import Spec, find_spec
 from .transforms import EAGLE3_TRANSFORMS, LOAD_TRANSFORMS, Eagle3Build
 
-DTYPES = {"bfloat16": torch.bfloat16, "float32": torch.float32, "float16": torch.float16}
+DTYPES = torch_dtypes()
 
 
 # ---- the MTP layer in a checkpoint -----------------------------------------------------------------------------------

@@ -161,6 +161,8 @@ class DistillJob:
     progress: Progress = lambda _: None
     stop_after: int | None = None
     progress_bar: bool = False
+    target_dtype: str = "float32"  # the online target's dtype and device map (TargetModel's)
+    device_map: str | dict | None = None
 
     @property
     def inputs(self) -> list:
@@ -192,10 +194,13 @@ def distill(
     progress: Progress = lambda _: None,
     stop_after: int | None = None,
     progress_bar: bool = False,
+    target_dtype: str = "float32",
+    device_map: str | dict | None = None,
 ) -> DistillResult:
     """Fine-tune the draft in `draft_dir` against the frozen target; write the result to `out`.
 
-    Data comes either from `data` + the online `target`, or from a `dump-hidden` directory (`hidden_states`).
+    Data comes either from `data` + the online `target` (loaded in `target_dtype` on `device`, or spread by
+    transformers' `device_map`), or from a `dump-hidden` directory (`hidden_states`).
     `stop_after` ends the run after that many steps without writing `out` (checkpoints stay): for tests.
     Under torchrun every rank calls this; the global batch is split between them and rank 0 logs and writes
     (see parallel.py)."""
@@ -205,7 +210,7 @@ def distill(
     job = DistillJob(
         draft_dir, Path(out), data, target, hidden_states, revision, token, resume, overwrite, regenerate_data,
         sample, skip_bad, checkpoint_dir, progress if par.is_main else (lambda _: None), stop_after,
-        progress_bar and par.is_main,
+        progress_bar and par.is_main, target_dtype, device_map,
     )  # fmt: skip
     try:
         return DistillRecipe(par, cfg, job).run()
@@ -298,7 +303,7 @@ class DistillRecipe:
             regen = max(cfg.steps * cfg.batch_size, cfg.batch_size) if job.regenerate_data else None
             self.teacher = online_teacher(
                 draft, job.draft_dir, job.data, job.target, job.revision, job.token, self.device, cfg.max_length,
-                job.skip_bad, regen, job.sample, cfg.seed, self.progress,
+                job.skip_bad, regen, job.sample, cfg.seed, self.progress, job.target_dtype, job.device_map,
             )  # fmt: skip
         self.fingerprint = self.teacher.fingerprint()
         draft.attach_target(self.teacher.embed.to(self.device), self.teacher.head.to(self.device))
@@ -310,6 +315,8 @@ class DistillRecipe:
             "data_hash": self.teacher.data_hash,
             "target": self.teacher.source,
         }
+        if job.hidden_states is None and job.target_dtype != "float32":  # the default is left out: older hashes hold
+            self.settings["target_dtype"] = str(job.target_dtype).removeprefix("torch.")
 
     def batch(self, step: int, final: bool = False, whole: bool = False):
         """Step `step`'s batch and features: this rank's rows of the global batch (all of it when `whole`)."""

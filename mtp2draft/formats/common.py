@@ -15,10 +15,11 @@ from typing import Any
 import torch
 
 from ..checkpoint import SCALE_SUFFIX
+from ..dtypes import torch_dtypes
 from ..errors import DraftError
 from ..kinds import WEIGHTS_FILE
 
-DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
+DTYPES = torch_dtypes()
 
 
 EVALUATION_FILE = "evaluation.json"
