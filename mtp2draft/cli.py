@@ -196,8 +196,8 @@ def distill(
 
     Examples:
 
-    * `mtp2draft distill ds3-mtp --target deepseek-ai/DeepSeek-V3 --data chats.jsonl --out ds3-mtp-ft`
-    * `mtp2draft distill glm-eagle3 --target zai-org/GLM-4.5-Air --data chats.jsonl --regenerate --draft-vocab-size 32000 --ttt-steps 5 --out glm-eagle3-ft`
+    * `mtp2draft distill glm-mtp --target zai-org/GLM-4.5-Air --data chats.jsonl --device-map auto --dtype bfloat16 --out glm-mtp-ft` (the target spread over the local GPUs in bf16)
+    * `mtp2draft distill glm-eagle3 --target zai-org/GLM-4.5-Air --data chats.jsonl --regenerate --draft-vocab-size 32000 --ttt-steps 5 --device-map auto --dtype bfloat16 --out glm-eagle3-ft`
     * `mtp2draft distill ds3-mtp --hidden-states dumped/ --out ds3-mtp-ft` (offline, no target loaded)
     * `torchrun --nproc-per-node 8 -m mtp2draft distill ds3-mtp --hidden-states dumped/ --out ds3-mtp-ft` (FSDP2;
       --batch-size stays the global batch)
@@ -260,7 +260,7 @@ def evaluate(
 
     Examples:
 
-    * `mtp2draft evaluate ds3-mtp-ft --target deepseek-ai/DeepSeek-V3 --data prompts.jsonl --baseline ds3-mtp -k 4 --device-map auto --dtype bfloat16`
+    * `mtp2draft evaluate glm-mtp-ft --target zai-org/GLM-4.5-Air --data prompts.jsonl --baseline glm-mtp -k 4 --device-map auto --dtype bfloat16`
     * `mtp2draft evaluate glm-eagle3-ft --target zai-org/GLM-4.5-Air --data prompts.jsonl --device-map auto --dtype bfloat16 --json --save`
     * `mtp2draft evaluate tiny-ft --target ./tiny-target --data prompts.jsonl --device cpu` (fp32, the default dtype)
     """
@@ -484,11 +484,14 @@ def run_all(
     ] = None,
     revision: Revision = None,
     token: Token = None,
+    device: Device = None,
+    dtype: TargetDtype = "float32",
+    device_map: DeviceMap = None,
     overwrite: Annotated[bool, typer.Option("--overwrite", help="Replace a non-empty --work.")] = False,
 ) -> None:
     """Convert, distill, evaluate (beside the raw MTP head), export and optionally push, in one command.
 
-    Example: `mtp2draft run zai-org/GLM-4.5-Air --data chats.jsonl --eval-data prompts.jsonl --to eagle3 --regenerate --work glm-run --push me/GLM-4.5-Air-eagle3`
+    Example: `mtp2draft run zai-org/GLM-4.5-Air --data chats.jsonl --eval-data prompts.jsonl --to eagle3 --regenerate --device-map auto --dtype bfloat16 --work glm-run --push me/GLM-4.5-Air-eagle3`
     """
     from .run import run
 
@@ -497,7 +500,8 @@ def run_all(
     limits = {"num_draft_tokens": num_draft_tokens, "max_new_tokens": max_new_tokens, "max_prompts": max_prompts}
     hub = {"revision": revision, "token": token, "private": private}
     flags = {"layer": layer, "regenerate": regenerate, "overwrite": overwrite}
-    result = run(source, work, data, **stages, distill_config=cfg, **limits, **hub, **flags, progress=log)
+    where = {"device": device, "dtype": dtype, "device_map": device_map}
+    result = run(source, work, data, **stages, distill_config=cfg, **limits, **hub, **flags, **where, progress=log)
     print(output.run_text(result))
 
 

@@ -27,6 +27,7 @@ from .export import export
 from .formats import REGISTRY, formats_of, get_format
 from .io import Progress, check_output_dir, mark
 from .kinds import DraftKind
+from .parallel import resolve_device
 from .spec import ENGINES, Spec
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
@@ -79,9 +80,14 @@ def run(
     regenerate: bool = False,
     overwrite: bool = False,
     progress: Progress = lambda _: None,
+    device: str | None = None,
+    dtype: str = "float32",
+    device_map: str | dict | None = None,
 ) -> RunResult:
     """Convert SOURCE's MTP layer, distill it against the target (SOURCE itself unless `target` is given), evaluate
-    it beside the untouched MTP head, export it for the engines and, with `push_repo`, publish it."""
+    it beside the untouched MTP head, export it for the engines and, with `push_repo`, publish it. The target runs
+    in `dtype` on `device` (default: cuda when available) or spread by `device_map`, in distill and evaluate alike;
+    the draft trains and decodes on `device` (a device map's first device)."""
     work = Path(work)
     check_output_dir(work, overwrite, inputs=[source, target, data, eval_data])
     target = target or source
@@ -101,16 +107,19 @@ def run(
     hub = {"revision": revision, "token": token}
     inside = {"overwrite": True, "progress": progress}  # the stages write inside `work`, checked above
     distilled, exported = work / "distilled", work / f"export-{fmt}"
+    device = resolve_device(device)
 
     with _stage(stages, "convert", progress, f"[1/5] convert {source} -> raw MTP head and {to} draft"):
         raw, start = _convert(source, work, to, layer, {**hub, **inside})
     with _stage(stages, "distill", progress, f"[2/5] distill against {target}"):
         config = distill_config or DistillConfig()
-        distill(start, distilled, data, target, config=config, regenerate_data=regenerate, **hub, **inside)
+        where = {"device": device, "target_dtype": dtype, "device_map": device_map}
+        distill(start, distilled, data, target, config=config, regenerate_data=regenerate, **hub, **inside, **where)
     with _stage(stages, "evaluate", progress, f"[3/5] evaluate (k = {num_draft_tokens}) beside the raw MTP head"):
         drafts = [("distilled " + to, str(distilled)), ("raw MTP head (baseline)", str(raw))]
         limits = (num_draft_tokens, max_new_tokens, max_prompts)
-        report = evaluate(drafts, target, eval_data, *limits, **hub, progress=progress)
+        where = {"device": device, "dtype": dtype, "device_map": device_map}
+        report = evaluate(drafts, target, eval_data, *limits, **hub, progress=progress, **where)
         save_evaluation(distilled, report)
     with _stage(stages, "export", progress, f"[4/5] export --format {fmt}"):
         reads = target if REGISTRY[fmt].reads_target else None
@@ -164,4 +173,5 @@ def demo(work: str | Path, steps: int = 150, overwrite: bool = True, progress: P
         max_prompts=16,
         overwrite=overwrite,
         progress=progress,
+        device="cpu",  # the figures the quick start documents are the CPU's
     )
