@@ -38,13 +38,13 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from mtp2draft.draft import build_draft, load_draft, native_config, read_draft_config  # noqa: E402
-from mtp2draft.hidden import Features  # noqa: E402
-from mtp2draft.memory import plan as memory_plan  # noqa: E402
-from mtp2draft.parallel import freeze_subset  # noqa: E402
-from mtp2draft.spec import find_spec  # noqa: E402
-from mtp2draft.train_subsets import TRAIN_SUBSETS  # noqa: E402
-from mtp2draft.ttt import draft_target_ids, ttt_forward  # noqa: E402
+from mtp2draft.draft.modules import build_draft, load_draft, native_config, read_draft_config  # noqa: E402
+from mtp2draft.family.spec import find_spec  # noqa: E402
+from mtp2draft.target.hidden import Features  # noqa: E402
+from mtp2draft.train.memory import plan as memory_plan  # noqa: E402
+from mtp2draft.train.parallel import freeze_subset  # noqa: E402
+from mtp2draft.train.subsets import TRAIN_SUBSETS  # noqa: E402
+from mtp2draft.train.ttt import draft_target_ids, ttt_forward  # noqa: E402
 
 # Dense bf16 tensor-core peaks (TFLOP/s, no sparsity), from the vendors' data sheets.
 PEAKS = {"H200": 989.0, "H100": 989.0, "H800": 989.0, "A100": 312.0, "L40S": 362.0, "A10": 125.0, "B200": 2250.0}
@@ -164,7 +164,7 @@ def main() -> int:
     elif args.config:
         draft_cfg, draft = config_draft(args.config, args.override, device)
     elif args.tiny:
-        from mtp2draft.convert import convert
+        from mtp2draft.conversion import convert
 
         tmp = Path(tempfile.mkdtemp()) / "d"
         root = Path(__file__).resolve().parents[1]

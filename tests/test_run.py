@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from mtp2draft.cli import main
-from mtp2draft.export import validate
+from mtp2draft.cli.app import main
+from mtp2draft.formats.export import validate
 
 
 @pytest.mark.hub

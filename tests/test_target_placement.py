@@ -12,10 +12,10 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from mtp2draft.cli import main
-from mtp2draft.convert import convert
+from mtp2draft.cli.app import main
+from mtp2draft.conversion import convert
 from mtp2draft.dtypes import DTYPE_NAMES
-from mtp2draft.evaluate import TIE_ULPS, _tie, tie_tolerance
+from mtp2draft.evaluation import TIE_ULPS, _tie, tie_tolerance
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY_MIMO = ROOT / "examples" / "targets" / "tiny-mimo"
@@ -105,8 +105,8 @@ def test_device_map_without_accelerate_is_one_error_line(raw_mimo: Path, capsys)
 
 
 def test_online_teacher_runs_the_target_in_its_dtype_and_hands_fp32_features(raw_mimo: Path) -> None:
-    from mtp2draft.draft import load_draft
-    from mtp2draft.teacher import online_teacher
+    from mtp2draft.draft.modules import load_draft
+    from mtp2draft.train.teacher import online_teacher
 
     draft = load_draft(raw_mimo)
     teacher = online_teacher(draft, raw_mimo, HELDOUT, str(TINY_MIMO), None, None, "cpu", 32, dtype="bfloat16")

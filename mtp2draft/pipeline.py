@@ -1,0 +1,177 @@
+"""The whole pipeline in one call: convert -> distill -> evaluate (beside the raw MTP head) -> export -> push.
+
+`run` chains the stage functions with the defaults a first user wants; every stage's options stay available as
+keyword arguments. A work directory keeps each stage's output (`raw/`, `distilled/`, `export/`), so a failed push can
+be retried with `mtp2draft push` and nothing already computed is lost.
+
+`demo` is the quick start: the same chain on the small DeepSeek-V3-layout target bundled with the repository (its
+MTP head trained jointly with the trunk), printing the acceptance table.
+
+What this module does not do: implement any stage itself.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from mtp2draft.conversion import convert
+from mtp2draft.errors import SourceError
+from mtp2draft.evaluation import evaluate, save_evaluation
+from mtp2draft.family.spec import ENGINES, Spec
+from mtp2draft.formats import REGISTRY, formats_of, get_format
+from mtp2draft.formats.export import export
+from mtp2draft.io import Progress, check_output_dir, mark
+from mtp2draft.kinds import DraftKind
+from mtp2draft.train.parallel import resolve_device
+from mtp2draft.train.recipe import DistillConfig, distill
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+BUNDLED_TARGET = REPO_ROOT / "examples" / "targets" / "tiny-deepseek-v3"
+BUNDLED_DATA = REPO_ROOT / "examples" / "data"
+
+
+@dataclass
+class RunResult:
+    work: Path
+    raw: Path
+    distilled: Path
+    exported: Path
+    report: dict[str, Any]
+    push: Any = None
+    stages: dict[str, float] = field(default_factory=dict)
+
+
+def default_kind_and_format(spec: Spec, to: str | None = None, fmt: str | None = None) -> tuple[str, str]:
+    """The draft kind and export format `run` picks when not told, from the family's engine support table: native
+    MTP where an engine serves it, EAGLE-3 otherwise (docs/eagle3-from-mtp.md: distilled for the same steps, the
+    native draft accepts more than an EAGLE-3 draft converted from the same layer, which loses the chain after
+    position 1); then the first format of that kind in `formats.REGISTRY` whose module says an engine serves it for
+    the family (nextn, else the stitched overlay; sglang, else speculators)."""
+    if to is None:
+        to = DraftKind.MTP if any(spec.serves(e, DraftKind.MTP) for e in ENGINES) else DraftKind.EAGLE3
+    if fmt is None:  # the first format of that kind (registry order) an engine serves for the family
+        candidates = formats_of(DraftKind(to))
+        fmt = next((f for f in candidates if get_format(f).usable(spec)), candidates[0])
+    return to, fmt
+
+
+def run(
+    source: str,
+    work: str | Path,
+    data: str | Path,
+    to: str | None = None,
+    target: str | None = None,
+    eval_data: str | Path | None = None,
+    fmt: str | None = None,
+    push_repo: str | None = None,
+    distill_config: DistillConfig | None = None,
+    num_draft_tokens: int = 4,
+    max_new_tokens: int = 64,
+    max_prompts: int | None = 20,
+    layer: int | None = None,
+    revision: str | None = None,
+    token: str | None = None,
+    private: bool = False,
+    regenerate: bool = False,
+    overwrite: bool = False,
+    progress: Progress = lambda _: None,
+    device: str | None = None,
+    dtype: str = "float32",
+    device_map: str | dict | None = None,
+) -> RunResult:
+    """Convert SOURCE's MTP layer, distill it against the target (SOURCE itself unless `target` is given), evaluate
+    it beside the untouched MTP head, export it for the engines and, with `push_repo`, publish it. The target runs
+    in `dtype` on `device` (default: cuda when available) or spread by `device_map`, in distill and evaluate alike;
+    the draft trains and decodes on `device` (a device map's first device)."""
+    work = Path(work)
+    check_output_dir(work, overwrite, inputs=[source, target, data, eval_data])
+    target = target or source
+    if to is None or fmt is None:
+        from mtp2draft.checkpoint.reader import open_checkpoint
+        from mtp2draft.family.spec import find_spec
+
+        spec = find_spec(open_checkpoint(source, revision, token).config)
+        to, fmt = default_kind_and_format(spec, to, fmt)
+        progress(f"{spec.name}: drafting {to}, exporting --format {fmt} (the engines' support table: mtp2draft specs)")
+    if eval_data is None:
+        progress("no --eval-data: evaluating on the training data (acceptance will be optimistic)")
+        eval_data = data
+    stages: dict[str, float] = {}
+    work.mkdir(parents=True, exist_ok=True)
+    mark(work)  # a later `run --overwrite` may replace it
+    hub = {"revision": revision, "token": token}
+    inside = {"overwrite": True, "progress": progress}  # the stages write inside `work`, checked above
+    distilled, exported = work / "distilled", work / f"export-{fmt}"
+    device = resolve_device(device)
+
+    with _stage(stages, "convert", progress, f"[1/5] convert {source} -> raw MTP head and {to} draft"):
+        raw, start = _convert(source, work, to, layer, {**hub, **inside})
+    with _stage(stages, "distill", progress, f"[2/5] distill against {target}"):
+        config = distill_config or DistillConfig()
+        where = {"device": device, "target_dtype": dtype, "device_map": device_map}
+        distill(start, distilled, data, target, config=config, regenerate_data=regenerate, **hub, **inside, **where)
+    with _stage(stages, "evaluate", progress, f"[3/5] evaluate (k = {num_draft_tokens}) beside the raw MTP head"):
+        drafts = [("distilled " + to, str(distilled)), ("raw MTP head (baseline)", str(raw))]
+        limits = (num_draft_tokens, max_new_tokens, max_prompts)
+        where = {"device": device, "dtype": dtype, "device_map": device_map}
+        report = evaluate(drafts, target, eval_data, *limits, **hub, progress=progress, **where)
+        save_evaluation(distilled, report)
+    with _stage(stages, "export", progress, f"[4/5] export --format {fmt}"):
+        reads = target if REGISTRY[fmt].reads_target else None
+        export(distilled, fmt, exported, target=reads, speculative_tokens=num_draft_tokens, **hub, **inside)
+    pushed = None
+    if push_repo:
+        from mtp2draft.hub import push
+
+        with _stage(stages, "push", progress, f"[5/5] push to {push_repo}"):
+            pushed = push(exported, push_repo, private=private, token=token, progress=progress)
+    else:
+        progress("[5/5] push skipped (no --push)")
+    return RunResult(work, raw, distilled, exported, report, pushed, stages)
+
+
+@contextmanager
+def _stage(stages: dict[str, float], name: str, progress: Progress, line: str) -> Iterator[None]:
+    """Announce a stage and record its wall time in `stages[name]` (seconds), as the demo prints them."""
+    started = time.perf_counter()
+    progress(line)
+    yield
+    stages[name] = time.perf_counter() - started
+
+
+def _convert(source: str, work: Path, to: str, layer: int | None, options: dict[str, Any]) -> tuple[Path, Path]:
+    """The raw MTP head (`raw-mtp/`, the evaluation's baseline) and the draft to distill: that head itself, or for
+    `--to eagle3` an EAGLE-3 draft converted beside it (`raw-eagle3/`)."""
+    outs = {DraftKind.MTP: work / "raw-mtp"}
+    if to == DraftKind.EAGLE3:
+        outs[DraftKind.EAGLE3] = work / "raw-eagle3"
+    for kind, out in outs.items():
+        convert(source, out, to=kind, layer=layer, **options)
+    return outs[DraftKind.MTP], out
+
+
+def demo(work: str | Path, steps: int = 150, overwrite: bool = True, progress: Progress = lambda _: None) -> RunResult:
+    """The quick start: the full path on the bundled target (native MTP draft: the clearest view of what a short
+    training-time-test fine-tune adds to the raw head), evaluated beside the raw head on held-out prompts."""
+    if not (BUNDLED_TARGET / "config.json").is_file():
+        raise SourceError(f"the bundled target is missing ({BUNDLED_TARGET}): run the demo from a repository checkout")
+    cfg = DistillConfig(steps=steps, ttt_steps=4, lr=1e-3, batch_size=8, max_length=256, save_every=max(steps, 1))
+    return run(
+        str(BUNDLED_TARGET),
+        work,
+        BUNDLED_DATA / "train.jsonl",
+        to=DraftKind.MTP,
+        eval_data=BUNDLED_DATA / "heldout.jsonl",
+        distill_config=cfg,
+        num_draft_tokens=4,
+        max_new_tokens=48,
+        max_prompts=16,
+        overwrite=overwrite,
+        progress=progress,
+        device="cpu",  # the figures the quick start documents are the CPU's
+    )
