@@ -27,6 +27,7 @@ from mtp2draft.formats import REGISTRY, formats_of, get_format
 from mtp2draft.formats.export import export
 from mtp2draft.io import Progress, check_output_dir, mark
 from mtp2draft.kinds import DraftKind
+from mtp2draft.target.device import resolve_device
 from mtp2draft.train.recipe import DistillConfig, distill
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
@@ -80,12 +81,17 @@ def run(
     regenerate: bool = False,
     overwrite: bool = False,
     progress: Progress = lambda _: None,
+    device: str | None = None,
+    dtype: str = "float32",
+    device_map: str | dict | None = None,
 ) -> RunResult:
     """Convert SOURCE's MTP layer, distill it against the target (SOURCE itself unless `target` is given), evaluate
     it beside the untouched MTP head, export it for the engines and, with `push_repo`, publish it.
 
     `revision` pins SOURCE; `target_revision` pins a `target` given apart from SOURCE (a revision names a commit of
-    one repo, so SOURCE's never travels to another). The token is the user's credential and serves both."""
+    one repo, so SOURCE's never travels to another). The token is the user's credential and serves both. The target
+    runs in `dtype` on `device` (default: cuda when available) or spread by `device_map`, in distill and evaluate
+    alike; the draft trains and decodes on `device` (a device map's first device)."""
     work = Path(work)
     check_output_dir(work, overwrite, inputs=[source, target, data, eval_data])
     if target is None or target == source:
@@ -107,16 +113,21 @@ def run(
     target_hub = {"revision": target_revision, "token": token}  # for the target (SOURCE's own unless --target)
     inside = {"overwrite": True, "progress": progress}  # the stages write inside `work`, checked above
     distilled, exported = work / "distilled", work / f"export-{fmt}"
+    device = resolve_device(device)
 
     with _stage(stages, "convert", progress, f"[1/5] convert {source} -> raw MTP head and {to} draft"):
         raw, start = _convert(source, work, to, layer, {**hub, **inside})
     with _stage(stages, "distill", progress, f"[2/5] distill against {target}"):
         config = distill_config or DistillConfig()
-        distill(start, distilled, data, target, config=config, regenerate_data=regenerate, **target_hub, **inside)
+        where = {"device": device, "target_dtype": dtype, "device_map": device_map}
+        distill(
+            start, distilled, data, target, config=config, regenerate_data=regenerate, **target_hub, **inside, **where
+        )
     with _stage(stages, "evaluate", progress, f"[3/5] evaluate (k = {num_draft_tokens}) beside the raw MTP head"):
         drafts = [("distilled " + to, str(distilled)), ("raw MTP head (baseline)", str(raw))]
         limits = (num_draft_tokens, max_new_tokens, max_prompts)
-        report = evaluate(drafts, target, eval_data, *limits, **target_hub, progress=progress)
+        where = {"device": device, "dtype": dtype, "device_map": device_map}
+        report = evaluate(drafts, target, eval_data, *limits, **target_hub, progress=progress, **where)
         save_evaluation(distilled, report)
     with _stage(stages, "export", progress, f"[4/5] export --format {fmt}"):
         reads = target if REGISTRY[fmt].reads_target else None
@@ -170,4 +181,5 @@ def demo(work: str | Path, steps: int = 150, overwrite: bool = True, progress: P
         max_prompts=16,
         overwrite=overwrite,
         progress=progress,
+        device="cpu",  # the figures the quick start documents are the CPU's
     )

@@ -63,6 +63,8 @@ class ToyTarget:
     """TargetRunner's interface: logits [n, 3] at each new position depend on the whole prefix in the cache, and the
     feature [1, n, 1] is a code of that prefix (so the draft's q depends on it too)."""
 
+    device = torch.device("cpu")
+
     def start(self) -> ToyCache:
         return ToyCache()
 

@@ -21,6 +21,7 @@ from mtp2draft.cli.options import (
     Checkpointing,
     Data,
     Device,
+    DeviceMap,
     DistillEngine,
     DraftDir,
     DraftVocab,
@@ -38,6 +39,7 @@ from mtp2draft.cli.options import (
     Source,
     StepWeights,
     Target,
+    TargetDtype,
     Token,
     TrainSubset,
     Verifier,
@@ -46,7 +48,7 @@ from mtp2draft.cli.options import (
 )
 from mtp2draft.cli.progress import Reporter
 from mtp2draft.errors import Mtp2DraftError
-from mtp2draft.kinds import DTYPE_NAMES, DraftKind
+from mtp2draft.kinds import DraftKind
 
 app = typer.Typer(
     name="mtp2draft",
@@ -107,7 +109,7 @@ def convert(
     out: Out,
     to: Annotated[str, typer.Option("--to", help=f"Draft kind: {choices('kinds')}.")] = DraftKind.MTP.value,
     layer: Annotated[int | None, typer.Option("--layer", help="MTP layer index (default 0).")] = None,
-    dtype: Annotated[str, typer.Option("--dtype", help=f"Weights dtype: {' | '.join(DTYPE_NAMES)}.")] = "bfloat16",
+    dtype: Annotated[str, typer.Option("--dtype", help=f"Weights dtype: {choices('dtypes')}.")] = "bfloat16",
     aux_layers: Annotated[
         str | None, typer.Option("--aux-layers", help="eagle3: three target layer ids 'low,mid,high' (output of).")
     ] = None,
@@ -172,6 +174,8 @@ def distill(
     token: Token = None,
     overwrite: Overwrite = False,
     device: Device = None,
+    dtype: TargetDtype = "float32",
+    device_map: DeviceMap = None,
     precision: Precision = None,
     train_subset: TrainSubset = "all",
     activation_checkpointing: Checkpointing = False,
@@ -187,14 +191,14 @@ def distill(
 
     Examples:
 
-    * `mtp2draft distill ds3-mtp --target deepseek-ai/DeepSeek-V3 --data chats.jsonl --out ds3-mtp-ft`
-    * `mtp2draft distill glm-eagle3 --target zai-org/GLM-4.5-Air --data chats.jsonl --regenerate --draft-vocab-size 32000 --ttt-steps 5 --out glm-eagle3-ft`
+    * `mtp2draft distill glm-mtp --target zai-org/GLM-4.5-Air --data chats.jsonl --device-map auto --dtype bfloat16 --out glm-mtp-ft` (the target spread over the local GPUs in bf16)
+    * `mtp2draft distill glm-eagle3 --target zai-org/GLM-4.5-Air --data chats.jsonl --regenerate --draft-vocab-size 32000 --ttt-steps 5 --device-map auto --dtype bfloat16 --out glm-eagle3-ft`
     * `mtp2draft distill ds3-mtp --hidden-states dumped/ --out ds3-mtp-ft` (offline, no target loaded)
     * `torchrun --nproc-per-node 8 -m mtp2draft distill ds3-mtp --hidden-states dumped/ --out ds3-mtp-ft` (FSDP2;
       --batch-size stays the global batch)
     * `mtp2draft distill ds3-mtp --out x --plan --world-size 8 --max-length 2048` (memory per rank, then exit)
     """
-    from mtp2draft.train.parallel import resolve_device
+    from mtp2draft.target.device import resolve_device
     from mtp2draft.train.recipe import distill as run
 
     cfg = distill_config(ctx)
@@ -205,7 +209,8 @@ def distill(
     inputs = {"data": data, "target": target, "hidden_states": hidden_states, "skip_bad": skip_bad}
     flags = {"resume": resume, "overwrite": overwrite, "regenerate_data": regenerate, "sample": sample}
     hub = {"revision": revision, "token": token}
-    result = run(draft, out, config=cfg, **inputs, **flags, **hub, device=device, progress=log)
+    where = {"device": device, "target_dtype": dtype, "device_map": device_map}
+    result = run(draft, out, config=cfg, **inputs, **flags, **hub, **where, progress=log)
     if result.is_main:  # other torchrun ranks: rank 0 reports
         print(output.to_json(output.distill_summary(result)) if as_json else output.distill_text(result))
 
@@ -245,6 +250,9 @@ def evaluate(
     skip_bad: SkipBad = False,
     revision: Revision = None,
     token: Token = None,
+    device: Device = None,
+    dtype: TargetDtype = "float32",
+    device_map: DeviceMap = None,
     as_json: AsJson = False,
 ) -> None:
     """Measure acceptance by real speculative decoding (chain of k drafts) against the target: greedy verification,
@@ -253,13 +261,15 @@ def evaluate(
     Reports mean acceptance length (target tokens per target forward, bonus included), acceptance per draft
     position both conditional (given the earlier ones accepted) and per draft (vLLM's counters), and `lossless`: the
     output equals the target's own greedy output on every prompt; at a temperature, a KS test of the emitted tokens'
-    randomised PIT under the target's distribution instead (`distribution_check`).
+    randomised PIT under the target's distribution instead (`distribution_check`). Greedy ties of the top two
+    logits within the rounding of --dtype are reported, not raised. The draft runs on the target's device, in its dtype.
 
     Examples:
 
-    * `mtp2draft evaluate ds3-mtp-ft --target deepseek-ai/DeepSeek-V3 --data prompts.jsonl --baseline ds3-mtp -k 4`
-    * `mtp2draft evaluate glm-eagle3-ft --target zai-org/GLM-4.5-Air --data prompts.jsonl --json --save`
-    * `mtp2draft evaluate ds3-mtp-ft --target deepseek-ai/DeepSeek-V3 --data prompts.jsonl --temperature 1 --seed 0 --draft-sampling sample`
+    * `mtp2draft evaluate glm-mtp-ft --target zai-org/GLM-4.5-Air --data prompts.jsonl --baseline glm-mtp -k 4 --device-map auto --dtype bfloat16`
+    * `mtp2draft evaluate glm-eagle3-ft --target zai-org/GLM-4.5-Air --data prompts.jsonl --device-map auto --dtype bfloat16 --json --save`
+    * `mtp2draft evaluate glm-mtp-ft --target zai-org/GLM-4.5-Air --data prompts.jsonl --device-map auto --dtype bfloat16 --temperature 1 --seed 0 --draft-sampling sample`
+    * `mtp2draft evaluate tiny-ft --target ./tiny-target --data prompts.jsonl --device cpu` (fp32, the default dtype)
     """
     from mtp2draft.evaluation.decode import evaluate as run
     from mtp2draft.evaluation.decode import save_evaluation
@@ -267,7 +277,8 @@ def evaluate(
     drafts = [("draft", str(draft))] + [(f"baseline: {b}", str(b)) for b in (baseline or [])]
     limits = (num_draft_tokens, max_new_tokens, max_prompts, max_prompt_length)
     sampling = {"temperature": temperature, "top_p": top_p, "seed": seed, "draft_sampling": draft_sampling}
-    report = run(drafts, target, data, *limits, revision, token, skip_bad, progress=log, **sampling)
+    where = {"device": device, "dtype": dtype, "device_map": device_map}
+    report = run(drafts, target, data, *limits, revision, token, skip_bad, progress=log, **sampling, **where)
     if save:
         log(f"saved {save_evaluation(draft, report)}")
     print(output.to_json(report) if as_json else output.evaluate_text(report))
@@ -402,7 +413,7 @@ def export(
         ),
     ] = None,
     dtype: Annotated[
-        str, typer.Option("--dtype", help=f"sglang/speculators weights dtype: {' | '.join(DTYPE_NAMES)}.")
+        str, typer.Option("--dtype", help=f"sglang/speculators weights dtype: {choices('dtypes')}.")
     ] = "bfloat16",
     speculative_tokens: Annotated[
         int, typer.Option("--speculative-tokens", help="speculators: k written into the proposal method.")
@@ -543,11 +554,14 @@ def run_all(
     ] = None,
     revision: Revision = None,
     token: Token = None,
+    device: Device = None,
+    dtype: TargetDtype = "float32",
+    device_map: DeviceMap = None,
     overwrite: Annotated[bool, typer.Option("--overwrite", help="Replace a non-empty --work.")] = False,
 ) -> None:
     """Convert, distill, evaluate (beside the raw MTP head), export and optionally push, in one command.
 
-    Example: `mtp2draft run zai-org/GLM-4.5-Air --data chats.jsonl --eval-data prompts.jsonl --to eagle3 --regenerate --work glm-run --push me/GLM-4.5-Air-eagle3`
+    Example: `mtp2draft run zai-org/GLM-4.5-Air --data chats.jsonl --eval-data prompts.jsonl --to eagle3 --regenerate --device-map auto --dtype bfloat16 --work glm-run --push me/GLM-4.5-Air-eagle3`
     """
     from mtp2draft.pipeline import run
 
@@ -556,7 +570,8 @@ def run_all(
     limits = {"num_draft_tokens": num_draft_tokens, "max_new_tokens": max_new_tokens, "max_prompts": max_prompts}
     hub = {"revision": revision, "token": token, "target_revision": target_revision, "private": private}
     flags = {"layer": layer, "regenerate": regenerate, "overwrite": overwrite}
-    result = run(source, work, data, **stages, distill_config=cfg, **limits, **hub, **flags, progress=log)
+    where = {"device": device, "dtype": dtype, "device_map": device_map}
+    result = run(source, work, data, **stages, distill_config=cfg, **limits, **hub, **flags, **where, progress=log)
     print(output.run_text(result))
 
 

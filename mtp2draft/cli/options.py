@@ -11,7 +11,7 @@ from typing import Annotated
 
 import typer
 
-from mtp2draft.kinds import DRAFT_KINDS, DRAFT_SAMPLING
+from mtp2draft.kinds import DRAFT_KINDS, DRAFT_SAMPLING, DTYPE_NAMES
 
 
 def choices(option: str, sep: str = " | ") -> str:
@@ -24,7 +24,7 @@ def choices(option: str, sep: str = " | ") -> str:
 
     registries = {"kinds": DRAFT_KINDS, "engines": ENGINES, "formats": FORMATS, "validate": VALIDATE_FORMATS}
     registries |= {"subsets": TRAIN_SUBSETS, "dump_engines": DUMP_ENGINES, "gpus": ACCELERATORS}
-    registries["draft_sampling"] = DRAFT_SAMPLING
+    registries |= {"draft_sampling": DRAFT_SAMPLING, "dtypes": DTYPE_NAMES}
     return sep.join(registries[option])
 
 
@@ -70,6 +70,17 @@ Regenerate = Annotated[
 Device = Annotated[str | None, typer.Option("--device", help="cpu, cuda, cuda:N (default: cuda when available).")]
 Precision = Annotated[
     str | None, typer.Option("--precision", help="fp32 or bf16 (default: bf16 on CUDA, fp32 elsewhere).")
+]
+# where the frozen target runs (evaluate, and distill's online target); the draft follows the target
+TargetDtype = Annotated[
+    str, typer.Option("--dtype", help=f"dtype the target is loaded and run in: {choices('dtypes')}.")
+]
+DeviceMap = Annotated[
+    str | None,
+    typer.Option(
+        "--device-map",
+        help="Spread the target over the local GPUs as transformers' device_map does (e.g. auto); overrides --device.",
+    ),
 ]
 TrainSubset = Annotated[str, typer.Option("--train-subset", help=f"Parameters to train: {choices('subsets', ', ')}.")]
 Checkpointing = Annotated[

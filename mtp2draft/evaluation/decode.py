@@ -15,11 +15,14 @@ P(d[j] accepted) (`per_draft_acceptance`, what vLLM's per-position counters divi
 falls with j by construction).
 
 At temperature 0 the output must equal the target's own greedy decoding token for token; a mismatch raises, except
-at a position where the target's top two logits tie within float rounding (reported separately). At a temperature
+at a position where the target's top two logits tie within the rounding of the dtype the target runs in
+(`tie_tolerance`; reported separately). At a temperature
 the sampler (`sampling.py`: speculative sampling, draft proposing by argmax or by sampling, seeded per prompt) leaves
 the output's *distribution* unchanged, which no single output can show: the report's `distribution_check` is a
 Kolmogorov-Smirnov test of the randomised PIT of every emitted token under the target's exact p (uniform iff
 lossless; tests/test_sampling.py proves the rule exactly and fails it on wrong rules), and `lossless` is null.
+
+The target runs where `--device` / `--device-map` put it, in `--dtype`; the draft follows it (its device and dtype).
 
 What this module does not do: train (`train/recipe.py`) or load checkpoints beyond the draft/target loaders.
 """
@@ -41,10 +44,23 @@ from mtp2draft.errors import DataError, OptionError
 from mtp2draft.evaluation.sampling import Greedy, Sampling, Speculative, ks_uniform, make_sampler, pit, warp
 from mtp2draft.io import Progress, meter, write_json
 from mtp2draft.kinds import DraftKind
+from mtp2draft.target.device import resolve_device
 from mtp2draft.target.hidden import TargetModel, check_draft_fits
 
 EVALUATION_FILE = "evaluation.json"
-TIE_TOLERANCE = 1e-4
+# A tie: the top two logits within TIE_ULPS units of the target dtype's resolution, relative to the top logit.
+TIE_ULPS = 4
+
+
+def tie_tolerance(dtype: torch.dtype) -> float:
+    """Relative gap under which the target's top two logits count as tied in `dtype`.
+
+    finfo(dtype).eps is the spacing of the dtype's numbers at 1 (one ulp there; at a logit x it is eps * |x| within
+    a factor 2). Speculative decoding and the greedy reference compute the same logits with different reductions
+    (k + 1 tokens per forward vs one, a KV cache cut back), so each logit may land a few ulps from the other path's:
+    a top-two gap under TIE_ULPS * eps * max(1, |top|) can flip the argmax without a bug. bf16 (eps 2^-7): 3.1 %;
+    fp16 (2^-10): 0.39 %; fp32 (2^-23): 4.8e-7."""
+    return TIE_ULPS * torch.finfo(dtype).eps
 
 
 class LosslessError(AssertionError):
@@ -57,19 +73,21 @@ def draft_chain(draft, step0: torch.Tensor, tokens: torch.Tensor, origin: int, s
     step0: [1, T, *] the target features the draft reads at step 0; tokens: [1, T] token ids."""
     cache = DraftCache()
     p = origin
-    positions = torch.arange(1, p + 2)[None]
+    positions = torch.arange(1, p + 2, device=tokens.device)[None]
     logits, hidden = draft(tokens[:, 1 : p + 2], draft.initial_hidden(step0[:, : p + 1]), positions, cache=cache)
     out, h = [logits[0, p]], hidden[:, p : p + 1]
     for r in range(1, steps):
-        logits, h = draft(tokens[:, p + r + 1 : p + r + 2], h, torch.tensor([[p + r + 1]]), cache=cache)
+        at = torch.tensor([[p + r + 1]], device=tokens.device)
+        logits, h = draft(tokens[:, p + r + 1 : p + r + 2], h, at, cache=cache)
         out.append(logits[0, 0])
     return out
 
 
-def _append_mask(past: int, new: int, dtype: torch.dtype) -> torch.Tensor:
+def _append_mask(past: int, new: int, dtype: torch.dtype, device: torch.device | str = "cpu") -> torch.Tensor:
     """[1, 1, new, past + new]: every new entry sees the whole cache and the new entries up to itself."""
     allowed = torch.cat([torch.ones(new, past, dtype=torch.bool), torch.ones(new, new, dtype=torch.bool).tril()], 1)
-    return torch.zeros(new, past + new, dtype=dtype).masked_fill(~allowed, torch.finfo(dtype).min)[None, None]
+    mask = torch.zeros(new, past + new, dtype=dtype).masked_fill(~allowed, torch.finfo(dtype).min)
+    return mask[None, None].to(device)
 
 
 def _crop(cache, length: int) -> None:
@@ -91,6 +109,11 @@ class TargetRunner:
         self.kind = draft.kind if draft is not None else DraftKind.MTP
         self.aux = draft.aux_layer_ids if self.kind == DraftKind.EAGLE3 else None
         self.input_hidden = getattr(draft, "input_hidden", None)  # a native draft's step-0 hidden (pre/post norm)
+
+    @property
+    def device(self) -> torch.device:
+        """Where the target's outputs come back (a device map's first device): the draft runs there too."""
+        return self.target.device
 
     def start(self):
         return self.target.new_cache()
@@ -137,19 +160,20 @@ def speculative_decode(
     and verifies tokens (`sampling.py`); None is greedy verification."""
     sampler = sampler or Greedy()
     tcache, dcache = runner.start(), DraftCache()
+    dev = runner.device  # the draft's too
     logits, feats = runner.forward(prompt, tcache)  # [L, V], [1, L, *]
     out = [sampler.first(logits[-1])]
     o = len(prompt) - 1  # origin: last position whose target feature is known
     if o > 0:  # step-0 entries of origins 0..o-1 (tokens 1..o at positions 1..o)
-        draft(
-            torch.tensor([prompt[1:]]), draft.initial_hidden(feats[:, :o]), torch.arange(1, o + 1)[None], cache=dcache
-        )
+        positions = torch.arange(1, o + 1, device=dev)[None]
+        draft(torch.tensor([prompt[1:]], device=dev), draft.initial_hidden(feats[:, :o]), positions, cache=dcache)
     last = feats[:, o : o + 1]
     accepted: list[int] = []
     while len(out) < max_new and out[-1] != eos:
         h, tok, proposal, qs = draft.initial_hidden(last), out[-1], [], []
         for j in range(k):
-            logits_d, h = draft(torch.tensor([[tok]]), h, torch.tensor([[o + 1 + j]]), cache=dcache)
+            at = torch.tensor([[o + 1 + j]], device=dev)
+            logits_d, h = draft(torch.tensor([[tok]], device=dev), h, at, cache=dcache)
             tok, q = sampler.propose(logits_d[0, -1], draft)  # q: [V_draft] the token was drawn from (greedy: None)
             proposal.append(tok)
             qs.append(q)
@@ -160,11 +184,11 @@ def speculative_decode(
         _crop(tcache, o + 2 + a)  # keep tokens 0 .. o+1+a (through the last accepted draft token)
         dcache.crop(o + 1)  # origins 0..o (origin o's step-0 entry was the chain's first)
         if a > 0:  # step-0 entries of origins o+1 .. o+a: their features came with the verification
-            mask = _append_mask(o + 1, a, vfeats.dtype)
+            mask = _append_mask(o + 1, a, vfeats.dtype, dev)
             draft(
-                torch.tensor([proposal[:a]]),
+                torch.tensor([proposal[:a]], device=dev),
                 draft.initial_hidden(vfeats[:, :a]),
-                torch.arange(o + 2, o + 2 + a)[None],
+                torch.arange(o + 2, o + 2 + a, device=dev)[None],
                 attention_mask=mask,
                 cache=dcache,
             )
@@ -175,11 +199,11 @@ def speculative_decode(
 
 
 def _tie(runner: TargetRunner, prompt: list[int], ref: list[int], at: int) -> bool:
-    """Whether the target's top two logits at generated position `at` are equal within float rounding."""
+    """Whether the target's top two logits at generated position `at` are equal within its dtype's rounding."""
     cache = runner.start()
     logits, _ = runner.forward(prompt + ref[:at], cache)
     top = logits[-1].topk(2).values
-    return float(top[0] - top[1]) <= TIE_TOLERANCE * max(1.0, float(top[0].abs()))
+    return float(top[0] - top[1]) <= tie_tolerance(runner.target.dtype) * max(1.0, float(top[0].abs()))
 
 
 @dataclass
@@ -266,9 +290,14 @@ def evaluate(
     top_p: float = 1.0,
     seed: int = 0,
     draft_sampling: str = "greedy",
+    device: str | None = None,
+    dtype: str | torch.dtype = "float32",
+    device_map: str | dict | None = None,
 ) -> dict[str, Any]:
     """Evaluate each (name, draft directory) against the target on the prompts in `data`.
 
+    The target is loaded in `dtype` on `device` (default: cuda when available, else cpu), or spread by transformers'
+    `device_map` (e.g. "auto"); each draft runs on the target's (first) device in its dtype.
     Temperature 0: the target's greedy reference is computed once and shared; every draft's output is checked against
     it. A temperature: speculative sampling at that temperature and top-p, the draft proposing by `draft_sampling`
     (greedy: argmax, sample: from its own distribution), prompt n seeded with (seed, n) for every draft alike; each
@@ -282,7 +311,10 @@ def evaluate(
     ):
         if value < 1:
             raise OptionError(f"{option} must be at least 1, got {value}")
-    tm = target if isinstance(target, TargetModel) else TargetModel(target, revision, token)
+    if not isinstance(target, TargetModel):
+        device = device if device_map is not None else resolve_device(device)
+        target = TargetModel(target, revision, token, dtype=dtype, device=device or "cpu", device_map=device_map)
+    tm = target
     tokenizer = load_tokenizer(tm.path)
     eos = tokenizer.eos_token_id
     prompts = load_prompts(data, tokenizer, max_prompts, max_prompt_length, skip_bad)
@@ -291,6 +323,9 @@ def evaluate(
         "target": tm.source,
         "target_commit": tm.commit,
         "data": str(data),
+        "device": str(tm.device) if device_map is None else f"device_map={device_map}",
+        "dtype": str(tm.dtype).removeprefix("torch."),
+        "tie_tolerance": tie_tolerance(tm.dtype),
         "num_prompts": len(prompts),
         "max_new_tokens": max_new_tokens,
         "temperature": temperature,
@@ -300,9 +335,9 @@ def evaluate(
         "results": [],
     }
     for name, path in drafts:
-        draft = load_draft(path).eval()
+        draft = load_draft(path, dtype=tm.dtype).to(tm.device).eval()
         check_draft_fits(draft, tm, path)
-        draft.attach_target(tm.embedding().float(), tm.lm_head().float())
+        draft.attach_target(tm.embedding().to(tm.device, tm.dtype), tm.lm_head().to(tm.device, tm.dtype))
         runner = TargetRunner(tm, draft)
         if references is None and sampling.greedy:
             progress(f"target greedy reference on {len(prompts)} prompts")

@@ -30,9 +30,9 @@ from safetensors import safe_open
 
 from mtp2draft.checkpoint import network
 from mtp2draft.checkpoint.reader import INDEX_FILE, SINGLE_FILE, open_checkpoint, parse_index, read_config
-from mtp2draft.errors import CheckpointError, DataError, DraftError, SourceError
+from mtp2draft.errors import CheckpointError, DataError, DraftError, OptionError, SourceError
 from mtp2draft.family.spec import Spec, find_spec
-from mtp2draft.io import atomic_output_dir, meter, quiet_transformers, save_tensors, write_json
+from mtp2draft.io import TORCH_DTYPES, atomic_output_dir, meter, quiet_transformers, save_tensors, write_json
 from mtp2draft.kinds import DraftKind, Hidden
 from mtp2draft.target import dump_checks
 
@@ -152,14 +152,18 @@ class TargetModel:
         source: str,
         revision: str | None = None,
         token: str | bool | None = None,
-        dtype: torch.dtype = torch.float32,
+        dtype: str | torch.dtype = torch.float32,
         device: str | torch.device = "cpu",
         device_map: str | dict | None = None,
     ) -> None:
         from transformers import AutoModelForCausalLM
 
         from mtp2draft.draft.modules import hf_config as build_hf_config
+        from mtp2draft.target.device import check_device
 
+        dtype = target_dtype(dtype)
+        if device_map is None:
+            check_device(device)  # before any download: a missing device is one line, not a traceback
         self.source = source
         self.path = local_path(source, revision, token)
         config = read_config(self.path)
@@ -170,20 +174,27 @@ class TargetModel:
         # The spec names the transformers model type that parses this config (e.g. MiMo is Qwen2 in transformers),
         # so no remote code is ever run.
         hf_config = build_hf_config(self.spec.config.transformers_model_type, kwargs, f"{self.path}/config.json")
-        with quiet_transformers():  # the MTP keys are "unexpected" to the trunk class: expected here
-            self.model = AutoModelForCausalLM.from_pretrained(
-                str(self.path),
-                config=hf_config,
-                dtype=dtype,
-                device_map=device_map,
-                trust_remote_code=False,
-                use_safetensors=True,  # never fall back to pickles
-            )
+        try:
+            with quiet_transformers():  # the MTP keys are "unexpected" to the trunk class: expected here
+                self.model = AutoModelForCausalLM.from_pretrained(
+                    str(self.path),
+                    config=hf_config,
+                    dtype=dtype,
+                    device_map=device_map,
+                    trust_remote_code=False,
+                    use_safetensors=True,  # never fall back to pickles
+                )
+        except (ImportError, ValueError) as exc:
+            if device_map is None:
+                raise
+            first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+            raise OptionError(f"--device-map {device_map}: {first}") from exc
         if device_map is None:
             self.model.to(device)
         self.model.eval()
         self.model.requires_grad_(False)  # frozen: no optimizer may ever update it
-        self.device = next(self.model.parameters()).device
+        self.device = next(self.model.parameters()).device  # Features come back here (a device map's first device)
+        self.dtype = dtype
         self.num_layers = self.spec.num_layers(config)
         self.hidden_size = int(text["hidden_size"])
         self.vocab_size = int(text["vocab_size"])
@@ -229,7 +240,8 @@ class TargetModel:
         aux_layers: 0-based "output of layer i" ids (what EAGLE-3's fc fuses). final: which final hidden to capture,
         `pre_norm` or `post_norm` (a native draft's `input_hidden`); default: the spec's `[layer] hidden`.
         cache: None runs the whole batch; a `new_cache()` appends input_ids after the tokens it holds (decoding).
-        Returns Features with fp32 logits [B, T, V]. Nothing is written to the model: hooks only read outputs."""
+        Returns Features with fp32 logits [B, T, V], all on `self.device`. Nothing is written to the model: hooks
+        only read outputs."""
         captured: dict[str, torch.Tensor] = {}
         hooks = []
 
@@ -256,10 +268,22 @@ class TargetModel:
         finally:
             for h in hooks:
                 h.remove()
-        aux = torch.cat([captured[f"aux{i}"] for i in aux_layers], dim=-1) if aux_layers else None
-        return Features(final=captured.get("final"), aux=aux, logits=out.logits.float())
+        here = self.device  # under a device map, layers (and so their outputs) live on several devices
+        aux = torch.cat([captured[f"aux{i}"].to(here) for i in aux_layers], dim=-1) if aux_layers else None
+        final = captured["final"].to(here) if "final" in captured else None
+        return Features(final=final, aux=aux, logits=out.logits.float().to(here))
 
     features = run  # the name distillation and `dump-hidden` use: `run` over a whole batch (no cache)
+
+
+def target_dtype(dtype: str | torch.dtype) -> torch.dtype:
+    """A `--dtype` name (dtypes.DTYPE_NAMES) or a torch dtype -> the torch dtype; any other name is refused."""
+    if isinstance(dtype, torch.dtype):
+        return dtype
+    known = TORCH_DTYPES
+    if dtype not in known:
+        raise OptionError(f"--dtype must be one of {', '.join(known)}, got {dtype!r}")
+    return known[dtype]
 
 
 def commit_of(path: Path) -> str | None:

@@ -49,13 +49,6 @@ PRECISIONS = {
 }
 
 
-def resolve_device(device: str | None) -> str:
-    """`None` -> cuda when available, else cpu."""
-    if device:
-        return device
-    return "cuda" if torch.cuda.is_available() else "cpu"
-
-
 def resolve_precision(precision: str | None, device: str) -> str:
     """`None` -> bf16 on CUDA, fp32 elsewhere."""
     from mtp2draft.errors import DataError

@@ -184,6 +184,8 @@ class DistillJob:
     checkpoint_dir: str | Path | None = None
     progress: Progress = lambda _: None
     stop_after: int | None = None
+    target_dtype: str = "float32"  # the online target's dtype and device map (TargetModel's)
+    device_map: str | dict | None = None
 
     @property
     def inputs(self) -> list:
@@ -207,7 +209,8 @@ def distill(
     """Fine-tune the draft in `draft_dir` against the frozen target; write the result to `out`.
 
     `config` holds the training settings; `job` the rest of what this call is asked to do, as `DistillJob`'s fields
-    (declared there once) plus `device`: data comes either from `data` + the online `target`, or from a `dump-hidden` directory
+    (declared there once) plus `device`: data comes either from `data` + the online `target` (loaded in
+    `target_dtype` on `device`, or spread by transformers' `device_map`), or from a `dump-hidden` directory
     (`hidden_states`); `stop_after` ends the run after that many steps without writing `out` (checkpoints stay):
     for tests. Under torchrun every rank calls this; the global batch is split between them and rank 0 logs and
     writes (see parallel.py)."""
@@ -342,7 +345,7 @@ class DistillRecipe:
             regen = max(cfg.steps * cfg.batch_size, cfg.batch_size) if job.regenerate_data else None
             self.teacher = online_teacher(
                 draft, job.draft_dir, job.data, job.target, job.revision, job.token, self.device, cfg.max_length,
-                job.skip_bad, regen, job.sample, cfg.seed, self.progress,
+                job.skip_bad, regen, job.sample, cfg.seed, self.progress, job.target_dtype, job.device_map,
             )  # fmt: skip
         self.fingerprint = self.teacher.fingerprint()
         draft.attach_target(self.teacher.embed.to(self.device), self.teacher.head.to(self.device))
@@ -354,6 +357,8 @@ class DistillRecipe:
             "data_hash": self.teacher.data_hash,
             "target": self.teacher.source,
         }
+        if job.hidden_states is None and job.target_dtype != "float32":  # the default is left out: older hashes hold
+            self.settings["target_dtype"] = str(job.target_dtype).removeprefix("torch.")
         parallel.check_same_settings(self.par, self.settings, "data")  # every rank read the same data and target
 
     def batch(self, step: int, final: bool = False, whole: bool = False):
