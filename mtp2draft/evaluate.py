@@ -31,6 +31,7 @@ from .data import load_tokenizer, prompt_ids, read_records
 from .draft import DraftCache, load_draft
 from .errors import DataError, OptionError
 from .hidden import TargetModel, check_draft_fits
+from .identity import check_drafts_belong
 from .io import Progress, write_json
 from .kinds import DraftKind
 
@@ -242,6 +243,7 @@ def evaluate(
     ):
         if value < 1:
             raise OptionError(f"{option} must be at least 1, got {value}")
+    check_drafts_belong([path for _, path in drafts], target, revision, token)  # before the target's weights load
     tm = target if isinstance(target, TargetModel) else TargetModel(target, revision, token)
     tokenizer = load_tokenizer(tm.path)
     eos = tokenizer.eos_token_id

@@ -22,6 +22,7 @@ import torch
 from .data import Example, load_tokenizer, read_examples, regenerate
 from .errors import DataError
 from .hidden import Features, OfflineHiddenStates, TargetModel, check_draft_fits, offline_features
+from .identity import check_drafts_belong
 from .io import Progress
 from .kinds import DraftKind
 
@@ -125,6 +126,7 @@ def online_teacher(
     (what the run will see) and let the target write their responses (greedy, or sampled with `seed`)."""
     if data is None or target is None:
         raise DataError("distill needs --data and --target (or --hidden-states)")
+    check_drafts_belong([draft_dir], target, revision, token)  # before the target's weights load
     target_model = TargetModel(target, revision, token, device=device)
     check_draft_fits(draft, target_model, draft_dir)
     tokenizer = load_tokenizer(target_model.path)
