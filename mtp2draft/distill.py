@@ -47,8 +47,9 @@ from .distill_state import (
     write_result,
 )
 from .draft import Eagle3Draft, NativeMtpDraft, load_draft, read_draft_config
+from .draft_config import HANDOVERS
 from .errors import DataError, DraftError, OptionError
-from .io import Progress, check_output_dir
+from .io import Progress, check_output_dir, claim_output
 from .kinds import DraftKind
 from .parallel import Parallel
 from .redact import command_line
@@ -229,6 +230,13 @@ class DistillRecipe:
         self.start = 0
 
     def run(self) -> DistillResult:
+        """The whole run holds the claim on --out (rank 0, which writes): a second run into it is refused at once,
+        not after hours of training, and the two can never share its checkpoints."""
+        check_output_dir(self.job.out, self.job.overwrite, self.job.inputs)  # refused before anything is claimed
+        with claim_output(self.job.out) if self.par.is_main else contextlib.nullcontext():
+            return self._run()
+
+    def _run(self) -> DistillResult:
         self.check_outputs()
         self.check_memory()
         self.setup_model()
@@ -461,13 +469,22 @@ class DistillRecipe:
 def configure_draft(draft, cfg: DistillConfig) -> None:
     """Train for `--engine`'s computation and `--hidden-handover`, refused where they do not apply."""
     kind = draft.kind
+    spec_name = getattr(getattr(draft, "spec", None), "name", None) or (
+        (getattr(draft, "eagle_config", {}) or {}).get("mtp2draft") or {}
+    ).get("spec")
+    check_training_settings(kind, get_spec(spec_name) if spec_name else None, cfg)
+    if cfg.engine is not None and kind == DraftKind.MTP:
+        draft.train_for_engine(cfg.engine)
+    if cfg.hidden_handover is not None:
+        draft.hidden_handover = cfg.hidden_handover
+
+
+def check_training_settings(kind: str, spec: Any, cfg: DistillConfig) -> None:
+    """`--engine` and `--hidden-handover` make sense for a draft of `kind` for `spec`'s family (None: the draft
+    names none): distill checks it on the loaded draft, `run` before anything is fetched."""
     if cfg.engine is not None:
-        spec_name = getattr(getattr(draft, "spec", None), "name", None) or (
-            (getattr(draft, "eagle_config", {}) or {}).get("mtp2draft") or {}
-        ).get("spec")
-        if spec_name is None:
+        if spec is None:
             raise DataError("--engine needs a draft converted by mtp2draft (its config names the target's spec)")
-        spec = get_spec(spec_name)
         if cfg.engine not in ENGINES:
             raise DataError(f"--engine must be one of {', '.join(ENGINES)}, got {cfg.engine!r}")
         if not spec.serves(cfg.engine, kind):
@@ -476,16 +493,13 @@ def configure_draft(draft, cfg: DistillConfig) -> None:
                 f"{cfg.engine} {facts.version if facts else ''} cannot serve a {kind} draft for {spec.name} targets "
                 f"(spec {spec.path}: [engines.{cfg.engine}] methods = {list(facts.methods) if facts else []})"
             )
-        if kind == DraftKind.MTP:
-            draft.train_for_engine(cfg.engine)
     if cfg.hidden_handover is not None:
         if kind != DraftKind.MTP:
             raise DataError(
                 "--hidden-handover applies to native MTP drafts (EAGLE-3 always hands on the pre-norm output)"
             )
-        if cfg.hidden_handover not in ("post_norm", "pre_norm"):
-            raise DataError(f"--hidden-handover must be post_norm or pre_norm, got {cfg.hidden_handover!r}")
-        draft.hidden_handover = cfg.hidden_handover
+        if cfg.hidden_handover not in HANDOVERS:
+            raise DataError(f"--hidden-handover must be {' or '.join(HANDOVERS)}, got {cfg.hidden_handover!r}")
 
 
 def plan_memory(
@@ -498,6 +512,8 @@ def plan_memory(
     """`distill --plan`: the per-rank memory plan of every trainable subset, side by side, from the draft's
     config.json alone (the chosen --train-subset first). World size: `world`, else torchrun's, else 1."""
     cfg = config or DistillConfig()
+    if world is not None and (isinstance(world, bool) or world < 1):
+        raise OptionError(f"--world-size must be a whole number >= 1, got {world}")
     world = world or int(os.environ.get("WORLD_SIZE", 1))
     precision = parallel.resolve_precision(cfg.precision, device)
     draft_config = read_draft_config(draft_dir)
