@@ -50,10 +50,26 @@ PRECISIONS = {
 
 
 def resolve_device(device: str | None) -> str:
-    """`None` -> cuda when available, else cpu."""
-    if device:
+    """`None` -> cuda when available, else cpu; a device that is malformed or not present here is one OptionError
+    line (before anything loads), not a traceback from the first tensor moved there."""
+    from .errors import OptionError
+
+    if not device:
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    try:
+        parsed = torch.device(device)
+    except (RuntimeError, ValueError, TypeError):
+        raise OptionError(f"--device {device!r} is not a device (use cpu, cuda or cuda:N)") from None
+    if parsed.type == "cpu":
         return device
-    return "cuda" if torch.cuda.is_available() else "cpu"
+    if parsed.type != "cuda":
+        raise OptionError(f"--device {device}: mtp2draft runs on cpu or cuda devices")
+    count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    if count == 0:
+        raise OptionError(f"--device {device}: no CUDA device is visible here (use --device cpu)")
+    if parsed.index is not None and parsed.index >= count:
+        raise OptionError(f"--device {device}: only {count} CUDA device(s) are visible here (cuda:0..cuda:{count - 1})")
+    return device
 
 
 def resolve_precision(precision: str | None, device: str) -> str:
