@@ -92,3 +92,37 @@ def test_run_trains_for_the_engine_named(target, text_data, tmp_path: Path, caps
     assert main([*args[:-3], "--to", "eagle3", "--engine", "vllm", *tail, "--overwrite"]) == 2
     err = capsys.readouterr().err
     assert "cannot serve" in err and "Traceback" not in err
+
+
+@pytest.mark.parametrize(
+    ("extra", "needle"),
+    [
+        (["--to", "mtp", "--format", "sglang"], "--format sglang takes an EAGLE-3 draft"),
+        (["--to", "eagle3", "--format", "stitched"], "--format stitched takes a native MTP draft"),
+        (["--to", "eagle3", "--engine", "vllm"], "cannot serve"),
+        (["--push", "no such/repo id"], "is not a Hub repo id"),
+        (["-k", "0"], "--num-draft-tokens must be at least 1"),
+    ],
+)
+def test_run_refuses_before_any_work(target, text_data, tmp_path: Path, monkeypatch, capsys, extra, needle) -> None:
+    """A clash `run` can see from the options and configs is refused before a tensor byte is read or a stage
+    starts, and leaves nothing on disk (it used to surface only after convert and distill had run)."""
+    import importlib
+
+    import mtp2draft.checkpoint as checkpoint
+
+    run = importlib.import_module("mtp2draft.run")  # the module (the package exports a function of that name)
+
+    def no_work(*_a, **_k):
+        raise AssertionError("work started before the refusal")
+
+    for stage in ("convert", "distill", "evaluate", "export"):
+        monkeypatch.setattr(run, stage, no_work)
+    monkeypatch.setattr(checkpoint.Checkpoint, "read_raw", no_work)
+    source = target("mimo", num_hidden_layers=4)
+    argv = ["run", str(source), "--data", str(text_data), "--work", str(tmp_path / "w"), *extra]
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    lines = [line for line in err.splitlines() if line.startswith("error:")]
+    assert len(lines) == 1 and needle in lines[0] and "Traceback" not in err, err
+    assert list(tmp_path.iterdir()) == []
