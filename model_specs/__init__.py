@@ -1,1 +1,1 @@
-"""Spec files, one per checkpoint family (HF model_type); read by mtp2draft.spec."""
+"""Spec files, one per checkpoint family (HF model_type); read by mtp2draft.family.spec."""

@@ -8,8 +8,8 @@ Pipeline (each stage a CLI command and a function here):
     push      publish to the Hugging Face Hub with a model card
 
 The stage functions are loaded on first use (PEP 562 `__getattr__`), so `import mtp2draft` or `import
-mtp2draft.spec` does not import torch. They carry their module's name (`mtp2draft.convert` is the function here);
-import the modules themselves with `from mtp2draft.convert import ...` or `importlib.import_module(...)`.
+mtp2draft.family.spec` does not import torch. They carry their module's name (`mtp2draft.conversion` is the function here);
+import the modules themselves with `from mtp2draft.conversion import ...` or `importlib.import_module(...)`.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ import sys
 import types
 from typing import TYPE_CHECKING, Any
 
-from ._version import __version__
+from mtp2draft._version import __version__
 
 # public name -> the module that defines it
 _LAZY: dict[str, str] = {
@@ -62,14 +62,15 @@ __all__ = [
 ]
 
 if TYPE_CHECKING:  # for type checkers and IDEs only: at run time these load lazily
-    from .convert import convert, inspect_checkpoint, load_native
-    from .distill import DistillConfig, distill
-    from .draft import Eagle3Draft, NativeMtpDraft, load_draft
-    from .evaluate import evaluate
-    from .export import export, validate
-    from .hub import push
-    from .run import run
-    from .spec import find_spec, get_spec, registry
+    from mtp2draft.conversion import convert, inspect_checkpoint
+    from mtp2draft.draft.layout import load_native
+    from mtp2draft.draft.modules import Eagle3Draft, NativeMtpDraft, load_draft
+    from mtp2draft.evaluation import evaluate
+    from mtp2draft.family.spec import find_spec, get_spec, registry
+    from mtp2draft.formats.export import export, validate
+    from mtp2draft.hub import push
+    from mtp2draft.pipeline import run
+    from mtp2draft.train.recipe import DistillConfig, distill
 
 
 def __getattr__(name: str) -> Any:
@@ -77,7 +78,7 @@ def __getattr__(name: str) -> Any:
     if module is None:
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
     value = getattr(importlib.import_module(f".{module}", __name__), name)
-    # A stage function shares its module's name: importing mtp2draft.convert binds the MODULE as the package
+    # A stage function shares its module's name: importing mtp2draft.conversion binds the MODULE as the package
     # attribute `convert`, so the function is cached in the module globals, replacing it, as the eager imports did.
     globals()[name] = value
     return value
@@ -88,7 +89,7 @@ def __dir__() -> list[str]:
 
 
 class _Package(types.ModuleType):
-    """Keeps `mtp2draft.convert` (and distill, evaluate, export, run) the stage FUNCTION once its submodule is
+    """Keeps `mtp2draft.conversion` (and distill, evaluate, export, run) the stage FUNCTION once its submodule is
     imported: the import system binds the submodule as a package attribute, which would shadow the function."""
 
     def __setattr__(self, name: str, value: Any) -> None:

@@ -22,7 +22,7 @@ from typing import Any
 
 import torch
 
-from .errors import DataError
+from mtp2draft.errors import DataError
 
 # A JSONL line longer than this is malformed (read in pieces and skipped, never held whole).
 MAX_LINE_BYTES = 64 << 20
@@ -43,7 +43,7 @@ class Example:
 def load_tokenizer(path: str | Path):
     from transformers import AutoTokenizer
 
-    from .io import quiet_transformers
+    from mtp2draft.io import quiet_transformers
 
     try:
         with quiet_transformers():

@@ -25,8 +25,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .errors import DraftError, Mtp2DraftError
-from .kinds import CONFIG_FILE, DraftKind, detect_kind
+from mtp2draft.errors import DraftError, Mtp2DraftError
+from mtp2draft.kinds import CONFIG_FILE, DraftKind, detect_kind
 
 HANDOVERS = ("post_norm", "pre_norm")  # which hidden a draft step hands on / step 0 reads
 DRAFT_FORMAT_VERSIONS = (1,)  # the native draft layouts this version reads (draft.DRAFT_FORMAT_VERSION writes)
@@ -113,14 +113,14 @@ class Field:
 
 
 def _spec_name(v: Any) -> str | None:
-    from .spec import spec_names
+    from mtp2draft.family.spec import spec_names
 
     names = spec_names()
     return None if isinstance(v, str) and v in names else "one of the registered specs (" + ", ".join(names) + ")"
 
 
 def _engine(v: Any) -> str | None:
-    from .spec import ENGINES
+    from mtp2draft.family.spec import ENGINES
 
     if v is None:
         return None
@@ -270,7 +270,7 @@ def check_model_config(cfg: Mapping[str, Any], where: str, prefix: str = "") -> 
 
 
 def _native(cfg: Mapping[str, Any], where: str) -> DraftConfig:
-    from .spec import get_spec
+    from mtp2draft.family.spec import get_spec
 
     _check(cfg, NATIVE_FIELDS, where)
     spec = get_spec(cfg["spec"])

@@ -35,17 +35,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from . import network
-from ._version import __version__
-from .draft import CONFIG_FILE, PROVENANCE_FILE
-from .errors import DraftError, HubError, Mtp2DraftError, ValidationError
-from .export import EVALUATION_FILE, README_FILE, detect_format, validate
-from .formats import REGISTRY, format_kind, get_format
-from .formats.common import _read_json
-from .io import Progress, quiet
-from .kinds import DraftKind
-from .redact import find_secret, known_secrets, redact, register_secret
-from .spec import ENGINES, Spec, find_spec, get_spec
+from mtp2draft._version import __version__
+from mtp2draft.checkpoint import network
+from mtp2draft.errors import DraftError, HubError, Mtp2DraftError, ValidationError
+from mtp2draft.family.spec import ENGINES, Spec, find_spec, get_spec
+from mtp2draft.formats import REGISTRY, format_kind, get_format
+from mtp2draft.formats.common import read_json
+from mtp2draft.formats.export import EVALUATION_FILE, README_FILE, detect_format, validate
+from mtp2draft.io import Progress, quiet
+from mtp2draft.kinds import CONFIG_FILE, PROVENANCE_FILE, DraftKind
+from mtp2draft.redact import find_secret, known_secrets, redact, register_secret
 
 # What mtp2draft measured about EAGLE-3 drafts converted from an MTP layer (docs/eagle3-from-mtp.md), said on every
 # EAGLE-3 card so that a user who can serve the native draft knows it was the better one there.
@@ -88,7 +87,7 @@ def push(
     from huggingface_hub import HfApi, constants, get_token
 
     path = Path(path)
-    fmt = detect_format(_read_json(path / CONFIG_FILE) or {}) if (path / CONFIG_FILE).is_file() else None
+    fmt = detect_format(read_json(path / CONFIG_FILE) or {}) if (path / CONFIG_FILE).is_file() else None
     problems = validate(path)  # DraftError when it is not a draft directory at all
     if problems:
         raise ValidationError(
@@ -284,12 +283,12 @@ def model_card(path: str | Path, repo_id: str | None = None, base_model: str | N
     from huggingface_hub import EvalResult, ModelCard, ModelCardData
 
     path = Path(path)
-    cfg = _read_json(path / CONFIG_FILE)
+    cfg = read_json(path / CONFIG_FILE)
     if cfg is None:
         raise DraftError(f"{path} has no {CONFIG_FILE}")
     fmt = detect_format(cfg)
-    prov = _read_json(path / PROVENANCE_FILE) or {}
-    evaluation = _read_json(path / EVALUATION_FILE)
+    prov = read_json(path / PROVENANCE_FILE) or {}
+    evaluation = read_json(path / EVALUATION_FILE)
     kind = format_kind(fmt)
     target = base_model or _target(cfg, prov)
     name = (repo_id or path.resolve().name).split("/")[-1]

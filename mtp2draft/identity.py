@@ -18,8 +18,8 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
-from .draft_config import DraftConfig
-from .errors import DraftError
+from mtp2draft.draft_config import DraftConfig
+from mtp2draft.errors import DraftError
 
 # Config fields that never change what the target or the draft computes here: bookkeeping (the library version that
 # wrote the file, where it was loaded from), the stored dtype (mtp2draft computes in the dtype it chooses: fp32 for
@@ -33,7 +33,7 @@ _MISSING = object()
 
 def _flat(spec_name: str | None, config: Mapping[str, Any]) -> dict[str, Any]:
     """The config's fields, a nested text config's (Qwen3.5's `text_config`) as `text_config.<key>`."""
-    from .spec import get_spec
+    from mtp2draft.family.spec import get_spec
 
     nested = get_spec(spec_name).config.text_config if spec_name else ""
     out = {k: v for k, v in config.items() if not (nested and k == nested)}
@@ -62,7 +62,7 @@ def check_target_identity(draft: DraftConfig, target_config: Mapping[str, Any], 
     field that changes the computation (one DraftError line, the first differences named). A draft without a
     record (an EAGLE-3 draft converted by an older version, or from elsewhere) is checked on what it carries: the
     family, hidden size and vocabulary."""
-    from .spec import find_spec
+    from mtp2draft.family.spec import find_spec
 
     found = find_spec(target_config)
     if draft.spec and draft.spec != found.name:
@@ -89,9 +89,9 @@ def check_drafts_belong(
 ) -> None:
     """Each draft directory's config checked (`draft_config`) and its recorded target compared with `target`'s
     config (a hub id or local directory, or a loaded `TargetModel`): one line before any weight is loaded."""
-    from .checkpoint import read_config
-    from .draft_config import load_draft_config
-    from .hidden import local_path
+    from mtp2draft.checkpoint.reader import read_config
+    from mtp2draft.draft_config import load_draft_config
+    from mtp2draft.target.hidden import local_path
 
     if hasattr(target, "raw_config"):  # a loaded TargetModel
         config, name = target.raw_config, target.source

@@ -23,9 +23,9 @@ from typing import Any
 
 import torch
 
-from .checkpoint import DTYPES, TORCH_TO_ST
-from .errors import OutputExistsError
-from .redact import scrub
+from mtp2draft.checkpoint.reader import DTYPES, TORCH_TO_ST
+from mtp2draft.errors import OutputExistsError
+from mtp2draft.redact import scrub
 
 # Every stage reports progress through a callable taking one line; the CLI prints it on stderr, tests drop it.
 Progress = Callable[[str], None]
@@ -122,7 +122,7 @@ def _take(lock: Path) -> bool:
 
 
 def _command() -> str:
-    from .redact import command_line
+    from mtp2draft.redact import command_line
 
     return command_line()
 

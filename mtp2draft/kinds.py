@@ -12,7 +12,7 @@ from collections.abc import Mapping
 from enum import StrEnum
 from typing import Any
 
-from .errors import DraftError
+from mtp2draft.errors import DraftError
 
 
 class DraftKind(StrEnum):

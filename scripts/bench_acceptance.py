@@ -38,13 +38,13 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from mtp2draft import __version__  # noqa: E402
-from mtp2draft.convert import convert  # noqa: E402
+from mtp2draft.conversion import convert  # noqa: E402
 from mtp2draft.data import load_tokenizer, read_examples  # noqa: E402
-from mtp2draft.distill import DistillConfig, choose_draft_vocab, distill, token_counts  # noqa: E402
-from mtp2draft.draft import load_draft  # noqa: E402
-from mtp2draft.evaluate import evaluate  # noqa: E402
-from mtp2draft.hidden import TargetModel  # noqa: E402
+from mtp2draft.draft.modules import load_draft  # noqa: E402
+from mtp2draft.evaluation import evaluate  # noqa: E402
 from mtp2draft.io import save_tensors, write_json  # noqa: E402
+from mtp2draft.target.hidden import TargetModel  # noqa: E402
+from mtp2draft.train.recipe import DistillConfig, choose_draft_vocab, distill, token_counts  # noqa: E402
 
 TARGETS = ROOT / "examples" / "targets"
 DATA = ROOT / "examples" / "data"

@@ -30,11 +30,15 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from mtp2draft.checkpoint import open_checkpoint, quantize_fp8  # noqa: E402
-from mtp2draft.convert import MIN_EAGLE3_LAYERS, plan_mtp_layer  # noqa: E402
+from mtp2draft.checkpoint.fp8 import quantize_fp8  # noqa: E402
+from mtp2draft.checkpoint.reader import open_checkpoint
+from mtp2draft.conversion import MIN_EAGLE3_LAYERS, plan_mtp_layer  # noqa: E402
+from mtp2draft.family.spec import get_spec  # noqa: E402
 from mtp2draft.io import save_tensors, write_json  # noqa: E402
-from mtp2draft.spec import get_spec  # noqa: E402
-from mtp2draft.testing.fixtures import DEEPSEEK_V3, FP8_QUANTIZATION  # noqa: E402
+from mtp2draft.testing.family_configs import (
+    DEEPSEEK_V3,
+    FP8_QUANTIZATION,  # noqa: E402
+)
 from mtp2draft.testing.hub_server import HubServer  # noqa: E402
 
 MB = 1 << 20
@@ -70,8 +74,8 @@ def build(out: Path, hidden: int, experts: int, layers: int) -> dict:
     """Weights with the right names and shapes (values random: the benchmark measures I/O and memory, not quality).
 
     Trunk layers get the same block shapes as the MTP layer (via the native module's shapes)."""
-    from mtp2draft.draft import NativeMtpDraft
-    from mtp2draft.layout import native_to_checkpoint
+    from mtp2draft.draft.layout import native_to_checkpoint
+    from mtp2draft.draft.modules import NativeMtpDraft
 
     cfg = synthetic_config(hidden, experts, layers)
     spec = get_spec("deepseek_v3")
@@ -134,7 +138,7 @@ def build(out: Path, hidden: int, experts: int, layers: int) -> dict:
 
 CHILD = """
 import json, sys, time
-from mtp2draft.convert import convert
+from mtp2draft.conversion import convert
 t = time.perf_counter()
 if len(sys.argv) > 1:
     r = convert(sys.argv[1], sys.argv[2], to=sys.argv[3])

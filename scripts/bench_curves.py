@@ -36,8 +36,8 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from mtp2draft.distill import DistillConfig, distill  # noqa: E402
 from mtp2draft.io import write_json  # noqa: E402
+from mtp2draft.train.recipe import DistillConfig, distill  # noqa: E402
 
 # init -> (bench_unseen source key, the uninterrupted bench_unseen row of 240 / 120 steps to compare with, step 0)
 INITS = {
@@ -210,8 +210,8 @@ def main() -> None:
             update(lambda f, name=name, rec=rec: f["curves"].setdefault(name, {}).update(train=rec, steps=args.steps))
     fig = update(lambda f: None)
     for k in [int(x) for x in args.evaluate.split(",") if x]:
-        from mtp2draft.evaluate import evaluate
-        from mtp2draft.hidden import TargetModel
+        from mtp2draft.evaluation import evaluate
+        from mtp2draft.target.hidden import TargetModel
 
         tm = TargetModel(str(target))
         drafts = {

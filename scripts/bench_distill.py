@@ -33,9 +33,9 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from mtp2draft.draft import build_draft, load_draft  # noqa: E402
-from mtp2draft.hidden import Features  # noqa: E402
-from mtp2draft.ttt import draft_target_ids, ttt_forward  # noqa: E402
+from mtp2draft.draft.modules import build_draft, load_draft  # noqa: E402
+from mtp2draft.target.hidden import Features  # noqa: E402
+from mtp2draft.train.ttt import draft_target_ids, ttt_forward  # noqa: E402
 
 # Dense bf16 tensor-core peaks (TFLOP/s, no sparsity), from the vendors' data sheets.
 PEAKS = {"H200": 989.0, "H100": 989.0, "H800": 989.0, "A100": 312.0, "L40S": 362.0, "A10": 125.0, "B200": 2250.0}
@@ -124,7 +124,7 @@ def main() -> int:
     if args.draft:
         draft = load_draft(args.draft)
     elif args.tiny:
-        from mtp2draft.convert import convert
+        from mtp2draft.conversion import convert
 
         tmp = Path(tempfile.mkdtemp()) / "d"
         root = Path(__file__).resolve().parents[1]

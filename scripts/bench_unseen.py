@@ -38,11 +38,11 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from mtp2draft.convert import convert  # noqa: E402
-from mtp2draft.distill import DistillConfig, distill  # noqa: E402
-from mtp2draft.evaluate import evaluate  # noqa: E402
-from mtp2draft.hidden import TargetModel  # noqa: E402
+from mtp2draft.conversion import convert  # noqa: E402
+from mtp2draft.evaluation import evaluate  # noqa: E402
 from mtp2draft.io import write_json  # noqa: E402
+from mtp2draft.target.hidden import TargetModel  # noqa: E402
+from mtp2draft.train.recipe import DistillConfig, distill  # noqa: E402
 
 TARGETS = ROOT / "examples" / "targets"
 PROMPT_MOD = 5
@@ -233,8 +233,8 @@ def run_evaluate(target: Path, w: Path, names: list[str], ks: list[int], args) -
 def run_engine(target: Path, w: Path, names: list[str], ks: list[int], args) -> dict[str, Any]:
     """Native rows served by vLLM (stitched export over a served view of the target), plus plain decoding."""
     from mtp2draft.data import load_tokenizer
-    from mtp2draft.evaluate import load_prompts
-    from mtp2draft.export import export
+    from mtp2draft.evaluation import load_prompts
+    from mtp2draft.formats.export import export
     from mtp2draft.testing.engine import EngineRun, run_vllm, served_view, speculative_config
 
     tok = load_tokenizer(target)

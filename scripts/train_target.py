@@ -52,12 +52,12 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from mtp2draft.convert import load_native
-from mtp2draft.draft import NativeMtpDraft
+from mtp2draft.draft.layout import load_native, native_to_checkpoint
+from mtp2draft.draft.modules import NativeMtpDraft
+from mtp2draft.family.spec import Spec, get_spec
 from mtp2draft.io import atomic_output_dir, check_output_dir, write_json
-from mtp2draft.layout import native_to_checkpoint
-from mtp2draft.spec import Spec, get_spec
-from mtp2draft.testing.fixtures import DEEPSEEK_V3, MIMO, hub_tensors, write_checkpoint
+from mtp2draft.testing.family_configs import DEEPSEEK_V3, MIMO
+from mtp2draft.testing.fixtures import hub_tensors, write_checkpoint
 
 # ---- the two targets --------------------------------------------------------------------------------------------
 VOCAB = 4096

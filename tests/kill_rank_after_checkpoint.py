@@ -6,9 +6,9 @@ import os
 import signal
 import sys
 
-from mtp2draft.cli import main
+from mtp2draft.cli.app import main
 
-distill_module = importlib.import_module("mtp2draft.distill")  # the module (the package exports the function)
+distill_module = importlib.import_module("mtp2draft.train.recipe")  # the module (the package exports the function)
 
 _save = distill_module.save_checkpoint
 

@@ -23,9 +23,9 @@ from typing import Any
 
 import pytest
 
-from mtp2draft.cli import main
-from mtp2draft.convert import convert
-from mtp2draft.export import export
+from mtp2draft.cli.app import main
+from mtp2draft.conversion import convert
+from mtp2draft.formats.export import export
 from mtp2draft.io import claim_output
 
 
@@ -223,7 +223,7 @@ EAGLE3_BAD: list[tuple[str, Any, str]] = [
     ("eagle_config.eagle_aux_hidden_state_layer_ids", [-1, 2, 3], "eagle_config.eagle_aux_hidden_state_layer_ids"),
     ("eagle_config.use_aux_hidden_state", "yes", "eagle_config.use_aux_hidden_state"),
     ("mtp2draft", "x", "mtp2draft is"),
-    ("mtp2draft.spec", "nope", "mtp2draft.spec"),
+    ("mtp2draft.family.spec", "nope", "mtp2draft.family.spec"),
     ("mtp2draft.target_num_layers", 0, "mtp2draft.target_num_layers"),
     ("mtp2draft.mtp_layer", -1, "mtp2draft.mtp_layer"),
     ("mtp2draft.target_config", [1], "mtp2draft.target_config"),
@@ -668,7 +668,7 @@ def specs_extra_argument(w, tmp, mp, stack):
 
 @case
 def specs_malformed_user_spec(w, tmp, mp, stack):
-    from mtp2draft.spec import registry
+    from mtp2draft.family.spec import registry
 
     (tmp / "specs").mkdir()
     (tmp / "specs" / "broken.toml").write_text("name = [unclosed\n")

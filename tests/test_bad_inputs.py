@@ -21,8 +21,8 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from mtp2draft.cli import main
-from mtp2draft.convert import convert
+from mtp2draft.cli.app import main
+from mtp2draft.conversion import convert
 
 
 @dataclass

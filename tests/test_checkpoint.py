@@ -12,11 +12,12 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from mtp2draft.byte_sources import _fill
-from mtp2draft.checkpoint import FINITE_CHUNK, check_finite, open_checkpoint
-from mtp2draft.convert import convert, load_native
+from mtp2draft.checkpoint.fp8 import DEFAULT_FP8_BLOCK, dequantize_fp8, fp8_block_size, quantize_fp8
+from mtp2draft.checkpoint.reader import FINITE_CHUNK, check_finite, open_checkpoint
+from mtp2draft.checkpoint.sources import fill_range
+from mtp2draft.conversion import convert
+from mtp2draft.draft.layout import load_native
 from mtp2draft.errors import CheckpointError, SourceError
-from mtp2draft.fp8 import DEFAULT_FP8_BLOCK, dequantize_fp8, fp8_block_size, quantize_fp8
 
 
 def _reference_dequant(w: torch.Tensor, s: torch.Tensor, block: int = 128) -> torch.Tensor:
@@ -153,9 +154,9 @@ def test_range_bytes_fill_one_buffer_from_any_chunking(skip: int) -> None:
     """A streamed range lands in one buffer; a server that ignores the range (200) has its prefix dropped."""
     body = bytes(range(256)) * 8
     chunks = [body[i : i + 7] for i in range(0, len(body), 7)]
-    data, got = _fill(chunks, 500, skip=skip)
+    data, got = fill_range(chunks, 500, skip=skip)
     assert got == 500 and bytes(data) == body[skip : skip + 500]
-    data, got = _fill(chunks, 5000, skip=skip)  # asked for more than arrives: the count says so
+    data, got = fill_range(chunks, 5000, skip=skip)  # asked for more than arrives: the count says so
     assert got == len(body) - skip
 
 

@@ -15,13 +15,13 @@ from types import SimpleNamespace
 import pytest
 from safetensors.torch import load_file, save_file
 
-from mtp2draft import cli
-from mtp2draft.cli import main
-from mtp2draft.cli_output import acceptance_table, validate_text
-from mtp2draft.convert import convert
-from mtp2draft.distill import DistillConfig
+from mtp2draft.cli import app as cli
+from mtp2draft.cli.app import main
+from mtp2draft.cli.output import acceptance_table, validate_text
+from mtp2draft.conversion import convert
 from mtp2draft.errors import DraftError, SourceError
-from mtp2draft.spec import registry
+from mtp2draft.family.spec import registry
+from mtp2draft.train.recipe import DistillConfig
 
 SECRET = "hf_" + "Zq9w" * 9
 
@@ -83,7 +83,7 @@ def test_a_known_error_is_one_redacted_line_and_its_exit_status(monkeypatch, cap
     def fails(*_a, **_k):
         raise SourceError(f"cannot read org/x with token {SECRET}")
 
-    monkeypatch.setattr(sys.modules["mtp2draft.convert"], "inspect_checkpoint", fails)
+    monkeypatch.setattr(sys.modules["mtp2draft.conversion"], "inspect_checkpoint", fails)
     code, out, err = run_cli(capsys, "inspect", "org/x", "--token", SECRET)
     assert (code, out) == (SourceError.exit_code, "")
     assert err == "error: cannot read org/x with token ***\n"
@@ -93,7 +93,7 @@ def test_debug_shows_the_traceback(monkeypatch, capsys) -> None:
     def fails(*_a, **_k):
         raise DraftError("broken")
 
-    monkeypatch.setattr(sys.modules["mtp2draft.convert"], "inspect_checkpoint", fails)
+    monkeypatch.setattr(sys.modules["mtp2draft.conversion"], "inspect_checkpoint", fails)
     monkeypatch.setenv("MTP2DRAFT_DEBUG", "1")
     with pytest.raises(DraftError, match="broken"):
         main(["inspect", "org/x"])
@@ -103,7 +103,7 @@ def test_an_os_error_is_one_line_with_the_path_and_status_1(monkeypatch, capsys)
     def full(*_a, **_k):
         raise OSError(errno.ENOSPC, "No space left on device", "/data/out")
 
-    monkeypatch.setattr("mtp2draft.spec.registry", full)
+    monkeypatch.setattr("mtp2draft.family.spec.registry", full)
     assert run_cli(capsys, "specs") == (1, "", "error: No space left on device: /data/out\n")
 
 
@@ -111,7 +111,7 @@ def test_interrupt_is_status_130_without_a_traceback(monkeypatch, capsys) -> Non
     def interrupted(*_a, **_k):
         raise KeyboardInterrupt
 
-    monkeypatch.setattr("mtp2draft.spec.registry", interrupted)
+    monkeypatch.setattr("mtp2draft.family.spec.registry", interrupted)
     code, out, err = run_cli(capsys, "specs")
     assert (code, out) == (130, "") and "Traceback" not in err
 
@@ -128,9 +128,9 @@ def test_usage_errors_are_click_usage_messages(capsys) -> None:
 
 # ---- parsing -----------------------------------------------------------------------------------------------------
 def test_number_lists() -> None:
-    assert cli._numbers("1,0.8,0.64", "--step-weights") == [1.0, 0.8, 0.64]
-    assert cli._numbers("3,5,7", "--aux-layers", int) == [3, 5, 7]
-    assert cli._numbers(None, "--aux-layers", int) is None and cli._numbers("", "--x") is None
+    assert cli.number_list("1,0.8,0.64", "--step-weights") == [1.0, 0.8, 0.64]
+    assert cli.number_list("3,5,7", "--aux-layers", int) == [3, 5, 7]
+    assert cli.number_list(None, "--aux-layers", int) is None and cli.number_list("", "--x") is None
 
 
 def test_training_options_reach_the_config_by_name() -> None:
@@ -148,7 +148,7 @@ def test_training_options_reach_the_config_by_name() -> None:
         "device": "cpu",
         "lr": 0.5,
     }
-    assert cli._distill_config(options) == DistillConfig(
+    assert cli.distill_config(options) == DistillConfig(
         steps=7, ttt_steps=2, seed=3, lr=0.5, step_weights=[1.0, 0.5], compile=True
     )
     run_options = set(inspect.signature(cli.run_all).parameters) & set(cli.TRAINING_OPTIONS)

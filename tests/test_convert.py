@@ -12,10 +12,11 @@ from pathlib import Path
 import pytest
 import torch
 
-from mtp2draft.checkpoint import open_checkpoint
-from mtp2draft.cli import main
-from mtp2draft.convert import convert, inspect_checkpoint, load_native, plan_mtp_layer
-from mtp2draft.spec import find_spec
+from mtp2draft.checkpoint.reader import open_checkpoint
+from mtp2draft.cli.app import main
+from mtp2draft.conversion import convert, inspect_checkpoint, plan_mtp_layer
+from mtp2draft.draft.layout import load_native
+from mtp2draft.family.spec import find_spec
 from mtp2draft.testing.fixtures import eagle3_depth
 
 
@@ -119,7 +120,7 @@ def test_failure_midway_leaves_nothing(build, tmp_path: Path, capsys) -> None:
 
 def test_debug_variable_shows_the_traceback(build, tmp_path: Path) -> None:
     env = {**os.environ, "MTP2DRAFT_DEBUG": "1"}
-    cmd = [sys.executable, "-m", "mtp2draft.cli", "convert", str(build("kimi_k2")), "--out", str(tmp_path / "o")]
+    cmd = [sys.executable, "-m", "mtp2draft.cli.app", "convert", str(build("kimi_k2")), "--out", str(tmp_path / "o")]
     proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
     assert proc.returncode == 1 and "Traceback" in proc.stderr  # uncaught and "NoMtpLayerError" in proc.stderr
     env.pop("MTP2DRAFT_DEBUG")
@@ -194,7 +195,7 @@ def test_inspect_from_the_hub_reads_no_tensor_bytes(build, hub, capsys) -> None:
 
 
 def test_specs_command_lists_the_registry(capsys) -> None:
-    from mtp2draft.spec import registry
+    from mtp2draft.family.spec import registry
 
     code, out, _ = run_cli(capsys, "specs", "--json")
     assert code == 0 and [r["name"] for r in json.loads(out)] == list(registry())

@@ -15,13 +15,13 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from mtp2draft.calibrate import choose_draft_vocab
-from mtp2draft.convert import convert
+from mtp2draft.conversion import convert
 from mtp2draft.data import encode, load_tokenizer, read_examples
-from mtp2draft.distill import DistillConfig, distill
-from mtp2draft.draft import load_draft
+from mtp2draft.draft.modules import load_draft
 from mtp2draft.errors import DataError, DraftError, OptionError
-from mtp2draft.hidden import TargetModel
+from mtp2draft.target.hidden import TargetModel
+from mtp2draft.train.calibrate import choose_draft_vocab
+from mtp2draft.train.recipe import DistillConfig, distill
 
 SMALL = {"steps": 4, "batch_size": 4, "max_length": 48, "save_every": 2, "log_every": 2}
 
@@ -68,7 +68,7 @@ def test_eagle3_draft_vocabulary(target, text_data, tmp_path: Path) -> None:
 
 def _spawn(args: list[str]) -> subprocess.Popen:
     return subprocess.Popen(
-        [sys.executable, "-m", "mtp2draft.cli", "distill", *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE
+        [sys.executable, "-m", "mtp2draft.cli.app", "distill", *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE
     )
 
 
@@ -95,7 +95,7 @@ def test_resume_after_a_kill_reaches_the_same_weights(target, text_data, tmp_pat
     ]
     assert (
         subprocess.run(
-            [sys.executable, "-m", "mtp2draft.cli", "distill", *common, "--out", str(tmp_path / "a")],
+            [sys.executable, "-m", "mtp2draft.cli.app", "distill", *common, "--out", str(tmp_path / "a")],
             capture_output=True,
         ).returncode
         == 0
@@ -109,7 +109,7 @@ def test_resume_after_a_kill_reaches_the_same_weights(target, text_data, tmp_pat
     proc.wait()
     assert not (tmp_path / "b").exists(), "the run should have been killed before finishing"
     done = subprocess.run(
-        [sys.executable, "-m", "mtp2draft.cli", "distill", *common, "--out", str(tmp_path / "b"), "--resume"],
+        [sys.executable, "-m", "mtp2draft.cli.app", "distill", *common, "--out", str(tmp_path / "b"), "--resume"],
         capture_output=True,
         text=True,
     )
@@ -142,9 +142,9 @@ def test_resume_refuses_other_settings(target, text_data, tmp_path: Path) -> Non
 @pytest.mark.slow
 def test_offline_hidden_states_train_like_the_online_target(target, text_data, tmp_path: Path, monkeypatch) -> None:
     """With every log-prob kept (top-k = vocabulary), training from dumped files matches training online."""
-    from mtp2draft import hidden
     from mtp2draft.data import read_examples
-    from mtp2draft.hidden import dump_hidden_states
+    from mtp2draft.target import hidden
+    from mtp2draft.target.hidden import dump_hidden_states
 
     tgt = target("deepseek_v3", num_hidden_layers=4)
     convert(str(tgt), tmp_path / "raw", to="eagle3", dtype="float32")
@@ -161,7 +161,7 @@ def test_offline_hidden_states_train_like_the_online_target(target, text_data, t
     def no_target(*_a, **_k):
         raise AssertionError("offline distillation must not load the target")
 
-    from mtp2draft import teacher
+    from mtp2draft.train import teacher
 
     monkeypatch.setattr(hidden, "TargetModel", no_target)
     monkeypatch.setattr(teacher, "TargetModel", no_target)
@@ -226,7 +226,7 @@ def test_eagle3_from_mtp_is_calibrated_once_on_real_activations(target, text_dat
 
 def test_regenerate_writes_the_targets_own_greedy_continuations(target, text_data) -> None:
     from mtp2draft.data import regenerate
-    from mtp2draft.evaluate import TargetRunner, greedy_reference
+    from mtp2draft.evaluation import TargetRunner, greedy_reference
 
     tgt = target("mimo", num_hidden_layers=4)
     tm, tok = TargetModel(str(tgt)), load_tokenizer(tgt)

@@ -12,8 +12,8 @@ import pytest
 import torch
 from safetensors import safe_open
 
-from mtp2draft.cli import main
-from mtp2draft.engine_dump import DUMP_ENGINES, VllmTarget, extract_view, vllm_layer_ids
+from mtp2draft.cli.app import main
+from mtp2draft.target.engine import DUMP_ENGINES, VllmTarget, extract_view, vllm_layer_ids
 
 ROOT = Path(__file__).resolve().parents[1]
 MIMO, DEEPSEEK = ROOT / "examples" / "targets" / "tiny-mimo", ROOT / "examples" / "targets" / "tiny-deepseek-v3"
@@ -52,7 +52,7 @@ def test_a_target_vllm_extracts_from_as_is_gets_no_view(tmp_path: Path) -> None:
 
 def test_a_target_giving_only_its_top_k_writes_the_same_dump(tmp_path: Path) -> None:
     """What VllmTarget hands the writer (top-k log-probs, no logits) is written exactly as the top-k of full logits."""
-    from mtp2draft.hidden import Features, OfflineHiddenStates, TargetModel, dump_hidden_states
+    from mtp2draft.target.hidden import Features, OfflineHiddenStates, TargetModel, dump_hidden_states
 
     target = TargetModel(str(MIMO))
     seqs = [{"input_ids": list(range(5 + n, 29 + n)), "loss_mask": [True] * 24} for n in range(3)]

@@ -9,13 +9,13 @@ from pathlib import Path
 import pytest
 import torch
 
-from mtp2draft.cli import main
-from mtp2draft.convert import convert
-from mtp2draft.draft import load_draft
+from mtp2draft.cli.app import main
+from mtp2draft.conversion import convert
+from mtp2draft.draft.modules import load_draft
 from mtp2draft.errors import SpecError
+from mtp2draft.family.spec import get_spec, parse_spec, registry
 from mtp2draft.hub import launch_lines
-from mtp2draft.run import default_kind_and_format
-from mtp2draft.spec import get_spec, parse_spec, registry
+from mtp2draft.pipeline import default_kind_and_format
 
 # Read from vLLM 0.33.0 / SGLang 0.5.23 sources (see each spec's `sources`); written out here so a wrong spec fails.
 NO_EAGLE3 = {
@@ -114,8 +114,8 @@ def test_distill_trains_ernie_for_the_engine_named(
 ) -> None:
     """ERNIE-4.5 in vLLM and SGLang: post-norm step-0 hidden, no final norm (so logits and hand-over read the block
     output). `--engine vllm` trains exactly that, and the draft config and the model card say so."""
-    from mtp2draft.distill import DistillConfig, distill
     from mtp2draft.hub import model_card
+    from mtp2draft.train.recipe import DistillConfig, distill
 
     tgt = target("ernie4_5_moe")
     convert(str(tgt), tmp_path / "raw", to="mtp", dtype="float32")
@@ -137,8 +137,8 @@ def test_distill_trains_ernie_for_the_engine_named(
 
 
 def test_distill_refuses_an_engine_that_cannot_serve_the_draft(target, text_data, tmp_path: Path) -> None:
-    from mtp2draft.distill import DistillConfig, distill
     from mtp2draft.errors import DataError
+    from mtp2draft.train.recipe import DistillConfig, distill
 
     tgt = target("glm4_moe", num_hidden_layers=4)
     convert(str(tgt), tmp_path / "e3", to="eagle3", dtype="float32")

@@ -9,11 +9,11 @@ from pathlib import Path
 import pytest
 import torch
 
-from mtp2draft.cli import main
-from mtp2draft.convert import convert
-from mtp2draft.draft import DraftCache, load_draft
-from mtp2draft.evaluate import TargetRunner, draft_chain, greedy_reference, speculative_decode, summarise
-from mtp2draft.hidden import TargetModel
+from mtp2draft.cli.app import main
+from mtp2draft.conversion import convert
+from mtp2draft.draft.modules import DraftCache, load_draft
+from mtp2draft.evaluation import TargetRunner, draft_chain, greedy_reference, speculative_decode, summarise
+from mtp2draft.target.hidden import TargetModel
 from mtp2draft.testing.fixtures import eagle3_depth
 
 PROMPTS = [[5, 17, 42, 9, 88, 23], [70, 71, 72, 3, 9], [40, 41]]
@@ -67,7 +67,7 @@ def test_oracle_drafts_pin_the_acceptance_bookkeeping(ds_target, k: int) -> None
 
 
 def test_summary_arithmetic() -> None:
-    from mtp2draft.evaluate import PromptResult
+    from mtp2draft.evaluation import PromptResult
 
     results = [PromptResult([], [3, 1, 0, 2], [], True), PromptResult([], [3], [], True)]
     s = summarise("x", "d", 3, results, 0.0)

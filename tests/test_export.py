@@ -14,12 +14,12 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 
-from mtp2draft.checkpoint import dequantize_fp8, open_checkpoint
-from mtp2draft.cli import main
-from mtp2draft.convert import convert
-from mtp2draft.draft import load_draft, vocab_maps
+from mtp2draft.checkpoint.reader import dequantize_fp8, open_checkpoint
+from mtp2draft.cli.app import main
+from mtp2draft.conversion import convert
+from mtp2draft.draft.modules import load_draft, vocab_maps
 from mtp2draft.errors import DraftError, ValidationError
-from mtp2draft.export import NORM_SWITCHES, export, validate
+from mtp2draft.formats.export import NORM_SWITCHES, export, validate
 
 # e4m3: 3 mantissa bits, so round-to-nearest is within half a step, 2^-4 of the value's binade; below the smallest
 # normal (2^-6 * scale) the spacing is 2^-9 * scale, half of which is 2^-10 * scale.
@@ -193,7 +193,7 @@ SGLANG_CAPTURES = {
 def _check_aux_capture(export_dir: Path, target: Path, sglang_captures) -> None:
     """Both engines' capture rules, simulated with hooks on the transformers target, select exactly the tensors
     mtp2draft's training feeds the draft (`TargetModel.features`: outputs of the draft's aux layers)."""
-    from mtp2draft.hidden import TargetModel
+    from mtp2draft.target.hidden import TargetModel
 
     cfg = json.loads((export_dir / "config.json").read_text())
     sglang_ids = cfg["eagle_config"]["eagle_aux_hidden_state_layer_ids"]
@@ -263,7 +263,7 @@ def test_deepseek_aux_ids_follow_sglangs_conditional_plus_one(
 def test_speculators_verifier_is_the_hub_id(eagle3: Path, tmp_path: Path) -> None:
     """vLLM loads `verifier.name_or_path` when serving a speculators draft directly: a conversion from a hub snapshot
     (what a hub SOURCE resolves to) names the repo id, not this machine's cache path; --verifier overrides."""
-    from mtp2draft.export import hub_id_of
+    from mtp2draft.formats.export import hub_id_of
 
     snapshot = tmp_path / "hub" / "models--zai-org--GLM-4.5-Air" / "snapshots" / "0123abcd"
     assert (
@@ -410,8 +410,8 @@ def test_stitched_round_trip_fp8_is_within_e4m3_rounding(build, work: Path) -> N
     convert(str(overlay), work / "ds8-back", to="mtp", dtype="float32")
     back = load_file(str(work / "ds8-back" / "model.safetensors"))
     fine = {k: v.float() for k, v in load_file(str(draft / "model.safetensors")).items()}
-    from mtp2draft.layout import native_to_checkpoint
-    from mtp2draft.spec import get_spec
+    from mtp2draft.draft.layout import native_to_checkpoint
+    from mtp2draft.family.spec import get_spec
 
     spec = get_spec("deepseek_v3")
     fp8_modules = set()

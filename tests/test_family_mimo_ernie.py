@@ -16,11 +16,12 @@ import torch
 import torch.nn.functional as F
 from safetensors.torch import load_file, save_file
 
-from mtp2draft.checkpoint import open_checkpoint
-from mtp2draft.cli import main
-from mtp2draft.convert import convert, load_native, plan_mtp_layer
-from mtp2draft.draft import DraftCache, Eagle3Draft, NativeMtpDraft, load_draft
-from mtp2draft.spec import find_spec, get_spec
+from mtp2draft.checkpoint.reader import open_checkpoint
+from mtp2draft.cli.app import main
+from mtp2draft.conversion import convert, plan_mtp_layer
+from mtp2draft.draft.layout import load_native
+from mtp2draft.draft.modules import DraftCache, Eagle3Draft, NativeMtpDraft, load_draft
+from mtp2draft.family.spec import find_spec, get_spec
 from mtp2draft.testing.fixtures import eagle3_depth
 
 T = 10  # sequence length: longer than MiMo-V2-Flash's fixture window (sliding_window_size 4 -> 5 tokens)

@@ -16,10 +16,11 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from mtp2draft.checkpoint import open_checkpoint
-from mtp2draft.convert import convert, load_native, plan_mtp_layer
+from mtp2draft.checkpoint.reader import open_checkpoint
+from mtp2draft.conversion import convert, plan_mtp_layer
+from mtp2draft.draft.layout import load_native
 from mtp2draft.errors import CheckpointError
-from mtp2draft.spec import find_spec, get_spec
+from mtp2draft.family.spec import find_spec, get_spec
 from mtp2draft.testing.fixtures import eagle3_depth
 
 T = 10  # sequence length of the forward checks: longer than the V3.2 fixture's index_topk (4)
@@ -123,7 +124,7 @@ def test_longcat_checkpoint_has_the_hub_names_and_the_plan_reads_the_mtp_layer(b
 
 def test_longcat_count_and_layer_fields() -> None:
     """The release config.json has neither an MTP count (engines hard-code 1) nor num_hidden_layers (num_layers)."""
-    from mtp2draft.testing.fixtures import LONGCAT_FLASH
+    from mtp2draft.testing.family_configs import LONGCAT_FLASH
 
     spec = get_spec("longcat_flash")
     assert "num_hidden_layers" not in LONGCAT_FLASH and "num_nextn_layers" not in LONGCAT_FLASH
@@ -254,7 +255,7 @@ def test_v32_equals_dense_v3_mla_while_context_fits_index_topk(build) -> None:
 
 def test_v32_indexer_uses_the_draft_cache(build) -> None:
     """Step by step with DraftCache (MLA latents + indexer keys, no mask given) equals the full causal forward."""
-    from mtp2draft.draft import DraftCache
+    from mtp2draft.draft.modules import DraftCache
 
     path = build("deepseek_v32")
     ours = load_native(str(path)).eval()

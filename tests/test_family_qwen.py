@@ -12,11 +12,12 @@ import torch
 import torch.nn.functional as F
 from safetensors.torch import load_file
 
-from mtp2draft.checkpoint import open_checkpoint
-from mtp2draft.convert import convert, inspect_checkpoint, load_native, plan_mtp_layer, resolve_layer
-from mtp2draft.draft import load_draft
+from mtp2draft.checkpoint.reader import open_checkpoint
+from mtp2draft.conversion import convert, inspect_checkpoint, plan_mtp_layer, resolve_layer
+from mtp2draft.draft.layout import load_native
+from mtp2draft.draft.modules import load_draft
 from mtp2draft.errors import NoMtpLayerError
-from mtp2draft.spec import find_spec, get_spec
+from mtp2draft.family.spec import find_spec, get_spec
 from mtp2draft.testing.fixtures import write_checkpoint
 
 # fixture -> (spec, transformers model_type of the (text) config, modeling module, decoder-layer class)
@@ -262,7 +263,7 @@ def test_nextn_export_cuts_the_per_layer_lists(build, tmp_path: Path, fixture: s
     """A one-layer NextN config keeps one `layer_types` entry (the MTP block's full attention): left at the trunk's N
     entries, transformers refuses the config (`num_hidden_layers` (1) must equal len(layer_types)) and every Qwen3.5
     nextn export failed its own validation."""
-    from mtp2draft.export import export, validate
+    from mtp2draft.formats.export import export, validate
 
     path = build(fixture)
     assert len(_config(path)["text_config"]["layer_types"]) > 1  # the trunk is hybrid: linear + full attention

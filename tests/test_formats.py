@@ -10,9 +10,9 @@ import types
 from pathlib import Path
 
 from mtp2draft import formats
+from mtp2draft.family.spec import registry
 from mtp2draft.formats import FORMATS, REGISTRY, VALIDATE_FORMATS, ExportJob, Format, Registration, get_format
 from mtp2draft.kinds import DraftKind
-from mtp2draft.spec import registry
 
 
 def test_every_registered_format_provides_a_full_format() -> None:
@@ -42,7 +42,7 @@ def test_each_detector_recognises_its_own_config_and_no_other() -> None:
 
 
 def test_run_picks_a_usable_format_of_the_kind_for_every_family() -> None:
-    from mtp2draft.run import default_kind_and_format
+    from mtp2draft.pipeline import default_kind_and_format
 
     for spec in registry().values():
         kind, fmt = default_kind_and_format(spec)
@@ -54,8 +54,8 @@ def test_run_picks_a_usable_format_of_the_kind_for_every_family() -> None:
 def test_a_new_format_is_one_module_and_one_registry_entry(build, tmp_path: Path, monkeypatch) -> None:
     """A toy format copying the native draft's weights: registered once, it is exported, validated, detected and
     given launch lines without touching export.py, hub.py or the CLI's code."""
-    from mtp2draft.convert import convert
-    from mtp2draft.export import detect_format, export, validate
+    from mtp2draft.conversion import convert
+    from mtp2draft.formats.export import detect_format, export, validate
     from mtp2draft.hub import launch_lines
 
     def write(job: ExportJob) -> None:

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from mtp2draft.errors import DataError
-from mtp2draft.hidden import Features, OfflineHiddenStates, TargetModel, dump_hidden_states, offline_features
+from mtp2draft.target.hidden import Features, OfflineHiddenStates, TargetModel, dump_hidden_states, offline_features
 
 
 def test_target_parameters_are_frozen(target) -> None:

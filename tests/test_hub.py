@@ -11,10 +11,10 @@ from pathlib import Path
 import pytest
 from huggingface_hub import ModelCard, constants, metadata_load, snapshot_download
 
-from mtp2draft.cli import main
-from mtp2draft.convert import convert
+from mtp2draft.cli.app import main
+from mtp2draft.conversion import convert
 from mtp2draft.errors import HubError, ValidationError
-from mtp2draft.export import export, validate
+from mtp2draft.formats.export import export, validate
 from mtp2draft.hub import model_card, push
 
 pytestmark = [

@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from mtp2draft.cli import main
-from mtp2draft.convert import convert
+from mtp2draft.cli.app import main
+from mtp2draft.conversion import convert
 from mtp2draft.identity import INERT_FIELDS
 
 REPO = Path(__file__).resolve().parents[1]

@@ -72,8 +72,8 @@ def _cycle(graph: dict[str, set[str]]) -> list[str] | None:
 
 def test_the_walker_sees_local_and_relative_imports() -> None:
     graph = import_graph()
-    assert "mtp2draft.errors" in graph["mtp2draft.spec"]  # module level, relative
-    assert "mtp2draft.convert" in graph["mtp2draft.cli"]  # function-local, relative
+    assert "mtp2draft.errors" in graph["mtp2draft.family.spec"]  # module level, relative
+    assert "mtp2draft.conversion" in graph["mtp2draft.cli.app"]  # function-local, relative
     assert _cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
     assert _cycle({"a": {"b"}, "b": set()}) is None
 
@@ -93,10 +93,10 @@ def test_the_package_root_exports_its_api_lazily() -> None:
         "import sys, mtp2draft\n"
         "assert 'torch' not in sys.modules\n"
         "assert set(mtp2draft.__all__) == {'__version__', *mtp2draft._LAZY}\n"
-        "import mtp2draft.convert, mtp2draft.export\n"  # submodule imports must not shadow the stage functions
+        "import mtp2draft.conversion, mtp2draft.formats.export\n"  # submodule imports must not shadow the stage functions
         "from mtp2draft import convert, export, DistillConfig, __version__\n"
-        "assert callable(convert) and convert is mtp2draft.convert and convert.__module__ == 'mtp2draft.convert'\n"
-        "assert export.__module__ == 'mtp2draft.export' and isinstance(DistillConfig, type)\n"
+        "assert callable(convert) and convert is mtp2draft.conversion and convert.__module__ == 'mtp2draft.conversion'\n"
+        "assert export.__module__ == 'mtp2draft.formats.export' and isinstance(DistillConfig, type)\n"
         "assert __version__ == mtp2draft._version.__version__\n"
         "print(sorted(n for n in mtp2draft.__all__ if getattr(mtp2draft, n) is None))"
     )
@@ -129,8 +129,8 @@ def test_cli_help_specs_and_inspect_help_do_not_import_torch(argv: list[str]) ->
 
 def test_torch_free_modules_do_not_import_torch() -> None:
     code = (
-        "import sys, mtp2draft.spec, mtp2draft.kinds, mtp2draft.formats, mtp2draft.formats.eagle3_config, "
-        "mtp2draft.train_subsets, mtp2draft; "
+        "import sys, mtp2draft.family.spec, mtp2draft.kinds, mtp2draft.formats, mtp2draft.draft.eagle3_config, "
+        "mtp2draft.train.subsets, mtp2draft; "
         "print('torch' in sys.modules)"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout

@@ -9,11 +9,11 @@ from pathlib import Path
 import pytest
 import torch
 
-from mtp2draft.convert import convert
-from mtp2draft.draft import load_draft, native_config
-from mtp2draft.memory import check_fits, plan
-from mtp2draft.spec import get_spec
+from mtp2draft.conversion import convert
+from mtp2draft.draft.modules import load_draft, native_config
+from mtp2draft.family.spec import get_spec
 from mtp2draft.testing.fixtures import eagle3_depth
+from mtp2draft.train.memory import check_fits, plan
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -44,7 +44,7 @@ def test_deepseek_v3_mtp_layer_counts(ds3: dict) -> None:
 
 
 def test_plan_cli(ds3: dict, tmp_path: Path) -> None:
-    from mtp2draft.cli import main
+    from mtp2draft.cli.app import main
 
     (tmp_path / "d").mkdir()
     (tmp_path / "d" / "config.json").write_text(json.dumps(ds3))  # config alone: no weights needed
@@ -66,8 +66,8 @@ def test_plan_cli(ds3: dict, tmp_path: Path) -> None:
 def test_activation_estimate_tracks_what_autograd_keeps(build, tmp_path: Path, kind: str) -> None:
     """Saved-tensor bytes of one TTT forward on a small dense draft vs the plan's activation line (which also
     counts the target's features/logits the step reads): within a factor of 2."""
-    from mtp2draft.hidden import Features
-    from mtp2draft.ttt import ttt_forward
+    from mtp2draft.target.hidden import Features
+    from mtp2draft.train.ttt import ttt_forward
 
     convert(str(build("mimo", **eagle3_depth("mimo", kind))), tmp_path / "d", to=kind, dtype="float32")
     draft = load_draft(tmp_path / "d")

@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from mtp2draft.convert import convert
-from mtp2draft.draft import load_draft
+from mtp2draft.conversion import convert
+from mtp2draft.draft.modules import load_draft
 from mtp2draft.errors import OutputExistsError
 from mtp2draft.io import atomic_output_dir, claim_output, is_ours, lock_path
 

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from mtp2draft.spec import registry
+from mtp2draft.family.spec import registry
 
 REPO = Path(__file__).resolve().parents[1]
 

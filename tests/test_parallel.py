@@ -23,7 +23,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from mtp2draft.convert import convert
+from mtp2draft.conversion import convert
 
 ROOT = Path(__file__).resolve().parents[1]
 TARGET = ROOT / "examples" / "targets" / "tiny-mimo"
@@ -59,10 +59,10 @@ def _weights(path: Path) -> dict[str, torch.Tensor]:
 def heldout():
     """The target's features for 8 held-out sequences, and a function from a draft directory to its TTT logits."""
     from mtp2draft.data import load_tokenizer, read_examples
-    from mtp2draft.draft import load_draft
-    from mtp2draft.hidden import TargetModel
-    from mtp2draft.teacher import collate
-    from mtp2draft.ttt import ttt_forward
+    from mtp2draft.draft.modules import load_draft
+    from mtp2draft.target.hidden import TargetModel
+    from mtp2draft.train.teacher import collate
+    from mtp2draft.train.ttt import ttt_forward
 
     tm = TargetModel(str(TARGET))
     examples, _ = read_examples(ROOT / "examples" / "data" / "heldout.jsonl", load_tokenizer(tm.path), 64)
@@ -154,7 +154,7 @@ def test_bf16_on_cuda_trains_and_writes_fp32_master_weights(tmp_path: Path) -> N
 
 
 def test_rank_rows_split_the_global_batch() -> None:
-    from mtp2draft.parallel import Parallel
+    from mtp2draft.train.parallel import Parallel
 
     for world in (1, 2, 3, 4):
         rows = [Parallel(rank=r, world=world).rows(10) for r in range(world)]
@@ -162,8 +162,8 @@ def test_rank_rows_split_the_global_batch() -> None:
 
 
 def test_shard_units_cover_the_experts_first(build, tmp_path: Path) -> None:
-    from mtp2draft.draft import load_draft
-    from mtp2draft.parallel import shard_units
+    from mtp2draft.draft.modules import load_draft
+    from mtp2draft.train.parallel import shard_units
 
     convert(str(build("deepseek_v3")), tmp_path / "d", dtype="float32")
     units = shard_units(load_draft(tmp_path / "d"))

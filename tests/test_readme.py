@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from mtp2draft.spec import registry
+from mtp2draft.family.spec import registry
 
 ROOT = Path(__file__).resolve().parents[1]
 

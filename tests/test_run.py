@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from mtp2draft.cli import main
-from mtp2draft.export import validate
+from mtp2draft.cli.app import main
+from mtp2draft.formats.export import validate
 
 
 @pytest.mark.hub
@@ -109,9 +109,9 @@ def test_run_refuses_before_any_work(target, text_data, tmp_path: Path, monkeypa
     starts, and leaves nothing on disk (it used to surface only after convert and distill had run)."""
     import importlib
 
-    import mtp2draft.checkpoint as checkpoint
+    import mtp2draft.checkpoint.reader as checkpoint
 
-    run = importlib.import_module("mtp2draft.run")  # the module (the package exports a function of that name)
+    run = importlib.import_module("mtp2draft.pipeline")  # the module (the package exports a function of that name)
 
     def no_work(*_a, **_k):
         raise AssertionError("work started before the refusal")

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from huggingface_hub import constants
 
-from mtp2draft.cli import main
+from mtp2draft.cli.app import main
 from mtp2draft.redact import command_line, redact, register_secret, scrub
 from mtp2draft.testing.hub_server import HubServer
 

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from mtp2draft.errors import SpecError, UnknownFamilyError
-from mtp2draft.spec import SPEC_PATH_ENV, find_spec, get_spec, load_spec_file, parse_spec, registry
+from mtp2draft.family.spec import SPEC_PATH_ENV, find_spec, get_spec, load_spec_file, parse_spec, registry
 
 SPEC_DIR = Path(__file__).resolve().parents[1] / "model_specs"
 
@@ -56,7 +56,7 @@ def test_malformed_specs_are_rejected(path: tuple[str, ...], value, message: str
 )
 def test_unknown_transform_names_are_rejected_by_the_transform_registry(path, value, message: str) -> None:
     """Spec loading stays torch-free: transform names are checked where the registries live (and before any use)."""
-    from mtp2draft.transforms import check_spec_transforms
+    from mtp2draft.family.transforms import check_spec_transforms
 
     data = _data()
     data[path[0]][path[1]] = value
@@ -89,7 +89,8 @@ def test_unknown_family_lists_supported_ones() -> None:
 
 def test_a_new_family_is_one_spec_file_and_one_fixture_row(tmp_path: Path, monkeypatch, build) -> None:
     """A made-up family reusing the Qwen2 block kind, with its own key names and architecture: no code change."""
-    from mtp2draft.convert import convert, load_native
+    from mtp2draft.conversion import convert
+    from mtp2draft.draft.layout import load_native
     from mtp2draft.testing import fixtures
 
     spec_text = (SPEC_DIR / "mimo.toml").read_text()

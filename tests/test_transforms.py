@@ -9,21 +9,21 @@ from pathlib import Path
 import pytest
 import torch
 
-from mtp2draft.checkpoint import open_checkpoint
-from mtp2draft.convert import build_eagle3, convert, load_native
-from mtp2draft.draft import load_draft
-from mtp2draft.eagle3_init import Eagle3Build
+from mtp2draft.checkpoint.reader import open_checkpoint
+from mtp2draft.conversion import build_eagle3, convert
+from mtp2draft.draft.layout import expert_keys, load_native, plan_mtp_layer
+from mtp2draft.draft.modules import load_draft
+from mtp2draft.eagle3.transfer import Eagle3Build
 from mtp2draft.errors import CheckpointError
-from mtp2draft.layout import expert_keys, plan_mtp_layer
-from mtp2draft.spec import find_spec, registry
-from mtp2draft.testing.fixtures import eagle3_depth
-from mtp2draft.transforms import (
+from mtp2draft.family.spec import find_spec, registry
+from mtp2draft.family.transforms import (
     EAGLE3_TRANSFORMS,
     LOAD_TRANSFORMS,
     FuseExperts,
     check_spec_transforms,
     rope_permutation,
 )
+from mtp2draft.testing.fixtures import eagle3_depth
 
 
 # ---- load transforms ------------------------------------------------------------------------------------------------

@@ -9,12 +9,12 @@ from pathlib import Path
 import pytest
 import torch
 
-from mtp2draft.convert import convert
-from mtp2draft.draft import load_draft
-from mtp2draft.evaluate import draft_chain
-from mtp2draft.hidden import Features
+from mtp2draft.conversion import convert
+from mtp2draft.draft.modules import load_draft
+from mtp2draft.evaluation import draft_chain
+from mtp2draft.target.hidden import Features
 from mtp2draft.testing.fixtures import eagle3_depth
-from mtp2draft.ttt import shift, teacher_logprobs, ttt_forward, ttt_mask
+from mtp2draft.train.ttt import shift, teacher_logprobs, ttt_forward, ttt_mask
 
 
 @pytest.mark.parametrize("fixture", ["deepseek_v3", "mimo", "glm4_moe"])
@@ -78,7 +78,7 @@ def test_top_k_kl_by_hand_with_its_tail_bucket() -> None:
     """Top-2 of a 4-token target {3: .5, 0: .3} (the tail, ids 1 and 2, holds .2); the draft's probabilities are
     (.1, .2, .3, .4): KL = .5 log(.5/.4) + .3 log(.3/.1) + .2 log(.2/.5). With a draft vocabulary {1, 3}, id 0 drops
     out with its mass: p = (.5, .2) / .7 against q = (.4, tail .6) read from the draft's own 2 logits."""
-    from mtp2draft.ttt import step_kl
+    from mtp2draft.train.ttt import step_kl
 
     feats = Features(
         None, None, topk_logprobs=torch.tensor([[[math.log(0.5), math.log(0.3)]] * 2]), topk_ids=torch.tensor([[[3, 0]] * 2])
@@ -98,7 +98,7 @@ def test_top_k_kl_by_hand_with_its_tail_bucket() -> None:
 @pytest.mark.parametrize("draft_vocab", [None, torch.tensor([0, 2, 3, 5, 8, 9])])
 def test_top_k_kl_with_the_whole_vocabulary_is_the_online_kl(draft_vocab) -> None:
     """Offline files with k = the vocabulary hold the whole teacher: the KL and its gradient equal the online ones."""
-    from mtp2draft.ttt import step_kl
+    from mtp2draft.train.ttt import step_kl
 
     gen = torch.Generator().manual_seed(0)
     v = 10

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..kinds import DraftKind
+from mtp2draft.kinds import DraftKind
 
 
 @dataclass(frozen=True)

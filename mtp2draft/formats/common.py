@@ -14,9 +14,9 @@ from typing import Any
 
 import torch
 
-from ..checkpoint import SCALE_SUFFIX
-from ..errors import DraftError
-from ..kinds import WEIGHTS_FILE
+from mtp2draft.checkpoint.fp8 import SCALE_SUFFIX
+from mtp2draft.errors import DraftError
+from mtp2draft.kinds import WEIGHTS_FILE
 
 DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
 
@@ -27,7 +27,7 @@ EVALUATION_FILE = "evaluation.json"
 README_FILE = "README.md"
 
 
-def _read_json(path: Path) -> dict[str, Any] | None:
+def read_json(path: Path) -> dict[str, Any] | None:
     if not path.is_file():
         return None
     try:
@@ -37,7 +37,7 @@ def _read_json(path: Path) -> dict[str, Any] | None:
     return data if isinstance(data, dict) else None
 
 
-def _load_weights(path: Path, problems: list[str]) -> dict[str, torch.Tensor] | None:
+def load_weights(path: Path, problems: list[str]) -> dict[str, torch.Tensor] | None:
     from safetensors.torch import load_file
 
     file = path / WEIGHTS_FILE
@@ -51,7 +51,7 @@ def _load_weights(path: Path, problems: list[str]) -> dict[str, torch.Tensor] | 
         return None
 
 
-def _nonfinite(name: str, tensor: torch.Tensor) -> str | None:
+def nonfinite(name: str, tensor: torch.Tensor) -> str | None:
     if not (tensor.is_floating_point() and tensor.numel()):
         return None
     t = tensor.float()
@@ -62,7 +62,7 @@ def _nonfinite(name: str, tensor: torch.Tensor) -> str | None:
     return None
 
 
-def _fp8_problems(name: str, tensor_dtype: str, shape, headers: Mapping[str, Any], block) -> list[str]:
+def fp8_problems(name: str, tensor_dtype: str, shape, headers: Mapping[str, Any], block) -> list[str]:
     """An FP8 weight needs its `_scale_inv` sibling of shape [ceil(M/bm), ceil(N/bn)]."""
     if tensor_dtype not in ("F8_E4M3", "F8_E5M2"):
         return []
@@ -75,7 +75,7 @@ def _fp8_problems(name: str, tensor_dtype: str, shape, headers: Mapping[str, Any
     return []
 
 
-def _headers(file: Path) -> dict[str, tuple[str, list[int]]]:
+def read_headers(file: Path) -> dict[str, tuple[str, list[int]]]:
     """name -> (safetensors dtype, shape) from a file's header, read and validated by safetensors (no tensor bytes)."""
     from safetensors import safe_open
 
@@ -83,13 +83,13 @@ def _headers(file: Path) -> dict[str, tuple[str, list[int]]]:
         return {k: (f.get_slice(k).get_dtype(), list(f.get_slice(k).get_shape())) for k in f.keys()}  # noqa: SIM118
 
 
-def _finite_file(file: Path, names: list[str]) -> list[str]:
+def finite_file(file: Path, names: list[str]) -> list[str]:
     from safetensors import safe_open
 
     problems = []
     with safe_open(str(file), framework="pt") as fh:
         for name in names:
-            if (msg := _nonfinite(name, fh.get_tensor(name))) is not None:
+            if (msg := nonfinite(name, fh.get_tensor(name))) is not None:
                 problems.append(msg)
     return problems
 

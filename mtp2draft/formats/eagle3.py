@@ -16,14 +16,7 @@ from typing import Any
 
 import torch
 
-from ..draft import VOCAB_MAPS, without_identity_maps
-from ..errors import DraftError
-from ..io import Progress, quiet, save_tensors, write_json
-from ..kinds import CONFIG_FILE, EAGLE3_ARCHITECTURE, WEIGHTS_FILE, DraftKind
-from ..spec import get_spec
-from . import ExportJob, Format
-from .common import DTYPES, _load_weights, _nonfinite, sglang_steps
-from .eagle3_config import (
+from mtp2draft.draft.eagle3_config import (
     LLAMA_FIELDS,
     NORM_SWITCHES,
     SGLANG_PREFIX,
@@ -39,6 +32,13 @@ from .eagle3_config import (
     speculators_to_eagle3_config,
     speculators_weight_name,
 )
+from mtp2draft.draft.modules import VOCAB_MAPS, without_identity_maps
+from mtp2draft.errors import DraftError
+from mtp2draft.family.spec import get_spec
+from mtp2draft.formats import ExportJob, Format
+from mtp2draft.formats.common import DTYPES, load_weights, nonfinite, sglang_steps
+from mtp2draft.io import Progress, quiet, save_tensors, write_json
+from mtp2draft.kinds import CONFIG_FILE, EAGLE3_ARCHITECTURE, WEIGHTS_FILE, DraftKind
 
 
 def _eagle3_input(src: Path, cfg: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
@@ -180,7 +180,7 @@ def _validate_sglang(path: Path, cfg: dict[str, Any]) -> list[str]:
                 f"aux ids disagree: vLLM reads top-level {list(top)} as the outputs of layers {trained}; SGLang reads "
                 f"eagle_config {list(inner)} for {family} ({rule}) as the outputs of layers {sglang_reads}: {fix}"
             )
-    weights = _load_weights(path, problems)
+    weights = load_weights(path, problems)
     if weights is not None:
         problems += _eagle3_weight_problems(cfg, weights, SGLANG_PREFIX, int(cfg.get("vocab_size") or 0))
     return problems
@@ -310,7 +310,7 @@ def _eagle3_weight_problems(
     if want_dtype is None and len(set(floats.values())) > 1:
         problems.append(f"weights mix dtypes {sorted({dtype_name(d) for d in floats.values()})}")
     for name, t in weights.items():
-        if (msg := _nonfinite(name, t)) is not None:
+        if (msg := nonfinite(name, t)) is not None:
             problems.append(msg)
     problems += _vocab_problems(weights, vocab, int(cfg.get("draft_vocab_size") or 0))
     return problems
@@ -420,7 +420,7 @@ def _validate_speculators(path: Path, cfg: dict[str, Any]) -> list[str]:
             problems.append(f"{key} is not written explicitly{default}; mtp2draft's EAGLE-3 needs {key}={want}")
         elif cfg[key] is not want:
             problems.append(f"{key} is {cfg[key]!r}; mtp2draft's EAGLE-3 computation needs {want}")
-    weights = _load_weights(path, problems)
+    weights = load_weights(path, problems)
     if weights is not None:
         vocab = int(layer.get("vocab_size") or 0)
         merged = {**layer, **{k: cfg[k] for k in ("draft_vocab_size", "target_hidden_size") if k in cfg}}

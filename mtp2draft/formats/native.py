@@ -20,26 +20,26 @@ from typing import Any
 
 import torch
 
-from ..checkpoint import DTYPES as ST_DTYPES
-from ..checkpoint import Checkpoint, open_checkpoint
-from ..draft import NativeMtpDraft
-from ..errors import DraftError
-from ..fp8 import SCALE_SUFFIX, fp8_block_size, quantize_fp8
-from ..kinds import CONFIG_FILE, WEIGHTS_FILE, DraftKind
-from ..layout import native_to_checkpoint
-from ..spec import Spec, get_spec
-from . import Format
-from .common import DTYPES, _load_weights, _nonfinite
+from mtp2draft.checkpoint.fp8 import SCALE_SUFFIX, fp8_block_size, quantize_fp8
+from mtp2draft.checkpoint.reader import DTYPES as ST_DTYPES
+from mtp2draft.checkpoint.reader import Checkpoint, open_checkpoint
+from mtp2draft.draft.layout import native_to_checkpoint
+from mtp2draft.draft.modules import NativeMtpDraft
+from mtp2draft.errors import DraftError
+from mtp2draft.family.spec import Spec, get_spec
+from mtp2draft.formats import Format
+from mtp2draft.formats.common import DTYPES, load_weights, nonfinite
+from mtp2draft.kinds import CONFIG_FILE, WEIGHTS_FILE, DraftKind
 
 # Tensors of a shard being rewritten are copied in runs of about this many bytes (peak memory per run).
 COPY_RUN_BYTES = 256 * 2**20
 
 
-def _num_layers_field(spec: Spec) -> str:
+def num_layers_field(spec: Spec) -> str:
     return getattr(spec.config, "num_layers", "num_hidden_layers")
 
 
-def _with_text_fields(spec: Spec, config: Mapping[str, Any], **fields: Any) -> dict[str, Any]:
+def with_text_fields(spec: Spec, config: Mapping[str, Any], **fields: Any) -> dict[str, Any]:
     """A copy of `config` with `fields` set in its (possibly nested) text config."""
     out = copy.deepcopy(dict(config))
     text = out[spec.config.text_config] if spec.config.text_config else out
@@ -85,7 +85,7 @@ class NativeLayer:
         return self._cache[module_key][ckpt_key]
 
 
-def _native_input(src: Path, cfg: Mapping[str, Any]) -> tuple[Spec, dict[str, Any], int]:
+def native_input(src: Path, cfg: Mapping[str, Any]) -> tuple[Spec, dict[str, Any], int]:
     if not (src / WEIGHTS_FILE).is_file():
         raise DraftError(f"{src} has no {WEIGHTS_FILE}")
     try:
@@ -94,11 +94,11 @@ def _native_input(src: Path, cfg: Mapping[str, Any]) -> tuple[Spec, dict[str, An
         raise DraftError(f"{src}/{CONFIG_FILE} lacks {exc} (not a native draft written by convert/distill?)") from exc
 
 
-def _open_target(target: str, cfg: Mapping[str, Any], revision, token) -> Checkpoint:
+def open_target(target: str, cfg: Mapping[str, Any], revision, token) -> Checkpoint:
     """The target checkpoint, checked to be the one the draft was converted from (`identity.check_target_identity`:
     every field of its config that changes the computation)."""
-    from ..draft_config import parse_draft_config
-    from ..identity import check_target_identity
+    from mtp2draft.draft_config import parse_draft_config
+    from mtp2draft.identity import check_target_identity
 
     ckpt = open_checkpoint(target, revision, token)
     check_target_identity(parse_draft_config(cfg), ckpt.config, f"--target {target}")
@@ -114,7 +114,7 @@ class _Stored:
     scale_dtype: torch.dtype = torch.float32
 
 
-def _fp8_block(config: Mapping[str, Any], provenance: Mapping[str, Any]) -> tuple[tuple[int, int], bool]:
+def fp8_block(config: Mapping[str, Any], provenance: Mapping[str, Any]) -> tuple[tuple[int, int], bool]:
     quant = config.get("quantization_config") or {}
     block = provenance.get("fp8_block_size") or fp8_block_size(config)
     # DeepSeek-V3.1 ships power-of-two (UE8M0) scales; requantised weights keep that property.
@@ -136,7 +136,7 @@ def requantize_fp8(
     return (weight.float() / full).clamp(-fmax, fmax).to(torch.float8_e4m3fn), scale
 
 
-class _Writer:
+class NativeWriter:
     """Produces the stored form of each checkpoint tensor of the native layer: cast to the target's dtype, or FP8
     requantised (weight and `_scale_inv` come out of one quantisation, whichever is asked for first)."""
 
@@ -176,7 +176,7 @@ class _Writer:
         return scale
 
 
-def _stored_from_target(ckpt: Checkpoint, keys: Iterable[str]) -> dict[str, _Stored]:
+def stored_from_target(ckpt: Checkpoint, keys: Iterable[str]) -> dict[str, _Stored]:
     out = {}
     for key in keys:
         dtype = ST_DTYPES[ckpt.info(key).dtype][0]
@@ -186,7 +186,7 @@ def _stored_from_target(ckpt: Checkpoint, keys: Iterable[str]) -> dict[str, _Sto
     return out
 
 
-def _stored_from_provenance(
+def stored_from_provenance(
     native: NativeLayer, spec: Spec, target_config: Mapping[str, Any], provenance: Mapping[str, Any]
 ) -> dict[str, _Stored]:
     """Without the target: FP8 exactly where convert dequantised FP8 (provenance), module buffers (router bias)
@@ -206,7 +206,7 @@ def _stored_from_provenance(
     return out
 
 
-def _computation_record(spec: Spec, cfg: Mapping[str, Any]) -> dict[str, Any]:
+def computation_record(spec: Spec, cfg: Mapping[str, Any]) -> dict[str, Any]:
     return {
         "hidden_handover": cfg.get("hidden_handover", "post_norm"),
         "input_hidden": cfg.get("input_hidden") or spec.layer.hidden,
@@ -219,7 +219,7 @@ def engine_mismatches(spec: Spec, cfg: Mapping[str, Any], engines: Iterable[str]
     """One line per engine whose MTP computation for the family (the spec's `[engines.*]`) differs from the one the
     native draft was trained for: served there, it loses acceptance beyond step 1 (or from step 1 on when the
     step-0 input or the final norm differ)."""
-    mine = _computation_record(spec, cfg)
+    mine = computation_record(spec, cfg)
     notes = []
     for engine in engines:
         facts = spec.engine(engine)
@@ -236,12 +236,12 @@ def engine_mismatches(spec: Spec, cfg: Mapping[str, Any], engines: Iterable[str]
     return notes
 
 
-def _trunk_keys(spec: Spec, config: Mapping[str, Any], layer: int) -> set[str]:
+def trunk_keys(spec: Spec, config: Mapping[str, Any], layer: int) -> set[str]:
     """Checkpoint keys of the trunk's embedding, head and final norm (shared, never the MTP layer's own)."""
     return {spec.key(t, config, layer) for t in (spec.keys.target_norm, spec.keys.target_embed, spec.keys.target_head)}
 
 
-def _runs(infos: list, limit: int) -> Iterable[list]:
+def contiguous_runs(infos: list, limit: int) -> Iterable[list]:
     run: list = []
     size = 0
     for info in infos:
@@ -254,13 +254,13 @@ def _runs(infos: list, limit: int) -> Iterable[list]:
         yield run
 
 
-def _natural(key: str) -> list[Any]:
+def natural_order(key: str) -> list[Any]:
     import re
 
     return [int(t) if t.isdigit() else t for t in re.split(r"(\d+)", key)]
 
 
-def _meta_checkpoint(spec: Spec, target_config: Mapping[str, Any], key_config: Mapping[str, Any], layer: int):
+def meta_checkpoint(spec: Spec, target_config: Mapping[str, Any], key_config: Mapping[str, Any], layer: int):
     """(checkpoint key -> shape, module-buffer checkpoint keys) of one MTP layer, from meta tensors."""
     with torch.device("meta"):
         module = NativeMtpDraft(spec, target_config, layer)
@@ -285,7 +285,7 @@ def _validate_native(path: Path, cfg: dict[str, Any]) -> list[str]:
             module = NativeMtpDraft(spec, target_config, layer)
     except Exception as exc:
         return [f"cannot build the native module from config.json: {exc}"]
-    weights = _load_weights(path, problems)
+    weights = load_weights(path, problems)
     if weights is None:
         return problems
     expected = {k: tuple(v.shape) for k, v in module.state_dict().items()}
@@ -296,7 +296,7 @@ def _validate_native(path: Path, cfg: dict[str, Any]) -> list[str]:
     for key in sorted(set(weights) & set(expected)):
         if tuple(weights[key].shape) != expected[key]:
             problems.append(f"{key} has shape {list(weights[key].shape)}, the config implies {list(expected[key])}")
-        if (msg := _nonfinite(key, weights[key])) is not None:
+        if (msg := nonfinite(key, weights[key])) is not None:
             problems.append(msg)
     return problems
 

@@ -13,16 +13,16 @@ from typing import Any
 
 import torch
 
-from ..errors import DraftError
-from ..fp8 import SCALE_SUFFIX, fp8_block_size
-from ..io import SafetensorsWriter, write_json
-from ..kinds import CONFIG_FILE, WEIGHTS_FILE, DraftKind
-from ..layout import native_to_checkpoint
-from ..spec import Spec, find_spec, registry
-from . import ExportJob, Format
-from . import native as nat  # the helpers the native writers share
-from .common import _finite_file, _fp8_problems, _headers, sglang_steps
-from .native import NativeLayer
+from mtp2draft.checkpoint.fp8 import SCALE_SUFFIX, fp8_block_size
+from mtp2draft.draft.layout import native_to_checkpoint
+from mtp2draft.errors import DraftError
+from mtp2draft.family.spec import Spec, find_spec, registry
+from mtp2draft.formats import ExportJob, Format
+from mtp2draft.formats import native as nat  # the helpers the native writers share
+from mtp2draft.formats.common import finite_file, fp8_problems, read_headers, sglang_steps
+from mtp2draft.formats.native import NativeLayer
+from mtp2draft.io import SafetensorsWriter, write_json
+from mtp2draft.kinds import CONFIG_FILE, WEIGHTS_FILE, DraftKind
 
 
 def nextn_text_fields(spec: Spec, target_config: Mapping[str, Any]) -> dict[str, Any]:
@@ -32,7 +32,7 @@ def nextn_text_fields(spec: Spec, target_config: Mapping[str, Any]) -> dict[str,
     classes refuse a `layer_types` whose length is not `num_hidden_layers`."""
     text = spec.text_config(target_config)
     n = spec.num_layers(target_config)
-    fields: dict[str, Any] = {nat._num_layers_field(spec): 1, spec.config.mtp_count: 1}
+    fields: dict[str, Any] = {nat.num_layers_field(spec): 1, spec.config.mtp_count: 1}
     for key, value in text.items():
         if isinstance(value, list) and len(value) == n and n != 1:
             override = spec.config.block_overrides.get(key)
@@ -44,7 +44,7 @@ def _export_nextn(job: ExportJob) -> None:
     """The `write` of this format: fills job.out from the draft job.src."""
     src, cfg, tmp, provenance, record = job.src, job.cfg, job.out, job.provenance, job.record
     target, revision, token, progress = job.target, job.revision, job.token, job.progress
-    spec, target_config, layer = nat._native_input(src, cfg)
+    spec, target_config, layer = nat.native_input(src, cfg)
     if not spec.nextn.architecture:
         raise DraftError(
             f"spec {spec.name} has no [nextn] section: SGLang has no standalone NextN loader for this family "
@@ -52,16 +52,16 @@ def _export_nextn(job: ExportJob) -> None:
         )
     native = NativeLayer(src / WEIGHTS_FILE, spec, target_config, layer)
     if target:
-        ckpt = nat._open_target(target, cfg, revision, token)
-        stored = nat._stored_from_target(ckpt, native.checkpoint_keys())
-        block, ue8m0 = nat._fp8_block(ckpt.config, {"fp8_block_size": list(ckpt.fp8_block_size())})
+        ckpt = nat.open_target(target, cfg, revision, token)
+        stored = nat.stored_from_target(ckpt, native.checkpoint_keys())
+        block, ue8m0 = nat.fp8_block(ckpt.config, {"fp8_block_size": list(ckpt.fp8_block_size())})
         record.update(target=ckpt.source, target_commit=ckpt.commit)
     else:
-        stored = nat._stored_from_provenance(native, spec, target_config, provenance)
-        block, ue8m0 = nat._fp8_block(target_config, provenance)
+        stored = nat.stored_from_provenance(native, spec, target_config, provenance)
+        block, ue8m0 = nat.fp8_block(target_config, provenance)
     # Renumber: the same module tensors under a config with no trunk layers put layer 0 at `model.layers.0.`
     # (SGLang's NextN loader reads layer 0 when num_hidden_layers is 1).
-    zero = nat._with_text_fields(spec, target_config, **{nat._num_layers_field(spec): 0})
+    zero = nat.with_text_fields(spec, target_config, **{nat.num_layers_field(spec): 0})
     renamed: dict[str, str] = {}
     for module_key in dict.fromkeys(native.module_of.values()):
         shape = native._fh.get_slice(module_key).get_shape()
@@ -69,8 +69,8 @@ def _export_nextn(job: ExportJob) -> None:
         old = list(native_to_checkpoint(spec, target_config, layer, meta))
         new = list(native_to_checkpoint(spec, zero, 0, meta))
         renamed.update(zip(old, new, strict=True))
-    writer = nat._Writer(native, stored, block, ue8m0)
-    order = sorted(native.checkpoint_keys(), key=lambda k: nat._natural(renamed[k]))
+    writer = nat.NativeWriter(native, stored, block, ue8m0)
+    order = sorted(native.checkpoint_keys(), key=lambda k: nat.natural_order(renamed[k]))
     names = [
         (name, renamed[key] if name == key else renamed[key] + SCALE_SUFFIX)
         for key in order
@@ -81,7 +81,7 @@ def _export_nextn(job: ExportJob) -> None:
     with SafetensorsWriter(tmp / WEIGHTS_FILE, plan, {"format": "pt"}) as out:
         for old, new in names:
             out.write(new, writer.get(old))
-    nextn_cfg = nat._with_text_fields(spec, target_config, **nextn_text_fields(spec, target_config))
+    nextn_cfg = nat.with_text_fields(spec, target_config, **nextn_text_fields(spec, target_config))
     nextn_cfg["architectures"] = [spec.nextn.architecture]
     if not writer.requantised:  # an FP8 quantization_config over bf16 weights would make SGLang expect scales
         nextn_cfg.pop("quantization_config", None)
@@ -91,7 +91,7 @@ def _export_nextn(job: ExportJob) -> None:
     record.update(
         mtp_layer=layer,
         spec=spec.name,
-        **nat._computation_record(spec, cfg),  # which computation (and hand-over) the draft was trained for
+        **nat.computation_record(spec, cfg),  # which computation (and hand-over) the draft was trained for
         requantised_fp8=sorted(renamed[k] for k in writer.requantised),
     )
 
@@ -103,9 +103,9 @@ def _validate_nextn(path: Path, cfg: dict[str, Any]) -> list[str]:
     except Exception:
         return [f"model_type {cfg.get('model_type')!r} matches no spec: cannot check the NextN layer's tensors"]
     text = spec.text_config(cfg)
-    if text.get(nat._num_layers_field(spec)) != 1:
+    if text.get(nat.num_layers_field(spec)) != 1:
         problems.append(
-            f"{nat._num_layers_field(spec)} is {text.get(nat._num_layers_field(spec))}, a NextN checkpoint has 1"
+            f"{nat.num_layers_field(spec)} is {text.get(nat.num_layers_field(spec))}, a NextN checkpoint has 1"
         )
     if spec.config.mtp_count in text and text.get(spec.config.mtp_count) != 1:
         problems.append(f"{spec.config.mtp_count} is {text.get(spec.config.mtp_count)}; SGLang's NextN loader needs 1")
@@ -118,12 +118,12 @@ def _validate_nextn(path: Path, cfg: dict[str, Any]) -> list[str]:
     if not file.is_file():
         return [*problems, f"{WEIGHTS_FILE} is missing"]
     try:
-        headers = _headers(file)
+        headers = read_headers(file)
     except Exception as exc:
         return [*problems, f"{WEIGHTS_FILE} cannot be read: {exc}"]
-    zero = nat._with_text_fields(spec, cfg, **{nat._num_layers_field(spec): 0})
+    zero = nat.with_text_fields(spec, cfg, **{nat.num_layers_field(spec): 0})
     try:
-        expected, _ = nat._meta_checkpoint(spec, cfg, zero, 0)
+        expected, _ = nat.meta_checkpoint(spec, cfg, zero, 0)
     except Exception as exc:
         return [*problems, f"cannot build the {spec.name} MTP block from config.json: {exc}"]
     comp = spec.component_keys(zero, 0)
@@ -145,7 +145,7 @@ def _validate_nextn(path: Path, cfg: dict[str, Any]) -> list[str]:
         elif list(headers[name][1]) != list(shape):
             problems.append(f"{name} has shape {headers[name][1]}, the config implies {list(shape)}")
         else:
-            problems += _fp8_problems(name, headers[name][0], shape, headers, block)
+            problems += fp8_problems(name, headers[name][0], shape, headers, block)
     for name in headers:
         if name not in expected and not name.endswith(SCALE_SUFFIX) and name not in banned:
             problems.append(f"{name} is not a tensor of the NextN layer (layer 0)")
@@ -154,7 +154,7 @@ def _validate_nextn(path: Path, cfg: dict[str, Any]) -> list[str]:
         problems.append("FP8 tensors but config.json has no quantization_config")
     if quant.get("quant_method") == "fp8" and not has_fp8:
         problems.append("quantization_config says fp8 but no tensor is FP8: SGLang would look for scales")
-    problems += _finite_file(file, [n for n in headers if n in expected or n.endswith(SCALE_SUFFIX)])
+    problems += finite_file(file, [n for n in headers if n in expected or n.endswith(SCALE_SUFFIX)])
     return problems
 
 

@@ -13,32 +13,32 @@ from typing import Any
 
 import torch
 
-from .._version import __version__
-from ..checkpoint import DTYPES as ST_DTYPES
-from ..checkpoint import INDEX_FILE, Checkpoint
-from ..errors import DraftError
-from ..fp8 import SCALE_SUFFIX, fp8_block_size
-from ..io import SafetensorsWriter, write_json
-from ..kinds import CONFIG_FILE, WEIGHTS_FILE
-from ..layout import plan_mtp_layer
-from ..spec import Spec, find_spec
-from . import ExportJob, Format
-from .common import README_FILE, _finite_file, _fp8_problems, _headers, _read_json, sglang_steps
-from .native import (
+from mtp2draft._version import __version__
+from mtp2draft.checkpoint.fp8 import SCALE_SUFFIX, fp8_block_size
+from mtp2draft.checkpoint.reader import DTYPES as ST_DTYPES
+from mtp2draft.checkpoint.reader import INDEX_FILE, Checkpoint
+from mtp2draft.draft.layout import plan_mtp_layer
+from mtp2draft.errors import DraftError
+from mtp2draft.family.spec import Spec, find_spec
+from mtp2draft.formats import ExportJob, Format
+from mtp2draft.formats.common import README_FILE, finite_file, fp8_problems, read_headers, read_json, sglang_steps
+from mtp2draft.formats.native import (
     COPY_RUN_BYTES,
     NativeLayer,
-    _computation_record,
-    _fp8_block,
-    _meta_checkpoint,
-    _native_input,
-    _natural,
-    _open_target,
-    _runs,
-    _stored_from_target,
-    _trunk_keys,
-    _Writer,
+    NativeWriter,
+    computation_record,
+    contiguous_runs,
     engine_mismatches,
+    fp8_block,
+    meta_checkpoint,
+    native_input,
+    natural_order,
+    open_target,
+    stored_from_target,
+    trunk_keys,
 )
+from mtp2draft.io import SafetensorsWriter, write_json
+from mtp2draft.kinds import CONFIG_FILE, WEIGHTS_FILE
 
 
 def _target_index(ckpt: Checkpoint) -> dict[str, Any]:
@@ -46,14 +46,14 @@ def _target_index(ckpt: Checkpoint) -> dict[str, Any]:
     raw = None
     try:
         if ckpt.is_local:
-            raw = _read_json(Path(ckpt.source) / INDEX_FILE)
+            raw = read_json(Path(ckpt.source) / INDEX_FILE)
         elif ckpt.files.exists(INDEX_FILE):
             from huggingface_hub import hf_hub_download
 
             local = hf_hub_download(
                 ckpt.source, INDEX_FILE, revision=ckpt.commit, token=getattr(ckpt.files, "token", None)
             )
-            raw = _read_json(Path(local))
+            raw = read_json(Path(local))
     except (OSError, DraftError):
         raw = None
     if not raw or not isinstance(raw.get("weight_map"), dict):
@@ -67,8 +67,8 @@ def _export_stitched(job: ExportJob) -> None:
     target, revision, token, progress = job.target, job.revision, job.token, job.progress
     if not target:  # the registry marks stitched needs_target, so export asks for it first
         raise DraftError("the stitched format needs --target: the checkpoint the layer is written back over")
-    spec, target_config, layer = _native_input(src, cfg)
-    ckpt = _open_target(target, cfg, revision, token)
+    spec, target_config, layer = native_input(src, cfg)
+    ckpt = open_target(target, cfg, revision, token)
     native = NativeLayer(src / WEIGHTS_FILE, spec, ckpt.config, layer)
     foreign = [k for k in native.checkpoint_keys() if not ckpt.has(k)]
     if foreign:
@@ -79,7 +79,7 @@ def _export_stitched(job: ExportJob) -> None:
         raise DraftError(f"the draft lacks {uncovered[0]} of the target's MTP layer {layer} (+{len(uncovered) - 1})")
     # A tensor the layer shares with the trunk (ERNIE's final norm is `model.norm`) is the target's, not the
     # layer's: it is never rewritten, and a draft that changed it cannot be stitched without changing the target.
-    shared = _trunk_keys(spec, ckpt.config, layer) & set(native.checkpoint_keys())
+    shared = trunk_keys(spec, ckpt.config, layer) & set(native.checkpoint_keys())
     for key in sorted(shared):
         stored_tensor = ckpt.read_raw([key])[key]
         if not torch.equal(native.get(key).to(stored_tensor.dtype), stored_tensor):
@@ -88,10 +88,10 @@ def _export_stitched(job: ExportJob) -> None:
                 "the target (keep it frozen when fine-tuning)"
             )
     keys = [k for k in native.checkpoint_keys() if k not in shared]
-    stored = _stored_from_target(ckpt, keys)
-    writer = _Writer(native, stored, ckpt.fp8_block_size(), _fp8_block(ckpt.config, {})[1])
+    stored = stored_from_target(ckpt, keys)
+    writer = NativeWriter(native, stored, ckpt.fp8_block_size(), fp8_block(ckpt.config, {})[1])
     replaced = {name: key for key in keys for name in writer.names(key)}
-    shards = sorted({ckpt.weight_map[name] for name in replaced}, key=_natural)
+    shards = sorted({ckpt.weight_map[name] for name in replaced}, key=natural_order)
     for n, file in enumerate(shards, 1):
         progress(f"rewriting shard {file} ({n}/{len(shards)})")
         infos = sorted(ckpt.header(file).values(), key=lambda i: i.start)
@@ -103,7 +103,7 @@ def _export_stitched(job: ExportJob) -> None:
                 )
         layout = [(i.name, ST_DTYPES[i.dtype][0], tuple(i.shape)) for i in infos]
         with SafetensorsWriter(tmp / file, layout, {"format": "pt"}) as out:
-            for run in _runs(infos, COPY_RUN_BYTES):
+            for run in contiguous_runs(infos, COPY_RUN_BYTES):
                 kept = ckpt.read_raw([i.name for i in run if i.name not in replaced])
                 for info in run:
                     out.write(info.name, writer.get(info.name) if info.name in replaced else kept[info.name])
@@ -117,7 +117,7 @@ def _export_stitched(job: ExportJob) -> None:
         target_commit=ckpt.commit,
         mtp_layer=layer,
         spec=spec.name,
-        **_computation_record(spec, cfg),
+        **computation_record(spec, cfg),
         overlay_files=[*shards, INDEX_FILE],
         requantised_fp8=sorted(writer.requantised),
     )
@@ -176,7 +176,7 @@ def _validate_stitched(path: Path, cfg: dict[str, Any]) -> list[str]:
     count = spec.num_mtp_layers(cfg)
     if count <= 0:
         return [f"config.json declares no MTP layer ({spec.config.mtp_count})"]
-    index = _read_json(path / INDEX_FILE)
+    index = read_json(path / INDEX_FILE)
     weight_map = index.get("weight_map") if index else None
     if not isinstance(weight_map, dict):
         return [f"{INDEX_FILE} is missing or has no weight_map"]
@@ -184,7 +184,7 @@ def _validate_stitched(path: Path, cfg: dict[str, Any]) -> list[str]:
     for file in sorted(present - set(weight_map.values())):
         problems.append(f"{file} is in the overlay but the index maps no tensor to it")
     prefixes = [spec.key(spec.keys.block, cfg, i) for i in range(count)]
-    trunk = {k for i in range(count) for k in _trunk_keys(spec, cfg, i)}
+    trunk = {k for i in range(count) for k in trunk_keys(spec, cfg, i)}
     named = {k for i in range(count) for k in spec.component_keys(cfg, i).values()} - trunk
     mtp_keys = [k for k in weight_map if k in named or k.startswith(tuple(prefixes))]
     if not mtp_keys:
@@ -196,33 +196,33 @@ def _validate_stitched(path: Path, cfg: dict[str, Any]) -> list[str]:
     expected: dict[str, tuple[int, ...]] = {}
     for i in range(count):
         try:
-            shapes, _ = _meta_checkpoint(spec, cfg, cfg, i)
+            shapes, _ = meta_checkpoint(spec, cfg, cfg, i)
         except Exception as exc:
             problems.append(f"cannot build the {spec.name} MTP block from config.json: {exc}")
             break
         expected.update(shapes)
-    for key in sorted(set(expected) - set(weight_map), key=_natural):
+    for key in sorted(set(expected) - set(weight_map), key=natural_order):
         problems.append(f"the index lacks MTP tensor {key}")
     for file in sorted(present & set(weight_map.values())):
         try:
-            headers = _headers(path / file)
+            headers = read_headers(path / file)
         except Exception as exc:
             problems.append(f"{file} cannot be read: {exc}")
             continue
         mapped = {k for k, f in weight_map.items() if f == file}
-        for key in sorted(mapped - set(headers), key=_natural):
+        for key in sorted(mapped - set(headers), key=natural_order):
             problems.append(f"the index maps {key} to {file}, which does not hold it")
-        for key in sorted(set(headers) - mapped, key=_natural):
+        for key in sorted(set(headers) - mapped, key=natural_order):
             problems.append(f"{file} holds {key}, which the index maps elsewhere")
-        for key in sorted(set(headers) & set(expected), key=_natural):
+        for key in sorted(set(headers) & set(expected), key=natural_order):
             if list(headers[key][1]) != list(expected[key]):
                 problems.append(f"{key} has shape {headers[key][1]}, the config implies {list(expected[key])}")
             else:
-                problems += _fp8_problems(key, headers[key][0], expected[key], headers, block)
+                problems += fp8_problems(key, headers[key][0], expected[key], headers, block)
         mtp_here = [
             k for k in headers if k in expected or (k.endswith(SCALE_SUFFIX) and k[: -len(SCALE_SUFFIX)] in expected)
         ]
-        problems += _finite_file(path / file, mtp_here)
+        problems += finite_file(path / file, mtp_here)
     return problems
 
 

@@ -32,16 +32,12 @@ from pathlib import Path
 from typing import Any
 
 # where vLLM's venv is and how its subprocess runs: shared with `dump-hidden --engine vllm` (re-exported here)
-from ..engine_dump import (  # noqa: F401
-    DEFAULT_VENV,
-    MARKER,
-    VENV_ENV,
+from mtp2draft.target.engine import (
     VLLM_SIDE,
     EngineUnavailable,
-    venv_dir,
     vllm_environment,
 )
-from ..engine_dump import vllm_python as engine_python
+from mtp2draft.target.engine import vllm_python as engine_python
 
 VLLM_VERSION = "0.32.0"
 DRIVER = Path(__file__).with_name("vllm_driver.py")

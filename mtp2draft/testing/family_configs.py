@@ -321,7 +321,7 @@ QWEN3_5_MOE = {
 }
 
 
-def _tied(config: dict[str, Any]) -> dict[str, Any]:
+def tied(config: dict[str, Any]) -> dict[str, Any]:
     """The small Qwen3.5 releases: lm_head tied to the embedding (both flags set), no lm_head.weight stored."""
     return with_fields(
         config, tie_word_embeddings=True, text_config={**config["text_config"], "tie_word_embeddings": True}

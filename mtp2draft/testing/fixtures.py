@@ -23,13 +23,15 @@ from typing import Any
 import torch
 from safetensors.torch import load_file
 
-from ..draft import NativeMtpDraft
-from ..fp8 import quantize_fp8
-from ..io import save_tensors, write_json
-from ..layout import native_to_checkpoint
-from ..spec import get_spec
-from .family_configs import DEEPSEEK_V3 as DEEPSEEK_V3  # re-exported: scripts and tests import configs from here
-from .family_configs import (
+from mtp2draft.checkpoint.fp8 import quantize_fp8
+from mtp2draft.draft.layout import native_to_checkpoint
+from mtp2draft.draft.modules import NativeMtpDraft
+from mtp2draft.family.spec import get_spec
+from mtp2draft.io import save_tensors, write_json
+from mtp2draft.testing.family_configs import (
+    DEEPSEEK_V3 as DEEPSEEK_V3,  # re-exported: scripts and tests import configs from here
+)
+from mtp2draft.testing.family_configs import (
     DEEPSEEK_V32,
     ERNIE4_5_MOE,
     GLM4_MOE,
@@ -37,12 +39,12 @@ from .family_configs import (
     QWEN3_5,
     QWEN3_5_MOE,
     QWEN3_NEXT,
-    _tied,
+    tied,
     with_fields,
 )
-from .family_configs import FP8_QUANTIZATION as FP8_QUANTIZATION
-from .family_configs import LONGCAT_FLASH as LONGCAT_FLASH
-from .family_configs import MIMO as MIMO
+from mtp2draft.testing.family_configs import FP8_QUANTIZATION as FP8_QUANTIZATION
+from mtp2draft.testing.family_configs import LONGCAT_FLASH as LONGCAT_FLASH
+from mtp2draft.testing.family_configs import MIMO as MIMO
 
 
 def _row(spec: str, config: dict[str, Any], trunk: tuple[str, str], **options: Any) -> dict[str, Any]:
@@ -72,7 +74,7 @@ FIXTURES: dict[str, dict[str, Any]] = {
     "ernie4_5_moe": _row("ernie4_5_moe", ERNIE4_5_MOE, ("ernie4_5_moe", "Ernie4_5_MoeForCausalLM")),
     "qwen3_next": _row("qwen3_next", QWEN3_NEXT, ("qwen3_next", "Qwen3NextForCausalLM")),
     "qwen3_5": _row("qwen3_5_text", QWEN3_5, _QWEN3_5),
-    "qwen3_5_tied": _row("qwen3_5_text", _tied(QWEN3_5), _QWEN3_5),
+    "qwen3_5_tied": _row("qwen3_5_text", tied(QWEN3_5), _QWEN3_5),
     "qwen3_5_moe": _row(
         "qwen3_5_moe_text", QWEN3_5_MOE, ("qwen3_5_moe", "Qwen3_5MoeForConditionalGeneration"), fused_experts=True
     ),
@@ -214,7 +216,7 @@ def fuse_expert_tensors(tensors: dict[str, torch.Tensor]) -> dict[str, torch.Ten
     """Per-expert `experts.{e}.{gate,up,down}_proj.weight` -> the fused 3-D `experts.gate_up_proj` [E, 2I, H]
     (gate rows first) and `experts.down_proj` [E, H, I] that Qwen3.5-MoE's release stores (and transformers'
     save_pretrained splits)."""
-    from ..transforms import FuseExperts
+    from mtp2draft.family.transforms import FuseExperts
 
     fuse = FuseExperts()
     groups, rest = fuse.group(list(tensors))

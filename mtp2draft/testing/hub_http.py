@@ -15,10 +15,10 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 from urllib.parse import parse_qs, unquote, urlsplit
 
-from .hub_store import _PLURAL, _RANGE, _URL_PREFIX, HubError, _Blob, _is_lfs, _Repo
+from mtp2draft.testing.hub_store import PLURAL, RANGE, URL_PREFIX, Blob, HubError, Repo, is_lfs
 
 
-class _Server(ThreadingHTTPServer):
+class HubHTTPServer(ThreadingHTTPServer):
     daemon_threads = True
     request_queue_size = 64
     hub: Any  # the hub_server.HubServer that owns the repos (not imported: it imports this module)
@@ -28,10 +28,10 @@ class _Server(ThreadingHTTPServer):
         self.server_name, self.server_port = self.server_address[:2]
 
 
-class _Handler(BaseHTTPRequestHandler):
+class HubHandler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
     disable_nagle_algorithm = True  # headers and body go out in separate writes: avoid 40 ms delayed-ACK stalls
-    server: _Server
+    server: HubHTTPServer
 
     def log_message(self, format: str, *args: object) -> None:
         pass
@@ -124,11 +124,11 @@ class _Handler(BaseHTTPRequestHandler):
             return self._send(200, {})
         if seg == ["api", "repos", "create"] and method == "POST":
             return self._create_repo(json.loads(body), user)
-        if seg[0] == "api" and len(seg) >= 4 and seg[1] in _PLURAL:
-            return self._api(_PLURAL[seg[1]], "/".join(seg[2:4]), raw[4:], query, body, user)
+        if seg[0] == "api" and len(seg) >= 4 and seg[1] in PLURAL:
+            return self._api(PLURAL[seg[1]], "/".join(seg[2:4]), raw[4:], query, body, user)
         repo_type = "model"
         if seg[0] in ("datasets", "spaces"):
-            repo_type, raw, seg = _PLURAL[seg[0]], raw[1:], seg[1:]
+            repo_type, raw, seg = PLURAL[seg[0]], raw[1:], seg[1:]
         if len(seg) >= 5 and seg[2] == "resolve" and method in ("GET", "HEAD"):
             return self._resolve_file(repo_type, "/".join(seg[:2]), seg[3], unquote("/".join(raw[4:])), user)
         if len(seg) == 6 and seg[1].endswith(".git") and seg[2:] == ["info", "lfs", "objects", "batch"]:
@@ -145,12 +145,12 @@ class _Handler(BaseHTTPRequestHandler):
         if hub.token is not None and namespace != user:
             raise HubError(403, f'You don\'t have the rights to create a {repo_type} under the namespace "{namespace}"')
         repo_id = f"{namespace}/{payload['name']}"
-        url = f"{hub.endpoint}/{_URL_PREFIX[repo_type]}{repo_id}"
+        url = f"{hub.endpoint}/{URL_PREFIX[repo_type]}{repo_id}"
         private = payload.get("visibility", "private" if payload.get("private") else "public") == "private"
         with hub._lock:
             if (repo_type, repo_id) in hub._repos:  # the client reads `url` from this 409 body when exist_ok=True
                 raise HubError(409, f"You already created this {repo_type} repo: {repo_id}", url=url)
-            repo = hub._repos[(repo_type, repo_id)] = _Repo(repo_id, repo_type, namespace, private)
+            repo = hub._repos[(repo_type, repo_id)] = Repo(repo_id, repo_type, namespace, private)
             hub._commit(repo, "main", None, {}, "initial commit", "", namespace)
         self._send(200, {"url": url, "name": repo_id, "id": repo_id})
 
@@ -193,7 +193,7 @@ class _Handler(BaseHTTPRequestHandler):
             if method == "POST" and action == "preupload":
                 commit, files = hub._resolve(repo, rev), []
                 for f in json.loads(body)["files"]:
-                    lfs = f["size"] > 0 and _is_lfs(f["path"], f["size"])
+                    lfs = f["size"] > 0 and is_lfs(f["path"], f["size"])
                     files.append({"path": f["path"], "uploadMode": "lfs" if lfs else "regular", "shouldIgnore": False})
                     if (blob := commit.tree.get(f["path"])) is not None:  # the client then drops unchanged files
                         files[-1]["oid"] = blob.sha256 if blob.lfs else blob.oid
@@ -208,7 +208,7 @@ class _Handler(BaseHTTPRequestHandler):
                 return self._send(200, {})
         raise HubError(404, f"Not found: {method} {self.path}")
 
-    def _commit(self, repo: _Repo, branch: str, query: dict, body: bytes, user: str | None) -> None:
+    def _commit(self, repo: Repo, branch: str, query: dict, body: bytes, user: str | None) -> None:
         hub = self.server.hub
         lines = [json.loads(line) for line in body.splitlines() if line.strip()]
         header = next(line["value"] for line in lines if line["key"] == "header")
@@ -221,12 +221,12 @@ class _Handler(BaseHTTPRequestHandler):
         if query.get("create_pr", ["0"])[0] in ("1", "true"):
             number = 1 + sum(name.startswith("refs/pr/") for name in repo.branches)
             branch = f"refs/pr/{number}"
-            pr_url = f"{hub.endpoint}/{_URL_PREFIX[repo.repo_type]}{repo.repo_id}/discussions/{number}"
+            pr_url = f"{hub.endpoint}/{URL_PREFIX[repo.repo_type]}{repo.repo_id}/discussions/{number}"
         tree = dict(head.tree)
         for line in lines:
             key, value = line["key"], line["value"]
             if key == "file":
-                tree[value["path"]] = _Blob.make(base64.b64decode(value["content"]), lfs=False)
+                tree[value["path"]] = Blob.make(base64.b64decode(value["content"]), lfs=False)
             elif key == "lfsFile":
                 if value["oid"] not in hub._lfs:
                     raise HubError(400, f"LFS object {value['oid']} for {value['path']} was never uploaded")
@@ -238,10 +238,10 @@ class _Handler(BaseHTTPRequestHandler):
                 tree = {path: blob for path, blob in tree.items() if not path.startswith(folder)}
         title, message = header.get("summary") or "", header.get("description") or ""
         commit = hub._commit(repo, branch, head.oid, tree, title, message, user or repo.owner)
-        url = f"{hub.endpoint}/{_URL_PREFIX[repo.repo_type]}{repo.repo_id}/commit/{commit.oid}"
+        url = f"{hub.endpoint}/{URL_PREFIX[repo.repo_type]}{repo.repo_id}/commit/{commit.oid}"
         self._send(200, {"success": True, "commitUrl": url, "commitOid": commit.oid, "pullRequestUrl": pr_url})
 
-    def _lfs_batch(self, repo: _Repo, payload: dict) -> None:
+    def _lfs_batch(self, repo: Repo, payload: dict) -> None:
         hub, objects = self.server.hub, []
         for obj in payload.get("objects", []):
             objects.append({"oid": obj["oid"], "size": obj["size"], "authenticated": True})
@@ -260,7 +260,7 @@ class _Handler(BaseHTTPRequestHandler):
             return self._send(200, {})
         if self.command != "PUT" or len(seg) != 1:
             raise HubError(404, f"Not found: {self.command} {self.path}")
-        blob = _Blob.make(body, lfs=True)
+        blob = Blob.make(body, lfs=True)
         if blob.sha256 != seg[0]:
             raise HubError(400, f"sha256 mismatch: expected {seg[0]}, received {blob.sha256}")
         with hub._lock:
@@ -279,7 +279,7 @@ class _Handler(BaseHTTPRequestHandler):
         if blob.lfs:
             headers.update({"X-Linked-Etag": f'"{blob.sha256}"', "X-Linked-Size": str(size)})
         start, end, status = 0, size - 1, 200
-        match = _RANGE.fullmatch(self.headers.get("Range") or "")  # anything else (e.g. multi-range) is ignored
+        match = RANGE.fullmatch(self.headers.get("Range") or "")  # anything else (e.g. multi-range) is ignored
         if match and (match[1] or match[2]):
             if match[1]:
                 start, end = int(match[1]), min(int(match[2]), size - 1) if match[2] else size - 1

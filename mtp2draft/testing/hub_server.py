@@ -27,9 +27,9 @@ import threading
 from collections.abc import Iterator
 from pathlib import Path
 
-from .hub_http import _Handler, _Server
-from .hub_store import HubError as HubError  # re-exported: HubServer's methods raise it
-from .hub_store import _Blob, _Commit, _is_lfs, _Repo
+from mtp2draft.testing.hub_http import HubHandler, HubHTTPServer
+from mtp2draft.testing.hub_store import Blob, Commit, Repo, is_lfs
+from mtp2draft.testing.hub_store import HubError as HubError  # re-exported: HubServer's methods raise it
 
 
 class HubServer:
@@ -44,17 +44,17 @@ class HubServer:
         self.fail_next = 0
         self.bytes_served = 0
         self.requests: list[dict] = []
-        self._repos: dict[tuple[str, str], _Repo] = {}
-        self._lfs: dict[str, _Blob] = {}  # LFS object store, by sha256
+        self._repos: dict[tuple[str, str], Repo] = {}
+        self._lfs: dict[str, Blob] = {}  # LFS object store, by sha256
         self._lock = threading.RLock()
-        self._httpd: _Server | None = None
+        self._httpd: HubHTTPServer | None = None
         self._thread: threading.Thread | None = None
         self._sockets: set[socket.socket] = set()
 
     # ---- lifecycle ----------------------------------------------------------------------------------------------
     def start(self) -> HubServer:
         if self._httpd is None:
-            self._httpd = _Server(("127.0.0.1", 0), _Handler)
+            self._httpd = HubHTTPServer(("127.0.0.1", 0), HubHandler)
             self._httpd.hub = self
             self.endpoint = f"http://127.0.0.1:{self._httpd.server_address[1]}"
             self._thread = threading.Thread(target=self._httpd.serve_forever, args=(0.05,), daemon=True)
@@ -132,11 +132,11 @@ class HubServer:
             files = {p.relative_to(root).as_posix(): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()}
         owner = self.users[owner_token] if owner_token else repo_id.split("/")[0]
         with self._lock:
-            repo = self._repos.setdefault((repo_type, repo_id), _Repo(repo_id, repo_type, owner, private))
+            repo = self._repos.setdefault((repo_type, repo_id), Repo(repo_id, repo_type, owner, private))
             head = repo.branches.get(revision) or repo.branches.get("main")
             tree = dict(repo.commits[head].tree) if head else {}
             for path, data in files.items():
-                tree[path] = _Blob.make(data, _is_lfs(path, len(data)))
+                tree[path] = Blob.make(data, is_lfs(path, len(data)))
                 if tree[path].lfs:
                     self._lfs[tree[path].sha256] = tree[path]
             return self._commit(repo, revision, head, tree, f"Add {len(files)} file(s)", "", owner).oid
@@ -169,7 +169,7 @@ class HubServer:
             raise HubError(401, "Invalid credentials in Authorization header")
         return self.users.get(token) if token else None
 
-    def _repo(self, repo_type: str, repo_id: str, user: str | None, write: bool = False) -> _Repo:
+    def _repo(self, repo_type: str, repo_id: str, user: str | None, write: bool = False) -> Repo:
         repo = self._repos.get((repo_type, repo_id))
         allowed = self.token is None or (repo is not None and user == repo.owner)
         if repo is None or (repo.private and not allowed):
@@ -179,24 +179,24 @@ class HubServer:
             raise HubError(401 if user is None else 403, f"You don't have the rights to write to {repo_id}")
         return repo
 
-    def _resolve(self, repo: _Repo, revision: str) -> _Commit:
+    def _resolve(self, repo: Repo, revision: str) -> Commit:
         oid = repo.branches.get(revision) or (revision if revision in repo.commits else None)
         if oid is None:
             raise HubError(404, f"Invalid rev id: {revision}", "RevisionNotFound")
         return repo.commits[oid]
 
-    def _commit(self, repo: _Repo, branch: str, parent: str | None, tree: dict[str, _Blob], title: str,
-                message: str, author: str) -> _Commit:  # fmt: skip
+    def _commit(self, repo: Repo, branch: str, parent: str | None, tree: dict[str, Blob], title: str,
+                message: str, author: str) -> Commit:  # fmt: skip
         old = repo.commits[parent].tree if parent else {}
         changed = sorted(
             p for p in old.keys() | tree.keys() if p not in old or p not in tree or old[p].oid != tree[p].oid
         )
-        commit = _Commit(hashlib.sha1(os.urandom(32)).hexdigest(), parent, title, message, author, tree, changed)
+        commit = Commit(hashlib.sha1(os.urandom(32)).hexdigest(), parent, title, message, author, tree, changed)
         repo.commits[commit.oid] = commit
         repo.branches[branch] = commit.oid
         return commit
 
-    def _entry(self, repo: _Repo, commit: _Commit, path: str, expand: bool) -> dict | None:
+    def _entry(self, repo: Repo, commit: Commit, path: str, expand: bool) -> dict | None:
         """Tree entry of a file or folder, as the /tree and /paths-info endpoints return it (None if absent)."""
         blob = commit.tree.get(path)
         if blob is None:
@@ -213,7 +213,7 @@ class HubServer:
             out["lastCommit"] = {"id": last.oid, "title": last.title, "date": last.date}
         return out
 
-    def _listing(self, repo: _Repo, commit: _Commit, base: str, recursive: bool, expand: bool) -> list[dict]:
+    def _listing(self, repo: Repo, commit: Commit, base: str, recursive: bool, expand: bool) -> list[dict]:
         prefix = base.strip("/") + "/" if base.strip("/") else ""
         paths: set[str] = set()
         for path in commit.tree:
@@ -225,7 +225,7 @@ class HubServer:
             raise HubError(404, f"Entry not found: {base}", "EntryNotFound", commit.oid)
         return [self._entry(repo, commit, path, expand) for path in sorted(paths)]  # type: ignore[misc]
 
-    def _info(self, repo: _Repo, commit: _Commit, query: dict) -> dict:
+    def _info(self, repo: Repo, commit: Commit, query: dict) -> dict:
         siblings = []
         for path, blob in sorted(commit.tree.items()):
             sibling: dict = {"rfilename": path}

@@ -13,21 +13,21 @@ from dataclasses import dataclass, field
 
 LFS_SUFFIXES = (".safetensors", ".bin", ".pt", ".gguf")
 LFS_MIN_SIZE = 1024 * 1024
-_URL_PREFIX = {"model": "", "dataset": "datasets/", "space": "spaces/"}
-_PLURAL = {"models": "model", "datasets": "dataset", "spaces": "space"}
-_RANGE = re.compile(r"\s*bytes\s*=\s*(\d*)\s*-\s*(\d*)\s*", re.IGNORECASE)
+URL_PREFIX = {"model": "", "dataset": "datasets/", "space": "spaces/"}
+PLURAL = {"models": "model", "datasets": "dataset", "spaces": "space"}
+RANGE = re.compile(r"\s*bytes\s*=\s*(\d*)\s*-\s*(\d*)\s*", re.IGNORECASE)
 
 
 def _now() -> str:
     return time.strftime("%Y-%m-%dT%H:%M:%S.000Z", time.gmtime())
 
 
-def _is_lfs(path: str, size: int) -> bool:
+def is_lfs(path: str, size: int) -> bool:
     return path.endswith(LFS_SUFFIXES) or size >= LFS_MIN_SIZE
 
 
 @dataclass(frozen=True)
-class _Blob:
+class Blob:
     data: bytes
     lfs: bool
     oid: str  # git blob sha1 of the content, or of the LFS pointer file for LFS blobs
@@ -35,7 +35,7 @@ class _Blob:
     pointer_size: int
 
     @classmethod
-    def make(cls, data: bytes, lfs: bool) -> _Blob:
+    def make(cls, data: bytes, lfs: bool) -> Blob:
         sha256 = hashlib.sha256(data).hexdigest()
         pointer = f"version https://git-lfs.github.com/spec/v1\noid sha256:{sha256}\nsize {len(data)}\n".encode()
         stored = pointer if lfs else data
@@ -44,25 +44,25 @@ class _Blob:
 
 
 @dataclass
-class _Commit:
+class Commit:
     oid: str
     parent: str | None
     title: str
     message: str
     author: str
-    tree: dict[str, _Blob]  # full snapshot, never mutated once committed
+    tree: dict[str, Blob]  # full snapshot, never mutated once committed
     files: list[str]  # paths added, changed or deleted by this commit
     date: str = field(default_factory=_now)
 
 
 @dataclass
-class _Repo:
+class Repo:
     repo_id: str
     repo_type: str
     owner: str
     private: bool
     branches: dict[str, str] = field(default_factory=dict)
-    commits: dict[str, _Commit] = field(default_factory=dict)  # in creation order
+    commits: dict[str, Commit] = field(default_factory=dict)  # in creation order
     created: str = field(default_factory=_now)
 
 

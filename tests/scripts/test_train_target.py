@@ -37,7 +37,7 @@ def test_target_loads(trained: tuple[Path, Path], name: str, cls: str, spec: str
     from transformers import AutoTokenizer
 
     import mtp2draft
-    from mtp2draft.convert import load_native
+    from mtp2draft.draft.layout import load_native
 
     target = trained[0] / name
     index = json.loads((target / "model.safetensors.index.json").read_text())

@@ -25,13 +25,12 @@ from typing import Any
 import pytest
 import torch
 
-from mtp2draft.convert import convert
+from mtp2draft.conversion import convert
 from mtp2draft.data import load_tokenizer
-from mtp2draft.distill import DistillConfig, distill
-from mtp2draft.draft import load_draft
-from mtp2draft.evaluate import TargetRunner, evaluate, greedy_reference, load_prompts
-from mtp2draft.export import export, validate
-from mtp2draft.hidden import TargetModel
+from mtp2draft.draft.modules import load_draft
+from mtp2draft.evaluation import TargetRunner, evaluate, greedy_reference, load_prompts
+from mtp2draft.formats.export import export, validate
+from mtp2draft.target.hidden import TargetModel
 from mtp2draft.testing.engine import (
     EngineRun,
     EngineUnavailable,
@@ -41,6 +40,7 @@ from mtp2draft.testing.engine import (
     speculative_config,
     vllm_python,
 )
+from mtp2draft.train.recipe import DistillConfig, distill
 
 pytestmark = pytest.mark.engine
 
@@ -323,7 +323,7 @@ def vllm_dump(vllm: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str,
     """tiny-mimo's first DUMP_SEQUENCES training lines dumped by vLLM and by transformers, the raw MTP head
     distilled online and from the vLLM dump with the same data and steps, both evaluated."""
     from mtp2draft.data import read_examples
-    from mtp2draft.engine_dump import dump_hidden
+    from mtp2draft.target.engine import dump_hidden
 
     work, target = tmp_path_factory.mktemp("vllm-dump"), TARGETS["mimo"]
     data = work / "train.jsonl"
@@ -350,7 +350,7 @@ def vllm_dump(vllm: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str,
 
 
 def test_vllm_dump_equals_the_transformers_dump(vllm_dump: dict) -> None:
-    from mtp2draft.hidden import OfflineHiddenStates
+    from mtp2draft.target.hidden import OfflineHiddenStates
 
     ours, theirs = (OfflineHiddenStates(vllm_dump["dumps"][e]) for e in ("transformers", "vllm"))
     assert len(ours) == len(theirs) == vllm_dump["sequences"]

@@ -1,0 +1,72 @@
+"""FP8 block quantisation as DeepSeek-style checkpoints store it: a `float8_e4m3fn` weight [M, N] with an fp32
+`<name>_scale_inv` sibling of shape [ceil(M/b), ceil(N/b)], W = W_fp8[i, j] * scale_inv[i // b, j // b].
+
+The one place the block size default lives (`fp8_block_size`): config.json's `quantization_config.weight_block_size`,
+else 128 x 128 as the releases use.
+
+What this module does not do: read checkpoints or choose which tensors are FP8 (`checkpoint.py`, the exporters).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from typing import Any
+
+import torch
+
+from mtp2draft.errors import CheckpointError
+
+SCALE_SUFFIX = "_scale_inv"
+DEFAULT_FP8_BLOCK = (128, 128)
+
+
+def fp8_block_size(config: Mapping[str, Any]) -> tuple[int, int]:
+    """The FP8 block (rows, columns) of a checkpoint from its config.json."""
+    quant = config.get("quantization_config") or {}
+    block = quant.get("weight_block_size") or DEFAULT_FP8_BLOCK
+    return int(block[0]), int(block[1])
+
+
+def dequantize_fp8(
+    weight: torch.Tensor, scale_inv: torch.Tensor, block: tuple[int, int] = DEFAULT_FP8_BLOCK, key: str = "weight"
+) -> torch.Tensor:
+    """`W[i, j] * scale_inv[i // bm, j // bn]` in fp32, ragged edge blocks included.
+
+    weight: [M, N] float8; scale_inv: [ceil(M/bm), ceil(N/bn)] (fp32, or e8m0 power-of-two scales).
+    """
+    if weight.dim() != 2:
+        raise CheckpointError(f"FP8 weight {key} has {weight.dim()} dimensions; block scales need 2")
+    m, n = weight.shape
+    bm, bn = block
+    want = (math.ceil(m / bm), math.ceil(n / bn))
+    if tuple(scale_inv.shape) != want:
+        raise CheckpointError(
+            f"{key}{SCALE_SUFFIX} has shape {list(scale_inv.shape)}, expected {list(want)} for a [{m}, {n}] weight"
+        )
+    scale = scale_inv.float()
+    # Expand the block scales to full size row-block by row-block to keep peak memory near one fp32 copy of W.
+    out = torch.empty((m, n), dtype=torch.float32)
+    for r in range(want[0]):
+        rows = slice(r * bm, min((r + 1) * bm, m))
+        full = scale[r].repeat_interleave(bn)[:n]
+        out[rows] = weight[rows].float() * full
+    return out
+
+
+def quantize_fp8(weight: torch.Tensor, block: tuple[int, int] = DEFAULT_FP8_BLOCK) -> tuple[torch.Tensor, torch.Tensor]:
+    """Inverse of `dequantize_fp8`: per block scale = amax / 448, W_fp8 = W / scale, scale_inv = scale."""
+    m, n = weight.shape
+    bm, bn = block
+    rows, cols = math.ceil(m / bm), math.ceil(n / bn)
+    w = weight.float()
+    scale = torch.empty((rows, cols), dtype=torch.float32)
+    q = torch.empty((m, n), dtype=torch.float8_e4m3fn)
+    fmax = torch.finfo(torch.float8_e4m3fn).max
+    for r in range(rows):
+        for c in range(cols):
+            blk = w[r * bm : (r + 1) * bm, c * bn : (c + 1) * bn]
+            s = blk.abs().max().clamp(min=1e-12) / fmax
+            scale[r, c] = s
+            q[r * bm : (r + 1) * bm, c * bn : (c + 1) * bn] = (blk / s).clamp(-fmax, fmax).to(torch.float8_e4m3fn)
+    return q, scale

@@ -1,0 +1,94 @@
+"""Bounded waits and one-line failures for every request mtp2draft makes to a Hub endpoint.
+
+huggingface_hub's shared HTTP client waits forever by default (`timeout=None`, and some calls pass `None`
+explicitly), so an endpoint that accepts a connection and never answers would hang `convert` or `push` for good.
+`configure()` adds a request hook to that shared client which gives every request without its own timeout a
+connect/read/write timeout of `MTP2DRAFT_HUB_TIMEOUT` seconds (default 30). Retries with backoff stay
+huggingface_hub's (`http_backoff`); `retries()` is how many mtp2draft asks for (`MTP2DRAFT_HUB_RETRIES`, default 5).
+`describe()` turns a network exception into one line that names the endpoint and what to try.
+
+What this module does not do: make requests itself, or decide which errors are the user's (callers wrap them in
+their stage's error type).
+"""
+
+from __future__ import annotations
+
+import os
+
+TIMEOUT_ENV = "MTP2DRAFT_HUB_TIMEOUT"
+RETRIES_ENV = "MTP2DRAFT_HUB_RETRIES"
+DEFAULT_TIMEOUT = 30.0
+DEFAULT_RETRIES = 5
+
+
+def _env_number(name: str, default: float, cast: type) -> float:
+    from mtp2draft.errors import SourceError
+
+    raw = os.environ.get(name)
+    if raw is None or raw == "":
+        return default
+    try:
+        value = cast(raw)
+    except ValueError:
+        raise SourceError(f"{name}={raw!r} is not a number") from None
+    if value < 0 or (cast is float and value == 0):
+        raise SourceError(f"{name}={raw!r} must be positive")
+    return value
+
+
+def timeout() -> float:
+    """Seconds to wait for a connection, and for each read or write on it."""
+    return float(_env_number(TIMEOUT_ENV, DEFAULT_TIMEOUT, float))
+
+
+def retries() -> int:
+    """Retries (with huggingface_hub's exponential backoff) of a failed range request."""
+    return int(_env_number(RETRIES_ENV, DEFAULT_RETRIES, int))
+
+
+def _apply_timeout(request) -> None:
+    # A request carries its timeout in extensions (httpx); None values there mean "wait forever".
+    current = request.extensions.get("timeout") or {}
+    if not any(v is not None for v in current.values()):
+        seconds = timeout()
+        request.extensions["timeout"] = {"connect": seconds, "read": seconds, "write": seconds, "pool": seconds}
+
+
+def configure() -> None:
+    """Make huggingface_hub's shared client time out (idempotent; call before any Hub request)."""
+    from huggingface_hub import get_session
+
+    hooks = get_session().event_hooks
+    if _apply_timeout not in hooks["request"]:
+        hooks["request"] = [*hooks["request"], _apply_timeout]
+
+
+def is_network_error(exc: BaseException) -> bool:
+    """Whether `exc` (or what caused it) is a connection failure or a timeout rather than an HTTP answer."""
+    import httpx2
+
+    seen = set()
+    while exc is not None and id(exc) not in seen:
+        seen.add(id(exc))
+        if isinstance(exc, httpx2.TransportError | TimeoutError | ConnectionError):
+            return True
+        exc = exc.__cause__ or exc.__context__
+    return False
+
+
+def describe(exc: BaseException, endpoint: str | None = None) -> str:
+    """One line for a network failure: what happened, where, and what to try."""
+    import httpx2
+    from huggingface_hub import constants
+
+    endpoint = endpoint or constants.ENDPOINT
+    root = exc
+    while root.__cause__ is not None and not isinstance(root, httpx2.TransportError):
+        root = root.__cause__
+    if isinstance(root, httpx2.TimeoutException | TimeoutError):
+        what = f"no answer within {timeout():g} s"
+        hint = f"set {TIMEOUT_ENV} to wait longer"
+    else:
+        what = f"cannot connect ({type(root).__name__})"
+        hint = "check the network, HF_ENDPOINT and proxies"
+    return f"the Hub at {endpoint} is unreachable: {what}; {hint}, or set HF_HUB_OFFLINE=1 to use what is cached"

@@ -1,0 +1,457 @@
+"""Resolve a SOURCE (hub repo id or local directory) and read only the tensors a conversion needs.
+
+Order of work, so a 700 GB checkpoint costs the MTP layer's bytes and little more:
+1. config.json and model.safetensors.index.json (the index maps every key to its shard);
+2. the safetensors header of each shard that holds a needed key (8 bytes, then the JSON header);
+3. the byte ranges of the needed tensors, coalesced per shard.
+From the Hub, step 2 and 3 are HTTP range requests through huggingface_hub's session, cached on disk per commit so a
+second run fetches nothing. Locally, shards that hold no needed key are never opened.
+
+FP8 block weights (`float8_e4m3fn` with an fp32 `<name>_scale_inv` sibling of shape [ceil(M/b), ceil(N/b)]) are
+dequantised as `W[i, j] * scale_inv[i // b, j // b]` in fp32 by `read_weights` (the arithmetic is in `fp8.py`, the
+byte sources, local files and cached Hub ranges, in `byte_sources.py`).
+
+What this module does not do: know anything about MTP layers or families (that is `spec.py` / `convert.py`), or
+download whole shards.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import struct
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path, PurePosixPath, PureWindowsPath
+from typing import Any
+
+import torch
+
+from mtp2draft.checkpoint import network
+from mtp2draft.checkpoint.fp8 import (
+    SCALE_SUFFIX as SCALE_SUFFIX,  # re-exported (their home is fp8.py): callers import them from here
+)
+from mtp2draft.checkpoint.fp8 import dequantize_fp8, fp8_block_size
+from mtp2draft.checkpoint.fp8 import quantize_fp8 as quantize_fp8
+from mtp2draft.checkpoint.sources import HubFiles, LocalFiles, range_cache_dir
+from mtp2draft.errors import CheckpointError, SourceError
+
+INDEX_FILE = "model.safetensors.index.json"
+SINGLE_FILE = "model.safetensors"
+
+# safetensors dtype name -> (torch dtype, bytes per element); F8_E8M0 where this torch has it
+_ST_NAMES = (
+    "F64 float64, F32 float32, F16 float16, BF16 bfloat16, F8_E4M3 float8_e4m3fn, F8_E5M2 float8_e5m2, "
+    "I64 int64, I32 int32, I16 int16, I8 int8, U8 uint8, BOOL bool, F8_E8M0 float8_e8m0fnu"
+)
+DTYPES: dict[str, tuple[torch.dtype, int]] = {
+    st: (getattr(torch, name), getattr(torch, name).itemsize)
+    for st, name in (pair.split() for pair in _ST_NAMES.split(", "))
+    if hasattr(torch, name)
+}
+TORCH_TO_ST = {v[0]: k for k, v in DTYPES.items()}
+
+# Gap (bytes) up to which two needed tensors of one shard are fetched with a single range request.
+COALESCE_GAP = 4096
+# Largest range fetched (and held) at once when reading runs of adjacent tensors.
+MAX_RUN_BYTES = 16 << 20
+
+
+@dataclass(frozen=True)
+class TensorInfo:
+    """Where one tensor lives: shard file, dtype, shape and absolute byte range in the file."""
+
+    name: str
+    file: str
+    dtype: str
+    shape: tuple[int, ...]
+    start: int
+    end: int
+
+    @property
+    def nbytes(self) -> int:
+        return self.end - self.start
+
+    @property
+    def numel(self) -> int:
+        return math.prod(self.shape)
+
+
+# ---- the checkpoint -----------------------------------------------------------------------------------------------
+@dataclass
+class Checkpoint:
+    """A resolved SOURCE with its config, index and (lazily) shard headers."""
+
+    source: str
+    files: LocalFiles | HubFiles
+    config: dict[str, Any]
+    weight_map: dict[str, str]
+    revision: str | None = None
+    commit: str | None = None
+    file_sizes: dict[str, int | None] = field(default_factory=dict)
+    read_headers: dict[str, dict[str, TensorInfo]] = field(default_factory=dict, repr=False)
+
+    @property
+    def is_local(self) -> bool:
+        return isinstance(self.files, LocalFiles)
+
+    @property
+    def bytes_fetched(self) -> int:
+        return self.files.bytes_fetched if isinstance(self.files, HubFiles) else self.files.bytes_read
+
+    def total_bytes(self) -> int:
+        """Size of all shards named by the index (the whole checkpoint's weights)."""
+        return sum(self.file_sizes.get(f) or 0 for f in set(self.weight_map.values()))
+
+    # -- headers --
+    def header(self, file: str) -> dict[str, TensorInfo]:
+        if file not in self.read_headers:
+            self.read_headers[file] = self._read_header(file)
+        return self.read_headers[file]
+
+    def _read_header(self, file: str) -> dict[str, TensorInfo]:
+        size = self.files.size(file)
+        if size is None:
+            raise CheckpointError(f"shard {file} is named in the index but is missing from {self.files.describe()}")
+        if size < 8:
+            raise CheckpointError(f"{file}: truncated safetensors file ({size} bytes, no header length)")
+        (n,) = struct.unpack("<Q", self.files.read(file, 0, 8))
+        if n == 0 or 8 + n > size or n > 100 * 2**20:
+            raise CheckpointError(f"{file}: corrupt safetensors header (declares {n} header bytes, file has {size})")
+        raw = self.files.read(file, 8, 8 + n)
+        try:
+            header = json.loads(raw.decode("utf-8"))
+        except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+            raise CheckpointError(f"{file}: corrupt safetensors header (not JSON: {exc})") from exc
+        if not isinstance(header, dict):
+            raise CheckpointError(f"{file}: corrupt safetensors header (not a JSON object)")
+        base = 8 + n
+        infos = {}
+        for name, entry in header.items():
+            if name == "__metadata__":
+                continue
+            try:
+                dtype, shape, (a, b) = entry["dtype"], tuple(int(d) for d in entry["shape"]), entry["data_offsets"]
+            except (KeyError, TypeError, ValueError) as exc:
+                raise CheckpointError(f"{file}: corrupt header entry for {name}: {entry!r}") from exc
+            if dtype not in DTYPES:
+                raise CheckpointError(f"{file}: tensor {name} has unsupported dtype {dtype}")
+            if b - a != math.prod(shape) * DTYPES[dtype][1] or base + b > size or a < 0:
+                raise CheckpointError(
+                    f"{file}: header entry for {name} is inconsistent (offsets {a}-{b}, shape {list(shape)}, "
+                    f"dtype {dtype}, file size {size})"
+                )
+            infos[name] = TensorInfo(name, file, dtype, shape, base + a, base + b)
+        return infos
+
+    # -- lookup --
+    def has(self, key: str) -> bool:
+        return key in self.weight_map
+
+    def keys_with_prefix(self, prefix: str) -> list[str]:
+        return sorted(k for k in self.weight_map if k.startswith(prefix))
+
+    def info(self, key: str) -> TensorInfo:
+        file = self.weight_map.get(key)
+        if file is None:
+            raise CheckpointError(f"tensor {key} is not in the checkpoint index")
+        header = self.header(file)
+        if key not in header:
+            raise CheckpointError(f"the index maps {key} to {file}, but that shard's header does not contain it")
+        return header[key]
+
+    def scale_key(self, key: str) -> str | None:
+        """The `_scale_inv` sibling of an FP8 weight; error when a 1-byte float weight has none."""
+        info = self.info(key)
+        if info.dtype not in ("F8_E4M3", "F8_E5M2"):
+            return None
+        scale = key + SCALE_SUFFIX
+        if not self.has(scale):
+            raise CheckpointError(f"FP8 weight {key} has no {scale} in the checkpoint: cannot dequantise it")
+        return scale
+
+    def fp8_block_size(self) -> tuple[int, int]:
+        return fp8_block_size(self.config)
+
+    # -- reading --
+    def iter_raw(self, keys: Iterable[str], max_run_bytes: int = MAX_RUN_BYTES) -> Iterator[tuple[str, torch.Tensor]]:
+        """(key, tensor as stored) in file order, fetched with one range request per run of adjacent tensors
+        (runs capped at `max_run_bytes` unless a single tensor is larger), so memory holds one run at a time."""
+        infos = sorted((self.info(k) for k in dict.fromkeys(keys)), key=lambda i: (i.file, i.start))
+        for run in _coalesce(infos, max_run_bytes):
+            start, end = run[0].start, max(i.end for i in run)
+            data = memoryview(self.files.read(run[0].file, start, end))
+            for info in run:
+                yield info.name, _decode(data[info.start - start : info.end - start], info)
+            del data
+
+    def read_raw(self, keys: Iterable[str]) -> dict[str, torch.Tensor]:
+        """Tensors as stored (no dequantisation)."""
+        return dict(self.iter_raw(keys))
+
+    def needed_keys(self, keys: Iterable[str]) -> list[str]:
+        """`keys` plus the `_scale_inv` siblings their dequantisation needs."""
+        out = []
+        for key in keys:
+            out.append(key)
+            scale = self.scale_key(key)
+            if scale:
+                out.append(scale)
+        return out
+
+    def iter_weights(
+        self, keys: Iterable[str], dtype: torch.dtype = torch.float32, max_run_bytes: int = MAX_RUN_BYTES
+    ) -> Iterator[tuple[str, torch.Tensor]]:
+        """(key, tensor) in file order: FP8 block weights dequantised (each as soon as it and its scale have
+        arrived), floating tensors cast to `dtype`, others unchanged."""
+        keys = list(dict.fromkeys(keys))
+        wanted = set(keys)
+        waiting: dict[str, torch.Tensor] = {}  # FP8 weights waiting for their scale, or scales for their weight
+        for name, tensor in self.iter_raw(self.needed_keys(keys), max_run_bytes):
+            if name in wanted and tensor.dtype in (torch.float8_e4m3fn, torch.float8_e5m2):
+                scale = waiting.pop(name + SCALE_SUFFIX, None)
+                if scale is None:
+                    waiting[name] = tensor
+                    continue
+                yield name, check_finite(name, dequantize_fp8(tensor, scale, self.fp8_block_size(), key=name)).to(dtype)
+            elif name not in wanted:  # a scale
+                weight = waiting.pop(name[: -len(SCALE_SUFFIX)], None)
+                if weight is None:
+                    waiting[name] = tensor
+                    continue
+                key = name[: -len(SCALE_SUFFIX)]
+                yield key, check_finite(key, dequantize_fp8(weight, tensor, self.fp8_block_size(), key=key)).to(dtype)
+            else:
+                yield name, check_finite(name, tensor).to(dtype) if tensor.is_floating_point() else tensor
+
+    def read_weights(self, keys: Iterable[str], dtype: torch.dtype = torch.float32) -> dict[str, torch.Tensor]:
+        """Tensors by key (see `iter_weights`)."""
+        keys = list(dict.fromkeys(keys))
+        got = dict(self.iter_weights(keys, dtype))
+        return {k: got[k] for k in keys}
+
+    def bytes_for(self, keys: Iterable[str]) -> int:
+        return sum(self.info(k).nbytes for k in self.needed_keys(keys))
+
+
+# Elements checked at once by `check_finite`.
+FINITE_CHUNK = 1 << 20
+
+
+def check_finite(key: str, tensor: torch.Tensor) -> torch.Tensor:
+    """`tensor`, or a CheckpointError when it holds NaN / Inf: a damaged weight would otherwise convert "exactly" and
+    poison every draft made from it."""
+    if not tensor.is_floating_point() or not tensor.numel():
+        return tensor
+    # in chunks: isfinite builds temporaries several times the size of what it checks (a whole lm_head would cost
+    # more than the tensor itself)
+    flat = tensor.reshape(-1)
+    if not all(bool(torch.isfinite(chunk).all()) for chunk in flat.split(FINITE_CHUNK)):
+        nan, inf = int(torch.isnan(tensor).sum()), int(torch.isinf(tensor).sum())
+        raise CheckpointError(
+            f"{key} holds non-finite values ({nan} NaN, {inf} Inf of {tensor.numel()}): the checkpoint is damaged"
+        )
+    return tensor
+
+
+def _coalesce(infos: list[TensorInfo], max_bytes: int = 1 << 62) -> Iterator[list[TensorInfo]]:
+    run: list[TensorInfo] = []
+    for info in infos:
+        if run and (
+            info.file != run[-1].file
+            or info.start - max(i.end for i in run) > COALESCE_GAP
+            or info.end - run[0].start > max_bytes
+        ):
+            yield run
+            run = []
+        run.append(info)
+    if run:
+        yield run
+
+
+def _decode(data: bytes | bytearray | memoryview, info: TensorInfo) -> torch.Tensor:
+    """A tensor viewing `data` (no copy; it keeps the buffer alive)."""
+    dtype, _ = DTYPES[info.dtype]
+    if not len(data):
+        return torch.empty(info.shape, dtype=dtype)
+    return torch.frombuffer(data, dtype=dtype).reshape(info.shape)
+
+
+# ---- resolution ---------------------------------------------------------------------------------------------------
+def open_checkpoint(
+    source: str | os.PathLike, revision: str | None = None, token: str | bool | None = None
+) -> Checkpoint:
+    """Resolve SOURCE: an existing local directory, else a hub repo id (with optional revision)."""
+    path = Path(source).expanduser()
+    if path.is_dir():
+        if revision:
+            raise SourceError(f"--revision applies to hub repos; {path} is a local directory")
+        return _open_local(path)
+    if path.exists():
+        raise SourceError(f"{path} is a file; SOURCE must be a checkpoint directory or a hub repo id")
+    text = str(source)
+    if text.startswith((".", "/", "~")) or text.count("/") > 1 or not text:
+        raise SourceError(f"local directory {text} does not exist")
+    return _open_hub(text, revision, token)
+
+
+def _open_local(root: Path) -> Checkpoint:
+    files = LocalFiles(root)
+    config = read_config(root)
+    weight_map = _weight_map_local(root, files)
+    sizes = {f: files.size(f) for f in set(weight_map.values())}
+    return Checkpoint(str(root), files, config, weight_map, file_sizes=sizes)
+
+
+def _weight_map_local(root: Path, files: LocalFiles) -> dict[str, str]:
+    index = root / INDEX_FILE
+    if index.is_file():
+        return parse_index(_read_json(index, ""), INDEX_FILE)
+    if (root / SINGLE_FILE).is_file():
+        ckpt = Checkpoint(str(root), files, {}, {}, file_sizes={})
+        return {k: SINGLE_FILE for k in ckpt.header(SINGLE_FILE)}
+    raise CheckpointError(f"{root} has neither {INDEX_FILE} nor {SINGLE_FILE}")
+
+
+def parse_index(index: dict[str, Any], where: str) -> dict[str, str]:
+    weight_map = index.get("weight_map") if isinstance(index, dict) else None
+    if not isinstance(weight_map, dict) or not all(isinstance(v, str) for v in weight_map.values()):
+        raise CheckpointError(f"{where} has no valid 'weight_map'")
+    for file in set(weight_map.values()):
+        check_shard_name(file, where)
+    return dict(weight_map)
+
+
+def check_shard_name(file: str, where: str) -> None:
+    """A shard named by an index must be a plain relative name inside the checkpoint: no absolute path, no `..`.
+
+    Checked by name, never by resolving: HF cache snapshots are symlinks into the blob store, and those are fine."""
+    parts = PurePosixPath(file).parts
+    if (
+        not file
+        or "\\" in file
+        or "\0" in file
+        or PurePosixPath(file).is_absolute()
+        or PureWindowsPath(file).drive
+        or any(part in ("..", ".") for part in parts)
+    ):
+        raise CheckpointError(
+            f"{where} names the shard {file!r}, which lies outside the checkpoint: refusing to read it"
+        )
+
+
+def read_config(root: Path) -> dict[str, Any]:
+    """config.json of a checkpoint directory: a JSON object, or one line saying why not."""
+    return _read_json(root / "config.json", f"{root} has no config.json")
+
+
+def _read_json(path: Path, missing: str) -> dict[str, Any]:
+    if not path.is_file():
+        raise CheckpointError(missing or f"{path} does not exist")
+    try:
+        data = json.loads(path.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise CheckpointError(f"{path} is not valid JSON: {exc}") from exc
+    if not isinstance(data, dict):
+        raise CheckpointError(f"{path} must hold a JSON object, not a {type(data).__name__}")
+    return data
+
+
+def _open_hub(repo_id: str, revision: str | None, token: str | bool | None) -> Checkpoint:
+    from huggingface_hub import HfApi, constants, hf_hub_download
+    from huggingface_hub.errors import (
+        EntryNotFoundError,
+        GatedRepoError,
+        HfHubHTTPError,
+        OfflineModeIsEnabled,
+        RepositoryNotFoundError,
+        RevisionNotFoundError,
+    )
+
+    where = f"{repo_id}" + (f"@{revision}" if revision else "")
+    network.configure()
+    try:
+        if constants.HF_HUB_OFFLINE:
+            commit, sizes = _offline_commit(repo_id, revision)
+        else:
+            info = HfApi(token=token).model_info(repo_id, revision=revision, files_metadata=True)
+            commit = info.sha
+            sizes = {s.rfilename: s.size for s in (info.siblings or [])}
+        names = set(sizes)
+
+        def fetch_json(name: str) -> dict[str, Any]:
+            local = hf_hub_download(repo_id, name, revision=commit, token=token)
+            return _read_json(Path(local), "")
+
+        if "config.json" not in names:
+            raise SourceError(f"hub repo {where} has no config.json: not a transformers checkpoint")
+        config = fetch_json("config.json")
+        files = HubFiles(repo_id, commit, sizes, token)
+        if INDEX_FILE in names:
+            weight_map = parse_index(fetch_json(INDEX_FILE), f"{where}/{INDEX_FILE}")
+        elif SINGLE_FILE in names:
+            probe = Checkpoint(repo_id, files, {}, {}, file_sizes=sizes)
+            weight_map = {k: SINGLE_FILE for k in probe.header(SINGLE_FILE)}
+        else:
+            raise CheckpointError(f"hub repo {where} has neither {INDEX_FILE} nor {SINGLE_FILE}")
+    except RevisionNotFoundError as exc:
+        raise SourceError(f"revision {revision!r} does not exist in hub repo {repo_id}") from exc
+    except GatedRepoError as exc:
+        raise SourceError(f"hub repo {repo_id} is gated: accept its terms on the Hub, then log in") from exc
+    except RepositoryNotFoundError as exc:
+        raise SourceError(
+            f"hub repo {repo_id} not found (or private: log in with `hf auth login` or pass --token)"
+        ) from exc
+    except EntryNotFoundError as exc:
+        raise SourceError(f"hub repo {where} is missing a file: {exc}") from exc
+    except OfflineModeIsEnabled as exc:
+        raise SourceError(f"{where} is not in the local cache and HF_HUB_OFFLINE is set") from exc
+    except HfHubHTTPError as exc:
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise SourceError(f"hub request for {where} failed: {first}") from exc
+    except Exception as exc:
+        if network.is_network_error(exc):
+            raise SourceError(network.describe(exc)) from exc
+        if isinstance(exc, OSError):
+            raise SourceError(f"could not reach the hub for {where}: {exc}") from exc
+        raise
+    if not constants.HF_HUB_OFFLINE and revision != commit:
+        _record_ref(repo_id, revision or "main", commit)
+    ckpt = Checkpoint(repo_id, files, config, weight_map, revision=revision, commit=commit, file_sizes=sizes)
+    # Remember the file list beside the range cache so HF_HUB_OFFLINE=1 runs can resolve this commit later.
+    meta = files.cache / "files.json"
+    if not meta.is_file():
+        meta.parent.mkdir(parents=True, exist_ok=True)
+        meta.write_text(json.dumps(sizes))
+    return ckpt
+
+
+def _record_ref(repo_id: str, ref: str, commit: str) -> None:
+    """Write `refs/<ref>` = commit into the HF cache, as huggingface_hub does for the downloads it resolves itself:
+    files are fetched here by commit sha, so without this an offline run could not tell which commit `main` is."""
+    from huggingface_hub import constants
+
+    path = Path(constants.HF_HUB_CACHE) / ("models--" + repo_id.replace("/", "--")) / "refs" / ref
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        if not path.is_file() or path.read_text().strip() != commit:
+            tmp = path.with_name(path.name + f".{os.getpid()}.tmp")
+            tmp.write_text(commit)
+            os.replace(tmp, path)
+    except OSError:  # a read-only cache only costs offline reuse
+        pass
+
+
+def _offline_commit(repo_id: str, revision: str | None) -> tuple[str, dict[str, int | None]]:
+    """Commit and file list from the hub cache alone (HF_HUB_OFFLINE=1)."""
+    from huggingface_hub import constants
+
+    folder = Path(constants.HF_HUB_CACHE) / ("models--" + repo_id.replace("/", "--"))
+    rev = revision or "main"
+    ref = folder / "refs" / rev
+    commit = ref.read_text().strip() if ref.is_file() else rev
+    meta = range_cache_dir(repo_id, commit) / "files.json"
+    if not (folder / "snapshots" / commit).is_dir() or not meta.is_file():
+        raise SourceError(f"{repo_id}@{rev} is not in the local cache and HF_HUB_OFFLINE is set")
+    return commit, json.loads(meta.read_text())

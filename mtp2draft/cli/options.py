@@ -1,0 +1,84 @@
+"""The command line's option types, declared once and shared by the commands in `cli` (as the hf CLI shares repo id,
+revision and token). Choice lists in help texts come from the registries that own them, never a hand-written list.
+
+What this module does not do: parse, call the library or print (`cli` does).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from mtp2draft.kinds import DRAFT_KINDS
+
+
+def choices(option: str, sep: str = " | ") -> str:
+    """The values an option's help lists, from the registry that owns them (kinds, engines, formats, subsets)."""
+    from mtp2draft.family.spec import ENGINES
+    from mtp2draft.formats import FORMATS, VALIDATE_FORMATS
+    from mtp2draft.target.engine import DUMP_ENGINES
+    from mtp2draft.train.subsets import TRAIN_SUBSETS
+
+    registries = {"kinds": DRAFT_KINDS, "engines": ENGINES, "formats": FORMATS, "validate": VALIDATE_FORMATS}
+    return sep.join({**registries, "subsets": TRAIN_SUBSETS, "dump_engines": DUMP_ENGINES}[option])
+
+
+Source = Annotated[
+    str, typer.Argument(help="Hub repo id (org/name) or local checkpoint directory.", show_default=False)
+]
+Revision = Annotated[str | None, typer.Option("--revision", help="Hub branch, tag or commit.")]
+Token = Annotated[str | None, typer.Option("--token", help="Hub token (default: HF_TOKEN or `hf auth login`).")]
+AsJson = Annotated[bool, typer.Option("--json", help="Print JSON on stdout instead of a table.")]
+Out = Annotated[Path, typer.Option("--out", help="Output draft directory.", show_default=False)]
+Overwrite = Annotated[bool, typer.Option("--overwrite", help="Replace a non-empty --out.")]
+Data = Annotated[Path, typer.Option("--data", help="JSONL: {'text': ...} or {'messages': [...]} per line.")]
+Target = Annotated[str, typer.Option("--target", help="Target model: hub repo id or local directory.")]
+SkipBad = Annotated[bool, typer.Option("--skip-bad", help="Skip malformed data lines (counted) instead of failing.")]
+BatchSize = Annotated[int, typer.Option("--batch-size", help="Sequences per step.")]
+MaxLength = Annotated[int, typer.Option("--max-length", help="Tokens per sequence.")]
+MaxNewTokens = Annotated[int, typer.Option("--max-new-tokens", help="Tokens generated per prompt.")]
+
+# distill's options, one line each in its signature (help texts as `mtp2draft distill --help` shows them)
+DraftDir = Annotated[Path, typer.Argument(help="Draft directory from `convert` (mtp or eagle3).", show_default=False)]
+HiddenStates = Annotated[
+    Path | None, typer.Option("--hidden-states", help="Train from a `dump-hidden` directory instead of a target.")
+]
+DraftVocab = Annotated[
+    int | None, typer.Option("--draft-vocab-size", help="eagle3: keep the V most frequent target tokens.")
+]
+StepWeights = Annotated[
+    str | None, typer.Option("--step-weights", help="Loss weight per TTT step, e.g. '1,0.8,0.64' (default 0.8^s).")
+]
+DistillEngine = Annotated[
+    str | None,
+    typer.Option(
+        "--engine",
+        help=f"Train for what this engine computes ({choices('engines')}; facts per family: `mtp2draft specs`).",
+    ),
+]
+Handover = Annotated[
+    str | None, typer.Option("--hidden-handover", help="mtp: post_norm | pre_norm, overriding --engine's hand-over.")
+]
+Regenerate = Annotated[
+    bool, typer.Option("--regenerate", help="Train on the target's own responses to the data's prompts.")
+]
+Device = Annotated[str | None, typer.Option("--device", help="cpu, cuda, cuda:N (default: cuda when available).")]
+Precision = Annotated[
+    str | None, typer.Option("--precision", help="fp32 or bf16 (default: bf16 on CUDA, fp32 elsewhere).")
+]
+TrainSubset = Annotated[str, typer.Option("--train-subset", help=f"Parameters to train: {choices('subsets', ', ')}.")]
+Checkpointing = Annotated[
+    bool, typer.Option("--activation-checkpointing", help="Recompute the block's MLP in backward.")
+]
+Plan = Annotated[bool, typer.Option("--plan", help="Print the per-rank memory plan (every --train-subset) and exit.")]
+WorldSize = Annotated[
+    int | None, typer.Option("--world-size", help="With --plan: ranks to plan for (default: torchrun's, or 1).")
+]
+
+# export / push
+Verifier = Annotated[
+    str | None,
+    typer.Option("--verifier", help="speculators: the target's hub id (default: the source converted from)."),
+]

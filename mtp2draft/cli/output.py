@@ -1,0 +1,174 @@
+"""What the command line prints: the JSON and the human-readable text of each command's result.
+
+Every function takes a stage's result (a dataclass or the dict it returns) and gives back a string or a JSON-ready
+dict; `cli.py` decides where it goes (data on stdout). Imports neither typer nor torch, so `mtp2draft --help` stays
+fast and the texts can be tested without running a stage.
+
+What this module does not do: parse options, call the stages, print, or format errors (`cli.main` has the one error
+formatter).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from mtp2draft.kinds import DraftKind
+from mtp2draft.units import human_bytes
+
+
+def to_json(data: Any) -> str:
+    """The JSON every `--json` prints: indented, paths and other objects as their str()."""
+    return json.dumps(data, indent=2, default=str)
+
+
+# ---- specs / inspect ---------------------------------------------------------------------------------------------
+def specs_text(rows: list[dict[str, Any]]) -> str:
+    """The spec registry as a table, then family x engine x method (MTP hand-over in brackets) from the specs'
+    [engines.*] tables."""
+    width = max(len(r["name"]) for r in rows)
+    lines = []
+    for r in rows:
+        flag = "" if r["verified"] else "  (layout unverified)"
+        lines.append(f"{r['name']:<{width}}  {', '.join(r['architectures'] or r['model_types'])}  [{r['block']}]{flag}")
+    engines = sorted({e for r in rows for e in r["engines"]})
+    heads = "  ".join(f"{e + ' ' + _engine_version(rows, e):<28}" for e in engines)
+    lines.append(f"\n{'engine support':<{width}}  " + heads)
+    for r in rows:
+        cells = []
+        for e in engines:
+            facts = r["engines"].get(e) or {}
+            methods = facts.get("methods") or []
+            text = ", ".join(
+                f"mtp [{facts.get('handover')}]" if m == DraftKind.MTP else m for m in DraftKind if m in methods
+            )
+            cells.append(f"{text or '-':<28}")
+        lines.append(f"{r['name']:<{width}}  " + "  ".join(cells))
+    return "\n".join(lines)
+
+
+def _engine_version(rows: list[dict], engine: str) -> str:
+    versions = sorted({r["engines"][engine]["version"] for r in rows if engine in r["engines"]})
+    return "/".join(versions)
+
+
+def inspect_text(info: dict[str, Any]) -> str:
+    """A checkpoint's family, MTP layers with their tensors, and what `convert` would fetch."""
+    lines = [
+        f"source        {info['source']}" + (f"  (commit {info['commit'][:12]})" if info["commit"] else ""),
+        f"family        {info['spec']}: {info['family']}",
+        f"block         {info['block']}",
+        f"MTP layers    {info['num_mtp_layers']}",
+    ]
+    for layer in info["layers"]:
+        lines.append(
+            f"\nlayer {layer['layer']}: {layer['parameters']:,} parameters, {human_bytes(layer['bytes'])}"
+            + (f", {layer['fp8_weights']} FP8 weights" if layer["fp8_weights"] else "")
+        )
+        for t in layer["tensors"]:
+            lines.append(f"  {t['name']:<64} {str(t['shape']):<18} {t['dtype']:<8} {human_bytes(t['bytes'])}")
+    total = info["checkpoint_bytes"]
+    share = f" ({100 * info['convert_bytes'] / total:.2f} % of the checkpoint)" if total else ""
+    lines.append(f"\nconvert fetches {human_bytes(info['convert_bytes'])} of {human_bytes(total)}{share}")
+    return "\n".join(lines)
+
+
+# ---- stage results -----------------------------------------------------------------------------------------------
+def convert_summary(result: Any) -> dict[str, Any]:
+    """`convert --json`: where the draft went and what the conversion fetched."""
+    return {
+        "out": str(result.out),
+        "draft_kind": result.kind,
+        "spec": result.spec,
+        "mtp_layer": result.layer,
+        "bytes_fetched": result.bytes_fetched,
+        "checkpoint_bytes": result.checkpoint_bytes,
+        "seconds": round(result.seconds, 2),
+    }
+
+
+def convert_text(result: Any) -> str:
+    tensors = result.provenance.get("tensors", {})
+    exact = sum(1 for t in tensors.values() if t["exact"])
+    return (
+        f"wrote {result.kind} draft to {result.out} ({result.spec}, MTP layer {result.layer})\n"
+        f"fetched {human_bytes(result.bytes_fetched)} of a {human_bytes(result.checkpoint_bytes)} checkpoint "
+        f"in {result.seconds:.1f} s; {exact}/{len(tensors)} tensors transferred exactly (see provenance.json)"
+    )
+
+
+def distill_summary(result: Any) -> dict[str, Any]:
+    """`distill --json`: the steps run and the draft's top-1 agreement with the target per TTT step."""
+    return {
+        "out": str(result.out),
+        "steps": result.steps,
+        "seconds": round(result.seconds, 1),
+        "accuracy_per_step": [round(a, 4) for a in result.per_step_accuracy],
+        "resumed_from": result.resumed_from,
+    }
+
+
+def distill_text(result: Any) -> str:
+    acc = " ".join(f"{a:.3f}" for a in result.per_step_accuracy)
+    return (
+        f"wrote distilled draft to {result.out} ({result.steps} steps, {result.seconds:.0f} s); "
+        f"top-1 agreement per step: {acc}"
+    )
+
+
+def acceptance_table(results: list[dict[str, Any]]) -> str:
+    """One row a draft: mean acceptance length, acceptance per draft position (blank past a draft's own k), lossless."""
+    k = max(r["num_draft_tokens"] for r in results)
+    head = ["draft", "accept len"] + [f"pos {j}" for j in range(1, k + 1)] + ["lossless"]
+    rows = [
+        [r["name"], f"{r['mean_acceptance_length']:.3f}"]
+        + [f"{a:.3f}" for a in r["acceptance_per_position"]]
+        + [""] * (k - r["num_draft_tokens"])
+        + ["yes" if r["lossless"] else "NO"]
+        for r in results
+    ]
+    widths = [max(len(str(x)) for x in col) for col in zip(head, *rows, strict=True)]
+    lines = ["  ".join(str(x).ljust(w) for x, w in zip(row, widths, strict=True)) for row in [head, *rows]]
+    return "\n".join(lines)
+
+
+def evaluate_text(report: dict[str, Any]) -> str:
+    return (
+        f"target {report['target']}, {report['num_prompts']} prompts, k = {report['num_draft_tokens']}, "
+        f"{report['max_new_tokens']} new tokens each\n" + acceptance_table(report["results"])
+    )
+
+
+def export_summary(result: Any) -> dict[str, Any]:
+    return {"out": str(result.out), "format": result.format, "files": result.files, "seconds": result.seconds}
+
+
+def export_text(result: Any, draft: Path) -> str:
+    return f"wrote {result.format} export of {draft} to {result.out} ({', '.join(result.files)})"
+
+
+def validate_text(path: Path, fmt: str, violations: list[str]) -> str:
+    if not violations:
+        return f"{path}: valid {fmt} draft"
+    return "\n".join([f"{path}: {len(violations)} violation(s) of the {fmt} format"] + [f"  - {v}" for v in violations])
+
+
+def run_text(result: Any) -> str:
+    """`run`: the acceptance table, where the export is, and the push's URL when there was one."""
+    lines = [acceptance_table(result.report["results"]), f"export: {result.exported}"]
+    if result.push is not None:
+        lines.append(f"pushed: {result.push.url} (commit {result.push.commit})")
+    return "\n".join(lines)
+
+
+def demo_text(result: Any) -> str:
+    report = result.report
+    return "\n".join(
+        [
+            f"\ntarget {report['target']}: {report['num_prompts']} held-out prompts, k = {report['num_draft_tokens']}",
+            acceptance_table(report["results"]),
+            "\nstage times: " + ", ".join(f"{k} {v:.0f} s" for k, v in result.stages.items()),
+            f"drafts and the {result.exported.name} export are in {result.work}",
+        ]
+    )

@@ -1,0 +1,443 @@
+"""Stage 1: checkpoint + spec -> draft directory (`--to mtp`, the native layer; `--to eagle3`, SGLang's EAGLE-3).
+
+Reads config.json and the index, selects the MTP layer's tensors by key (never by shard name), fetches only their
+bytes, dequantises FP8, and writes group by group, so peak memory follows the largest tensor group. The output
+directory appears complete or not at all.
+
+Also `inspect_checkpoint`: what a SOURCE holds and what a conversion would fetch, from config, index and headers only.
+
+What this module does not do: train (`distill.py`), or write engine-specific exports beyond the EAGLE-3 SGLang layout
+(`export.py`).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import math
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from mtp2draft._version import __version__
+from mtp2draft.checkpoint.fp8 import SCALE_SUFFIX
+from mtp2draft.checkpoint.reader import DTYPES as DTYPES_ST
+from mtp2draft.checkpoint.reader import Checkpoint, check_finite, open_checkpoint
+from mtp2draft.draft.eagle3_config import TOKEN_FIELDS, sglang_config
+from mtp2draft.draft.layout import (
+    EXPERTS_DOWN,
+    EXPERTS_GATE_UP,
+    MtpLayerPlan,
+    expert_keys,
+    iter_native_tensors,
+    plan_mtp_layer,
+    resolve_layer,
+    target_embed_key,
+    target_head_key,
+)
+from mtp2draft.draft.modules import (
+    Eagle3Draft,
+    NativeMtpDraft,
+    block_config,
+    native_config,
+    vocab_maps,
+    without_identity_maps,
+)
+from mtp2draft.errors import CheckpointError, OptionError, ShallowTargetError, SourceError
+from mtp2draft.family.spec import Spec, find_spec
+from mtp2draft.family.transforms import EAGLE3_TRANSFORMS, LOAD_TRANSFORMS, Eagle3Build
+from mtp2draft.io import (
+    Progress,
+    SafetensorsWriter,
+    atomic_output_dir,
+    check_output_dir,
+    quiet,
+    save_tensors,
+    write_json,
+)
+from mtp2draft.kinds import CONFIG_FILE, DRAFT_KINDS, PROVENANCE_FILE, WEIGHTS_FILE, DraftKind
+from mtp2draft.redact import command_line
+
+DTYPES = {"bfloat16": torch.bfloat16, "float32": torch.float32, "float16": torch.float16}
+
+
+# ---- the MTP layer in a checkpoint -----------------------------------------------------------------------------------
+
+
+def load_native(
+    source: str | Checkpoint,
+    layer: int | None = None,
+    revision: str | None = None,
+    token: str | bool | None = None,
+    attach_target: bool = True,
+    dtype: torch.dtype = torch.float32,
+    parts: tuple[str, ...] | None = None,
+) -> NativeMtpDraft:
+    """The native MTP module straight from a checkpoint (in memory; `convert --to mtp` writes the same weights).
+
+    parts: module-name prefixes to materialise and read (e.g. ("enorm", "hnorm", "eh_proj", "block.input_layernorm",
+    "block.self_attn")); the rest of the module stays on the meta device and its bytes are never fetched."""
+    ckpt = source if isinstance(source, Checkpoint) else open_checkpoint(source, revision, token)
+    spec = find_spec(ckpt.config)
+    layer, _ = resolve_layer(ckpt, spec, layer)
+    plan = plan_mtp_layer(ckpt, spec, layer)
+    if parts is None:
+        module = NativeMtpDraft(spec, ckpt.config, layer)
+    else:
+        with torch.device("meta"):
+            module = NativeMtpDraft(spec, ckpt.config, layer)
+        module.rotary_emb = spec.import_class(spec.block.rotary)(config=module.config)  # buffers computed, not loaded
+        for name, sub in module.named_modules():
+            if name and name.startswith(parts) and not any(n.startswith(name + ".") for n in parts if n != name):
+                sub.to_empty(device="cpu", recurse=True)
+        keep = [g for g in plan.groups if g.module_key.startswith(parts)]
+        plan = MtpLayerPlan(
+            plan.spec, plan.layer, keep, plan.expected, plan.buffers, plan.stored_embed, plan.stored_head
+        )
+    state = dict(iter_native_tensors(ckpt, plan, dtype=torch.float32))
+    module.load_state_dict(state, strict=parts is None)
+    if attach_target:
+        embed, head = target_embed_key(ckpt, spec, plan), target_head_key(ckpt, spec, plan)
+        shared = ckpt.read_weights([embed, head])
+        module.attach_target(shared[embed], shared[head])
+    return module.to(dtype) if parts is None else module
+
+
+# ---- EAGLE-3 --------------------------------------------------------------------------------------------------------
+# fc fuses three distinct target layers, and engines capture layer inputs only (the outputs of layers 0..N-2).
+MIN_EAGLE3_LAYERS = 4
+
+
+def default_aux_layers(num_layers: int) -> list[int]:
+    """Target layers whose outputs EAGLE-3's fc fuses, 0-based 'output of layer i' (SGLang eagle_config ids).
+
+    The high one is the last layer engines can capture (they capture the input of a layer, never the output of the
+    final one): the output of layer N-2, the closest to the final hidden state the MTP layer was trained on. The
+    mid one is the usual N//2 - 1 and the low one layer 1 (layer 0 when the target is too shallow for distinct ids).
+    """
+    if num_layers < MIN_EAGLE3_LAYERS:
+        raise ShallowTargetError(
+            f"EAGLE-3 needs three distinct capturable target layers (the outputs of layers 0..N-2), so a target of "
+            f"at least {MIN_EAGLE3_LAYERS} layers; this one has {num_layers}: convert --to mtp instead"
+        )
+    high = num_layers - 2
+    mid = max(min(num_layers // 2 - 1, high - 1), 1)
+    # Layer 1 as the low id wherever three distinct ids allow it (N >= 5): it is EAGLE-3's usual choice, and the
+    # only low id below 2 SGLang can express for DeepSeek targets (it adds 1 to the ids only when the first is 1).
+    low = 1 if mid > 1 else 0
+    return [low, mid, high]
+
+
+def build_eagle3(
+    ckpt: Checkpoint,
+    spec: Spec,
+    plan: MtpLayerPlan,
+    aux_layers: list[int] | None = None,
+    dtype: torch.dtype = torch.float32,
+) -> tuple[dict[str, Any], dict[str, torch.Tensor], dict[str, dict[str, Any]]]:
+    """EAGLE-3 config, weights (in `dtype`) and per-tensor provenance, initialised from the MTP layer by the
+    transforms the spec names. Experts are read one at a time, and only those the MoE transform keeps.
+
+    Memory: the transforms compute in fp32 on the inputs they read, and what each one wrote is checked finite and
+    cast to `dtype` as soon as it returns, so the build holds the finished layer in `dtype` plus one transform's fp32
+    working set, never the whole layer in fp32. The cast commutes with what later transforms still do to earlier
+    outputs (concatenate heads, repeat kv heads: copies), so the bytes equal a cast of the all-fp32 result."""
+    cfg = ckpt.config
+    text = spec.text_config(cfg)
+    by_module = {g.module_key: g for g in plan.groups}
+    cache: dict[str, torch.Tensor] = {}
+
+    def tensor(name: str) -> torch.Tensor:
+        if name not in cache:
+            g = by_module.get(name)
+            if g is None:
+                raise CheckpointError(f"the EAGLE-3 transforms need {name}, which this MTP layer does not have")
+            raw = ckpt.read_weights(g.ckpt_keys)
+            parts = [raw[k] for k in g.ckpt_keys]
+            cache[name] = LOAD_TRANSFORMS[g.transform].combine(g, parts) if g.transform else parts[0]
+        return cache[name]
+
+    def expert(e: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        keys = expert_keys(plan, e)
+        if keys is not None:  # stored one by one: read this expert's three tensors only
+            raw = ckpt.read_weights(keys)
+            return raw[keys[0]], raw[keys[1]], raw[keys[2]]
+        gate_up, down = tensor(EXPERTS_GATE_UP), tensor(EXPERTS_DOWN)  # stored fused: [E, 2I, H], [E, H, I]
+        g, u = gate_up[e].chunk(2, dim=0)
+        return g, u, down[e]
+
+    def head() -> torch.Tensor:  # copied as it is: read straight into the output dtype, never held in fp32
+        key = target_head_key(ckpt, spec, plan)
+        return ckpt.read_weights([key], dtype)[key]
+
+    aux = _aux_layers(spec.num_layers(cfg), aux_layers)
+    b = Eagle3Build(spec, block_config(spec, cfg), text, tensor, by_module.__contains__, expert, head, aux)
+    b.shapes.update(plan.expected)
+    b.dtype = dtype
+    b.config.update(hidden_size=int(text["hidden_size"]), hidden_act="silu", vocab_size=int(text["vocab_size"]))
+    done: dict[str, torch.Tensor] = {}  # outputs already checked and cast (by identity: transforms reassign)
+    for name in spec.eagle3.transforms:
+        EAGLE3_TRANSFORMS[name](b)
+        cache.clear()  # inputs are re-read by the transform that needs them, not kept for the whole build
+        for key, value in b.out.items():
+            if done.get(key) is not value:  # the transforms' arithmetic, too, must stay finite
+                b.out[key] = done[key] = check_finite(key, value).to(dtype)
+        _return_freed_memory()
+    config = _sglang_layout_config(b.config, text, aux, cfg, spec.name)
+    # every weight the SGLang layout needs must have been produced by the spec's transforms
+    with torch.device("meta"):
+        expected = Eagle3Draft(config).state_dict()
+    missing = sorted(set(expected) - set(b.out) - {"d2t", "t2d"})
+    if missing:
+        raise CheckpointError(f"spec {spec.name}: eagle3.transforms leave {', '.join(missing)} uninitialised")
+    return config, b.out, b.provenance
+
+
+def _sglang_layout_config(
+    fields: dict[str, Any], text: dict[str, Any], aux: list[int], target_config: dict[str, Any], spec_name: str
+) -> dict[str, Any]:
+    """config.json of the new EAGLE-3 draft, through the `sglang` format's own codec (one builder of that layout):
+    the transforms' Llama fields, the target's width, token ids and aux ids ('input of layer i' at the top level;
+    `eagle_config` in SGLang's terms for the family). convert adds the `mtp2draft` record and the dtype itself."""
+    draft = {"rms_norm_eps": float(text.get("rms_norm_eps", 1e-6)), **fields}
+    draft.update(target_hidden_size=int(text["hidden_size"]), eagle_aux_hidden_state_layer_ids=[i + 1 for i in aux])
+    draft["mtp2draft"] = {"spec": spec_name}  # the family, for the SGLang aux id rule
+    for key in TOKEN_FIELDS:
+        if key in text or key in target_config:
+            draft[key] = text.get(key, target_config.get(key))
+    config = sglang_config(draft, torch.bfloat16)
+    del config["mtp2draft"]  # written last, in full, by convert
+    return config
+
+
+def _return_freed_memory() -> None:
+    """Give the heap pages a transform freed back to the OS. glibc's malloc keeps them for later allocations, which
+    fragments them, so the process's RSS would climb towards the sum of the transforms' fp32 working sets rather than
+    the largest one (scripts/bench_convert.py measures it). A no-op where the C library has no `malloc_trim`."""
+    trim = _malloc_trim()
+    if trim is not None:
+        trim(0)
+
+
+@functools.cache
+def _malloc_trim() -> Any:
+    try:
+        return ctypes.CDLL(None).malloc_trim
+    except (OSError, AttributeError):
+        return None
+
+
+def _aux_layers(num_layers: int, aux_layers: list[int] | None) -> list[int]:
+    """The three target layers fc fuses: the given ones, checked, or `default_aux_layers`."""
+    aux = list(aux_layers) if aux_layers else default_aux_layers(num_layers)
+    if len(aux) != 3 or len(set(aux)) != 3 or not all(0 <= i < num_layers - 1 for i in aux):
+        # repeated ids are refused by every exporter (and by SGLang's fc, which expects three different layers)
+        raise CheckpointError(f"aux layer ids must be three distinct target layers in 0..{num_layers - 2}, got {aux}")
+    return aux
+
+
+# ---- the stage --------------------------------------------------------------------------------------------------------
+@dataclass
+class ConvertResult:
+    out: Path
+    kind: str
+    spec: str
+    layer: int
+    num_mtp_layers: int
+    bytes_fetched: int
+    bytes_needed: int
+    checkpoint_bytes: int
+    seconds: float
+    provenance: dict[str, Any] = field(default_factory=dict)
+
+
+def convert(
+    source: str,
+    out: str | Path,
+    to: str = DraftKind.MTP,
+    layer: int | None = None,
+    dtype: str = "bfloat16",
+    revision: str | None = None,
+    token: str | bool | None = None,
+    overwrite: bool = False,
+    aux_layers: list[int] | None = None,
+    progress: Progress = quiet,
+) -> ConvertResult:
+    """Convert MTP layer `layer` of SOURCE into a draft directory `out` (`to`: mtp or eagle3)."""
+    if to not in DRAFT_KINDS:
+        raise SourceError(f"--to must be one of {', '.join(DRAFT_KINDS)}, got {to!r}")
+    to = DraftKind(to)
+    if dtype not in DTYPES:
+        raise SourceError(f"--dtype must be one of {', '.join(DTYPES)}, got {dtype!r}")
+    if aux_layers and to != DraftKind.EAGLE3:
+        raise OptionError(f"--aux-layers applies to --to eagle3 (a {to} draft reads the target's final hidden)")
+    check_output_dir(out, overwrite, inputs=[source])
+    started = time.perf_counter()
+    progress(f"resolving {source}")
+    ckpt = open_checkpoint(source, revision, token)
+    spec = find_spec(ckpt.config)
+    layer, count = resolve_layer(ckpt, spec, layer)
+    if to == DraftKind.EAGLE3:  # a too-shallow target or ids beyond it are refused before any byte is read
+        _aux_layers(spec.num_layers(ckpt.config), aux_layers)
+    progress(f"{spec.name}: MTP layer {layer} of {count}; reading shard headers")
+    plan = plan_mtp_layer(ckpt, spec, layer)
+    check_weight_dtypes(ckpt, plan.checkpoint_keys)
+    provenance = _provenance(ckpt, spec, plan, source, revision, to, dtype)
+    with atomic_output_dir(out, overwrite, inputs=[source]) as tmp:
+        if to == DraftKind.MTP:
+            draft_cfg = _write_native_draft(ckpt, plan, tmp, dtype, provenance, progress)
+        else:
+            draft_cfg = _write_eagle3_draft(ckpt, plan, tmp, dtype, aux_layers, provenance, progress)
+        draft_cfg["mtp2draft"] = {
+            "version": __version__,
+            "spec": spec.name,
+            "source": ckpt.source,
+            "commit": ckpt.commit,
+            "mtp_layer": layer,
+            "target_num_layers": spec.num_layers(ckpt.config),  # lets `validate` check aux ids without the target
+        }
+        if to == DraftKind.EAGLE3:  # the target it belongs to (a native draft keeps it as `target_config`)
+            draft_cfg["mtp2draft"]["target_config"] = dict(ckpt.config)
+        write_json(tmp / CONFIG_FILE, draft_cfg)
+        provenance["bytes_fetched"] = ckpt.bytes_fetched
+        write_json(tmp / PROVENANCE_FILE, provenance)
+    # bytes needed: exact for the native layer; the EAGLE-3 transforms read a subset (experts), so what they fetched
+    needed = ckpt.bytes_for(plan.checkpoint_keys) if to == DraftKind.MTP else ckpt.bytes_fetched
+    seconds = time.perf_counter() - started
+    return ConvertResult(
+        Path(out), to, spec.name, layer, count, ckpt.bytes_fetched, needed, ckpt.total_bytes(), seconds, provenance
+    )
+
+
+def _provenance(
+    ckpt: Checkpoint, spec: Spec, plan: MtpLayerPlan, source: str, revision: str | None, to: DraftKind, dtype: str
+) -> dict[str, Any]:
+    """provenance.json's head: where the draft comes from and how it was made (the writers add the tensors)."""
+    dequantised = [k for k in plan.checkpoint_keys if ckpt.scale_key(k)]
+    return {
+        "tool": "mtp2draft",
+        "version": __version__,
+        "command": command_line(),
+        "source": str(source),  # as the user named it
+        "revision": revision,
+        "commit": ckpt.commit,
+        "spec": spec.name,
+        "spec_verified": spec.verified,
+        "mtp_layer": plan.layer,
+        "draft_kind": to,
+        "dtype": dtype,
+        "dequantised_fp8": dequantised,
+        "fp8_block_size": list(ckpt.fp8_block_size()) if dequantised else None,
+    }
+
+
+def _write_native_draft(
+    ckpt: Checkpoint, plan: MtpLayerPlan, out: Path, dtype: str, provenance: dict[str, Any], progress: Progress
+) -> dict[str, Any]:
+    """`--to mtp`: the layer's tensors streamed into out/model.safetensors; returns the draft's config."""
+    _write_native(ckpt, plan, out, DTYPES[dtype], progress)
+    provenance["tensors"] = {
+        g.module_key: {"exact": True, "from": list(g.ckpt_keys), "how": g.transform or "copied"} for g in plan.groups
+    }
+    draft_cfg = native_config(plan.spec, ckpt.config, plan.layer)
+    draft_cfg["torch_dtype"] = dtype
+    return draft_cfg
+
+
+def _write_eagle3_draft(
+    ckpt: Checkpoint,
+    plan: MtpLayerPlan,
+    out: Path,
+    dtype: str,
+    aux_layers: list[int] | None,
+    provenance: dict[str, Any],
+    progress: Progress,
+) -> dict[str, Any]:
+    """`--to eagle3`: the EAGLE-3 layer initialised from the MTP layer, written with identity vocab maps (the full
+    vocabulary; distill narrows it); returns the draft's config."""
+    progress("initialising the EAGLE-3 layer from the MTP layer")
+    draft_cfg, weights, tensor_prov = build_eagle3(ckpt, plan.spec, plan, aux_layers, DTYPES[dtype])
+    draft_cfg["torch_dtype"] = dtype
+    d2t, t2d = vocab_maps(torch.arange(draft_cfg["draft_vocab_size"]), draft_cfg["vocab_size"])
+    ordered = {k: weights[k] for k in sorted(weights)}  # already in `dtype` (build_eagle3 casts as it goes)
+    del weights
+    ordered["d2t"], ordered["t2d"] = d2t, t2d
+    ordered = without_identity_maps(ordered, draft_cfg["vocab_size"], draft_cfg["draft_vocab_size"])
+    save_tensors(out / WEIGHTS_FILE, ordered, {"format": "pt"})
+    provenance["tensors"] = tensor_prov
+    provenance["aux_layer_ids"] = [i - 1 for i in draft_cfg["eagle_aux_hidden_state_layer_ids"]]
+    return draft_cfg
+
+
+def check_weight_dtypes(ckpt: Checkpoint, keys: list[str]) -> None:
+    """Every MTP tensor must be stored as a float (FP8 included): an integer "weight" would convert, then crash an
+    exporter or an engine."""
+    for key in keys:
+        stored = DTYPES_ST[ckpt.info(key).dtype][0]
+        if not stored.is_floating_point:
+            raise CheckpointError(f"{key} is stored as {ckpt.info(key).dtype}: MTP weights must be floating point")
+
+
+def _write_native(ckpt: Checkpoint, plan: MtpLayerPlan, out: Path, dtype: torch.dtype, progress: Progress) -> None:
+    # dtypes come from the header (integer tensors stay as stored), shapes from the module the config implies
+    tensor_plan = []
+    for g in plan.groups:
+        stored = DTYPES_ST[ckpt.info(g.ckpt_keys[0]).dtype][0]
+        want = stored if not stored.is_floating_point else torch.float32 if g.module_key in plan.buffers else dtype
+        tensor_plan.append((g.module_key, want, plan.expected[g.module_key]))
+    total = len(plan.groups)
+    with SafetensorsWriter(out / WEIGHTS_FILE, tensor_plan, {"format": "pt"}) as writer:
+        n = 0  # no enumerate(): its cached result tuple would keep the previous group alive during the next
+        for key, tensor in iter_native_tensors(ckpt, plan, dtype=dtype):
+            writer.write(key, tensor)
+            del tensor  # let the group go before the next one is read
+            n += 1  # noqa: SIM113 - see the comment above
+            if n % 25 == 0 or n == total:
+                progress(f"wrote {n}/{total} tensors")
+
+
+# ---- inspect --------------------------------------------------------------------------------------------------------
+def inspect_checkpoint(source: str, revision: str | None = None, token: str | bool | None = None) -> dict[str, Any]:
+    """Family, MTP layers and their tensors, and the bytes a conversion fetches vs the whole checkpoint.
+
+    Reads config, index and the headers of the shards holding MTP tensors; no tensor bytes."""
+    ckpt = open_checkpoint(source, revision, token)
+    spec = find_spec(ckpt.config)
+    count = spec.num_mtp_layers(ckpt.config)
+    layers = []
+    if count > 0:
+        resolve_layer(ckpt, spec, 0)
+    for layer in range(count):
+        plan = plan_mtp_layer(ckpt, spec, layer)
+        keys = ckpt.needed_keys(plan.checkpoint_keys)
+        tensors = [
+            {"name": k, "shape": list(ckpt.info(k).shape), "dtype": ckpt.info(k).dtype, "bytes": ckpt.info(k).nbytes}
+            for k in keys
+        ]
+        params = sum(math.prod(t["shape"]) for t in tensors if not t["name"].endswith(SCALE_SUFFIX))
+        layers.append(
+            {
+                "layer": layer,
+                "parameters": params,
+                "bytes": sum(t["bytes"] for t in tensors),
+                "fp8_weights": sum(1 for k in plan.checkpoint_keys if ckpt.scale_key(k)),
+                "stored_embed": plan.stored_embed,
+                "stored_head": plan.stored_head,
+                "tensors": tensors,
+            }
+        )
+    return {
+        "source": ckpt.source,
+        "commit": ckpt.commit,
+        "spec": spec.name,
+        "family": spec.description,
+        "block": f"{spec.block.attention} + {spec.block.mlp}",
+        "num_mtp_layers": count,
+        "layers": layers,
+        "convert_bytes": layers[0]["bytes"] if layers else 0,
+        "checkpoint_bytes": ckpt.total_bytes(),
+        "bytes_read_by_inspect": ckpt.bytes_fetched,
+    }

@@ -1,0 +1,221 @@
+"""Checkpoint <-> module key mapping of an MTP layer: where MTP layer i of a checkpoint lives (`plan_mtp_layer`), how
+its tensors map onto the native module's state dict (groups, fused experts, renames, the spec's load transforms), the
+inverse mapping back to the family's own key names (`native_to_checkpoint`), and which embedding / lm_head the layer
+shares with the target. All of it is driven by the family's spec; `convert` and `export` both use it.
+
+Reads headers to plan and tensor bytes only in `iter_native_tensors`. What this module does not do: write files, or
+choose a layer or output format (`convert.py`, `export.py`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from mtp2draft.checkpoint.fp8 import SCALE_SUFFIX
+from mtp2draft.checkpoint.reader import Checkpoint
+from mtp2draft.draft.modules import NativeMtpDraft
+from mtp2draft.errors import CheckpointError, NoMtpLayerError
+from mtp2draft.family.spec import Spec
+from mtp2draft.family.transforms import LOAD_TRANSFORMS, Group, check_spec_transforms, group_block_keys
+
+# Keys some checkpoints carry that no module needs.
+IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)
+# The routed experts in the native module (transformers' fused layout): gate_up [E, 2I, H], down [E, H, I].
+EXPERTS_GATE_UP, EXPERTS_DOWN = "block.mlp.experts.gate_up_proj", "block.mlp.experts.down_proj"
+
+
+@dataclass
+class MtpLayerPlan:
+    """Where MTP layer `layer` of a checkpoint lives and how its tensors map onto the native module."""
+
+    spec: Spec
+    layer: int
+    groups: list[Group]  # module key (relative to the native module) <- checkpoint keys (absolute)
+    expected: dict[str, tuple[int, ...]]  # module key -> shape the config implies
+    buffers: frozenset[str] = frozenset()  # module keys that are buffers (kept in fp32)
+    stored_embed: str | None = None
+    stored_head: str | None = None
+
+    @property
+    def checkpoint_keys(self) -> list[str]:
+        return [k for g in self.groups for k in g.ckpt_keys]
+
+
+def resolve_layer(ckpt: Checkpoint, spec: Spec, layer: int | None) -> tuple[int, int]:
+    """(layer index, number of MTP layers), with clear errors for checkpoints without one."""
+    count = spec.num_mtp_layers(ckpt.config)
+    if count <= 0:
+        raise NoMtpLayerError(
+            f"{ckpt.source} has no MTP layer ({spec.config.mtp_count} is "
+            f"{spec.text_config(ckpt.config).get(spec.config.mtp_count, 'absent')}): nothing to convert"
+        )
+    if not any(ckpt.has(spec.key(spec.keys.proj, ckpt.config, i)) for i in range(count)):
+        raise NoMtpLayerError(
+            f"{ckpt.source} declares {count} MTP layer(s) but its index holds no MTP weights "
+            f"(looked for {spec.key(spec.keys.proj, ckpt.config, 0)})"
+        )
+    layer = 0 if layer is None else layer
+    if not 0 <= layer < count:
+        raise NoMtpLayerError(
+            f"--layer {layer} is out of range: {ckpt.source} has {count} MTP layer(s) (0..{count - 1})"
+        )
+    return layer, count
+
+
+def _meta_module(spec: Spec, config: dict[str, Any]) -> NativeMtpDraft:
+    with torch.device("meta"):
+        return NativeMtpDraft(spec, config)
+
+
+def plan_mtp_layer(ckpt: Checkpoint, spec: Spec, layer: int) -> MtpLayerPlan:
+    """Map the checkpoint keys of MTP layer `layer` onto the native module's state dict, checking names and shapes
+    against the module the config implies (from headers only: no tensor bytes are read)."""
+    check_spec_transforms(spec)
+    cfg = ckpt.config
+    comp = spec.component_keys(cfg, layer)
+    groups = [
+        Group(module_key, (comp[name],))
+        for module_key, name in (
+            ("enorm.weight", "enorm"),
+            ("hnorm.weight", "hnorm"),
+            ("eh_proj.weight", "proj"),
+            ("final_norm.weight", "final_norm"),
+        )
+    ]
+    for g in groups:
+        if not ckpt.has(g.ckpt_keys[0]):
+            raise CheckpointError(f"MTP layer {layer} is missing {g.ckpt_keys[0]} (spec {spec.name})")
+    prefix = spec.key(spec.keys.block, cfg, layer)
+    named = set(comp.values())
+    block_keys = [
+        k[len(prefix) :]
+        for k in ckpt.keys_with_prefix(prefix)
+        if k not in named and not k.endswith(SCALE_SUFFIX) and not k.endswith(IGNORED_SUFFIXES)
+    ]
+    for g in group_block_keys(block_keys, dict(spec.block.rename), spec.block.load):
+        groups.append(Group("block." + g.module_key, tuple(prefix + k for k in g.ckpt_keys), g.transform))
+    module = _meta_module(spec, cfg)
+    expected = {k: tuple(v.shape) for k, v in module.state_dict().items()}
+    buffers = frozenset(k for k, _ in module.named_buffers() if k in expected)
+    have = {g.module_key for g in groups}
+    missing = sorted(set(expected) - have)
+    unexpected = sorted(have - set(expected))
+    if missing:
+        raise CheckpointError(
+            f"MTP layer {layer} lacks tensors the {spec.name} block needs: {', '.join(missing[:6])}"
+            + (f" (+{len(missing) - 6} more)" if len(missing) > 6 else "")
+        )
+    if unexpected:
+        names = [g.ckpt_keys[0] for g in groups if g.module_key in unexpected]
+        raise CheckpointError(
+            f"MTP layer {layer} has tensors the {spec.name} block does not use: {', '.join(names[:6])} "
+            "(wrong spec or config?)"
+        )
+    for g in groups:
+        shapes = [ckpt.info(k).shape for k in g.ckpt_keys]
+        shape = LOAD_TRANSFORMS[g.transform].out_shape(g, shapes) if g.transform else shapes[0]
+        want = expected[g.module_key]
+        if tuple(shape) != tuple(want):
+            raise CheckpointError(
+                f"tensor {g.ckpt_keys[0]} has shape {list(shapes[0])} but the config implies "
+                f"{list(want) if not g.transform else f'{list(want)} after {g.transform}'}"
+            )
+    stored_embed = comp.get("embed") if comp.get("embed") and ckpt.has(comp["embed"]) else None
+    stored_head = comp.get("head") if comp.get("head") and ckpt.has(comp["head"]) else None
+    return MtpLayerPlan(spec, layer, groups, expected, buffers, stored_embed, stored_head)
+
+
+def iter_native_tensors(
+    ckpt: Checkpoint, plan: MtpLayerPlan, dtype: torch.dtype = torch.float32
+) -> Iterator[tuple[str, torch.Tensor]]:
+    """(module key, tensor) for every tensor of the native module, one group in memory at a time.
+
+    Floating parameters become `dtype`; buffers (e.g. a router's score-correction bias) keep fp32, as the modules and
+    the checkpoints keep them."""
+    for g in plan.groups:
+        want = torch.float32 if g.module_key in plan.buffers else dtype
+        transform = LOAD_TRANSFORMS[g.transform] if g.transform else None
+        if transform is not None and hasattr(transform, "combine_stream"):
+            # e.g. fused experts: filled expert by expert into the output, never all in fp32 at once
+            shape = plan.expected[g.module_key]
+            tensor = transform.combine_stream(g, shape, ckpt.iter_weights(g.ckpt_keys, torch.float32), want)
+        else:
+            raw = ckpt.read_weights(g.ckpt_keys, dtype=torch.float32)
+            tensors = [raw[k] for k in g.ckpt_keys]
+            tensor = transform.combine(g, tensors) if transform is not None else tensors[0]
+            del raw, tensors
+            if tensor.is_floating_point():
+                tensor = tensor.to(want)
+        yield g.module_key, tensor
+        del tensor  # before the next group is built: one group in memory at a time
+
+
+def expert_keys(plan: MtpLayerPlan, e: int) -> tuple[str, str, str] | None:
+    """Checkpoint keys (gate, up, down) of routed expert `e` when the checkpoint stores experts one by one, as the
+    spec's load transform grouped them; None when it stores them fused (3-D) or the block has no routed experts."""
+    groups = {g.module_key: g for g in plan.groups}
+    gate_up, down = groups.get(EXPERTS_GATE_UP), groups.get(EXPERTS_DOWN)
+    if gate_up is None or down is None or not gate_up.transform or not down.transform:
+        return None
+    transform = LOAD_TRANSFORMS[gate_up.transform]
+    gate, up = transform.expert_keys(gate_up, e)
+    (down_key,) = LOAD_TRANSFORMS[down.transform].expert_keys(down, e)
+    return gate, up, down_key
+
+
+def native_to_checkpoint(
+    spec: Spec, config: dict[str, Any], layer: int, state: dict[str, torch.Tensor]
+) -> dict[str, torch.Tensor]:
+    """Native module tensors -> checkpoint tensors under the family's real key names (the inverse of the plan).
+
+    Used to write MTP layers into tiny hub-layout checkpoints and to stitch a fine-tuned layer back."""
+    check_spec_transforms(spec)
+    comp = spec.component_keys(config, layer)
+    named = {
+        "enorm.weight": "enorm",
+        "hnorm.weight": "hnorm",
+        "eh_proj.weight": "proj",
+        "final_norm.weight": "final_norm",
+    }
+    prefix = spec.key(spec.keys.block, config, layer)
+    inverse_rename = {new: old for old, new in spec.block.rename.items()}
+    out: dict[str, torch.Tensor] = {}
+    for key, tensor in state.items():
+        if key in named:
+            out[comp[named[key]]] = tensor
+            continue
+        if not key.startswith("block."):
+            raise CheckpointError(f"{key} is not a tensor of the native MTP module")
+        parts = {key[len("block.") :]: tensor}
+        for name in reversed(spec.block.load):
+            split = {}
+            for rel, t in parts.items():
+                mapped = LOAD_TRANSFORMS[name].to_checkpoint(rel, t)
+                split.update(mapped if mapped is not None else {rel: t})
+            parts = split
+        for rel, t in parts.items():
+            for new, old in inverse_rename.items():
+                if rel.startswith(new):
+                    rel = old + rel[len(new) :]
+                    break
+            out[prefix + rel] = t
+    return out
+
+
+def target_embed_key(ckpt: Checkpoint, spec: Spec, plan: MtpLayerPlan) -> str:
+    """The embedding the MTP layer shares: the target's, else its copy inside the layer."""
+    key = spec.key(spec.keys.target_embed, ckpt.config, plan.layer)
+    found = key if ckpt.has(key) else plan.stored_embed
+    if not found:
+        raise CheckpointError(f"the checkpoint has no embedding ({key})")
+    return found
+
+
+def target_head_key(ckpt: Checkpoint, spec: Spec, plan: MtpLayerPlan) -> str:
+    """The lm_head the MTP layer shares: the target's, its copy inside the layer, or the embedding when tied."""
+    key = spec.key(spec.keys.target_head, ckpt.config, plan.layer)
+    return key if ckpt.has(key) else plan.stored_head or target_embed_key(ckpt, spec, plan)

@@ -1,0 +1,573 @@
+"""The two draft modules and their on-disk form.
+
+- `NativeMtpDraft`: the MTP layer exactly as its family's checkpoint defines it: two RMSNorms, the concat in the
+  family's order, the bias-free Linear(2H -> H), the family's own decoder block (a transformers class, never
+  re-implemented here), the final norm and the target's lm_head.
+- `Eagle3Draft`: the engines' EAGLE-3 layer (`LlamaForCausalLMEagle3` in SGLang): `fc` fusing three target layers,
+  one Llama-shaped layer whose q/k/v read [embed, hidden] (2H wide), `norm`, an own `lm_head` over the draft
+  vocabulary, and `d2t`/`t2d` mapping draft ids to target ids.
+
+Both expose the same step so distillation and evaluation treat them alike (shapes: B batch, T tokens, H hidden):
+
+    hidden0 = draft.initial_hidden(features)               # [B, T, H] from the target's features
+    logits, hidden = draft(input_ids, hidden, position_ids, attention_mask=None, cache=None)
+    # logits [B, T, V_draft]; hidden [B, T, H] is what the next draft step consumes
+
+`draft.hidden_handover` says which hidden a step hands on: EAGLE-3 engines feed back the pre-norm output. A native MTP
+draft computes what ONE engine computes, and its config records which (`engine`): the target hidden step 0 reads
+(`input_hidden`), whether the final norm is applied (`final_norm`) and the hidden handed on (`hidden_handover`).
+Engines differ per family (the spec's `[engines.*]` tables): vLLM 0.33 hands on the post-norm hidden for DeepSeek
+V3/V3.2, Qwen3-Next/3.5, MiMo, MiMo-V2 and LongCat but the pre-norm one for GLM-4.5; SGLang 0.5.23 hands on the
+post-norm one; for ERNIE-4.5 both apply no final norm; for MiMo vLLM feeds step 0 the pre-norm target hidden, SGLang
+the post-norm one. Without an engine, a draft computes the checkpoint's own layer (`[layer]`) and hands on the
+post-norm hidden.
+
+The target's embedding (and, for the native draft, its lm_head) are attached as non-persistent buffers: the draft
+reads them, no optimizer sees them, and they are never written into a draft directory.
+
+What this module does not do: read hub checkpoints (`checkpoint.py`), map MTP weights to EAGLE-3 (`transforms.py`),
+or train (`distill.py`).
+"""
+
+from __future__ import annotations
+
+import copy
+import inspect
+import math
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from safetensors.torch import load_file
+from torch import nn
+
+from mtp2draft.draft.eagle3_config import LLAMA_FIELDS, aux_ids, speculators_to_eagle3_config, speculators_weight_name
+from mtp2draft.errors import CheckpointError, DraftError
+from mtp2draft.family.spec import Spec, get_spec
+from mtp2draft.kinds import CONFIG_FILE as CONFIG_FILE  # the draft directory's files (defined in kinds), re-exported
+from mtp2draft.kinds import PROVENANCE_FILE as PROVENANCE_FILE
+from mtp2draft.kinds import WEIGHTS_FILE as WEIGHTS_FILE
+from mtp2draft.kinds import DraftKind, detect_kind
+
+DRAFT_FORMAT_VERSION = 1
+
+
+class DraftCache:
+    """Minimal KV cache for one draft layer: the only call decoder layers make is `update`, plus `crop` for us.
+
+    Entries are concatenated along the sequence axis (-2). Works for plain K/V and for MLA's compressed latents.
+    """
+
+    def __init__(self) -> None:
+        self.keys: torch.Tensor | None = None
+        self.values: torch.Tensor | None = None
+        self.indexer: torch.Tensor | None = None
+
+    def update(self, key: torch.Tensor, value: torch.Tensor, layer_idx: int = 0, **_: Any):
+        self.keys = key if self.keys is None else torch.cat([self.keys, key], dim=-2)
+        self.values = value if self.values is None else torch.cat([self.values, value], dim=-2)
+        return self.keys, self.values
+
+    def update_indexer(self, key: torch.Tensor, layer_idx: int = 0, **_: Any) -> torch.Tensor:
+        self.indexer = key if self.indexer is None else torch.cat([self.indexer, key], dim=-2)
+        return self.indexer
+
+    def get_seq_length(self, layer_idx: int = 0) -> int:
+        return 0 if self.keys is None else self.keys.shape[-2]
+
+    def crop(self, length: int) -> None:
+        """Keep the first `length` entries (drop rejected draft positions)."""
+        if self.keys is not None:
+            self.keys, self.values = self.keys[..., :length, :], self.values[..., :length, :]
+        if self.indexer is not None:
+            self.indexer = self.indexer[..., :length, :]
+
+
+# ---- configs -----------------------------------------------------------------------------------------------------
+def hf_config(model_type: str, fields: Mapping[str, Any], where: str = "config.json"):
+    """transformers' config class for `model_type` built from `fields`; a field of the wrong type or value (a string
+    `hidden_size`, say) is one CheckpointError line instead of transformers' multi-line validation error."""
+    from huggingface_hub.errors import StrictDataclassError  # transformers validates config fields through it
+    from transformers import AutoConfig
+
+    try:
+        return AutoConfig.for_model(model_type, **fields)
+    except (ValueError, TypeError, AttributeError, StrictDataclassError) as exc:  # AttributeError: torch_dtype
+        text = " ".join(line.strip() for line in str(exc).splitlines() if line.strip())
+        raise CheckpointError(f"{where} does not describe a valid {model_type} model: {text}") from None
+
+
+def block_config(spec: Spec, target_config: Mapping[str, Any]):
+    """The transformers config the MTP block is built from: the target's (text) config plus the spec's overrides."""
+    text = spec.text_config(target_config)
+    text.pop("model_type", None)
+    text.pop("architectures", None)
+    cfg = hf_config(spec.config.transformers_model_type, text)
+    for key, value in spec.config.block_overrides.items():
+        setattr(cfg, key, copy.deepcopy(value))
+    cfg._attn_implementation = spec.block.attn_implementation
+    cfg._experts_implementation = "eager"  # the modules are used standalone, outside a PreTrainedModel
+    return cfg
+
+
+def _attach(module: nn.Module, name: str, tensor: torch.Tensor | None) -> None:
+    # Non-persistent buffer: moves with .to(), is never in state_dict(), never seen by an optimizer.
+    module.register_buffer(name, None if tensor is None else tensor.detach(), persistent=False)
+
+
+# ---- native MTP ---------------------------------------------------------------------------------------------------
+class ComposedBlock(nn.Module):
+    """Pre-norm decoder block from a family's attention and MLP classes, for families whose decoder-layer class
+    is not the MTP block (LongCat-Flash's MTP block is MLA + dense MLP; its trunk layer is a dual-branch MoE)."""
+
+    def __init__(self, spec: Spec, config) -> None:
+        super().__init__()
+        norm = spec.import_class(spec.block.norm)
+        self.input_layernorm = norm(config.hidden_size, eps=config.rms_norm_eps)
+        self.self_attn = spec.import_class(spec.block.attention_class)(config, 0)
+        self.post_attention_layernorm = norm(config.hidden_size, eps=config.rms_norm_eps)
+        self.mlp = spec.import_class(spec.block.mlp_class)(config)
+
+    def forward(self, hidden_states, attention_mask=None, position_ids=None, cache=None, position_embeddings=None):
+        residual = hidden_states
+        out = self.self_attn(
+            hidden_states=self.input_layernorm(hidden_states),
+            attention_mask=attention_mask,
+            position_ids=position_ids,
+            cache=cache,
+            position_embeddings=position_embeddings,
+        )
+        hidden_states = residual + (out[0] if isinstance(out, tuple) else out)
+        return hidden_states + self.mlp(self.post_attention_layernorm(hidden_states))
+
+
+class _DraftModule(nn.Module):
+    """What both draft modules share: sizes from their transformers config, and one draft step (`forward`): the
+    target's embedding of the input ids, the layer (`layer_forward`: post-final-norm and pre-norm outputs), the head
+    (`logits`) and the hidden the next step consumes (`hidden_handover`: `post_norm` or `pre_norm`)."""
+
+    config: Any
+    hidden_handover: str
+
+    @property
+    def vocab_size(self) -> int:
+        return int(self.config.vocab_size)
+
+    @property
+    def hidden_size(self) -> int:
+        return int(self.config.hidden_size)
+
+    def missing_target(self) -> str | None:
+        """Why `forward` cannot run yet (a target tensor not attached), or None."""
+        raise NotImplementedError
+
+    def layer_forward(
+        self, embeds: torch.Tensor, hidden: torch.Tensor, *args: Any
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        raise NotImplementedError
+
+    def logits(self, normed: torch.Tensor) -> torch.Tensor:
+        raise NotImplementedError
+
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        hidden: torch.Tensor,
+        position_ids: torch.Tensor,
+        attention_mask: torch.Tensor | None = None,
+        cache: DraftCache | None = None,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """input_ids [B, T], hidden [B, T, H] -> (logits [B, T, V or Vd], the hidden the next step reads [B, T, H])."""
+        missing = self.missing_target()
+        if missing:
+            raise DraftError(missing)
+        embeds = F.embedding(input_ids, self.embed_weight).to(hidden.dtype)  # [B, T, H]
+        normed, out = self.layer_forward(embeds, hidden, position_ids, attention_mask, cache)
+        return self.logits(normed), (normed if self.hidden_handover == "post_norm" else out)
+
+
+class NativeMtpDraft(_DraftModule):
+    """One MTP layer of `spec`'s family, computed as the checkpoint defines it."""
+
+    kind = DraftKind.MTP
+
+    def __init__(
+        self,
+        spec: Spec,
+        target_config: Mapping[str, Any],
+        layer: int = 0,
+        hidden_handover: str = "post_norm",
+        input_hidden: str | None = None,
+        final_norm: bool = True,
+        engine: Mapping[str, str] | None = None,
+    ) -> None:
+        super().__init__()
+        for name, value in (("hidden_handover", hidden_handover), ("input_hidden", input_hidden or "post_norm")):
+            if value not in ("post_norm", "pre_norm"):
+                raise DraftError(f"{name} must be post_norm or pre_norm, got {value!r}")
+        self.spec = spec
+        self.target_config = dict(target_config)
+        self.layer = layer
+        self.hidden_handover = hidden_handover
+        self.input_hidden = input_hidden or spec.layer.hidden
+        """Target hidden step 0 reads: before (`pre_norm`) or after (`post_norm`) the target's final norm."""
+        self.apply_final_norm = bool(final_norm)
+        """False where the serving engine applies no final norm (ERNIE-4.5): logits and hand-over read the block
+        output."""
+        self.engine = dict(engine) if engine else None
+        """{"name", "version"} of the engine whose computation this draft is trained for; None: the checkpoint's."""
+        self.config = cfg = block_config(spec, target_config)
+        norm = spec.import_class(spec.block.norm)
+        h = cfg.hidden_size
+        self.enorm = norm(h, eps=cfg.rms_norm_eps)
+        self.hnorm = norm(h, eps=cfg.rms_norm_eps)
+        self.eh_proj = nn.Linear(2 * h, h, bias=False)
+        self.block = spec.block_class()(cfg, 0) if spec.block.decoder_layer else ComposedBlock(spec, cfg)
+        self.final_norm = norm(h, eps=cfg.rms_norm_eps)
+        self.rotary_emb = spec.import_class(spec.block.rotary)(config=cfg)
+        # Rotaries with per-layer-type frequencies (MiMo-V2-Flash) take the layer type the block was built as.
+        layer_types = getattr(cfg, "layer_types", None)
+        takes_type = "layer_type" in inspect.signature(self.rotary_emb.forward).parameters
+        self._rotary_kwargs = {"layer_type": layer_types[0]} if layer_types and takes_type else {}
+        _attach(self, "embed_weight", None)
+        _attach(self, "head_weight", None)
+
+    def attach_target(self, embed: torch.Tensor, head: torch.Tensor) -> NativeMtpDraft:
+        """Share the target's embedding [V, H] and lm_head [V, H] (read-only)."""
+        _attach(self, "embed_weight", embed)
+        _attach(self, "head_weight", head)
+        return self
+
+    def initial_hidden(self, features: torch.Tensor) -> torch.Tensor:
+        """Step 0 reads the target's final hidden state as-is ([B, T, H]; pre- or post-norm per the spec)."""
+        return features
+
+    def to_target_ids(self, draft_ids: torch.Tensor) -> torch.Tensor:
+        return draft_ids
+
+    def train_for_engine(self, engine: str) -> None:
+        """Compute what `engine`'s native MTP module computes for this family (the spec's `[engines.<engine>]`)."""
+        facts = self.spec.engine_computation(engine)  # SpecError when the engine serves no native MTP draft
+        self.input_hidden = facts["input_hidden"]
+        self.apply_final_norm = facts["final_norm"]
+        self.hidden_handover = facts["hidden_handover"]
+        engine_facts = self.spec.engine(engine)
+        self.engine = {"name": engine, "version": engine_facts.version if engine_facts else ""}
+
+    def trainable_parameters(self) -> list[nn.Parameter]:
+        """Everything but tensors the layer shares with the trunk: when the family's final norm IS the trunk's
+        (ERNIE applies `model.norm`), it stays frozen, or writing the layer back would change the target. A final
+        norm the computation does not apply is frozen too (it gets no gradient)."""
+        shared = self.spec.keys.final_norm == self.spec.keys.target_norm or not self.apply_final_norm
+        return [
+            p for n, p in self.named_parameters() if p.requires_grad and not (shared and n.startswith("final_norm."))
+        ]
+
+    @property
+    def attention_window(self) -> int | None:
+        """Sliding window of the block's attention (keys within `window` positions), None for full attention."""
+        window = getattr(getattr(self.block, "self_attn", None), "sliding_window", None)
+        return int(window) if window else None
+
+    def missing_target(self) -> str | None:
+        if self.embed_weight is None or self.head_weight is None:
+            return "the native draft needs the target's embedding and lm_head: call attach_target()"
+        return None
+
+    def logits(self, normed: torch.Tensor) -> torch.Tensor:
+        return F.linear(normed, self.head_weight.to(normed.dtype))  # [B, T, V]: the target's head
+
+    def layer_forward(
+        self,
+        embeds: torch.Tensor,
+        hidden: torch.Tensor,
+        position_ids: torch.Tensor,
+        attention_mask: torch.Tensor | None = None,
+        cache: DraftCache | None = None,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """The layer without embedding and head: (post-final-norm [B, T, H], pre-norm block output [B, T, H]).
+
+        Used directly when the embedding and head are live trainable tensors (joint training of a target)."""
+        e, h = self.enorm(embeds), self.hnorm(hidden)
+        x = self.eh_proj(torch.cat([e, h] if self.spec.layer.concat == "embed_hidden" else [h, e], dim=-1))
+        position_embeddings = self.rotary_emb(x, position_ids, **self._rotary_kwargs)
+        if attention_mask is None:
+            attention_mask = self.default_mask(x, cache)
+        out = self.block(
+            x,
+            attention_mask=attention_mask,
+            position_ids=position_ids,
+            cache=cache,
+            position_embeddings=position_embeddings,
+        )
+        return (self.final_norm(out) if self.apply_final_norm else out), out
+
+    def default_mask(self, x: torch.Tensor, cache: DraftCache | None = None) -> torch.Tensor | None:
+        """The causal mask used when the caller passes none: None where SDPA's own causal path suffices, else an
+        additive [1, 1, T, past + T] mask (query i sits at past + i), limited to the block attention's sliding
+        window when it has one (key j visible iff q - window < j <= q, as transformers' sliding-window masks)."""
+        window = getattr(getattr(self.block, "self_attn", None), "sliding_window", None)
+        if self.config._attn_implementation == "sdpa" and not window:
+            return None
+        t = x.shape[1]
+        past = cache.get_seq_length() if cache is not None else 0
+        q = torch.arange(past, past + t, device=x.device)[:, None]
+        k = torch.arange(past + t, device=x.device)[None, :]
+        allowed = (k <= q) & (k > q - int(window)) if window else k <= q
+        mask = torch.zeros(t, past + t, dtype=x.dtype, device=x.device)
+        return mask.masked_fill(~allowed, torch.finfo(x.dtype).min)[None, None]
+
+    def draft_config(self) -> dict[str, Any]:
+        return native_config(
+            self.spec,
+            self.target_config,
+            self.layer,
+            self.hidden_handover,
+            self.input_hidden,
+            self.apply_final_norm,
+            self.engine,
+        )
+
+    def computation(self) -> dict[str, Any]:
+        """What this draft computes, as the config records it (compare with `Spec.engine_computation`)."""
+        return {
+            "input_hidden": self.input_hidden,
+            "final_norm": self.apply_final_norm,
+            "hidden_handover": self.hidden_handover,
+        }
+
+
+def native_config(
+    spec: Spec,
+    target_config: Mapping[str, Any],
+    layer: int,
+    hidden_handover: str = "post_norm",
+    input_hidden: str | None = None,
+    final_norm: bool = True,
+    engine: Mapping[str, str] | None = None,
+) -> dict[str, Any]:
+    """config.json of a native MTP draft directory: enough to rebuild the module without the target checkpoint."""
+    text = spec.text_config(target_config)
+    return {
+        "architectures": ["Mtp2DraftNativeMtp"],
+        "draft_kind": DraftKind.MTP,
+        "format_version": DRAFT_FORMAT_VERSION,
+        "spec": spec.name,
+        "mtp_layer": layer,
+        "hidden_handover": hidden_handover,
+        "input_hidden": input_hidden or spec.layer.hidden,
+        "final_norm": bool(final_norm),
+        "engine": dict(engine) if engine else None,
+        "hidden_size": int(text["hidden_size"]),
+        "vocab_size": int(text["vocab_size"]),
+        "target_config": dict(target_config),
+    }
+
+
+# ---- EAGLE-3 ------------------------------------------------------------------------------------------------------
+def llama_config(cfg: Mapping[str, Any]):
+    """transformers LlamaConfig for the EAGLE-3 layer from an EAGLE-3 config.json dict."""
+    from transformers import LlamaConfig
+
+    # the EAGLE-3 config's Llama fields; RoPE goes through rope_parameters below
+    names = [k for k in (*LLAMA_FIELDS, "vocab_size") if k not in ("rope_theta", "rope_scaling")]
+    fields = {k: cfg[k] for k in names if k in cfg}
+    rope = dict(cfg.get("rope_scaling") or {"rope_type": "default"})
+    rope.setdefault("rope_type", rope.pop("type", "default"))
+    rope["rope_theta"] = cfg.get("rope_theta", 10000.0)
+    out = LlamaConfig(**fields, rope_parameters=rope, attention_bias=False, mlp_bias=False)
+    out._attn_implementation = "sdpa"
+    return out
+
+
+class Eagle3Layer(nn.Module):
+    """SGLang's `midlayer`: attention over [input_layernorm(embed), hidden_norm(h)] (2H wide), residual from h."""
+
+    def __init__(self, config) -> None:
+        from transformers.models.llama.modeling_llama import LlamaAttention, LlamaMLP, LlamaRMSNorm
+
+        super().__init__()
+        h, eps = config.hidden_size, config.rms_norm_eps
+        self.input_layernorm = LlamaRMSNorm(h, eps=eps)
+        self.hidden_norm = LlamaRMSNorm(h, eps=eps)
+        self.self_attn = LlamaAttention(config, 0)
+        # q/k/v read the concatenation [embed, hidden]: 2H wide (the only change to the Llama layer).
+        attn = self.self_attn
+        attn.q_proj = nn.Linear(2 * h, config.num_attention_heads * attn.head_dim, bias=False)
+        attn.k_proj = nn.Linear(2 * h, config.num_key_value_heads * attn.head_dim, bias=False)
+        attn.v_proj = nn.Linear(2 * h, config.num_key_value_heads * attn.head_dim, bias=False)
+        self.post_attention_layernorm = LlamaRMSNorm(h, eps=eps)
+        self.mlp = LlamaMLP(config)
+
+    def forward(self, embeds, hidden, position_embeddings, attention_mask=None, cache=None):
+        residual = hidden  # the UN-normalised h
+        x = torch.cat([self.input_layernorm(embeds), self.hidden_norm(hidden)], dim=-1)  # [B, T, 2H], embed first
+        attn, _ = self.self_attn(x, position_embeddings=position_embeddings, attention_mask=attention_mask, cache=cache)
+        residual = residual + attn
+        return residual + self.mlp(self.post_attention_layernorm(residual))
+
+
+class Eagle3Draft(_DraftModule):
+    """The EAGLE-3 draft in SGLang's layout (weights named exactly as `LlamaForCausalLMEagle3` loads them)."""
+
+    kind = DraftKind.EAGLE3
+    hidden_handover = "pre_norm"
+
+    def __init__(self, config: Mapping[str, Any]) -> None:
+        from transformers.models.llama.modeling_llama import LlamaRMSNorm, LlamaRotaryEmbedding
+
+        super().__init__()
+        self.eagle_config = dict(config)
+        self.config = cfg = llama_config(config)
+        h = cfg.hidden_size
+        ht = int(config.get("target_hidden_size") or h)
+        vd = int(config.get("draft_vocab_size") or cfg.vocab_size)
+        self.fc = nn.Linear(3 * ht, h, bias=False)
+        self.midlayer = Eagle3Layer(cfg)
+        self.norm = LlamaRMSNorm(h, eps=cfg.rms_norm_eps)
+        self.lm_head = nn.Linear(h, vd, bias=False)
+        # Identity maps (the first vd target ids) until a draft vocabulary is chosen (distill --draft-vocab-size).
+        self.register_buffer("d2t", torch.zeros(vd, dtype=torch.int64))
+        self.register_buffer("t2d", torch.arange(cfg.vocab_size) < vd)
+        self.rotary_emb = LlamaRotaryEmbedding(config=cfg)
+        _attach(self, "embed_weight", None)
+
+    @property
+    def aux_layer_ids(self) -> list[int]:
+        """Target layers (0-based, 'output of layer i') whose outputs `fc` fuses, low to high: the top-level
+        ('input of layer i') ids - 1, as every engine reads them; `eagle_config`'s copy is in SGLang's terms, which
+        depend on the target family (see `formats.eagle3_config.sglang_aux_ids`)."""
+        return aux_ids(self.eagle_config)
+
+    @property
+    def draft_vocab_size(self) -> int:
+        return int(self.lm_head.out_features)
+
+    def attach_target(self, embed: torch.Tensor, head: torch.Tensor | None = None) -> Eagle3Draft:
+        """Share the target's embedding [V, H] (read-only). The lm_head is the draft's own."""
+        _attach(self, "embed_weight", embed)
+        return self
+
+    def initial_hidden(self, features: torch.Tensor) -> torch.Tensor:
+        """features: [B, T, 3*Ht] = cat(low, mid, high) target layer outputs -> [B, T, H]."""
+        return self.fc(features.to(self.fc.weight.dtype))
+
+    def to_target_ids(self, draft_ids: torch.Tensor) -> torch.Tensor:
+        return draft_ids + self.d2t[draft_ids]
+
+    def trainable_parameters(self) -> list[nn.Parameter]:
+        return [p for p in self.parameters() if p.requires_grad]
+
+    def missing_target(self) -> str | None:
+        return (
+            "the EAGLE-3 draft needs the target's embedding: call attach_target()"
+            if self.embed_weight is None
+            else None
+        )
+
+    def layer_forward(
+        self, embeds: torch.Tensor, hidden: torch.Tensor, position_ids: torch.Tensor, *mask_cache: Any
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """(norm(out), out [B, T, H]); the pre-norm `out` is what the next step consumes (`hidden_handover`)."""
+        out = self.midlayer(embeds, hidden, self.rotary_emb(hidden, position_ids), *mask_cache)
+        return self.norm(out), out
+
+    def logits(self, normed: torch.Tensor) -> torch.Tensor:
+        return self.lm_head(normed)  # [B, T, Vd]
+
+    def draft_config(self) -> dict[str, Any]:
+        return dict(self.eagle_config)
+
+
+Draft = NativeMtpDraft | Eagle3Draft
+
+
+# ---- d2t / t2d --------------------------------------------------------------------------------------------------------
+def vocab_maps(used: torch.Tensor, vocab_size: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """d2t [Vd] int64 offsets and t2d [V] bool from the target ids kept in the draft vocabulary.
+
+    `used` is sorted ascending first, so draft id i maps to target id used[i] = i + d2t[i].
+    """
+    used = torch.sort(torch.as_tensor(used, dtype=torch.int64).unique()).values
+    d2t = used - torch.arange(used.numel(), dtype=torch.int64)
+    t2d = torch.zeros(vocab_size, dtype=torch.bool)
+    t2d[used] = True
+    return d2t, t2d
+
+
+VOCAB_MAPS = ("d2t", "t2d")
+
+
+def without_identity_maps(state: Mapping[str, torch.Tensor], vocab_size: int, draft_vocab_size: int) -> dict:
+    """`state` minus d2t/t2d when the draft vocabulary is the target's whole vocabulary.
+
+    vLLM 0.32's Eagle3LlamaForCausalLM creates `draft_id_to_target_id` (where it loads d2t) only when the vocabularies
+    differ, so a full-vocabulary draft that carries d2t fails to load ("no module or parameter named
+    'draft_id_to_target_id'"); speculators omits both maps for full vocabularies too. Every EAGLE-3 draft mtp2draft
+    writes goes through here; `load_draft` puts the identity maps back."""
+    if draft_vocab_size != vocab_size:
+        return dict(state)
+    return {k: v for k, v in state.items() if k not in VOCAB_MAPS}
+
+
+# ---- on disk --------------------------------------------------------------------------------------------------------
+def read_draft_config(path: str | Path) -> dict[str, Any]:
+    """A draft directory's config.json, checked field by field (`draft_config.load_draft_config`): one DraftError
+    line naming the file, the field and the fix when a field has the wrong type, range or value."""
+    from mtp2draft.draft_config import load_draft_config
+
+    return dict(load_draft_config(path).raw)
+
+
+def build_draft(cfg: Mapping[str, Any]) -> Draft:
+    """An uninitialised draft module from a draft config.json dict."""
+    if detect_kind(cfg) is DraftKind.MTP:
+        return NativeMtpDraft(
+            get_spec(cfg["spec"]),
+            cfg["target_config"],
+            cfg.get("mtp_layer", 0),
+            cfg.get("hidden_handover", "post_norm"),
+            cfg.get("input_hidden"),
+            cfg.get("final_norm", True),
+            cfg.get("engine"),
+        )
+    return Eagle3Draft(cfg)
+
+
+def load_draft(path: str | Path, dtype: torch.dtype = torch.float32) -> Draft:
+    """Load a draft directory written by `convert`, `distill` or the `sglang` / `speculators` exporters (no target
+    attached)."""
+    path = Path(path)
+    cfg = read_draft_config(path)
+    rename = None
+    if cfg.get("speculators_model_type"):  # vLLM's speculators layout: back to SGLang's config and names
+        cfg, rename = speculators_to_eagle3_config(cfg), speculators_weight_name
+    draft = build_draft(cfg)
+    weights = path / WEIGHTS_FILE
+    if not weights.is_file():
+        raise DraftError(f"{path} has no {WEIGHTS_FILE}")
+    state = load_file(str(weights))
+    if rename is not None:
+        state = {rename(k): v for k, v in state.items()}
+    state = {k: v for k, v in state.items() if k != "embed_tokens.weight"}
+    expected = draft.state_dict()
+    if isinstance(draft, Eagle3Draft) and draft.draft_vocab_size == draft.vocab_size:
+        # full vocabulary: the maps are the identity, written by older versions, never by this one
+        state = {**{k: expected[k] for k in VOCAB_MAPS}, **state}
+    missing = sorted(set(expected) - set(state))
+    unexpected = sorted(set(state) - set(expected))
+    if missing or unexpected:
+        raise DraftError(f"{weights} does not fit its config: missing {missing[:5]}, unexpected {unexpected[:5]}")
+    for key, tensor in state.items():
+        if tuple(tensor.shape) != tuple(expected[key].shape):
+            raise DraftError(
+                f"{weights}: {key} has shape {list(tensor.shape)}, config implies {list(expected[key].shape)}"
+            )
+    draft.load_state_dict(state)
+    return draft.to(dtype) if dtype is not None else draft
+
+
+def param_count(module: nn.Module) -> int:
+    return sum(math.prod(p.shape) for p in module.state_dict().values())

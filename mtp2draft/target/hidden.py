@@ -1,0 +1,411 @@
+"""Hidden-state sources: what the draft reads from the frozen target.
+
+A draft needs, per position p of a sequence:
+- its step-0 input: the target's final hidden state (native MTP; before or after the final norm, as the family's
+  spec says) or the outputs of three target layers concatenated (EAGLE-3 `fc` input);
+- the target's next-token distribution at p (the teacher for the token the draft predicts).
+
+Two sources give the same `Features`:
+- `TargetModel`: a transformers model loaded from a SOURCE (local directory or hub repo, as `convert` resolves it),
+  in eval mode with every parameter frozen (`requires_grad=False`); no optimizer ever sees it and nothing writes
+  to it. `device_map` spreads a large target across local GPUs.
+- `OfflineHiddenStates`: files written earlier by `dump-hidden` (or converted from an inference engine's dump),
+  so targets too large for one machine can be served by vLLM/SGLang and the draft trained from files.
+
+What this module does not do: train or evaluate (`distill.py`, `evaluate.py`), or tokenise data (`data.py`).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors import safe_open
+
+from mtp2draft.checkpoint import network
+from mtp2draft.checkpoint.reader import INDEX_FILE, SINGLE_FILE, open_checkpoint, parse_index, read_config
+from mtp2draft.errors import CheckpointError, DataError, DraftError, SourceError
+from mtp2draft.family.spec import Spec, find_spec
+from mtp2draft.io import atomic_output_dir, quiet_transformers, save_tensors, write_json
+from mtp2draft.kinds import DraftKind
+
+HIDDEN_SCHEMA_VERSION = 1
+MANIFEST = "manifest.json"
+SHARED_FILE = "shared.safetensors"
+
+
+@dataclass
+class Features:
+    """Per-position target outputs for a batch [B, T].
+
+    final: [B, T, H] the final hidden state the native MTP layer reads (None when not requested);
+    aux: [B, T, 3 * H] the concatenated outputs of the EAGLE-3 aux layers, low to high (None when not requested);
+    logits: [B, T, V] target next-token logits (online), or None when only top-k log-probs are known;
+    topk_logprobs / topk_ids: [B, T, k] the target's top-k log-probs (offline), else None.
+    """
+
+    final: torch.Tensor | None
+    aux: torch.Tensor | None
+    logits: torch.Tensor | None = None
+    topk_logprobs: torch.Tensor | None = None
+    topk_ids: torch.Tensor | None = None
+
+    def step0_input(self, kind: str) -> torch.Tensor:
+        features = self.aux if kind == DraftKind.EAGLE3 else self.final
+        if features is None:
+            raise DataError(f"these hidden states do not hold what a {kind} draft reads")
+        return features
+
+
+# Weight files that are pickles: never loaded (loading one runs whatever code it carries).
+PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt", ".pkl")
+
+
+def local_path(source: str, revision: str | None, token: str | bool | None) -> Path:
+    """A local directory with the whole target (hub repos are downloaded into the HF cache: the target runs),
+    checked by `check_target_dir` before transformers sees it."""
+    path = Path(source).expanduser()
+    if path.is_dir():
+        if revision:
+            raise SourceError(f"--revision applies to hub repos; {path} is a local directory")
+        return check_target_dir(path)
+    open_checkpoint(source, revision, token)  # clear errors for missing repos / revisions first (and the index)
+    from huggingface_hub import snapshot_download
+
+    try:
+        return check_target_dir(
+            Path(
+                snapshot_download(
+                    source,
+                    revision=revision,
+                    token=token,
+                    allow_patterns=["*.json", "*.safetensors", "*.model", "*.txt", "*.jinja", "tokenizer*"],
+                )
+            )
+        )
+    except Exception as exc:  # network / auth after huggingface_hub's retries
+        if network.is_network_error(exc):
+            raise SourceError(network.describe(exc)) from exc
+        if isinstance(exc, SourceError | CheckpointError):
+            raise
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise SourceError(f"could not download target {source}: {first}") from exc
+
+
+def check_target_dir(path: Path) -> Path:
+    """Refuse a target directory transformers must not be handed: no config object, an index naming shards outside
+    the directory (or missing ones), or weights only as pickles. Returns `path`."""
+    read_config(path)
+    index = path / INDEX_FILE
+    if index.is_file():
+        try:
+            raw = json.loads(index.read_text())
+        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+            raise CheckpointError(f"{index} is not valid JSON: {exc}") from exc
+        for file in sorted(set(parse_index(raw, str(index)).values())):
+            if not (path / file).is_file():
+                raise CheckpointError(f"shard {file} is named in {index} but does not exist")
+        return path
+    if (path / SINGLE_FILE).is_file():
+        return path
+    pickles = sorted(p.name for p in path.iterdir() if p.suffix in PICKLE_SUFFIXES)
+    if pickles:
+        raise CheckpointError(
+            f"target {path} holds its weights only as pickles ({', '.join(pickles[:3])}): mtp2draft never loads "
+            "pickles; convert them to safetensors first"
+        )
+    raise CheckpointError(f"target {path} has neither {INDEX_FILE} nor {SINGLE_FILE}")
+
+
+def check_draft_fits(draft, target: TargetModel, where: str | Path) -> None:
+    """Refuse a draft made for another target: a different family, hidden size or vocabulary would train to a
+    meaningless loss or accept nothing, silently."""
+    made_for = getattr(getattr(draft, "spec", None), "name", None)
+    if made_for is None:
+        made_for = (draft.draft_config().get("mtp2draft") or {}).get("spec")
+    if made_for and made_for != target.spec.name:
+        raise DraftError(f"{where} was made for a {made_for} target; {target.source} is a {target.spec.name} model")
+    for what, mine, theirs in (
+        ("hidden size", draft.hidden_size, target.hidden_size),
+        ("vocabulary", draft.vocab_size, target.vocab_size),
+    ):
+        if mine != theirs:
+            raise DraftError(f"{where} has {what} {mine}, the target {target.source} has {theirs}: not its draft")
+    aux = getattr(draft, "aux_layer_ids", None)
+    if aux and max(aux) >= target.num_layers:
+        raise DraftError(
+            f"{where} reads aux layers {aux}, but the target {target.source} has {target.num_layers} layers"
+        )
+
+
+class TargetModel:
+    """A frozen transformers target that returns `Features` for token ids."""
+
+    def __init__(
+        self,
+        source: str,
+        revision: str | None = None,
+        token: str | bool | None = None,
+        dtype: torch.dtype = torch.float32,
+        device: str | torch.device = "cpu",
+        device_map: str | dict | None = None,
+    ) -> None:
+        from transformers import AutoModelForCausalLM
+
+        from mtp2draft.draft.modules import hf_config as build_hf_config
+
+        self.source = source
+        self.path = local_path(source, revision, token)
+        config = read_config(self.path)
+        self.raw_config = config
+        self.spec: Spec = find_spec(config)
+        text = self.spec.text_config(config)
+        kwargs = {k: v for k, v in config.items() if k not in ("architectures", "model_type", "auto_map")}
+        # The spec names the transformers model type that parses this config (e.g. MiMo is Qwen2 in transformers),
+        # so no remote code is ever run.
+        hf_config = build_hf_config(self.spec.config.transformers_model_type, kwargs, f"{self.path}/config.json")
+        with quiet_transformers():  # the MTP keys are "unexpected" to the trunk class: expected here
+            self.model = AutoModelForCausalLM.from_pretrained(
+                str(self.path),
+                config=hf_config,
+                dtype=dtype,
+                device_map=device_map,
+                trust_remote_code=False,
+                use_safetensors=True,  # never fall back to pickles
+            )
+        if device_map is None:
+            self.model.to(device)
+        self.model.eval()
+        self.model.requires_grad_(False)  # frozen: no optimizer may ever update it
+        self.device = next(self.model.parameters()).device
+        self.num_layers = self.spec.num_layers(config)
+        self.hidden_size = int(text["hidden_size"])
+        self.vocab_size = int(text["vocab_size"])
+        decoder = self.model.get_decoder()
+        self._layers = decoder.layers
+        self._norm = decoder.norm
+        self.commit = commit_of(self.path)
+
+    # -- weights the drafts share --
+    def embedding(self) -> torch.Tensor:
+        return self.model.get_input_embeddings().weight
+
+    def lm_head(self) -> torch.Tensor:
+        return self.model.get_output_embeddings().weight
+
+    def fingerprint(self) -> str:
+        """sha256 over every parameter and buffer: proves the target was not written to."""
+        digest = hashlib.sha256()
+        for name, tensor in sorted(self.model.state_dict().items()):
+            digest.update(name.encode())
+            digest.update(tensor.detach().cpu().contiguous().view(torch.uint8).numpy().tobytes())
+        return digest.hexdigest()
+
+    # -- forward: the one way the frozen target is run (distill, dump-hidden, evaluate) --
+    def new_cache(self):
+        """An empty KV cache for `run(..., cache=...)` (incremental decoding)."""
+        from transformers import DynamicCache
+
+        return DynamicCache(config=self.model.config)
+
+    @torch.no_grad()  # not inference_mode: the draft's autograd graph takes these tensors as inputs
+    def run(
+        self,
+        input_ids: torch.Tensor,
+        attention_mask: torch.Tensor | None = None,
+        aux_layers: Sequence[int] | None = None,
+        want_final: bool = True,
+        final: str | None = None,
+        cache=None,
+    ) -> Features:
+        """Run the target over input_ids [B, T]; capture what the drafts read with forward hooks.
+
+        aux_layers: 0-based "output of layer i" ids (what EAGLE-3's fc fuses). final: which final hidden to capture,
+        `pre_norm` or `post_norm` (a native draft's `input_hidden`); default: the spec's `[layer] hidden`.
+        cache: None runs the whole batch; a `new_cache()` appends input_ids after the tokens it holds (decoding).
+        Returns Features with fp32 logits [B, T, V]. Nothing is written to the model: hooks only read outputs."""
+        captured: dict[str, torch.Tensor] = {}
+        hooks = []
+
+        def keep(name: str):
+            def hook(_module, _inputs, output):
+                captured[name] = (output[0] if isinstance(output, tuple) else output).detach()
+
+            return hook
+
+        for i in set(aux_layers or ()):
+            hooks.append(self._layers[i].register_forward_hook(keep(f"aux{i}")))
+        if want_final:
+            if (final or self.spec.layer.hidden) == "pre_norm":
+                hooks.append(self._layers[self.num_layers - 1].register_forward_hook(keep("final")))
+            else:
+                hooks.append(self._norm.register_forward_hook(keep("final")))
+        try:
+            out = self.model(
+                input_ids=input_ids.to(self.device),
+                attention_mask=attention_mask,
+                cache=cache,
+                use_cache=cache is not None,
+            )
+        finally:
+            for h in hooks:
+                h.remove()
+        aux = torch.cat([captured[f"aux{i}"] for i in aux_layers], dim=-1) if aux_layers else None
+        return Features(final=captured.get("final"), aux=aux, logits=out.logits.float())
+
+    features = run  # the name distillation and `dump-hidden` use: `run` over a whole batch (no cache)
+
+
+def commit_of(path: Path) -> str | None:
+    """The hub commit a snapshot directory belongs to (its folder name in the HF cache), else None."""
+    parts = path.resolve().parts
+    if len(parts) >= 2 and parts[-2] == "snapshots" and len(parts[-1]) == 40:
+        return parts[-1]
+    return None
+
+
+# ---- offline files ------------------------------------------------------------------------------------------------
+def dump_hidden_states(
+    target: TargetModel,
+    sequences: Sequence[dict[str, Any]],
+    out: str | Path,
+    aux_layers: Sequence[int] | None,
+    top_k: int = 64,
+    shard_size: int = 256,
+    overwrite: bool = False,
+    progress=lambda _: None,
+    final: str | None = None,
+) -> Path:
+    """Write what distillation reads into sharded safetensors files (schema: docs/formats.md, "hidden states").
+
+    final: which final hidden to store (`pre_norm` | `post_norm`, a native draft's `input_hidden`); default: the
+    spec's `[layer] hidden`.
+
+    Each sequence n is stored as `{n}.input_ids` [T] int64, `{n}.loss_mask` [T] bool, `{n}.final` [T, H],
+    `{n}.aux` [T, 3H] (when aux layers are given), `{n}.topk_logprobs` [T, k] fp32 and `{n}.topk_ids` [T, k] int64.
+    `shared.safetensors` holds the target's embedding and lm_head so distillation never loads the target."""
+    aux_layers = list(aux_layers or [])
+    with atomic_output_dir(out, overwrite) as tmp:
+        shards: list[dict[str, Any]] = []
+        buffer: dict[str, torch.Tensor] = {}
+        held: list[int] = []
+
+        def flush() -> None:
+            name = f"hidden-{len(shards):05d}.safetensors"
+            save_tensors(tmp / name, buffer)
+            shards.append({"file": name, "sequences": list(held)})
+            buffer.clear()
+            held.clear()
+
+        for n, seq in enumerate(sequences):
+            ids = torch.as_tensor(seq["input_ids"], dtype=torch.int64)[None]  # [1, T]
+            feats = target.features(ids, aux_layers=aux_layers or None, final=final)
+            if feats.logits is not None:
+                logprobs = torch.log_softmax(feats.logits[0], dim=-1)  # [T, V]
+                values, indices = logprobs.topk(min(top_k, logprobs.shape[-1]), dim=-1)  # [T, k]
+            else:  # an engine that returns its top-k log-probs only (engine_dump.VllmTarget)
+                values, indices = feats.topk_logprobs[0][:, :top_k], feats.topk_ids[0][:, :top_k]  # [T, k]
+            buffer[f"{n}.input_ids"] = ids[0]
+            buffer[f"{n}.loss_mask"] = torch.as_tensor(seq["loss_mask"], dtype=torch.bool)
+            buffer[f"{n}.final"] = feats.final[0].float().contiguous()
+            if feats.aux is not None:
+                buffer[f"{n}.aux"] = feats.aux[0].float().contiguous()
+            buffer[f"{n}.topk_logprobs"] = values.contiguous()
+            buffer[f"{n}.topk_ids"] = indices.contiguous()
+            held.append(n)
+            if len(held) == shard_size or n == len(sequences) - 1:
+                flush()
+            if (n + 1) % 50 == 0 or n == len(sequences) - 1:
+                progress(f"dumped {n + 1}/{len(sequences)} sequences")
+        save_tensors(tmp / SHARED_FILE, {"embed": target.embedding().float(), "lm_head": target.lm_head().float()})
+        write_json(
+            tmp / MANIFEST,
+            {
+                "schema_version": HIDDEN_SCHEMA_VERSION,
+                "target": target.source,
+                "target_commit": target.commit,
+                "target_config": target.raw_config,
+                "spec": target.spec.name,
+                "final": final or target.spec.layer.hidden,
+                "aux_layer_ids": aux_layers,
+                "top_k": top_k,
+                "num_sequences": len(sequences),
+                "hidden_size": target.hidden_size,
+                "vocab_size": target.vocab_size,
+                "shards": shards,
+            },
+        )
+    return Path(out)
+
+
+class OfflineHiddenStates:
+    """Reads a `dump-hidden` directory; serves `Features` for batches of stored sequences."""
+
+    def __init__(self, path: str | Path) -> None:
+        self.path = Path(path)
+        manifest = self.path / MANIFEST
+        if not manifest.is_file():
+            raise DataError(f"{self.path} has no {MANIFEST}: not a dump-hidden directory")
+        self.manifest = json.loads(manifest.read_text())
+        if self.manifest.get("schema_version") != HIDDEN_SCHEMA_VERSION:
+            raise DataError(f"{manifest}: schema_version {self.manifest.get('schema_version')} is not supported")
+        self.where = {n: s["file"] for s in self.manifest["shards"] for n in s["sequences"]}
+        self.raw_config = self.manifest["target_config"]
+        self.aux_layers = list(self.manifest["aux_layer_ids"])
+        self.vocab_size = int(self.manifest["vocab_size"])
+        self.hidden_size = int(self.manifest["hidden_size"])
+        self.source = self.manifest["target"]
+        self.commit = self.manifest.get("target_commit")
+        with safe_open(str(self.path / SHARED_FILE), "pt") as fh:
+            self._embed, self._head = fh.get_tensor("embed"), fh.get_tensor("lm_head")
+
+    def __len__(self) -> int:
+        return int(self.manifest["num_sequences"])
+
+    def embedding(self) -> torch.Tensor:
+        return self._embed
+
+    def lm_head(self) -> torch.Tensor:
+        return self._head
+
+    def sequence(self, n: int) -> dict[str, torch.Tensor]:
+        with safe_open(str(self.path / self.where[n]), "pt") as fh:
+            names = list(fh.keys())  # noqa: SIM118 - safe_open handles are not iterable
+            return {k.split(".", 1)[1]: fh.get_tensor(k) for k in names if k.split(".")[0] == str(n)}
+
+    def iter_sequences(self) -> Iterator[dict[str, torch.Tensor]]:
+        for n in range(len(self)):
+            yield self.sequence(n)
+
+
+def pad_stack(tensors: list[torch.Tensor], length: int, value: float = 0) -> torch.Tensor:
+    """Right-pad [T_i, ...] tensors to `length` and stack: [B, length, ...]."""
+    out = tensors[0].new_full((len(tensors), length, *tensors[0].shape[1:]), value)
+    for i, t in enumerate(tensors):
+        out[i, : t.shape[0]] = t[:length]
+    return out
+
+
+def offline_features(store: OfflineHiddenStates, indices: Sequence[int], length: int) -> tuple[dict, Features]:
+    """A padded batch of stored sequences: ({input_ids, loss_mask, attention_mask}, Features)."""
+    seqs = [store.sequence(int(i)) for i in indices]
+    lengths = [min(s["input_ids"].shape[0], length) for s in seqs]
+    t = max(lengths)
+    batch = {
+        "input_ids": pad_stack([s["input_ids"] for s in seqs], t),
+        "loss_mask": pad_stack([s["loss_mask"] for s in seqs], t, False),
+        "attention_mask": pad_stack([torch.ones(n, dtype=torch.int64) for n in lengths], t),
+    }
+    features = Features(
+        final=pad_stack([s["final"] for s in seqs], t),
+        aux=pad_stack([s["aux"] for s in seqs], t) if "aux" in seqs[0] else None,
+        topk_logprobs=pad_stack([s["topk_logprobs"] for s in seqs], t, -math.inf),
+        topk_ids=pad_stack([s["topk_ids"] for s in seqs], t),
+    )
+    return batch, features

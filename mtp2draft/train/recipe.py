@@ -1,0 +1,595 @@
+"""Stage 2: fine-tune a draft against the frozen target with training-time test (TTT), as a recipe.
+
+`distill()` runs `DistillRecipe` in torchtune's shape, each part one method:
+- `check_outputs` / `check_memory`: refuse a run before anything loads (an --out we did not write, stale
+  checkpoints, a memory plan the device cannot hold);
+- `setup_model`: the draft, trained for the chosen engine's computation;
+- `setup_data`: the teacher (online target + examples, or `dump-hidden` files; `teacher.py`);
+- `setup_draft`: EAGLE-3 draft vocabulary and calibration on fresh runs (`calibrate.py`), or the checkpoint's shape
+  on resumed ones;
+- `setup_optimizer`: subset freezing, activation checkpointing, FSDP2, compile, then AdamW (built once) and the
+  checkpoint's state;
+- `train`: the loop (the math is `ttt.py`), logging and periodic checkpoints (`distill_state.py`);
+- `save`: the draft directory and its provenance, written by rank 0.
+
+Both draft kinds go through the same loop; nothing here depends on the family (the spec and the draft module carry
+that). The target is never written: its parameters are frozen, no optimizer sees them, and its weight hash is
+checked before the result is written.
+
+What this module does not do: the TTT math (`ttt.py`), measure acceptance (`evaluate.py`), read checkpoints of the
+target (`checkpoint.py`), or shard and checkpoint by itself (`parallel.py`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import math
+import os
+import shutil
+import sys
+import time
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from mtp2draft._version import __version__
+from mtp2draft.draft.modules import Eagle3Draft, NativeMtpDraft, load_draft, read_draft_config
+from mtp2draft.draft_config import HANDOVERS
+from mtp2draft.errors import DataError, DraftError, OptionError
+from mtp2draft.family.spec import ENGINES, get_spec
+from mtp2draft.io import Progress, check_output_dir, claim_output
+from mtp2draft.kinds import DraftKind
+from mtp2draft.redact import command_line
+from mtp2draft.train import memory, parallel
+from mtp2draft.train.calibrate import (
+    calibrate_pending,
+    choose_and_narrow,
+    choose_draft_vocab,
+    narrow_vocab,
+    token_counts,
+)
+from mtp2draft.train.parallel import Parallel
+from mtp2draft.train.state import (
+    latest_checkpoint,
+    load_checkpoint,
+    save_checkpoint,
+    settings_hash,
+    write_result,
+)
+from mtp2draft.train.teacher import Teacher, offline_teacher, online_teacher
+from mtp2draft.train.ttt import StepStats, draft_target_ids, ttt_forward, ttt_mask
+
+
+@dataclass
+class DistillConfig:
+    steps: int = 300
+    ttt_steps: int = 3
+    lr: float = 1e-4  # SpecForge's EAGLE-3 recipe; tiny targets (tests, demo) want ~1e-3
+    batch_size: int = 8
+    max_length: int = 256
+    draft_vocab_size: int | None = None
+    seed: int = 0
+    step_weights: list[float] | None = None
+    """Loss weight of each TTT step; default 0.8**s (EAGLE-3)."""
+    warmup_steps: int | None = None
+    """Default: 5 % of the steps."""
+    weight_decay: float = 0.0
+    grad_clip: float = 0.5
+    save_every: int = 50
+    log_every: int = 10
+    engine: str | None = None
+    """Train for what this engine (`spec.ENGINES`) computes with the family: for native MTP drafts its step-0
+    hidden, final norm and hand-over (the spec's `[engines.<engine>]`); refused when the engine cannot serve the
+    draft's kind for this family. None keeps the draft's setting."""
+    hidden_handover: str | None = None
+    """Native MTP drafts: the hidden handed to the next step, overriding the engine's (`post_norm` | `pre_norm`).
+    None: the engine's, or the draft's setting."""
+    precision: str | None = None
+    """fp32 or bf16 (see parallel.PRECISIONS); None: bf16 on CUDA, fp32 elsewhere."""
+    train_subset: str = "all"
+    """Which parameters train (parallel.TRAIN_SUBSETS); the rest stay frozen."""
+    activation_checkpointing: bool = False
+    """Recompute the block's MLP in backward (saves its activations; the math is unchanged)."""
+    compile: bool = False
+    """torch.compile the draft's block (GPU runs; the math is unchanged up to kernel rounding)."""
+
+    def __post_init__(self) -> None:
+        """Refuse values that would crash later or silently train nothing (one line each, before any work)."""
+        for name in ("steps", "ttt_steps", "batch_size", "save_every", "log_every"):
+            value = getattr(self, name)
+            least = 0 if name == "steps" else 1  # 0 steps: calibrate an EAGLE-3 draft only (distill checks it)
+            if isinstance(value, bool) or not isinstance(value, int) or value < least:
+                raise OptionError(f"--{name.replace('_', '-')} must be a whole number >= {least}, got {value!r}")
+        if isinstance(self.max_length, bool) or not isinstance(self.max_length, int) or self.max_length < 2:
+            raise OptionError(f"--max-length must be a whole number >= 2, got {self.max_length!r}")
+        for name in ("lr", "grad_clip"):
+            value = getattr(self, name)
+            if not isinstance(value, int | float) or not math.isfinite(value) or value <= 0:
+                raise OptionError(f"--{name.replace('_', '-')} must be a finite number > 0, got {value!r}")
+        if not math.isfinite(self.weight_decay) or self.weight_decay < 0:
+            raise OptionError(f"weight_decay must be a finite number >= 0, got {self.weight_decay!r}")
+        if self.draft_vocab_size is not None and self.draft_vocab_size < 1:
+            raise OptionError(f"--draft-vocab-size must be >= 1, got {self.draft_vocab_size}")
+        if self.warmup_steps is not None and self.warmup_steps < 0:
+            raise OptionError(f"warmup_steps must be >= 0, got {self.warmup_steps}")
+        if self.step_weights is not None:
+            if len(self.step_weights) != self.ttt_steps:
+                raise OptionError(f"--step-weights has {len(self.step_weights)} values for {self.ttt_steps} TTT steps")
+            if not all(math.isfinite(w) and w >= 0 for w in self.step_weights) or not any(self.step_weights):
+                raise OptionError(f"--step-weights must be finite, >= 0 and not all zero, got {self.step_weights}")
+
+    def weights(self) -> list[float]:
+        if self.step_weights:
+            return list(self.step_weights)
+        return [0.8**s for s in range(self.ttt_steps)]
+
+
+@dataclass
+class DistillResult:
+    out: Path
+    steps: int
+    seconds: float
+    per_step_accuracy: list[float]
+    history: list[dict[str, Any]] = field(default_factory=list)
+    resumed_from: int | None = None
+    is_main: bool = True
+    """False on ranks other than 0 under torchrun: they wrote nothing and should print nothing."""
+
+
+def _lr(step: int, cfg: DistillConfig) -> float:
+    warm = cfg.warmup_steps if cfg.warmup_steps is not None else max(1, cfg.steps // 20)
+    if step < warm:
+        return cfg.lr * (step + 1) / warm
+    progress = (step - warm) / max(1, cfg.steps - warm)
+    return cfg.lr * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(progress, 1.0))))
+
+
+@dataclass
+class DistillJob:
+    """What one `distill()` call was asked to do, besides the training settings (`DistillConfig`)."""
+
+    draft_dir: str | Path
+    out: Path
+    data: str | Path | None = None
+    target: str | None = None
+    hidden_states: str | Path | None = None
+    revision: str | None = None
+    token: str | bool | None = None
+    resume: bool = False
+    overwrite: bool = False
+    regenerate_data: bool = False
+    sample: bool = False
+    skip_bad: bool = False
+    checkpoint_dir: str | Path | None = None
+    progress: Progress = lambda _: None
+    stop_after: int | None = None
+    progress_bar: bool = False
+
+    @property
+    def inputs(self) -> list:
+        return [self.draft_dir, self.target, self.data, self.hidden_states]
+
+    @property
+    def checkpoints(self) -> Path:
+        if self.checkpoint_dir:
+            return Path(self.checkpoint_dir)
+        return self.out.parent / f"{Path(os.path.abspath(self.out)).name}.checkpoints"
+
+
+def distill(
+    draft_dir: str | Path,
+    out: str | Path,
+    data: str | Path | None = None,
+    target: str | None = None,
+    hidden_states: str | Path | None = None,
+    config: DistillConfig | None = None,
+    revision: str | None = None,
+    token: str | bool | None = None,
+    resume: bool = False,
+    overwrite: bool = False,
+    regenerate_data: bool = False,
+    sample: bool = False,
+    skip_bad: bool = False,
+    checkpoint_dir: str | Path | None = None,
+    device: str = "cpu",
+    progress: Progress = lambda _: None,
+    stop_after: int | None = None,
+    progress_bar: bool = False,
+) -> DistillResult:
+    """Fine-tune the draft in `draft_dir` against the frozen target; write the result to `out`.
+
+    Data comes either from `data` + the online `target`, or from a `dump-hidden` directory (`hidden_states`).
+    `stop_after` ends the run after that many steps without writing `out` (checkpoints stay): for tests.
+    Under torchrun every rank calls this; the global batch is split between them and rank 0 logs and writes
+    (see parallel.py)."""
+    cfg = config or DistillConfig()
+    owned = not torch.distributed.is_initialized()
+    par = Parallel.from_env(device)
+    job = DistillJob(
+        draft_dir, Path(out), data, target, hidden_states, revision, token, resume, overwrite, regenerate_data,
+        sample, skip_bad, checkpoint_dir, progress if par.is_main else (lambda _: None), stop_after,
+        progress_bar and par.is_main,
+    )  # fmt: skip
+    try:
+        return DistillRecipe(par, cfg, job).run()
+    finally:
+        if owned:
+            par.close()
+
+
+class DistillRecipe:
+    """One distillation run on this rank (see the module docstring for the order of its parts)."""
+
+    def __init__(self, par: Parallel, cfg: DistillConfig, job: DistillJob) -> None:
+        self.par, self.cfg, self.job = par, cfg, job
+        self.device = par.device
+        self.precision = parallel.resolve_precision(cfg.precision, par.device)
+        self.progress = job.progress
+        self.weights = cfg.weights()
+        self.latest: Path | None = None  # the checkpoint a resumed run starts from
+        self.calibration: dict | None = None
+        self.history: list[dict[str, Any]] = []
+        self.start = 0
+
+    def run(self) -> DistillResult:
+        """The whole run holds the claim on --out (rank 0, which writes): a second run into it is refused at once,
+        not after hours of training, and the two can never share its checkpoints."""
+        check_output_dir(self.job.out, self.job.overwrite, self.job.inputs)  # refused before anything is claimed
+        with claim_output(self.job.out) if self.par.is_main else contextlib.nullcontext():
+            return self._run()
+
+    def _run(self) -> DistillResult:
+        self.check_outputs()
+        self.check_memory()
+        self.setup_model()
+        self.started = time.perf_counter()
+        self.setup_data()
+        self.setup_draft()
+        self.setup_optimizer()
+        end = self.cfg.steps if self.job.stop_after is None else min(self.cfg.steps, self.start + self.job.stop_after)
+        self.train(end)
+        if end < self.cfg.steps:  # stopped early on purpose: checkpoints stay, nothing is written
+            return DistillResult(
+                self.job.out, end, time.perf_counter() - self.started, [], self.history, self.start or None
+            )
+        return self.save()
+
+    # -- before anything loads --
+    def check_outputs(self) -> None:
+        """--resume continues from checkpoints; it never stands in for --overwrite: an existing --out is only
+        replaced with --overwrite, and only when mtp2draft wrote it."""
+        job, par, ckpt = self.job, self.par, self.job.checkpoints
+        if self.cfg.batch_size < par.world:
+            raise DataError(
+                f"--batch-size {self.cfg.batch_size} is the global batch: it must be at least the {par.world} ranks"
+            )
+        check_output_dir(job.out, job.overwrite, job.inputs)
+        check_output_dir(ckpt, True, job.inputs)  # --overwrite or --resume never touch a directory we did not write
+        if not job.resume and latest_checkpoint(ckpt) is not None:
+            if not job.overwrite:
+                raise DraftError(
+                    f"{ckpt} holds checkpoints of an earlier run: pass --resume to continue it, or --overwrite to "
+                    "start over"
+                )
+            parallel.run_main_only(par, lambda: shutil.rmtree(ckpt, ignore_errors=True))
+
+    def check_memory(self) -> None:
+        """The memory plan, from the draft's config alone, printed; refused when the device cannot hold it."""
+        cfg = self.cfg
+        mem = memory.plan(
+            read_draft_config(self.job.draft_dir),
+            self.par.world,
+            self.precision,
+            cfg.batch_size,
+            cfg.max_length,
+            cfg.ttt_steps,
+            cfg.train_subset,
+            cfg.activation_checkpointing,
+            online_logits=self.job.hidden_states is None,
+        )
+        self.progress(f"{memory.render([mem])}")
+        local_world = int(os.environ.get("LOCAL_WORLD_SIZE", self.par.world))
+        reason = memory.check_fits(mem, self.device, local_world if self.device == "cpu" else 1)
+        if reason:
+            raise DraftError(reason)
+
+    # -- setup --
+    def setup_model(self) -> None:
+        torch.manual_seed(self.cfg.seed)
+        self.draft = load_draft(self.job.draft_dir).to(self.device)
+        configure_draft(self.draft, self.cfg)
+
+    def setup_data(self) -> None:
+        job, cfg, draft = self.job, self.cfg, self.draft
+        if job.hidden_states is not None:
+            self.teacher: Teacher = offline_teacher(job.hidden_states, draft)
+        else:
+            # regenerate only what this run will see: one pass of steps x batch size examples (data order is seeded)
+            regen = max(cfg.steps * cfg.batch_size, cfg.batch_size) if job.regenerate_data else None
+            self.teacher = online_teacher(
+                draft, job.draft_dir, job.data, job.target, job.revision, job.token, self.device, cfg.max_length,
+                job.skip_bad, regen, job.sample, cfg.seed, self.progress,
+            )  # fmt: skip
+        self.fingerprint = self.teacher.fingerprint()
+        draft.attach_target(self.teacher.embed.to(self.device), self.teacher.head.to(self.device))
+        self.settings = {
+            **asdict(cfg),
+            "precision": self.precision,
+            "kind": draft.kind,
+            "draft": str(job.draft_dir),
+            "data_hash": self.teacher.data_hash,
+            "target": self.teacher.source,
+        }
+
+    def batch(self, step: int, final: bool = False, whole: bool = False):
+        """Step `step`'s batch and features: this rank's rows of the global batch (all of it when `whole`)."""
+        cfg, n = self.cfg, self.cfg.batch_size
+        rows = slice(None) if whole else self.par.rows(n)
+        return self.teacher.batch(self.draft, step, n, cfg.seed, cfg.max_length, rows, self.device, final)
+
+    def setup_draft(self) -> None:
+        """Draft vocabulary and calibration on a fresh run; a resumed run finds them in its checkpoint."""
+        job, draft = self.job, self.draft
+        self.latest = latest_checkpoint(job.checkpoints) if job.resume else None
+        if job.resume and self.latest is None:
+            self.progress(f"no checkpoint in {job.checkpoints}: starting from step 0")
+        fresh = self.latest is None
+        choose_and_narrow(
+            draft, self.cfg.draft_vocab_size, self.teacher.examples, self.teacher.head, self.progress, fresh
+        )
+        if fresh:  # every rank fits the same, on the whole batch
+            first = lambda: self.batch(0, final=True, whole=True)  # noqa: E731
+            self.calibration = calibrate_pending(draft, job.draft_dir, first, self.teacher.embed, self.progress)
+        if self.cfg.steps == 0 and self.calibration is None:
+            raise OptionError(
+                "--steps 0 would write an untrained draft: 0 steps only calibrate an EAGLE-3 draft converted from MTP"
+            )
+        if not fresh:
+            self._take_checkpoint_shape()
+
+    def _take_checkpoint_shape(self) -> None:
+        """Refuse a checkpoint written with other settings; give the draft the vocabulary it was narrowed to."""
+        state = json.loads((self.latest / parallel.STATE_FILE).read_text())
+        if state.get("settings_hash") != settings_hash(self.settings):
+            raise DraftError(
+                f"{self.latest} was written with other settings: resume with the same options or start over"
+            )
+        if state["draft_config"].get("draft_vocab_size") != getattr(self.draft, "draft_vocab_size", None):
+            # the checkpoint narrowed the vocabulary: rebuild the head to its size before loading weights
+            vd = int(state["draft_config"]["draft_vocab_size"])
+            narrow_vocab(self.draft, torch.arange(vd), self.teacher.head.float())
+        if isinstance(self.draft, Eagle3Draft):
+            self.draft.eagle_config.update(state["draft_config"])
+
+    def setup_optimizer(self) -> None:
+        """Subset, activation checkpointing, FSDP2, compile; then AdamW over the trainable parameters, loaded from
+        the checkpoint on a resumed run."""
+        cfg = self.cfg
+        self.model, self.autocast = _prepare(self.draft, cfg, self.par, self.precision, self.progress)
+        self.params = self.draft.trainable_parameters()
+        self.optimizer = torch.optim.AdamW(self.params, lr=cfg.lr, betas=(0.9, 0.95), weight_decay=cfg.weight_decay)
+        if self.latest is not None:
+            meta = load_checkpoint(self.latest, self.draft, self.optimizer, self.par)
+            self.start = int(meta["step"])
+            self.history = meta.get("history", [])
+            written = f" (written by {meta['world_size']} rank(s))" if self.par.distributed else ""
+            self.progress(f"resuming from {self.latest.name}{written}")
+        self.vocab_ids = draft_target_ids(self.draft)
+
+    # -- the loop --
+    def train_step(self, step: int) -> StepStats:
+        """One optimizer step on step `step`'s batch; the stats are the global batch's."""
+        batch, feats = self.batch(step)
+        for group in self.optimizer.param_groups:
+            group["lr"] = _lr(step, self.cfg)
+        with self.autocast():
+            stats = ttt_forward(
+                self.model,
+                feats,
+                batch["input_ids"].to(self.device),
+                batch["loss_mask"].to(self.device),
+                self.cfg.ttt_steps,
+                self.weights,
+                self.vocab_ids,
+            )
+        loss = stats.loss
+        if self.par.distributed:
+            stats, loss = _global_stats(stats, self.weights, self.par)
+        self.optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(self.params, self.cfg.grad_clip)
+        self.optimizer.step()
+        return stats
+
+    def train(self, end: int) -> None:
+        """Steps `self.start` .. `end`: log every `log_every` steps, checkpoint every `save_every` (not the last)."""
+        cfg, log = self.cfg, self.progress
+        self.draft.train()
+        bar = None
+        if self.job.progress_bar:
+            from huggingface_hub.utils import tqdm
+
+            bar = tqdm(
+                total=cfg.steps, initial=self.start, desc="distill", unit="step", file=sys.stderr, dynamic_ncols=True
+            )
+            log = bar.write  # log lines above the bar, not through it
+        window: list[list[float]] = []
+        for step in range(self.start, end):
+            stats = self.train_step(step)
+            acc = [c / max(n, 1) for c, n in zip(stats.per_step_correct, stats.per_step_count, strict=True)]
+            window.append(acc)
+            if bar is not None:
+                bar.set_postfix_str(f"loss {stats.loss.item():.3f} top-1 " + " ".join(f"{a:.2f}" for a in acc))
+                bar.update(1)
+            if (step + 1) % cfg.log_every == 0 or step + 1 == cfg.steps:
+                mean = [sum(a[s] for a in window) / len(window) for s in range(cfg.ttt_steps)]
+                self.history.append({"step": step + 1, "loss": stats.loss.item(), "accuracy": mean})
+                log(
+                    f"step {step + 1}/{cfg.steps}  loss {stats.loss.item():.4f}  top-1 per step "
+                    + " ".join(f"{a:.2f}" for a in mean)
+                    + f"  ({time.perf_counter() - self.started:.0f} s)"
+                )
+                window = []
+            if (step + 1) % cfg.save_every == 0 and step + 1 < cfg.steps:
+                meta = {"settings_hash": settings_hash(self.settings), "history": self.history}
+                save_checkpoint(self.job.checkpoints, step + 1, self.draft, self.optimizer, meta, self.par)
+        if bar is not None:
+            bar.close()
+
+    # -- the result --
+    def save(self) -> DistillResult:
+        """Check the target is unchanged, gather the draft, and (rank 0) write it with its provenance."""
+        job, par, cfg = self.job, self.par, self.cfg
+        if self.fingerprint is not None and self.teacher.fingerprint() != self.fingerprint:
+            raise RuntimeError("the target's weights changed during distillation: this is a bug")
+        seconds = time.perf_counter() - self.started
+        final_acc = self.history[-1]["accuracy"] if self.history else []
+        resumed = self.start or None
+        state = parallel.full_state_dict(self.draft, par)  # collective: every rank takes part
+        if not par.is_main:
+            par.barrier()  # rank 0 writes the result, then everyone returns
+            return DistillResult(job.out, cfg.steps, seconds, final_acc, self.history, resumed, is_main=False)
+        info = {
+            "settings": self.settings,
+            "target_commit": self.teacher.commit,
+            "steps": cfg.steps,
+            "seconds": round(seconds, 1),
+            "final_accuracy_per_step": final_acc,
+            "calibration": self.calibration,
+            "history": self.history,
+            "resumed_from_step": resumed,
+            "command": command_line(),
+            "version": __version__,
+            "world_size": par.world,
+        }
+        write_result(self.draft, job.draft_dir, job.out, job.overwrite, info, state)
+        shutil.rmtree(job.checkpoints, ignore_errors=True)
+        par.barrier()
+        return DistillResult(job.out, cfg.steps, seconds, final_acc, self.history, resumed)
+
+
+def configure_draft(draft, cfg: DistillConfig) -> None:
+    """Train for `--engine`'s computation and `--hidden-handover`, refused where they do not apply."""
+    kind = draft.kind
+    spec_name = getattr(getattr(draft, "spec", None), "name", None) or (
+        (getattr(draft, "eagle_config", {}) or {}).get("mtp2draft") or {}
+    ).get("spec")
+    check_training_settings(kind, get_spec(spec_name) if spec_name else None, cfg)
+    if cfg.engine is not None and kind == DraftKind.MTP:
+        draft.train_for_engine(cfg.engine)
+    if cfg.hidden_handover is not None:
+        draft.hidden_handover = cfg.hidden_handover
+
+
+def check_training_settings(kind: str, spec: Any, cfg: DistillConfig) -> None:
+    """`--engine` and `--hidden-handover` make sense for a draft of `kind` for `spec`'s family (None: the draft
+    names none): distill checks it on the loaded draft, `run` before anything is fetched."""
+    if cfg.engine is not None:
+        if spec is None:
+            raise DataError("--engine needs a draft converted by mtp2draft (its config names the target's spec)")
+        if cfg.engine not in ENGINES:
+            raise DataError(f"--engine must be one of {', '.join(ENGINES)}, got {cfg.engine!r}")
+        if not spec.serves(cfg.engine, kind):
+            facts = spec.engine(cfg.engine)
+            raise DataError(
+                f"{cfg.engine} {facts.version if facts else ''} cannot serve a {kind} draft for {spec.name} targets "
+                f"(spec {spec.path}: [engines.{cfg.engine}] methods = {list(facts.methods) if facts else []})"
+            )
+    if cfg.hidden_handover is not None:
+        if kind != DraftKind.MTP:
+            raise DataError(
+                "--hidden-handover applies to native MTP drafts (EAGLE-3 always hands on the pre-norm output)"
+            )
+        if cfg.hidden_handover not in HANDOVERS:
+            raise DataError(f"--hidden-handover must be {' or '.join(HANDOVERS)}, got {cfg.hidden_handover!r}")
+
+
+def plan_memory(
+    draft_dir: str | Path,
+    config: DistillConfig | None = None,
+    world: int | None = None,
+    device: str = "cpu",
+    offline: bool = False,
+) -> list[memory.MemoryPlan]:
+    """`distill --plan`: the per-rank memory plan of every trainable subset, side by side, from the draft's
+    config.json alone (the chosen --train-subset first). World size: `world`, else torchrun's, else 1."""
+    cfg = config or DistillConfig()
+    if world is not None and (isinstance(world, bool) or world < 1):
+        raise OptionError(f"--world-size must be a whole number >= 1, got {world}")
+    world = world or int(os.environ.get("WORLD_SIZE", 1))
+    precision = parallel.resolve_precision(cfg.precision, device)
+    draft_config = read_draft_config(draft_dir)
+    subsets = [cfg.train_subset] + [s for s in parallel.TRAIN_SUBSETS if s != cfg.train_subset]
+    return [
+        memory.plan(
+            draft_config,
+            world,
+            precision,
+            cfg.batch_size,
+            cfg.max_length,
+            cfg.ttt_steps,
+            s,
+            cfg.activation_checkpointing,
+            online_logits=not offline,
+        )
+        for s in subsets
+    ]
+
+
+def _prepare(draft, cfg: DistillConfig, par: Parallel, precision: str, progress: Progress):
+    """Subset, activation checkpointing, FSDP2 and compile, in that order, on the loaded (and narrowed) draft.
+
+    Returns (the module ttt_forward calls, a context manager for the step: autocast for one-process bf16)."""
+    frozen = parallel.freeze_subset(draft, cfg.train_subset)
+    if frozen:
+        progress(f"--train-subset {cfg.train_subset}: {len(frozen)} parameter tensor(s) frozen")
+    if cfg.activation_checkpointing:
+        parallel.checkpoint_mlp(draft)
+    autocast = contextlib.nullcontext
+    if par.distributed:
+        parallel.broadcast_parameters(draft, par)
+        units = parallel.shard(draft, par, precision)
+        progress(f"FSDP2 over {par.world} rank(s): units {', '.join(units) or '(root only)'} + root; {precision}")
+    elif precision == "bf16":
+        device_type = torch.device(par.device).type
+
+        def autocast():
+            return torch.autocast(device_type, dtype=torch.bfloat16)
+
+    if cfg.compile:
+        parallel.draft_block(draft).compile()
+    return draft, autocast
+
+
+def _global_stats(stats: StepStats, weights: Sequence[float], par: Parallel) -> tuple[StepStats, torch.Tensor]:
+    """Stats over the global batch, and the loss this rank back-propagates.
+
+    The 1-rank loss is sum_s w_s * S_s / n_s (S_s: KL summed over the batch's valid tokens, n_s: their count). Each
+    rank holds its rows' part of S_s; with the GLOBAL n_s, sum over ranks of the rank losses is the 1-rank loss, and
+    FSDP averages gradients over ranks, hence the factor N."""
+    k = len(weights)
+    counts = par.sum(stats.per_step_count + stats.per_step_correct + [float(x.detach()) for x in stats.per_step_sum])
+    n, correct, sums = counts[:k], counts[k : 2 * k], counts[2 * k :]
+    loss = sum(weights[s] * stats.per_step_sum[s] / max(n[s], 1.0) for s in range(k)) * par.world
+    per_step = [sums[s] / max(n[s], 1.0) for s in range(k)]
+    total = torch.tensor(sum(weights[s] * per_step[s] for s in range(k)))
+    out = StepStats(total, per_step, [int(c) for c in correct], [int(c) for c in n])
+    return out, loss
+
+
+# Re-exported for callers that imported them from here before the split (scripts/bench_acceptance.py, tests).
+__all__ = [
+    "DistillConfig",
+    "DistillRecipe",
+    "distill",
+    "plan_memory",
+    "ttt_forward",
+    "ttt_mask",
+    "NativeMtpDraft",
+    "choose_draft_vocab",
+    "token_counts",
+]

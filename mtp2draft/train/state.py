@@ -1,0 +1,82 @@
+"""What a distill run writes: resumable checkpoints, the guard that a resume uses the same settings, the result.
+
+- checkpoints: `torch.distributed.checkpoint` folders through `parallel.save` / `parallel.load` (one process or
+  many; any world size loads them), with the draft's config and the settings hash in their `state.json`;
+- the result: the fine-tuned draft in the same format as its input (dtype of the input's `torch_dtype`), its
+  provenance extended with a `distill` section; written atomically.
+
+What this module does not do: decide when to save (the recipe in `distill.py`) or shard anything (`parallel.py`).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from mtp2draft.draft.modules import Eagle3Draft, read_draft_config, without_identity_maps
+from mtp2draft.io import atomic_output_dir, save_tensors, write_json
+from mtp2draft.kinds import CONFIG_FILE, PROVENANCE_FILE, WEIGHTS_FILE
+from mtp2draft.train import parallel
+from mtp2draft.train.parallel import Parallel
+
+
+def settings_hash(settings: dict[str, Any]) -> str:
+    # neither changes the math, so a run may resume with or without them
+    skip = ("save_every", "log_every", "steps", "compile", "activation_checkpointing")
+    keep = {k: v for k, v in settings.items() if k not in skip}
+    return hashlib.sha256(json.dumps(keep, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+
+def save_checkpoint(
+    folder: Path, step: int, draft, optimizer: torch.optim.Optimizer, meta: dict[str, Any], par: Parallel | None = None
+) -> None:
+    """Atomically write step `step` (weights, AdamW moments, progress) and keep the two newest.
+
+    torch.distributed.checkpoint, keyed by parameter name, on one process or many (see parallel.py): a checkpoint
+    loads on any world size."""
+    parallel.save(folder, step, draft, optimizer, {**meta, "draft_config": draft.draft_config()}, par or Parallel())
+
+
+def latest_checkpoint(folder: Path) -> Path | None:
+    done = sorted(p for p in folder.glob("step-*") if (p / parallel.STATE_FILE).is_file())
+    return done[-1] if done else None
+
+
+def load_checkpoint(path: Path, draft, optimizer: torch.optim.Optimizer, par: Parallel | None = None) -> dict[str, Any]:
+    return parallel.load(path, draft, optimizer, par or Parallel())
+
+
+def write_result(
+    draft,
+    draft_dir: str | Path,
+    out: Path,
+    overwrite: bool,
+    info: dict[str, Any],
+    full_state: dict[str, torch.Tensor] | None = None,
+) -> None:
+    """The fine-tuned draft in the same format as its input, provenance extended with a `distill` section.
+
+    full_state: the gathered state dict of a sharded draft (parallel.full_state_dict); else draft.state_dict()."""
+    src_cfg = read_draft_config(draft_dir)
+    prov_path = Path(draft_dir) / PROVENANCE_FILE
+    provenance = json.loads(prov_path.read_text()) if prov_path.is_file() else {}
+    provenance["distill"] = info
+    dtype = {"float32": torch.float32, "float16": torch.float16}.get(src_cfg.get("torch_dtype"), torch.bfloat16)
+    buffers = {k for k, _ in draft.named_buffers()}
+    state = {
+        k: (v.to(dtype) if v.is_floating_point() and k not in buffers else v).detach().cpu().contiguous()
+        for k, v in (full_state if full_state is not None else draft.state_dict()).items()
+    }
+    if isinstance(draft, Eagle3Draft):
+        config = {**src_cfg, **draft.draft_config()}
+        state = without_identity_maps(state, draft.vocab_size, draft.draft_vocab_size)
+    else:
+        config = {**src_cfg, **draft.computation(), "engine": draft.engine}
+    with atomic_output_dir(out, overwrite, inputs=[draft_dir]) as tmp:
+        save_tensors(tmp / WEIGHTS_FILE, state, {"format": "pt"})
+        write_json(tmp / CONFIG_FILE, config)
+        write_json(tmp / PROVENANCE_FILE, provenance)
