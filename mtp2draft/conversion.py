@@ -45,7 +45,7 @@ from mtp2draft.draft.modules import (
 )
 from mtp2draft.eagle3.transfer import Eagle3Build
 from mtp2draft.eagle3.transforms import EAGLE3_TRANSFORMS, check_eagle3_transforms
-from mtp2draft.errors import CheckpointError, ShallowTargetError, SourceError
+from mtp2draft.errors import CheckpointError, OptionError, ShallowTargetError, SourceError
 from mtp2draft.family.spec import Spec, find_spec
 from mtp2draft.family.transforms import LOAD_TRANSFORMS
 from mtp2draft.io import (
@@ -229,14 +229,16 @@ def convert(
     to = DraftKind(to)
     if dtype not in TORCH_DTYPES:
         raise SourceError(f"--dtype must be one of {', '.join(TORCH_DTYPES)}, got {dtype!r}")
+    if aux_layers and to != DraftKind.EAGLE3:
+        raise OptionError(f"--aux-layers applies to --to eagle3 (a {to} draft reads the target's final hidden)")
     check_output_dir(out, overwrite, inputs=[source])
     started = time.perf_counter()
     progress(f"resolving {source}")
     ckpt = open_checkpoint(source, revision, token)
     spec = find_spec(ckpt.config)
     layer, count = resolve_layer(ckpt, spec, layer)
-    if to == DraftKind.EAGLE3 and not aux_layers:
-        default_aux_layers(spec.num_layers(ckpt.config))  # a too-shallow target is refused before any byte is read
+    if to == DraftKind.EAGLE3:  # a too-shallow target or ids beyond it are refused before any byte is read
+        _aux_layers(spec.num_layers(ckpt.config), aux_layers)
     progress(f"{spec.name}: MTP layer {layer} of {count}; reading shard headers")
     plan = plan_mtp_layer(ckpt, spec, layer)
     check_weight_dtypes(ckpt, plan.checkpoint_keys)
@@ -254,6 +256,8 @@ def convert(
             "mtp_layer": layer,
             "target_num_layers": spec.num_layers(ckpt.config),  # lets `validate` check aux ids without the target
         }
+        if to == DraftKind.EAGLE3:  # the target it belongs to (a native draft keeps it as `target_config`)
+            draft_cfg["mtp2draft"]["target_config"] = dict(ckpt.config)
         write_json(tmp / CONFIG_FILE, draft_cfg)
         provenance["bytes_fetched"] = ckpt.bytes_fetched
         write_json(tmp / PROVENANCE_FILE, provenance)

@@ -334,8 +334,20 @@ def model_card(path: str | Path, repo_id: str | None = None, base_model: str | N
     body = _body(fmt, name, target, draft_ref, k, cfg, prov, evaluation)
     existing = path / README_FILE
     if existing.is_file():
-        body += "\n## Notes from the export\n\n" + _demote(existing.read_text()) + "\n"
+        body += "\n## Notes from the export\n\n" + _demote(_readme_text(existing)) + "\n"
     return ModelCard(f"---\n{data_card.to_yaml()}\n---\n\n{body}")
+
+
+def _readme_text(file: Path) -> str:
+    """A directory's own README.md, which the card quotes: UTF-8 (a BOM allowed), else one line saying so."""
+    try:
+        return file.read_bytes().decode("utf-8-sig")
+    except UnicodeDecodeError as exc:
+        bom = file.read_bytes()[:2] in (b"\xff\xfe", b"\xfe\xff")
+        what = "UTF-16" if bom else f"not UTF-8 (byte {exc.start})"
+        raise DraftError(
+            f"{file} is {what}: the model card quotes it as UTF-8; save it as UTF-8 or remove it"
+        ) from None
 
 
 def _body(

@@ -8,11 +8,15 @@ What this module does not do: decide what to write (the stages do) or read check
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
 import math
 import os
 import shutil
+import socket
 import struct
+import tempfile
+import threading
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
@@ -121,30 +125,155 @@ def check_output_dir(out: str | Path, overwrite: bool, inputs: Iterable[str | Pa
     return out
 
 
+# A run claims its output by creating this file beside it with O_EXCL (one winner, whatever the interleaving); it holds
+# the claimant's pid and host, so a claim left by a killed run on this host is recognised and taken over.
+LOCK_SUFFIX = ".mtp2draft-lock"
+_held = threading.local()  # the claims this thread holds: a stage inside a claimed run (distill's final write) nests
+
+
+def lock_path(out: str | Path) -> Path:
+    """The lock file that claims output directory `out` (a hidden sibling, so it never lands inside the output)."""
+    out = Path(os.path.abspath(out))
+    return out.parent / f".{out.name}{LOCK_SUFFIX}"
+
+
+def _stale(lock: Path) -> bool:
+    """Whether `lock` was left by a process of this host that no longer runs (killed before it could remove it)."""
+    try:
+        owner = json.loads(lock.read_text())
+        pid, host = int(owner["pid"]), str(owner["host"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return False  # unreadable (being written, or not ours): never taken over
+    if host != socket.gethostname() or pid == os.getpid():
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    except PermissionError:
+        return False
+    return False
+
+
+def _take(lock: Path) -> bool:
+    try:
+        fd = os.open(lock, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+    except FileExistsError:
+        return False
+    with os.fdopen(fd, "w") as fh:
+        json.dump({"pid": os.getpid(), "host": socket.gethostname(), "command": scrub(_command())}, fh)
+    return True
+
+
+def _command() -> str:
+    from mtp2draft.redact import command_line
+
+    return command_line()
+
+
+@contextlib.contextmanager
+def claim_output(out: str | Path) -> Iterator[Path]:
+    """Hold the claim on output directory `out` for the duration (`lock_path(out)`, created with O_EXCL): a second
+    run into the same `out` is refused in one line while this one runs, and two runs can never both write it.
+    Re-entrant within one thread; the parent directory is created if needed (and removed again if it stays empty)."""
+    out = Path(os.path.abspath(out))
+    held = getattr(_held, "paths", None)
+    if held is None:
+        held = _held.paths = set()
+    if out in held:
+        yield out
+        return
+    made = [p for p in (out.parent, *out.parent.parents) if not p.exists()]
+    out.parent.mkdir(parents=True, exist_ok=True)
+    lock = lock_path(out)
+    if not _take(lock) and not (_stale(lock) and _retake(lock)):
+        _remove_empty(made)
+        raise OutputExistsError(
+            f"--out {out} is being written by another mtp2draft run (its claim is {lock}): wait for it to finish, "
+            "or delete that file if no run is writing there"
+        )
+    held.add(out)
+    try:
+        yield out
+    finally:
+        held.discard(out)
+        lock.unlink(missing_ok=True)
+        _remove_empty(made)
+
+
+def _retake(lock: Path) -> bool:
+    """Replace a stale claim: the stale file is moved away under a unique name first, so of several runs taking it
+    over at once exactly one moves it (the others find it gone) and only then competes for a new one with O_EXCL."""
+    aside = lock.with_name(f"{lock.name}.stale-{os.getpid()}-{threading.get_ident()}")
+    try:
+        os.replace(lock, aside)
+    except FileNotFoundError:
+        pass
+    else:
+        aside.unlink(missing_ok=True)
+    return _take(lock)
+
+
+def _remove_empty(dirs: list[Path]) -> None:
+    for d in dirs:  # innermost first
+        with contextlib.suppress(OSError):
+            d.rmdir()
+
+
 @contextlib.contextmanager
 def atomic_output_dir(
     out: str | Path, overwrite: bool = False, inputs: Iterable[str | Path | None] = ()
 ) -> Iterator[Path]:
-    """Yield a temporary sibling directory; on success it replaces `out` in one rename, on failure it vanishes."""
+    """Yield a temporary sibling directory; on success it replaces `out` in one rename, on failure it vanishes.
+
+    The whole write holds the claim on `out` (`claim_output`); the output rules (`check_output_dir`) are checked
+    before the work and again under the claim, and a directory being replaced is moved aside and checked once more
+    before it is deleted: if something else appeared there in between, it is put back and the run is refused."""
     out = check_output_dir(out, overwrite, inputs)
     out = Path(os.path.abspath(out))  # '.', '..' and trailing slashes resolved, symlinks kept
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.parent / f".{out.name}.tmp-{os.getpid()}"
-    shutil.rmtree(tmp, ignore_errors=True)
-    try:
-        tmp.mkdir()
-        yield tmp
-        mark(tmp)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
-    old = None
-    if out.exists():
-        old = out.parent / f".{out.name}.old-{os.getpid()}"
-        os.replace(out, old)
-    os.replace(tmp, out)
-    if old is not None:
-        shutil.rmtree(old, ignore_errors=True)
+    with claim_output(out):
+        check_output_dir(out, overwrite, inputs)  # again, now that no other mtp2draft run can write here
+        tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
+        try:
+            yield tmp
+            mark(tmp)
+            _replace(tmp, out, overwrite)
+        except BaseException:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise
+
+
+def _replace(tmp: Path, out: Path, overwrite: bool) -> None:
+    """Put the finished `tmp` at `out`. An existing `out` is moved aside first and deleted only once the moved copy is
+    known to be one mtp2draft may replace (the check is on the very directory moved, so no swap can slip in)."""
+    if not out.exists() and not out.is_symlink():
+        try:
+            os.rename(tmp, out)
+        except OSError as exc:
+            if exc.errno in (errno.ENOTEMPTY, errno.EEXIST):  # appeared in between (a writer that does not claim)
+                raise OutputExistsError(
+                    f"--out {out} appeared while this run was writing: nothing was replaced"
+                ) from None
+            raise
+        return
+    aside = Path(tempfile.mkdtemp(prefix=f".{out.name}.old-", dir=out.parent))
+    os.rename(out, aside / "old")
+    old = aside / "old"
+    if old.is_symlink():  # a link given as --out: the link is replaced, whatever it points to is left alone
+        os.rename(tmp, out)
+        old.unlink()
+        aside.rmdir()
+        return
+    empty = old.is_dir() and not any(old.iterdir())
+    if not old.is_dir() or not (empty or (overwrite and is_ours(old))):
+        os.rename(old, out)  # not ours to delete: back where it was
+        aside.rmdir()
+        raise OutputExistsError(
+            f"--out {out} changed while this run was writing (it now holds files mtp2draft did not write, or "
+            "--overwrite was not given): nothing was replaced"
+        )
+    os.rename(tmp, out)
+    shutil.rmtree(aside, ignore_errors=True)
 
 
 def write_json(path: Path, data: Mapping[str, Any]) -> None:

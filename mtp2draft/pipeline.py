@@ -25,7 +25,7 @@ from mtp2draft.evaluation.decode import evaluate, save_evaluation
 from mtp2draft.family.spec import ENGINES, Spec
 from mtp2draft.formats import REGISTRY, formats_of, get_format
 from mtp2draft.formats.export import export
-from mtp2draft.io import Progress, check_output_dir, mark
+from mtp2draft.io import Progress, check_output_dir, claim_output, mark
 from mtp2draft.kinds import DraftKind
 from mtp2draft.target.device import resolve_device
 from mtp2draft.train.recipe import DistillConfig, distill
@@ -93,16 +93,139 @@ def run(
     runs in `dtype` on `device` (default: cuda when available) or spread by `device_map`, in distill and evaluate
     alike; the draft trains and decodes on `device` (a device map's first device)."""
     work = Path(work)
-    check_output_dir(work, overwrite, inputs=[source, target, data, eval_data])
+    config = distill_config or DistillConfig()
+    limits = {"num_draft_tokens": num_draft_tokens, "max_new_tokens": max_new_tokens, "max_prompts": max_prompts}
+    check = {"to": to, "fmt": fmt, "target": target, "eval_data": eval_data, "push_repo": push_repo, "layer": layer}
+    spec, to, fmt = preflight(source, work, data, config, limits, revision, token, overwrite, **check)
     if target is None or target == source:
         target, target_revision = source, revision
-    if to is None or fmt is None:
-        from mtp2draft.checkpoint.reader import open_checkpoint
-        from mtp2draft.family.spec import find_spec
-
-        spec = find_spec(open_checkpoint(source, revision, token).config)
-        to, fmt = default_kind_and_format(spec, to, fmt)
+    with claim_output(work):  # held for the whole run; the output rules again, now that no other run can write here
+        check_output_dir(work, overwrite, inputs=[source, target, data, eval_data])
         progress(f"{spec.name}: drafting {to}, exporting --format {fmt} (the engines' support table: mtp2draft specs)")
+        return _run(
+            source=source, work=work, data=data, to=to, target=target, eval_data=eval_data, fmt=fmt,
+            push_repo=push_repo, config=config, limits=limits, layer=layer, revision=revision, token=token,
+            target_revision=target_revision, private=private, regenerate=regenerate, progress=progress,
+            device=device, dtype=dtype, device_map=device_map,
+        )  # fmt: skip
+
+
+def preflight(
+    source: str,
+    work: Path,
+    data: str | Path,
+    config: DistillConfig,
+    limits: dict[str, Any],
+    revision: str | None,
+    token: str | None,
+    overwrite: bool,
+    to: str | None,
+    fmt: str | None,
+    target: str | None,
+    eval_data: str | Path | None,
+    push_repo: str | None,
+    layer: int | None,
+) -> tuple[Spec, str, str]:
+    """Everything `run` can check before the first byte of a tensor is fetched, in one place: option values and
+    clashes (the format takes the draft kind), the output rules, the data files, the source's family and MTP layer,
+    engine support for --engine, the target's identity with the source, and for --push a repo id and a token.
+    Returns (spec, kind, format) with the defaults filled in. Reads configs only."""
+    from mtp2draft.checkpoint.reader import open_checkpoint
+    from mtp2draft.conversion import default_aux_layers
+    from mtp2draft.draft.layout import resolve_layer
+    from mtp2draft.errors import DataError, OptionError
+    from mtp2draft.family.spec import find_spec
+    from mtp2draft.formats import exportable
+    from mtp2draft.kinds import DRAFT_KINDS
+    from mtp2draft.target.identity import config_differences
+    from mtp2draft.train.calibrate import check_draft_vocab_size
+    from mtp2draft.train.recipe import check_training_settings
+
+    for option, value in (
+        ("--num-draft-tokens", limits["num_draft_tokens"]),
+        ("--max-new-tokens", limits["max_new_tokens"]),
+        ("--max-prompts", 1 if limits["max_prompts"] is None else limits["max_prompts"]),
+    ):
+        if value < 1:
+            raise OptionError(f"{option} must be at least 1, got {value}")
+    if to is not None and to not in DRAFT_KINDS:
+        raise OptionError(f"--to must be one of {', '.join(DRAFT_KINDS)}, got {to!r}")
+    formats = exportable()
+    if fmt is not None and fmt not in formats:
+        raise OptionError(f"--format must be one of {', '.join(formats)}, got {fmt!r}")
+    if to is not None and fmt is not None and formats[fmt] != to:
+        raise OptionError(
+            f"--format {fmt} takes {formats[fmt].a_draft} draft, --to {to} makes {DraftKind(to).a_draft} one "
+            f"(use --format {' or '.join(formats_of(DraftKind(to)))})"
+        )
+    check_output_dir(work, overwrite, inputs=[source, target, data, eval_data])
+    for option, path in (("--data", data), ("--eval-data", eval_data)):
+        if path is not None and not Path(path).is_file():
+            raise DataError(
+                f"{option} {path} does not exist" if not Path(path).exists() else f"{option} {path} is not a file"
+            )
+    ckpt = open_checkpoint(source, revision, token)
+    spec = find_spec(ckpt.config)
+    resolve_layer(ckpt, spec, layer)
+    kind = to or (formats[fmt] if fmt else None)  # --format alone implies its kind
+    kind, fmt = default_kind_and_format(spec, kind, fmt)
+    if kind == DraftKind.EAGLE3:
+        default_aux_layers(spec.num_layers(ckpt.config))  # a target too shallow for EAGLE-3
+    check_training_settings(kind, spec, config)
+    if config.steps == 0 and kind == DraftKind.MTP:  # what distill refuses after loading the target
+        raise OptionError("--steps 0 would write an untrained draft: 0 steps only calibrate an EAGLE-3 draft")
+    check_draft_vocab_size(kind, config.draft_vocab_size, int(spec.text_config(ckpt.config)["vocab_size"]))
+    if target is not None and target != source:
+        diffs = config_differences(spec.name, ckpt.config, open_checkpoint(target, revision, token).config)
+        if diffs:
+            more = f" (+{len(diffs) - 3} more)" if len(diffs) > 3 else ""
+            raise SourceError(
+                f"--target {target} is not the checkpoint {source} (the draft's source): {'; '.join(diffs[:3])}{more}"
+            )
+    if push_repo:
+        _check_push(push_repo, token)
+    return spec, kind, fmt
+
+
+def _check_push(repo_id: str, token: str | None) -> None:
+    """A repo id the Hub accepts and a token to push with, before hours of work rather than after."""
+    from huggingface_hub import get_token
+    from huggingface_hub.utils import HFValidationError, validate_repo_id
+
+    from mtp2draft.errors import HubError
+
+    try:
+        validate_repo_id(repo_id)
+    except HFValidationError as exc:
+        raise HubError(f"--push {repo_id!r} is not a Hub repo id (org/name): {str(exc).splitlines()[0]}") from None
+    if not (token or get_token()):
+        raise HubError("--push needs a Hugging Face token: log in with `hf auth login`, set HF_TOKEN, or pass --token")
+
+
+def _run(
+    *,
+    source: str,
+    work: Path,
+    data: str | Path,
+    to: str,
+    target: str,
+    eval_data: str | Path | None,
+    fmt: str,
+    push_repo: str | None,
+    config: DistillConfig,
+    limits: dict[str, Any],
+    layer: int | None,
+    revision: str | None,
+    token: str | None,
+    private: bool,
+    regenerate: bool,
+    progress: Progress,
+    target_revision: str | None,
+    device: str | None,
+    dtype: str,
+    device_map: str | dict | None,
+) -> RunResult:
+    num_draft_tokens = limits["num_draft_tokens"]
     if eval_data is None:
         progress("no --eval-data: evaluating on the training data (acceptance will be optimistic)")
         eval_data = data
@@ -118,16 +241,14 @@ def run(
     with _stage(stages, "convert", progress, f"[1/5] convert {source} -> raw MTP head and {to} draft"):
         raw, start = _convert(source, work, to, layer, {**hub, **inside})
     with _stage(stages, "distill", progress, f"[2/5] distill against {target}"):
-        config = distill_config or DistillConfig()
         where = {"device": device, "target_dtype": dtype, "device_map": device_map}
         distill(
             start, distilled, data, target, config=config, regenerate_data=regenerate, **target_hub, **inside, **where
         )
     with _stage(stages, "evaluate", progress, f"[3/5] evaluate (k = {num_draft_tokens}) beside the raw MTP head"):
         drafts = [("distilled " + to, str(distilled)), ("raw MTP head (baseline)", str(raw))]
-        limits = (num_draft_tokens, max_new_tokens, max_prompts)
         where = {"device": device, "dtype": dtype, "device_map": device_map}
-        report = evaluate(drafts, target, eval_data, *limits, **target_hub, progress=progress, **where)
+        report = evaluate(drafts, target, eval_data, **limits, **target_hub, progress=progress, **where)
         save_evaluation(distilled, report)
     with _stage(stages, "export", progress, f"[4/5] export --format {fmt}"):
         reads = target if REGISTRY[fmt].reads_target else None

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
@@ -113,6 +114,8 @@ def test_run_never_hands_the_source_revision_to_another_target(monkeypatch, tmp_
     monkeypatch.setattr(pipeline, "evaluate", record("evaluate", {"results": []}))
     monkeypatch.setattr(pipeline, "save_evaluation", lambda *a, **k: None)
     monkeypatch.setattr(pipeline, "export", record("export"))
+    spec = SimpleNamespace(name="toy")  # run's checks before any fetch read configs of repos this test has not got
+    monkeypatch.setattr(pipeline, "preflight", lambda *a, to=None, fmt=None, **k: (spec, to, fmt))
     data = tmp_path / "d.jsonl"
     data.write_text('{"text": "x"}\n')
     common = {"to": "mtp", "fmt": "nextn", "token": "hf_secret"}
@@ -124,3 +127,37 @@ def test_run_never_hands_the_source_revision_to_another_target(monkeypatch, tmp_
     assert {seen[s]["revision"] for s in ("distill", "evaluate", "export")} == {"def456"}
     pipeline.run("org/source", tmp_path / "w3", data, revision="abc123", **common)  # no --target: SOURCE's own
     assert {seen[s]["revision"] for s in ("convert", "distill", "evaluate", "export")} == {"abc123"}
+
+
+@pytest.mark.parametrize(
+    ("extra", "needle"),
+    [
+        (["--to", "mtp", "--format", "sglang"], "--format sglang takes an EAGLE-3 draft"),
+        (["--to", "eagle3", "--format", "stitched"], "--format stitched takes a native MTP draft"),
+        (["--to", "eagle3", "--engine", "vllm"], "cannot serve"),
+        (["--push", "no such/repo id"], "is not a Hub repo id"),
+        (["-k", "0"], "--num-draft-tokens must be at least 1"),
+    ],
+)
+def test_run_refuses_before_any_work(target, text_data, tmp_path: Path, monkeypatch, capsys, extra, needle) -> None:
+    """A clash `run` can see from the options and configs is refused before a tensor byte is read or a stage
+    starts, and leaves nothing on disk (it used to surface only after convert and distill had run)."""
+    import importlib
+
+    import mtp2draft.checkpoint.reader as checkpoint
+
+    run = importlib.import_module("mtp2draft.pipeline")  # the module (the package exports a function of that name)
+
+    def no_work(*_a, **_k):
+        raise AssertionError("work started before the refusal")
+
+    for stage in ("convert", "distill", "evaluate", "export"):
+        monkeypatch.setattr(run, stage, no_work)
+    monkeypatch.setattr(checkpoint.Checkpoint, "read_raw", no_work)
+    source = target("mimo", num_hidden_layers=4)
+    argv = ["run", str(source), "--data", str(text_data), "--work", str(tmp_path / "w"), *extra]
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    lines = [line for line in err.splitlines() if line.startswith("error:")]
+    assert len(lines) == 1 and needle in lines[0] and "Traceback" not in err, err
+    assert list(tmp_path.iterdir()) == []

@@ -33,7 +33,6 @@ from __future__ import annotations
 
 import copy
 import inspect
-import json
 import math
 from collections.abc import Mapping
 from pathlib import Path
@@ -48,7 +47,6 @@ from mtp2draft.draft.eagle3_config import LLAMA_FIELDS, aux_ids, speculators_to_
 from mtp2draft.errors import CheckpointError, DraftError
 from mtp2draft.family.spec import Spec, get_spec
 from mtp2draft.kinds import (
-    CONFIG_FILE,
     HIDDEN_PLACES,
     WEIGHTS_FILE,
     DraftKind,
@@ -99,7 +97,7 @@ def hf_config(model_type: str, fields: Mapping[str, Any], where: str = "config.j
 
     try:
         return AutoConfig.for_model(model_type, **fields)
-    except (ValueError, TypeError, StrictDataclassError) as exc:
+    except (ValueError, TypeError, AttributeError, StrictDataclassError) as exc:  # AttributeError: torch_dtype
         text = " ".join(line.strip() for line in str(exc).splitlines() if line.strip())
         raise CheckpointError(f"{where} does not describe a valid {model_type} model: {text}") from None
 
@@ -521,16 +519,11 @@ def without_identity_maps(state: Mapping[str, torch.Tensor], vocab_size: int, dr
 
 # ---- on disk --------------------------------------------------------------------------------------------------------
 def read_draft_config(path: str | Path) -> dict[str, Any]:
-    path = Path(path)
-    cfg_file = path / CONFIG_FILE
-    if not path.is_dir():
-        raise DraftError(f"draft directory {path} does not exist")
-    if not cfg_file.is_file():
-        raise DraftError(f"{path} has no {CONFIG_FILE}: not a draft directory")
-    try:
-        return json.loads(cfg_file.read_text())
-    except json.JSONDecodeError as exc:
-        raise DraftError(f"{cfg_file} is not valid JSON: {exc}") from exc
+    """A draft directory's config.json, checked field by field (`draft_config.load_draft_config`): one DraftError
+    line naming the file, the field and the fix when a field has the wrong type, range or value."""
+    from mtp2draft.draft.config import load_draft_config
+
+    return dict(load_draft_config(path).raw)
 
 
 def build_draft(cfg: Mapping[str, Any]) -> Draft:

@@ -46,6 +46,7 @@ from mtp2draft.io import Progress, meter, write_json
 from mtp2draft.kinds import DraftKind
 from mtp2draft.target.device import resolve_device
 from mtp2draft.target.hidden import TargetModel, check_draft_fits
+from mtp2draft.target.identity import check_drafts_belong
 
 EVALUATION_FILE = "evaluation.json"
 # A tie: the top two logits within TIE_ULPS units of the target dtype's resolution, relative to the top logit.
@@ -311,6 +312,7 @@ def evaluate(
     ):
         if value < 1:
             raise OptionError(f"{option} must be at least 1, got {value}")
+    check_drafts_belong([path for _, path in drafts], target, revision, token)  # before the target's weights load
     if not isinstance(target, TargetModel):
         device = device if device_map is not None else resolve_device(device)
         target = TargetModel(target, revision, token, dtype=dtype, device=device or "cpu", device_map=device_map)

@@ -27,8 +27,8 @@ from typing import Any
 
 from mtp2draft._version import __version__
 from mtp2draft.checkpoint.reader import open_checkpoint
+from mtp2draft.draft.config import load_draft_config, parse_draft_config
 from mtp2draft.draft.eagle3_config import NORM_SWITCHES, speculators_to_eagle3_config, speculators_weight_name
-from mtp2draft.draft.modules import read_draft_config
 from mtp2draft.errors import DraftError, SourceError, ValidationError
 from mtp2draft.family.spec import find_spec
 from mtp2draft.formats import FORMATS, REGISTRY, ExportJob, exportable, get_format
@@ -38,6 +38,7 @@ from mtp2draft.formats.native import requantize_fp8
 from mtp2draft.io import TORCH_DTYPES, Progress, atomic_output_dir, check_output_dir, quiet, write_json
 from mtp2draft.kinds import CONFIG_FILE, PROVENANCE_FILE, detect_kind
 from mtp2draft.redact import command_line
+from mtp2draft.target.identity import check_target_identity
 
 
 @dataclass
@@ -74,7 +75,7 @@ def export(
     rather than the draft's provenance). speculative_tokens: k written into the speculators proposal method.
     """
     src = Path(draft)
-    cfg = _checked_request(src, format, target, dtype, speculative_tokens)
+    cfg = _checked_request(src, format, target, dtype, speculative_tokens, revision, token)
     check_output_dir(out, overwrite, inputs=[draft, target])
     started = time.perf_counter()
     provenance = read_json(src / PROVENANCE_FILE) or {}
@@ -111,7 +112,9 @@ def export(
     return ExportResult(Path(out), format, files, time.perf_counter() - started, provenance)
 
 
-def _checked_request(src: Path, format: str, target: str | None, dtype: str, speculative_tokens: int) -> dict:
+def _checked_request(
+    src: Path, format: str, target: str | None, dtype: str, speculative_tokens: int, revision=None, token=None
+) -> dict:
     """The draft's config.json, once the options make sense for it: a format `export` writes, of the draft's kind,
     with the target it needs; one line (SourceError, DraftError) before any work otherwise."""
     formats = exportable()
@@ -121,8 +124,8 @@ def _checked_request(src: Path, format: str, target: str | None, dtype: str, spe
         raise SourceError(f"--dtype must be one of {', '.join(TORCH_DTYPES)}, got {dtype!r}")
     if speculative_tokens < 1:
         raise SourceError(f"--speculative-tokens must be at least 1, got {speculative_tokens}")
-    cfg = read_draft_config(src)
-    kind = detect_kind(cfg, "export reads directories written by `convert` or `distill`")
+    parsed = load_draft_config(src, "export reads directories written by `convert` or `distill`")
+    cfg, kind = dict(parsed.raw), parsed.kind
     if formats[format] is not kind:
         other = [f for f, k in formats.items() if k is kind]
         raise DraftError(
@@ -131,6 +134,8 @@ def _checked_request(src: Path, format: str, target: str | None, dtype: str, spe
         )
     if REGISTRY[format].needs_target and not target:
         raise SourceError(f"--format {format} needs --target: the checkpoint whose MTP layer the draft replaces")
+    if target and REGISTRY[format].reads_target:  # the draft's own target, before any output is claimed
+        check_target_identity(parsed, open_checkpoint(target, revision, token).config, f"--target {target}")
     return cfg
 
 
@@ -179,9 +184,24 @@ def validate(
     fmt = format or detect_format(cfg)
     if fmt not in REGISTRY:
         raise DraftError(f"--format must be one of {', '.join(REGISTRY)}, got {fmt!r}")
+    parsed = parse_draft_config(cfg, path / CONFIG_FILE) if _is_draft(cfg) else None  # one line: a bad field
     problems = get_format(fmt).validate(path, cfg)
     target_cfg = open_checkpoint(target, revision, token).config if target else None
+    if parsed is not None and target_cfg is not None:
+        try:
+            check_target_identity(parsed, target_cfg, f"--target {target}")
+        except DraftError as exc:
+            problems.append(str(exc))
     return problems + _target_problems(cfg, target_cfg)
+
+
+def _is_draft(cfg: Mapping[str, Any]) -> bool:
+    """A draft directory's config (native MTP or either EAGLE-3 layout), not an export laid out as a checkpoint."""
+    try:
+        detect_kind(cfg)
+    except DraftError:
+        return False
+    return True
 
 
 def _target_problems(cfg: Mapping[str, Any], target_cfg: Mapping[str, Any] | None) -> list[str]:

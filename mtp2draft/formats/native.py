@@ -25,7 +25,7 @@ from mtp2draft.checkpoint.reader import ST_DTYPES, Checkpoint, open_checkpoint
 from mtp2draft.draft.layout import native_to_checkpoint
 from mtp2draft.draft.modules import NativeMtpDraft
 from mtp2draft.errors import DraftError
-from mtp2draft.family.spec import Spec, find_spec, get_spec
+from mtp2draft.family.spec import Spec, get_spec
 from mtp2draft.formats import Format
 from mtp2draft.formats.common import load_weights, nonfinite
 from mtp2draft.io import TORCH_DTYPES
@@ -94,19 +94,14 @@ def native_input(src: Path, cfg: Mapping[str, Any]) -> tuple[Spec, dict[str, Any
         raise DraftError(f"{src}/{CONFIG_FILE} lacks {exc} (not a native draft written by convert/distill?)") from exc
 
 
-def open_target(target: str, spec: Spec, target_config: Mapping[str, Any], revision, token) -> Checkpoint:
-    """The target checkpoint, checked to be the family and shape the draft was converted from."""
+def open_target(target: str, cfg: Mapping[str, Any], revision, token) -> Checkpoint:
+    """The target checkpoint, checked to be the one the draft was converted from (`identity.check_target_identity`:
+    every field of its config that changes the computation)."""
+    from mtp2draft.draft.config import parse_draft_config
+    from mtp2draft.target.identity import check_target_identity
+
     ckpt = open_checkpoint(target, revision, token)
-    found = find_spec(ckpt.config)
-    if found.name != spec.name:
-        raise DraftError(f"--target {target} is a {found.name} checkpoint; the draft is a {spec.name} MTP layer")
-    mine, theirs = spec.text_config(target_config), spec.text_config(ckpt.config)
-    for key in ("hidden_size", num_layers_field(spec), "vocab_size", spec.config.mtp_count):
-        if key in mine and mine.get(key) != theirs.get(key):
-            raise DraftError(
-                f"--target {target} has {key}={theirs.get(key)}, the draft was converted from a checkpoint with "
-                f"{key}={mine.get(key)}: not the draft's target"
-            )
+    check_target_identity(parse_draft_config(cfg), ckpt.config, f"--target {target}")
     return ckpt
 
 

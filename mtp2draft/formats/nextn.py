@@ -52,7 +52,7 @@ def _export_nextn(job: ExportJob) -> None:
         )
     native = NativeLayer(src / WEIGHTS_FILE, spec, target_config, layer)
     if target:
-        ckpt = nat.open_target(target, spec, target_config, revision, token)
+        ckpt = nat.open_target(target, cfg, revision, token)
         stored = nat.stored_from_target(ckpt, native.checkpoint_keys())
         block, ue8m0 = nat.fp8_block(ckpt.config, {"fp8_block_size": list(ckpt.fp8_block_size())})
         record.update(target=ckpt.source, target_commit=ckpt.commit)

@@ -67,7 +67,7 @@ def _export_stitched(job: ExportJob) -> None:
     if not target:  # the registry marks stitched needs_target, so export asks for it first
         raise DraftError("the stitched format needs --target: the checkpoint the layer is written back over")
     spec, target_config, layer = native_input(src, cfg)
-    ckpt = open_target(target, spec, target_config, revision, token)
+    ckpt = open_target(target, cfg, revision, token)
     native = NativeLayer(src / WEIGHTS_FILE, spec, ckpt.config, layer)
     foreign = [k for k in native.checkpoint_keys() if not ckpt.has(k)]
     if foreign:

@@ -27,8 +27,10 @@ def check_device(device: str | torch.device) -> torch.device:
         dev = torch.device(device)
     except (RuntimeError, TypeError, ValueError):
         raise OptionError(f"--device {device!r}: not a device torch knows (cpu, cuda, cuda:N, mps, ...)") from None
-    if dev.type in ("cpu", "meta"):
+    if dev.type == "cpu":
         return dev
+    if dev.type == "meta":  # shapes without storage: nothing can be loaded or trained there
+        raise OptionError(f"--device {device}: a meta device holds no data; use cpu or cuda")
     backend = getattr(torch, dev.type, None)
     is_available = getattr(backend, "is_available", None)
     if not callable(is_available) or not is_available():

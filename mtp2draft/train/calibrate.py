@@ -210,12 +210,9 @@ def choose_and_narrow(
 
     if not size:
         return
-    if draft.kind == DraftKind.MTP:
-        raise DataError("--draft-vocab-size applies to eagle3 drafts; a native MTP draft shares the target's head")
+    check_draft_vocab_size(draft.kind, size, draft.vocab_size if fresh else None)
     if not fresh:
         return
-    if size > draft.vocab_size:
-        raise DataError(f"--draft-vocab-size {size} exceeds the target vocabulary {draft.vocab_size}")
     if examples is None:
         raise DataError("--draft-vocab-size needs --data (token counts) rather than --hidden-states")
     if size == draft.draft_vocab_size:
@@ -225,6 +222,18 @@ def choose_and_narrow(
     counts = token_counts(examples, draft.vocab_size)
     share = counts[used].sum().item() / max(counts.sum().item(), 1)
     progress(f"draft vocabulary: the {used.numel()} most frequent target tokens, {share:.1%} of the training targets")
+
+
+def check_draft_vocab_size(kind: str, size: int | None, vocab_size: int | None) -> None:
+    """`--draft-vocab-size` makes sense for the draft kind and the target vocabulary (None: not known yet)."""
+    from mtp2draft.errors import DataError
+
+    if not size:
+        return
+    if kind == DraftKind.MTP:
+        raise DataError("--draft-vocab-size applies to eagle3 drafts; a native MTP draft shares the target's head")
+    if vocab_size is not None and size > vocab_size:
+        raise DataError(f"--draft-vocab-size {size} exceeds the target vocabulary {vocab_size}")
 
 
 def calibrate_pending(

@@ -39,7 +39,7 @@ from mtp2draft._version import __version__
 from mtp2draft.draft.modules import Eagle3Draft, NativeMtpDraft, load_draft, read_draft_config
 from mtp2draft.errors import DataError, DraftError, OptionError
 from mtp2draft.family.spec import ENGINES, get_spec
-from mtp2draft.io import Progress, check_output_dir, meter, quiet
+from mtp2draft.io import Progress, check_output_dir, claim_output, meter, quiet
 from mtp2draft.kinds import HIDDEN_PLACES, DraftKind
 from mtp2draft.redact import command_line
 from mtp2draft.target.dump_checks import check_finite_state, check_offline_options
@@ -221,7 +221,10 @@ def distill(
         job = {**job, "progress": quiet}
     try:
         job = DistillJob(draft_dir=draft_dir, out=Path(out), data=data, target=target, **job)
-        return DistillRecipe(par, cfg, job).run()
+        result = DistillRecipe(par, cfg, job).run()
+        if owned:
+            par.barrier()  # every rank done (rank 0's claim released) before any rank tears the process group down
+        return result
     finally:
         if owned:
             par.close()
@@ -242,6 +245,13 @@ class DistillRecipe:
         self.start = 0
 
     def run(self) -> DistillResult:
+        """The whole run holds the claim on --out (rank 0, which writes): a second run into it is refused at once,
+        not after hours of training, and the two can never share its checkpoints."""
+        check_output_dir(self.job.out, self.job.overwrite, self.job.inputs)  # refused before anything is claimed
+        with claim_output(self.job.out) if self.par.is_main else contextlib.nullcontext():
+            return self._run()
+
+    def _run(self) -> DistillResult:
         self.check_agreement()
         self.check_outputs()
         self.check_memory()
@@ -518,13 +528,22 @@ class DistillRecipe:
 def configure_draft(draft, cfg: DistillConfig) -> None:
     """Train for `--engine`'s computation and `--hidden-handover`, refused where they do not apply."""
     kind = draft.kind
+    spec_name = getattr(getattr(draft, "spec", None), "name", None) or (
+        (getattr(draft, "eagle_config", {}) or {}).get("mtp2draft") or {}
+    ).get("spec")
+    check_training_settings(kind, get_spec(spec_name) if spec_name else None, cfg)
+    if cfg.engine is not None and kind == DraftKind.MTP:
+        draft.train_for_engine(cfg.engine)
+    if cfg.hidden_handover is not None:
+        draft.hidden_handover = cfg.hidden_handover
+
+
+def check_training_settings(kind: str, spec: Any, cfg: DistillConfig) -> None:
+    """`--engine` and `--hidden-handover` make sense for a draft of `kind` for `spec`'s family (None: the draft
+    names none): distill checks it on the loaded draft, `run` before anything is fetched."""
     if cfg.engine is not None:
-        spec_name = getattr(getattr(draft, "spec", None), "name", None) or (
-            (getattr(draft, "eagle_config", {}) or {}).get("mtp2draft") or {}
-        ).get("spec")
-        if spec_name is None:
+        if spec is None:
             raise DataError("--engine needs a draft converted by mtp2draft (its config names the target's spec)")
-        spec = get_spec(spec_name)
         if cfg.engine not in ENGINES:
             raise DataError(f"--engine must be one of {', '.join(ENGINES)}, got {cfg.engine!r}")
         if not spec.serves(cfg.engine, kind):
@@ -533,16 +552,13 @@ def configure_draft(draft, cfg: DistillConfig) -> None:
                 f"{cfg.engine} {facts.version if facts else ''} cannot serve a {kind} draft for {spec.name} targets "
                 f"(spec {spec.path}: [engines.{cfg.engine}] methods = {list(facts.methods) if facts else []})"
             )
-        if kind == DraftKind.MTP:
-            draft.train_for_engine(cfg.engine)
     if cfg.hidden_handover is not None:
         if kind != DraftKind.MTP:
             raise DataError(
                 "--hidden-handover applies to native MTP drafts (EAGLE-3 always hands on the pre-norm output)"
             )
         if cfg.hidden_handover not in HIDDEN_PLACES:
-            raise DataError(f"--hidden-handover must be post_norm or pre_norm, got {cfg.hidden_handover!r}")
-        draft.hidden_handover = cfg.hidden_handover
+            raise DataError(f"--hidden-handover must be {' or '.join(HIDDEN_PLACES)}, got {cfg.hidden_handover!r}")
 
 
 def plan_memory(
@@ -555,6 +571,8 @@ def plan_memory(
     """`distill --plan`: the per-rank memory plan of every trainable subset, side by side, from the draft's
     config.json alone (the chosen --train-subset first). World size: `world`, else torchrun's, else 1."""
     cfg = config or DistillConfig()
+    if world is not None and (isinstance(world, bool) or world < 1):
+        raise OptionError(f"--world-size must be a whole number >= 1, got {world}")
     world = world or int(os.environ.get("WORLD_SIZE", 1))
     precision = parallel.resolve_precision(cfg.precision, device)
     draft_config = read_draft_config(draft_dir)

@@ -24,6 +24,7 @@ from mtp2draft.errors import DataError
 from mtp2draft.io import Progress
 from mtp2draft.kinds import DraftKind
 from mtp2draft.target.hidden import Features, OfflineHiddenStates, TargetModel, check_draft_fits, offline_features
+from mtp2draft.target.identity import check_drafts_belong
 
 
 def batch_indices(step: int, batch_size: int, n: int, seed: int) -> list[int]:
@@ -136,6 +137,7 @@ def online_teacher(
     their responses (greedy, or sampled with `seed`)."""
     if data is None or target is None:
         raise DataError("distill needs --data and --target (or --hidden-states)")
+    check_drafts_belong([draft_dir], target, revision, token)  # before the target's weights load
     target_model = TargetModel(target, revision, token, dtype=dtype, device=device, device_map=device_map)
     check_draft_fits(draft, target_model, draft_dir)
     tokenizer = load_tokenizer(target_model.path)

@@ -1,0 +1,757 @@
+"""Hostile and careless use of every command, in the style of `test_bad_inputs.py`: each case fails with its exit code
+and exactly one `error:` line naming the problem (or typer's short usage message), no traceback, nothing new on disk
+and nothing lost.
+
+Two parts: the draft config matrix (every field of the native, EAGLE-3 and speculators layouts, each bad value
+through `validate`, and a sample through every command that reads a draft: export, evaluate, distill, push,
+dump-hidden --draft), and per-command cases aimed at each option's extremes, devices, target identity, output rules
+and `run`'s checks before any work. `test_every_command_is_covered` counts cases per command.
+"""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+import json
+import re
+import shutil
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from mtp2draft.cli.app import main
+from mtp2draft.conversion import convert
+from mtp2draft.formats.export import export
+from mtp2draft.io import claim_output
+
+
+@dataclass
+class World:
+    """Inputs shared by every case (never modified: each test checks that)."""
+
+    root: Path
+    ds: Path  # runnable DeepSeek-V3-layout target, 6 layers
+    mimo: Path  # runnable MiMo target
+    ds_mtp: Path  # native draft of ds (fp32)
+    ds_e3: Path  # EAGLE-3 draft of ds
+    mimo_mtp: Path  # native draft of mimo
+    spec_export: Path  # speculators export of ds_e3
+    data: Path
+
+
+@pytest.fixture(scope="module")
+def world(target, text_data, tmp_path_factory) -> World:
+    root = tmp_path_factory.mktemp("cmd-world")
+    ds, mimo = target("deepseek_v3", num_hidden_layers=6), target("mimo")
+    convert(str(ds), root / "ds-mtp", dtype="float32")
+    convert(str(ds), root / "ds-e3", to="eagle3")
+    convert(str(mimo), root / "mimo-mtp")
+    export(root / "ds-e3", "speculators", root / "ds-e3-speculators")
+    return World(
+        root, ds, mimo, root / "ds-mtp", root / "ds-e3", root / "mimo-mtp", root / "ds-e3-speculators", text_data
+    )
+
+
+@dataclass
+class Case:
+    argv: list[str]
+    needle: str  # what the one line must say
+    usage: bool = False  # typer's short usage message rather than an "error:" line
+    code: int = 2
+
+
+CaseFn = Callable[[World, Path, pytest.MonkeyPatch, contextlib.ExitStack], Case]
+CASES: dict[str, CaseFn] = {}
+
+
+def case(fn: CaseFn) -> CaseFn:
+    CASES[fn.__name__] = fn
+    return fn
+
+
+# ---- helpers ------------------------------------------------------------------------------------------------------
+def _copy(src: Path, tmp: Path, name: str) -> Path:
+    dest = tmp / name
+    shutil.copytree(src, dest)
+    return dest
+
+
+def _set(cfg: dict, dotted: str, value: Any) -> None:
+    """Set (or, with value DELETE, remove) a possibly nested field 'a.b.c' of a config dict."""
+    *parents, last = dotted.split(".")
+    for p in parents:
+        cfg = cfg[p]
+    if value is DELETE:
+        del cfg[last]
+    else:
+        cfg[last] = value
+
+
+DELETE = object()
+
+
+def _edited(src: Path, tmp: Path, field: str, value: Any, name: str = "draft") -> Path:
+    """A copy of draft (or target) `src` whose config.json has `field` set to `value`."""
+    dest = _copy(src, tmp, name)
+    cfg = json.loads((dest / "config.json").read_text())
+    _set(cfg, field, value)
+    (dest / "config.json").write_text(json.dumps(cfg))
+    return dest
+
+
+def _distill(w: World, tmp: Path, *extra: str, draft: Path | None = None, target: Path | None = None) -> list[str]:
+    return [
+        "distill", str(draft or w.ds_mtp), "--target", str(target or w.ds), "--data", str(w.data),
+        "--out", str(tmp / "out"), "--steps", "2", "--batch-size", "2", "--max-length", "32", "--device", "cpu", *extra,
+    ]  # fmt: skip
+
+
+def _evaluate(w: World, *extra: str, draft: Path | None = None, target: Path | None = None) -> list[str]:
+    return ["evaluate", str(draft or w.ds_mtp), "--target", str(target or w.ds), "--data", str(w.data), *extra]
+
+
+def _export(draft: Path, tmp: Path, fmt: str, *extra: str) -> list[str]:
+    return ["export", str(draft), "--format", fmt, "--out", str(tmp / "out"), *extra]
+
+
+def _run(w: World, tmp: Path, *extra: str, source: Path | None = None) -> list[str]:
+    return [
+        "run", str(source or w.ds), "--data", str(w.data), "--work", str(tmp / "work"), "--steps", "2",
+        "--batch-size", "2", "--max-length", "32", "--max-prompts", "2", "--max-new-tokens", "4", *extra,
+    ]  # fmt: skip
+
+
+def _dump(w: World, tmp: Path, *extra: str) -> list[str]:
+    return ["dump-hidden", "--target", str(w.ds), "--data", str(w.data), "--out", str(tmp / "out"), *extra]
+
+
+def _claimed_elsewhere(out: Path, stack: contextlib.ExitStack) -> None:
+    """Hold the claim on `out` from another thread (another run, as far as the command can tell) until the case
+    ends."""
+    held, release = threading.Event(), threading.Event()
+
+    def other_run() -> None:
+        with claim_output(out):
+            held.set()
+            release.wait(60)
+
+    thread = threading.Thread(target=other_run)
+    thread.start()
+    held.wait(10)
+    stack.callback(thread.join)
+    stack.callback(release.set)
+
+
+def _add(name: str, fn: CaseFn) -> None:
+    assert name not in CASES, name
+    CASES[name] = fn
+
+
+# ---- the draft config matrix ----------------------------------------------------------------------------------------
+# (field, bad value, what the line must name); each through `validate`.
+NATIVE_BAD: list[tuple[str, Any, str]] = [
+    ("draft_kind", "medusa", "cannot tell the format"),
+    ("format_version", 2, "format_version is 2"),
+    ("format_version", "1", "format_version"),
+    ("architectures", "Mtp2DraftNativeMtp", "architectures"),
+    ("spec", "llama-9000", 'spec is "llama-9000"'),
+    ("spec", 3, "spec is 3"),
+    ("spec", DELETE, "spec is missing"),
+    ("mtp_layer", -1, "mtp_layer is -1"),
+    ("mtp_layer", "0", "mtp_layer"),
+    ("mtp_layer", True, "mtp_layer"),
+    ("mtp_layer", 1, "mtp_layer is 1, the target has 1 MTP layer"),
+    ("hidden_handover", "sideways", 'hidden_handover is "sideways"'),
+    ("hidden_handover", None, "hidden_handover"),
+    ("input_hidden", "sideways", "input_hidden"),
+    ("final_norm", "yes", "final_norm"),
+    ("final_norm", 1, "final_norm"),
+    ("engine", {"name": "trt"}, "engine"),
+    ("engine", "vllm", "engine"),
+    ("hidden_size", "256", 'hidden_size is "256" (a string)'),
+    ("hidden_size", 256.5, "hidden_size is 256.5"),
+    ("hidden_size", -1, "hidden_size is -1"),
+    ("hidden_size", 0, "hidden_size is 0"),
+    ("hidden_size", True, "hidden_size is true"),
+    ("hidden_size", 128, "hidden_size is 128, its target_config says"),
+    ("vocab_size", -1, "vocab_size is -1"),
+    ("vocab_size", "4096", "vocab_size"),
+    ("target_config", [1], "target_config is [1] (a list)"),
+    ("target_config", DELETE, "target_config is missing"),
+    ("target_config.hidden_size", "64", "target_config.hidden_size"),
+    ("target_config.vocab_size", -1, "target_config.vocab_size"),
+    ("target_config.rms_norm_eps", 0, "target_config.rms_norm_eps"),
+    ("target_config.rope_theta", -1.0, "target_config.rope_theta"),
+    ("target_config.num_attention_heads", 0, "target_config.num_attention_heads"),
+    ("target_config.qk_rope_head_dim", 1.5, "target_config.qk_rope_head_dim"),
+    ("target_config.n_routed_experts", -4, "target_config.n_routed_experts"),
+    ("target_config.max_position_embeddings", "2048", "target_config.max_position_embeddings"),
+    ("mtp2draft", [1], "mtp2draft is [1] (a list)"),
+]
+EAGLE3_BAD: list[tuple[str, Any, str]] = [
+    ("hidden_size", "64", "hidden_size"),
+    ("intermediate_size", 0, "intermediate_size"),
+    ("num_attention_heads", -1, "num_attention_heads"),
+    ("num_key_value_heads", 1.5, "num_key_value_heads"),
+    ("head_dim", "x", "head_dim"),
+    ("num_hidden_layers", 0, "num_hidden_layers"),
+    ("max_position_embeddings", -1, "max_position_embeddings"),
+    ("vocab_size", True, "vocab_size"),
+    ("rms_norm_eps", 0, "rms_norm_eps"),
+    ("rope_theta", "1e4", "rope_theta"),
+    ("rope_theta", float("inf"), "rope_theta"),
+    ("rope_scaling", "linear", "rope_scaling"),
+    ("hidden_act", "gelu", 'hidden_act is "gelu"'),
+    ("tie_word_embeddings", "no", "tie_word_embeddings"),
+    ("torch_dtype", "int8", "torch_dtype"),
+    ("bos_token_id", -1, "bos_token_id"),
+    ("eos_token_id", "x", "eos_token_id"),
+    ("pad_token_id", 1.5, "pad_token_id"),
+    ("architectures", "LlamaForCausalLMEagle3", "architectures"),
+    ("draft_vocab_size", 0, "draft_vocab_size"),
+    ("draft_vocab_size", 10**6, "draft_vocab_size 1000000 exceeds"),
+    ("target_hidden_size", -5, "target_hidden_size"),
+    ("eagle_aux_hidden_state_layer_ids", [1, 2], "eagle_aux_hidden_state_layer_ids"),
+    ("eagle_aux_hidden_state_layer_ids", [2, 2, 3], "eagle_aux_hidden_state_layer_ids"),
+    ("eagle_aux_hidden_state_layer_ids", ["a", "b", "c"], "eagle_aux_hidden_state_layer_ids"),
+    ("eagle_aux_hidden_state_layer_ids", [0, 1, 2], "eagle_aux_hidden_state_layer_ids"),
+    ("eagle_config", [1], "eagle_config is [1] (a list)"),
+    ("eagle_config.eagle_aux_hidden_state_layer_ids", [-1, 2, 3], "eagle_config.eagle_aux_hidden_state_layer_ids"),
+    ("eagle_config.use_aux_hidden_state", "yes", "eagle_config.use_aux_hidden_state"),
+    ("mtp2draft", "x", "mtp2draft is"),
+    ("mtp2draft.spec", "nope", "mtp2draft.spec"),
+    ("mtp2draft.target_num_layers", 0, "mtp2draft.target_num_layers"),
+    ("mtp2draft.mtp_layer", -1, "mtp2draft.mtp_layer"),
+    ("mtp2draft.target_config", [1], "mtp2draft.target_config"),
+    ("mtp2draft.target_config.hidden_size", "x", "mtp2draft.target_config.hidden_size"),
+]
+SPECULATORS_BAD: list[tuple[str, Any, str]] = [
+    ("draft_vocab_size", -1, "draft_vocab_size"),
+    ("target_hidden_size", "x", "target_hidden_size"),
+    ("eagle_aux_hidden_state_layer_ids", [1], "eagle_aux_hidden_state_layer_ids"),
+    ("transformer_layer_config", [1], "transformer_layer_config is [1] (a list)"),
+    ("transformer_layer_config", DELETE, "1 violation(s) of the speculators format"),  # a format rule
+    ("transformer_layer_config.hidden_size", "x", "transformer_layer_config.hidden_size"),
+    ("transformer_layer_config.rms_norm_eps", -1, "transformer_layer_config.rms_norm_eps"),
+    ("transformer_layer_config.vocab_size", 0, "transformer_layer_config.vocab_size"),
+    ("transformer_layer_config.hidden_act", "relu", "transformer_layer_config.hidden_act"),
+    ("norm_before_fc", "no", "norm_before_fc"),
+    ("norm_output", 0, "norm_output"),
+    ("torch_dtype", "x", "torch_dtype"),
+    ("speculators_config", [1], "speculators_config"),
+]
+
+
+def _slug(value: Any) -> str:
+    text = "deleted" if value is DELETE else json.dumps(value)
+    return "".join(c if c.isalnum() else "_" for c in text)[:24]
+
+
+def _matrix() -> None:
+    layouts = (("native", "ds_mtp", NATIVE_BAD), ("eagle3", "ds_e3", EAGLE3_BAD))
+    for layout, attr, rows in (*layouts, ("speculators", "spec_export", SPECULATORS_BAD)):
+        for field, value, needle in rows:
+
+            def fn(w, tmp, mp, stack, attr=attr, field=field, value=value, needle=needle):
+                return Case(["validate", str(_edited(getattr(w, attr), tmp, field, value))], needle)
+
+            _add(f"validate_{layout}_{field.replace('.', '_')}_{_slug(value)}", fn)
+
+    # every command that reads a draft refuses the same fields, before it reads anything else
+    def sample(layout: str, field: str, value: Any, needle: str) -> dict[str, Callable]:
+        draft_of = {"native": "ds_mtp", "eagle3": "ds_e3"}[layout]
+        fmt = "stitched" if layout == "native" else "sglang"
+
+        def edited(w, tmp):
+            return _edited(getattr(w, draft_of), tmp, field, value)
+
+        return {
+            "export": lambda w, tmp, mp, stack: Case(_export(edited(w, tmp), tmp, fmt, "--target", str(w.ds)), needle),
+            "evaluate": lambda w, tmp, mp, stack: Case(_evaluate(w, draft=edited(w, tmp)), needle),
+            "distill": lambda w, tmp, mp, stack: Case(_distill(w, tmp, draft=edited(w, tmp)), needle),
+            "push": lambda w, tmp, mp, stack: Case(["push", str(edited(w, tmp)), "--repo-id", "me/draft"], needle),
+            "dump_hidden": lambda w, tmp, mp, stack: Case(_dump(w, tmp, "--draft", str(edited(w, tmp))), needle),
+        }
+
+    for layout, field, value, needle in (
+        ("native", "hidden_size", "256", 'hidden_size is "256"'),
+        ("native", "hidden_size", 256.5, "hidden_size is 256.5"),
+        ("native", "vocab_size", -1, "vocab_size is -1"),
+        ("native", "hidden_handover", "sideways", 'hidden_handover is "sideways"'),
+        ("eagle3", "hidden_act", "gelu", "hidden_act"),
+        ("eagle3", "draft_vocab_size", 0, "draft_vocab_size"),
+    ):
+        for command, fn in sample(layout, field, value, needle).items():
+            _add(f"{command}_{layout}_draft_{field}_{_slug(value)}", fn)
+
+
+_matrix()
+
+
+# ---- inspect ------------------------------------------------------------------------------------------------------
+@case
+def inspect_missing_directory(w, tmp, mp, stack):
+    return Case(["inspect", str(tmp / "nope")], "does not exist")
+
+
+@case
+def inspect_revision_of_a_local_directory(w, tmp, mp, stack):
+    return Case(["inspect", str(w.ds), "--revision", "main"], "local")
+
+
+@case
+def inspect_config_not_utf8(w, tmp, mp, stack):
+    ck = _copy(w.ds, tmp, "ck")
+    (ck / "config.json").write_bytes("{}".encode("utf-16"))
+    return Case(["inspect", str(ck)], "config.json")
+
+
+@case
+def inspect_source_is_a_file(w, tmp, mp, stack):
+    (tmp / "model.safetensors").write_bytes(b"x")
+    return Case(["inspect", str(tmp / "model.safetensors")], "is a file")
+
+
+# ---- convert ------------------------------------------------------------------------------------------------------
+def _convert(w: World, tmp: Path, *extra: str) -> list[str]:
+    return ["convert", str(w.ds), "--out", str(tmp / "out"), *extra]
+
+
+@case
+def convert_layer_negative(w, tmp, mp, stack):
+    return Case(_convert(w, tmp, "--layer", "-1"), "--layer -1 is out of range")
+
+
+@case
+def convert_aux_layers_for_a_native_draft(w, tmp, mp, stack):
+    return Case(_convert(w, tmp, "--aux-layers", "1,2,3"), "--aux-layers applies to --to eagle3")
+
+
+@case
+def convert_aux_layers_two_ids(w, tmp, mp, stack):
+    return Case(_convert(w, tmp, "--to", "eagle3", "--aux-layers", "1,2"), "aux layer ids must be three")
+
+
+@case
+def convert_aux_layers_repeated(w, tmp, mp, stack):
+    return Case(_convert(w, tmp, "--to", "eagle3", "--aux-layers", "1,1,2"), "aux layer ids must be three distinct")
+
+
+@case
+def convert_aux_layers_negative(w, tmp, mp, stack):
+    return Case(_convert(w, tmp, "--to", "eagle3", "--aux-layers", "-1,2,3"), "aux layer ids must be")
+
+
+@case
+def convert_dtype_float64(w, tmp, mp, stack):
+    return Case(_convert(w, tmp, "--dtype", "float64"), "--dtype must be one of")
+
+
+@case
+def convert_into_an_out_another_run_is_writing(w, tmp, mp, stack):
+    _claimed_elsewhere(tmp / "out", stack)
+    return Case(_convert(w, tmp), "is being written by another mtp2draft run")
+
+
+@case
+def convert_out_inside_the_source(w, tmp, mp, stack):
+    ck = _copy(w.ds, tmp, "ck")
+    return Case(["convert", str(ck), "--out", str(ck / "draft")], "lies inside the input")
+
+
+# ---- distill ------------------------------------------------------------------------------------------------------
+for _name, _args, _needle in (
+    ("steps_negative", ("--steps", "-1"), "--steps must be a whole number >= 0"),
+    ("batch_size_negative", ("--batch-size", "-1"), "--batch-size must be"),
+    ("ttt_steps_negative", ("--ttt-steps", "-1"), "--ttt-steps must be"),
+    ("lr_zero", ("--lr", "0"), "--lr must be a finite number > 0"),
+    ("lr_inf", ("--lr", "inf"), "--lr must be a finite number > 0"),
+    ("lr_negative_fraction", ("--lr", "-0.5"), "--lr must be a finite number > 0"),
+    ("max_length_zero", ("--max-length", "0"), "--max-length must be"),
+    ("max_length_negative", ("--max-length", "-8"), "--max-length must be"),
+    ("save_every_negative", ("--save-every", "-1"), "--save-every must be"),
+    ("draft_vocab_size_negative", ("--draft-vocab-size", "-1"), "--draft-vocab-size must be"),
+    ("step_weights_negative", ("--step-weights", "1,-1,1"), "--step-weights must be finite, >= 0"),
+    ("step_weights_nan", ("--step-weights", "1,nan,1"), "--step-weights must be finite"),
+    ("step_weights_all_zero", ("--step-weights", "0,0,0"), "not all zero"),
+    ("device_cuda_7", ("--device", "cuda:7"), "--device cuda:7"),
+    ("device_cuda", ("--device", "cuda"), "--device cuda"),
+    ("device_foo", ("--device", "foo"), "--device 'foo': not a device torch knows"),
+    ("device_mps", ("--device", "mps"), "--device mps"),
+    ("device_meta", ("--device", "meta"), "--device meta"),
+    ("precision_fp16", ("--precision", "fp16"), "--precision must be one of"),
+    ("train_subset_bogus", ("--train-subset", "bogus"), "--train-subset must be one of"),
+    ("engine_bogus", ("--engine", "trt"), "--engine must be one of"),
+    ("hidden_handover_sideways", ("--hidden-handover", "sideways"), "--hidden-handover must be"),
+    ("draft_vocab_size_for_a_native_draft", ("--draft-vocab-size", "100"), "applies to eagle3 drafts"),
+    ("plan_world_size_zero", ("--plan", "--world-size", "0"), "--world-size must be a whole number >= 1"),
+    ("plan_world_size_negative", ("--plan", "--world-size", "-2"), "--world-size must be a whole number >= 1"),
+):
+    _add(f"distill_{_name}", lambda w, tmp, mp, stack, a=_args, n=_needle: Case(_distill(w, tmp, *a), n))
+
+
+@case
+def distill_hidden_handover_for_eagle3(w, tmp, mp, stack):
+    argv = _distill(w, tmp, "--hidden-handover", "pre_norm", draft=w.ds_e3)
+    return Case(argv, "--hidden-handover applies to native MTP drafts")
+
+
+@case
+def distill_draft_vocab_beyond_the_target(w, tmp, mp, stack):
+    return Case(_distill(w, tmp, "--draft-vocab-size", "999999", draft=w.ds_e3), "exceeds the target vocabulary")
+
+
+@case
+def distill_into_an_out_another_run_is_writing(w, tmp, mp, stack):
+    _claimed_elsewhere(tmp / "out", stack)
+    return Case(_distill(w, tmp), "is being written by another mtp2draft run")
+
+
+@case
+def distill_out_is_the_target(w, tmp, mp, stack):
+    ck = _copy(w.ds, tmp, "ck")
+    argv = _distill(w, tmp, target=ck)
+    argv[argv.index("--out") + 1] = str(ck)
+    return Case([*argv, "--overwrite"], "is the input")
+
+
+# ---- target identity: evaluate, distill, stitched / nextn export, validate, run -------------------------------------
+IDENTITY = (
+    ("rope_theta", 20000.0),
+    ("rms_norm_eps", 1e-3),
+    ("rope_scaling", {"rope_type": "linear", "factor": 2.0}),
+    ("qk_rope_head_dim", 32),
+    ("num_hidden_layers", 7),
+    ("routed_scaling_factor", 1.0),
+    ("added_field", 1),
+)
+for _field, _value in IDENTITY:
+
+    def _target(w, tmp, f=_field, v=_value):
+        return _edited(w.ds, tmp, f, v, "other-target")
+
+    _needle = f"{_field} "
+    _add(f"evaluate_target_differs_in_{_field}", lambda w, tmp, mp, s, t=_target, n=_needle: Case(
+        _evaluate(w, target=t(w, tmp)), n))  # fmt: skip
+    _add(f"distill_target_differs_in_{_field}", lambda w, tmp, mp, s, t=_target, n=_needle: Case(
+        _distill(w, tmp, target=t(w, tmp)), n))  # fmt: skip
+    _add(f"export_stitched_target_differs_in_{_field}", lambda w, tmp, mp, s, t=_target, n=_needle: Case(
+        _export(w.ds_mtp, tmp, "stitched", "--target", str(t(w, tmp))), n))  # fmt: skip
+
+
+@case
+def evaluate_eagle3_target_differs_in_rope_theta(w, tmp, mp, stack):
+    return Case(_evaluate(w, draft=w.ds_e3, target=_edited(w.ds, tmp, "rope_theta", 5.0, "t")), "rope_theta ")
+
+
+@case
+def export_nextn_target_differs_in_rms_norm_eps(w, tmp, mp, stack):
+    target = _edited(w.ds, tmp, "rms_norm_eps", 0.5, "t")
+    return Case(_export(w.ds_mtp, tmp, "nextn", "--target", str(target)), "rms_norm_eps ")
+
+
+@case
+def validate_against_a_target_that_differs(w, tmp, mp, stack):
+    target = _edited(w.ds, tmp, "rope_theta", 5.0, "t")
+    return Case(["validate", str(w.ds_mtp), "--target", str(target)], "1 violation(s)")
+
+
+@case
+def evaluate_baseline_of_another_family(w, tmp, mp, stack):
+    return Case(_evaluate(w, "--baseline", str(w.mimo_mtp)), "was made for a mimo target")
+
+
+@case
+def evaluate_target_of_another_family(w, tmp, mp, stack):
+    return Case(_evaluate(w, target=w.mimo), "was made for a deepseek_v3 target")
+
+
+# ---- evaluate options -----------------------------------------------------------------------------------------------
+for _name, _args, _needle in (
+    ("k_negative", ("-k", "-1"), "--num-draft-tokens must be at least 1"),
+    ("max_new_tokens_negative", ("--max-new-tokens", "-1"), "--max-new-tokens must be at least 1"),
+    ("max_prompts_zero", ("--max-prompts", "0"), "--max-prompts must be at least 1"),
+    ("max_prompts_negative", ("--max-prompts", "-3"), "--max-prompts must be at least 1"),
+    ("max_prompt_length_zero", ("--max-prompt-length", "0"), "--max-prompt-length must be at least 1"),
+    ("max_prompt_length_negative", ("--max-prompt-length", "-1"), "--max-prompt-length must be at least 1"),
+):
+    _add(f"evaluate_{_name}", lambda w, tmp, mp, stack, a=_args, n=_needle: Case(_evaluate(w, *a), n))
+
+
+# ---- export / validate options --------------------------------------------------------------------------------------
+@case
+def export_speculative_tokens_negative(w, tmp, mp, stack):
+    return Case(_export(w.ds_e3, tmp, "speculators", "--speculative-tokens", "-3"), "--speculative-tokens must be")
+
+
+@case
+def export_format_mtp_is_not_written(w, tmp, mp, stack):
+    return Case(_export(w.ds_mtp, tmp, "mtp"), "--format must be one of")
+
+
+@case
+def export_stitched_without_target(w, tmp, mp, stack):
+    return Case(_export(w.ds_mtp, tmp, "stitched"), "needs --target")
+
+
+@case
+def export_kind_clash(w, tmp, mp, stack):
+    return Case(_export(w.ds_mtp, tmp, "sglang"), "takes an EAGLE-3 draft")
+
+
+@case
+def export_into_an_out_another_run_is_writing(w, tmp, mp, stack):
+    _claimed_elsewhere(tmp / "out", stack)
+    return Case(_export(w.ds_e3, tmp, "sglang"), "is being written by another mtp2draft run")
+
+
+@case
+def validate_unknown_format(w, tmp, mp, stack):
+    return Case(["validate", str(w.ds_e3), "--format", "onnx"], "--format must be one of")
+
+
+@case
+def validate_config_is_a_list(w, tmp, mp, stack):
+    d = _copy(w.ds_mtp, tmp, "draft")
+    (d / "config.json").write_text("[1, 2]")
+    return Case(["validate", str(d)], "config.json")
+
+
+# ---- push ------------------------------------------------------------------------------------------------------------
+@case
+def push_readme_utf16(w, tmp, mp, stack):
+    d = _copy(w.spec_export, tmp, "export")
+    (d / "README.md").write_bytes("# notes\n".encode("utf-16"))
+    mp.setenv("HF_TOKEN", "hf_" + "x" * 34)
+    return Case(["push", str(d), "--repo-id", "me/draft"], "README.md is UTF-16")
+
+
+@case
+def push_readme_latin1(w, tmp, mp, stack):
+    d = _copy(w.spec_export, tmp, "export")
+    (d / "README.md").write_bytes("caf\xe9\n".encode("latin-1"))
+    mp.setenv("HF_TOKEN", "hf_" + "x" * 34)
+    return Case(["push", str(d), "--repo-id", "me/draft"], "README.md is not UTF-8")
+
+
+@case
+def push_directory_without_config(w, tmp, mp, stack):
+    (tmp / "empty").mkdir()
+    return Case(["push", str(tmp / "empty"), "--repo-id", "me/draft"], "has no config.json")
+
+
+# ---- run: everything checked before the first byte is fetched ---------------------------------------------------------
+for _name, _args, _needle in (
+    ("format_kind_clash_mtp_sglang", ("--to", "mtp", "--format", "sglang"), "--format sglang takes an EAGLE-3 draft"),
+    ("format_kind_clash_eagle3_nextn", ("--to", "eagle3", "--format", "nextn"), "--format nextn takes a native MTP"),
+    ("unknown_kind", ("--to", "medusa"), "--to must be one of"),
+    ("unknown_format", ("--format", "onnx"), "--format must be one of"),
+    ("k_zero", ("-k", "0"), "--num-draft-tokens must be at least 1"),
+    ("k_negative", ("-k", "-2"), "--num-draft-tokens must be at least 1"),
+    ("max_new_tokens_zero", ("--max-new-tokens", "0"), "--max-new-tokens must be at least 1"),
+    ("max_prompts_zero", ("--max-prompts", "0"), "--max-prompts must be at least 1"),
+    ("steps_negative", ("--steps", "-1"), "--steps must be a whole number >= 0"),
+    ("steps_zero_native", ("--to", "mtp", "--steps", "0"), "--steps 0 would write an untrained draft"),
+    ("batch_size_zero", ("--batch-size", "0"), "--batch-size must be"),
+    ("ttt_steps_zero", ("--ttt-steps", "0"), "--ttt-steps must be"),
+    ("lr_negative", ("--lr", "-1"), "--lr must be a finite number"),
+    ("max_length_one", ("--max-length", "1"), "--max-length must be"),
+    ("draft_vocab_size_zero", ("--draft-vocab-size", "0"), "--draft-vocab-size must be"),
+    ("draft_vocab_size_for_mtp", ("--to", "mtp", "--draft-vocab-size", "100"), "applies to eagle3 drafts"),
+    ("draft_vocab_size_beyond_vocab", ("--to", "eagle3", "--draft-vocab-size", "999999"), "exceeds the target"),
+    ("engine_bogus", ("--engine", "trt"), "--engine must be one of"),
+    ("layer_out_of_range", ("--layer", "5"), "--layer 5 is out of range"),
+    ("layer_negative", ("--layer", "-1"), "--layer -1 is out of range"),
+    ("push_not_a_repo_id", ("--push", "not a repo"), "is not a Hub repo id"),
+):
+    _add(f"run_{_name}", lambda w, tmp, mp, stack, a=_args, n=_needle: Case(_run(w, tmp, *a), n))
+
+
+@case
+def run_push_without_a_token(w, tmp, mp, stack):
+    from huggingface_hub import constants
+
+    for var in ("HF_TOKEN", "HUGGING_FACE_HUB_TOKEN"):
+        mp.delenv(var, raising=False)
+    mp.setattr(constants, "HF_TOKEN_PATH", str(tmp / "no-token"))
+    mp.setattr(constants, "HF_STORED_TOKENS_PATH", str(tmp / "no-tokens"))
+    return Case(_run(w, tmp, "--push", "me/draft"), "--push needs a Hugging Face token")
+
+
+@case
+def run_target_differs_from_the_source(w, tmp, mp, stack):
+    target = _edited(w.ds, tmp, "rope_theta", 5.0, "t")
+    return Case(_run(w, tmp, "--target", str(target)), "is not the checkpoint")
+
+
+@case
+def run_target_of_another_family(w, tmp, mp, stack):
+    return Case(_run(w, tmp, "--target", str(w.mimo)), "is not the checkpoint")
+
+
+@case
+def run_data_missing(w, tmp, mp, stack):
+    argv = _run(w, tmp)
+    argv[argv.index("--data") + 1] = str(tmp / "missing.jsonl")
+    return Case(argv, "--data")
+
+
+@case
+def run_eval_data_missing(w, tmp, mp, stack):
+    return Case(_run(w, tmp, "--eval-data", str(tmp / "missing.jsonl")), "--eval-data")
+
+
+@case
+def run_work_is_a_file(w, tmp, mp, stack):
+    (tmp / "work").write_text("x")
+    return Case(_run(w, tmp), "is a file")
+
+
+@case
+def run_work_holds_a_users_files(w, tmp, mp, stack):
+    (tmp / "work").mkdir()
+    (tmp / "work" / "notes.txt").write_text("mine")
+    return Case(_run(w, tmp, "--overwrite"), "did not write")
+
+
+@case
+def run_work_is_the_source(w, tmp, mp, stack):
+    ck = _copy(w.ds, tmp, "ck")
+    argv = _run(w, tmp, "--overwrite", source=ck)
+    argv[argv.index("--work") + 1] = str(ck)
+    return Case(argv, "is the input")
+
+
+@case
+def run_work_another_run_is_writing(w, tmp, mp, stack):
+    _claimed_elsewhere(tmp / "work", stack)
+    return Case(_run(w, tmp), "is being written by another mtp2draft run")
+
+
+@case
+def run_source_missing(w, tmp, mp, stack):
+    return Case(_run(w, tmp, source=tmp / "nope"), "does not exist")
+
+
+# ---- dump-hidden (its options outside the dump files) -------------------------------------------------------------
+@case
+def dump_hidden_draft_missing(w, tmp, mp, stack):
+    return Case(_dump(w, tmp, "--draft", str(tmp / "nope")), "does not exist")
+
+
+@case
+def dump_hidden_data_missing(w, tmp, mp, stack):
+    argv = _dump(w, tmp)
+    argv[argv.index("--data") + 1] = str(tmp / "missing.jsonl")
+    return Case(argv, "does not exist")
+
+
+@case
+def dump_hidden_max_length_zero(w, tmp, mp, stack):
+    return Case(_dump(w, tmp, "--max-length", "0"), "--max-length must be a whole number >= 2")
+
+
+@case
+def dump_hidden_aux_layers_not_numbers(w, tmp, mp, stack):
+    return Case(_dump(w, tmp, "--aux-layers", "a,b,c"), "--aux-layers", usage=True)
+
+
+# ---- specs / demo ------------------------------------------------------------------------------------------------------
+@case
+def specs_extra_argument(w, tmp, mp, stack):
+    return Case(["specs", "extra"], "extra", usage=True)
+
+
+@case
+def specs_malformed_user_spec(w, tmp, mp, stack):
+    from mtp2draft.family.spec import registry
+
+    (tmp / "specs").mkdir()
+    (tmp / "specs" / "broken.toml").write_text("name = [unclosed\n")
+    mp.setenv("MTP2DRAFT_SPEC_PATH", str(tmp / "specs"))
+    registry.cache_clear()
+    stack.callback(registry.cache_clear)
+    return Case(["specs"], "broken.toml")
+
+
+@case
+def demo_steps_negative(w, tmp, mp, stack):
+    return Case(["demo", "--steps", "-1", "--work", str(tmp / "demo")], "--steps must be a whole number >= 0")
+
+
+@case
+def demo_steps_zero(w, tmp, mp, stack):
+    return Case(["demo", "--steps", "0", "--work", str(tmp / "demo")], "--steps 0 would write an untrained draft")
+
+
+@case
+def demo_work_holds_a_users_files(w, tmp, mp, stack):
+    (tmp / "demo").mkdir()
+    (tmp / "demo" / "notes.txt").write_text("mine")
+    return Case(["demo", "--work", str(tmp / "demo")], "did not write")
+
+
+@case
+def demo_work_is_a_file(w, tmp, mp, stack):
+    (tmp / "demo").write_text("x")
+    return Case(["demo", "--work", str(tmp / "demo")], "is a file")
+
+
+@case
+def demo_work_is_the_working_directory(w, tmp, mp, stack):
+    mp.chdir(tmp)
+    return Case(["demo", "--work", "."], "working directory")
+
+
+# ---- the test ---------------------------------------------------------------------------------------------------------
+COMMANDS = ("inspect", "convert", "distill", "evaluate", "export", "validate", "push", "run", "dump-hidden", "specs")
+
+
+def command_counts() -> dict[str, int]:
+    return dict(collections.Counter(name.split("_", 1)[0].replace("dump", "dump-hidden") for name in CASES))
+
+
+def test_every_command_is_covered() -> None:
+    counts = command_counts()
+    assert all(counts.get(c, 0) >= 1 for c in (*COMMANDS, "demo")), counts
+    assert len(CASES) >= 150, counts
+
+
+def _snapshot(*roots: Path) -> dict[str, tuple[int, int]]:
+    files = {}
+    for root in roots:
+        for p in root.rglob("*"):
+            stat = p.lstat()
+            files[str(p)] = (stat.st_size if p.is_file() else -1, stat.st_mtime_ns if p.is_file() else 0)
+    return files
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_bad_command_fails_in_one_line_and_writes_nothing(
+    name: str, world: World, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys
+) -> None:
+    with contextlib.ExitStack() as stack:
+        spec = CASES[name](world, tmp_path, monkeypatch, stack)
+        capsys.readouterr()
+        before = _snapshot(tmp_path, world.root, world.ds, world.mimo)
+        code = main(spec.argv)
+        out, err = capsys.readouterr()
+        after = _snapshot(tmp_path, world.root, world.ds, world.mimo)
+    assert code == spec.code, (out, err)
+    assert "Traceback" not in err and "Traceback" not in out
+    if spec.usage:
+        assert "Usage:" in err and "Error:" in err and spec.needle in err, err
+    else:
+        lines = [line for line in err.splitlines() if line.startswith("error:")]
+        assert len(lines) == 1 and spec.needle in lines[0], err
+    assert after == before, sorted(set(after) ^ set(before))
+
+
+def test_the_readme_counts_the_cases() -> None:
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    listed = dict(re.findall(r"^  \| `([a-z-]+)` \| (\d+) \|$", readme, flags=re.M))
+    assert {k: int(v) for k, v in listed.items()} == command_counts()
