@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from disk import snapshot
 
 from mtp2draft.cli.app import main
 from mtp2draft.conversion import convert
@@ -721,15 +722,6 @@ def test_every_command_is_covered() -> None:
     assert len(CASES) >= 150, counts
 
 
-def _snapshot(*roots: Path) -> dict[str, tuple[int, int]]:
-    files = {}
-    for root in roots:
-        for p in root.rglob("*"):
-            stat = p.lstat()
-            files[str(p)] = (stat.st_size if p.is_file() else -1, stat.st_mtime_ns if p.is_file() else 0)
-    return files
-
-
 @pytest.mark.parametrize("name", sorted(CASES))
 def test_bad_command_fails_in_one_line_and_writes_nothing(
     name: str, world: World, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys
@@ -737,10 +729,10 @@ def test_bad_command_fails_in_one_line_and_writes_nothing(
     with contextlib.ExitStack() as stack:
         spec = CASES[name](world, tmp_path, monkeypatch, stack)
         capsys.readouterr()
-        before = _snapshot(tmp_path, world.root, world.ds, world.mimo)
+        before = snapshot(tmp_path, world.root, world.ds, world.mimo)
         code = main(spec.argv)
         out, err = capsys.readouterr()
-        after = _snapshot(tmp_path, world.root, world.ds, world.mimo)
+        after = snapshot(tmp_path, world.root, world.ds, world.mimo)
     assert code == spec.code, (out, err)
     assert "Traceback" not in err and "Traceback" not in out
     if spec.usage:

@@ -21,6 +21,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from disk import snapshot
 from safetensors.torch import load_file, save_file
 
 from mtp2draft.cli.app import main
@@ -1227,15 +1228,6 @@ def dump_of_another_commit(w, tmp, mp):
 
 
 # ---- the table --------------------------------------------------------------------------------------------------------
-def _snapshot(*roots: Path) -> dict[str, tuple[int, int]]:
-    files = {}
-    for root in roots:
-        for p in root.rglob("*"):
-            if p.is_symlink():
-                files[str(p)] = (-2, 0)
-            elif p.is_file() or p.is_dir():
-                files[str(p)] = (p.stat().st_size if p.is_file() else -1, p.stat().st_mtime_ns if p.is_file() else 0)
-    return files
 
 
 def test_the_table_is_large_enough() -> None:
@@ -1249,7 +1241,7 @@ def test_bad_dump_fails_in_one_line_and_writes_nothing(
     with contextlib.ExitStack():
         spec = CASES[name](world, tmp_path, monkeypatch)
         capsys.readouterr()
-        before = _snapshot(tmp_path, world.root, world.ds, world.mimo)
+        before = snapshot(tmp_path, world.root, world.ds, world.mimo)
         code = main(spec.argv)
         out, err = capsys.readouterr()
     assert code == spec.code, (out, err)
@@ -1259,7 +1251,7 @@ def test_bad_dump_fails_in_one_line_and_writes_nothing(
     else:
         lines = [line for line in err.splitlines() if line.startswith("error:")]
         assert len(lines) == 1 and spec.needle in lines[0], err
-    after = _snapshot(tmp_path, world.root, world.ds, world.mimo)
+    after = snapshot(tmp_path, world.root, world.ds, world.mimo)
     assert after == before, sorted(set(after) ^ set(before))
 
 

@@ -19,6 +19,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from disk import snapshot
 from safetensors.torch import load_file, save_file
 
 from mtp2draft.cli.app import main
@@ -730,15 +731,6 @@ def push_without_a_token(w, tmp, mp, stack):
     return Case(["push", str(export), "--repo-id", "me/draft"], "no Hugging Face token")
 
 
-def _snapshot(*roots: Path) -> dict[str, tuple[int, int]]:
-    files = {}
-    for root in roots:
-        for p in root.rglob("*"):
-            if p.is_file() or p.is_dir():
-                files[str(p)] = (p.stat().st_size if p.is_file() else -1, p.stat().st_mtime_ns if p.is_file() else 0)
-    return files
-
-
 def test_the_table_is_large_enough() -> None:
     assert len(CASES) >= 50
 
@@ -750,7 +742,7 @@ def test_bad_input_fails_in_one_line_and_writes_nothing(
     with contextlib.ExitStack() as stack:
         spec = CASES[name](world, tmp_path, monkeypatch, stack)
         capsys.readouterr()
-        before = _snapshot(tmp_path, world.root, world.ds, world.mimo)
+        before = snapshot(tmp_path, world.root, world.ds, world.mimo)
         code = main(spec.argv)
         out, err = capsys.readouterr()
     assert code == spec.code, (out, err)
@@ -762,5 +754,5 @@ def test_bad_input_fails_in_one_line_and_writes_nothing(
     else:
         lines = [line for line in err.splitlines() if line.startswith("error:")]
         assert len(lines) == 1 and spec.needle in lines[0], err
-    after = _snapshot(tmp_path, world.root, world.ds, world.mimo)
+    after = snapshot(tmp_path, world.root, world.ds, world.mimo)
     assert after == before, sorted(set(after) ^ set(before))
