@@ -1327,6 +1327,23 @@ def test_torchrun_a_rank_refused_before_it_joins_hangs_no_one(world: World, tmp_
 
 
 @pytest.mark.slow
+def test_torchrun_an_out_claimed_by_another_run_fails_every_rank(world: World, tmp_path: Path) -> None:
+    """Rank 0 (the writer) finds --out claimed by a live run: rank 1 does not wait for it, both print one line."""
+    from mtp2draft.io import claim_output
+
+    with claim_output(tmp_path / "out"):  # this test's process is the other run (alive, so its claim is not stale)
+        done, seconds = _torchrun(*_distill(world, tmp_path, world.dump)[1:], timeout=240)
+    output = done.stdout + done.stderr
+    errors = _rank_errors(output)
+    assert done.returncode != 0 and not _rank_tracebacks(output), output
+    assert sorted(errors) == ["0", "1"] and all(len(e) == 1 for e in errors.values()), output
+    assert "is being written by another mtp2draft run" in errors["0"][0], errors
+    assert errors["1"][0].startswith("error: rank 0: --out ") and "another mtp2draft run" in errors["1"][0], errors
+    assert not (tmp_path / "out").exists() and not (tmp_path / "out.checkpoints").exists()
+    print(f"torchrun: a claimed --out refused on both ranks in {seconds:.1f} s (process start included)")
+
+
+@pytest.mark.slow
 def test_torchrun_a_damaged_row_on_one_rank_fails_every_rank(world: World, tmp_path: Path) -> None:
     """NaN in the row rank 1 reads at step 1: rank 0's rows are fine, yet both ranks fail at once with one line."""
     from mtp2draft.train.teacher import batch_indices

@@ -1,6 +1,6 @@
-"""Output directories are claimed: two runs into one --out leave one complete result and one clean refusal, whatever
-the interleaving; a claim left by a killed run is taken over; a directory that changed while a run was writing is
-never deleted."""
+"""Output directories are claimed: two runs of convert, distill or dump-hidden into one --out leave one complete result
+and one clean refusal, whatever the interleaving (20 tries each); a claim left by a killed run is taken over; a
+directory that changed while a run was writing is never deleted."""
 
 from __future__ import annotations
 
@@ -15,9 +15,13 @@ from pathlib import Path
 import pytest
 
 from mtp2draft.conversion import convert
+from mtp2draft.data import load_tokenizer, read_examples
 from mtp2draft.draft.modules import load_draft
 from mtp2draft.errors import OutputExistsError
 from mtp2draft.io import atomic_output_dir, claim_output, is_ours, lock_path
+from mtp2draft.target.dump_checks import check_shards, read_manifest
+from mtp2draft.target.engine import dump_hidden
+from mtp2draft.train.recipe import DistillConfig, distill
 
 
 def _race(n: int, fn) -> list[BaseException | None]:
@@ -40,16 +44,89 @@ def _race(n: int, fn) -> list[BaseException | None]:
     return results
 
 
+def _one_result_one_refusal(results: list[BaseException | None], out: Path) -> None:
+    errors = [r for r in results if r is not None]
+    assert len(errors) == 1 and isinstance(errors[0], OutputExistsError), results
+    assert "another mtp2draft run" in str(errors[0]) or "not empty" in str(errors[0])
+    assert is_ours(out)
+    assert sorted(p.name for p in out.parent.iterdir()) == [out.name]  # no claim, checkpoints, temporary or old copy
+
+
 def test_concurrent_converts_into_one_out_leave_one_result_and_one_refusal(build, tmp_path: Path) -> None:
     src = build("mimo")
     for attempt in range(20):
         out = tmp_path / f"try{attempt}" / "draft"
         results = _race(2, lambda _, out=out: convert(str(src), out, dtype="float32"))
+        _one_result_one_refusal(results, out)
+        assert load_draft(out) is not None  # complete and loadable
+
+
+@pytest.mark.slow
+def test_concurrent_distills_into_one_out_leave_one_result_and_one_refusal(target, text_data, tmp_path: Path) -> None:
+    tgt = target("mimo", num_hidden_layers=2)
+    convert(str(tgt), tmp_path / "draft", dtype="float32")
+    cfg = DistillConfig(steps=2, batch_size=2, max_length=24, save_every=1, log_every=1)
+    for attempt in range(20):
+        out = tmp_path / f"try{attempt}" / "ft"
+        results = _race(2, lambda _, out=out: distill(tmp_path / "draft", out, text_data, str(tgt), config=cfg))
+        _one_result_one_refusal(results, out)
+        assert (
+            load_draft(out) is not None and json.loads((out / "provenance.json").read_text())["distill"]["steps"] == 2
+        )
+
+
+def _sequences(tgt: Path, data: Path) -> list[dict]:
+    examples, _ = read_examples(data, load_tokenizer(tgt), 24)
+    return [{"input_ids": e.input_ids, "loss_mask": e.loss_mask} for e in examples[:4]]
+
+
+def _dumped(out: Path, n: int) -> None:
+    manifest = read_manifest(out)
+    assert sorted(i for s in manifest["shards"] for i in s["sequences"]) == list(range(n))
+    check_shards(out, manifest)  # every record there, headers and shapes as the manifest says
+
+
+@pytest.mark.slow
+def test_concurrent_dumps_into_one_out_leave_one_result_and_one_refusal(target, text_data, tmp_path: Path) -> None:
+    tgt = target("mimo", num_hidden_layers=2)
+    seqs = _sequences(tgt, text_data)
+    for attempt in range(20):
+        out = tmp_path / f"try{attempt}" / "dump"
+        results = _race(
+            2,
+            lambda _, out=out: dump_hidden("transformers", str(tgt), seqs, out, aux_layers=None, top_k=4, shard_size=2),
+        )
+        _one_result_one_refusal(results, out)
+        _dumped(out, len(seqs))
+
+
+@pytest.mark.slow
+def test_a_vllm_dump_claims_its_out_while_the_engine_runs(target, text_data, tmp_path: Path, monkeypatch) -> None:
+    """The engine's extraction takes minutes on a real target: a second dump into the same --out is refused at once,
+    not after it. A stand-in for the vLLM run (the transformers target, slowed down) keeps this on the unit suite."""
+    import mtp2draft.target.engine as engine
+    from mtp2draft.target.hidden import TargetModel
+
+    class SlowEngine(TargetModel):
+        vllm_version = "stand-in"
+
+        def __init__(self, target, ids, aux, final, top_k, work, revision, token, tp) -> None:
+            assert lock_path(out).is_file()  # claimed before the engine starts
+            time.sleep(0.5)
+            super().__init__(target, revision, token)
+
+    monkeypatch.setattr(engine, "VllmTarget", SlowEngine)
+    tgt = target("mimo", num_hidden_layers=2)
+    seqs = _sequences(tgt, text_data)
+    for attempt in range(20):
+        out = tmp_path / f"try{attempt}" / "dump"
+        results = _race(
+            2, lambda _, out=out: dump_hidden("vllm", str(tgt), seqs, out, aux_layers=None, top_k=4, shard_size=2)
+        )
         errors = [r for r in results if r is not None]
-        assert len(errors) == 1 and isinstance(errors[0], OutputExistsError), results
-        assert "another mtp2draft run" in str(errors[0]) or "not empty" in str(errors[0])
-        assert is_ours(out) and load_draft(out) is not None  # complete and loadable
-        assert sorted(p.name for p in out.parent.iterdir()) == ["draft"]  # no claim, temporary or old copy left
+        assert len(errors) == 1 and "another mtp2draft run" in str(errors[0]), results  # refused while it ran
+        assert is_ours(out) and sorted(p.name for p in out.parent.iterdir()) == ["dump"]
+        _dumped(out, len(seqs))
 
 
 def test_overlapping_overwrites_refuse_the_second_run(build, tmp_path: Path, monkeypatch) -> None:

@@ -258,7 +258,7 @@ def dump_hidden(
 ) -> Path:
     """`dump-hidden` with the chosen engine (`DUMP_ENGINES`). `write` are `hidden.dump_hidden_states`'s options
     (aux_layers, top_k, shard_size, overwrite, progress, final, inputs), which writes the files in both cases."""
-    from mtp2draft.io import check_output_dir
+    from mtp2draft.io import check_output_dir, claim_output
     from mtp2draft.target.hidden import TargetModel, dump_hidden_states
 
     if engine not in DUMP_ENGINES:
@@ -268,11 +268,11 @@ def dump_hidden(
             raise OptionError("--tensor-parallel-size is for --engine vllm (transformers spreads with device_map)")
         return dump_hidden_states(TargetModel(target, revision, token), sequences, out, **write)
     out = Path(out)
-    # refuse before the engine runs for minutes (dump_hidden_states checks again, with the target's directory)
+    # refuse before the engine runs for minutes (dump_hidden_states checks again, with the target's directory), and
+    # claim --out for the engine's run too: a second dump into it is refused at once, not after the extraction
     check_output_dir(out, write.get("overwrite", False), [*write.get("inputs", ()), target])
-    out.parent.mkdir(parents=True, exist_ok=True)
     progress = write.get("progress") or (lambda _: None)
-    with tempfile.TemporaryDirectory(prefix=".mtp2draft-vllm-", dir=out.parent) as work:
+    with claim_output(out), tempfile.TemporaryDirectory(prefix=".mtp2draft-vllm-", dir=out.parent) as work:
         ids = [s["input_ids"] for s in sequences]
         aux, final, top_k = write.get("aux_layers"), write.get("final"), write.get("top_k", 64)
         vt = VllmTarget(target, ids, aux, final, top_k, Path(work), revision, token, tensor_parallel_size)

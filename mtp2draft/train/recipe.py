@@ -247,9 +247,15 @@ class DistillRecipe:
     def run(self) -> DistillResult:
         """The whole run holds the claim on --out (rank 0, which writes): a second run into it is refused at once,
         not after hours of training, and the two can never share its checkpoints."""
-        check_output_dir(self.job.out, self.job.overwrite, self.job.inputs)  # refused before anything is claimed
-        with claim_output(self.job.out) if self.par.is_main else contextlib.nullcontext():
+        with contextlib.ExitStack() as held:
+            # a refusal on one rank (rank 0 finds --out claimed by another run) fails every rank with its line
+            parallel.together(self.par, lambda: self.claim(held))
             return self._run()
+
+    def claim(self, held: contextlib.ExitStack) -> None:
+        check_output_dir(self.job.out, self.job.overwrite, self.job.inputs)  # refused before anything is claimed
+        if self.par.is_main:
+            held.enter_context(claim_output(self.job.out))
 
     def _run(self) -> DistillResult:
         self.check_agreement()
