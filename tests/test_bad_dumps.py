@@ -1359,16 +1359,3 @@ def test_torchrun_a_damaged_row_on_one_rank_fails_every_rank(world: World, tmp_p
     assert errors["0"][0].startswith("error: rank 1: ") and f"record {n}:" in errors["0"][0]
     assert not (tmp_path / "out").exists()
     print(f"torchrun damaged row refused on both ranks in {seconds:.1f} s (process start included)")
-
-
-def test_the_readme_counts_the_table() -> None:
-    """The README's Safety section says how many cases each command has here; keep it true."""
-    import inspect
-    import re
-
-    counts = {"dump-hidden": 0, "distill": 0}
-    for fn in CASES.values():
-        counts["dump-hidden" if "_dump_hidden(" in inspect.getsource(fn) else "distill"] += 1
-    readme = (ROOT / "README.md").read_text()
-    said = re.search(r"(\d+)\s+`dump-hidden` cases and (\d+) `distill --hidden-states` cases", readme)
-    assert said is not None and (int(said.group(1)), int(said.group(2))) == (counts["dump-hidden"], counts["distill"])

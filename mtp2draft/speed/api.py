@@ -14,7 +14,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from mtp2draft.errors import DataError, SourceError
+from mtp2draft.errors import DataError, OptionError, SourceError
 from mtp2draft.speed.accelerators import get_accelerator
 from mtp2draft.speed.cost import draft_cost, mtp_draft_cost, target_cost, text_config
 from mtp2draft.speed.model import BATCHES, KS, Acceptance, SpeedReport, predict, read_acceptance
@@ -27,9 +27,14 @@ def read_config(ref: str | Path) -> tuple[dict[str, Any], str]:
     file = path / "config.json" if path.is_dir() else path
     if file.is_file():
         try:
-            return json.loads(file.read_text()), str(file)
+            config = json.loads(file.read_text())
         except json.JSONDecodeError as exc:
             raise DataError(f"{file}: not JSON ({exc.msg} at line {exc.lineno})") from None
+        except UnicodeDecodeError:
+            raise DataError(f"{file}: not UTF-8 text (is it a config.json?)") from None
+        if not isinstance(config, dict):
+            raise DataError(f"{file}: not a model config (a JSON object), got a {type(config).__name__}")
+        return config, str(file)
     if str(ref) in shipped_configs():
         return load_config(str(ref)), f"{ref} (config shipped with mtp2draft)"
     shipped = ", ".join(sorted(shipped_configs()))
@@ -57,20 +62,25 @@ def speedup(
 ) -> SpeedReport:
     """Predicted speed with and without the draft. `draft` None: the evaluated draft directory's own config when
     `evaluation` is one, else the target's own MTP layer; `batches` None: 1, 2, 4, ..., 64."""
+    check_options(tp, draft_tp, context, batches)
     acceptance = evaluation if isinstance(evaluation, Acceptance) else read_acceptance(evaluation)
     if isinstance(target, Mapping):
         target_cfg, target_src = dict(target), "target config"
     else:
         target_cfg, target_src = read_config(target)
     accelerator = get_accelerator(gpu)
-    t = target_cost(target_cfg, model_name(target_cfg, str(target) if not isinstance(target, Mapping) else "target"))
+    name = model_name(target_cfg, str(target) if not isinstance(target, Mapping) else "target")
+    t = _named(target_src, lambda: target_cost(target_cfg, name))
+    longest = text_config(target_cfg).get("max_position_embeddings")
+    if isinstance(longest, int) and not isinstance(longest, bool) and context > longest:
+        raise OptionError(f"--context {context} is beyond the target's max_position_embeddings {longest}")
     if draft is None and not isinstance(evaluation, Acceptance) and (Path(evaluation) / "config.json").is_file():
         draft = Path(evaluation)  # a draft directory: the draft is the one evaluated
     if draft is None:
-        d = mtp_draft_cost(target_cfg, "the target's MTP layer")
+        d = _named(target_src, lambda: mtp_draft_cost(target_cfg, "the target's MTP layer"))
     else:
         draft_cfg, draft_src = (dict(draft), "draft config") if isinstance(draft, Mapping) else read_config(draft)
-        d = draft_cost(draft_cfg, f"draft ({draft_src})")
+        d = _named(draft_src, lambda: draft_cost(draft_cfg, f"draft ({draft_src})"))
     report = predict(t, d, acceptance, accelerator, tp, draft_tp, ks, batches or BATCHES, context)
     report.notes.insert(0, f"target config: {target_src}")
     per_device = t.weight_bytes() / tp
@@ -82,4 +92,21 @@ def speedup(
     return report
 
 
-__all__ = ["read_config", "speedup"]
+def check_options(tp: Any, draft_tp: Any, context: Any, batches: Sequence[int] | None) -> None:
+    """Each option in one line naming it: TP sizes >= 1, a context >= 0, batch sizes >= 1."""
+    for option, value, least in (("--tp", tp, 1), ("--draft-tp", draft_tp, 1), ("--context", context, 0)):
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < least):
+            raise OptionError(f"{option} must be a whole number >= {least}, got {value!r}")
+    if batches is not None and (not batches or min(batches) < 1):
+        raise OptionError(f"--batch sizes must be whole numbers >= 1, got {','.join(map(str, batches)) or 'none'}")
+
+
+def _named(source: str, build: Any) -> Any:
+    """A config's cost model; a field it cannot be built from is one line naming the file."""
+    try:
+        return build()
+    except DataError as exc:
+        raise DataError(f"{source}: {exc}") from None
+
+
+__all__ = ["check_options", "read_config", "speedup"]

@@ -32,7 +32,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from mtp2draft.errors import OptionError
+from mtp2draft.errors import DataError, OptionError
 from mtp2draft.speed.accelerators import Accelerator
 
 # Fitted once by `fit_layer_latency()` from the non-speculative figures in published.PUBLISHED_CASES (seconds per
@@ -102,12 +102,19 @@ class ForwardTime:
 
 
 def _int(cfg: Mapping[str, Any], *keys: str, default: int | None = None) -> int:
+    """The first of `keys` the config has, a whole number (>= 1 for a required size, >= 0 for a count with a
+    default): a size given as "256", 256.5, true or -1 is refused, not predicted from."""
+    least = 1 if default is None else 0
     for key in keys:
-        value = cfg.get(key)
-        if isinstance(value, int | float) and not isinstance(value, bool):
-            return int(value)
+        if key not in cfg or cfg[key] is None:
+            continue
+        value = cfg[key]
+        whole = isinstance(value, int) or (isinstance(value, float) and value.is_integer())
+        if isinstance(value, bool) or not whole or value < least:
+            raise DataError(f"{key} must be a whole number >= {least}, got {value!r}: cannot build its cost model")
+        return int(value)
     if default is None:
-        raise OptionError(f"config.json has none of {', '.join(keys)}: cannot build its cost model")
+        raise DataError(f"has none of {', '.join(keys)}: cannot build its cost model")
     return default
 
 

@@ -77,6 +77,8 @@ def read_acceptance(path: str | Path) -> Acceptance:
     per = first.get("acceptance_per_position") or report.get("acceptance_per_position")
     if not isinstance(per, list) or not per:
         raise DataError(f"{file}: has no acceptance_per_position (is it an `mtp2draft evaluate --save` report?)")
+    if not all(isinstance(a, int | float) and not isinstance(a, bool) for a in per):
+        raise DataError(f"{file}: acceptance_per_position must be numbers in [0, 1], got {per!r}")
     mal = first.get("mean_acceptance_length", report.get("mean_acceptance_length"))
     return Acceptance(tuple(float(a) for a in per), str(file), float(mal) if isinstance(mal, int | float) else None)
 
