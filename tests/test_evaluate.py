@@ -4,6 +4,7 @@ DeepSeek MTP head cross-checked against transformers' own generate(use_mtp=True)
 from __future__ import annotations
 
 import json
+import random
 from pathlib import Path
 
 import pytest
@@ -217,6 +218,10 @@ def test_evaluate_cli_reports_the_documented_keys(target, text_data, tmp_path: P
     assert first["tokens_drafted"] == 3 * first["target_forwards"] and len(report["acceptance_per_position"]) == 3
     assert [r["name"] for r in report["results"]] == ["draft", f"baseline: {tmp_path / 'raw'}"]
     assert json.loads((tmp_path / "e3" / "evaluation.json").read_text())["results"] == report["results"]
+    (cmp,) = report["comparison"]  # the draft against its baseline, on the same prompts
+    assert cmp["prompts"] == 3 and cmp["baseline"] == report["results"][1]["name"]
+    gap = report["results"][0]["mean_acceptance_length"] - report["results"][1]["mean_acceptance_length"]
+    assert cmp["difference"]["mean_acceptance_length"]["value"] == pytest.approx(gap, abs=1e-4)
     code = main(
         [
             "evaluate",
@@ -280,3 +285,52 @@ def test_evaluate_cli_at_a_temperature(target, text_data, tmp_path: Path, capsys
         assert main(args + bad) == 2
         err = capsys.readouterr().err.strip()
         assert message in err and len(err.splitlines()) == 1, err
+
+
+# ---- a draft against its baseline: paired bootstrap -----------------------------------------------------------------
+def _result(name: str, steps: list[list[int]], k: int = 3) -> dict:
+    return {"name": name, "num_draft_tokens": k, "accepted_by_prompt": steps}
+
+
+def test_paired_bootstrap_pools_like_evaluate_and_brackets_its_estimate() -> None:
+    from mtp2draft.evaluation.compare import paired_bootstrap, pooled
+
+    rng = random.Random(1)
+    base = [[rng.choice([0, 0, 1, 2]) for _ in range(rng.randrange(3, 12))] for _ in range(40)]
+    better = [[min(a + 1, 3) for a in p] for p in base]  # one more token accepted at every forward
+    assert pooled([[0, 1], [3]], 3) == [(1 + 2 + 4) / 3, 2 / 3, 1 / 3, 1 / 3]
+    cmp = paired_bootstrap(_result("ft", better), _result("raw", base), samples=500)
+    d = cmp["difference"]["mean_acceptance_length"]
+    assert d["low"] <= d["value"] <= d["high"] and d["low"] > 0  # better on every prompt: the interval excludes 0
+    assert d["value"] == pytest.approx(pooled(better, 3)[0] - pooled(base, 3)[0], abs=1e-4)
+    assert cmp == paired_bootstrap(_result("ft", better), _result("raw", base), samples=500)  # seeded
+    same = paired_bootstrap(_result("a", base), _result("b", base), samples=200)["difference"]
+    assert all(v == {"value": 0.0, "low": 0.0, "high": 0.0} for v in same.values())  # paired: no noise of its own
+
+
+def test_paired_bootstrap_interval_covers_zero_for_noise_and_needs_the_same_prompts() -> None:
+    from mtp2draft.evaluation.compare import paired_bootstrap
+
+    rng = random.Random(2)
+    one = [[rng.choice([0, 1, 2, 3]) for _ in range(8)] for _ in range(64)]
+    two = [[rng.choice([0, 1, 2, 3]) for _ in range(8)] for _ in range(64)]  # the same law: no real difference
+    d = paired_bootstrap(_result("a", one), _result("b", two))["difference"]["per_draft_acceptance_1"]
+    assert d["low"] < 0 < d["high"]
+    with pytest.raises(ValueError, match="same prompts"):
+        paired_bootstrap(_result("a", one), _result("b", two[:10]))
+
+
+def test_evaluate_text_prints_the_comparison_line() -> None:
+    from mtp2draft.cli.output import comparison_text
+
+    diff = {"value": 0.1234, "low": 0.05, "high": 0.2}
+    line = comparison_text(
+        {
+            "draft": "draft",
+            "baseline": "baseline: raw",
+            "prompts": 64,
+            "level": 0.95,
+            "difference": {"mean_acceptance_length": diff, "per_draft_acceptance_1": diff},
+        }
+    )
+    assert line.startswith("draft - baseline: raw: accept len +0.123 [+0.050, +0.200]") and "64 prompts" in line

@@ -162,7 +162,23 @@ def evaluate_text(report: dict[str, Any]) -> str:
     how += f", draft proposes by {PROPOSING[report['draft_sampling']]}" if temperature else ""
     return (
         f"target {report['target']}, {report['num_prompts']} prompts, k = {report['num_draft_tokens']}, "
-        f"{report['max_new_tokens']} new tokens each, {how}\n" + acceptance_table(report["results"])
+        f"{report['max_new_tokens']} new tokens each, {how}\n"
+        + acceptance_table(report["results"])
+        + "".join("\n" + comparison_text(c) for c in report.get("comparison", []))
+    )
+
+
+def comparison_text(comparison: dict[str, Any]) -> str:
+    """One line: the draft minus a baseline, accept length and position-1 per-draft acceptance, with the interval."""
+
+    def diff(name: str, digits: int) -> str:
+        d = comparison["difference"][name]
+        return f"{d['value']:+.{digits}f} [{d['low']:+.{digits}f}, {d['high']:+.{digits}f}]"
+
+    return (
+        f"{comparison['draft']} - {comparison['baseline']}: accept len {diff('mean_acceptance_length', 3)}, "
+        f"pos 1 per draft {diff('per_draft_acceptance_1', 3)} "
+        f"({100 * comparison['level']:.0f} % paired bootstrap over {comparison['prompts']} prompts)"
     )
 
 

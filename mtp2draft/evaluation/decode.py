@@ -41,6 +41,7 @@ import torch
 from mtp2draft.data import load_tokenizer, prompt_ids, read_records
 from mtp2draft.draft.modules import DraftCache, load_draft
 from mtp2draft.errors import DataError, OptionError
+from mtp2draft.evaluation.compare import compare_to_baselines
 from mtp2draft.evaluation.sampling import Greedy, Sampling, Speculative, ks_uniform, make_sampler, pit, warp
 from mtp2draft.io import Progress, meter, write_json
 from mtp2draft.kinds import DraftKind
@@ -224,6 +225,7 @@ class EvalResult:
     tokens_per_forward_by_prompt: list[float] = field(default_factory=list)
     per_draft_acceptance: list[float] = field(default_factory=list)  # P(position j accepted), per draft
     distribution_check: dict[str, float] | None = None  # at a temperature: the PIT's KS test (see the module doc)
+    accepted_by_prompt: list[list[int]] = field(default_factory=list)  # a per target forward, prompt by prompt
 
 
 def summarise(name: str, draft_path: str, k: int, results: Sequence[PromptResult], seconds: float) -> EvalResult:
@@ -249,6 +251,7 @@ def summarise(name: str, draft_path: str, k: int, results: Sequence[PromptResult
             round(sum(a + 1 for a in r.accepted) / max(len(r.accepted), 1), 3) for r in results
         ],
         per_draft_acceptance=[p / len(steps) if steps else 0.0 for p in passed],
+        accepted_by_prompt=[list(r.accepted) for r in results],
     )
 
 
@@ -370,6 +373,8 @@ def evaluate(
             d, p_value = ks_uniform(u)
             summary.distribution_check = {"pit_ks_statistic": d, "pit_ks_p_value": p_value, "tokens": u.numel()}
         out["results"].append(asdict(summary))
+    if len(out["results"]) > 1:  # the draft against each baseline, with a paired bootstrap interval (compare.py)
+        out["comparison"] = compare_to_baselines(out["results"], seed=seed)
     first = out["results"][0]
     # the documented top-level keys describe the first draft
     out.update(
