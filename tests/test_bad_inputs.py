@@ -443,6 +443,32 @@ def glm_moe_dsa_count_field_says_two(w, tmp, mp, stack):
 
 
 @case
+def hy_v3_mtp_key_missing(w, tmp, mp, stack):
+    ck = _drop_key(_family(tmp, "hy_v3"), "model.layers.2.final_layernorm.weight")
+    return Case(_convert(ck, tmp), "MTP layer 0 is missing model.layers.2.final_layernorm.weight (spec hy_v3)")
+
+
+@case
+def hy_v3_router_bias_missing(w, tmp, mp, stack):
+    ck = _drop_key(_family(tmp, "hy_v3"), "model.layers.2.mlp.expert_bias")
+    return Case(_convert(ck, tmp), "lacks tensors the hy_v3 block needs: block.mlp.e_score_correction_bias")
+
+
+@case
+def hy_v3_count_field_says_two(w, tmp, mp, stack):
+    ck = _family(tmp, "hy_v3")
+    _edit_config(ck, num_nextn_predict_layers=2)  # one layer in the weights
+    return Case(["inspect", str(ck)], "MTP layer 1 is missing model.layers.3.enorm.weight")
+
+
+@case
+def hy_v3_count_field_negative(w, tmp, mp, stack):
+    ck = _family(tmp, "hy_v3")
+    _edit_config(ck, num_nextn_predict_layers=-1)
+    return Case(_convert(ck, tmp), "num_nextn_predict_layers = -1 is not a count of MTP layers")
+
+
+@case
 def dspark_under_mtp_convert(w, tmp, mp, stack):
     """DeepSeek-V4-0731: a DSpark block drafter under mtp.*, num_nextn_predict_layers 1 all the same."""
     return Case(_convert(_family(tmp, "deepseek_v4_0731_dspark"), tmp), "are a DSpark block drafter")

@@ -555,6 +555,54 @@ GLM_MOE_DSA = {
 }
 
 
+# Hy3 / HY-V3's config.json fields in the release's order (https://huggingface.co/tencent/Hy3 config.json, stored
+# copies cited in tests/data/hub_keys/hy_v3.json; tiny values): GQA with per-head QK-norm, first_k_dense_replace dense
+# layers (transformers derives mlp_layer_types itself and does not read the field), sigmoid routing with a
+# selection-only expert bias, renormalised (route_norm) and scaled top-k weights, one shared expert.
+HY_V3 = {
+    "architectures": ["HYV3ForCausalLM"],
+    "bos_token_id": 1,
+    "dtype": "bfloat16",
+    "enable_attention_fp32_softmax": False,
+    "enable_lm_head_fp32": True,
+    "enable_moe_fp32_combine": False,
+    "eod_token_id": 2,
+    "eos_token_id": 2,
+    "expert_hidden_dim": 32,
+    "moe_intermediate_size": 32,
+    "first_k_dense_replace": 1,
+    "head_dim": 16,
+    "hidden_act": "silu",
+    "hidden_size": 64,
+    "initializer_range": 0.006,
+    "intermediate_size": 128,
+    "max_position_embeddings": 4096,
+    "model_type": "hy_v3",
+    "moe_router_enable_expert_bias": True,
+    "moe_router_use_sigmoid": True,
+    "num_attention_heads": 4,
+    "num_experts": 8,
+    "num_experts_per_tok": 2,
+    "num_hidden_layers": 2,
+    "num_key_value_heads": 2,
+    "num_shared_experts": 1,
+    "output_router_logits": True,
+    "pad_token_id": 0,
+    "qk_norm": True,
+    "rms_norm_eps": 1e-05,
+    "rope_parameters": {"rope_theta": 11158840.0, "rope_type": "default"},
+    "route_norm": True,
+    "router_scaling_factor": 2.826,
+    "sep_token_id": 3,
+    "tie_word_embeddings": False,
+    "transformers_version": "5.6.0",
+    "use_cache": True,
+    "use_grouped_mm": False,
+    "vocab_size": 256,
+    "num_nextn_predict_layers": 1,
+}
+
+
 def with_fields(base: dict[str, Any], **changes: Any) -> dict[str, Any]:
     """A deep copy of config `base` with `changes` applied."""
     out = copy.deepcopy(base)
