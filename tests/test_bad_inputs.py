@@ -469,6 +469,36 @@ def hy_v3_count_field_negative(w, tmp, mp, stack):
 
 
 @case
+def glm_ocr_mtp_key_missing(w, tmp, mp, stack):
+    ck = _drop_key(_family(tmp, "glm_ocr"), "model.language_model.layers.2.post_mlp_layernorm.weight")
+    return Case(_convert(ck, tmp), "lacks tensors the glm_ocr block needs: block.post_mlp_layernorm.weight")
+
+
+@case
+def glm_ocr_count_field_says_two(w, tmp, mp, stack):
+    ck = _family(tmp, "glm_ocr")
+    cfg = json.loads((ck / "config.json").read_text())
+    _edit_config(ck, text_config={**cfg["text_config"], "num_nextn_predict_layers": 2})  # one layer in the weights
+    return Case(_convert(ck, tmp, "--layer", "1"), "MTP layer 1 is missing model.language_model.layers.3.enorm.weight")
+
+
+@case
+def glm_ocr_count_field_at_the_top_level_only(w, tmp, mp, stack):
+    """The count lives in text_config; a config that moved it to the top level declares no MTP layer."""
+    ck = _family(tmp, "glm_ocr")
+    cfg = json.loads((ck / "config.json").read_text())
+    text = {k: v for k, v in cfg["text_config"].items() if k != "num_nextn_predict_layers"}
+    _edit_config(ck, text_config=text, num_nextn_predict_layers=1)
+    return Case(_convert(ck, tmp), "has no MTP layer (num_nextn_predict_layers is absent)")
+
+
+@case
+def glm_ocr_to_eagle3(w, tmp, mp, stack):
+    ck = _family(tmp, "glm_ocr")
+    return Case(_convert(ck, tmp, "--to", "eagle3"), "glm_ocr has no EAGLE-3 conversion")
+
+
+@case
 def dspark_under_mtp_convert(w, tmp, mp, stack):
     """DeepSeek-V4-0731: a DSpark block drafter under mtp.*, num_nextn_predict_layers 1 all the same."""
     return Case(_convert(_family(tmp, "deepseek_v4_0731_dspark"), tmp), "are a DSpark block drafter")

@@ -603,6 +603,70 @@ HY_V3 = {
 }
 
 
+# GLM-OCR's config.json (zai-org/GLM-OCR, stored copies cited in tests/data/hub_keys/glm_ocr.json) with tiny values:
+# a vision tower and a GLM-0.5B-style text decoder under text_config (head_dim 128 != hidden / heads on the release,
+# sandwich norms, fused gate_up_proj, interleaved M-RoPE), num_nextn_predict_layers in text_config.
+GLM_OCR = {
+    "architectures": ["GlmOcrForConditionalGeneration"],
+    "dtype": "bfloat16",
+    "image_end_token_id": 251,
+    "image_start_token_id": 250,
+    "image_token_id": 254,
+    "model_type": "glm_ocr",
+    "text_config": {
+        "model_type": "glm_ocr_text",
+        "pad_token_id": 0,
+        "vocab_size": 256,
+        "eos_token_id": [0, 2],
+        "attention_bias": False,
+        "attention_dropout": 0.0,
+        "head_dim": 24,
+        "hidden_act": "silu",
+        "hidden_size": 64,
+        "initializer_range": 0.02,
+        "intermediate_size": 128,
+        "max_position_embeddings": 4096,
+        "num_attention_heads": 4,
+        "num_hidden_layers": 2,
+        "num_nextn_predict_layers": 1,
+        "num_key_value_heads": 2,
+        "rms_norm_eps": 1e-05,
+        "dtype": "bfloat16",
+        "rope_parameters": {
+            "rope_type": "default",
+            "mrope_section": [4, 4, 4],
+            "partial_rotary_factor": 1.0,
+            "rope_theta": 10000,
+        },
+        "tie_word_embeddings": False,
+        "use_cache": True,
+    },
+    "tie_word_embeddings": False,
+    "transformers_version": "5.9.0",
+    "video_end_token_id": 253,
+    "video_start_token_id": 252,
+    "video_token_id": 255,
+    "vision_config": {
+        "model_type": "glm_ocr_vision",
+        "hidden_size": 32,
+        "depth": 1,
+        "num_heads": 2,
+        "attention_bias": True,
+        "attention_dropout": 0.0,
+        "hidden_act": "silu",
+        "image_size": 16,
+        "in_channels": 3,
+        "initializer_range": 0.02,
+        "intermediate_size": 64,
+        "out_hidden_size": 64,
+        "patch_size": 4,
+        "rms_norm_eps": 1e-05,
+        "spatial_merge_size": 2,
+        "temporal_patch_size": 2,
+    },
+}
+
+
 def with_fields(base: dict[str, Any], **changes: Any) -> dict[str, Any]:
     """A deep copy of config `base` with `changes` applied."""
     out = copy.deepcopy(base)

@@ -37,6 +37,7 @@ from mtp2draft.testing.family_configs import (
     GLM4_MOE,
     GLM4_MOE_LITE,
     GLM_MOE_DSA,
+    GLM_OCR,
     HY_V3,
     LONGCAT_FLASH,
     MIMO,
@@ -89,6 +90,7 @@ FIXTURES: dict[str, dict[str, Any]] = {
     ),
     "glm_moe_dsa": _row("glm_moe_dsa", GLM_MOE_DSA, ("glm_moe_dsa", "GlmMoeDsaForCausalLM")),
     "hy_v3": _row("hy_v3", HY_V3, ("hy_v3", "HYV3ForCausalLM")),
+    "glm_ocr": _row("glm_ocr", GLM_OCR, ("glm_ocr", "GlmOcrForConditionalGeneration"), store_embed_head=True),
 }
 FIXTURES["deepseek_v3_fp8"] = _fp8(FIXTURES["deepseek_v3"])
 # Not an MTP checkpoint: DeepSeek-V4-0731's DSpark block drafter under mtp.*, written from its key list (no spec
