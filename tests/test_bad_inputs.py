@@ -499,6 +499,35 @@ def glm_ocr_to_eagle3(w, tmp, mp, stack):
 
 
 @case
+def exaone4_5_mtp_key_missing(w, tmp, mp, stack):
+    ck = _drop_key(_family(tmp, "exaone4_5"), "mtp.pre_fc_norm_hidden.weight")
+    return Case(_convert(ck, tmp), "MTP layer 0 is missing mtp.pre_fc_norm_hidden.weight (spec exaone4_5)")
+
+
+@case
+def exaone4_5_block_key_missing(w, tmp, mp, stack):
+    ck = _drop_key(_family(tmp, "exaone4_5"), "mtp.layers.0.post_feedforward_layernorm.weight")
+    return Case(_convert(ck, tmp), "lacks tensors the exaone4_5 block needs: block.post_feedforward_layernorm.weight")
+
+
+@case
+def exaone4_5_count_field_says_two(w, tmp, mp, stack):
+    """Two MTP layers declared, one in the weights: layer 1's block keys are absent (its glue is shared)."""
+    ck = _family(tmp, "exaone4_5")
+    cfg = json.loads((ck / "config.json").read_text())
+    _edit_config(ck, text_config={**cfg["text_config"], "num_nextn_predict_layers": 2})
+    return Case(_convert(ck, tmp, "--layer", "1"), "lacks tensors the exaone4_5 block needs")
+
+
+@case
+def exaone4_5_count_field_not_a_number(w, tmp, mp, stack):
+    ck = _family(tmp, "exaone4_5")
+    cfg = json.loads((ck / "config.json").read_text())
+    _edit_config(ck, text_config={**cfg["text_config"], "num_nextn_predict_layers": "1"})
+    return Case(_convert(ck, tmp), "num_nextn_predict_layers = '1' is not a count of MTP layers")
+
+
+@case
 def dspark_under_mtp_convert(w, tmp, mp, stack):
     """DeepSeek-V4-0731: a DSpark block drafter under mtp.*, num_nextn_predict_layers 1 all the same."""
     return Case(_convert(_family(tmp, "deepseek_v4_0731_dspark"), tmp), "are a DSpark block drafter")

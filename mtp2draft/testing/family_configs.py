@@ -667,6 +667,59 @@ GLM_OCR = {
 }
 
 
+# EXAONE 4.5's config.json layout (LGAI-EXAONE/EXAONE-4.5-33B: architectures, top-level vocab_size and
+# tie_word_embeddings, text_config with the release's model_type exaone4_5_text, sliding_window,
+# sliding_window_pattern "LLLG", layer_types and rope_theta, as stored config excerpts show; no stored copy of the
+# whole file was found), tiny values. num_nextn_predict_layers sits in text_config, where Megatron-Bridge's
+# Exaone45Bridge reads it. Layer 0 is a sliding-window layer, as on the release; sliding_window 4 < a test sequence.
+EXAONE4_5 = {
+    "architectures": ["Exaone4_5_ForConditionalGeneration"],
+    "model_type": "exaone4_5",
+    "tie_word_embeddings": False,
+    "vocab_size": 256,
+    "image_token_id": 254,
+    "video_token_id": 255,
+    "text_config": {
+        "architectures": ["Exaone4ForCausalLM"],
+        "model_type": "exaone4_5_text",
+        "vocab_size": 256,
+        "hidden_size": 64,
+        "intermediate_size": 128,
+        "num_hidden_layers": 4,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "head_dim": 16,
+        "max_position_embeddings": 4096,
+        "rms_norm_eps": 1e-05,
+        "sliding_window": 4,
+        "sliding_window_pattern": "LLLG",
+        "layer_types": ["sliding_attention", "sliding_attention", "sliding_attention", "full_attention"],
+        "rope_theta": 1000000,
+        "bos_token_id": 1,
+        "eos_token_id": 2,
+        "pad_token_id": 0,
+        "tie_word_embeddings": False,
+        "num_nextn_predict_layers": 1,
+    },
+    "vision_config": {
+        "model_type": "exaone4_5_vision",
+        "depth": 1,
+        "hidden_size": 32,
+        "hidden_act": "silu",
+        "intermediate_size": 64,
+        "num_heads": 2,
+        "num_key_value_heads": 2,
+        "in_channels": 3,
+        "patch_size": 4,
+        "spatial_merge_size": 2,
+        "temporal_patch_size": 2,
+        "window_size": 16,
+        "out_hidden_size": 64,
+        "fullatt_block_indexes": [0],
+    },
+}
+
+
 def with_fields(base: dict[str, Any], **changes: Any) -> dict[str, Any]:
     """A deep copy of config `base` with `changes` applied."""
     out = copy.deepcopy(base)

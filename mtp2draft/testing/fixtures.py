@@ -33,6 +33,7 @@ from mtp2draft.testing.family_configs import (
     DEEPSEEK_V4_0731,
     DEEPSEEK_V32,
     ERNIE4_5_MOE,
+    EXAONE4_5,
     FP8_QUANTIZATION,
     GLM4_MOE,
     GLM4_MOE_LITE,
@@ -91,6 +92,7 @@ FIXTURES: dict[str, dict[str, Any]] = {
     "glm_moe_dsa": _row("glm_moe_dsa", GLM_MOE_DSA, ("glm_moe_dsa", "GlmMoeDsaForCausalLM")),
     "hy_v3": _row("hy_v3", HY_V3, ("hy_v3", "HYV3ForCausalLM")),
     "glm_ocr": _row("glm_ocr", GLM_OCR, ("glm_ocr", "GlmOcrForConditionalGeneration"), store_embed_head=True),
+    "exaone4_5": _row("exaone4_5", EXAONE4_5, ("exaone4_5", "Exaone4_5_ForConditionalGeneration")),
 }
 FIXTURES["deepseek_v3_fp8"] = _fp8(FIXTURES["deepseek_v3"])
 # Not an MTP checkpoint: DeepSeek-V4-0731's DSpark block drafter under mtp.*, written from its key list (no spec
