@@ -528,6 +528,32 @@ def exaone4_5_count_field_not_a_number(w, tmp, mp, stack):
 
 
 @case
+def nemotron_h_mtp_key_missing(w, tmp, mp, stack):
+    ck = _drop_key(_family(tmp, "nemotron_h"), "mtp.layers.1.final_layernorm.weight")
+    return Case(_convert(ck, tmp), "MTP layer 0 is missing mtp.layers.1.final_layernorm.weight (spec nemotron_h)")
+
+
+@case
+def nemotron_h_expert_missing(w, tmp, mp, stack):
+    ck = _drop_key(_family(tmp, "nemotron_h"), "mtp.layers.1.mixer.experts.3.down_proj.weight")
+    return Case(_convert(ck, tmp), "mlp.experts: incomplete expert weights")  # the module name, after the rename
+
+
+@case
+def nemotron_h_count_field_zero(w, tmp, mp, stack):
+    ck = _family(tmp, "nemotron_h")
+    _edit_config(ck, num_nextn_predict_layers=0)
+    return Case(_convert(ck, tmp), "has no MTP layer (num_nextn_predict_layers is 0)")
+
+
+@case
+def nemotron_h_count_field_not_a_number(w, tmp, mp, stack):
+    ck = _family(tmp, "nemotron_h")
+    _edit_config(ck, num_nextn_predict_layers="two")
+    return Case(_convert(ck, tmp), "num_nextn_predict_layers = 'two' is not a count of MTP layers")
+
+
+@case
 def dspark_under_mtp_convert(w, tmp, mp, stack):
     """DeepSeek-V4-0731: a DSpark block drafter under mtp.*, num_nextn_predict_layers 1 all the same."""
     return Case(_convert(_family(tmp, "deepseek_v4_0731_dspark"), tmp), "are a DSpark block drafter")

@@ -720,6 +720,54 @@ EXAONE4_5 = {
 }
 
 
+# Nemotron-3 Super's config.json fields (nvidia/NVIDIA-Nemotron-3-Super-120B-A12B; names from stored contract checks
+# of the release, cited in tests/data/hub_keys/nemotron_h.json), tiny values: a Mamba-2 / attention / MoE hybrid
+# trunk (hybrid_override_pattern: M Mamba, * attention, E MoE), latent MoE (moe_latent_size) with non-gated
+# squared-ReLU experts and a shared expert, one MTP layer of two sublayers (mtp_hybrid_override_pattern "*E":
+# attention, then MoE).
+NEMOTRON_H = {
+    "architectures": ["NemotronHForCausalLM"],
+    "model_type": "nemotron_h",
+    "attention_bias": False,
+    "bos_token_id": 1,
+    "conv_kernel": 4,
+    "dtype": "bfloat16",
+    "eos_token_id": [2, 11],
+    "head_dim": 16,
+    "hidden_size": 64,
+    "hybrid_override_pattern": "ME*E",
+    "intermediate_size": 128,
+    "layer_norm_epsilon": 1e-05,
+    "mamba_head_dim": 16,
+    "mamba_hidden_act": "silu",
+    "mamba_num_heads": 4,
+    "max_position_embeddings": 4096,
+    "mlp_hidden_act": "relu2",
+    "moe_intermediate_size": 32,
+    "moe_latent_size": 32,
+    "moe_shared_expert_intermediate_size": 64,
+    "moe_shared_expert_overlap": False,
+    "mtp_hybrid_override_pattern": "*E",
+    "n_group": 1,
+    "n_groups": 1,
+    "n_routed_experts": 8,
+    "norm_topk_prob": True,
+    "num_attention_heads": 4,
+    "num_experts_per_tok": 2,
+    "num_hidden_layers": 4,
+    "num_key_value_heads": 2,
+    "num_nextn_predict_layers": 1,
+    "pad_token_id": 0,
+    "routed_scaling_factor": 5.0,
+    "ssm_state_size": 8,
+    "tie_word_embeddings": False,
+    "topk_group": 1,
+    "use_bias": False,
+    "use_conv_bias": True,
+    "vocab_size": 256,
+}
+
+
 def with_fields(base: dict[str, Any], **changes: Any) -> dict[str, Any]:
     """A deep copy of config `base` with `changes` applied."""
     out = copy.deepcopy(base)

@@ -43,6 +43,7 @@ from mtp2draft.testing.family_configs import (
     LONGCAT_FLASH,
     MIMO,
     MIMO_V2_FLASH,
+    NEMOTRON_H,
     QWEN3_5,
     QWEN3_5_MOE,
     QWEN3_NEXT,
@@ -93,6 +94,7 @@ FIXTURES: dict[str, dict[str, Any]] = {
     "hy_v3": _row("hy_v3", HY_V3, ("hy_v3", "HYV3ForCausalLM")),
     "glm_ocr": _row("glm_ocr", GLM_OCR, ("glm_ocr", "GlmOcrForConditionalGeneration"), store_embed_head=True),
     "exaone4_5": _row("exaone4_5", EXAONE4_5, ("exaone4_5", "Exaone4_5_ForConditionalGeneration")),
+    "nemotron_h": _row("nemotron_h", NEMOTRON_H, ("nemotron_h", "NemotronHForCausalLM")),
 }
 FIXTURES["deepseek_v3_fp8"] = _fp8(FIXTURES["deepseek_v3"])
 # Not an MTP checkpoint: DeepSeek-V4-0731's DSpark block drafter under mtp.*, written from its key list (no spec
