@@ -306,7 +306,9 @@ class NativeMtpDraft(_DraftModule):
         Used directly when the embedding and head are live trainable tensors (joint training of a target)."""
         e, h = self.enorm(embeds), self.hnorm(hidden)
         x = self.eh_proj(torch.cat([e, h] if self.spec.layer.concat == "embed_hidden" else [h, e], dim=-1))
-        position_embeddings = self.rotary_emb(x, position_ids, **self._rotary_kwargs) if self.rotary_emb else None
+        position_embeddings = (
+            self.rotary_emb(x, position_ids, **self._rotary_kwargs) if self.rotary_emb is not None else None
+        )
         if attention_mask is None:
             attention_mask = self.default_mask(x, cache)
         out = self.block(
