@@ -46,7 +46,7 @@ from mtp2draft.draft.modules import (
 from mtp2draft.eagle3.transfer import Eagle3Build
 from mtp2draft.eagle3.transforms import EAGLE3_TRANSFORMS, check_eagle3_transforms
 from mtp2draft.errors import CheckpointError, OptionError, ShallowTargetError, SourceError
-from mtp2draft.family.spec import Spec, find_spec
+from mtp2draft.family.spec import ENGINES, Spec, find_spec
 from mtp2draft.family.transforms import LOAD_TRANSFORMS
 from mtp2draft.io import (
     TORCH_DTYPES,
@@ -87,6 +87,17 @@ def default_aux_layers(num_layers: int) -> list[int]:
     return [low, mid, high]
 
 
+def refuse_eagle3(spec: Spec) -> None:
+    """OptionError when the family has no EAGLE-3 conversion: its spec names no `[eagle3] transforms` (no engine
+    captures its aux states, and its block has no EAGLE-3 counterpart the transfers know)."""
+    if not spec.eagle3.transforms:
+        served = [e for e in ENGINES if spec.serves(e, DraftKind.MTP)]
+        raise OptionError(
+            f"{spec.name} has no EAGLE-3 conversion (spec {spec.path} names no [eagle3] transforms); its native MTP "
+            f"draft is served by {', '.join(served) or 'no engine'}: use --to mtp"
+        )
+
+
 def build_eagle3(
     ckpt: Checkpoint,
     spec: Spec,
@@ -102,6 +113,7 @@ def build_eagle3(
     working set, never the whole layer in fp32. The cast commutes with what later transforms still do to earlier
     outputs (concatenate heads, repeat kv heads: copies), so the bytes equal a cast of the all-fp32 result."""
     cfg = ckpt.config
+    refuse_eagle3(spec)
     check_eagle3_transforms(spec)
     text = spec.text_config(cfg)
     by_module = {g.module_key: g for g in plan.groups}
@@ -238,6 +250,7 @@ def convert(
     spec = find_spec(ckpt.config)
     layer, count = resolve_layer(ckpt, spec, layer)
     if to == DraftKind.EAGLE3:  # a too-shallow target or ids beyond it are refused before any byte is read
+        refuse_eagle3(spec)
         _aux_layers(spec.num_layers(ckpt.config), aux_layers)
     progress(f"{spec.name}: MTP layer {layer} of {count}; reading shard headers")
     plan = plan_mtp_layer(ckpt, spec, layer)

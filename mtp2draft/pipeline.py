@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from mtp2draft.conversion import convert
+from mtp2draft.conversion import convert, refuse_eagle3
 from mtp2draft.errors import SourceError
 from mtp2draft.evaluation.decode import evaluate, save_evaluation
 from mtp2draft.family.spec import ENGINES, Spec
@@ -170,6 +170,7 @@ def preflight(
     kind = to or (formats[fmt] if fmt else None)  # --format alone implies its kind
     kind, fmt = default_kind_and_format(spec, kind, fmt)
     if kind == DraftKind.EAGLE3:
+        refuse_eagle3(spec)  # a family without an EAGLE-3 conversion
         default_aux_layers(spec.num_layers(ckpt.config))  # a target too shallow for EAGLE-3
     check_training_settings(kind, spec, config)
     if config.steps == 0 and kind == DraftKind.MTP:  # what distill refuses after loading the target

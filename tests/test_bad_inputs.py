@@ -443,6 +443,117 @@ def glm_moe_dsa_count_field_says_two(w, tmp, mp, stack):
 
 
 @case
+def hy_v3_mtp_key_missing(w, tmp, mp, stack):
+    ck = _drop_key(_family(tmp, "hy_v3"), "model.layers.2.final_layernorm.weight")
+    return Case(_convert(ck, tmp), "MTP layer 0 is missing model.layers.2.final_layernorm.weight (spec hy_v3)")
+
+
+@case
+def hy_v3_router_bias_missing(w, tmp, mp, stack):
+    ck = _drop_key(_family(tmp, "hy_v3"), "model.layers.2.mlp.expert_bias")
+    return Case(_convert(ck, tmp), "lacks tensors the hy_v3 block needs: block.mlp.e_score_correction_bias")
+
+
+@case
+def hy_v3_count_field_says_two(w, tmp, mp, stack):
+    ck = _family(tmp, "hy_v3")
+    _edit_config(ck, num_nextn_predict_layers=2)  # one layer in the weights
+    return Case(["inspect", str(ck)], "MTP layer 1 is missing model.layers.3.enorm.weight")
+
+
+@case
+def hy_v3_count_field_negative(w, tmp, mp, stack):
+    ck = _family(tmp, "hy_v3")
+    _edit_config(ck, num_nextn_predict_layers=-1)
+    return Case(_convert(ck, tmp), "num_nextn_predict_layers = -1 is not a count of MTP layers")
+
+
+@case
+def glm_ocr_mtp_key_missing(w, tmp, mp, stack):
+    ck = _drop_key(_family(tmp, "glm_ocr"), "model.language_model.layers.2.post_mlp_layernorm.weight")
+    return Case(_convert(ck, tmp), "lacks tensors the glm_ocr block needs: block.post_mlp_layernorm.weight")
+
+
+@case
+def glm_ocr_count_field_says_two(w, tmp, mp, stack):
+    ck = _family(tmp, "glm_ocr")
+    cfg = json.loads((ck / "config.json").read_text())
+    _edit_config(ck, text_config={**cfg["text_config"], "num_nextn_predict_layers": 2})  # one layer in the weights
+    return Case(_convert(ck, tmp, "--layer", "1"), "MTP layer 1 is missing model.language_model.layers.3.enorm.weight")
+
+
+@case
+def glm_ocr_count_field_at_the_top_level_only(w, tmp, mp, stack):
+    """The count lives in text_config; a config that moved it to the top level declares no MTP layer."""
+    ck = _family(tmp, "glm_ocr")
+    cfg = json.loads((ck / "config.json").read_text())
+    text = {k: v for k, v in cfg["text_config"].items() if k != "num_nextn_predict_layers"}
+    _edit_config(ck, text_config=text, num_nextn_predict_layers=1)
+    return Case(_convert(ck, tmp), "has no MTP layer (num_nextn_predict_layers is absent)")
+
+
+@case
+def glm_ocr_to_eagle3(w, tmp, mp, stack):
+    ck = _family(tmp, "glm_ocr")
+    return Case(_convert(ck, tmp, "--to", "eagle3"), "glm_ocr has no EAGLE-3 conversion")
+
+
+@case
+def exaone4_5_mtp_key_missing(w, tmp, mp, stack):
+    ck = _drop_key(_family(tmp, "exaone4_5"), "mtp.pre_fc_norm_hidden.weight")
+    return Case(_convert(ck, tmp), "MTP layer 0 is missing mtp.pre_fc_norm_hidden.weight (spec exaone4_5)")
+
+
+@case
+def exaone4_5_block_key_missing(w, tmp, mp, stack):
+    ck = _drop_key(_family(tmp, "exaone4_5"), "mtp.layers.0.post_feedforward_layernorm.weight")
+    return Case(_convert(ck, tmp), "lacks tensors the exaone4_5 block needs: block.post_feedforward_layernorm.weight")
+
+
+@case
+def exaone4_5_count_field_says_two(w, tmp, mp, stack):
+    """Two MTP layers declared, one in the weights: layer 1's block keys are absent (its glue is shared)."""
+    ck = _family(tmp, "exaone4_5")
+    cfg = json.loads((ck / "config.json").read_text())
+    _edit_config(ck, text_config={**cfg["text_config"], "num_nextn_predict_layers": 2})
+    return Case(_convert(ck, tmp, "--layer", "1"), "lacks tensors the exaone4_5 block needs")
+
+
+@case
+def exaone4_5_count_field_not_a_number(w, tmp, mp, stack):
+    ck = _family(tmp, "exaone4_5")
+    cfg = json.loads((ck / "config.json").read_text())
+    _edit_config(ck, text_config={**cfg["text_config"], "num_nextn_predict_layers": "1"})
+    return Case(_convert(ck, tmp), "num_nextn_predict_layers = '1' is not a count of MTP layers")
+
+
+@case
+def nemotron_h_mtp_key_missing(w, tmp, mp, stack):
+    ck = _drop_key(_family(tmp, "nemotron_h"), "mtp.layers.1.final_layernorm.weight")
+    return Case(_convert(ck, tmp), "MTP layer 0 is missing mtp.layers.1.final_layernorm.weight (spec nemotron_h)")
+
+
+@case
+def nemotron_h_expert_missing(w, tmp, mp, stack):
+    ck = _drop_key(_family(tmp, "nemotron_h"), "mtp.layers.1.mixer.experts.3.down_proj.weight")
+    return Case(_convert(ck, tmp), "mlp.experts: incomplete expert weights")  # the module name, after the rename
+
+
+@case
+def nemotron_h_count_field_zero(w, tmp, mp, stack):
+    ck = _family(tmp, "nemotron_h")
+    _edit_config(ck, num_nextn_predict_layers=0)
+    return Case(_convert(ck, tmp), "has no MTP layer (num_nextn_predict_layers is 0)")
+
+
+@case
+def nemotron_h_count_field_not_a_number(w, tmp, mp, stack):
+    ck = _family(tmp, "nemotron_h")
+    _edit_config(ck, num_nextn_predict_layers="two")
+    return Case(_convert(ck, tmp), "num_nextn_predict_layers = 'two' is not a count of MTP layers")
+
+
+@case
 def dspark_under_mtp_convert(w, tmp, mp, stack):
     """DeepSeek-V4-0731: a DSpark block drafter under mtp.*, num_nextn_predict_layers 1 all the same."""
     return Case(_convert(_family(tmp, "deepseek_v4_0731_dspark"), tmp), "are a DSpark block drafter")

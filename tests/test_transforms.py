@@ -18,7 +18,7 @@ from mtp2draft.eagle3.transfer import Eagle3Build
 from mtp2draft.eagle3.transforms import EAGLE3_TRANSFORMS, check_eagle3_transforms
 from mtp2draft.errors import CheckpointError
 from mtp2draft.family.spec import find_spec, registry
-from mtp2draft.family.transforms import LOAD_TRANSFORMS, FuseExperts, check_spec_transforms
+from mtp2draft.family.transforms import LOAD_TRANSFORMS, FuseExperts, check_spec_transforms, group_block_keys
 from mtp2draft.testing.fixtures import eagle3_depth
 
 
@@ -151,3 +151,21 @@ def test_put_checks_finite_then_casts() -> None:
     assert b.out["w"].dtype == torch.bfloat16 and b.provenance["w"] == {"exact": True, "from": ["src"], "how": "copied"}
     with pytest.raises(CheckpointError, match="w2 holds non-finite values"):
         b.put("w2", torch.tensor([1.0, float("inf")]), True, [], "")
+
+
+def test_up_down_experts_transform_round_trips() -> None:
+    """Nemotron-H's non-gated experts: per-expert up / down <-> stacked [E, rows, cols], in expert order."""
+    keys = [f"1.mixer.experts.{e}.{w}_proj.weight" for e in (1, 0) for w in ("down", "up")]
+    groups = group_block_keys(keys, {"1.mixer.": "mlp."}, ("fuse_experts_up_down",))
+    assert {g.module_key for g in groups} == {"mlp.experts.up_proj", "mlp.experts.down_proj"}
+    t = LOAD_TRANSFORMS["fuse_experts_up_down"]
+    up = next(g for g in groups if g.module_key.endswith("up_proj"))
+    assert up.ckpt_keys == ("1.mixer.experts.0.up_proj.weight", "1.mixer.experts.1.up_proj.weight")
+    parts = [torch.full((3, 2), float(e)) for e in range(2)]
+    fused = t.combine(up, parts)
+    assert fused.shape == (2, 3, 2) == t.out_shape(up, [(3, 2)] * 2)
+    back = t.to_checkpoint("mlp.experts.up_proj", fused)
+    assert set(back) == {"mlp.experts.0.up_proj.weight", "mlp.experts.1.up_proj.weight"}
+    assert torch.equal(back["mlp.experts.1.up_proj.weight"], parts[1])
+    with pytest.raises(CheckpointError, match="incomplete expert weights"):
+        t.group(["experts.0.up_proj.weight", "experts.1.down_proj.weight"])

@@ -243,7 +243,8 @@ def load_native(
     else:
         with torch.device("meta"):
             module = NativeMtpDraft(spec, ckpt.config, layer)
-        module.rotary_emb = spec.import_class(spec.block.rotary)(config=module.config)  # buffers computed, not loaded
+        if spec.block.rotary:  # buffers computed, not loaded
+            module.rotary_emb = spec.import_class(spec.block.rotary)(config=module.config)
         for name, sub in module.named_modules():
             if name and name.startswith(parts) and not any(n.startswith(name + ".") for n in parts if n != name):
                 sub.to_empty(device="cpu", recurse=True)

@@ -115,6 +115,13 @@ def block_config(spec: Spec, target_config: Mapping[str, Any]):
     return cfg
 
 
+def norm_eps(config) -> float:
+    """The block config's RMSNorm epsilon: `rms_norm_eps`, or `layer_norm_epsilon` where the family names it so
+    (Nemotron-H)."""
+    eps = getattr(config, "rms_norm_eps", None)
+    return float(config.layer_norm_epsilon if eps is None else eps)
+
+
 def _attach(module: nn.Module, name: str, tensor: torch.Tensor | None) -> None:
     # Non-persistent buffer: moves with .to(), is never in state_dict(), never seen by an optimizer.
     module.register_buffer(name, None if tensor is None else tensor.detach(), persistent=False)
@@ -128,9 +135,9 @@ class ComposedBlock(nn.Module):
     def __init__(self, spec: Spec, config) -> None:
         super().__init__()
         norm = spec.import_class(spec.block.norm)
-        self.input_layernorm = norm(config.hidden_size, eps=config.rms_norm_eps)
+        self.input_layernorm = norm(config.hidden_size, eps=norm_eps(config))
         self.self_attn = spec.import_class(spec.block.attention_class)(config, 0)
-        self.post_attention_layernorm = norm(config.hidden_size, eps=config.rms_norm_eps)
+        self.post_attention_layernorm = norm(config.hidden_size, eps=norm_eps(config))
         self.mlp = spec.import_class(spec.block.mlp_class)(config)
 
     def forward(self, hidden_states, attention_mask=None, position_ids=None, cache=None, position_embeddings=None):
@@ -224,15 +231,19 @@ class NativeMtpDraft(_DraftModule):
         self.config = cfg = block_config(spec, target_config)
         norm = spec.import_class(spec.block.norm)
         h = cfg.hidden_size
-        self.enorm = norm(h, eps=cfg.rms_norm_eps)
-        self.hnorm = norm(h, eps=cfg.rms_norm_eps)
+        eps = norm_eps(cfg)
+        self.enorm = norm(h, eps=eps)
+        self.hnorm = norm(h, eps=eps)
         self.eh_proj = nn.Linear(2 * h, h, bias=False)
         self.block = spec.block_class()(cfg, 0) if spec.block.decoder_layer else ComposedBlock(spec, cfg)
-        self.final_norm = norm(h, eps=cfg.rms_norm_eps)
-        self.rotary_emb = spec.import_class(spec.block.rotary)(config=cfg)
+        self.final_norm = norm(h, eps=eps)
+        # No rotary (`[block] rotary = ""`): the block's attention uses no positional encoding (Nemotron-H's NoPE).
+        self.rotary_emb = spec.import_class(spec.block.rotary)(config=cfg) if spec.block.rotary else None
         # Rotaries with per-layer-type frequencies (MiMo-V2-Flash) take the layer type the block was built as.
         layer_types = getattr(cfg, "layer_types", None)
-        takes_type = "layer_type" in inspect.signature(self.rotary_emb.forward).parameters
+        takes_type = (
+            self.rotary_emb is not None and "layer_type" in inspect.signature(self.rotary_emb.forward).parameters
+        )
         self._rotary_kwargs = {"layer_type": layer_types[0]} if layer_types and takes_type else {}
         _attach(self, "embed_weight", None)
         _attach(self, "head_weight", None)
@@ -295,7 +306,9 @@ class NativeMtpDraft(_DraftModule):
         Used directly when the embedding and head are live trainable tensors (joint training of a target)."""
         e, h = self.enorm(embeds), self.hnorm(hidden)
         x = self.eh_proj(torch.cat([e, h] if self.spec.layer.concat == "embed_hidden" else [h, e], dim=-1))
-        position_embeddings = self.rotary_emb(x, position_ids, **self._rotary_kwargs)
+        position_embeddings = (
+            self.rotary_emb(x, position_ids, **self._rotary_kwargs) if self.rotary_emb is not None else None
+        )
         if attention_mask is None:
             attention_mask = self.default_mask(x, cache)
         out = self.block(

@@ -19,6 +19,7 @@ it through `Eagle3Build`.
 
 from __future__ import annotations
 
+import inspect
 import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -212,8 +213,13 @@ def _routing_estimate(b: Eagle3Build, n_experts: int, samples: int = 2048) -> tu
     router.load_state_dict(state)
     gen = torch.Generator().manual_seed(0)
     x = torch.randn(samples, b.hidden_size, generator=gen) * b.norm_weight("block.post_attention_layernorm.weight")
+    # Hy3 keeps the selection bias on the MoE block (mlp.e_score_correction_bias) and hands it to the router's forward
+    extra = ()
+    if "e_score_correction_bias" in inspect.signature(router.forward).parameters:
+        key = "block.mlp.e_score_correction_bias"
+        extra = (b.tensor(key).float() if b.has(key) else torch.zeros(n_experts),)
     with torch.no_grad():
-        out = router(x)
+        out = router(x, *extra)
     weights, index = out[1], out[2]
     if weights.shape != index.shape:  # routers returning dense [tokens, E] scores
         weights = weights.gather(1, index)

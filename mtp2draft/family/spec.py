@@ -92,6 +92,7 @@ class BlockSpec:
     """transformers module that holds the classes below."""
     norm: str
     rotary: str
+    """Rotary-embedding class; empty where the block's attention has no positional encoding (Nemotron-H)."""
     attention: str
     """Block kind, as words for people and for `inspect`: mla, gqa, gated_gqa, swa, ..."""
     mlp: str

@@ -127,7 +127,67 @@ class FusedExperts3d(FuseExperts):
         return None
 
 
-LOAD_TRANSFORMS: dict[str, Any] = {t.name: t for t in (FuseExperts(), FusedExperts3d())}
+class FuseUpDownExperts:
+    """Non-gated experts (Nemotron-H's squared-ReLU MoE): per-expert `experts.{e}.{up,down}_proj.weight` <->
+    transformers' `experts.up_proj` [E, I, H] and `experts.down_proj` [E, H, I] (stacked, no `.weight` suffix; its
+    conversion_mapping "nemotron_h" merges them the same way)."""
+
+    name = "fuse_experts_up_down"
+    pattern = re.compile(r"^(?P<p>(?:.*\.)?)experts\.(?P<e>\d+)\.(?P<w>up|down)_proj\.weight$")
+
+    def group(self, keys: list[str]) -> tuple[list[Group], list[str]]:
+        found: dict[tuple[str, str], dict[int, str]] = {}
+        rest = []
+        for key in keys:
+            m = self.pattern.match(key)
+            if not m:
+                rest.append(key)
+                continue
+            found.setdefault((m["p"], m["w"]), {})[int(m["e"])] = key
+        groups = []
+        for prefix in sorted({p for p, _ in found}):
+            up, down = (found.get((prefix, w), {}) for w in ("up", "down"))
+            experts = sorted(set(up) | set(down))
+            if experts != list(range(len(experts))) or set(up) != set(down):
+                raise CheckpointError(f"{prefix}experts: incomplete expert weights (experts {experts[:8]}...)")
+            for w, by_expert in (("up", up), ("down", down)):
+                groups.append(Group(f"{prefix}experts.{w}_proj", tuple(by_expert[e] for e in experts), self.name))
+        return groups, rest
+
+    def combine(self, group: Group, tensors: list[torch.Tensor]) -> torch.Tensor:
+        return torch.stack(tensors)  # [E, rows, cols]
+
+    def combine_stream(
+        self, group: Group, shape: tuple[int, ...], stream: Iterator[tuple[str, torch.Tensor]], dtype: torch.dtype
+    ) -> torch.Tensor:
+        """`combine` filling a preallocated output expert by expert."""
+        out = torch.empty(shape, dtype=dtype)
+        slot = {key: i for i, key in enumerate(group.ckpt_keys)}
+        for key, tensor in stream:
+            out[slot[key]] = tensor
+        return out
+
+    def out_shape(self, group: Group, shapes: list[tuple[int, ...]]) -> tuple[int, ...]:
+        return (len(shapes), *shapes[0])
+
+    def split(self, group: Group, tensor: torch.Tensor) -> dict[str, torch.Tensor]:
+        return {key: tensor[e] for e, key in enumerate(group.ckpt_keys)}
+
+    def expert_keys(self, group: Group, e: int) -> tuple[str, ...]:
+        return (group.ckpt_keys[e],)
+
+    def to_checkpoint(self, module_key: str, tensor: torch.Tensor) -> dict[str, torch.Tensor] | None:
+        """Module tensor -> per-expert checkpoint tensors (keys relative to the block); None if not ours."""
+        for w in ("up", "down"):
+            suffix = f"experts.{w}_proj"
+            if module_key.endswith(suffix):
+                prefix = module_key[: -len(suffix)]
+                keys = tuple(f"{prefix}experts.{e}.{w}_proj.weight" for e in range(tensor.shape[0]))
+                return self.split(Group(module_key, keys, self.name), tensor)
+        return None
+
+
+LOAD_TRANSFORMS: dict[str, Any] = {t.name: t for t in (FuseExperts(), FusedExperts3d(), FuseUpDownExperts())}
 
 
 def group_block_keys(keys: list[str], rename: dict[str, str], load: tuple[str, ...]) -> list[Group]:

@@ -33,13 +33,17 @@ from mtp2draft.testing.family_configs import (
     DEEPSEEK_V4_0731,
     DEEPSEEK_V32,
     ERNIE4_5_MOE,
+    EXAONE4_5,
     FP8_QUANTIZATION,
     GLM4_MOE,
     GLM4_MOE_LITE,
     GLM_MOE_DSA,
+    GLM_OCR,
+    HY_V3,
     LONGCAT_FLASH,
     MIMO,
     MIMO_V2_FLASH,
+    NEMOTRON_H,
     QWEN3_5,
     QWEN3_5_MOE,
     QWEN3_NEXT,
@@ -87,6 +91,10 @@ FIXTURES: dict[str, dict[str, Any]] = {
         "glm4_moe_lite", GLM4_MOE_LITE, ("glm4_moe_lite", "Glm4MoeLiteForCausalLM"), store_embed_head=True
     ),
     "glm_moe_dsa": _row("glm_moe_dsa", GLM_MOE_DSA, ("glm_moe_dsa", "GlmMoeDsaForCausalLM")),
+    "hy_v3": _row("hy_v3", HY_V3, ("hy_v3", "HYV3ForCausalLM")),
+    "glm_ocr": _row("glm_ocr", GLM_OCR, ("glm_ocr", "GlmOcrForConditionalGeneration"), store_embed_head=True),
+    "exaone4_5": _row("exaone4_5", EXAONE4_5, ("exaone4_5", "Exaone4_5_ForConditionalGeneration")),
+    "nemotron_h": _row("nemotron_h", NEMOTRON_H, ("nemotron_h", "NemotronHForCausalLM")),
 }
 FIXTURES["deepseek_v3_fp8"] = _fp8(FIXTURES["deepseek_v3"])
 # Not an MTP checkpoint: DeepSeek-V4-0731's DSpark block drafter under mtp.*, written from its key list (no spec

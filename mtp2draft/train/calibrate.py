@@ -130,7 +130,9 @@ def _fit_attention_scales(draft, native, features, input_ids, mask, iterations: 
         mask_n = native.default_mask(x) if hasattr(native, "default_mask") else None
         a_n = blk.self_attn(
             hidden_states=blk.input_layernorm(x),
-            position_embeddings=native.rotary_emb(x, pos, **native._rotary_kwargs),
+            position_embeddings=native.rotary_emb(x, pos, **native._rotary_kwargs)
+            if native.rotary_emb is not None
+            else None,
             attention_mask=mask_n,
             position_ids=pos,
         )
