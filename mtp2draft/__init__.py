@@ -25,7 +25,7 @@ _LAZY: dict[str, str] = {
     "inspect_checkpoint": "conversion",
     "load_native": "draft.layout",
     "distill": "train.recipe",
-    "DistillConfig": "train.recipe",
+    "DistillConfig": "train.settings",
     "evaluate": "evaluation.decode",
     "export": "formats.export",
     "validate": "formats.export",
@@ -68,7 +68,8 @@ if TYPE_CHECKING:  # for type checkers and IDEs only: at run time these load laz
     from .formats.export import export, validate
     from .hub import push
     from .pipeline import run
-    from .train.recipe import DistillConfig, distill
+    from .train.recipe import distill
+    from .train.settings import DistillConfig
 
 
 def __getattr__(name: str) -> Any:

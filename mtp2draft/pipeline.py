@@ -28,7 +28,8 @@ from mtp2draft.formats.export import export
 from mtp2draft.io import Progress, check_output_dir, claim_output, mark
 from mtp2draft.kinds import DraftKind
 from mtp2draft.target.device import resolve_device
-from mtp2draft.train.recipe import DistillConfig, distill
+from mtp2draft.train.recipe import distill
+from mtp2draft.train.settings import DistillConfig
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 BUNDLED_TARGET = REPO_ROOT / "examples" / "targets" / "tiny-deepseek-v3"

@@ -20,7 +20,7 @@ from mtp2draft.cli.output import acceptance_table, validate_text
 from mtp2draft.conversion import convert
 from mtp2draft.errors import DraftError, SourceError
 from mtp2draft.family.spec import registry
-from mtp2draft.train.recipe import DistillConfig
+from mtp2draft.train.settings import DistillConfig
 
 SECRET = "hf_" + "Zq9w" * 9
 
@@ -206,7 +206,7 @@ def test_distill_settings_are_declared_once_and_offered_by_the_cli() -> None:
     """Every DistillConfig field is a `distill` option of the same name, or listed as library-only with its reason;
     `run` offers only options that are fields or its own (no training option spelt differently)."""
 
-    from mtp2draft.train.recipe import DistillConfig
+    from mtp2draft.train.settings import DistillConfig
 
     names = {f.name for f in fields(DistillConfig)}
     offered = _option_names("distill")
@@ -218,7 +218,7 @@ def test_distill_settings_are_declared_once_and_offered_by_the_cli() -> None:
 
 
 def test_distill_config_comes_from_the_parsed_options_by_field_name() -> None:
-    from mtp2draft.train.recipe import DistillConfig
+    from mtp2draft.train.settings import DistillConfig
 
     cfg = DistillConfig.from_options({"steps": 7, "compile_": True, "out": "x", "ttt_steps": 2, "target": "t"})
     assert (cfg.steps, cfg.compile, cfg.ttt_steps) == (7, True, 2)

@@ -117,7 +117,8 @@ def test_distill_trains_ernie_for_the_engine_named(
     """ERNIE-4.5 in vLLM and SGLang: post-norm step-0 hidden, no final norm (so logits and hand-over read the block
     output). `--engine vllm` trains exactly that, and the draft config and the model card say so."""
     from mtp2draft.hub import model_card
-    from mtp2draft.train.recipe import DistillConfig, distill
+    from mtp2draft.train.recipe import distill
+    from mtp2draft.train.settings import DistillConfig
 
     tgt = target("ernie4_5_moe")
     convert(str(tgt), tmp_path / "raw", to="mtp", dtype="float32")
@@ -140,7 +141,8 @@ def test_distill_trains_ernie_for_the_engine_named(
 
 def test_distill_refuses_an_engine_that_cannot_serve_the_draft(target, text_data, tmp_path: Path) -> None:
     from mtp2draft.errors import DataError
-    from mtp2draft.train.recipe import DistillConfig, distill
+    from mtp2draft.train.recipe import distill
+    from mtp2draft.train.settings import DistillConfig
 
     tgt = target("glm4_moe", num_hidden_layers=4)
     convert(str(tgt), tmp_path / "e3", to="eagle3", dtype="float32")

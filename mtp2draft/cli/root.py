@@ -40,7 +40,7 @@ def number_list(text: str | None, option: str, cast: type = float) -> list | Non
 def distill_config(ctx: typer.Context) -> Any:
     """The DistillConfig of a command's parsed options: every option named like one of its fields, with
     `--step-weights` parsed to numbers; what a command lacks keeps the config's default."""
-    from mtp2draft.train.recipe import DistillConfig
+    from mtp2draft.train.settings import DistillConfig
 
     params = dict(ctx.params)
     if "step_weights" in params:

@@ -40,7 +40,8 @@ from mtp2draft.testing.engine import (
     speculative_config,
     vllm_python,
 )
-from mtp2draft.train.recipe import DistillConfig, distill
+from mtp2draft.train.recipe import distill
+from mtp2draft.train.settings import DistillConfig
 
 pytestmark = pytest.mark.engine
 
