@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from mtp2draft.errors import DraftError, Mtp2DraftError
+from mtp2draft.errors import DraftError, Mtp2DraftError, read_json_file
 from mtp2draft.kinds import CONFIG_FILE, DraftKind, detect_kind
 
 HANDOVERS = ("post_norm", "pre_norm")  # which hidden a draft step hands on / step 0 reads
@@ -355,10 +355,5 @@ def load_draft_config(path: str | Path, hint: str = "") -> DraftConfig:
     cfg_file = path / CONFIG_FILE
     if not path.is_dir():
         raise DraftError(f"draft directory {path} does not exist")
-    if not cfg_file.is_file():
-        raise DraftError(f"{path} has no {CONFIG_FILE}: not a draft directory")
-    try:
-        raw = json.loads(cfg_file.read_text(encoding="utf-8"))
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise DraftError(f"{cfg_file} is not valid JSON: {exc}") from None
+    raw = read_json_file(cfg_file, DraftError, f"{path} has no {CONFIG_FILE}: not a draft directory")
     return parse_draft_config(raw, cfg_file, hint)
