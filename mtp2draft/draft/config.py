@@ -164,21 +164,22 @@ LLAMA_LAYER_FIELDS = (
     Field("eos_token_id", token_id),
     Field("pad_token_id", token_id),
 )
-EAGLE3_FIELDS = (
-    *LLAMA_LAYER_FIELDS,
+# Both EAGLE-3 layouts: the draft's vocabulary and its place in the target, then mtp2draft's own records.
+EAGLE3_TARGET_FIELDS = (
     Field("architectures", strings),
     Field("draft_vocab_size", whole(1)),
     Field("target_hidden_size", whole(1)),
     Field("eagle_aux_hidden_state_layer_ids", ids(3, 1)),  # 'input of layer i': at least 1
+)
+MTP2DRAFT_RECORD_FIELDS = (Field("mtp2draft", obj_or_null), Field("mtp2draft_init", obj_or_null))
+EAGLE3_FIELDS = (
+    *LLAMA_LAYER_FIELDS,
+    *EAGLE3_TARGET_FIELDS,
     Field("eagle_config", obj_or_null),
-    Field("mtp2draft", obj_or_null),
-    Field("mtp2draft_init", obj_or_null),
+    *MTP2DRAFT_RECORD_FIELDS,
 )
 SPECULATORS_FIELDS = (
-    Field("architectures", strings),
-    Field("draft_vocab_size", whole(1)),
-    Field("target_hidden_size", whole(1)),
-    Field("eagle_aux_hidden_state_layer_ids", ids(3, 1)),
+    *EAGLE3_TARGET_FIELDS,
     Field("transformer_layer_config", obj),  # its absence is the format's violation (`formats.eagle3`)
     Field("speculators_config", obj_or_null),
     Field("norm_before_residual", boolean),
@@ -186,8 +187,7 @@ SPECULATORS_FIELDS = (
     Field("fc_norm", boolean),
     Field("norm_output", boolean),
     Field("torch_dtype", one_of(*WEIGHT_DTYPES)),
-    Field("mtp2draft", obj_or_null),
-    Field("mtp2draft_init", obj_or_null),
+    *MTP2DRAFT_RECORD_FIELDS,
 )
 EAGLE_CONFIG_FIELDS = (
     Field("eagle_aux_hidden_state_layer_ids", ids(3, 0)),  # SGLang's per-family terms: 0 is possible
