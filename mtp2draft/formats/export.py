@@ -36,7 +36,7 @@ from mtp2draft.formats.common import EVALUATION_FILE, README_FILE, read_json
 from mtp2draft.formats.eagle3 import hub_id_of
 from mtp2draft.formats.native import requantize_fp8
 from mtp2draft.io import TORCH_DTYPES, Progress, atomic_output_dir, check_output_dir, quiet, write_json
-from mtp2draft.kinds import CONFIG_FILE, PROVENANCE_FILE, detect_kind
+from mtp2draft.kinds import CONFIG_FILE, PROVENANCE_FILE, kind_of
 from mtp2draft.redact import command_line
 from mtp2draft.target.identity import check_target_identity
 
@@ -184,7 +184,7 @@ def validate(
     fmt = format or detect_format(cfg)
     if fmt not in REGISTRY:
         raise DraftError(f"--format must be one of {', '.join(REGISTRY)}, got {fmt!r}")
-    parsed = parse_draft_config(cfg, path / CONFIG_FILE) if _is_draft(cfg) else None  # one line: a bad field
+    parsed = parse_draft_config(cfg, path / CONFIG_FILE) if kind_of(cfg) is not None else None  # one line: a bad field
     problems = get_format(fmt).validate(path, cfg)
     target_cfg = open_checkpoint(target, revision, token).config if target else None
     if parsed is not None and target_cfg is not None:
@@ -193,15 +193,6 @@ def validate(
         except DraftError as exc:
             problems.append(str(exc))
     return problems + _target_problems(cfg, target_cfg)
-
-
-def _is_draft(cfg: Mapping[str, Any]) -> bool:
-    """A draft directory's config (native MTP or either EAGLE-3 layout), not an export laid out as a checkpoint."""
-    try:
-        detect_kind(cfg)
-    except DraftError:
-        return False
-    return True
 
 
 def _target_problems(cfg: Mapping[str, Any], target_cfg: Mapping[str, Any] | None) -> list[str]:
