@@ -129,7 +129,7 @@ def preflight(
 ) -> tuple[Spec, str, str]:
     """Everything `run` can check before the first byte of a tensor is fetched, in one place: option values and
     clashes (the format takes the draft kind), the output rules, the data files, the source's family and MTP layer,
-    engine support for --engine, the target's identity with the source, and for --push a repo id and a token.
+    engine support for --serving-engine, the target's identity with the source, and for --push a repo id and a token.
     Returns (spec, kind, format) with the defaults filled in. Reads configs only."""
     from mtp2draft.checkpoint.reader import open_checkpoint
     from mtp2draft.conversion import default_aux_layers

@@ -214,7 +214,15 @@ def test_distill_settings_are_declared_once_and_offered_by_the_cli() -> None:
     assert all(reason.strip() for reason in DistillConfig.LIBRARY_ONLY.values())
     assert not set(DistillConfig.LIBRARY_ONLY) & offered  # nothing listed as library-only is offered after all
     run_training = _option_names("run") & names
-    assert {"steps", "ttt_steps", "lr", "batch_size", "max_length", "draft_vocab_size", "engine"} <= run_training
+    assert {
+        "steps",
+        "ttt_steps",
+        "lr",
+        "batch_size",
+        "max_length",
+        "draft_vocab_size",
+        "serving_engine",
+    } <= run_training
 
 
 def test_distill_config_comes_from_the_parsed_options_by_field_name() -> None:

@@ -54,15 +54,16 @@ DraftVocab = Annotated[
 StepWeights = Annotated[
     str | None, typer.Option("--step-weights", help="Loss weight per TTT step, e.g. '1,0.8,0.64' (default 0.8^s).")
 ]
-DistillEngine = Annotated[
+ServingEngine = Annotated[
     str | None,
     typer.Option(
-        "--engine",
+        "--serving-engine",
         help=f"Train for what this engine computes ({choices('engines')}; facts per family: `mtp2draft specs`).",
     ),
 ]
 Handover = Annotated[
-    str | None, typer.Option("--hidden-handover", help="mtp: post_norm | pre_norm, overriding --engine's hand-over.")
+    str | None,
+    typer.Option("--hidden-handover", help="mtp: post_norm | pre_norm, overriding --serving-engine's hand-over."),
 ]
 Regenerate = Annotated[
     bool, typer.Option("--regenerate", help="Train on the target's own responses to the data's prompts.")

@@ -57,9 +57,9 @@ def run_all(
     max_new_tokens: MaxNewTokens = 64,
     max_prompts: Annotated[int | None, typer.Option("--max-prompts", help="Evaluation prompts.")] = 20,
     layer: Annotated[int | None, typer.Option("--layer", help="MTP layer index.")] = None,
-    engine: Annotated[
+    serving_engine: Annotated[
         str | None,
-        typer.Option("--engine", help=f"Train for what this engine computes ({choices('engines')})."),
+        typer.Option("--serving-engine", help=f"Train for what this engine computes ({choices('engines')})."),
     ] = None,
     revision: Revision = None,
     token: Token = None,

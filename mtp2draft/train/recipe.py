@@ -3,7 +3,7 @@
 `distill()` runs `DistillRecipe` in torchtune's shape, each part one method:
 - `check_outputs` / `check_memory`: refuse a run before anything loads (an --out we did not write, stale
   checkpoints, a memory plan the device cannot hold);
-- `setup_model`: the draft, trained for the chosen engine's computation;
+- `setup_model`: the draft, trained for the serving engine's computation (`--serving-engine`);
 - `setup_data`: the teacher (online target + examples, or `dump-hidden` files; `train/teacher.py`);
 - `setup_draft`: EAGLE-3 draft vocabulary and calibration on fresh runs (`train/calibrate.py`), or the checkpoint's shape
   on resumed ones;
@@ -412,31 +412,33 @@ class DistillRecipe:
 
 
 def configure_draft(draft, cfg: DistillConfig) -> None:
-    """Train for `--engine`'s computation and `--hidden-handover`, refused where they do not apply."""
+    """Train for `--serving-engine`'s computation and `--hidden-handover`, refused where they do not apply."""
     kind = draft.kind
     spec_name = getattr(getattr(draft, "spec", None), "name", None) or (
         (getattr(draft, "eagle_config", {}) or {}).get("mtp2draft") or {}
     ).get("spec")
     check_training_settings(kind, get_spec(spec_name) if spec_name else None, cfg)
-    if cfg.engine is not None and kind == DraftKind.MTP:
-        draft.train_for_engine(cfg.engine)
+    if cfg.serving_engine is not None and kind == DraftKind.MTP:
+        draft.train_for_engine(cfg.serving_engine)
     if cfg.hidden_handover is not None:
         draft.hidden_handover = cfg.hidden_handover
 
 
 def check_training_settings(kind: str, spec: Any, cfg: DistillConfig) -> None:
-    """`--engine` and `--hidden-handover` make sense for a draft of `kind` for `spec`'s family (None: the draft
+    """`--serving-engine` and `--hidden-handover` make sense for a draft of `kind` for `spec`'s family (None: the draft
     names none): distill checks it on the loaded draft, `run` before anything is fetched."""
-    if cfg.engine is not None:
+    if cfg.serving_engine is not None:
         if spec is None:
-            raise DataError("--engine needs a draft converted by mtp2draft (its config names the target's spec)")
-        if cfg.engine not in ENGINES:
-            raise DataError(f"--engine must be one of {', '.join(ENGINES)}, got {cfg.engine!r}")
-        if not spec.serves(cfg.engine, kind):
-            facts = spec.engine(cfg.engine)
             raise DataError(
-                f"{cfg.engine} {facts.version if facts else ''} cannot serve a {kind} draft for {spec.name} targets "
-                f"(spec {spec.path}: [engines.{cfg.engine}] methods = {list(facts.methods) if facts else []})"
+                "--serving-engine needs a draft converted by mtp2draft (its config names the target's spec)"
+            )
+        if cfg.serving_engine not in ENGINES:
+            raise DataError(f"--serving-engine must be one of {', '.join(ENGINES)}, got {cfg.serving_engine!r}")
+        if not spec.serves(cfg.serving_engine, kind):
+            facts = spec.engine(cfg.serving_engine)
+            raise DataError(
+                f"{cfg.serving_engine} {facts.version if facts else ''} cannot serve a {kind} draft for {spec.name} targets "
+                f"(spec {spec.path}: [engines.{cfg.serving_engine}] methods = {list(facts.methods) if facts else []})"
             )
     if cfg.hidden_handover is not None:
         if kind != DraftKind.MTP:

@@ -41,13 +41,13 @@ class DistillConfig:
     grad_clip: float = 0.5
     save_every: int = 50
     log_every: int = 10
-    engine: str | None = None
+    serving_engine: str | None = None
     """Train for what this engine (`spec.ENGINES`) computes with the family: for native MTP drafts its step-0
     hidden, final norm and hand-over (the spec's `[engines.<engine>]`); refused when the engine cannot serve the
     draft's kind for this family. None keeps the draft's setting."""
     hidden_handover: str | None = None
-    """Native MTP drafts: the hidden handed to the next step, overriding the engine's (`post_norm` | `pre_norm`).
-    None: the engine's, or the draft's setting."""
+    """Native MTP drafts: the hidden handed to the next step, overriding the serving engine's (`post_norm` | `pre_norm`).
+    None: the serving engine's, or the draft's setting."""
     precision: str | None = None
     """fp32 or bf16 (see parallel.PRECISIONS); None: bf16 on CUDA, fp32 elsewhere."""
     train_subset: str = "all"
