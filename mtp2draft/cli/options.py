@@ -68,6 +68,11 @@ Handover = Annotated[
 Regenerate = Annotated[
     bool, typer.Option("--regenerate", help="Train on the target's own responses to the data's prompts.")
 ]
+# what runs the target (one meaning of --engine; `distill --serving-engine` names the engine a draft is trained for)
+TargetEngine = Annotated[str, typer.Option("--engine", help=f"What runs the target: {choices('dump_engines')}.")]
+TensorParallelSize = Annotated[
+    int, typer.Option("--tensor-parallel-size", help="--engine vllm: GPUs the target is split across.")
+]
 Device = Annotated[str | None, typer.Option("--device", help="cpu, cuda, cuda:N (default: cuda when available).")]
 Precision = Annotated[
     str | None, typer.Option("--precision", help="fp32 or bf16 (default: bf16 on CUDA, fp32 elsewhere).")

@@ -15,8 +15,9 @@ from mtp2draft.cli.options import (
     Revision,
     SkipBad,
     Target,
+    TargetEngine,
+    TensorParallelSize,
     Token,
-    choices,
 )
 from mtp2draft.cli.root import app, log, number_list
 from mtp2draft.kinds import DraftKind
@@ -34,12 +35,8 @@ def dump_hidden(
     top_k: Annotated[int, typer.Option("--top-k", help="Target log-probs kept per position.")] = 64,
     max_length: MaxLength = 256,
     shard_size: Annotated[int, typer.Option("--shard-size", help="Sequences per shard file.")] = 256,
-    engine: Annotated[
-        str, typer.Option("--engine", help=f"What runs the target: {choices('dump_engines')}.")
-    ] = "transformers",
-    tensor_parallel_size: Annotated[
-        int, typer.Option("--tensor-parallel-size", help="--engine vllm: GPUs the target is split across.")
-    ] = 1,
+    engine: TargetEngine = "transformers",
+    tensor_parallel_size: TensorParallelSize = 1,
     skip_bad: SkipBad = False,
     revision: Revision = None,
     token: Token = None,
