@@ -21,7 +21,6 @@ from mtp2draft.cli.root import app, log, number_list
 from mtp2draft.kinds import DraftKind
 
 
-# ---- specs ---------------------------------------------------------------------------------------------------------
 @app.command()
 def specs(as_json: AsJson = False) -> None:
     """List the checkpoint families mtp2draft can convert (from the spec registry).
@@ -34,7 +33,6 @@ def specs(as_json: AsJson = False) -> None:
     print(output.to_json(rows) if as_json else output.specs_text(rows))
 
 
-# ---- inspect -------------------------------------------------------------------------------------------------------
 @app.command()
 def inspect(source: Source, revision: Revision = None, token: Token = None, as_json: AsJson = False) -> None:
     """Show a checkpoint's family, its MTP layers and their tensors, and what a conversion would fetch.
@@ -49,7 +47,6 @@ def inspect(source: Source, revision: Revision = None, token: Token = None, as_j
     print(output.to_json(info) if as_json else output.inspect_text(info))
 
 
-# ---- convert -------------------------------------------------------------------------------------------------------
 @app.command()
 def convert(
     source: Source,

@@ -20,7 +20,6 @@ from mtp2draft.cli.options import (
 from mtp2draft.cli.root import app, log
 
 
-# ---- export / validate / push / run (pipeline stage 4) -------------------------------------------------------------
 @app.command()
 def export(
     draft: Annotated[Path, typer.Argument(help="Draft directory (written by convert or distill).", show_default=False)],
