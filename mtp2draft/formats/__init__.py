@@ -83,9 +83,10 @@ FORMATS: dict[str, DraftKind] = exportable()
 VALIDATE_FORMATS = tuple(REGISTRY)
 
 
-@dataclass
+@dataclass(kw_only=True)
 class ExportJob:
-    """What a format's writer gets: the draft directory, the temporary output directory and the options."""
+    """What a format's writer gets: the draft directory, the temporary output directory and the options (built by
+    name, once, in `export.export`)."""
 
     src: Path  # the draft directory (`convert` / `distill` output)
     cfg: dict[str, Any]  # its config.json

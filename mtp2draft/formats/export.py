@@ -87,19 +87,19 @@ def export(
     }
     with atomic_output_dir(out, overwrite, inputs=[draft, target]) as tmp:
         job = ExportJob(
-            src,
-            cfg,
-            tmp,
-            format,
-            dtype,
-            speculative_tokens,
-            provenance,
-            record,
-            target,
-            revision,
-            token,
-            progress,
-            verifier,
+            src=src,
+            cfg=cfg,
+            out=tmp,
+            format=format,
+            dtype=dtype,
+            speculative_tokens=speculative_tokens,
+            provenance=provenance,
+            record=record,
+            target=target,
+            revision=revision,
+            token=token,
+            progress=progress,
+            verifier=verifier,
         )
         get_format(format).write(job)  # type: ignore[misc]
         if (src / EVALUATION_FILE).is_file():  # `push` puts the measured acceptance on the model card
