@@ -28,6 +28,7 @@ _LAZY: dict[str, str] = {
     "DistillConfig": "train.settings",
     "evaluate": "evaluation.decode",
     "export": "formats.export",
+    "ExportConfig": "formats",
     "validate": "formats.export",
     "push": "hub",
     "run": "pipeline",
@@ -48,6 +49,7 @@ __all__ = [
     "DistillConfig",
     "evaluate",
     "export",
+    "ExportConfig",
     "validate",
     "push",
     "run",
@@ -65,6 +67,7 @@ if TYPE_CHECKING:  # for type checkers and IDEs only: at run time these load laz
     from .draft.modules import Eagle3Draft, NativeMtpDraft, load_draft
     from .evaluation.decode import evaluate
     from .family.spec import find_spec, get_spec, registry
+    from .formats import ExportConfig
     from .formats.export import export, validate
     from .hub import push
     from .pipeline import run

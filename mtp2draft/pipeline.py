@@ -23,7 +23,7 @@ from mtp2draft.conversion import convert
 from mtp2draft.errors import SourceError
 from mtp2draft.evaluation.decode import evaluate, save_evaluation
 from mtp2draft.family.spec import ENGINES, Spec
-from mtp2draft.formats import REGISTRY, formats_of, get_format
+from mtp2draft.formats import REGISTRY, ExportConfig, formats_of, get_format
 from mtp2draft.formats.export import export
 from mtp2draft.io import Progress, check_output_dir, claim_output, mark
 from mtp2draft.kinds import DraftKind
@@ -253,7 +253,8 @@ def _run(
         save_evaluation(distilled, report)
     with _stage(stages, "export", progress, f"[4/5] export --format {fmt}"):
         reads = target if REGISTRY[fmt].reads_target else None
-        export(distilled, fmt, exported, target=reads, speculative_tokens=num_draft_tokens, **target_hub, **inside)
+        config = ExportConfig(speculative_tokens=num_draft_tokens)
+        export(distilled, fmt, exported, target=reads, config=config, **target_hub, **inside)
     pushed = None
     if push_repo:
         from mtp2draft.hub import push

@@ -225,6 +225,23 @@ def test_distill_settings_are_declared_once_and_offered_by_the_cli() -> None:
     } <= run_training
 
 
+def test_export_settings_are_declared_once_and_offered_by_the_cli() -> None:
+    """Every ExportConfig field is an `export` option of the same name with the same default, and the config is
+    built from the parsed options by field name, refusing a bad value on construction."""
+    import typer.main
+
+    from mtp2draft.cli.app import app
+    from mtp2draft.errors import SourceError
+    from mtp2draft.formats import ExportConfig
+
+    command = typer.main.get_command(app).commands["export"]
+    defaults = {p.name: p.default for p in command.params if p.param_type_name == "option"}
+    assert {f.name: f.default for f in fields(ExportConfig)} == {f.name: defaults[f.name] for f in fields(ExportConfig)}
+    assert ExportConfig.from_options({"dtype": "float32", "out": "x", "format": "sglang"}) == ExportConfig("float32")
+    with pytest.raises(SourceError, match="--speculative-tokens must be at least 1"):
+        ExportConfig(speculative_tokens=0)
+
+
 def test_distill_config_comes_from_the_parsed_options_by_field_name() -> None:
     from mtp2draft.train.settings import DistillConfig
 

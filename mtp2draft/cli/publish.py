@@ -22,6 +22,7 @@ from mtp2draft.cli.root import app, log
 
 @app.command()
 def export(
+    ctx: typer.Context,
     draft: Annotated[Path, typer.Argument(help="Draft directory (written by convert or distill).", show_default=False)],
     format: Annotated[str, typer.Option("--format", help=f"Engine format: {choices('formats')}.", show_default=False)],
     out: Annotated[Path, typer.Option("--out", help="Output directory.", show_default=False)],
@@ -54,12 +55,11 @@ def export(
     * `mtp2draft export glm-eagle3-ft --format speculators --speculative-tokens 4 --out glm-eagle3-vllm`
     * `mtp2draft export ds3-mtp-ft --format stitched --target deepseek-ai/DeepSeek-V3 --out ds3-stitched`
     """
+    from mtp2draft.formats import ExportConfig
     from mtp2draft.formats.export import export as run
 
-    hub = {"revision": revision, "token": token}
-    result = run(
-        draft, format, out, target, overwrite, dtype, speculative_tokens, **hub, verifier=verifier, progress=log
-    )
+    config = ExportConfig.from_options(ctx.params)
+    result = run(draft, format, out, target, overwrite, config, revision, token, progress=log)
     print(output.to_json(output.export_summary(result)) if as_json else output.export_text(result, draft))
 
 
