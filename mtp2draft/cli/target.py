@@ -68,20 +68,6 @@ def dump_hidden(
     if skipped:
         log(f"skipped {skipped} malformed line(s)")
     seqs = [{"input_ids": e.input_ids, "loss_mask": e.loss_mask} for e in examples]
-    path = dump(
-        engine,
-        target,
-        seqs,
-        out,
-        revision,
-        token,
-        tensor_parallel_size,
-        aux_layers=ids,
-        top_k=top_k,
-        shard_size=shard_size,
-        overwrite=overwrite,
-        progress=log,
-        final=final,
-        inputs=inputs,
-    )
+    write = {"aux_layers": ids, "top_k": top_k, "shard_size": shard_size, "overwrite": overwrite, "final": final}
+    path = dump(engine, target, seqs, out, revision, token, tensor_parallel_size, **write, progress=log, inputs=inputs)
     print(f"wrote hidden states of {len(seqs)} sequences to {path}")
