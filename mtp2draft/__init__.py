@@ -25,9 +25,10 @@ _LAZY: dict[str, str] = {
     "inspect_checkpoint": "conversion",
     "load_native": "draft.layout",
     "distill": "train.recipe",
-    "DistillConfig": "train.recipe",
+    "DistillConfig": "train.settings",
     "evaluate": "evaluation.decode",
     "export": "formats.export",
+    "ExportConfig": "formats",
     "validate": "formats.export",
     "push": "hub",
     "run": "pipeline",
@@ -48,6 +49,7 @@ __all__ = [
     "DistillConfig",
     "evaluate",
     "export",
+    "ExportConfig",
     "validate",
     "push",
     "run",
@@ -65,10 +67,12 @@ if TYPE_CHECKING:  # for type checkers and IDEs only: at run time these load laz
     from .draft.modules import Eagle3Draft, NativeMtpDraft, load_draft
     from .evaluation.decode import evaluate
     from .family.spec import find_spec, get_spec, registry
+    from .formats import ExportConfig
     from .formats.export import export, validate
     from .hub import push
     from .pipeline import run
-    from .train.recipe import DistillConfig, distill
+    from .train.recipe import distill
+    from .train.settings import DistillConfig
 
 
 def __getattr__(name: str) -> Any:

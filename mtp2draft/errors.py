@@ -1,9 +1,15 @@
 """The exceptions mtp2draft raises on bad input. The CLI turns each into a one-line message and a non-zero exit.
 
 Anything else escaping to the CLI is a bug and keeps its traceback (under MTP2DRAFT_DEBUG=1 these do too).
+`read_json_file` / `read_json_object` read a JSON file the user handed over (a config.json, an index, a manifest)
+into its value or one such line, worded alike whichever stage reads it.
 """
 
 from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
 
 
 class Mtp2DraftError(Exception):
@@ -67,3 +73,22 @@ class ValidationError(Mtp2DraftError):
 
 class HubError(Mtp2DraftError):
     """A Hub operation failed (no token, no rights, network)."""
+
+
+def read_json_file(path: Path, error: type[Mtp2DraftError], missing: str | None = None) -> Any:
+    """The JSON value in the file `path`; `error` (one line) when the file is missing (`missing`, default: "PATH does
+    not exist") or holds no valid JSON."""
+    if not path.is_file():
+        raise error(missing or f"{path} does not exist")
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise error(f"{path} is not valid JSON: {exc}") from exc
+
+
+def read_json_object(path: Path, error: type[Mtp2DraftError], missing: str | None = None) -> dict[str, Any]:
+    """`read_json_file` of a file that must hold a JSON object."""
+    data = read_json_file(path, error, missing)
+    if not isinstance(data, dict):
+        raise error(f"{path} must hold a JSON object, not a {type(data).__name__}")
+    return data

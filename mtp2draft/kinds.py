@@ -55,14 +55,23 @@ PROVENANCE_FILE = "provenance.json"
 EAGLE3_ARCHITECTURE = "LlamaForCausalLMEagle3"
 
 
-def detect_kind(cfg: Mapping[str, Any], hint: str = "") -> DraftKind:
-    """The kind of draft a draft directory's config.json describes (either EAGLE-3 layout); DraftError otherwise,
-    with `hint` (e.g. which commands write draft directories) appended."""
+def kind_of(cfg: Mapping[str, Any]) -> DraftKind | None:
+    """The kind of draft a config.json describes (a draft directory's, either EAGLE-3 layout), None for any other
+    config (a checkpoint's, an export laid out as one)."""
     if cfg.get("draft_kind") == DraftKind.MTP:
         return DraftKind.MTP
     if EAGLE3_ARCHITECTURE in (cfg.get("architectures") or []) or cfg.get("speculators_model_type") == "eagle3":
         return DraftKind.EAGLE3
-    raise DraftError(
-        "config.json describes neither an mtp2draft native MTP draft nor an EAGLE-3 draft"
-        + (f" ({hint})" if hint else "")
-    )
+    return None
+
+
+def detect_kind(cfg: Mapping[str, Any], hint: str = "") -> DraftKind:
+    """The kind of draft a draft directory's config.json describes (either EAGLE-3 layout); DraftError otherwise,
+    with `hint` (e.g. which commands write draft directories) appended."""
+    kind = kind_of(cfg)
+    if kind is None:
+        raise DraftError(
+            "config.json describes neither an mtp2draft native MTP draft nor an EAGLE-3 draft"
+            + (f" ({hint})" if hint else "")
+        )
+    return kind

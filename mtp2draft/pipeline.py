@@ -23,12 +23,13 @@ from mtp2draft.conversion import convert, refuse_eagle3
 from mtp2draft.errors import SourceError
 from mtp2draft.evaluation.decode import evaluate, save_evaluation
 from mtp2draft.family.spec import ENGINES, Spec
-from mtp2draft.formats import REGISTRY, formats_of, get_format
+from mtp2draft.formats import REGISTRY, ExportConfig, formats_of, get_format
 from mtp2draft.formats.export import export
 from mtp2draft.io import Progress, check_output_dir, claim_output, mark
 from mtp2draft.kinds import DraftKind
 from mtp2draft.target.device import resolve_device
-from mtp2draft.train.recipe import DistillConfig, distill
+from mtp2draft.train.recipe import distill
+from mtp2draft.train.settings import DistillConfig
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 BUNDLED_TARGET = REPO_ROOT / "examples" / "targets" / "tiny-deepseek-v3"
@@ -128,7 +129,7 @@ def preflight(
 ) -> tuple[Spec, str, str]:
     """Everything `run` can check before the first byte of a tensor is fetched, in one place: option values and
     clashes (the format takes the draft kind), the output rules, the data files, the source's family and MTP layer,
-    engine support for --engine, the target's identity with the source, and for --push a repo id and a token.
+    engine support for --serving-engine, the target's identity with the source, and for --push a repo id and a token.
     Returns (spec, kind, format) with the defaults filled in. Reads configs only."""
     from mtp2draft.checkpoint.reader import open_checkpoint
     from mtp2draft.conversion import default_aux_layers
@@ -253,7 +254,8 @@ def _run(
         save_evaluation(distilled, report)
     with _stage(stages, "export", progress, f"[4/5] export --format {fmt}"):
         reads = target if REGISTRY[fmt].reads_target else None
-        export(distilled, fmt, exported, target=reads, speculative_tokens=num_draft_tokens, **target_hub, **inside)
+        config = ExportConfig(speculative_tokens=num_draft_tokens)
+        export(distilled, fmt, exported, target=reads, config=config, **target_hub, **inside)
     pushed = None
     if push_repo:
         from mtp2draft.hub import push

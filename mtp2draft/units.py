@@ -1,4 +1,4 @@
-"""Human-readable sizes for what the CLI and the memory plan print. Torch-free, so `cli/app.py` can import it at once."""
+"""Human-readable sizes for what the CLI and the memory plan print. Torch-free, so the CLI can import it at once."""
 
 from __future__ import annotations
 

@@ -37,7 +37,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from mtp2draft.io import write_json  # noqa: E402
-from mtp2draft.train.recipe import DistillConfig, distill  # noqa: E402
+from mtp2draft.train.recipe import distill  # noqa: E402
+from mtp2draft.train.settings import DistillConfig  # noqa: E402
 
 # init -> (bench_unseen source key, the uninterrupted bench_unseen row of 240 / 120 steps to compare with, step 0)
 INITS = {

@@ -42,7 +42,8 @@ from mtp2draft.conversion import convert  # noqa: E402
 from mtp2draft.evaluation.decode import evaluate  # noqa: E402
 from mtp2draft.io import write_json  # noqa: E402
 from mtp2draft.target.hidden import TargetModel  # noqa: E402
-from mtp2draft.train.recipe import DistillConfig, distill  # noqa: E402
+from mtp2draft.train.recipe import distill  # noqa: E402
+from mtp2draft.train.settings import DistillConfig  # noqa: E402
 
 TARGETS = ROOT / "examples" / "targets"
 PROMPT_MOD = 5

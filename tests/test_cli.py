@@ -1,4 +1,4 @@
-"""The command line's own contract (cli.py, cli_output.py): data on stdout and logs on stderr, one formatter that turns
+"""The command line's own contract (cli/): data on stdout and logs on stderr, one formatter that turns
 every known failure into one line with its exit status, option lists parsed into numbers, training options reaching
 DistillConfig by name, and the texts the commands print. The stages themselves are tested in their own files."""
 
@@ -14,13 +14,13 @@ from types import SimpleNamespace
 import pytest
 from safetensors.torch import load_file, save_file
 
-from mtp2draft.cli import app as cli
+from mtp2draft.cli import output, root
 from mtp2draft.cli.app import main
 from mtp2draft.cli.output import acceptance_table, validate_text
 from mtp2draft.conversion import convert
 from mtp2draft.errors import DraftError, SourceError
 from mtp2draft.family.spec import registry
-from mtp2draft.train.recipe import DistillConfig
+from mtp2draft.train.settings import DistillConfig
 
 SECRET = "hf_" + "Zq9w" * 9
 
@@ -127,9 +127,9 @@ def test_usage_errors_are_click_usage_messages(capsys) -> None:
 
 # ---- parsing -----------------------------------------------------------------------------------------------------
 def test_number_lists() -> None:
-    assert cli.number_list("1,0.8,0.64", "--step-weights") == [1.0, 0.8, 0.64]
-    assert cli.number_list("3,5,7", "--aux-layers", int) == [3, 5, 7]
-    assert cli.number_list(None, "--aux-layers", int) is None and cli.number_list("", "--x") is None
+    assert root.number_list("1,0.8,0.64", "--step-weights") == [1.0, 0.8, 0.64]
+    assert root.number_list("3,5,7", "--aux-layers", int) == [3, 5, 7]
+    assert root.number_list(None, "--aux-layers", int) is None and root.number_list("", "--x") is None
 
 
 def test_training_options_reach_the_config_by_name() -> None:
@@ -144,7 +144,7 @@ def test_training_options_reach_the_config_by_name() -> None:
         "device": "cpu",
         "lr": 0.5,
     }
-    assert cli.distill_config(SimpleNamespace(params=options)) == DistillConfig(
+    assert root.distill_config(SimpleNamespace(params=options)) == DistillConfig(
         steps=7, ttt_steps=2, seed=3, lr=0.5, step_weights=[1.0, 0.5], compile=True
     )
 
@@ -185,9 +185,9 @@ def test_validate_text_lists_every_violation() -> None:
 def test_run_text_names_the_push_only_when_there_was_one() -> None:
     report = {"results": [_row("distilled mtp", 2.0, [0.5, 0.5])]}
     result = SimpleNamespace(report=report, exported=Path("w/export-nextn"), push=None)
-    assert cli.output.run_text(result).splitlines()[-1] == "export: w/export-nextn"
+    assert output.run_text(result).splitlines()[-1] == "export: w/export-nextn"
     result.push = SimpleNamespace(url="https://hub/me/d", commit="abc")
-    assert cli.output.run_text(result).splitlines()[-1] == "pushed: https://hub/me/d (commit abc)"
+    assert output.run_text(result).splitlines()[-1] == "pushed: https://hub/me/d (commit abc)"
 
 
 def _option_names(command_name: str) -> set[str]:
@@ -206,7 +206,7 @@ def test_distill_settings_are_declared_once_and_offered_by_the_cli() -> None:
     """Every DistillConfig field is a `distill` option of the same name, or listed as library-only with its reason;
     `run` offers only options that are fields or its own (no training option spelt differently)."""
 
-    from mtp2draft.train.recipe import DistillConfig
+    from mtp2draft.train.settings import DistillConfig
 
     names = {f.name for f in fields(DistillConfig)}
     offered = _option_names("distill")
@@ -214,11 +214,36 @@ def test_distill_settings_are_declared_once_and_offered_by_the_cli() -> None:
     assert all(reason.strip() for reason in DistillConfig.LIBRARY_ONLY.values())
     assert not set(DistillConfig.LIBRARY_ONLY) & offered  # nothing listed as library-only is offered after all
     run_training = _option_names("run") & names
-    assert {"steps", "ttt_steps", "lr", "batch_size", "max_length", "draft_vocab_size", "engine"} <= run_training
+    assert {
+        "steps",
+        "ttt_steps",
+        "lr",
+        "batch_size",
+        "max_length",
+        "draft_vocab_size",
+        "serving_engine",
+    } <= run_training
+
+
+def test_export_settings_are_declared_once_and_offered_by_the_cli() -> None:
+    """Every ExportConfig field is an `export` option of the same name with the same default, and the config is
+    built from the parsed options by field name, refusing a bad value on construction."""
+    import typer.main
+
+    from mtp2draft.cli.app import app
+    from mtp2draft.errors import SourceError
+    from mtp2draft.formats import ExportConfig
+
+    command = typer.main.get_command(app).commands["export"]
+    defaults = {p.name: p.default for p in command.params if p.param_type_name == "option"}
+    assert {f.name: f.default for f in fields(ExportConfig)} == {f.name: defaults[f.name] for f in fields(ExportConfig)}
+    assert ExportConfig.from_options({"dtype": "float32", "out": "x", "format": "sglang"}) == ExportConfig("float32")
+    with pytest.raises(SourceError, match="--speculative-tokens must be at least 1"):
+        ExportConfig(speculative_tokens=0)
 
 
 def test_distill_config_comes_from_the_parsed_options_by_field_name() -> None:
-    from mtp2draft.train.recipe import DistillConfig
+    from mtp2draft.train.settings import DistillConfig
 
     cfg = DistillConfig.from_options({"steps": 7, "compile_": True, "out": "x", "ttt_steps": 2, "target": "t"})
     assert (cfg.steps, cfg.compile, cfg.ttt_steps) == (7, True, 2)

@@ -21,7 +21,8 @@ from mtp2draft.draft.modules import load_draft
 from mtp2draft.errors import DataError, DraftError, OptionError
 from mtp2draft.target.hidden import TargetModel
 from mtp2draft.train.calibrate import choose_draft_vocab
-from mtp2draft.train.recipe import DistillConfig, distill
+from mtp2draft.train.recipe import distill
+from mtp2draft.train.settings import DistillConfig
 
 SMALL = {"steps": 4, "batch_size": 4, "max_length": 48, "save_every": 2, "log_every": 2}
 

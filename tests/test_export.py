@@ -19,6 +19,7 @@ from mtp2draft.cli.app import main
 from mtp2draft.conversion import convert
 from mtp2draft.draft.modules import load_draft, vocab_maps
 from mtp2draft.errors import DraftError, ValidationError
+from mtp2draft.formats import ExportConfig
 from mtp2draft.formats.export import NORM_SWITCHES, export, validate
 
 # e4m3: 3 mantissa bits, so round-to-nearest is within half a step, 2^-4 of the value's binade; below the smallest
@@ -71,7 +72,7 @@ def sglang_dir(eagle3: Path, work: Path) -> Path:
 
 @pytest.fixture(scope="module")
 def speculators_dir(eagle3: Path, work: Path) -> Path:
-    export(eagle3, "speculators", work / "speculators", speculative_tokens=4)
+    export(eagle3, "speculators", work / "speculators", config=ExportConfig(speculative_tokens=4))
     return work / "speculators"
 
 
@@ -164,8 +165,8 @@ def _logits(draft, embed: torch.Tensor, features: torch.Tensor, ids: torch.Tenso
 
 
 def test_exported_drafts_compute_the_same_logits(eagle3: Path, work: Path) -> None:
-    export(eagle3, "sglang", work / "sg32", dtype="float32")
-    export(eagle3, "speculators", work / "sp32", dtype="float32")
+    export(eagle3, "sglang", work / "sg32", config=ExportConfig(dtype="float32"))
+    export(eagle3, "speculators", work / "sp32", config=ExportConfig(dtype="float32"))
     gen = torch.Generator().manual_seed(0)
     mine = load_draft(eagle3)
     embed = torch.randn(mine.vocab_size, mine.hidden_size, generator=gen)
@@ -248,7 +249,7 @@ def test_deepseek_aux_ids_follow_sglangs_conditional_plus_one(
     target = build("deepseek_v3", num_hidden_layers=6)
     convert(str(target), tmp_path / "e3", to="eagle3", dtype="float32", aux_layers=aux)
     for fmt in ("sglang", "speculators"):
-        export(tmp_path / "e3", fmt, tmp_path / fmt, dtype="float32")
+        export(tmp_path / "e3", fmt, tmp_path / fmt, config=ExportConfig(dtype="float32"))
     cfg = json.loads((tmp_path / "sglang" / "config.json").read_text())
     assert cfg["eagle_config"]["eagle_aux_hidden_state_layer_ids"] == written
     assert cfg["eagle_aux_hidden_state_layer_ids"] == [i + 1 for i in aux]
@@ -277,7 +278,7 @@ def test_speculators_verifier_is_the_hub_id(eagle3: Path, tmp_path: Path) -> Non
     export(draft, "speculators", tmp_path / "a")
     verifier = json.loads((tmp_path / "a" / "config.json").read_text())["speculators_config"]["verifier"]
     assert verifier["name_or_path"] == "zai-org/GLM-4.5-Air"
-    export(draft, "speculators", tmp_path / "b", verifier="me/my-target")
+    export(draft, "speculators", tmp_path / "b", config=ExportConfig(verifier="me/my-target"))
     verifier = json.loads((tmp_path / "b" / "config.json").read_text())["speculators_config"]["verifier"]
     assert verifier["name_or_path"] == "me/my-target"
 
@@ -701,7 +702,7 @@ def test_full_vocabulary_exports_carry_no_vocab_maps(eagle3: Path, work: Path, t
     raw = work / "eagle3-raw"  # convert's output: the target's whole vocabulary
     assert "d2t" not in load_file(str(raw / "model.safetensors"))
     out = tmp_path / format
-    export(raw, format, out, dtype="float32")
+    export(raw, format, out, config=ExportConfig(dtype="float32"))
     w = load_file(str(out / "model.safetensors"))
     assert not {"d2t", "t2d"} & set(w) and "lm_head.weight" in w
     assert validate(out) == []

@@ -82,7 +82,7 @@ def test_run_trains_for_the_engine_named(target, text_data, tmp_path: Path, caps
         str(work),
         "--to",
         "mtp",
-        "--engine",
+        "--serving-engine",
     ]
     tail = ["--steps", "2", "--batch-size", "2", "--max-length", "32", "--max-prompts", "2", "--max-new-tokens", "8"]
     assert main([*args, "vllm", *tail]) == 0, capsys.readouterr().err
@@ -90,7 +90,7 @@ def test_run_trains_for_the_engine_named(target, text_data, tmp_path: Path, caps
     assert config["engine"]["name"] == "vllm"
     # an engine that cannot serve the kind for the family is one line, before any training
     capsys.readouterr()
-    assert main([*args[:-3], "--to", "eagle3", "--engine", "vllm", *tail, "--overwrite"]) == 2
+    assert main([*args[:-3], "--to", "eagle3", "--serving-engine", "vllm", *tail, "--overwrite"]) == 2
     err = capsys.readouterr().err
     assert "cannot serve" in err and "Traceback" not in err
 
@@ -134,7 +134,7 @@ def test_run_never_hands_the_source_revision_to_another_target(monkeypatch, tmp_
     [
         (["--to", "mtp", "--format", "sglang"], "--format sglang takes an EAGLE-3 draft"),
         (["--to", "eagle3", "--format", "stitched"], "--format stitched takes a native MTP draft"),
-        (["--to", "eagle3", "--engine", "vllm"], "cannot serve"),
+        (["--to", "eagle3", "--serving-engine", "vllm"], "cannot serve"),
         (["--push", "no such/repo id"], "is not a Hub repo id"),
         (["-k", "0"], "--num-draft-tokens must be at least 1"),
     ],

@@ -35,7 +35,7 @@ from mtp2draft.checkpoint.fp8 import (
     fp8_block_size,
 )
 from mtp2draft.checkpoint.sources import HubFiles, LocalFiles, range_cache_dir
-from mtp2draft.errors import CheckpointError, SourceError
+from mtp2draft.errors import CheckpointError, SourceError, read_json_object
 
 INDEX_FILE = "model.safetensors.index.json"
 SINGLE_FILE = "model.safetensors"
@@ -307,7 +307,7 @@ def _open_local(root: Path) -> Checkpoint:
 def _weight_map_local(root: Path, files: LocalFiles) -> dict[str, str]:
     index = root / INDEX_FILE
     if index.is_file():
-        return parse_index(_read_json(index, ""), INDEX_FILE)
+        return parse_index(read_json_object(index, CheckpointError), INDEX_FILE)
     if (root / SINGLE_FILE).is_file():
         ckpt = Checkpoint(str(root), files, {}, {}, file_sizes={})
         return {k: SINGLE_FILE for k in ckpt.header(SINGLE_FILE)}
@@ -342,19 +342,7 @@ def check_shard_name(file: str, where: str, inside: str = "the checkpoint") -> N
 
 def read_config(root: Path) -> dict[str, Any]:
     """config.json of a checkpoint directory: a JSON object, or one line saying why not."""
-    return _read_json(root / "config.json", f"{root} has no config.json")
-
-
-def _read_json(path: Path, missing: str) -> dict[str, Any]:
-    if not path.is_file():
-        raise CheckpointError(missing or f"{path} does not exist")
-    try:
-        data = json.loads(path.read_text())
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise CheckpointError(f"{path} is not valid JSON: {exc}") from exc
-    if not isinstance(data, dict):
-        raise CheckpointError(f"{path} must hold a JSON object, not a {type(data).__name__}")
-    return data
+    return read_json_object(root / "config.json", CheckpointError, f"{root} has no config.json")
 
 
 def _open_hub(repo_id: str, revision: str | None, token: str | bool | None) -> Checkpoint:
@@ -381,7 +369,7 @@ def _open_hub(repo_id: str, revision: str | None, token: str | bool | None) -> C
 
         def fetch_json(name: str) -> dict[str, Any]:
             local = hf_hub_download(repo_id, name, revision=commit, token=token)
-            return _read_json(Path(local), "")
+            return read_json_object(Path(local), CheckpointError)
 
         if "config.json" not in names:
             raise SourceError(f"hub repo {where} has no config.json: not a transformers checkpoint")

@@ -54,18 +54,24 @@ DraftVocab = Annotated[
 StepWeights = Annotated[
     str | None, typer.Option("--step-weights", help="Loss weight per TTT step, e.g. '1,0.8,0.64' (default 0.8^s).")
 ]
-DistillEngine = Annotated[
+ServingEngine = Annotated[
     str | None,
     typer.Option(
-        "--engine",
+        "--serving-engine",
         help=f"Train for what this engine computes ({choices('engines')}; facts per family: `mtp2draft specs`).",
     ),
 ]
 Handover = Annotated[
-    str | None, typer.Option("--hidden-handover", help="mtp: post_norm | pre_norm, overriding --engine's hand-over.")
+    str | None,
+    typer.Option("--hidden-handover", help="mtp: post_norm | pre_norm, overriding --serving-engine's hand-over."),
 ]
 Regenerate = Annotated[
     bool, typer.Option("--regenerate", help="Train on the target's own responses to the data's prompts.")
+]
+# what runs the target (one meaning of --engine; `distill --serving-engine` names the engine a draft is trained for)
+TargetEngine = Annotated[str, typer.Option("--engine", help=f"What runs the target: {choices('dump_engines')}.")]
+TensorParallelSize = Annotated[
+    int, typer.Option("--tensor-parallel-size", help="--engine vllm: GPUs the target is split across.")
 ]
 Device = Annotated[str | None, typer.Option("--device", help="cpu, cuda, cuda:N (default: cuda when available).")]
 Precision = Annotated[

@@ -1,7 +1,7 @@
 """What the command line prints: the JSON and the human-readable text of each command's result.
 
 Every function takes a stage's result (a dataclass or the dict it returns) and gives back a string or a JSON-ready
-dict; `cli/app.py` decides where it goes (data on stdout). Imports neither typer nor torch, so `mtp2draft --help` stays
+dict; the command modules decide where it goes (data on stdout). Imports neither typer nor torch, so `mtp2draft --help` stays
 fast and the texts can be tested without running a stage.
 
 What this module does not do: parse options, call the stages, print, or format errors (`cli.main` has the one error

@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from mtp2draft.errors import DraftError, Mtp2DraftError
+from mtp2draft.errors import DraftError, Mtp2DraftError, read_json_file
 from mtp2draft.kinds import CONFIG_FILE, DraftKind, detect_kind
 
 HANDOVERS = ("post_norm", "pre_norm")  # which hidden a draft step hands on / step 0 reads
@@ -164,21 +164,22 @@ LLAMA_LAYER_FIELDS = (
     Field("eos_token_id", token_id),
     Field("pad_token_id", token_id),
 )
-EAGLE3_FIELDS = (
-    *LLAMA_LAYER_FIELDS,
+# Both EAGLE-3 layouts: the draft's vocabulary and its place in the target, then mtp2draft's own records.
+EAGLE3_TARGET_FIELDS = (
     Field("architectures", strings),
     Field("draft_vocab_size", whole(1)),
     Field("target_hidden_size", whole(1)),
     Field("eagle_aux_hidden_state_layer_ids", ids(3, 1)),  # 'input of layer i': at least 1
+)
+MTP2DRAFT_RECORD_FIELDS = (Field("mtp2draft", obj_or_null), Field("mtp2draft_init", obj_or_null))
+EAGLE3_FIELDS = (
+    *LLAMA_LAYER_FIELDS,
+    *EAGLE3_TARGET_FIELDS,
     Field("eagle_config", obj_or_null),
-    Field("mtp2draft", obj_or_null),
-    Field("mtp2draft_init", obj_or_null),
+    *MTP2DRAFT_RECORD_FIELDS,
 )
 SPECULATORS_FIELDS = (
-    Field("architectures", strings),
-    Field("draft_vocab_size", whole(1)),
-    Field("target_hidden_size", whole(1)),
-    Field("eagle_aux_hidden_state_layer_ids", ids(3, 1)),
+    *EAGLE3_TARGET_FIELDS,
     Field("transformer_layer_config", obj),  # its absence is the format's violation (`formats.eagle3`)
     Field("speculators_config", obj_or_null),
     Field("norm_before_residual", boolean),
@@ -186,8 +187,7 @@ SPECULATORS_FIELDS = (
     Field("fc_norm", boolean),
     Field("norm_output", boolean),
     Field("torch_dtype", one_of(*WEIGHT_DTYPES)),
-    Field("mtp2draft", obj_or_null),
-    Field("mtp2draft_init", obj_or_null),
+    *MTP2DRAFT_RECORD_FIELDS,
 )
 EAGLE_CONFIG_FIELDS = (
     Field("eagle_aux_hidden_state_layer_ids", ids(3, 0)),  # SGLang's per-family terms: 0 is possible
@@ -355,10 +355,5 @@ def load_draft_config(path: str | Path, hint: str = "") -> DraftConfig:
     cfg_file = path / CONFIG_FILE
     if not path.is_dir():
         raise DraftError(f"draft directory {path} does not exist")
-    if not cfg_file.is_file():
-        raise DraftError(f"{path} has no {CONFIG_FILE}: not a draft directory")
-    try:
-        raw = json.loads(cfg_file.read_text(encoding="utf-8"))
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise DraftError(f"{cfg_file} is not valid JSON: {exc}") from None
+    raw = read_json_file(cfg_file, DraftError, f"{path} has no {CONFIG_FILE}: not a draft directory")
     return parse_draft_config(raw, cfg_file, hint)

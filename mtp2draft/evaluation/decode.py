@@ -307,14 +307,7 @@ def evaluate(
     (greedy: argmax, sample: from its own distribution), prompt n seeded with (seed, n) for every draft alike; each
     draft's output is checked in distribution (`distribution_check`)."""
     sampling = Sampling(temperature, top_p, draft_sampling)  # OptionError on a bad value
-    for option, value in (
-        ("--num-draft-tokens", num_draft_tokens),
-        ("--max-new-tokens", max_new_tokens),
-        ("--max-prompt-length", max_prompt_length),
-        ("--max-prompts", 1 if max_prompts is None else max_prompts),
-    ):
-        if value < 1:
-            raise OptionError(f"{option} must be at least 1, got {value}")
+    _check_counts(num_draft_tokens, max_new_tokens, max_prompt_length, max_prompts)
     check_drafts_belong([path for _, path in drafts], target, revision, token)  # before the target's weights load
     if not isinstance(target, TargetModel):
         device = device if device_map is not None else resolve_device(device)
@@ -347,31 +340,8 @@ def evaluate(
         if references is None and sampling.greedy:
             progress(f"target greedy reference on {len(prompts)} prompts")
             references = [greedy_reference(runner, p, max_new_tokens, eos) for p in prompts]
-        started, results, pits = time.perf_counter(), [], []
-        check = torch.Generator().manual_seed(seed)  # the PIT's noise
-        bar = meter(progress, f"evaluate {name}", len(prompts), "prompt")
-        for n, (prompt, ref) in enumerate(zip(prompts, references or [[]] * len(prompts), strict=True), 1):
-            sampler = make_sampler(sampling, seed * 1_000_003 + n)
-            tokens, accepted = speculative_decode(runner, draft, prompt, num_draft_tokens, max_new_tokens, eos, sampler)
-            result = PromptResult(tokens, accepted, ref, tokens == ref if sampling.greedy else None)
-            if not sampling.greedy:
-                pits.append(emitted_pit(runner, prompt, tokens, sampling, check))
-            elif not result.lossless:
-                at = next(i for i, (x, y) in enumerate(zip(tokens + [-1], ref + [-2], strict=False)) if x != y)
-                if not _tie(runner, prompt, ref, at):
-                    raise LosslessError(
-                        f"{name}: speculative output differs from the target's greedy output at generated token "
-                        f"{at} of prompt {n} (no logit tie there): this is a bug"
-                    )
-                result.tie_at = at
-            results.append(result)
-            bar.update(1)
-        bar.close()
-        summary = summarise(name, str(path), num_draft_tokens, results, time.perf_counter() - started)
-        if pits:
-            u = torch.cat(pits)  # [tokens emitted over all prompts]
-            d, p_value = ks_uniform(u)
-            summary.distribution_check = {"pit_ks_statistic": d, "pit_ks_p_value": p_value, "tokens": u.numel()}
+        decoding = {"k": num_draft_tokens, "max_new": max_new_tokens, "eos": eos, "sampling": sampling, "seed": seed}
+        summary = evaluate_draft(runner, draft, name, str(path), prompts, references, **decoding, progress=progress)
         out["results"].append(asdict(summary))
     if len(out["results"]) > 1:  # the draft against each baseline, with a paired bootstrap interval (compare.py)
         out["comparison"] = compare_to_baselines(out["results"], seed=seed)
@@ -385,6 +355,71 @@ def evaluate(
         }
     )
     return out
+
+
+def _check_counts(num_draft_tokens: int, max_new_tokens: int, max_prompt_length: int, max_prompts: int | None) -> None:
+    """Refuse a count below 1 (one line naming the option) before anything loads."""
+    for option, value in (
+        ("--num-draft-tokens", num_draft_tokens),
+        ("--max-new-tokens", max_new_tokens),
+        ("--max-prompt-length", max_prompt_length),
+        ("--max-prompts", 1 if max_prompts is None else max_prompts),
+    ):
+        if value < 1:
+            raise OptionError(f"{option} must be at least 1, got {value}")
+
+
+def evaluate_draft(
+    runner: TargetRunner,
+    draft,
+    name: str,
+    path: str,
+    prompts: Sequence[list[int]],
+    references: Sequence[list[int]] | None,
+    *,
+    k: int,
+    max_new: int,
+    eos: int | None,
+    sampling: Sampling,
+    seed: int,
+    progress: Progress,
+) -> EvalResult:
+    """One draft's speculative decoding of every prompt, summarised. Greedy (`references`: the target's own outputs):
+    every output must equal its reference, except after a logit tie (recorded); a difference elsewhere raises
+    `LosslessError`. At a temperature: prompt n sampled with the seed (seed, n), and the emitted tokens' PIT tested
+    for uniformity (`distribution_check`)."""
+    started, results, pits = time.perf_counter(), [], []
+    check = torch.Generator().manual_seed(seed)  # the PIT's noise
+    bar = meter(progress, f"evaluate {name}", len(prompts), "prompt")
+    for n, (prompt, ref) in enumerate(zip(prompts, references or [[]] * len(prompts), strict=True), 1):
+        sampler = make_sampler(sampling, seed * 1_000_003 + n)
+        tokens, accepted = speculative_decode(runner, draft, prompt, k, max_new, eos, sampler)
+        result = PromptResult(tokens, accepted, ref, tokens == ref if sampling.greedy else None)
+        if not sampling.greedy:
+            pits.append(emitted_pit(runner, prompt, tokens, sampling, check))
+        elif not result.lossless:
+            result.tie_at = _tie_position(runner, name, n, prompt, tokens, ref)
+        results.append(result)
+        bar.update(1)
+    bar.close()
+    summary = summarise(name, path, k, results, time.perf_counter() - started)
+    if pits:
+        u = torch.cat(pits)  # [tokens emitted over all prompts]
+        d, p_value = ks_uniform(u)
+        summary.distribution_check = {"pit_ks_statistic": d, "pit_ks_p_value": p_value, "tokens": u.numel()}
+    return summary
+
+
+def _tie_position(runner: TargetRunner, name: str, n: int, prompt: list[int], tokens: list[int], ref: list[int]) -> int:
+    """Where a greedy output first differs from the target's reference, if the target's top two logits tie there;
+    a difference without a tie is a bug (`LosslessError`)."""
+    at = next(i for i, (x, y) in enumerate(zip(tokens + [-1], ref + [-2], strict=False)) if x != y)
+    if not _tie(runner, prompt, ref, at):
+        raise LosslessError(
+            f"{name}: speculative output differs from the target's greedy output at generated token "
+            f"{at} of prompt {n} (no logit tie there): this is a bug"
+        )
+    return at
 
 
 def save_evaluation(draft_dir: str | Path, report: dict[str, Any]) -> Path:

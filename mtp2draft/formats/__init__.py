@@ -12,11 +12,12 @@ from __future__ import annotations
 
 import importlib
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
-from mtp2draft.kinds import DraftKind
+from mtp2draft.errors import SourceError
+from mtp2draft.kinds import DTYPE_NAMES, DraftKind
 
 
 @dataclass(frozen=True)
@@ -83,23 +84,51 @@ FORMATS: dict[str, DraftKind] = exportable()
 VALIDATE_FORMATS = tuple(REGISTRY)
 
 
-@dataclass
+@dataclass(frozen=True)
+class ExportConfig:
+    """How `export` writes a draft besides which format and where: declared once here. The CLI's `export` builds it
+    from its parsed options by field name (`from_options`; tests/test_cli.py holds the options against these fields),
+    `run` from its own -k; it refuses a bad value on construction, before any file is read."""
+
+    dtype: str = "bfloat16"
+    """Weights dtype of the EAGLE-3 formats (`float32`: a bit-exact copy of an fp32 draft); the native formats keep
+    the target's own dtypes and quantization instead."""
+    speculative_tokens: int = 3
+    """k written into the speculators proposal method."""
+    verifier: str | None = None
+    """speculators' `verifier.name_or_path` (the target `vllm serve DRAFT` loads); None: the hub id the draft was
+    converted from (a local source's path otherwise)."""
+
+    def __post_init__(self) -> None:
+        if self.dtype not in DTYPE_NAMES:
+            raise SourceError(f"--dtype must be one of {', '.join(DTYPE_NAMES)}, got {self.dtype!r}")
+        if self.speculative_tokens < 1:
+            raise SourceError(f"--speculative-tokens must be at least 1, got {self.speculative_tokens}")
+
+    @classmethod
+    def from_options(cls, options: Mapping[str, Any]) -> ExportConfig:
+        """The config of a command's parsed options (click's `ctx.params`): every option named like a field sets it;
+        the others are not export settings."""
+        names = {f.name for f in fields(cls)}
+        return cls(**{key: value for key, value in options.items() if key in names})
+
+
+@dataclass(kw_only=True)
 class ExportJob:
-    """What a format's writer gets: the draft directory, the temporary output directory and the options."""
+    """What a format's writer gets: the draft directory, the temporary output directory and the options (built by
+    name, once, in `export.export`)."""
 
     src: Path  # the draft directory (`convert` / `distill` output)
     cfg: dict[str, Any]  # its config.json
     out: Path  # the temporary directory the writer fills (validated, then renamed into place)
     format: str
-    dtype: str  # --dtype name (EAGLE-3 formats)
-    speculative_tokens: int
+    config: ExportConfig  # what the writer writes besides the draft's weights (dtype, k, verifier)
     provenance: Mapping[str, Any]  # the draft's provenance.json
     record: dict[str, Any]  # provenance["export"]: a writer adds what it decided (dtypes, requantised tensors)
     target: str | None = None
     revision: str | None = None
     token: str | bool | None = None
     progress: Callable[[str], None] = field(default=lambda _: None)
-    verifier: str | None = None
 
 
 @dataclass(frozen=True)

@@ -6,7 +6,6 @@ What this module does not do: know any one format (each lives in its own module 
 
 from __future__ import annotations
 
-import json
 import math
 from collections.abc import Mapping
 from pathlib import Path
@@ -15,7 +14,7 @@ from typing import Any
 import torch
 
 from mtp2draft.checkpoint.fp8 import SCALE_SUFFIX
-from mtp2draft.errors import DraftError
+from mtp2draft.errors import DraftError, read_json_file
 from mtp2draft.kinds import WEIGHTS_FILE
 
 EVALUATION_FILE = "evaluation.json"
@@ -27,10 +26,7 @@ README_FILE = "README.md"
 def read_json(path: Path) -> dict[str, Any] | None:
     if not path.is_file():
         return None
-    try:
-        data = json.loads(path.read_text())
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise DraftError(f"{path} is not valid JSON: {exc}") from exc
+    data = read_json_file(path, DraftError)
     return data if isinstance(data, dict) else None
 
 

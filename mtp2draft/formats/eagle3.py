@@ -431,17 +431,17 @@ def _validate_speculators(path: Path, cfg: dict[str, Any]) -> list[str]:
 
 # ---- registration ---------------------------------------------------------------------------------------------------
 def _write(job: ExportJob) -> None:
-    job.record["dtype"] = job.dtype
+    job.record["dtype"] = job.config.dtype
     _export_eagle3(
         job.src,
         job.cfg,
         job.out,
         job.format,
-        TORCH_DTYPES[job.dtype],
-        job.speculative_tokens,
+        TORCH_DTYPES[job.config.dtype],
+        job.config.speculative_tokens,
         job.provenance,
         job.progress,
-        job.verifier,
+        job.config.verifier,
     )
 
 

@@ -31,12 +31,12 @@ from mtp2draft.draft.config import load_draft_config, parse_draft_config
 from mtp2draft.draft.eagle3_config import NORM_SWITCHES, speculators_to_eagle3_config, speculators_weight_name
 from mtp2draft.errors import DraftError, SourceError, ValidationError
 from mtp2draft.family.spec import find_spec
-from mtp2draft.formats import FORMATS, REGISTRY, ExportJob, exportable, get_format
+from mtp2draft.formats import FORMATS, REGISTRY, ExportConfig, ExportJob, exportable, get_format
 from mtp2draft.formats.common import EVALUATION_FILE, README_FILE, read_json
 from mtp2draft.formats.eagle3 import hub_id_of
 from mtp2draft.formats.native import requantize_fp8
 from mtp2draft.io import TORCH_DTYPES, Progress, atomic_output_dir, check_output_dir, quiet, write_json
-from mtp2draft.kinds import CONFIG_FILE, PROVENANCE_FILE, detect_kind
+from mtp2draft.kinds import CONFIG_FILE, PROVENANCE_FILE, kind_of
 from mtp2draft.redact import command_line
 from mtp2draft.target.identity import check_target_identity
 
@@ -57,25 +57,20 @@ def export(
     out: str | Path,
     target: str | None = None,
     overwrite: bool = False,
-    dtype: str = "bfloat16",
-    speculative_tokens: int = 3,
+    config: ExportConfig | None = None,
     revision: str | None = None,
     token: str | bool | None = None,
     progress: Progress = quiet,
-    verifier: str | None = None,
 ) -> ExportResult:
     """Write draft directory `draft` in engine format `format` to `out` (validated before it appears).
 
-    verifier: speculators' `verifier.name_or_path` (the target `vllm serve DRAFT` loads); default: the hub id the
-    draft was converted from (a local source's path otherwise).
-
-    dtype: weights dtype of the EAGLE-3 formats (`float32` for a bit-exact copy of an fp32 draft). The native formats
-    keep the target's own dtypes and quantization instead. target: the target checkpoint (hub id or local dir);
-    required by `stitched`, optional for `nextn` (its dtypes and FP8 layout then come from the target's headers
-    rather than the draft's provenance). speculative_tokens: k written into the speculators proposal method.
+    config: the weights dtype of the EAGLE-3 formats, speculators' k and verifier (`ExportConfig`, default its
+    defaults). target: the target checkpoint (hub id or local dir); required by `stitched`, optional for `nextn` (its
+    dtypes and FP8 layout then come from the target's headers rather than the draft's provenance).
     """
     src = Path(draft)
-    cfg = _checked_request(src, format, target, dtype, speculative_tokens, revision, token)
+    settings = config or ExportConfig()
+    cfg = _checked_request(src, format, target, revision, token)
     check_output_dir(out, overwrite, inputs=[draft, target])
     started = time.perf_counter()
     provenance = read_json(src / PROVENANCE_FILE) or {}
@@ -87,19 +82,17 @@ def export(
     }
     with atomic_output_dir(out, overwrite, inputs=[draft, target]) as tmp:
         job = ExportJob(
-            src,
-            cfg,
-            tmp,
-            format,
-            dtype,
-            speculative_tokens,
-            provenance,
-            record,
-            target,
-            revision,
-            token,
-            progress,
-            verifier,
+            src=src,
+            cfg=cfg,
+            out=tmp,
+            format=format,
+            config=settings,
+            provenance=provenance,
+            record=record,
+            target=target,
+            revision=revision,
+            token=token,
+            progress=progress,
         )
         get_format(format).write(job)  # type: ignore[misc]
         if (src / EVALUATION_FILE).is_file():  # `push` puts the measured acceptance on the model card
@@ -112,18 +105,12 @@ def export(
     return ExportResult(Path(out), format, files, time.perf_counter() - started, provenance)
 
 
-def _checked_request(
-    src: Path, format: str, target: str | None, dtype: str, speculative_tokens: int, revision=None, token=None
-) -> dict:
+def _checked_request(src: Path, format: str, target: str | None, revision=None, token=None) -> dict:
     """The draft's config.json, once the options make sense for it: a format `export` writes, of the draft's kind,
     with the target it needs; one line (SourceError, DraftError) before any work otherwise."""
     formats = exportable()
     if format not in formats:
         raise SourceError(f"--format must be one of {', '.join(formats)}, got {format!r}")
-    if dtype not in TORCH_DTYPES:
-        raise SourceError(f"--dtype must be one of {', '.join(TORCH_DTYPES)}, got {dtype!r}")
-    if speculative_tokens < 1:
-        raise SourceError(f"--speculative-tokens must be at least 1, got {speculative_tokens}")
     parsed = load_draft_config(src, "export reads directories written by `convert` or `distill`")
     cfg, kind = dict(parsed.raw), parsed.kind
     if formats[format] is not kind:
@@ -184,7 +171,7 @@ def validate(
     fmt = format or detect_format(cfg)
     if fmt not in REGISTRY:
         raise DraftError(f"--format must be one of {', '.join(REGISTRY)}, got {fmt!r}")
-    parsed = parse_draft_config(cfg, path / CONFIG_FILE) if _is_draft(cfg) else None  # one line: a bad field
+    parsed = parse_draft_config(cfg, path / CONFIG_FILE) if kind_of(cfg) is not None else None  # one line: a bad field
     problems = get_format(fmt).validate(path, cfg)
     target_cfg = open_checkpoint(target, revision, token).config if target else None
     if parsed is not None and target_cfg is not None:
@@ -193,15 +180,6 @@ def validate(
         except DraftError as exc:
             problems.append(str(exc))
     return problems + _target_problems(cfg, target_cfg)
-
-
-def _is_draft(cfg: Mapping[str, Any]) -> bool:
-    """A draft directory's config (native MTP or either EAGLE-3 layout), not an export laid out as a checkpoint."""
-    try:
-        detect_kind(cfg)
-    except DraftError:
-        return False
-    return True
 
 
 def _target_problems(cfg: Mapping[str, Any], target_cfg: Mapping[str, Any] | None) -> list[str]:

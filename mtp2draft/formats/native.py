@@ -231,7 +231,7 @@ def engine_mismatches(spec: Spec, cfg: Mapping[str, Any], engines: Iterable[str]
         if wrong:
             notes.append(
                 f"{engine} {facts.version} computes this family's MTP layer differently: {'; '.join(wrong)}; "
-                f"for {engine}, distill with --engine {engine}"
+                f"for {engine}, distill with --serving-engine {engine}"
             )
     return notes
 

@@ -33,46 +33,24 @@ class Accelerator:
         return self.fp8_flops if weight_bytes_per_param <= 1 else self.bf16_flops
 
 
+# name, description, HBM TB/s, dense bf16 / fp8 TFLOPS, memory GB: the datasheets' figures, their sparsity peaks halved
+# (H100 / H200: 1,979 / 3,958 TFLOPS with sparsity; HGX B200: 64 TB/s and 36 / 72 PFLOPS with sparsity per 8 GPUs;
+# MI300X: 2,614.9 / 5,229.8 TFLOPS with sparsity)
+_FIGURES = (
+    ("h100", "NVIDIA H100 SXM5 80 GB", 3.35, 989, 1979, 80),
+    ("h200", "NVIDIA H200 SXM 141 GB", 4.8, 989, 1979, 141),
+    ("b200", "NVIDIA B200 (HGX B200, per GPU) 180 GB", 8.0, 2250, 4500, 180),
+    ("mi300x", "AMD Instinct MI300X 192 GB", 5.3, 1307.4, 2614.9, 192),
+)
+_SOURCES = {
+    "h100": "NVIDIA H100 Tensor Core GPU datasheet (H100 SXM column), https://www.nvidia.com/en-us/data-center/h100/",
+    "h200": "NVIDIA H200 Tensor Core GPU datasheet (H200 SXM column), https://www.nvidia.com/en-us/data-center/h200/",
+    "b200": "NVIDIA HGX B200 datasheet (per-system figures divided by 8), https://www.nvidia.com/en-us/data-center/hgx/",
+    "mi300x": "AMD Instinct MI300X accelerator datasheet, https://www.amd.com/en/products/accelerators/instinct/mi300/mi300x.html",
+}
 ACCELERATORS: dict[str, Accelerator] = {
-    a.name: a
-    for a in (
-        Accelerator(
-            name="h100",
-            description="NVIDIA H100 SXM5 80 GB",
-            hbm_bytes_per_s=3.35 * TERA,
-            bf16_flops=989 * TERA,  # 1,979 TFLOPS with sparsity
-            fp8_flops=1979 * TERA,  # 3,958 TFLOPS with sparsity
-            memory_bytes=80e9,
-            source="NVIDIA H100 Tensor Core GPU datasheet (H100 SXM column), https://www.nvidia.com/en-us/data-center/h100/",
-        ),
-        Accelerator(
-            name="h200",
-            description="NVIDIA H200 SXM 141 GB",
-            hbm_bytes_per_s=4.8 * TERA,
-            bf16_flops=989 * TERA,  # 1,979 TFLOPS with sparsity
-            fp8_flops=1979 * TERA,  # 3,958 TFLOPS with sparsity
-            memory_bytes=141e9,
-            source="NVIDIA H200 Tensor Core GPU datasheet (H200 SXM column), https://www.nvidia.com/en-us/data-center/h200/",
-        ),
-        Accelerator(
-            name="b200",
-            description="NVIDIA B200 (HGX B200, per GPU) 180 GB",
-            hbm_bytes_per_s=8.0 * TERA,  # 64 TB/s per 8-GPU HGX B200
-            bf16_flops=2250 * TERA,  # 36 PFLOPS per HGX B200 with sparsity = 4.5 per GPU, half dense
-            fp8_flops=4500 * TERA,  # 72 PFLOPS per HGX B200 with sparsity = 9 per GPU, half dense
-            memory_bytes=180e9,
-            source="NVIDIA HGX B200 datasheet (per-system figures divided by 8), https://www.nvidia.com/en-us/data-center/hgx/",
-        ),
-        Accelerator(
-            name="mi300x",
-            description="AMD Instinct MI300X 192 GB",
-            hbm_bytes_per_s=5.3 * TERA,
-            bf16_flops=1307.4 * TERA,  # 2,614.9 TFLOPS with sparsity
-            fp8_flops=2614.9 * TERA,  # 5,229.8 TFLOPS with sparsity
-            memory_bytes=192e9,
-            source="AMD Instinct MI300X accelerator datasheet, https://www.amd.com/en/products/accelerators/instinct/mi300/mi300x.html",
-        ),
-    )
+    name: Accelerator(name, about, hbm * TERA, bf16 * TERA, fp8 * TERA, gb * 1e9, _SOURCES[name])
+    for name, about, hbm, bf16, fp8, gb in _FIGURES
 }
 
 

@@ -18,7 +18,6 @@ does under torchrun (`parallel.together`), or check checkpoints (`checkpoint.py`
 
 from __future__ import annotations
 
-import json
 import math
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -28,7 +27,7 @@ import torch
 
 from mtp2draft.checkpoint.reader import Checkpoint, TensorInfo, check_shard_name
 from mtp2draft.checkpoint.sources import LocalFiles
-from mtp2draft.errors import CheckpointError, DataError, OptionError, SpecError, UnknownFamilyError
+from mtp2draft.errors import CheckpointError, DataError, OptionError, SpecError, UnknownFamilyError, read_json_object
 
 MANIFEST = "manifest.json"
 SHARED_FILE = "shared.safetensors"
@@ -143,14 +142,7 @@ def read_manifest(root: Path) -> dict[str, Any]:
     path = root / MANIFEST
     if not root.is_dir():
         raise DataError(f"--hidden-states {root} is not a directory")
-    if not path.is_file():
-        raise DataError(f"{root} has no {MANIFEST}: not a dump-hidden directory")
-    try:
-        manifest = json.loads(path.read_text())
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise DataError(f"{path} is not valid JSON: {exc}") from exc
-    if not isinstance(manifest, dict):
-        raise DataError(f"{path} must hold a JSON object, not a {type(manifest).__name__}")
+    manifest = read_json_object(path, DataError, f"{root} has no {MANIFEST}: not a dump-hidden directory")
     if manifest.get("schema_version") != 1 and _whole(manifest.get("schema_version")):
         raise DataError(f"{path}: schema_version {manifest['schema_version']} is not supported (1 is)")
     for name, (types, what) in FIELDS.items():

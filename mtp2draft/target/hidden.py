@@ -18,7 +18,6 @@ What this module does not do: train or evaluate (`train/recipe.py`, `evaluation/
 from __future__ import annotations
 
 import hashlib
-import json
 import math
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
@@ -30,7 +29,7 @@ from safetensors import safe_open
 
 from mtp2draft.checkpoint import network
 from mtp2draft.checkpoint.reader import INDEX_FILE, SINGLE_FILE, open_checkpoint, parse_index, read_config
-from mtp2draft.errors import CheckpointError, DataError, DraftError, OptionError, SourceError
+from mtp2draft.errors import CheckpointError, DataError, DraftError, OptionError, SourceError, read_json_file
 from mtp2draft.family.spec import Spec, find_spec
 from mtp2draft.io import TORCH_DTYPES, atomic_output_dir, meter, quiet_transformers, save_tensors, write_json
 from mtp2draft.kinds import DraftKind, Hidden
@@ -104,10 +103,7 @@ def check_target_dir(path: Path) -> Path:
     read_config(path)
     index = path / INDEX_FILE
     if index.is_file():
-        try:
-            raw = json.loads(index.read_text())
-        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-            raise CheckpointError(f"{index} is not valid JSON: {exc}") from exc
+        raw = read_json_file(index, CheckpointError)
         for file in sorted(set(parse_index(raw, str(index)).values())):
             if not (path / file).is_file():
                 raise CheckpointError(f"shard {file} is named in {index} but does not exist")

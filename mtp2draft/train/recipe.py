@@ -3,7 +3,7 @@
 `distill()` runs `DistillRecipe` in torchtune's shape, each part one method:
 - `check_outputs` / `check_memory`: refuse a run before anything loads (an --out we did not write, stale
   checkpoints, a memory plan the device cannot hold);
-- `setup_model`: the draft, trained for the chosen engine's computation;
+- `setup_model`: the draft, trained for the serving engine's computation (`--serving-engine`);
 - `setup_data`: the teacher (online target + examples, or `dump-hidden` files; `train/teacher.py`);
 - `setup_draft`: EAGLE-3 draft vocabulary and calibration on fresh runs (`train/calibrate.py`), or the checkpoint's shape
   on resumed ones;
@@ -16,7 +16,7 @@ Both draft kinds go through the same loop; nothing here depends on the family (t
 that). The target is never written: its parameters are frozen, no optimizer sees them, and its weight hash is
 checked before the result is written.
 
-What this module does not do: the TTT math (`train/ttt.py`), measure acceptance (`evaluation/decode.py`), read checkpoints of the
+What this module does not do: declare its settings (`train/settings.py`), the TTT math (`train/ttt.py`), measure acceptance (`evaluation/decode.py`), read checkpoints of the
 target (`checkpoint/reader.py`), or shard and checkpoint by itself (`train/parallel.py`).
 """
 
@@ -28,10 +28,10 @@ import math
 import os
 import shutil
 import time
-from collections.abc import Mapping, Sequence
-from dataclasses import asdict, dataclass, field, fields
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any
 
 import torch
 
@@ -52,6 +52,7 @@ from mtp2draft.train.calibrate import (
     token_counts,
 )
 from mtp2draft.train.parallel import Parallel
+from mtp2draft.train.settings import DistillConfig, DistillJob
 from mtp2draft.train.state import (
     latest_checkpoint,
     load_checkpoint,
@@ -61,88 +62,6 @@ from mtp2draft.train.state import (
 )
 from mtp2draft.train.teacher import Teacher, offline_teacher, online_teacher
 from mtp2draft.train.ttt import StepStats, draft_target_ids, ttt_forward, ttt_mask
-
-
-@dataclass(frozen=True)
-class DistillConfig:
-    """The training settings of one distill run: declared once here. The CLI's `distill` and `run` build it from
-    their parsed options by field name (`from_options`); `LIBRARY_ONLY` lists the fields no command offers, and why
-    (tests/test_cli.py holds the CLI's options against these fields)."""
-
-    steps: int = 300
-    ttt_steps: int = 3
-    lr: float = 1e-4  # SpecForge's EAGLE-3 recipe; tiny targets (tests, demo) want ~1e-3
-    batch_size: int = 8
-    max_length: int = 256
-    draft_vocab_size: int | None = None
-    seed: int = 0
-    step_weights: list[float] | None = None
-    """Loss weight of each TTT step; default 0.8**s (EAGLE-3)."""
-    warmup_steps: int | None = None
-    """Default: 5 % of the steps."""
-    weight_decay: float = 0.0
-    grad_clip: float = 0.5
-    save_every: int = 50
-    log_every: int = 10
-    engine: str | None = None
-    """Train for what this engine (`spec.ENGINES`) computes with the family: for native MTP drafts its step-0
-    hidden, final norm and hand-over (the spec's `[engines.<engine>]`); refused when the engine cannot serve the
-    draft's kind for this family. None keeps the draft's setting."""
-    hidden_handover: str | None = None
-    """Native MTP drafts: the hidden handed to the next step, overriding the engine's (`post_norm` | `pre_norm`).
-    None: the engine's, or the draft's setting."""
-    precision: str | None = None
-    """fp32 or bf16 (see parallel.PRECISIONS); None: bf16 on CUDA, fp32 elsewhere."""
-    train_subset: str = "all"
-    """Which parameters train (parallel.TRAIN_SUBSETS); the rest stay frozen."""
-    activation_checkpointing: bool = False
-    """Recompute the block's MLP in backward (saves its activations; the math is unchanged)."""
-    compile: bool = False
-    """torch.compile the draft's block (GPU runs; the math is unchanged up to kernel rounding)."""
-
-    def __post_init__(self) -> None:
-        """Refuse values that would crash later or silently train nothing (one line each, before any work)."""
-        for name in ("steps", "ttt_steps", "batch_size", "save_every", "log_every"):
-            value = getattr(self, name)
-            least = 0 if name == "steps" else 1  # 0 steps: calibrate an EAGLE-3 draft only (distill checks it)
-            if isinstance(value, bool) or not isinstance(value, int) or value < least:
-                raise OptionError(f"--{name.replace('_', '-')} must be a whole number >= {least}, got {value!r}")
-        if isinstance(self.max_length, bool) or not isinstance(self.max_length, int) or self.max_length < 2:
-            raise OptionError(f"--max-length must be a whole number >= 2, got {self.max_length!r}")
-        for name in ("lr", "grad_clip"):
-            value = getattr(self, name)
-            if not isinstance(value, int | float) or not math.isfinite(value) or value <= 0:
-                raise OptionError(f"--{name.replace('_', '-')} must be a finite number > 0, got {value!r}")
-        if not math.isfinite(self.weight_decay) or self.weight_decay < 0:
-            raise OptionError(f"weight_decay must be a finite number >= 0, got {self.weight_decay!r}")
-        if self.draft_vocab_size is not None and self.draft_vocab_size < 1:
-            raise OptionError(f"--draft-vocab-size must be >= 1, got {self.draft_vocab_size}")
-        if self.warmup_steps is not None and self.warmup_steps < 0:
-            raise OptionError(f"warmup_steps must be >= 0, got {self.warmup_steps}")
-        if self.step_weights is not None:
-            if len(self.step_weights) != self.ttt_steps:
-                raise OptionError(f"--step-weights has {len(self.step_weights)} values for {self.ttt_steps} TTT steps")
-            if not all(math.isfinite(w) and w >= 0 for w in self.step_weights) or not any(self.step_weights):
-                raise OptionError(f"--step-weights must be finite, >= 0 and not all zero, got {self.step_weights}")
-
-    LIBRARY_ONLY: ClassVar[dict[str, str]] = {
-        "warmup_steps": "5 % of the steps suits every run measured; benchmarks and tests set it from Python",
-        "weight_decay": "0 as in SpecForge's EAGLE-3 recipe; nothing measured here asks for another value",
-        "grad_clip": "0.5 as in SpecForge's EAGLE-3 recipe; a safety rail, not a tuning knob",
-        "log_every": "the log line cadence; the progress bar shows every step",
-    }
-
-    @classmethod
-    def from_options(cls, options: Mapping[str, Any]) -> DistillConfig:
-        """The config of a command's parsed options (click's `ctx.params`): every option named like a field (a
-        trailing `_` dropped: `compile_` is `--compile`) sets it; other options are not training settings."""
-        names = {f.name for f in fields(cls)}
-        return cls(**{key.rstrip("_"): value for key, value in options.items() if key.rstrip("_") in names})
-
-    def weights(self) -> list[float]:
-        if self.step_weights:
-            return list(self.step_weights)
-        return [0.8**s for s in range(self.ttt_steps)]
 
 
 @dataclass
@@ -163,39 +82,6 @@ def _lr(step: int, cfg: DistillConfig) -> float:
         return cfg.lr * (step + 1) / warm
     progress = (step - warm) / max(1, cfg.steps - warm)
     return cfg.lr * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(progress, 1.0))))
-
-
-@dataclass(frozen=True, kw_only=True)
-class DistillJob:
-    """What one `distill()` call was asked to do, besides the training settings (`DistillConfig`)."""
-
-    draft_dir: str | Path
-    out: Path
-    data: str | Path | None = None
-    target: str | None = None
-    hidden_states: str | Path | None = None
-    revision: str | None = None
-    token: str | bool | None = None
-    resume: bool = False
-    overwrite: bool = False
-    regenerate_data: bool = False
-    sample: bool = False
-    skip_bad: bool = False
-    checkpoint_dir: str | Path | None = None
-    progress: Progress = lambda _: None
-    stop_after: int | None = None
-    target_dtype: str = "float32"  # the online target's dtype and device map (TargetModel's)
-    device_map: str | dict | None = None
-
-    @property
-    def inputs(self) -> list:
-        return [self.draft_dir, self.target, self.data, self.hidden_states]
-
-    @property
-    def checkpoints(self) -> Path:
-        if self.checkpoint_dir:
-            return Path(self.checkpoint_dir)
-        return self.out.parent / f"{Path(os.path.abspath(self.out)).name}.checkpoints"
 
 
 def distill(
@@ -532,31 +418,33 @@ class DistillRecipe:
 
 
 def configure_draft(draft, cfg: DistillConfig) -> None:
-    """Train for `--engine`'s computation and `--hidden-handover`, refused where they do not apply."""
+    """Train for `--serving-engine`'s computation and `--hidden-handover`, refused where they do not apply."""
     kind = draft.kind
     spec_name = getattr(getattr(draft, "spec", None), "name", None) or (
         (getattr(draft, "eagle_config", {}) or {}).get("mtp2draft") or {}
     ).get("spec")
     check_training_settings(kind, get_spec(spec_name) if spec_name else None, cfg)
-    if cfg.engine is not None and kind == DraftKind.MTP:
-        draft.train_for_engine(cfg.engine)
+    if cfg.serving_engine is not None and kind == DraftKind.MTP:
+        draft.train_for_engine(cfg.serving_engine)
     if cfg.hidden_handover is not None:
         draft.hidden_handover = cfg.hidden_handover
 
 
 def check_training_settings(kind: str, spec: Any, cfg: DistillConfig) -> None:
-    """`--engine` and `--hidden-handover` make sense for a draft of `kind` for `spec`'s family (None: the draft
+    """`--serving-engine` and `--hidden-handover` make sense for a draft of `kind` for `spec`'s family (None: the draft
     names none): distill checks it on the loaded draft, `run` before anything is fetched."""
-    if cfg.engine is not None:
+    if cfg.serving_engine is not None:
         if spec is None:
-            raise DataError("--engine needs a draft converted by mtp2draft (its config names the target's spec)")
-        if cfg.engine not in ENGINES:
-            raise DataError(f"--engine must be one of {', '.join(ENGINES)}, got {cfg.engine!r}")
-        if not spec.serves(cfg.engine, kind):
-            facts = spec.engine(cfg.engine)
             raise DataError(
-                f"{cfg.engine} {facts.version if facts else ''} cannot serve a {kind} draft for {spec.name} targets "
-                f"(spec {spec.path}: [engines.{cfg.engine}] methods = {list(facts.methods) if facts else []})"
+                "--serving-engine needs a draft converted by mtp2draft (its config names the target's spec)"
+            )
+        if cfg.serving_engine not in ENGINES:
+            raise DataError(f"--serving-engine must be one of {', '.join(ENGINES)}, got {cfg.serving_engine!r}")
+        if not spec.serves(cfg.serving_engine, kind):
+            facts = spec.engine(cfg.serving_engine)
+            raise DataError(
+                f"{cfg.serving_engine} {facts.version if facts else ''} cannot serve a {kind} draft for {spec.name} targets "
+                f"(spec {spec.path}: [engines.{cfg.serving_engine}] methods = {list(facts.methods) if facts else []})"
             )
     if cfg.hidden_handover is not None:
         if kind != DraftKind.MTP:

@@ -29,6 +29,7 @@ from mtp2draft.conversion import convert
 from mtp2draft.data import load_tokenizer
 from mtp2draft.draft.modules import load_draft
 from mtp2draft.evaluation.decode import TargetRunner, evaluate, greedy_reference, load_prompts
+from mtp2draft.formats import ExportConfig
 from mtp2draft.formats.export import export, validate
 from mtp2draft.target.hidden import TargetModel
 from mtp2draft.testing.engine import (
@@ -40,7 +41,8 @@ from mtp2draft.testing.engine import (
     speculative_config,
     vllm_python,
 )
-from mtp2draft.train.recipe import DistillConfig, distill
+from mtp2draft.train.recipe import distill
+from mtp2draft.train.settings import DistillConfig
 
 pytestmark = pytest.mark.engine
 
@@ -114,7 +116,7 @@ def served(vllm: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, An
     for vocab, draft in drafts.items():
         for fmt in ("sglang", "speculators"):
             out = w / f"e3-{vocab}-{fmt}"
-            export(draft, fmt, out, dtype="float32", speculative_tokens=K)
+            export(draft, fmt, out, config=ExportConfig(dtype="float32", speculative_tokens=K))
             case = f"deepseek/eagle3-{fmt}-{vocab}"
             if fmt == "sglang":
                 runs.append(EngineRun(case, target, speculative_config("eagle3", K, out)))

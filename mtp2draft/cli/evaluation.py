@@ -1,0 +1,133 @@
+"""`evaluate` and `speedup`: measured acceptance against the target, and the speed it predicts on an accelerator
+(library: `evaluation.decode`, `speed`)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from mtp2draft.cli import output
+from mtp2draft.cli.options import (
+    AsJson,
+    Data,
+    Device,
+    DeviceMap,
+    MaxNewTokens,
+    Revision,
+    SkipBad,
+    Target,
+    TargetDtype,
+    Token,
+    choices,
+)
+from mtp2draft.cli.root import app, log, number_list
+
+
+@app.command()
+def evaluate(
+    draft: Annotated[Path, typer.Argument(help="Draft directory to evaluate.", show_default=False)],
+    target: Target,
+    data: Data,
+    baseline: Annotated[
+        list[Path] | None,
+        typer.Option("--baseline", help="Other draft(s) to run on the same prompts, e.g. the raw MTP head."),
+    ] = None,
+    num_draft_tokens: Annotated[int, typer.Option("--num-draft-tokens", "-k", help="Draft tokens per step (k).")] = 4,
+    max_new_tokens: MaxNewTokens = 64,
+    max_prompts: Annotated[int | None, typer.Option("--max-prompts", help="Use the first N prompts.")] = None,
+    max_prompt_length: Annotated[int, typer.Option("--max-prompt-length", help="Keep the last N prompt tokens.")] = 256,
+    temperature: Annotated[
+        float, typer.Option("--temperature", help="Sampling temperature of target and draft (0: greedy verification).")
+    ] = 0.0,
+    top_p: Annotated[float, typer.Option("--top-p", help="Nucleus sampling mass (with --temperature).")] = 1.0,
+    seed: Annotated[int, typer.Option("--seed", help="Seed of the sampling (with --temperature).")] = 0,
+    draft_sampling: Annotated[
+        str,
+        typer.Option("--draft-sampling", help=f"How the draft proposes at a temperature: {choices('draft_sampling')}."),
+    ] = "greedy",
+    save: Annotated[bool, typer.Option("--save", help="Write evaluation.json into the draft directory.")] = False,
+    skip_bad: SkipBad = False,
+    revision: Revision = None,
+    token: Token = None,
+    device: Device = None,
+    dtype: TargetDtype = "float32",
+    device_map: DeviceMap = None,
+    as_json: AsJson = False,
+) -> None:
+    """Measure acceptance by real speculative decoding (chain of k drafts) against the target: greedy verification,
+    or speculative sampling with --temperature.
+
+    Reports mean acceptance length (target tokens per target forward, bonus included), acceptance per draft
+    position both conditional (given the earlier ones accepted) and per draft (vLLM's counters), and `lossless`: the
+    output equals the target's own greedy output on every prompt; at a temperature, a KS test of the emitted tokens'
+    randomised PIT under the target's distribution instead (`distribution_check`). Greedy ties of the top two
+    logits within the rounding of --dtype are reported, not raised. The draft runs on the target's device, in its dtype.
+
+    Examples:
+
+    * `mtp2draft evaluate glm-mtp-ft --target zai-org/GLM-4.5-Air --data prompts.jsonl --baseline glm-mtp -k 4 --device-map auto --dtype bfloat16`
+    * `mtp2draft evaluate glm-eagle3-ft --target zai-org/GLM-4.5-Air --data prompts.jsonl --device-map auto --dtype bfloat16 --json --save`
+    * `mtp2draft evaluate glm-mtp-ft --target zai-org/GLM-4.5-Air --data prompts.jsonl --device-map auto --dtype bfloat16 --temperature 1 --seed 0 --draft-sampling sample`
+    * `mtp2draft evaluate tiny-ft --target ./tiny-target --data prompts.jsonl --device cpu` (fp32, the default dtype)
+    """
+    from mtp2draft.evaluation.decode import evaluate as run
+    from mtp2draft.evaluation.decode import save_evaluation
+
+    drafts = [("draft", str(draft))] + [(f"baseline: {b}", str(b)) for b in (baseline or [])]
+    limits = (num_draft_tokens, max_new_tokens, max_prompts, max_prompt_length)
+    sampling = {"temperature": temperature, "top_p": top_p, "seed": seed, "draft_sampling": draft_sampling}
+    where = {"device": device, "dtype": dtype, "device_map": device_map}
+    report = run(drafts, target, data, *limits, revision, token, skip_bad, progress=log, **sampling, **where)
+    if save:
+        log(f"saved {save_evaluation(draft, report)}")
+    print(output.to_json(report) if as_json else output.evaluate_text(report))
+
+
+@app.command()
+def speedup(
+    evaluation: Annotated[
+        Path, typer.Argument(help="evaluation.json (`evaluate --save`) or the draft directory holding it.")
+    ],
+    target: Annotated[
+        str,
+        typer.Option(
+            "--target", help="Target config.json, its directory, or a hub id whose config ships with mtp2draft."
+        ),
+    ],
+    gpu: Annotated[str, typer.Option("--gpu", help=f"Accelerator: {choices('gpus')}.", show_default=False)],
+    tp: Annotated[int, typer.Option("--tp", help="Tensor-parallel devices the target runs on.")] = 1,
+    draft: Annotated[
+        str | None,
+        typer.Option(
+            "--draft", help="Draft config.json or dir (default: EVALUATION's draft dir, else the target's MTP layer)."
+        ),
+    ] = None,
+    draft_tp: Annotated[
+        int | None, typer.Option("--draft-tp", help="Devices the draft runs on (default: --tp).")
+    ] = None,
+    context: Annotated[int, typer.Option("--context", help="Context length (tokens of history) per request.")] = 4096,
+    batch: Annotated[
+        str | None, typer.Option("--batch", help="Batch sizes, e.g. '1,8,64' (default 1,2,4,8,16,32,64).")
+    ] = None,
+    as_json: AsJson = False,
+) -> None:
+    """Predict tokens/s and time per output token with and without the draft, for k = 1..8 and each batch, and the
+    k to use: measured acceptance per position + a cost model of target and draft on the accelerator.
+
+    A prediction (a roofline plus one latency constant fit on published non-speculative figures), not a measurement;
+    k beyond the positions the evaluation measured is not predicted.
+
+    Examples:
+
+    * `mtp2draft speedup ds3-mtp-ft --target deepseek-ai/DeepSeek-V3 --gpu h200 --tp 8`
+    * `mtp2draft speedup glm-e3-ft/evaluation.json --target glm-air/config.json --draft glm-e3-ft --gpu h100 --tp 4`
+    * `mtp2draft speedup ds3-mtp-ft --target ds3/config.json --gpu mi300x --tp 8 --context 32768 --json`
+    """
+    from mtp2draft.speed.api import speedup as run
+    from mtp2draft.speed.text import speedup_text
+
+    batches = number_list(batch, "--batch", int)
+    report = run(evaluation, target, gpu, tp, draft, context, draft_tp, batches=batches)
+    print(output.to_json(report.as_dict()) if as_json else speedup_text(report))

@@ -1,0 +1,134 @@
+"""`export`, `validate`, `push`: a draft in a serving engine's format, its check, and its Hub upload (library:
+`formats.export`, `hub`)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from mtp2draft.cli import output
+from mtp2draft.cli.options import (
+    AsJson,
+    Overwrite,
+    Revision,
+    Token,
+    Verifier,
+    choices,
+)
+from mtp2draft.cli.root import app, log
+
+
+@app.command()
+def export(
+    ctx: typer.Context,
+    draft: Annotated[Path, typer.Argument(help="Draft directory (written by convert or distill).", show_default=False)],
+    format: Annotated[str, typer.Option("--format", help=f"Engine format: {choices('formats')}.", show_default=False)],
+    out: Annotated[Path, typer.Option("--out", help="Output directory.", show_default=False)],
+    target: Annotated[
+        str | None,
+        typer.Option(
+            "--target", help="Target checkpoint (hub id or local dir): needed by stitched, optional for nextn."
+        ),
+    ] = None,
+    dtype: Annotated[
+        str, typer.Option("--dtype", help=f"sglang/speculators weights dtype: {choices('dtypes')}.")
+    ] = "bfloat16",
+    speculative_tokens: Annotated[
+        int, typer.Option("--speculative-tokens", help="speculators: k written into the proposal method.")
+    ] = 3,
+    verifier: Verifier = None,
+    revision: Revision = None,
+    token: Token = None,
+    overwrite: Overwrite = False,
+    as_json: AsJson = False,
+) -> None:
+    """Write a draft in the format a serving engine loads; the output is validated before it appears.
+
+    sglang / speculators take EAGLE-3 drafts; nextn / stitched take native MTP drafts (stitched writes the layer back
+    into --target's shards, in their dtype and FP8 quantization).
+
+    Examples:
+
+    * `mtp2draft export glm-eagle3-ft --format sglang --out glm-eagle3-sglang`
+    * `mtp2draft export glm-eagle3-ft --format speculators --speculative-tokens 4 --out glm-eagle3-vllm`
+    * `mtp2draft export ds3-mtp-ft --format stitched --target deepseek-ai/DeepSeek-V3 --out ds3-stitched`
+    """
+    from mtp2draft.formats import ExportConfig
+    from mtp2draft.formats.export import export as run
+
+    config = ExportConfig.from_options(ctx.params)
+    result = run(draft, format, out, target, overwrite, config, revision, token, progress=log)
+    print(output.to_json(output.export_summary(result)) if as_json else output.export_text(result, draft))
+
+
+@app.command()
+def validate(
+    path: Annotated[Path, typer.Argument(help="Directory to check.", show_default=False)],
+    format: Annotated[
+        str | None,
+        typer.Option("--format", help=f"{choices('validate')} (default: from config.json).", show_default=False),
+    ] = None,
+    target: Annotated[
+        str | None,
+        typer.Option("--target", help="Target (hub id or local dir; config only): check aux ids, sizes against it."),
+    ] = None,
+    revision: Revision = None,
+    token: Token = None,
+    as_json: AsJson = False,
+) -> None:
+    """Check a draft or export directory against its format's contract and list every violation (non-zero exit if
+    any).
+
+    Examples: `mtp2draft validate glm-eagle3-sglang` · `mtp2draft validate ds3-stitched --format stitched --json` ·
+    `mtp2draft validate glm-eagle3-sglang --target zai-org/GLM-4.5-Air`
+    """
+    import json
+
+    from mtp2draft.errors import ValidationError
+    from mtp2draft.formats.export import detect_format
+    from mtp2draft.formats.export import validate as run
+
+    violations = run(path, format, target, revision, token)
+    fmt = format or detect_format(json.loads((path / "config.json").read_text()))
+    if as_json:
+        print(output.to_json({"path": str(path), "format": fmt, "ok": not violations, "violations": violations}))
+    else:
+        print(output.validate_text(path, fmt, violations))
+    if violations:  # the list went to stdout; the one-line error and the exit status come from main()
+        raise ValidationError(f"{path}: {len(violations)} violation(s) of the {fmt} format", violations)
+
+
+@app.command()
+def push(
+    path: Annotated[Path, typer.Argument(help="Draft or export directory to publish.", show_default=False)],
+    repo_id: Annotated[
+        str, typer.Option("--repo-id", help="Hub repo (org/name), created if needed.", show_default=False)
+    ],
+    private: Annotated[bool, typer.Option("--private", help="Create the repo private.")] = False,
+    revision: Annotated[
+        str | None, typer.Option("--revision", help="Branch to commit to (created from main if missing).")
+    ] = None,
+    commit_message: Annotated[str | None, typer.Option("--commit-message", help="Commit message.")] = None,
+    base_model: Annotated[
+        str | None,
+        typer.Option(
+            "--base-model", help="The target's hub id, for the card's base_model (drafts converted from a local dir)."
+        ),
+    ] = None,
+    token: Token = None,
+    as_json: AsJson = False,
+) -> None:
+    """Publish a draft to the Hugging Face Hub with a model card (target, acceptance table, launch lines).
+
+    The directory is validated first and never modified: the card is generated into the upload.
+
+    Examples: `mtp2draft push glm-eagle3-sglang --repo-id me/GLM-4.5-Air-eagle3` ·
+    `mtp2draft push ds3-stitched --repo-id me/ds3-mtp-ft --revision v2 --private` ·
+    `mtp2draft push ./ds3-local-mtp --repo-id me/ds3-mtp --base-model deepseek-ai/DeepSeek-V3`
+    """
+    from mtp2draft.hub import push as run
+
+    result = run(path, repo_id, private, revision, commit_message, token, base_model, progress=log)
+    print(output.to_json(result.__dict__) if as_json else f"{result.url}\ncommit {result.commit}  {result.commit_url}")

@@ -1,0 +1,73 @@
+"""`dump-hidden`: the frozen target's hidden states and log-probs written for offline distillation (library:
+`target.engine`, `target.dump_checks`)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from mtp2draft.cli.options import (
+    Data,
+    MaxLength,
+    Overwrite,
+    Revision,
+    SkipBad,
+    Target,
+    TargetEngine,
+    TensorParallelSize,
+    Token,
+)
+from mtp2draft.cli.root import app, log, number_list
+from mtp2draft.kinds import DraftKind
+
+
+@app.command("dump-hidden")
+def dump_hidden(
+    target: Target,
+    data: Data,
+    out: Annotated[Path, typer.Option("--out", help="Output directory (sharded safetensors + manifest.json).")],
+    draft: Annotated[
+        Path | None, typer.Option("--draft", help="Draft whose inputs to dump (its aux layers, for eagle3).")
+    ] = None,
+    aux_layers: Annotated[str | None, typer.Option("--aux-layers", help="Aux layer ids 'low,mid,high'.")] = None,
+    top_k: Annotated[int, typer.Option("--top-k", help="Target log-probs kept per position.")] = 64,
+    max_length: MaxLength = 256,
+    shard_size: Annotated[int, typer.Option("--shard-size", help="Sequences per shard file.")] = 256,
+    engine: TargetEngine = "transformers",
+    tensor_parallel_size: TensorParallelSize = 1,
+    skip_bad: SkipBad = False,
+    revision: Revision = None,
+    token: Token = None,
+    overwrite: Overwrite = False,
+) -> None:
+    """Write the target's hidden states and top-k log-probs for offline distillation (`distill --hidden-states`).
+
+    The schema is documented in docs/formats.md; an inference engine's dump can be mapped onto it.
+
+    Example: `mtp2draft dump-hidden --target ./tiny-target --data train.jsonl --draft glm-eagle3 --out dumped/`
+    """
+    from mtp2draft.data import load_tokenizer, read_examples
+    from mtp2draft.draft.modules import load_draft
+    from mtp2draft.target.dump_checks import check_dump_request
+    from mtp2draft.target.engine import dump_hidden as dump
+    from mtp2draft.target.engine import resolve_target
+
+    ids = number_list(aux_layers, "--aux-layers", int)
+    final, loaded = None, None
+    if draft is not None:
+        loaded = load_draft(draft)
+        final = getattr(loaded, "input_hidden", None)  # the final hidden a native draft reads
+        if ids is None:
+            ids = loaded.aux_layer_ids if loaded.kind == DraftKind.EAGLE3 else None
+    target_dir = resolve_target(target, revision, token)
+    inputs = [data, draft]  # never deleted by --overwrite, never written into
+    check_dump_request(target, target_dir, out, overwrite, inputs, top_k, shard_size, max_length, ids, loaded)
+    examples, skipped = read_examples(data, load_tokenizer(target_dir), max_length, skip_bad)
+    if skipped:
+        log(f"skipped {skipped} malformed line(s)")
+    seqs = [{"input_ids": e.input_ids, "loss_mask": e.loss_mask} for e in examples]
+    write = {"aux_layers": ids, "top_k": top_k, "shard_size": shard_size, "overwrite": overwrite, "final": final}
+    path = dump(engine, target, seqs, out, revision, token, tensor_parallel_size, **write, progress=log, inputs=inputs)
+    print(f"wrote hidden states of {len(seqs)} sequences to {path}")
