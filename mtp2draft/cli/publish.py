@@ -27,10 +27,7 @@ def export(
     format: Annotated[str, typer.Option("--format", help=f"Engine format: {choices('formats')}.", show_default=False)],
     out: Annotated[Path, typer.Option("--out", help="Output directory.", show_default=False)],
     target: Annotated[
-        str | None,
-        typer.Option(
-            "--target", help="Target checkpoint (hub id or local dir): needed by stitched, optional for nextn."
-        ),
+        str | None, typer.Option("--target", help="Target (hub id or dir): for stitched; nextn optional.")
     ] = None,
     dtype: Annotated[
         str, typer.Option("--dtype", help=f"sglang/speculators weights dtype: {choices('dtypes')}.")

@@ -31,6 +31,30 @@ class Group:
     transform: str = ""
 
 
+def per_expert_keys(
+    pattern: re.Pattern[str], keys: list[str], weights: tuple[str, ...]
+) -> tuple[dict[str, tuple[list[int], tuple[dict[int, str], ...]]], list[str]]:
+    """Per-expert checkpoint keys matched by `pattern` (groups p, e, w), gathered per prefix: {prefix: (experts
+    0..E-1, ({expert: key} for each of `weights`))}, and the keys it does not match. Every expert must have every
+    weight, and the experts must be numbered 0..E-1."""
+    found: dict[tuple[str, str], dict[int, str]] = {}
+    rest = []
+    for key in keys:
+        m = pattern.match(key)
+        if not m:
+            rest.append(key)
+            continue
+        found.setdefault((m["p"], m["w"]), {})[int(m["e"])] = key
+    out = {}
+    for prefix in sorted({p for p, _ in found}):
+        by_weight = tuple(found.get((prefix, w), {}) for w in weights)
+        experts = sorted(set().union(*by_weight))
+        if experts != list(range(len(experts))) or any(set(b) != set(experts) for b in by_weight):
+            raise CheckpointError(f"{prefix}experts: incomplete expert weights (experts {experts[:8]}...)")
+        out[prefix] = (experts, by_weight)
+    return out, rest
+
+
 class FuseExperts:
     """Per-expert `experts.{e}.{gate,up,down}_proj.weight` <-> transformers' fused `experts.gate_up_proj`
     [E, 2I, H] (gate rows first, then up) and `experts.down_proj` [E, H, I]."""
@@ -39,20 +63,9 @@ class FuseExperts:
     pattern = re.compile(r"^(?P<p>(?:.*\.)?)experts\.(?P<e>\d+)\.(?P<w>gate|up|down)_proj\.weight$")
 
     def group(self, keys: list[str]) -> tuple[list[Group], list[str]]:
-        found: dict[tuple[str, str], dict[int, str]] = {}
-        rest = []
-        for key in keys:
-            m = self.pattern.match(key)
-            if not m:
-                rest.append(key)
-                continue
-            found.setdefault((m["p"], m["w"]), {})[int(m["e"])] = key
+        per_prefix, rest = per_expert_keys(self.pattern, keys, ("gate", "up", "down"))
         groups = []
-        for prefix in sorted({p for p, _ in found}):
-            gate, up, down = (found.get((prefix, w), {}) for w in ("gate", "up", "down"))
-            experts = sorted(set(gate) | set(up) | set(down))
-            if experts != list(range(len(experts))) or not (set(gate) == set(up) == set(down)):
-                raise CheckpointError(f"{prefix}experts: incomplete expert weights (experts {experts[:8]}...)")
+        for prefix, (experts, (gate, up, down)) in per_prefix.items():
             pairs = tuple(k for e in experts for k in (gate[e], up[e]))
             groups.append(Group(f"{prefix}experts.gate_up_proj", pairs, self.name))
             groups.append(Group(f"{prefix}experts.down_proj", tuple(down[e] for e in experts), self.name))
@@ -127,54 +140,22 @@ class FusedExperts3d(FuseExperts):
         return None
 
 
-class FuseUpDownExperts:
+class FuseUpDownExperts(FuseExperts):
     """Non-gated experts (Nemotron-H's squared-ReLU MoE): per-expert `experts.{e}.{up,down}_proj.weight` <->
-    transformers' `experts.up_proj` [E, I, H] and `experts.down_proj` [E, H, I] (stacked, no `.weight` suffix; its
-    conversion_mapping "nemotron_h" merges them the same way)."""
+        transformers' `experts.up_proj` [E, I, H] and `experts.down_proj` [E, H, I] (stacked, no `.weight` suffix; its
+        conversion_mapping "nemotron_h" merges them the same way). Stacking, streaming, splitting and the per-expert
+    keys are `fuse_experts`' own unfused path (a group's module key never ends in gate_up_proj here)."""
 
     name = "fuse_experts_up_down"
     pattern = re.compile(r"^(?P<p>(?:.*\.)?)experts\.(?P<e>\d+)\.(?P<w>up|down)_proj\.weight$")
 
     def group(self, keys: list[str]) -> tuple[list[Group], list[str]]:
-        found: dict[tuple[str, str], dict[int, str]] = {}
-        rest = []
-        for key in keys:
-            m = self.pattern.match(key)
-            if not m:
-                rest.append(key)
-                continue
-            found.setdefault((m["p"], m["w"]), {})[int(m["e"])] = key
+        per_prefix, rest = per_expert_keys(self.pattern, keys, ("up", "down"))
         groups = []
-        for prefix in sorted({p for p, _ in found}):
-            up, down = (found.get((prefix, w), {}) for w in ("up", "down"))
-            experts = sorted(set(up) | set(down))
-            if experts != list(range(len(experts))) or set(up) != set(down):
-                raise CheckpointError(f"{prefix}experts: incomplete expert weights (experts {experts[:8]}...)")
+        for prefix, (experts, (up, down)) in per_prefix.items():
             for w, by_expert in (("up", up), ("down", down)):
                 groups.append(Group(f"{prefix}experts.{w}_proj", tuple(by_expert[e] for e in experts), self.name))
         return groups, rest
-
-    def combine(self, group: Group, tensors: list[torch.Tensor]) -> torch.Tensor:
-        return torch.stack(tensors)  # [E, rows, cols]
-
-    def combine_stream(
-        self, group: Group, shape: tuple[int, ...], stream: Iterator[tuple[str, torch.Tensor]], dtype: torch.dtype
-    ) -> torch.Tensor:
-        """`combine` filling a preallocated output expert by expert."""
-        out = torch.empty(shape, dtype=dtype)
-        slot = {key: i for i, key in enumerate(group.ckpt_keys)}
-        for key, tensor in stream:
-            out[slot[key]] = tensor
-        return out
-
-    def out_shape(self, group: Group, shapes: list[tuple[int, ...]]) -> tuple[int, ...]:
-        return (len(shapes), *shapes[0])
-
-    def split(self, group: Group, tensor: torch.Tensor) -> dict[str, torch.Tensor]:
-        return {key: tensor[e] for e, key in enumerate(group.ckpt_keys)}
-
-    def expert_keys(self, group: Group, e: int) -> tuple[str, ...]:
-        return (group.ckpt_keys[e],)
 
     def to_checkpoint(self, module_key: str, tensor: torch.Tensor) -> dict[str, torch.Tensor] | None:
         """Module tensor -> per-expert checkpoint tensors (keys relative to the block); None if not ours."""

@@ -1,5 +1,5 @@
-"""Published speculative-decoding figures the speed model is fit on and checked against, as cited data, and the real
-configs (trimmed, `configs/*.json`) of the checkpoints they ran.
+"""Published speculative-decoding figures the speed model is fit on and checked against, as cited data
+(`published.toml`), and the real configs (trimmed, `configs/*.json`) of the checkpoints they ran.
 
 Each case records what its source states and, marked in `assumed`, what it does not (hardware, batch, context). The
 fit (`fit`) reads only each case's *non-speculative* time per token; the speculative speedups are predicted out of
@@ -12,6 +12,7 @@ What this module does not do: download anything (the configs ship with the packa
 from __future__ import annotations
 
 import json
+import tomllib
 from dataclasses import dataclass
 from importlib import resources
 from typing import Any
@@ -21,6 +22,7 @@ from mtp2draft.speed.cost import fit_layer_latency, forward_time, mtp_draft_cost
 from mtp2draft.speed.model import Acceptance, step_seconds
 
 CONFIGS = "configs"
+CASES = "published.toml"
 
 
 def shipped_configs() -> dict[str, str]:
@@ -59,88 +61,16 @@ class PublishedCase:
         return self.baseline_s_per_token / self.speculative_s_per_token
 
 
-PUBLISHED_CASES: tuple[PublishedCase, ...] = (
-    PublishedCase(
-        name="sglang-3582",
-        source="https://github.com/sgl-project/sglang/pull/3582",
-        model="deepseek-ai/DeepSeek-V3",
-        config="deepseek-ai/DeepSeek-V3",
-        gpu="h200",
-        tp=8,
-        draft_tp=8,
-        batch=1,
-        context=2048,
-        k=1,
-        draft_forwards=2,
-        acceptance=(0.9,),
-        baseline_s_per_token=1.76 / 77.0,
-        speculative_s_per_token=1.0 / 77.0,
-        stated=(
-            "1.76x, 77 token/s at batch size 1, ~1.9 mean acceptance length with `--speculative-num-steps 2 "
-            "--speculative-eagle-topk 1 --speculative-num-draft-tokens 2` (SGLang counts the root token: one drafted "
-            "token verified per step, two draft forwards run); CUDA graph and torch.compile on"
-        ),
-        assumed=(
-            "8x H200, TP 8: the PR does not say; SGLang's DeepSeek documentation gives its MTP speedups 'on H200 TP8'",
-            "the draft runs at the target's TP (SGLang's default)",
-            "context 2048 tokens (bench_one_batch_server's lengths are not stated; KV is <3 % of bytes here)",
-            "baseline = 77 / 1.76 = 43.75 token/s",
-        ),
-    ),
-    PublishedCase(
-        name="vllm-12755",
-        source="https://github.com/vllm-project/vllm/pull/12755",
-        model="deepseek-ai/DeepSeek-R1",
-        config="deepseek-ai/DeepSeek-V3",
-        gpu="h200",
-        tp=8,
-        draft_tp=1,
-        batch=1,
-        context=2048,
-        k=1,
-        draft_forwards=1,
-        acceptance=(0.8165,),
-        baseline_s_per_token=55.47e-3,
-        speculative_s_per_token=33.99e-3,
-        stated=(
-            "DeepSeek-R1, --tensor-parallel-size 8, k = 1, acceptance 81 % - 82.3 %, 'Draft TP=1' table: TPOT "
-            "55.47 ms -> 33.99 ms (1.63x) at QPS 1"
-        ),
-        assumed=(
-            "8x H200: the PR does not say; the FP8 checkpoint (~690 GB) does not fit 8x 80 GB at its "
-            "--gpu-memory-utilization 0.8",
-            "batch 1 at QPS 1 (TPOT rises only 4 % from QPS 1 to 2, so few requests overlap)",
-            "DeepSeek-R1 has DeepSeek-V3's architecture and config sizes: the V3 config is used",
-            "acceptance 0.8165, the middle of the stated range; context 2048 tokens",
-        ),
-    ),
-    PublishedCase(
-        name="vllm-39680",
-        source="https://github.com/vllm-project/vllm/issues/39680",
-        model="Qwen/Qwen3.5-0.8B",
-        config="Qwen/Qwen3.5-0.8B",
-        gpu="h100",
-        tp=1,
-        draft_tp=1,
-        batch=1,
-        context=2048,
-        k=1,
-        draft_forwards=1,
-        acceptance=(0.966,),
-        baseline_s_per_token=1.0 / 342.2,
-        speculative_s_per_token=1.0 / 128.3,
-        stated=(
-            "Qwen3.5-0.8B in vLLM, 'Running: 1 reqs': generation throughput 342.2 token/s without MTP, 128.3 with "
-            "it, mean acceptance length 1.97, per-position acceptance 0.966 (one draft token)"
-        ),
-        assumed=(
-            "one H100 SXM, TP 1: the issue gives no hardware",
-            "context 2048 tokens",
-            "the figures are vLLM's 10-second log averages, which also contain prefill and, for this multimodal "
-            "model, vision work (prompt throughput 967 vs 1358 token/s in the two windows)",
-        ),
-    ),
-)
+def load_cases() -> tuple[PublishedCase, ...]:
+    """The cases of `published.toml` (the data, with each source's words), as `PublishedCase`s."""
+    data = tomllib.loads(resources.files(__package__).joinpath(CASES).read_text())
+    return tuple(
+        PublishedCase(**{**case, "acceptance": tuple(case["acceptance"]), "assumed": tuple(case.get("assumed", ()))})
+        for case in data["case"]
+    )
+
+
+PUBLISHED_CASES: tuple[PublishedCase, ...] = load_cases()
 
 
 def get_case(name: str) -> PublishedCase:
@@ -195,6 +125,7 @@ __all__ = [
     "baseline_inputs",
     "fit",
     "get_case",
+    "load_cases",
     "load_config",
     "predict_case",
     "shipped_configs",
