@@ -27,6 +27,7 @@ def test_wheel_installs_into_a_clean_venv_and_lists_the_specs(tmp_path: Path) ->
     import zipfile
 
     names = zipfile.ZipFile(wheel).namelist()
+    assert not [n for n in names if n.startswith("mtp2draft/testing/")]  # the test helpers stay in the repository
     assert sorted(n for n in names if n.startswith("mtp2draft/model_specs/") and n.endswith(".toml")) == sorted(
         f"mtp2draft/model_specs/{name}.toml" for name in registry()
     )
