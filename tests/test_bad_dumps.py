@@ -52,7 +52,8 @@ class World:
 def _dump(target: Path, draft: Path, data: Path, out: Path) -> Path:
     from mtp2draft.data import load_tokenizer, read_examples
     from mtp2draft.draft.modules import load_draft
-    from mtp2draft.target.hidden import TargetModel, dump_hidden_states
+    from mtp2draft.target.dumps import dump_hidden_states
+    from mtp2draft.target.hidden import TargetModel
 
     d = load_draft(draft)
     examples, _ = read_examples(data, load_tokenizer(target), LENGTH)

@@ -145,7 +145,7 @@ def test_offline_hidden_states_train_like_the_online_target(target, text_data, t
     """With every log-prob kept (top-k = vocabulary), training from dumped files matches training online."""
     from mtp2draft.data import read_examples
     from mtp2draft.target import hidden
-    from mtp2draft.target.hidden import dump_hidden_states
+    from mtp2draft.target.dumps import dump_hidden_states
 
     tgt = target("deepseek_v3", num_hidden_layers=4)
     convert(str(tgt), tmp_path / "raw", to="eagle3", dtype="float32")

@@ -52,7 +52,8 @@ def test_a_target_vllm_extracts_from_as_is_gets_no_view(tmp_path: Path) -> None:
 
 def test_a_target_giving_only_its_top_k_writes_the_same_dump(tmp_path: Path) -> None:
     """What VllmTarget hands the writer (top-k log-probs, no logits) is written exactly as the top-k of full logits."""
-    from mtp2draft.target.hidden import Features, OfflineHiddenStates, TargetModel, dump_hidden_states
+    from mtp2draft.target.dumps import OfflineHiddenStates, dump_hidden_states
+    from mtp2draft.target.hidden import Features, TargetModel
 
     target = TargetModel(str(MIMO))
     seqs = [{"input_ids": list(range(5 + n, 29 + n)), "loss_mask": [True] * 24} for n in range(3)]

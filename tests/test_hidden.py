@@ -10,7 +10,8 @@ import pytest
 import torch
 
 from mtp2draft.errors import DataError
-from mtp2draft.target.hidden import Features, OfflineHiddenStates, TargetModel, dump_hidden_states, offline_features
+from mtp2draft.target.dumps import OfflineHiddenStates, dump_hidden_states, offline_features
+from mtp2draft.target.hidden import Features, TargetModel
 
 
 def test_target_parameters_are_frozen(target) -> None:

@@ -12,7 +12,7 @@ Before training starts, once, from small reads only:
 Then, per batch as it is consumed (the dump is read once): finiteness of the features and log-probs and token ids
 within the vocabulary, on the padded batch (one pass each); only a failing batch is searched for the record to name.
 
-What this module does not do: read the dump for training (`hidden.OfflineHiddenStates`), decide what a failing rank
+What this module does not do: read the dump for training (`dumps.OfflineHiddenStates`), decide what a failing rank
 does under torchrun (`parallel.together`), or check checkpoints (`checkpoint.py`) and drafts (`draft.py`).
 """
 

