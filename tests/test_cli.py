@@ -190,6 +190,17 @@ def test_run_text_names_the_push_only_when_there_was_one() -> None:
     assert output.run_text(result).splitlines()[-1] == "pushed: https://hub/me/d (commit abc)"
 
 
+def test_run_and_demo_print_the_gain_over_the_raw_head() -> None:
+    diff = {"value": 0.4, "low": 0.3, "high": 0.5}
+    gain = {"draft": "distilled mtp", "baseline": "raw MTP head (baseline)", "prompts": 16, "level": 0.95}
+    gain["difference"] = {"mean_acceptance_length": diff, "per_draft_acceptance_1": diff}
+    report = {"results": [_row("distilled mtp", 2.0, [0.5, 0.5])], "comparison": [gain]}
+    report |= {"target": "t", "num_prompts": 16, "num_draft_tokens": 2}
+    result = SimpleNamespace(report=report, exported=Path("w/x"), push=None, stages={"convert": 1.0}, work=Path("w"))
+    for text in (output.run_text(result), output.demo_text(result)):
+        assert "distilled mtp - raw MTP head (baseline): accept len +0.400 [+0.300, +0.500]" in text
+
+
 def _option_names(command_name: str) -> set[str]:
     """The Python names of a command's options (typer's click command), a trailing `_` dropped as `from_options`
     does (`compile_` is `--compile`)."""

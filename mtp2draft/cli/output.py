@@ -198,7 +198,9 @@ def validate_text(path: Path, fmt: str, violations: list[str]) -> str:
 
 def run_text(result: Any) -> str:
     """`run`: the acceptance table, where the export is, and the push's URL when there was one."""
-    lines = [acceptance_table(result.report["results"]), f"export: {result.exported}"]
+    report = result.report
+    lines = [acceptance_table(report["results"]), *map(comparison_text, report.get("comparison", []))]
+    lines.append(f"export: {result.exported}")
     if result.push is not None:
         lines.append(f"pushed: {result.push.url} (commit {result.push.commit})")
     return "\n".join(lines)
@@ -210,6 +212,7 @@ def demo_text(result: Any) -> str:
         [
             f"\ntarget {report['target']}: {report['num_prompts']} held-out prompts, k = {report['num_draft_tokens']}",
             acceptance_table(report["results"]),
+            *map(comparison_text, report.get("comparison", [])),  # the gain over the raw head, with its interval
             "\nstage times: " + ", ".join(f"{k} {v:.0f} s" for k, v in result.stages.items()),
             f"drafts and the {result.exported.name} export are in {result.work}",
         ]
