@@ -161,7 +161,7 @@ def run_vllm(
         "top_p": float(top_p),
         "seed": int(seed),
         "ignore_eos": bool(ignore_eos),
-        "rounds": [{"name": f"c{n}", "size": int(n)} for n in rounds],
+        "rounds": [{"name": f"c{n}#{i}", "size": int(n)} for i, n in enumerate(rounds)],
         "runs": [
             {"name": r.name, "model": _absolute(r.model), "speculative_config": _spec_paths(r.speculative_config)}
             for r in runs
@@ -367,22 +367,7 @@ def evaluate_in_vllm(
     k = num_draft_tokens
     extra = {"draft_sample_method": DRAFT_SAMPLE_METHOD[draft_sampling]} if not sampling.greedy else {}
     with tempfile.TemporaryDirectory(prefix=".mtp2draft-vllm-eval-", dir=work) as tmp:
-        w = Path(tmp)
-        base = served_view(target_dir, w / "view")
-        runs = [EngineRun("plain", base)]
-        for n, (name, path) in enumerate(drafts):
-            fmt, method = SERVED_AS[kinds[name]]
-            out = w / f"draft-{n}-{fmt}"
-            progress(f"{name}: export --format {fmt} for vLLM's {method} method")
-            _export(path, fmt, out, target_dir, dtype or stored, k)
-            if fmt == "stitched":
-                runs.append(
-                    EngineRun(
-                        name, served_view(target_dir, w / f"view-{n}", out), speculative_config(method, k, **extra)
-                    )
-                )
-            else:
-                runs.append(EngineRun(name, base, speculative_config(method, k, out, **extra)))
+        runs = serve_runs(drafts, kinds, target_dir, Path(tmp), k, dtype or stored, extra, progress)
         progress(f"vLLM: {len(drafts)} draft(s) and the plain target on {len(prompts)} prompts (one engine each)")
         version, results = run_vllm(
             runs,
@@ -398,7 +383,8 @@ def evaluate_in_vllm(
         )
     for r in results.values():
         if r.error is not None:
-            cause = next((line for line in reversed(r.log_errors) if r.error not in line), "")
+            # the root cause is logged first; the exception itself often says only "see root cause above"
+            cause = next((line for line in r.log_errors if "Error:" in line and r.error not in line), "")
             raise EngineRunError(
                 f"vLLM {version} could not serve {r.name!r}: {r.error}" + (f" ({cause.strip()})" if cause else "")
             )
@@ -446,9 +432,8 @@ def evaluate_in_vllm(
                 "ties": 0,
                 "num_prompts": len(prompts),
                 "seconds": r.generate_s,
-                "tokens_per_forward_by_prompt": [
-                    x for x in (r.metrics or {}).get("mean_acceptance_length_by_prompt") or [] if x is not None
-                ],
+                # vLLM's per-request figure (None where it kept none), prompt by prompt
+                "tokens_per_forward_by_prompt": (r.metrics or {}).get("mean_acceptance_length_by_prompt") or [],
                 "distribution_check": None,
                 "mismatched_prompts": mismatched,
                 "clock": _clock(r),
@@ -465,6 +450,33 @@ def evaluate_in_vllm(
         }
     )
     return out
+
+
+def serve_runs(
+    drafts: Sequence[tuple[str, str]],
+    kinds: dict[str, DraftKind],
+    target_dir: Path,
+    work: Path,
+    k: int,
+    dtype: str,
+    extra: dict[str, Any] | None = None,
+    progress: Progress = lambda _: None,
+) -> list[EngineRun]:
+    """The plain target ("plain") and each draft as vLLM serves it (`SERVED_AS`), exported into `work`: a native
+    MTP draft as a `stitched` export laid over a view of the target, an EAGLE-3 draft in SGLang's layout beside it."""
+    base = served_view(target_dir, work / "view")
+    runs = [EngineRun("plain", base)]
+    for n, (name, path) in enumerate(drafts):
+        fmt, method = SERVED_AS[kinds[name]]
+        out = work / f"draft-{n}-{fmt}"
+        progress(f"{name}: export --format {fmt} for vLLM's {method} method")
+        _export(path, fmt, out, target_dir, dtype, k)
+        if fmt == "stitched":
+            view = served_view(target_dir, work / f"view-{n}", out)
+            runs.append(EngineRun(name, view, speculative_config(method, k, **(extra or {}))))
+        else:
+            runs.append(EngineRun(name, base, speculative_config(method, k, out, **(extra or {}))))
+    return runs
 
 
 def _export(draft: str, fmt: str, out: Path, target: Path, dtype: str, k: int) -> None:
