@@ -31,11 +31,23 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
+# name -> (target, its held-out prompts): the bundled targets, and (--targets) the retrained ones whose MTP heads
+# accept more (examples/retrained/README.md)
 TARGETS = {
-    "tiny-mimo": ROOT / "examples" / "targets" / "tiny-mimo",
-    "tiny-deepseek-v3": ROOT / "examples" / "targets" / "tiny-deepseek-v3",
+    "tiny-mimo": (ROOT / "examples" / "targets" / "tiny-mimo", ROOT / "examples" / "data" / "heldout.jsonl"),
+    "tiny-deepseek-v3": (
+        ROOT / "examples" / "targets" / "tiny-deepseek-v3",
+        ROOT / "examples" / "data" / "heldout.jsonl",
+    ),
+    **{
+        f"retrained/{name}": (
+            ROOT / "examples" / "retrained" / name,
+            ROOT / "examples" / "retrained" / "data" / "heldout.jsonl",
+        )
+        for name in ("tiny-mimo", "tiny-deepseek-v3")
+    },
 }
-HELDOUT = ROOT / "examples" / "data" / "heldout.jsonl"
+DEFAULT_TARGETS = "tiny-mimo,tiny-deepseek-v3"
 CONCURRENCY = (1, 8, 32, 64)
 
 
@@ -73,18 +85,20 @@ def spread(values: list[float]) -> dict[str, float]:
     return {"median": statistics.median(values), "min": min(values), "max": max(values), "n": len(values)}
 
 
-def bench_target(name: str, target: Path, work: Path, args: argparse.Namespace) -> dict[str, Any]:
+def bench_target(name: str, work: Path, args: argparse.Namespace) -> dict[str, Any]:
     from mtp2draft.conversion import convert
     from mtp2draft.data import load_tokenizer
     from mtp2draft.evaluation.decode import load_prompts
     from mtp2draft.evaluation.engine import acceptance, run_vllm, serve_runs
     from mtp2draft.kinds import DraftKind
 
-    raw = work / f"{name}-raw"
+    target, heldout = TARGETS[name]
+    w = work / name.replace("/", "-")
+    raw = w / "raw"
     convert(str(target), raw, to="mtp")
     tok = load_tokenizer(target)
-    prompts = load_prompts(HELDOUT, tok, args.prompts, args.prompt_length)
-    runs = serve_runs([("mtp", str(raw))], {"mtp": DraftKind.MTP}, target, work / name, args.k, "bfloat16")
+    prompts = load_prompts(heldout, tok, args.prompts, args.prompt_length)
+    runs = serve_runs([("mtp", str(raw))], {"mtp": DraftKind.MTP}, target, w, args.k, "bfloat16")
     rounds = [c for _ in range(args.repeats) for c in CONCURRENCY]
     started = time.perf_counter()
     version, results = run_vllm(
@@ -143,7 +157,7 @@ def main() -> int:
     ap.add_argument("--prompts", type=int, default=16, help="distinct held-out prompts, cycled to fill a round")
     ap.add_argument("--prompt-length", type=int, default=64)
     ap.add_argument("--repeats", type=int, default=3)
-    ap.add_argument("--targets", default=",".join(TARGETS))
+    ap.add_argument("--targets", default=DEFAULT_TARGETS, help=f"comma-separated, of: {', '.join(TARGETS)}")
     ap.add_argument("--json", type=Path, default=None)
     args = ap.parse_args()
     report: dict[str, Any] = {
@@ -155,7 +169,7 @@ def main() -> int:
     with tempfile.TemporaryDirectory(prefix="bench-engine-") as tmp, LoadSampler() as load:
         for name in args.targets.split(","):
             log(f"{name}: serving with and without the raw MTP head")
-            report["targets"][name] = bench_target(name, TARGETS[name], Path(tmp), args)
+            report["targets"][name] = bench_target(name, Path(tmp), args)
     report["load_average_1min"] = load.summary()
     for name, res in report["targets"].items():
         print(table(name, res) + "\n")

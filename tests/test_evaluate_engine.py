@@ -74,7 +74,7 @@ def test_evaluate_engine_vllm_reports_the_transformers_shape(target, text_data, 
     convert(str(tgt), tmp_path / "raw", dtype="float32")
     argv = ["evaluate", str(tmp_path / "raw"), "--target", str(tgt), "--data", str(text_data), "-k", "2"]
     limits = ["--max-new-tokens", "4", "--max-prompts", "3"]
-    assert main([*argv, *limits, "--engine", "vllm", "--json"]) == 0, capsys.readouterr().err
+    assert main([*argv, *limits, "--engine", "vllm", "--json", "--save"]) == 0, capsys.readouterr().err
     engine = json.loads(capsys.readouterr().out)
     assert main([*argv, *limits, "--json"]) == 0  # --engine transformers, the default
     ours = json.loads(capsys.readouterr().out)
@@ -93,6 +93,10 @@ def test_evaluate_engine_vllm_reports_the_transformers_shape(target, text_data, 
     assert draft.speculative_config == {"method": "mtp", "num_speculative_tokens": 2}  # native MTP: served in place
     assert draft.model != plain.model  # a view with the stitched export laid over the target
     assert not list(tmp_path.glob("**/.mtp2draft-vllm-eval-*"))  # the exports and views are gone
+    # the card push writes from the saved evaluation says where it was measured
+    from mtp2draft.hub import model_card
+
+    assert "served by vLLM 0.32.0, read from its counters" in str(model_card(tmp_path / "raw"))
 
 
 def test_evaluate_engine_vllm_finds_outputs_that_differ(target, text_data, tmp_path, fake_vllm) -> None:

@@ -15,7 +15,7 @@ Reply:   {"vllm_version": str, "runs": [{"name", "outputs": [[ids]], "metrics": 
 
 The runs share one process and start one engine each, in order (an engine start costs a minute or two on a small
 CPU; the interpreter, torch and vllm are imported once). A run that fails to start or generate is reported with its
-error and the next run goes on. Each engine first decodes one short warm-up request (uncounted), then all prompts
+error and the next run goes on. Each engine first decodes all prompts for 8 tokens (a warm-up, uncounted), then all prompts
 in one `generate` (their outputs, metrics and timing), then each of `rounds`: the first `size` prompts (cycled)
 submitted at once, so `size` requests are in flight, timed only.
 
@@ -190,7 +190,7 @@ def _run_one(run: dict, request: dict) -> dict:
         )
         result["start_s"] = round(time.perf_counter() - t0, 1)
         prompts, new = request["prompts"], int(request["max_new_tokens"])
-        _generate(llm, request, prompts[:1], min(new, 4))  # warm-up, uncounted
+        _generate(llm, request, prompts, min(new, 8))  # warm-up at the counted batch's shape, uncounted
         before = read_counters(llm)
         outs, seconds = _generate(llm, request, prompts, new)
         result["generate_s"] = round(seconds, 2)
