@@ -93,6 +93,9 @@ def test_evaluate_engine_vllm_reports_the_transformers_shape(target, text_data, 
     assert draft.speculative_config == {"method": "mtp", "num_speculative_tokens": 2}  # native MTP: served in place
     assert draft.model != plain.model  # a view with the stitched export laid over the target
     assert not list(tmp_path.glob("**/.mtp2draft-vllm-eval-*"))  # the exports and views are gone
+    assert main([*argv, *limits, "--engine", "vllm"]) == 0  # the table, then the engine's clock
+    text = capsys.readouterr().out
+    assert "accept len" in text and "vLLM 0.32.0 (tensor parallel 1)" in text and "no draft: 100 tok/s" in text
     # the card push writes from the saved evaluation says where it was measured
     from mtp2draft.hub import model_card
 
