@@ -277,8 +277,13 @@ def _acceptance_table(evaluation: Mapping[str, Any]) -> str:
 
 
 def _decoding(evaluation: Mapping[str, Any]) -> str:
+    """How the evaluation decoded, and in what engine when it says so (`evaluate --engine`)."""
     temperature = evaluation.get("temperature") or 0
-    return f"temperature {temperature:g}, top-p {evaluation.get('top_p', 1):g}" if temperature else "greedy"
+    how = f"temperature {temperature:g}, top-p {evaluation.get('top_p', 1):g}" if temperature else "greedy"
+    engine = evaluation.get("engine")
+    if isinstance(engine, Mapping) and engine.get("name") == "vllm":  # vLLM's counters; lossless: vs its plain run
+        how += f", served by vLLM {engine.get('version', '?')}, read from its counters"
+    return how
 
 
 def _demote(markdown: str) -> str:

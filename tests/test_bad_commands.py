@@ -482,6 +482,39 @@ for _name, _args, _needle in (
     _add(f"evaluate_{_name}", lambda w, tmp, mp, stack, a=_args, n=_needle: Case(_evaluate(w, *a), n))
 
 
+# ---- evaluate --engine: what runs the target -------------------------------------------------------------------------
+for _name, _args, _needle in (
+    ("engine_unknown", ("--engine", "tgi"), "--engine must be one of transformers, vllm"),
+    (
+        "tensor_parallel_with_transformers",
+        ("--tensor-parallel-size", "2"),
+        "--tensor-parallel-size is for --engine vllm",
+    ),
+    ("vllm_tensor_parallel_zero", ("--engine", "vllm", "--tensor-parallel-size", "0"), "must be at least 1, got 0"),
+    ("vllm_with_device", ("--engine", "vllm", "--device", "cpu"), "--device is for --engine transformers"),
+    ("vllm_with_device_map", ("--engine", "vllm", "--device-map", "auto"), "--device-map is for --engine transformers"),
+    ("vllm_dtype_unknown", ("--engine", "vllm", "--dtype", "int8"), "--dtype must be one of"),
+):
+    _add(f"evaluate_{_name}", lambda w, tmp, mp, stack, a=_args, n=_needle: Case(_evaluate(w, *a), n))
+
+
+@case
+def evaluate_vllm_without_its_venv(w, tmp, mp, stack):
+    mp.setenv("MTP2DRAFT_VLLM_VENV", str(tmp / "no-venv"))
+    return Case(_evaluate(w, "--engine", "vllm"), "create it with `bash scripts/vllm_env.sh`")
+
+
+@case
+def evaluate_vllm_kind_the_family_table_refuses(w, tmp, mp, stack):
+    from mtp2draft.testing.fixtures import build_fixture, write_char_tokenizer
+
+    mimo = build_fixture("mimo", tmp / "mimo", num_hidden_layers=6)  # deep enough for three aux layers
+    write_char_tokenizer(mimo)
+    convert(str(mimo), tmp / "mimo-e3", to="eagle3")  # vLLM's MiMo class captures no aux hidden states
+    argv = _evaluate(w, "--engine", "vllm", draft=tmp / "mimo-e3", target=mimo)
+    return Case(argv, "serves no eagle3 draft for mimo")
+
+
 # ---- export / validate options --------------------------------------------------------------------------------------
 @case
 def export_speculative_tokens_negative(w, tmp, mp, stack):

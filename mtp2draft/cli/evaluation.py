@@ -14,11 +14,13 @@ from mtp2draft.cli.options import (
     Data,
     Device,
     DeviceMap,
+    EvalDtype,
+    EvalEngine,
     MaxNewTokens,
     Revision,
     SkipBad,
     Target,
-    TargetDtype,
+    TensorParallel,
     Token,
     choices,
 )
@@ -51,8 +53,10 @@ def evaluate(
     skip_bad: SkipBad = False,
     revision: Revision = None,
     token: Token = None,
+    engine: EvalEngine = "transformers",
+    tensor_parallel_size: TensorParallel = None,
     device: Device = None,
-    dtype: TargetDtype = "float32",
+    dtype: EvalDtype = None,
     device_map: DeviceMap = None,
     as_json: AsJson = False,
 ) -> None:
@@ -64,6 +68,8 @@ def evaluate(
     output equals the target's own greedy output on every prompt; at a temperature, a KS test of the emitted tokens'
     randomised PIT under the target's distribution instead (`distribution_check`). Greedy ties of the top two
     logits within the rounding of --dtype are reported, not raised. The draft runs on the target's device, in its dtype.
+    `--engine vllm` serves the target with the draft in vLLM instead (its own venv: scripts/vllm_env.sh) and reads
+    the same figures from vLLM's counters, the plain target's run giving the lossless check and the clock.
 
     Examples:
 
@@ -71,15 +77,16 @@ def evaluate(
     * `mtp2draft evaluate glm-eagle3-ft --target zai-org/GLM-4.5-Air --data prompts.jsonl --device-map auto --dtype bfloat16 --json --save`
     * `mtp2draft evaluate glm-mtp-ft --target zai-org/GLM-4.5-Air --data prompts.jsonl --device-map auto --dtype bfloat16 --temperature 1 --seed 0 --draft-sampling sample`
     * `mtp2draft evaluate tiny-ft --target ./tiny-target --data prompts.jsonl --device cpu` (fp32, the default dtype)
+    * `mtp2draft evaluate glm-mtp-ft --target zai-org/GLM-4.5-Air --data prompts.jsonl --engine vllm --tensor-parallel-size 4`
     """
-    from mtp2draft.evaluation.decode import evaluate as run
     from mtp2draft.evaluation.decode import save_evaluation
+    from mtp2draft.evaluation.engine import evaluate as run
 
     drafts = [("draft", str(draft))] + [(f"baseline: {b}", str(b)) for b in (baseline or [])]
     limits = (num_draft_tokens, max_new_tokens, max_prompts, max_prompt_length)
     sampling = {"temperature": temperature, "top_p": top_p, "seed": seed, "draft_sampling": draft_sampling}
-    where = {"device": device, "dtype": dtype, "device_map": device_map}
-    report = run(drafts, target, data, *limits, revision, token, skip_bad, progress=log, **sampling, **where)
+    where = {"device": device, "dtype": dtype, "device_map": device_map, "tensor_parallel_size": tensor_parallel_size}
+    report = run(engine, drafts, target, data, *limits, revision, token, skip_bad, progress=log, **sampling, **where)
     if save:
         log(f"saved {save_evaluation(draft, report)}")
     print(output.to_json(report) if as_json else output.evaluate_text(report))

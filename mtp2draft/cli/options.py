@@ -16,6 +16,7 @@ from mtp2draft.kinds import DRAFT_KINDS, DRAFT_SAMPLING, DTYPE_NAMES
 
 def choices(option: str, sep: str = " | ") -> str:
     """The values an option's help lists, from the registry that owns them (kinds, engines, formats, subsets, gpus)."""
+    from mtp2draft.evaluation.engine import EVALUATE_ENGINES
     from mtp2draft.family.spec import ENGINES
     from mtp2draft.formats import FORMATS, VALIDATE_FORMATS
     from mtp2draft.speed.accelerators import ACCELERATORS
@@ -24,7 +25,7 @@ def choices(option: str, sep: str = " | ") -> str:
 
     registries = {"kinds": DRAFT_KINDS, "engines": ENGINES, "formats": FORMATS, "validate": VALIDATE_FORMATS}
     registries |= {"subsets": TRAIN_SUBSETS, "dump_engines": DUMP_ENGINES, "gpus": ACCELERATORS}
-    registries |= {"draft_sampling": DRAFT_SAMPLING, "dtypes": DTYPE_NAMES}
+    registries |= {"draft_sampling": DRAFT_SAMPLING, "dtypes": DTYPE_NAMES, "evaluate_engines": EVALUATE_ENGINES}
     return sep.join(registries[option])
 
 
@@ -86,6 +87,22 @@ DeviceMap = Annotated[
     typer.Option(
         "--device-map",
         help="Spread the target over the local GPUs as transformers' device_map does (e.g. auto); overrides --device.",
+    ),
+]
+# evaluate: what runs the target (as dump-hidden's --engine), and vLLM's split of it
+EvalEngine = Annotated[str, typer.Option("--engine", help=f"What runs the target: {choices('evaluate_engines')}.")]
+EvalDtype = Annotated[
+    str | None,
+    typer.Option(
+        "--dtype",
+        help=f"dtype the target runs in: {choices('dtypes')} (default: float32; --engine vllm: the checkpoint's own).",
+        show_default=False,
+    ),
+]
+TensorParallel = Annotated[
+    int | None,
+    typer.Option(
+        "--tensor-parallel-size", help="--engine vllm: GPUs the target is split across (default 1).", show_default=False
     ),
 ]
 TrainSubset = Annotated[str, typer.Option("--train-subset", help=f"Parameters to train: {choices('subsets', ', ')}.")]

@@ -165,6 +165,7 @@ def evaluate_text(report: dict[str, Any]) -> str:
         f"{report['max_new_tokens']} new tokens each, {how}\n"
         + acceptance_table(report["results"])
         + "".join("\n" + comparison_text(c) for c in report.get("comparison", []))
+        + _engine_clock(report)
     )
 
 
@@ -180,6 +181,22 @@ def comparison_text(comparison: dict[str, Any]) -> str:
         f"pos 1 per draft {diff('per_draft_acceptance_1', 3)} "
         f"({100 * comparison['level']:.0f} % paired bootstrap over {comparison['prompts']} prompts)"
     )
+
+
+def _engine_clock(report: dict[str, Any]) -> str:
+    """`evaluate --engine vllm`: the engine and its clock, plain target and each draft (one pass, all prompts in
+    flight); nothing for the transformers path."""
+    engine = report.get("engine") or {}
+    if engine.get("name") != "vllm":
+        return ""
+
+    def clock(c: dict[str, Any]) -> str:
+        rate, tpot = c.get("output_tokens_per_s"), c.get("tpot_ms")
+        return f"{rate:.0f} tok/s, {tpot:.2f} ms/token" if rate and tpot else "?"
+
+    rows = [f"  {r['name']}: {clock(r.get('clock') or {})}" for r in report["results"]]
+    head = f"\nvLLM {engine.get('version')} (tensor parallel {engine.get('tensor_parallel_size')}), engine clock:"
+    return "\n".join([head, f"  no draft: {clock(engine.get('plain') or {})}", *rows])
 
 
 def export_summary(result: Any) -> dict[str, Any]:

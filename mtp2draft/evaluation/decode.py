@@ -278,6 +278,18 @@ def load_prompts(
     return prompts[:max_prompts] if max_prompts else prompts
 
 
+def check_limits(num_draft_tokens: int, max_new_tokens: int, max_prompts: int | None, max_prompt_length: int) -> None:
+    """evaluate's counts, each at least 1 (max_prompts None: all), in one line naming the option."""
+    for option, value in (
+        ("--num-draft-tokens", num_draft_tokens),
+        ("--max-new-tokens", max_new_tokens),
+        ("--max-prompt-length", max_prompt_length),
+        ("--max-prompts", 1 if max_prompts is None else max_prompts),
+    ):
+        if value < 1:
+            raise OptionError(f"{option} must be at least 1, got {value}")
+
+
 def evaluate(
     drafts: Sequence[tuple[str, str]],
     target: str | TargetModel,
@@ -307,7 +319,7 @@ def evaluate(
     (greedy: argmax, sample: from its own distribution), prompt n seeded with (seed, n) for every draft alike; each
     draft's output is checked in distribution (`distribution_check`)."""
     sampling = Sampling(temperature, top_p, draft_sampling)  # OptionError on a bad value
-    _check_counts(num_draft_tokens, max_new_tokens, max_prompt_length, max_prompts)
+    check_limits(num_draft_tokens, max_new_tokens, max_prompts, max_prompt_length)
     check_drafts_belong([path for _, path in drafts], target, revision, token)  # before the target's weights load
     if not isinstance(target, TargetModel):
         device = device if device_map is not None else resolve_device(device)
@@ -355,18 +367,6 @@ def evaluate(
         }
     )
     return out
-
-
-def _check_counts(num_draft_tokens: int, max_new_tokens: int, max_prompt_length: int, max_prompts: int | None) -> None:
-    """Refuse a count below 1 (one line naming the option) before anything loads."""
-    for option, value in (
-        ("--num-draft-tokens", num_draft_tokens),
-        ("--max-new-tokens", max_new_tokens),
-        ("--max-prompt-length", max_prompt_length),
-        ("--max-prompts", 1 if max_prompts is None else max_prompts),
-    ):
-        if value < 1:
-            raise OptionError(f"{option} must be at least 1, got {value}")
 
 
 def evaluate_draft(

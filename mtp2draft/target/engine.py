@@ -64,7 +64,10 @@ def vllm_python() -> Path:
     venv = venv_dir()
     python = venv / "bin" / "python"
     if not (venv / MARKER).is_file() or not python.is_file():
-        raise EngineUnavailable(f"no complete vLLM venv at {venv} (create it with scripts/vllm_env.sh)")
+        raise EngineUnavailable(
+            f"no complete vLLM venv at {venv}: create it with `bash scripts/vllm_env.sh` (a source checkout), "
+            f"or point {VENV_ENV} at one"
+        )
     return python
 
 

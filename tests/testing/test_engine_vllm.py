@@ -29,18 +29,12 @@ from mtp2draft.conversion import convert
 from mtp2draft.data import load_tokenizer
 from mtp2draft.draft.modules import load_draft
 from mtp2draft.evaluation.decode import TargetRunner, evaluate, greedy_reference, load_prompts
+from mtp2draft.evaluation.engine import EngineRun, run_vllm, served_view, speculative_config
 from mtp2draft.formats import ExportConfig
 from mtp2draft.formats.export import export, validate
+from mtp2draft.target.engine import EngineUnavailable
 from mtp2draft.target.hidden import TargetModel
-from mtp2draft.testing.engine import (
-    EngineRun,
-    EngineUnavailable,
-    relative_gap,
-    run_vllm,
-    served_view,
-    speculative_config,
-    vllm_python,
-)
+from mtp2draft.testing.engine import relative_gap, vllm_python
 from mtp2draft.train.recipe import distill
 from mtp2draft.train.settings import DistillConfig
 

