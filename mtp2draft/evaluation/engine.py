@@ -43,7 +43,7 @@ from typing import Any
 
 from mtp2draft.errors import Mtp2DraftError, OptionError
 from mtp2draft.kinds import DTYPE_NAMES, DraftKind
-from mtp2draft.target.engine import VLLM_SIDE, vllm_environment, vllm_python
+from mtp2draft.target.engine import VLLM_SIDE, uses_mla, vllm_environment, vllm_python
 
 EVALUATE_ENGINES: dict[str, str] = {
     "transformers": "mtp2draft's speculative decoding, the target loaded by transformers here (--device, --device-map)",
@@ -149,7 +149,9 @@ def run_vllm(
 
     A run that vLLM refused carries its `error`; a crash of the driver itself raises EngineRunError."""
     python = vllm_python()
-    env = vllm_environment(kv_cache_gib, pythonpath=VLLM_SIDE)  # the drivers' shared exit (vllm_side/driver_exit)
+    # the drivers' shared exit (vllm_side/driver_exit); an MLA target among the runs asks for the CPU rotary fix
+    mla = next((run.model for run in runs if uses_mla(Path(run.model))), None)
+    env = vllm_environment(kv_cache_gib, pythonpath=VLLM_SIDE, model=mla)
     env.setdefault("VLLM_LOGGING_LEVEL", "INFO")  # into per-run log files; the weight-loading lines are INFO
     request = {
         "prompts": [list(map(int, p)) for p in prompts],

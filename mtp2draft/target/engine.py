@@ -71,10 +71,18 @@ def vllm_python() -> Path:
     return python
 
 
-def vllm_environment(kv_cache_gib: int = 1, pythonpath: Path | None = None) -> dict[str, str]:
+def vllm_environment(
+    kv_cache_gib: int = 1, pythonpath: Path | None = None, model: str | Path | None = None
+) -> dict[str, str]:
     """The environment vLLM's subprocess runs in: nothing of mtp2draft's venv leaks into it (PYTHONPATH is only
-    `pythonpath`); on the CPU build (vLLM 0.32.0) the KV cache size must be given and thread binding is off."""
+    `pythonpath`); on the CPU build (vLLM 0.32.0) the KV cache size must be given and thread binding is off. For an
+    MLA `model` it asks the drivers for the CPU build's rotary-embedding fix (`vllm_side/cpu_fixes.py`: without it
+    vLLM's CPU build computes another model; a GPU build ignores the request)."""
+    from mtp2draft.target.vllm_side.cpu_fixes import NATIVE_ROPE
+
     env = dict(os.environ)
+    if model is not None and uses_mla(Path(model)):
+        env[NATIVE_ROPE] = "1"
     env.setdefault("VLLM_CPU_KVCACHE_SPACE", str(kv_cache_gib))
     env.setdefault("VLLM_CPU_OMP_THREADS_BIND", "nobind")
     env.setdefault("TOKENIZERS_PARALLELISM", "false")
@@ -82,6 +90,16 @@ def vllm_environment(kv_cache_gib: int = 1, pythonpath: Path | None = None) -> d
     if pythonpath is not None:
         env["PYTHONPATH"] = str(pythonpath)
     return env
+
+
+def uses_mla(model: Path) -> bool:
+    """Whether the checkpoint at `model` has multi-head latent attention (DeepSeek-style `kv_lora_rank`)."""
+    try:
+        config = json.loads((model / "config.json").read_text())
+    except (OSError, ValueError):
+        return False
+    text = config.get("text_config") if isinstance(config.get("text_config"), dict) else config
+    return bool(isinstance(text, dict) and text.get("kv_lora_rank"))
 
 
 def resolve_target(source: str, revision: str | None, token: str | bool | None) -> Path:
@@ -202,7 +220,7 @@ class VllmTarget:
         progress(f"vLLM: extracting hidden states of {len(self._sequences)} sequences (layer ids {self.ids})")
         done = subprocess.run(
             [str(python), str(VLLM_SIDE / "dump_driver.py"), str(req), str(rep)],
-            env=vllm_environment(pythonpath=VLLM_SIDE),
+            env=vllm_environment(pythonpath=VLLM_SIDE, model=model),
             cwd=self.work,
             stdout=sys.stderr,  # vLLM's log is progress: to stderr
         )

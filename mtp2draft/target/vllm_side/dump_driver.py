@@ -31,6 +31,14 @@ import os
 import sys
 import time
 
+try:  # run by vLLM's Python: beside this file (vllm_side/, on PYTHONPATH)
+    from cpu_fixes import apply as apply_cpu_fixes
+except ImportError:  # imported as part of mtp2draft (its unit tests)
+    from mtp2draft.target.vllm_side.cpu_fixes import apply as apply_cpu_fixes
+
+# at import, so vLLM's spawned workers, which re-import this file, apply them too (what mtp2draft's side asked for)
+CPU_FIXES = apply_cpu_fixes()
+
 PUMP_TRIES = 20
 
 
@@ -119,7 +127,7 @@ def main(argv: list[str]) -> int:
         wait_complete(path)
         os.replace(path, os.path.join(out, f"{n}.hidden.safetensors"))
     with open(reply_path, "w") as f:
-        json.dump({"vllm_version": vllm.__version__, "sequences": len(files)}, f)
+        json.dump({"vllm_version": vllm.__version__, "cpu_fixes": CPU_FIXES, "sequences": len(files)}, f)
     with contextlib.suppress(Exception):  # best effort, as in the serving driver: the engine core exits with us too
         llm.llm_engine.engine_core.shutdown()
     return 0

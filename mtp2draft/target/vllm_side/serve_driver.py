@@ -41,6 +41,14 @@ import sys
 import time
 import traceback
 
+try:  # run by vLLM's Python: beside this file (vllm_side/, on PYTHONPATH)
+    from cpu_fixes import apply as apply_cpu_fixes
+except ImportError:  # imported as part of mtp2draft (its unit tests)
+    from mtp2draft.target.vllm_side.cpu_fixes import apply as apply_cpu_fixes
+
+# at import, so vLLM's spawned workers, which re-import this file, apply them too (what mtp2draft's side asked for)
+CPU_FIXES = apply_cpu_fixes()
+
 SPEC_COUNTERS = {
     "vllm:spec_decode_num_drafts": "drafts",
     "vllm:spec_decode_num_draft_tokens": "draft_tokens",
@@ -229,7 +237,7 @@ def main(argv: list[str]) -> int:
         request = json.load(f)
     import vllm
 
-    reply = {"vllm_version": vllm.__version__, "runs": []}
+    reply = {"vllm_version": vllm.__version__, "cpu_fixes": CPU_FIXES, "runs": []}
     for run in request["runs"]:
         print(f"[serve_driver] {run['name']}: starting", file=sys.stderr, flush=True)
         reply["runs"].append(run_one(run, request, f"{argv[1]}.{len(reply['runs'])}.log"))
