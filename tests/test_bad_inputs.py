@@ -554,6 +554,33 @@ def nemotron_h_count_field_not_a_number(w, tmp, mp, stack):
 
 
 @case
+def exaone_moe_mtp_key_missing(w, tmp, mp, stack):
+    ck = _drop_key(_family(tmp, "exaone_moe"), "mtp.pre_fc_norm_embedding.weight")
+    return Case(_convert(ck, tmp), "MTP layer 0 is missing mtp.pre_fc_norm_embedding.weight (spec exaone_moe)")
+
+
+@case
+def exaone_moe_block_key_missing(w, tmp, mp, stack):
+    ck = _drop_key(_family(tmp, "exaone_moe"), "mtp.layers.0.self_attn.k_norm.weight")
+    return Case(_convert(ck, tmp), "lacks tensors the exaone_moe block needs: block.self_attn.k_norm.weight")
+
+
+@case
+def exaone_moe_count_field_says_two(w, tmp, mp, stack):
+    """Two MTP layers declared, one in the weights: layer 1's block keys are absent (its glue is shared)."""
+    ck = _family(tmp, "exaone_moe")
+    _edit_config(ck, num_nextn_predict_layers=2)
+    return Case(_convert(ck, tmp, "--layer", "1"), "lacks tensors the exaone_moe block needs")
+
+
+@case
+def exaone_moe_count_field_not_a_number(w, tmp, mp, stack):
+    ck = _family(tmp, "exaone_moe")
+    _edit_config(ck, num_nextn_predict_layers=[1])
+    return Case(["inspect", str(ck)], "num_nextn_predict_layers = [1] is not a count of MTP layers")
+
+
+@case
 def dspark_under_mtp_convert(w, tmp, mp, stack):
     """DeepSeek-V4-0731: a DSpark block drafter under mtp.*, num_nextn_predict_layers 1 all the same."""
     return Case(_convert(_family(tmp, "deepseek_v4_0731_dspark"), tmp), "are a DSpark block drafter")

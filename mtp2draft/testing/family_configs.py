@@ -768,6 +768,50 @@ NEMOTRON_H = {
 }
 
 
+# K-EXAONE's config.json layout (LGAI-EXAONE/K-EXAONE-236B-A23B, fields as a stored architecture brief read them from
+# the release's config.json: cited in tests/data/hub_keys/exaone_moe.json), tiny values: 3:1 sliding / full layers
+# with per-layer sliding_windows (0 on full layers), layer 0 dense and the rest MoE (is_moe_layer says it again),
+# head_dim * heads != hidden_size as on the release, the MTP fields num_nextn_predict_layers, mtp_layer_types and
+# mtp_sliding_windows. sliding_window 4 < a test sequence (128 on the release).
+EXAONE_MOE = {
+    "architectures": ["ExaoneMoeForCausalLM"],
+    "model_type": "exaone_moe",
+    "vocab_size": 256,
+    "hidden_size": 64,
+    "intermediate_size": 128,
+    "moe_intermediate_size": 32,
+    "num_hidden_layers": 4,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "head_dim": 32,
+    "hidden_act": "silu",
+    "max_position_embeddings": 4096,
+    "rms_norm_eps": 1e-05,
+    "rope_parameters": {"rope_type": "default", "rope_theta": 1000000},
+    "sliding_window": 4,
+    "sliding_windows": [4, 4, 4, 0],
+    "layer_types": ["sliding_attention", "sliding_attention", "sliding_attention", "full_attention"],
+    "first_k_dense_replace": 1,
+    "mlp_layer_types": ["dense", "sparse", "sparse", "sparse"],
+    "is_moe_layer": [False, True, True, True],
+    "num_experts": 8,
+    "num_experts_per_tok": 2,
+    "num_shared_experts": 1,
+    "n_group": 1,
+    "topk_group": 1,
+    "norm_topk_prob": True,
+    "routed_scaling_factor": 2.5,
+    "scoring_func": "sigmoid",
+    "bos_token_id": 1,
+    "eos_token_id": 2,
+    "pad_token_id": 0,
+    "tie_word_embeddings": False,
+    "num_nextn_predict_layers": 1,
+    "mtp_layer_types": ["full_attention"],
+    "mtp_sliding_windows": [0],
+}
+
+
 def with_fields(base: dict[str, Any], **changes: Any) -> dict[str, Any]:
     """A deep copy of config `base` with `changes` applied."""
     out = copy.deepcopy(base)

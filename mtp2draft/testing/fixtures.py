@@ -34,6 +34,7 @@ from mtp2draft.testing.family_configs import (
     DEEPSEEK_V32,
     ERNIE4_5_MOE,
     EXAONE4_5,
+    EXAONE_MOE,
     FP8_QUANTIZATION,
     GLM4_MOE,
     GLM4_MOE_LITE,
@@ -95,6 +96,7 @@ FIXTURES: dict[str, dict[str, Any]] = {
     "glm_ocr": _row("glm_ocr", GLM_OCR, ("glm_ocr", "GlmOcrForConditionalGeneration"), store_embed_head=True),
     "exaone4_5": _row("exaone4_5", EXAONE4_5, ("exaone4_5", "Exaone4_5_ForConditionalGeneration")),
     "nemotron_h": _row("nemotron_h", NEMOTRON_H, ("nemotron_h", "NemotronHForCausalLM")),
+    "exaone_moe": _row("exaone_moe", EXAONE_MOE, ("exaone_moe", "ExaoneMoeForCausalLM")),
 }
 FIXTURES["deepseek_v3_fp8"] = _fp8(FIXTURES["deepseek_v3"])
 # Not an MTP checkpoint: DeepSeek-V4-0731's DSpark block drafter under mtp.*, written from its key list (no spec
