@@ -581,6 +581,33 @@ def exaone_moe_count_field_not_a_number(w, tmp, mp, stack):
 
 
 @case
+def bailing_hybrid_mtp_key_missing(w, tmp, mp, stack):
+    ck = _drop_key(_family(tmp, "bailing_hybrid"), "model.layers.4.final_layernorm.weight")
+    return Case(_convert(ck, tmp), "MTP layer 0 is missing model.layers.4.final_layernorm.weight (spec bailing_hybrid)")
+
+
+@case
+def bailing_hybrid_gate_missing(w, tmp, mp, stack):
+    """The MLA layer's head-wise output gate (attention.g_proj) absent: named by its module key, not ignored."""
+    ck = _drop_key(_family(tmp, "bailing_hybrid"), "model.layers.4.attention.g_proj.weight")
+    return Case(_convert(ck, tmp), "lacks tensors the bailing_hybrid block needs: block.self_attn.g_proj.weight")
+
+
+@case
+def bailing_hybrid_count_field_says_two(w, tmp, mp, stack):
+    ck = _family(tmp, "bailing_hybrid")
+    _edit_config(ck, num_nextn_predict_layers=2)  # one layer in the weights
+    return Case(["inspect", str(ck)], "MTP layer 1 is missing model.layers.5.enorm.weight")
+
+
+@case
+def bailing_hybrid_count_field_fractional(w, tmp, mp, stack):
+    ck = _family(tmp, "bailing_hybrid")
+    _edit_config(ck, num_nextn_predict_layers=1.5)
+    return Case(_convert(ck, tmp), "num_nextn_predict_layers = 1.5 is not a count of MTP layers")
+
+
+@case
 def dspark_under_mtp_convert(w, tmp, mp, stack):
     """DeepSeek-V4-0731: a DSpark block drafter under mtp.*, num_nextn_predict_layers 1 all the same."""
     return Case(_convert(_family(tmp, "deepseek_v4_0731_dspark"), tmp), "are a DSpark block drafter")

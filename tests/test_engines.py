@@ -19,7 +19,7 @@ from mtp2draft.pipeline import default_kind_and_format
 
 # Read from vLLM 0.33.0 / SGLang 0.5.23 sources (see each spec's `sources`); written out here so a wrong spec fails.
 NO_EAGLE3 = {
-    "sglang": {"mimo", "ernie4_5_moe", "mimo_v2_flash", "hy_v3", "glm_ocr", "nemotron_h"},
+    "sglang": {"mimo", "ernie4_5_moe", "mimo_v2_flash", "hy_v3", "glm_ocr", "nemotron_h", "bailing_hybrid"},
     "vllm": {
         "glm4_moe",
         "ernie4_5_moe",
@@ -30,6 +30,7 @@ NO_EAGLE3 = {
         "glm_ocr",
         "exaone4_5",
         "exaone_moe",
+        "bailing_hybrid",
     },
 }
 VLLM_PRE_NORM_HANDOVER = {"glm4_moe", "ernie4_5_moe", "glm4_moe_lite", "glm_ocr"}

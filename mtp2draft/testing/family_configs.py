@@ -812,6 +812,52 @@ EXAONE_MOE = {
 }
 
 
+# Ling-3.0-Flash's config.json layout (inclusionAI Ling 3 / Bailing V3: model_type bailing_hybrid, architectures
+# BailingMoeV3ForCausalLM; field names and values from stored copies cited in tests/data/hub_keys/bailing_hybrid.json),
+# tiny values: KDA layers with one gated MLA layer per layer_group_size (the last of each group), layer 0 dense
+# (first_k_dense_replace), q_lora_rank null (q_proj) as on the release, rope_interleave, head-wise MLA gate.
+BAILING_HYBRID = {
+    "architectures": ["BailingMoeV3ForCausalLM"],
+    "model_type": "bailing_hybrid",
+    "num_hidden_layers": 4,
+    "hidden_size": 64,
+    "vocab_size": 256,
+    "rms_norm_eps": 1e-06,
+    "tie_word_embeddings": False,
+    "first_k_dense_replace": 1,
+    "intermediate_size": 128,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 4,
+    "kv_lora_rank": 32,
+    "q_lora_rank": None,
+    "qk_nope_head_dim": 16,
+    "qk_rope_head_dim": 8,
+    "v_head_dim": 16,
+    "head_dim": 16,
+    "gated_attention_proj_granularity_type": "head_wise",
+    "rope_theta": 6000000,
+    "rotary_dim": 8,
+    "rope_interleave": True,
+    "short_conv_kernel_size": 4,
+    "no_kda_lora": True,
+    "kda_safe_gate": True,
+    "kda_lower_bound": -5.0,
+    "num_experts": 8,
+    "num_experts_per_tok": 2,
+    "num_shared_experts": 1,
+    "moe_intermediate_size": 32,
+    "moe_shared_expert_intermediate_size": 32,
+    "routed_scaling_factor": 2.5,
+    "norm_topk_prob": True,
+    "n_group": 2,
+    "topk_group": 1,
+    "layer_group_size": 4,
+    "num_nextn_predict_layers": 1,
+    "pad_token_id": 0,
+    "eos_token_id": 2,
+}
+
+
 def with_fields(base: dict[str, Any], **changes: Any) -> dict[str, Any]:
     """A deep copy of config `base` with `changes` applied."""
     out = copy.deepcopy(base)

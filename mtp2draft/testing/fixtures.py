@@ -29,6 +29,7 @@ from mtp2draft.draft.modules import NativeMtpDraft
 from mtp2draft.family.spec import get_spec
 from mtp2draft.io import save_tensors, write_json
 from mtp2draft.testing.family_configs import (
+    BAILING_HYBRID,
     DEEPSEEK_V3,
     DEEPSEEK_V4_0731,
     DEEPSEEK_V32,
@@ -97,6 +98,7 @@ FIXTURES: dict[str, dict[str, Any]] = {
     "exaone4_5": _row("exaone4_5", EXAONE4_5, ("exaone4_5", "Exaone4_5_ForConditionalGeneration")),
     "nemotron_h": _row("nemotron_h", NEMOTRON_H, ("nemotron_h", "NemotronHForCausalLM")),
     "exaone_moe": _row("exaone_moe", EXAONE_MOE, ("exaone_moe", "ExaoneMoeForCausalLM")),
+    "bailing_hybrid": _row("bailing_hybrid", BAILING_HYBRID, ("bailing_hybrid", "BailingHybridForCausalLM")),
 }
 FIXTURES["deepseek_v3_fp8"] = _fp8(FIXTURES["deepseek_v3"])
 # Not an MTP checkpoint: DeepSeek-V4-0731's DSpark block drafter under mtp.*, written from its key list (no spec
