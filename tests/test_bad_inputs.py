@@ -608,6 +608,39 @@ def bailing_hybrid_count_field_fractional(w, tmp, mp, stack):
 
 
 @case
+def nemotron_h_omni_mtp_key_missing(w, tmp, mp, stack):
+    ck = _drop_key(_family(tmp, "nemotron_h_omni"), "language_model.mtp.layers.0.hnorm.weight")
+    return Case(
+        _convert(ck, tmp), "MTP layer 0 is missing language_model.mtp.layers.0.hnorm.weight (spec nemotron_h_omni)"
+    )
+
+
+@case
+def nemotron_h_omni_sublayer_norm_missing(w, tmp, mp, stack):
+    ck = _drop_key(_family(tmp, "nemotron_h_omni"), "language_model.mtp.layers.1.norm.weight")
+    return Case(
+        _convert(ck, tmp), "lacks tensors the nemotron_h_omni block needs: block.post_attention_layernorm.weight"
+    )
+
+
+@case
+def nemotron_h_omni_count_field_zero(w, tmp, mp, stack):
+    """The count is read from llm_config, not the top level: 0 there means no MTP layer, whatever the weights."""
+    ck = _family(tmp, "nemotron_h_omni")
+    cfg = json.loads((ck / "config.json").read_text())
+    _edit_config(ck, llm_config={**cfg["llm_config"], "num_nextn_predict_layers": 0})
+    return Case(_convert(ck, tmp), "has no MTP layer (num_nextn_predict_layers is 0)")
+
+
+@case
+def nemotron_h_omni_count_field_not_a_number(w, tmp, mp, stack):
+    ck = _family(tmp, "nemotron_h_omni")
+    cfg = json.loads((ck / "config.json").read_text())
+    _edit_config(ck, llm_config={**cfg["llm_config"], "num_nextn_predict_layers": "one"})
+    return Case(["inspect", str(ck)], "num_nextn_predict_layers = 'one' is not a count of MTP layers")
+
+
+@case
 def dspark_under_mtp_convert(w, tmp, mp, stack):
     """DeepSeek-V4-0731: a DSpark block drafter under mtp.*, num_nextn_predict_layers 1 all the same."""
     return Case(_convert(_family(tmp, "deepseek_v4_0731_dspark"), tmp), "are a DSpark block drafter")

@@ -19,7 +19,16 @@ from mtp2draft.pipeline import default_kind_and_format
 
 # Read from vLLM 0.33.0 / SGLang 0.5.23 sources (see each spec's `sources`); written out here so a wrong spec fails.
 NO_EAGLE3 = {
-    "sglang": {"mimo", "ernie4_5_moe", "mimo_v2_flash", "hy_v3", "glm_ocr", "nemotron_h", "bailing_hybrid"},
+    "sglang": {
+        "mimo",
+        "ernie4_5_moe",
+        "mimo_v2_flash",
+        "hy_v3",
+        "glm_ocr",
+        "nemotron_h",
+        "bailing_hybrid",
+        "nemotron_h_omni",
+    },
     "vllm": {
         "glm4_moe",
         "ernie4_5_moe",

@@ -858,6 +858,43 @@ BAILING_HYBRID = {
 }
 
 
+# Nemotron 3.5 Super VL's config.json layout (NemotronH_Omni_Reasoning_V3, model_type nemotron_h_omni; a stored
+# Megatron-Bridge test's mock of the release's config, cited in tests/data/hub_keys/nemotron_h_omni.json): the
+# released field names llm_config (Nemotron-H, with list-valued layers_block_type / mtp_layers_block_type),
+# vision_config (RADIO), img_context_token_id, projector_hidden_size, vit_hidden_size; tiny values, the text model
+# being NEMOTRON_H's.
+NEMOTRON_H_OMNI = {
+    "architectures": ["NemotronH_Omni_Reasoning_V3"],
+    "model_type": "nemotron_h_omni",
+    "llm_config": {
+        "model_type": "nemotron_h",
+        **{
+            k: v
+            for k, v in NEMOTRON_H.items()
+            if k not in ("architectures", "model_type", "hybrid_override_pattern", "mtp_hybrid_override_pattern")
+        },
+        "layers_block_type": ["mamba", "moe", "attention", "moe"],
+        "mtp_layers_block_type": ["attention", "moe"],
+    },
+    "vision_config": {
+        "model_type": "radio",
+        "hidden_size": 32,
+        "num_hidden_layers": 1,
+        "num_attention_heads": 2,
+        "patch_size": 4,
+        "image_size": 16,
+        "max_img_size": 32,
+        "video_temporal_patch_size": 2,
+    },
+    "projector_hidden_size": 64,
+    "vit_hidden_size": 32,
+    "img_context_token_id": 250,
+    "video_pruning_rate": 0.7,
+    "video_temporal_patch_size": 2,
+    "downsample_ratio": 0.5,
+}
+
+
 def with_fields(base: dict[str, Any], **changes: Any) -> dict[str, Any]:
     """A deep copy of config `base` with `changes` applied."""
     out = copy.deepcopy(base)

@@ -46,6 +46,7 @@ from mtp2draft.testing.family_configs import (
     MIMO,
     MIMO_V2_FLASH,
     NEMOTRON_H,
+    NEMOTRON_H_OMNI,
     QWEN3_5,
     QWEN3_5_MOE,
     QWEN3_NEXT,
@@ -99,6 +100,7 @@ FIXTURES: dict[str, dict[str, Any]] = {
     "nemotron_h": _row("nemotron_h", NEMOTRON_H, ("nemotron_h", "NemotronHForCausalLM")),
     "exaone_moe": _row("exaone_moe", EXAONE_MOE, ("exaone_moe", "ExaoneMoeForCausalLM")),
     "bailing_hybrid": _row("bailing_hybrid", BAILING_HYBRID, ("bailing_hybrid", "BailingHybridForCausalLM")),
+    "nemotron_h_omni": _row("nemotron_h_omni", NEMOTRON_H_OMNI, ("nemotron_h_omni", "NemotronH_Omni_Reasoning_V3")),
 }
 FIXTURES["deepseek_v3_fp8"] = _fp8(FIXTURES["deepseek_v3"])
 # Not an MTP checkpoint: DeepSeek-V4-0731's DSpark block drafter under mtp.*, written from its key list (no spec
