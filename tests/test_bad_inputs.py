@@ -641,6 +641,43 @@ def nemotron_h_omni_count_field_not_a_number(w, tmp, mp, stack):
 
 
 @case
+def nemotron_h_super_omni_mtp_key_missing(w, tmp, mp, stack):
+    ck = _drop_key(_family(tmp, "nemotron_h_super_omni"), "mtp.layers.1.final_layernorm.weight")
+    return Case(
+        _convert(ck, tmp), "MTP layer 0 is missing mtp.layers.1.final_layernorm.weight (spec nemotron_h_super_omni)"
+    )
+
+
+@case
+def nemotron_h_super_omni_mtp_under_language_model(w, tmp, mp, stack):
+    """The Super VL layout (MTP under language_model.) with this architecture: no MTP weights where the spec looks."""
+    ck = _family(tmp, "nemotron_h_super_omni")
+    index = _index(ck)
+    index["weight_map"] = {
+        ("language_model." + k if k.startswith("mtp.") else k): v for k, v in index["weight_map"].items()
+    }
+    _write_index(ck, index)
+    return Case(_convert(ck, tmp), "holds no MTP weights (looked for mtp.layers.0.eh_proj.weight)")
+
+
+@case
+def nemotron_h_super_omni_count_field_says_two(w, tmp, mp, stack):
+    """Two declared in llm_config, a layer asked for past them: the count is read from llm_config."""
+    ck = _family(tmp, "nemotron_h_super_omni")
+    cfg = json.loads((ck / "config.json").read_text())
+    _edit_config(ck, llm_config={**cfg["llm_config"], "num_nextn_predict_layers": 2})
+    return Case(_convert(ck, tmp, "--layer", "2"), "--layer 2 is out of range")
+
+
+@case
+def nemotron_h_super_omni_count_field_negative(w, tmp, mp, stack):
+    ck = _family(tmp, "nemotron_h_super_omni")
+    cfg = json.loads((ck / "config.json").read_text())
+    _edit_config(ck, llm_config={**cfg["llm_config"], "num_nextn_predict_layers": -2})
+    return Case(["inspect", str(ck)], "num_nextn_predict_layers = -2 is not a count of MTP layers")
+
+
+@case
 def dspark_under_mtp_convert(w, tmp, mp, stack):
     """DeepSeek-V4-0731: a DSpark block drafter under mtp.*, num_nextn_predict_layers 1 all the same."""
     return Case(_convert(_family(tmp, "deepseek_v4_0731_dspark"), tmp), "are a DSpark block drafter")

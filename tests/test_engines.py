@@ -43,8 +43,9 @@ NO_EAGLE3 = {
     },
 }
 VLLM_PRE_NORM_HANDOVER = {"glm4_moe", "ernie4_5_moe", "glm4_moe_lite", "glm_ocr"}
-# Families an engine serves with neither method (SGLang 0.5.23 has no EXAONE-4.5 MTP class): no table for it.
-NOT_SERVED = {"sglang": {"exaone4_5"}, "vllm": set()}
+# Families an engine serves with neither method (SGLang 0.5.23 has no EXAONE-4.5 MTP class and no MTP path for
+# NemotronH_Super_Omni_Reasoning_V3): no table for it.
+NOT_SERVED = {"sglang": {"exaone4_5", "nemotron_h_super_omni"}, "vllm": set()}
 
 
 def test_support_table_matches_the_engines() -> None:

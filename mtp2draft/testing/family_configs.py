@@ -895,6 +895,34 @@ NEMOTRON_H_OMNI = {
 }
 
 
+# Nemotron-3 Super Omni's config.json layout as Megatron-Bridge's NemotronOmniBridge reads it (a stored test's mock,
+# cited in tests/data/hub_keys/nemotron_h_super_omni.json): architectures NemotronH_Super_Omni_Reasoning_V3, llm_config
+# with hybrid_override_pattern / mtp_hybrid_override_pattern strings, vision_config, projector_hidden_size,
+# img_context_token_id; tiny values, the text model being NEMOTRON_H's. The mock's sound tower (sound_config,
+# parakeet) is left out: transformers 5.24 cannot build its "parakeet" sub-config, and nothing here reads it.
+NEMOTRON_H_SUPER_OMNI = {
+    "architectures": ["NemotronH_Super_Omni_Reasoning_V3"],
+    "llm_config": {
+        "model_type": "nemotron_h",
+        **{k: v for k, v in NEMOTRON_H.items() if k not in ("architectures", "model_type")},
+    },
+    "vision_config": {
+        "model_type": "radio",
+        "hidden_size": 32,
+        "num_hidden_layers": 1,
+        "num_attention_heads": 2,
+        "patch_size": 4,
+        "image_size": 16,
+        "max_img_size": 32,
+        "video_temporal_patch_size": 2,
+        "separate_video_embedder": True,
+    },
+    "projector_hidden_size": 64,
+    "vit_hidden_size": 32,
+    "img_context_token_id": 250,
+}
+
+
 def with_fields(base: dict[str, Any], **changes: Any) -> dict[str, Any]:
     """A deep copy of config `base` with `changes` applied."""
     out = copy.deepcopy(base)

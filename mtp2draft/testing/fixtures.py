@@ -47,6 +47,7 @@ from mtp2draft.testing.family_configs import (
     MIMO_V2_FLASH,
     NEMOTRON_H,
     NEMOTRON_H_OMNI,
+    NEMOTRON_H_SUPER_OMNI,
     QWEN3_5,
     QWEN3_5_MOE,
     QWEN3_NEXT,
@@ -101,6 +102,10 @@ FIXTURES: dict[str, dict[str, Any]] = {
     "exaone_moe": _row("exaone_moe", EXAONE_MOE, ("exaone_moe", "ExaoneMoeForCausalLM")),
     "bailing_hybrid": _row("bailing_hybrid", BAILING_HYBRID, ("bailing_hybrid", "BailingHybridForCausalLM")),
     "nemotron_h_omni": _row("nemotron_h_omni", NEMOTRON_H_OMNI, ("nemotron_h_omni", "NemotronH_Omni_Reasoning_V3")),
+    # the trunk as transformers' nemotron_h_omni class writes it (language_model.*, vision_model.*, mlp1.*)
+    "nemotron_h_super_omni": _row(
+        "nemotron_h_super_omni", NEMOTRON_H_SUPER_OMNI, ("nemotron_h_omni", "NemotronH_Omni_Reasoning_V3")
+    ),
 }
 FIXTURES["deepseek_v3_fp8"] = _fp8(FIXTURES["deepseek_v3"])
 # Not an MTP checkpoint: DeepSeek-V4-0731's DSpark block drafter under mtp.*, written from its key list (no spec
