@@ -554,6 +554,130 @@ def nemotron_h_count_field_not_a_number(w, tmp, mp, stack):
 
 
 @case
+def exaone_moe_mtp_key_missing(w, tmp, mp, stack):
+    ck = _drop_key(_family(tmp, "exaone_moe"), "mtp.pre_fc_norm_embedding.weight")
+    return Case(_convert(ck, tmp), "MTP layer 0 is missing mtp.pre_fc_norm_embedding.weight (spec exaone_moe)")
+
+
+@case
+def exaone_moe_block_key_missing(w, tmp, mp, stack):
+    ck = _drop_key(_family(tmp, "exaone_moe"), "mtp.layers.0.self_attn.k_norm.weight")
+    return Case(_convert(ck, tmp), "lacks tensors the exaone_moe block needs: block.self_attn.k_norm.weight")
+
+
+@case
+def exaone_moe_count_field_says_two(w, tmp, mp, stack):
+    """Two MTP layers declared, one in the weights: layer 1's block keys are absent (its glue is shared)."""
+    ck = _family(tmp, "exaone_moe")
+    _edit_config(ck, num_nextn_predict_layers=2)
+    return Case(_convert(ck, tmp, "--layer", "1"), "lacks tensors the exaone_moe block needs")
+
+
+@case
+def exaone_moe_count_field_not_a_number(w, tmp, mp, stack):
+    ck = _family(tmp, "exaone_moe")
+    _edit_config(ck, num_nextn_predict_layers=[1])
+    return Case(["inspect", str(ck)], "num_nextn_predict_layers = [1] is not a count of MTP layers")
+
+
+@case
+def bailing_hybrid_mtp_key_missing(w, tmp, mp, stack):
+    ck = _drop_key(_family(tmp, "bailing_hybrid"), "model.layers.4.final_layernorm.weight")
+    return Case(_convert(ck, tmp), "MTP layer 0 is missing model.layers.4.final_layernorm.weight (spec bailing_hybrid)")
+
+
+@case
+def bailing_hybrid_gate_missing(w, tmp, mp, stack):
+    """The MLA layer's head-wise output gate (attention.g_proj) absent: named by its module key, not ignored."""
+    ck = _drop_key(_family(tmp, "bailing_hybrid"), "model.layers.4.attention.g_proj.weight")
+    return Case(_convert(ck, tmp), "lacks tensors the bailing_hybrid block needs: block.self_attn.g_proj.weight")
+
+
+@case
+def bailing_hybrid_count_field_says_two(w, tmp, mp, stack):
+    ck = _family(tmp, "bailing_hybrid")
+    _edit_config(ck, num_nextn_predict_layers=2)  # one layer in the weights
+    return Case(["inspect", str(ck)], "MTP layer 1 is missing model.layers.5.enorm.weight")
+
+
+@case
+def bailing_hybrid_count_field_fractional(w, tmp, mp, stack):
+    ck = _family(tmp, "bailing_hybrid")
+    _edit_config(ck, num_nextn_predict_layers=1.5)
+    return Case(_convert(ck, tmp), "num_nextn_predict_layers = 1.5 is not a count of MTP layers")
+
+
+@case
+def nemotron_h_omni_mtp_key_missing(w, tmp, mp, stack):
+    ck = _drop_key(_family(tmp, "nemotron_h_omni"), "language_model.mtp.layers.0.hnorm.weight")
+    return Case(
+        _convert(ck, tmp), "MTP layer 0 is missing language_model.mtp.layers.0.hnorm.weight (spec nemotron_h_omni)"
+    )
+
+
+@case
+def nemotron_h_omni_sublayer_norm_missing(w, tmp, mp, stack):
+    ck = _drop_key(_family(tmp, "nemotron_h_omni"), "language_model.mtp.layers.1.norm.weight")
+    return Case(
+        _convert(ck, tmp), "lacks tensors the nemotron_h_omni block needs: block.post_attention_layernorm.weight"
+    )
+
+
+@case
+def nemotron_h_omni_count_field_zero(w, tmp, mp, stack):
+    """The count is read from llm_config, not the top level: 0 there means no MTP layer, whatever the weights."""
+    ck = _family(tmp, "nemotron_h_omni")
+    cfg = json.loads((ck / "config.json").read_text())
+    _edit_config(ck, llm_config={**cfg["llm_config"], "num_nextn_predict_layers": 0})
+    return Case(_convert(ck, tmp), "has no MTP layer (num_nextn_predict_layers is 0)")
+
+
+@case
+def nemotron_h_omni_count_field_not_a_number(w, tmp, mp, stack):
+    ck = _family(tmp, "nemotron_h_omni")
+    cfg = json.loads((ck / "config.json").read_text())
+    _edit_config(ck, llm_config={**cfg["llm_config"], "num_nextn_predict_layers": "one"})
+    return Case(["inspect", str(ck)], "num_nextn_predict_layers = 'one' is not a count of MTP layers")
+
+
+@case
+def nemotron_h_super_omni_mtp_key_missing(w, tmp, mp, stack):
+    ck = _drop_key(_family(tmp, "nemotron_h_super_omni"), "mtp.layers.1.final_layernorm.weight")
+    return Case(
+        _convert(ck, tmp), "MTP layer 0 is missing mtp.layers.1.final_layernorm.weight (spec nemotron_h_super_omni)"
+    )
+
+
+@case
+def nemotron_h_super_omni_mtp_under_language_model(w, tmp, mp, stack):
+    """The Super VL layout (MTP under language_model.) with this architecture: no MTP weights where the spec looks."""
+    ck = _family(tmp, "nemotron_h_super_omni")
+    index = _index(ck)
+    index["weight_map"] = {
+        ("language_model." + k if k.startswith("mtp.") else k): v for k, v in index["weight_map"].items()
+    }
+    _write_index(ck, index)
+    return Case(_convert(ck, tmp), "holds no MTP weights (looked for mtp.layers.0.eh_proj.weight)")
+
+
+@case
+def nemotron_h_super_omni_count_field_says_two(w, tmp, mp, stack):
+    """Two declared in llm_config, a layer asked for past them: the count is read from llm_config."""
+    ck = _family(tmp, "nemotron_h_super_omni")
+    cfg = json.loads((ck / "config.json").read_text())
+    _edit_config(ck, llm_config={**cfg["llm_config"], "num_nextn_predict_layers": 2})
+    return Case(_convert(ck, tmp, "--layer", "2"), "--layer 2 is out of range")
+
+
+@case
+def nemotron_h_super_omni_count_field_negative(w, tmp, mp, stack):
+    ck = _family(tmp, "nemotron_h_super_omni")
+    cfg = json.loads((ck / "config.json").read_text())
+    _edit_config(ck, llm_config={**cfg["llm_config"], "num_nextn_predict_layers": -2})
+    return Case(["inspect", str(ck)], "num_nextn_predict_layers = -2 is not a count of MTP layers")
+
+
+@case
 def dspark_under_mtp_convert(w, tmp, mp, stack):
     """DeepSeek-V4-0731: a DSpark block drafter under mtp.*, num_nextn_predict_layers 1 all the same."""
     return Case(_convert(_family(tmp, "deepseek_v4_0731_dspark"), tmp), "are a DSpark block drafter")

@@ -19,12 +19,33 @@ from mtp2draft.pipeline import default_kind_and_format
 
 # Read from vLLM 0.33.0 / SGLang 0.5.23 sources (see each spec's `sources`); written out here so a wrong spec fails.
 NO_EAGLE3 = {
-    "sglang": {"mimo", "ernie4_5_moe", "mimo_v2_flash", "hy_v3", "glm_ocr", "nemotron_h"},
-    "vllm": {"glm4_moe", "ernie4_5_moe", "longcat_flash", "mimo", "glm4_moe_lite", "hy_v3", "glm_ocr", "exaone4_5"},
+    "sglang": {
+        "mimo",
+        "ernie4_5_moe",
+        "mimo_v2_flash",
+        "hy_v3",
+        "glm_ocr",
+        "nemotron_h",
+        "bailing_hybrid",
+        "nemotron_h_omni",
+    },
+    "vllm": {
+        "glm4_moe",
+        "ernie4_5_moe",
+        "longcat_flash",
+        "mimo",
+        "glm4_moe_lite",
+        "hy_v3",
+        "glm_ocr",
+        "exaone4_5",
+        "exaone_moe",
+        "bailing_hybrid",
+    },
 }
 VLLM_PRE_NORM_HANDOVER = {"glm4_moe", "ernie4_5_moe", "glm4_moe_lite", "glm_ocr"}
-# Families an engine serves with neither method (SGLang 0.5.23 has no EXAONE-4.5 MTP class): no table for it.
-NOT_SERVED = {"sglang": {"exaone4_5"}, "vllm": set()}
+# Families an engine serves with neither method (SGLang 0.5.23 has no EXAONE-4.5 MTP class and no MTP path for
+# NemotronH_Super_Omni_Reasoning_V3): no table for it.
+NOT_SERVED = {"sglang": {"exaone4_5", "nemotron_h_super_omni"}, "vllm": set()}
 
 
 def test_support_table_matches_the_engines() -> None:

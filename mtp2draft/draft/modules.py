@@ -110,6 +110,10 @@ def block_config(spec: Spec, target_config: Mapping[str, Any]):
     cfg = hf_config(spec.config.transformers_model_type, text)
     for key, value in spec.config.block_overrides.items():
         setattr(cfg, key, copy.deepcopy(value))
+    for key in spec.config.block_unset:
+        # Past the strict dataclass's validation: ExaoneMoeConfig types sliding_window `int`, while its attention
+        # reads None as "full attention with RoPE".
+        object.__setattr__(cfg, key, None)
     cfg._attn_implementation = spec.block.attn_implementation
     cfg._experts_implementation = "eager"  # the modules are used standalone, outside a PreTrainedModel
     return cfg

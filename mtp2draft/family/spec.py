@@ -54,6 +54,9 @@ class ConfigSpec:
     block_overrides: Mapping[str, Any] = field(default_factory=dict)
     """Config fields set on the block's copy of the config so the decoder-layer class builds the MTP block's kind
     at layer index 0 (e.g. `first_k_dense_replace = 0`, `layer_types = ["full_attention"]`)."""
+    block_unset: tuple[str, ...] = ()
+    """Config fields set to None on the block's copy (TOML has no null): K-EXAONE's MTP layer is full attention with
+    RoPE, which transformers' ExaoneMoeAttention computes only when `sliding_window` is None."""
 
 
 @dataclass(frozen=True)

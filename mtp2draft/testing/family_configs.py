@@ -768,6 +768,161 @@ NEMOTRON_H = {
 }
 
 
+# K-EXAONE's config.json layout (LGAI-EXAONE/K-EXAONE-236B-A23B, fields as a stored architecture brief read them from
+# the release's config.json: cited in tests/data/hub_keys/exaone_moe.json), tiny values: 3:1 sliding / full layers
+# with per-layer sliding_windows (0 on full layers), layer 0 dense and the rest MoE (is_moe_layer says it again),
+# head_dim * heads != hidden_size as on the release, the MTP fields num_nextn_predict_layers, mtp_layer_types and
+# mtp_sliding_windows. sliding_window 4 < a test sequence (128 on the release).
+EXAONE_MOE = {
+    "architectures": ["ExaoneMoeForCausalLM"],
+    "model_type": "exaone_moe",
+    "vocab_size": 256,
+    "hidden_size": 64,
+    "intermediate_size": 128,
+    "moe_intermediate_size": 32,
+    "num_hidden_layers": 4,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "head_dim": 32,
+    "hidden_act": "silu",
+    "max_position_embeddings": 4096,
+    "rms_norm_eps": 1e-05,
+    "rope_parameters": {"rope_type": "default", "rope_theta": 1000000},
+    "sliding_window": 4,
+    "sliding_windows": [4, 4, 4, 0],
+    "layer_types": ["sliding_attention", "sliding_attention", "sliding_attention", "full_attention"],
+    "first_k_dense_replace": 1,
+    "mlp_layer_types": ["dense", "sparse", "sparse", "sparse"],
+    "is_moe_layer": [False, True, True, True],
+    "num_experts": 8,
+    "num_experts_per_tok": 2,
+    "num_shared_experts": 1,
+    "n_group": 1,
+    "topk_group": 1,
+    "norm_topk_prob": True,
+    "routed_scaling_factor": 2.5,
+    "scoring_func": "sigmoid",
+    "bos_token_id": 1,
+    "eos_token_id": 2,
+    "pad_token_id": 0,
+    "tie_word_embeddings": False,
+    "num_nextn_predict_layers": 1,
+    "mtp_layer_types": ["full_attention"],
+    "mtp_sliding_windows": [0],
+}
+
+
+# Ling-3.0-Flash's config.json layout (inclusionAI Ling 3 / Bailing V3: model_type bailing_hybrid, architectures
+# BailingMoeV3ForCausalLM; field names and values from stored copies cited in tests/data/hub_keys/bailing_hybrid.json),
+# tiny values: KDA layers with one gated MLA layer per layer_group_size (the last of each group), layer 0 dense
+# (first_k_dense_replace), q_lora_rank null (q_proj) as on the release, rope_interleave, head-wise MLA gate.
+BAILING_HYBRID = {
+    "architectures": ["BailingMoeV3ForCausalLM"],
+    "model_type": "bailing_hybrid",
+    "num_hidden_layers": 4,
+    "hidden_size": 64,
+    "vocab_size": 256,
+    "rms_norm_eps": 1e-06,
+    "tie_word_embeddings": False,
+    "first_k_dense_replace": 1,
+    "intermediate_size": 128,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 4,
+    "kv_lora_rank": 32,
+    "q_lora_rank": None,
+    "qk_nope_head_dim": 16,
+    "qk_rope_head_dim": 8,
+    "v_head_dim": 16,
+    "head_dim": 16,
+    "gated_attention_proj_granularity_type": "head_wise",
+    "rope_theta": 6000000,
+    "rotary_dim": 8,
+    "rope_interleave": True,
+    "short_conv_kernel_size": 4,
+    "no_kda_lora": True,
+    "kda_safe_gate": True,
+    "kda_lower_bound": -5.0,
+    "num_experts": 8,
+    "num_experts_per_tok": 2,
+    "num_shared_experts": 1,
+    "moe_intermediate_size": 32,
+    "moe_shared_expert_intermediate_size": 32,
+    "routed_scaling_factor": 2.5,
+    "norm_topk_prob": True,
+    "n_group": 2,
+    "topk_group": 1,
+    "layer_group_size": 4,
+    "num_nextn_predict_layers": 1,
+    "pad_token_id": 0,
+    "eos_token_id": 2,
+}
+
+
+# Nemotron 3.5 Super VL's config.json layout (NemotronH_Omni_Reasoning_V3, model_type nemotron_h_omni; a stored
+# Megatron-Bridge test's mock of the release's config, cited in tests/data/hub_keys/nemotron_h_omni.json): the
+# released field names llm_config (Nemotron-H, with list-valued layers_block_type / mtp_layers_block_type),
+# vision_config (RADIO), img_context_token_id, projector_hidden_size, vit_hidden_size; tiny values, the text model
+# being NEMOTRON_H's.
+NEMOTRON_H_OMNI = {
+    "architectures": ["NemotronH_Omni_Reasoning_V3"],
+    "model_type": "nemotron_h_omni",
+    "llm_config": {
+        "model_type": "nemotron_h",
+        **{
+            k: v
+            for k, v in NEMOTRON_H.items()
+            if k not in ("architectures", "model_type", "hybrid_override_pattern", "mtp_hybrid_override_pattern")
+        },
+        "layers_block_type": ["mamba", "moe", "attention", "moe"],
+        "mtp_layers_block_type": ["attention", "moe"],
+    },
+    "vision_config": {
+        "model_type": "radio",
+        "hidden_size": 32,
+        "num_hidden_layers": 1,
+        "num_attention_heads": 2,
+        "patch_size": 4,
+        "image_size": 16,
+        "max_img_size": 32,
+        "video_temporal_patch_size": 2,
+    },
+    "projector_hidden_size": 64,
+    "vit_hidden_size": 32,
+    "img_context_token_id": 250,
+    "video_pruning_rate": 0.7,
+    "video_temporal_patch_size": 2,
+    "downsample_ratio": 0.5,
+}
+
+
+# Nemotron-3 Super Omni's config.json layout as Megatron-Bridge's NemotronOmniBridge reads it (a stored test's mock,
+# cited in tests/data/hub_keys/nemotron_h_super_omni.json): architectures NemotronH_Super_Omni_Reasoning_V3, llm_config
+# with hybrid_override_pattern / mtp_hybrid_override_pattern strings, vision_config, projector_hidden_size,
+# img_context_token_id; tiny values, the text model being NEMOTRON_H's. The mock's sound tower (sound_config,
+# parakeet) is left out: transformers 5.24 cannot build its "parakeet" sub-config, and nothing here reads it.
+NEMOTRON_H_SUPER_OMNI = {
+    "architectures": ["NemotronH_Super_Omni_Reasoning_V3"],
+    "llm_config": {
+        "model_type": "nemotron_h",
+        **{k: v for k, v in NEMOTRON_H.items() if k not in ("architectures", "model_type")},
+    },
+    "vision_config": {
+        "model_type": "radio",
+        "hidden_size": 32,
+        "num_hidden_layers": 1,
+        "num_attention_heads": 2,
+        "patch_size": 4,
+        "image_size": 16,
+        "max_img_size": 32,
+        "video_temporal_patch_size": 2,
+        "separate_video_embedder": True,
+    },
+    "projector_hidden_size": 64,
+    "vit_hidden_size": 32,
+    "img_context_token_id": 250,
+}
+
+
 def with_fields(base: dict[str, Any], **changes: Any) -> dict[str, Any]:
     """A deep copy of config `base` with `changes` applied."""
     out = copy.deepcopy(base)

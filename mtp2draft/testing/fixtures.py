@@ -29,11 +29,13 @@ from mtp2draft.draft.modules import NativeMtpDraft
 from mtp2draft.family.spec import get_spec
 from mtp2draft.io import save_tensors, write_json
 from mtp2draft.testing.family_configs import (
+    BAILING_HYBRID,
     DEEPSEEK_V3,
     DEEPSEEK_V4_0731,
     DEEPSEEK_V32,
     ERNIE4_5_MOE,
     EXAONE4_5,
+    EXAONE_MOE,
     FP8_QUANTIZATION,
     GLM4_MOE,
     GLM4_MOE_LITE,
@@ -44,6 +46,8 @@ from mtp2draft.testing.family_configs import (
     MIMO,
     MIMO_V2_FLASH,
     NEMOTRON_H,
+    NEMOTRON_H_OMNI,
+    NEMOTRON_H_SUPER_OMNI,
     QWEN3_5,
     QWEN3_5_MOE,
     QWEN3_NEXT,
@@ -95,6 +99,13 @@ FIXTURES: dict[str, dict[str, Any]] = {
     "glm_ocr": _row("glm_ocr", GLM_OCR, ("glm_ocr", "GlmOcrForConditionalGeneration"), store_embed_head=True),
     "exaone4_5": _row("exaone4_5", EXAONE4_5, ("exaone4_5", "Exaone4_5_ForConditionalGeneration")),
     "nemotron_h": _row("nemotron_h", NEMOTRON_H, ("nemotron_h", "NemotronHForCausalLM")),
+    "exaone_moe": _row("exaone_moe", EXAONE_MOE, ("exaone_moe", "ExaoneMoeForCausalLM")),
+    "bailing_hybrid": _row("bailing_hybrid", BAILING_HYBRID, ("bailing_hybrid", "BailingHybridForCausalLM")),
+    "nemotron_h_omni": _row("nemotron_h_omni", NEMOTRON_H_OMNI, ("nemotron_h_omni", "NemotronH_Omni_Reasoning_V3")),
+    # the trunk as transformers' nemotron_h_omni class writes it (language_model.*, vision_model.*, mlp1.*)
+    "nemotron_h_super_omni": _row(
+        "nemotron_h_super_omni", NEMOTRON_H_SUPER_OMNI, ("nemotron_h_omni", "NemotronH_Omni_Reasoning_V3")
+    ),
 }
 FIXTURES["deepseek_v3_fp8"] = _fp8(FIXTURES["deepseek_v3"])
 # Not an MTP checkpoint: DeepSeek-V4-0731's DSpark block drafter under mtp.*, written from its key list (no spec
