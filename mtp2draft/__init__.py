@@ -27,6 +27,7 @@ _LAZY: dict[str, str] = {
     "distill": "train.recipe",
     "DistillConfig": "train.settings",
     "evaluate": "evaluation.decode",
+    "EvaluateConfig": "evaluation.settings",
     "export": "formats.export",
     "ExportConfig": "formats",
     "validate": "formats.export",
@@ -48,6 +49,7 @@ __all__ = [
     "distill",
     "DistillConfig",
     "evaluate",
+    "EvaluateConfig",
     "export",
     "ExportConfig",
     "validate",
@@ -66,6 +68,7 @@ if TYPE_CHECKING:  # for type checkers and IDEs only: at run time these load laz
     from .draft.layout import load_native
     from .draft.modules import Eagle3Draft, NativeMtpDraft, load_draft
     from .evaluation.decode import evaluate
+    from .evaluation.settings import EvaluateConfig
     from .family.spec import find_spec, get_spec, registry
     from .formats import ExportConfig
     from .formats.export import export, validate

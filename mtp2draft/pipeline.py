@@ -22,6 +22,7 @@ from typing import Any
 from mtp2draft.conversion import convert, refuse_eagle3
 from mtp2draft.errors import SourceError
 from mtp2draft.evaluation.decode import evaluate, save_evaluation
+from mtp2draft.evaluation.settings import EvaluateConfig
 from mtp2draft.family.spec import ENGINES, Spec
 from mtp2draft.formats import REGISTRY, ExportConfig, formats_of, get_format
 from mtp2draft.formats.export import export
@@ -250,7 +251,8 @@ def _run(
     with _stage(stages, "evaluate", progress, f"[3/5] evaluate (k = {num_draft_tokens}) beside the raw MTP head"):
         drafts = [("distilled " + to, str(distilled)), ("raw MTP head (baseline)", str(raw))]
         where = {"device": device, "dtype": dtype, "device_map": device_map}
-        report = evaluate(drafts, target, eval_data, **limits, **target_hub, progress=progress, **where)
+        settings = EvaluateConfig(**limits)
+        report = evaluate(drafts, target, eval_data, settings, **target_hub, progress=progress, **where)
         save_evaluation(distilled, report)
     with _stage(stages, "export", progress, f"[4/5] export --format {fmt}"):
         reads = target if REGISTRY[fmt].reads_target else None

@@ -42,6 +42,7 @@ from mtp2draft.conversion import convert  # noqa: E402
 from mtp2draft.data import load_tokenizer, read_examples  # noqa: E402
 from mtp2draft.draft.modules import load_draft  # noqa: E402
 from mtp2draft.evaluation.decode import evaluate  # noqa: E402
+from mtp2draft.evaluation.settings import EvaluateConfig  # noqa: E402
 from mtp2draft.io import save_tensors, write_json  # noqa: E402
 from mtp2draft.target.hidden import TargetModel  # noqa: E402
 from mtp2draft.train.recipe import choose_draft_vocab, distill, token_counts  # noqa: E402
@@ -159,9 +160,7 @@ def run_target(name: str, args, work: Path) -> dict:
             [(label, str(path)) for label, path, _ in rows],
             tm,
             heldout,
-            num_draft_tokens=k,
-            max_new_tokens=args.new_tokens,
-            max_prompts=args.prompts,
+            EvaluateConfig(num_draft_tokens=k, max_new_tokens=args.new_tokens, max_prompts=args.prompts),
             progress=lambda m, k=k: log(f"{name} k={k}: {m}"),
         )
         for r in report["results"]:

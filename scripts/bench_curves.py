@@ -212,6 +212,7 @@ def main() -> None:
     fig = update(lambda f: None)
     for k in [int(x) for x in args.evaluate.split(",") if x]:
         from mtp2draft.evaluation.decode import evaluate
+        from mtp2draft.evaluation.settings import EvaluateConfig
         from mtp2draft.target.hidden import TargetModel
 
         tm = TargetModel(str(target))
@@ -225,10 +226,12 @@ def main() -> None:
             [(n, str(d)) for n, d in drafts.items()],
             tm,
             args.work / "data" / "prompts.jsonl",
-            k,
-            args.new_tokens,
-            args.prompts,
-            args.prompt_len,
+            EvaluateConfig(
+                num_draft_tokens=k,
+                max_new_tokens=args.new_tokens,
+                max_prompts=args.prompts,
+                max_prompt_length=args.prompt_len,
+            ),
         )
         log(f"evaluate k={k}, {len(drafts)} drafts, in {time.perf_counter() - t:.0f} s")
         for r in report["results"]:

@@ -40,6 +40,7 @@ sys.path.insert(0, str(ROOT))
 
 from mtp2draft.conversion import convert  # noqa: E402
 from mtp2draft.evaluation.decode import evaluate  # noqa: E402
+from mtp2draft.evaluation.settings import EvaluateConfig  # noqa: E402
 from mtp2draft.io import write_json  # noqa: E402
 from mtp2draft.target.hidden import TargetModel  # noqa: E402
 from mtp2draft.train.recipe import distill  # noqa: E402
@@ -215,10 +216,12 @@ def run_evaluate(target: Path, w: Path, names: list[str], ks: list[int], args) -
             [(n, str(draft_dir(w, n))) for n in names],
             tm,
             w.parent / "data" / "prompts.jsonl",
-            k,
-            args.new_tokens,
-            args.prompts,
-            args.prompt_len,
+            EvaluateConfig(
+                num_draft_tokens=k,
+                max_new_tokens=args.new_tokens,
+                max_prompts=args.prompts,
+                max_prompt_length=args.prompt_len,
+            ),
         )
         for r in report["results"]:
             if not r["lossless"]:

@@ -253,6 +253,26 @@ def test_export_settings_are_declared_once_and_offered_by_the_cli() -> None:
         ExportConfig(speculative_tokens=0)
 
 
+def test_evaluate_settings_are_declared_once_and_offered_by_the_cli() -> None:
+    """Every EvaluateConfig field is an `evaluate` option of the same name with the same default (what `run` offers
+    too, where it has the option), built by field name and refusing a bad value on construction."""
+    import typer.main
+
+    from mtp2draft.cli.app import app
+    from mtp2draft.errors import OptionError
+    from mtp2draft.evaluation.settings import EvaluateConfig
+
+    command = typer.main.get_command(app).commands["evaluate"]
+    defaults = {p.name: p.default for p in command.params if p.param_type_name == "option"}
+    assert {f.name: f.default for f in fields(EvaluateConfig)} == {
+        f.name: defaults[f.name] for f in fields(EvaluateConfig)
+    }
+    assert EvaluateConfig.from_options({"num_draft_tokens": 2, "engine": "vllm"}) == EvaluateConfig(num_draft_tokens=2)
+    for bad, line in (({"max_new_tokens": 0}, "--max-new-tokens must be at least 1"), ({"top_p": 0}, "--top-p")):
+        with pytest.raises(OptionError, match=line):
+            EvaluateConfig(**bad)
+
+
 def test_distill_config_comes_from_the_parsed_options_by_field_name() -> None:
     from mtp2draft.train.settings import DistillConfig
 

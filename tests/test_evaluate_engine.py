@@ -14,6 +14,7 @@ from mtp2draft.cli.app import main
 from mtp2draft.conversion import convert
 from mtp2draft.evaluation import engine as evaluation_engine
 from mtp2draft.evaluation.engine import EngineResult, acceptance
+from mtp2draft.evaluation.settings import EvaluateConfig
 from mtp2draft.target import engine as target_engine
 
 
@@ -109,7 +110,8 @@ def test_evaluate_engine_vllm_finds_outputs_that_differ(target, text_data, tmp_p
     convert(str(tgt), tmp_path / "e3", to="eagle3", dtype="float32", aux_layers=[1, 2, 3])
     # a draft whose output differs from the plain run's: lossless false and the prompt named
     drafts = [("draft", str(tmp_path / "raw")), ("differs", str(tmp_path / "e3"))]
-    report = evaluation_engine.evaluate_in_vllm(drafts, str(tgt), text_data, 2, 3, 2, keep_outputs=True)
+    small = EvaluateConfig(num_draft_tokens=2, max_new_tokens=3, max_prompts=2)
+    report = evaluation_engine.evaluate_in_vllm(drafts, str(tgt), text_data, small, keep_outputs=True)
     rows = {r["name"]: r for r in report["results"]}
     assert rows["draft"]["lossless"] is True and rows["differs"]["lossless"] is False
     assert rows["differs"]["mismatched_prompts"] == [1]
@@ -122,8 +124,11 @@ def test_evaluate_engine_vllm_at_a_temperature_asks_for_sampled_drafts(target, t
     tgt = target("mimo", num_hidden_layers=4)
     convert(str(tgt), tmp_path / "raw", dtype="float32")
     drafts = [("draft", str(tmp_path / "raw"))]
-    kw = {"temperature": 0.7, "top_p": 0.9, "seed": 3, "draft_sampling": "sample", "tensor_parallel_size": 2}
-    report = evaluation_engine.evaluate_in_vllm(drafts, str(tgt), text_data, 2, 3, 2, dtype="float32", **kw)
+    sampled = {"temperature": 0.7, "top_p": 0.9, "seed": 3, "draft_sampling": "sample"}
+    cfg = EvaluateConfig(num_draft_tokens=2, max_new_tokens=3, max_prompts=2, **sampled)
+    report = evaluation_engine.evaluate_in_vllm(
+        drafts, str(tgt), text_data, cfg, dtype="float32", tensor_parallel_size=2
+    )
     call = fake_vllm.calls[0]
     assert (call["temperature"], call["top_p"], call["seed"], call["tensor_parallel_size"]) == (0.7, 0.9, 3, 2)
     assert call["dtype"] == "float32"

