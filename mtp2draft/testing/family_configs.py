@@ -10,6 +10,16 @@ from __future__ import annotations
 import copy
 from typing import Any
 
+# The routed-MoE fields the DeepSeek-style families (DeepSeek-V3, GLM-4.5, GLM-5) keep in one alphabetical run, at
+# the same tiny sizes: splatted where they sort, so config.json keeps its order.
+TINY_ROUTING = {
+    "n_routed_experts": 8,
+    "n_shared_experts": 1,
+    "norm_topk_prob": True,
+    "num_attention_heads": 4,
+    "num_experts_per_tok": 2,
+}
+
 # The last fields of DeepSeek-V3's config.json (alphabetical), which MiMo-V2-Flash's config (built on DeepSeek-V3's
 # MoE) shares value for value at these tiny sizes.
 _DEEPSEEK_TAIL = {
@@ -40,11 +50,7 @@ DEEPSEEK_V3 = {
     "moe_intermediate_size": 32,
     "moe_layer_freq": 1,
     "n_group": 2,
-    "n_routed_experts": 8,
-    "n_shared_experts": 1,
-    "norm_topk_prob": True,
-    "num_attention_heads": 4,
-    "num_experts_per_tok": 2,
+    **TINY_ROUTING,
     "num_hidden_layers": 2,
     "num_key_value_heads": 4,
     "num_nextn_predict_layers": 1,
@@ -90,11 +96,7 @@ GLM4_MOE = {
     "max_position_embeddings": 4096,
     "moe_intermediate_size": 32,
     "n_group": 1,
-    "n_routed_experts": 8,
-    "n_shared_experts": 1,
-    "norm_topk_prob": True,
-    "num_attention_heads": 4,
-    "num_experts_per_tok": 2,
+    **TINY_ROUTING,
     "num_hidden_layers": 2,
     "num_key_value_heads": 2,
     "num_nextn_predict_layers": 1,

@@ -6,6 +6,8 @@ What this module does not do: write checkpoints (`fixtures.py`).
 
 from __future__ import annotations
 
+from mtp2draft.testing.family_configs import TINY_ROUTING
+
 # GLM-4.7-Flash's config.json fields in the release's order (tiny values; the release keeps qk_nope + qk_rope =
 # v_head_dim, rope_interleave defaulted, first_k_dense_replace 1 and mlp_layer_types absent), one MTP layer.
 GLM4_MOE_LITE = {
@@ -123,11 +125,7 @@ GLM_MOE_DSA = {
     "moe_intermediate_size": 32,
     "moe_router_dtype": "float32",
     "n_group": 1,
-    "n_routed_experts": 8,
-    "n_shared_experts": 1,
-    "norm_topk_prob": True,
-    "num_attention_heads": 4,
-    "num_experts_per_tok": 2,
+    **TINY_ROUTING,
     "num_hidden_layers": 4,
     "num_key_value_heads": 4,
     "num_nextn_predict_layers": 1,
@@ -452,6 +450,19 @@ BAILING_HYBRID = {
 }
 
 
+# The (tiny) RADIO vision tower both Nemotron omni layouts carry.
+RADIO_VISION = {
+    "model_type": "radio",
+    "hidden_size": 32,
+    "num_hidden_layers": 1,
+    "num_attention_heads": 2,
+    "patch_size": 4,
+    "image_size": 16,
+    "max_img_size": 32,
+    "video_temporal_patch_size": 2,
+}
+
+
 # Nemotron 3.5 Super VL's config.json layout (NemotronH_Omni_Reasoning_V3, model_type nemotron_h_omni; a stored
 # Megatron-Bridge test's mock of the release's config, cited in tests/data/hub_keys/nemotron_h_omni.json): the
 # released field names llm_config (Nemotron-H, with list-valued layers_block_type / mtp_layers_block_type),
@@ -470,16 +481,7 @@ NEMOTRON_H_OMNI = {
         "layers_block_type": ["mamba", "moe", "attention", "moe"],
         "mtp_layers_block_type": ["attention", "moe"],
     },
-    "vision_config": {
-        "model_type": "radio",
-        "hidden_size": 32,
-        "num_hidden_layers": 1,
-        "num_attention_heads": 2,
-        "patch_size": 4,
-        "image_size": 16,
-        "max_img_size": 32,
-        "video_temporal_patch_size": 2,
-    },
+    "vision_config": RADIO_VISION,
     "projector_hidden_size": 64,
     "vit_hidden_size": 32,
     "img_context_token_id": 250,
@@ -500,17 +502,7 @@ NEMOTRON_H_SUPER_OMNI = {
         "model_type": "nemotron_h",
         **{k: v for k, v in NEMOTRON_H.items() if k not in ("architectures", "model_type")},
     },
-    "vision_config": {
-        "model_type": "radio",
-        "hidden_size": 32,
-        "num_hidden_layers": 1,
-        "num_attention_heads": 2,
-        "patch_size": 4,
-        "image_size": 16,
-        "max_img_size": 32,
-        "video_temporal_patch_size": 2,
-        "separate_video_embedder": True,
-    },
+    "vision_config": {**RADIO_VISION, "separate_video_embedder": True},
     "projector_hidden_size": 64,
     "vit_hidden_size": 32,
     "img_context_token_id": 250,
