@@ -159,6 +159,18 @@ def test_evaluate_cli_engine_vllm(measured: dict) -> None:
     assert len(report["acceptance_per_position"]) == len(report["per_draft_acceptance"]) == K
 
 
+def test_evaluate_in_vllm_at_a_temperature(measured: dict) -> None:
+    """Speculative sampling in the real engine (tiny-mimo, T = 1, sampled proposals): it runs (vLLM 0.32's CPU build
+    refuses per-request seeds, so the engine is seeded instead) and reads both metrics from vLLM's counters."""
+    sampled = {"temperature": 1.0, "seed": 3, "draft_sampling": "sample"}
+    cfg = EvaluateConfig(num_draft_tokens=K, max_new_tokens=16, max_prompts=4, max_prompt_length=PROMPT_LEN, **sampled)
+    report = evaluate_in_vllm([("raw", str(measured["mimo"]["raw"]))], str(TARGETS["mimo"]), HELDOUT, cfg)
+    row = report["results"][0]
+    assert report["temperature"] == 1.0 and report["draft_sampling"] == "sample" and row["lossless"] is None
+    assert row["tokens_drafted"] == K * row["target_forwards"] > 0
+    assert 0 <= row["per_draft_acceptance"][0] <= 1 and len(row["acceptance_per_position"]) == K
+
+
 @pytest.mark.xfail(strict=True, raises=EngineRunError, reason=f"vLLM 0.32 CPU: {CPU_BLOCK_SIZE_LIMIT} (EAGLE-3 + MLA)")
 def test_eagle3_on_the_mla_target(vllm: Path, tmp_path: Path) -> None:
     target = TARGETS["deepseek"]

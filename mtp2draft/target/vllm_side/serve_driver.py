@@ -23,7 +23,8 @@ Metrics are the differences of `LLM.get_metrics()` counters across the counted `
 counters). Timings are the engine core's own timestamps per request (`RequestOutput.metrics`: scheduled, first and
 last token), not this process's clock: time per output token is (last - first) / (tokens - 1) per request, the
 throughput is all output tokens over the span from the first scheduling to the last token. Temperature 0 is greedy;
-otherwise request n is seeded with seed * 1000003 + n. Prompts are token ids; `generation_config="vllm"` keeps
+otherwise request n is seeded with seed * 1000003 + n (on the CPU build, which refuses per-request seeds, the
+engine is seeded with seed instead). Prompts are token ids; `generation_config="vllm"` keeps
 vLLM's defaults rather than the checkpoint's generation_config.json (so the only stop token is the tokenizer's eos,
 as in `mtp2draft evaluate`, unless `ignore_eos`).
 
@@ -154,9 +155,14 @@ def run_one(run: dict, request: dict, log_path: str) -> dict:
 
 def _params(request: dict, n: int, max_tokens: int):
     from vllm import SamplingParams
+    from vllm.platforms import current_platform
 
     temperature = float(request.get("temperature", 0.0))
     sampled = {"top_p": float(request.get("top_p", 1.0)), "seed": int(request.get("seed", 0)) * 1_000_003 + n}
+    if current_platform.is_cpu():
+        # vLLM 0.32's CPU sampler refuses a per-request seed ("CPU Generator does not use offset"); the engine is
+        # seeded with the request's seed instead (LLM(seed=...))
+        del sampled["seed"]
     return SamplingParams(
         temperature=temperature,
         max_tokens=max_tokens,
@@ -186,7 +192,7 @@ def _run_one(run: dict, request: dict) -> dict:
         llm = LLM(
             model=run["model"],
             dtype=request.get("dtype", "auto"),
-            seed=0,
+            seed=int(request.get("seed", 0)),
             max_model_len=int(request.get("max_model_len", 1024)),
             tensor_parallel_size=int(request.get("tensor_parallel_size", 1)),
             enforce_eager=True,
