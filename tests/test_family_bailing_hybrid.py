@@ -25,6 +25,7 @@ from pathlib import Path
 import pytest
 import torch
 import transformers
+from checkpoint_files import config_of, weight_map
 
 from mtp2draft.checkpoint.reader import open_checkpoint
 from mtp2draft.cli.app import main
@@ -37,14 +38,6 @@ from mtp2draft.testing.fixtures import FIXTURES
 
 FIXTURE = "bailing_hybrid"
 MTP = "model.layers.4."
-
-
-def _config(path: Path) -> dict:
-    return json.loads((path / "config.json").read_text())
-
-
-def _weight_map(path: Path) -> dict[str, str]:
-    return json.loads((path / "model.safetensors.index.json").read_text())["weight_map"]
 
 
 def _as_vllm_loads(key: str) -> str:
@@ -60,9 +53,9 @@ def test_fixture_has_the_release_mtp_keys(build) -> None:
     """Diffed against the release's key list, layer and expert indices abstracted."""
     release = hub_keys.load(FIXTURE)
     path = build(FIXTURE)
-    config = _config(path)
+    config = config_of(path)
     n, rn = config["num_hidden_layers"], release["config"]["num_hidden_layers"]
-    ours = [k for k in _weight_map(path) if k.startswith(f"model.layers.{n}.")]
+    ours = [k for k in weight_map(path) if k.startswith(f"model.layers.{n}.")]
     theirs = release["mtp_keys"]
     assert len(theirs) == release["mtp_tensor_count"] == 17 + 3 * 512
     assert hub_keys.patterns(ours, f"model.layers.{n}.") == hub_keys.patterns(theirs, f"model.layers.{rn}.")
@@ -75,7 +68,7 @@ def test_fixture_has_the_release_mtp_keys(build) -> None:
     assert spec.key(spec.keys.block, release["config"], 0) == "model.layers.42."
     # the trunk's MLA + MoE layer (the last of its group) carries the same hub names
     last = f"model.layers.{n - 1}."
-    trunk = {k[len(last) :] for k in _weight_map(path) if k.startswith(last)}
+    trunk = {k[len(last) :] for k in weight_map(path) if k.startswith(last)}
     glue = {"enorm.weight", "hnorm.weight", "eh_proj.weight", "final_layernorm.weight"}
     assert trunk == {k[len(MTP) :] for k in ours} - glue
 
@@ -113,7 +106,7 @@ def test_native_layer_matches_transformers_mtp_model(build, monkeypatch) -> None
     from transformers.modeling_layers import MtpModel
 
     path = build(FIXTURE)
-    config = _config(path)
+    config = config_of(path)
     n = config["num_hidden_layers"]
     # transformers finds MTP keys through this attribute (BailingHybridModel sets it on the inner model only)
     monkeypatch.setattr(
@@ -174,4 +167,4 @@ def test_inspect_json_row(build, capsys) -> None:
     assert info["spec"] == FIXTURE and info["block"] == "gated_mla + moe" and info["num_mtp_layers"] == 1
     layer = info["layers"][0]
     assert layer["stored_embed"] is None and layer["stored_head"] is None and layer["fp8_weights"] == 0
-    assert {t["name"] for t in layer["tensors"]} == {k for k in _weight_map(path) if k.startswith(MTP)}
+    assert {t["name"] for t in layer["tensors"]} == {k for k in weight_map(path) if k.startswith(MTP)}

@@ -23,7 +23,7 @@ from pathlib import Path
 import pytest
 import torch
 import transformers
-from safetensors.torch import load_file
+from checkpoint_files import config_of, rms, tensors, weight_map
 
 from mtp2draft.checkpoint.reader import open_checkpoint
 from mtp2draft.cli.app import main
@@ -42,25 +42,6 @@ _VLLM_STACKED = {".q_proj": ".qkv_proj", ".k_proj": ".qkv_proj", ".v_proj": ".qk
                  ".mlp.gate_proj": ".mlp.gate_up_proj", ".mlp.up_proj": ".mlp.gate_up_proj"}  # fmt: skip
 
 
-def _config(path: Path) -> dict:
-    return json.loads((path / "config.json").read_text())
-
-
-def _weight_map(path: Path) -> dict[str, str]:
-    return json.loads((path / "model.safetensors.index.json").read_text())["weight_map"]
-
-
-def _tensors(path: Path) -> dict[str, torch.Tensor]:
-    out = {}
-    for file in sorted(path.glob("model-0*.safetensors")):
-        out.update({k: v.float() for k, v in load_file(str(file)).items()})
-    return out
-
-
-def _rms(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
-    return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * w
-
-
 def _as_vllm_loads(key: str) -> str:
     """A checkpoint key as vLLM's Exaone4_5_MTP.load_weights maps it onto its module (mtp. -> model., stacking)."""
     key = "model." + key[len("mtp.") :]
@@ -74,16 +55,16 @@ def test_fixture_keys_are_what_vllm_loads(build) -> None:
     """No stored copy of the release's index: checked against vLLM 0.33's loader and Megatron-Bridge's mapping."""
     release = hub_keys.load(FIXTURE)
     path = build(FIXTURE)
-    ours = sorted(k for k in _weight_map(path) if k.startswith("mtp."))
+    ours = sorted(k for k in weight_map(path) if k.startswith("mtp."))
     assert ours == release["mtp_keys"]  # the fixture's tiny layer has the release's names exactly (no expert indices)
     assert {_as_vllm_loads(k) for k in ours} == set(release["vllm_params"])  # every vLLM parameter, nothing else
     assert set(release["config"]["text_config"]) <= set(FIXTURES[FIXTURE]["config"]["text_config"])
     assert set(release["config"]) <= set(FIXTURES[FIXTURE]["config"])
-    spec = find_spec(_config(path))
+    spec = find_spec(config_of(path))
     assert spec.name == FIXTURE and not spec.verified
     assert spec.num_mtp_layers(release["config"]) == 1  # absent there: vLLM's default
     # the trunk's layers carry the block's names (transformers' save_pretrained writes them)
-    trunk = {k.split(".", 4)[4] for k in _weight_map(path) if k.startswith("model.language_model.layers.0.")}
+    trunk = {k.split(".", 4)[4] for k in weight_map(path) if k.startswith("model.language_model.layers.0.")}
     assert trunk == {k[len("mtp.layers.0.") :] for k in ours if k.startswith("mtp.layers.0.")}
 
 
@@ -107,7 +88,7 @@ def test_convert_native_and_refuse_eagle3(build, tmp_path: Path) -> None:
 
 def _reference(path: Path, nxt, hidden, pos, *, window: int | None = 4):
     """vLLM's EXAONE-4.5 MTP computation from the checkpoint's tensors by hub name: (logits, normed hidden)."""
-    config, w = _config(path), _tensors(path)
+    config, w = config_of(path), tensors(path)
     text = {k: v for k, v in config["text_config"].items() if k not in ("model_type", "architectures")}
     eps = text["rms_norm_eps"]
     cfg = transformers.Exaone4Config(**text)
@@ -117,7 +98,7 @@ def _reference(path: Path, nxt, hidden, pos, *, window: int | None = 4):
     rotary = transformers.models.exaone4.modeling_exaone4.Exaone4RotaryEmbedding(cfg)
     e = torch.nn.functional.embedding(nxt, w["model.language_model.embed_tokens.weight"])
     x = torch.cat(
-        [_rms(e, w["mtp.pre_fc_norm_embedding.weight"], eps), _rms(hidden, w["mtp.pre_fc_norm_hidden.weight"], eps)],
+        [rms(e, w["mtp.pre_fc_norm_embedding.weight"], eps), rms(hidden, w["mtp.pre_fc_norm_hidden.weight"], eps)],
         -1,
     )
     x = x @ w["mtp.fc.weight"].T
@@ -125,7 +106,7 @@ def _reference(path: Path, nxt, hidden, pos, *, window: int | None = 4):
     allowed = (k <= q) & (k > q - window) if window else k <= q
     mask = torch.zeros(allowed.shape).masked_fill(~allowed, float("-inf"))[None, None]
     out = block(x, attention_mask=mask, position_embeddings=rotary(x, pos), position_ids=pos)
-    normed = _rms(out, w["mtp.norm.weight"], eps)
+    normed = rms(out, w["mtp.norm.weight"], eps)
     return normed @ w["lm_head.weight"].T, normed
 
 
@@ -164,4 +145,4 @@ def test_inspect_json_row(build, capsys) -> None:
     assert info["spec"] == FIXTURE and info["block"] == "swa + dense" and info["num_mtp_layers"] == 1
     layer = info["layers"][0]
     assert layer["stored_embed"] is None and layer["stored_head"] is None and layer["fp8_weights"] == 0
-    assert {t["name"] for t in layer["tensors"]} == {k for k in _weight_map(path) if k.startswith("mtp.")}
+    assert {t["name"] for t in layer["tensors"]} == {k for k in weight_map(path) if k.startswith("mtp.")}

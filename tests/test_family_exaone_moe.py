@@ -26,7 +26,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from safetensors.torch import load_file
+from checkpoint_files import config_of, rms, tensors, weight_map
 
 from mtp2draft.checkpoint.reader import open_checkpoint
 from mtp2draft.cli.app import main
@@ -43,25 +43,6 @@ T = 10  # longer than the trunk's sliding window (4), which the MTP layer does n
 # vLLM's hf_to_vllm_mapper (exaone_moe_mtp.py): q/k/v stacked into qkv_proj, the dense MLP's gate/up into gate_up_proj
 _VLLM_STACKED = {".q_proj": ".qkv_proj", ".k_proj": ".qkv_proj", ".v_proj": ".qkv_proj",
                  ".mlp.gate_proj": ".mlp.gate_up_proj", ".mlp.up_proj": ".mlp.gate_up_proj"}  # fmt: skip
-
-
-def _config(path: Path) -> dict:
-    return json.loads((path / "config.json").read_text())
-
-
-def _weight_map(path: Path) -> dict[str, str]:
-    return json.loads((path / "model.safetensors.index.json").read_text())["weight_map"]
-
-
-def _tensors(path: Path) -> dict[str, torch.Tensor]:
-    out = {}
-    for file in sorted(path.glob("model-0*.safetensors")):
-        out.update({k: v.float() for k, v in load_file(str(file)).items()})
-    return out
-
-
-def _rms(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
-    return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * w
 
 
 def _as_vllm_loads(key: str) -> str:
@@ -91,18 +72,18 @@ def test_fixture_keys_are_the_releases_and_what_vllm_loads(build) -> None:
     """No stored copy of the index: the brief's names and parameter count, and vLLM 0.33's loader."""
     release = hub_keys.load(FIXTURE)
     path = build(FIXTURE)
-    ours = sorted(k for k in _weight_map(path) if k.startswith("mtp."))
+    ours = sorted(k for k in weight_map(path) if k.startswith("mtp."))
     assert ours == release["mtp_keys"]  # the release's names exactly (a dense MTP MLP: no expert indices)
     shapes = _release_shapes(release["config"])
     assert sorted(shapes) == ours
     assert sum(torch.Size(s).numel() for s in shapes.values()) == release["mtp_param_count"] == 528_513_280
     assert {_as_vllm_loads(k) for k in ours} == set(release["vllm_params"])  # every vLLM parameter, nothing else
     assert set(release["config"]) <= set(FIXTURES[FIXTURE]["config"])
-    spec = find_spec(_config(path))
+    spec = find_spec(config_of(path))
     assert spec.name == FIXTURE and not spec.verified
     assert spec.num_mtp_layers(release["config"]) == 1
     # the fixture's MTP layer has the trunk's dense layer 0's names, plus what the glue adds
-    trunk = {k.split(".", 3)[3] for k in _weight_map(path) if k.startswith("model.layers.0.")}
+    trunk = {k.split(".", 3)[3] for k in weight_map(path) if k.startswith("model.layers.0.")}
     assert trunk == {k[len(L) :] for k in ours if k.startswith(L)}
 
 
@@ -138,19 +119,19 @@ def _rope(x: torch.Tensor, pos: torch.Tensor, theta: float) -> torch.Tensor:
 def _reference(path: Path, nxt, hidden, pos, *, rope: bool = True, window: int | None = None):
     """vLLM 0.33's K-EXAONE MTP computation from the checkpoint's tensors by hub name: (logits, normed hidden).
     rope=False: the NoPE full layer transformers builds by default; window: SGLang's trunk-layer-0 variant."""
-    config, w = _config(path), _tensors(path)
+    config, w = config_of(path), tensors(path)
     eps, heads, kv, d = (config[k] for k in ("rms_norm_eps", "num_attention_heads", "num_key_value_heads", "head_dim"))
     theta = config["rope_parameters"]["rope_theta"]
     e = torch.nn.functional.embedding(nxt, w["model.embed_tokens.weight"])
     x = torch.cat(
-        [_rms(e, w["mtp.pre_fc_norm_embedding.weight"], eps), _rms(hidden, w["mtp.pre_fc_norm_hidden.weight"], eps)],
+        [rms(e, w["mtp.pre_fc_norm_embedding.weight"], eps), rms(hidden, w["mtp.pre_fc_norm_hidden.weight"], eps)],
         -1,
     )
     x = x @ w["mtp.fc.weight"].T
     b, t, _ = x.shape
-    a = _rms(x, w[L + "input_layernorm.weight"], eps)
-    q = _rms((a @ w[L + "self_attn.q_proj.weight"].T).view(b, t, heads, d), w[L + "self_attn.q_norm.weight"], eps)
-    k = _rms((a @ w[L + "self_attn.k_proj.weight"].T).view(b, t, kv, d), w[L + "self_attn.k_norm.weight"], eps)
+    a = rms(x, w[L + "input_layernorm.weight"], eps)
+    q = rms((a @ w[L + "self_attn.q_proj.weight"].T).view(b, t, heads, d), w[L + "self_attn.q_norm.weight"], eps)
+    k = rms((a @ w[L + "self_attn.k_proj.weight"].T).view(b, t, kv, d), w[L + "self_attn.k_norm.weight"], eps)
     v = (a @ w[L + "self_attn.v_proj.weight"].T).view(b, t, kv, d)
     if rope:
         q, k = _rope(q, pos, theta), _rope(k, pos, theta)
@@ -161,10 +142,10 @@ def _reference(path: Path, nxt, hidden, pos, *, rope: bool = True, window: int |
     scores = scores.masked_fill(~allowed, float("-inf"))
     attn = torch.einsum("bhqk,bkhd->bqhd", scores.softmax(-1), v).reshape(b, t, heads * d)
     x = x + attn @ w[L + "self_attn.o_proj.weight"].T
-    m = _rms(x, w[L + "post_attention_layernorm.weight"], eps)
+    m = rms(x, w[L + "post_attention_layernorm.weight"], eps)
     gate, up = m @ w[L + "mlp.gate_proj.weight"].T, m @ w[L + "mlp.up_proj.weight"].T
     x = x + (torch.nn.functional.silu(gate) * up) @ w[L + "mlp.down_proj.weight"].T
-    normed = _rms(x, w["mtp.norm.weight"], eps)
+    normed = rms(x, w["mtp.norm.weight"], eps)
     return normed @ w["lm_head.weight"].T, normed
 
 
@@ -210,4 +191,4 @@ def test_inspect_json_row(build, capsys) -> None:
     assert info["spec"] == FIXTURE and info["block"] == "gqa + dense" and info["num_mtp_layers"] == 1
     layer = info["layers"][0]
     assert layer["stored_embed"] is None and layer["stored_head"] is None and layer["fp8_weights"] == 0
-    assert {t["name"] for t in layer["tensors"]} == {k for k in _weight_map(path) if k.startswith("mtp.")}
+    assert {t["name"] for t in layer["tensors"]} == {k for k in weight_map(path) if k.startswith("mtp.")}

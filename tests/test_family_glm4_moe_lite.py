@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 import torch
 import transformers
+from checkpoint_files import config_of, weight_map
 
 from mtp2draft.checkpoint.reader import open_checkpoint
 from mtp2draft.cli.app import main
@@ -29,22 +30,14 @@ from mtp2draft.testing.fixtures import FIXTURES, eagle3_depth
 FIXTURE = "glm4_moe_lite"
 
 
-def _config(path: Path) -> dict:
-    return json.loads((path / "config.json").read_text())
-
-
-def _weight_map(path: Path) -> dict[str, str]:
-    return json.loads((path / "model.safetensors.index.json").read_text())["weight_map"]
-
-
 def test_fixture_has_the_release_mtp_keys(build) -> None:
     """Diffed against the release's key list (tests/data/hub_keys/glm4_moe_lite.json: a stored weights report of
     zai-org/GLM-4.7-Flash), with the layer index and expert indices abstracted."""
     release = hub_keys.load(FIXTURE)
     path = build(FIXTURE)
-    config = _config(path)
+    config = config_of(path)
     n = config["num_hidden_layers"]
-    ours = [k for k in _weight_map(path) if k.startswith(f"model.layers.{n}.")]
+    ours = [k for k in weight_map(path) if k.startswith(f"model.layers.{n}.")]
     theirs = release["mtp_keys"]
     rn = release["config"]["num_hidden_layers"]
     assert hub_keys.patterns(ours, f"model.layers.{n}.") == hub_keys.patterns(theirs, f"model.layers.{rn}.")
@@ -55,7 +48,7 @@ def test_fixture_has_the_release_mtp_keys(build) -> None:
     spec = find_spec(config)
     assert spec.name == FIXTURE and spec.num_mtp_layers(release["config"]) == 1
     assert spec.key(spec.keys.block, release["config"], 0) == "model.layers.47."
-    assert set(release["trunk_keys_outside_layers"]) <= set(_weight_map(path))
+    assert set(release["trunk_keys_outside_layers"]) <= set(weight_map(path))
 
 
 def test_plan_reads_exactly_the_mtp_layer(build) -> None:
@@ -84,7 +77,7 @@ def test_native_layer_matches_transformers_mtp_model(build, monkeypatch) -> None
     from transformers.modeling_layers import MtpModel
 
     path = build(FIXTURE)
-    config = _config(path)
+    config = config_of(path)
     glm_cfg = transformers.AutoConfig.for_model(FIXTURE, **{k: v for k, v in config.items() if k != "model_type"})
     with pytest.raises(ValueError, match="num_mtp_layers"):  # if this fails, transformers covers the family itself
         glm_cfg.get_mtp_config()

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from safetensors.torch import load_file
+from checkpoint_files import config_of, rms, tensors, weight_map
 
 from mtp2draft.checkpoint.reader import open_checkpoint
 from mtp2draft.cli.app import main
@@ -30,25 +30,6 @@ from mtp2draft.testing.fixtures import FIXTURES, eagle3_depth
 
 FIXTURE = "glm_moe_dsa"
 T = 10  # longer than the fixture's index_topk (4)
-
-
-def _config(path: Path) -> dict:
-    return json.loads((path / "config.json").read_text())
-
-
-def _weight_map(path: Path) -> dict[str, str]:
-    return json.loads((path / "model.safetensors.index.json").read_text())["weight_map"]
-
-
-def _tensors(path: Path) -> dict[str, torch.Tensor]:
-    out = {}
-    for file in sorted(path.glob("model-0*.safetensors")):
-        out.update({k: v.float() for k, v in load_file(str(file)).items()})
-    return out
-
-
-def _rms(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
-    return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * w
 
 
 def _causal(t: int) -> torch.Tensor:
@@ -64,9 +45,9 @@ def _inputs(seed: int, t: int = T):
 def test_fixture_has_the_release_mtp_keys(build) -> None:
     release = hub_keys.load(FIXTURE)
     path = build(FIXTURE)
-    config = _config(path)
+    config = config_of(path)
     n, rn = config["num_hidden_layers"], release["config"]["num_hidden_layers"]
-    ours = [k for k in _weight_map(path) if k.startswith(f"model.layers.{n}.")]
+    ours = [k for k in weight_map(path) if k.startswith(f"model.layers.{n}.")]
     theirs = release["mtp_keys"]
     assert len(theirs) == release["mtp_tensor_count"] == 791
     assert hub_keys.patterns(ours, f"model.layers.{n}.") == hub_keys.patterns(theirs, f"model.layers.{rn}.")
@@ -75,7 +56,7 @@ def test_fixture_has_the_release_mtp_keys(build) -> None:
     spec = find_spec(config)
     assert spec.name == FIXTURE and spec.key(spec.keys.block, release["config"], 0) == "model.layers.78."
     # the trunk shares top-k like the release: own indexer keys only on "full" layers (here 0 and 2)
-    indexed = {int(k.split(".")[2]) for k in _weight_map(path) if ".indexer." in k}
+    indexed = {int(k.split(".")[2]) for k in weight_map(path) if ".indexer." in k}
     assert indexed == {0, 2, n}
 
 
@@ -146,16 +127,16 @@ def _reference(w, config, nxt, hidden, pos, *, index_topk=None, decoder="glm"):
             state[name] = w[p + name]
     block.load_state_dict(state)
     e = torch.nn.functional.embedding(nxt, w["model.embed_tokens.weight"])
-    x = torch.cat([_rms(e, w[p + "enorm.weight"], eps), _rms(hidden, w[p + "hnorm.weight"], eps)], -1)
+    x = torch.cat([rms(e, w[p + "enorm.weight"], eps), rms(hidden, w[p + "hnorm.weight"], eps)], -1)
     x = x @ w[p + "eh_proj.weight"].T
     out = block(x, attention_mask=_causal(x.shape[1]), position_embeddings=rotary(cfg)(x, pos), position_ids=pos)
-    normed = _rms(out[0] if isinstance(out, tuple) else out, w[p + "shared_head.norm.weight"], eps)
+    normed = rms(out[0] if isinstance(out, tuple) else out, w[p + "shared_head.norm.weight"], eps)
     return normed @ w["lm_head.weight"].T, normed
 
 
 def test_layer_follows_vllms_computation(build) -> None:
     path = build(FIXTURE)
-    config, w = _config(path), _tensors(path)
+    config, w = config_of(path), tensors(path)
     ours = load_native(str(path)).eval()
     nxt, hidden, pos = _inputs(0)
     with torch.no_grad():
@@ -204,4 +185,4 @@ def test_inspect_json_row(build, capsys) -> None:
     assert info["spec"] == FIXTURE and info["block"] == "mla_dsa + moe" and info["num_mtp_layers"] == 1
     layer = info["layers"][0]
     assert layer["stored_embed"] is None and layer["stored_head"] is None and layer["fp8_weights"] == 0
-    assert len(layer["tensors"]) == len([k for k in _weight_map(path) if k.startswith("model.layers.4.")])
+    assert len(layer["tensors"]) == len([k for k in weight_map(path) if k.startswith("model.layers.4.")])

@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 import torch
 import transformers
-from safetensors.torch import load_file
+from checkpoint_files import config_of, rms, tensors, weight_map
 
 from mtp2draft.checkpoint.reader import open_checkpoint
 from mtp2draft.cli.app import main
@@ -36,32 +36,13 @@ FIXTURE = "glm_ocr"
 MTP = "model.language_model.layers.2."
 
 
-def _config(path: Path) -> dict:
-    return json.loads((path / "config.json").read_text())
-
-
-def _weight_map(path: Path) -> dict[str, str]:
-    return json.loads((path / "model.safetensors.index.json").read_text())["weight_map"]
-
-
-def _tensors(path: Path) -> dict[str, torch.Tensor]:
-    out = {}
-    for file in sorted(path.glob("model-0*.safetensors")):
-        out.update({k: v.float() for k, v in load_file(str(file)).items()})
-    return out
-
-
-def _rms(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
-    return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * w
-
-
 def test_fixture_has_the_release_mtp_keys(build) -> None:
     """Diffed against the release's key list (tests/data/hub_keys/glm_ocr.json), the layer index abstracted."""
     release = hub_keys.load(FIXTURE)
     path = build(FIXTURE)
-    config = _config(path)
+    config = config_of(path)
     n, rn = config["text_config"]["num_hidden_layers"], release["config"]["text_config"]["num_hidden_layers"]
-    ours = [k for k in _weight_map(path) if k.startswith(f"model.language_model.layers.{n}.")]
+    ours = [k for k in weight_map(path) if k.startswith(f"model.language_model.layers.{n}.")]
     theirs = release["mtp_keys"]
     assert len(theirs) == release["mtp_tensor_count"] == 16
     prefix = "model.language_model.layers.{}."
@@ -99,7 +80,7 @@ def test_convert_native_and_refuse_eagle3(build, tmp_path: Path) -> None:
 def _reference(path: Path, nxt, hidden, pos, *, block_layer: int = 2):
     """vLLM's GLM-OCR MTP computation, the block from transformers' own loader: (logits, pre-norm hidden vLLM hands
     on, normed hidden SGLang hands on)."""
-    config, w = _config(path), _tensors(path)
+    config, w = config_of(path), tensors(path)
     eps = config["text_config"]["rms_norm_eps"]
     fields = {k: v for k, v in config.items() if k != "model_type"}
     fields["text_config"] = {**config["text_config"], "num_hidden_layers": 3}
@@ -110,12 +91,12 @@ def _reference(path: Path, nxt, hidden, pos, *, block_layer: int = 2):
     text = deeper.eval().model.language_model
     assert torch.equal(text.layers[2].mlp.gate_up_proj.weight, w[MTP + "mlp.gate_up_proj.weight"])
     e = torch.nn.functional.embedding(nxt, w["model.language_model.embed_tokens.weight"])
-    x = torch.cat([_rms(e, w[MTP + "enorm.weight"], eps), _rms(hidden, w[MTP + "hnorm.weight"], eps)], -1)
+    x = torch.cat([rms(e, w[MTP + "enorm.weight"], eps), rms(hidden, w[MTP + "hnorm.weight"], eps)], -1)
     x = x @ w[MTP + "eh_proj.weight"].T
     t = x.shape[1]
     mask = torch.full((t, t), float("-inf")).triu(1)[None, None]
     out = text.layers[block_layer](x, attention_mask=mask, position_embeddings=text.rotary_emb(x, pos))
-    normed = _rms(out, w[MTP + "shared_head.norm.weight"], eps)
+    normed = rms(out, w[MTP + "shared_head.norm.weight"], eps)
     return normed @ w["lm_head.weight"].T, out, normed
 
 

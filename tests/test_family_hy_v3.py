@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 import torch
 import transformers
-from safetensors.torch import load_file
+from checkpoint_files import config_of, rms, tensors, weight_map
 
 from mtp2draft.checkpoint.reader import open_checkpoint
 from mtp2draft.cli.app import main
@@ -35,32 +35,13 @@ FIXTURE = "hy_v3"
 MTP = "model.layers.2."
 
 
-def _config(path: Path) -> dict:
-    return json.loads((path / "config.json").read_text())
-
-
-def _weight_map(path: Path) -> dict[str, str]:
-    return json.loads((path / "model.safetensors.index.json").read_text())["weight_map"]
-
-
-def _tensors(path: Path) -> dict[str, torch.Tensor]:
-    out = {}
-    for file in sorted(path.glob("model-0*.safetensors")):
-        out.update({k: v.float() for k, v in load_file(str(file)).items()})
-    return out
-
-
-def _rms(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
-    return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * w
-
-
 def test_fixture_has_the_release_mtp_keys(build) -> None:
     """Diffed against the release's key list (tests/data/hub_keys/hy_v3.json), layer and expert indices abstracted."""
     release = hub_keys.load(FIXTURE)
     path = build(FIXTURE)
-    config = _config(path)
+    config = config_of(path)
     n, rn = config["num_hidden_layers"], release["config"]["num_hidden_layers"]
-    ours = [k for k in _weight_map(path) if k.startswith(f"model.layers.{n}.")]
+    ours = [k for k in weight_map(path) if k.startswith(f"model.layers.{n}.")]
     theirs = release["mtp_keys"]
     assert len(theirs) == release["mtp_tensor_count"] == 593
     assert hub_keys.patterns(ours, f"model.layers.{n}.") == hub_keys.patterns(theirs, f"model.layers.{rn}.")
@@ -71,7 +52,7 @@ def test_fixture_has_the_release_mtp_keys(build) -> None:
     assert spec.name == FIXTURE and spec.num_mtp_layers(release["config"]) == 1
     assert spec.key(spec.keys.block, release["config"], 0) == "model.layers.80."
     # the trunk's MoE layers carry the same hub names (transformers' save_pretrained writes them)
-    trunk = {k[len("model.layers.1.") :] for k in _weight_map(path) if k.startswith("model.layers.1.")}
+    trunk = {k[len("model.layers.1.") :] for k in weight_map(path) if k.startswith("model.layers.1.")}
     mtp_block = {k[len(f"model.layers.{n}.") :] for k in ours} - {
         "enorm.weight", "hnorm.weight", "eh_proj.weight", "final_layernorm.weight"
     }  # fmt: skip
@@ -99,7 +80,7 @@ def test_convert_both_kinds(build, tmp_path: Path, kind: str) -> None:
 def _reference(path: Path, nxt, hidden, pos, *, block_layer: int = 2):
     """vLLM's Hy3 MTP computation, the block from transformers' own loader: HYV3ForCausalLM with one more layer
     than the trunk reads model.layers.2.* (the MTP layer's block) by its hub names."""
-    config, w = _config(path), _tensors(path)
+    config, w = config_of(path), tensors(path)
     eps = config["rms_norm_eps"]
     fields = {k: v for k, v in config.items() if k not in ("model_type",)}
     fields["num_hidden_layers"] = 3
@@ -110,12 +91,12 @@ def _reference(path: Path, nxt, hidden, pos, *, block_layer: int = 2):
     assert torch.equal(deeper.model.layers[2].mlp.gate.weight, w[MTP + "mlp.router.gate.weight"])
     block = deeper.model.layers[block_layer]
     e = torch.nn.functional.embedding(nxt, w["model.embed_tokens.weight"])
-    x = torch.cat([_rms(e, w[MTP + "enorm.weight"], eps), _rms(hidden, w[MTP + "hnorm.weight"], eps)], -1)
+    x = torch.cat([rms(e, w[MTP + "enorm.weight"], eps), rms(hidden, w[MTP + "hnorm.weight"], eps)], -1)
     x = x @ w[MTP + "eh_proj.weight"].T
     t = x.shape[1]
     mask = torch.full((t, t), float("-inf")).triu(1)[None, None]
     out = block(x, attention_mask=mask, position_embeddings=deeper.model.rotary_emb(x, pos), position_ids=pos)
-    normed = _rms(out, w[MTP + "final_layernorm.weight"], eps)
+    normed = rms(out, w[MTP + "final_layernorm.weight"], eps)
     return normed @ w["lm_head.weight"].T, normed
 
 
@@ -156,4 +137,4 @@ def test_inspect_json_row(build, capsys) -> None:
     assert info["spec"] == FIXTURE and info["block"] == "gqa + moe" and info["num_mtp_layers"] == 1
     layer = info["layers"][0]
     assert layer["stored_embed"] is None and layer["stored_head"] is None and layer["fp8_weights"] == 0
-    assert {t["name"] for t in layer["tensors"]} == {k for k in _weight_map(path) if k.startswith(MTP)}
+    assert {t["name"] for t in layer["tensors"]} == {k for k in weight_map(path) if k.startswith(MTP)}

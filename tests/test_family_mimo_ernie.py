@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 import torch
 import torch.nn.functional as F
+from checkpoint_files import config_of
 from safetensors.torch import load_file, save_file
 
 from mtp2draft.checkpoint.reader import open_checkpoint
@@ -76,10 +77,6 @@ def _inputs(seed: int = 1) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     nxt = torch.randint(0, 256, (2, T), generator=gen)
     hidden = torch.randn(2, T, 64, generator=gen) * 3
     return nxt, hidden, torch.arange(T).expand(2, -1)
-
-
-def _config(path: Path) -> dict:
-    return json.loads((path / "config.json").read_text())
 
 
 # ---- MiMo-V2-Flash reference ------------------------------------------------------------------------------------
@@ -218,7 +215,7 @@ def test_layer_past_the_last_fails_cleanly(build, tmp_path: Path, capsys, fixtur
 
 
 def test_mimo_v2_flash_has_three_layers_without_a_count_field(build) -> None:
-    config = _config(build("mimo_v2_flash"))
+    config = config_of(build("mimo_v2_flash"))
     assert "num_nextn_predict_layers" not in config  # as on the release
     spec = find_spec(config)
     assert spec.name == "mimo_v2_flash" and spec.num_mtp_layers(config) == 3
@@ -272,7 +269,7 @@ def test_selected_keys_are_exactly_the_mtp_layers(build, fixture: str, layer: in
 @pytest.fixture(scope="module")
 def mimo_v2(build):
     path = build("mimo_v2_flash")
-    return path, _config(path), _weights(path), [load_native(str(path), layer=i).eval() for i in range(3)]
+    return path, config_of(path), _weights(path), [load_native(str(path), layer=i).eval() for i in range(3)]
 
 
 def test_mimo_v2_flash_follows_the_reference_row(mimo_v2) -> None:
@@ -349,7 +346,7 @@ def test_mimo_v2_flash_eagle3_layout(build, tmp_path: Path) -> None:
     path = build("mimo_v2_flash")
     convert(str(path), tmp_path / "e", to="eagle3", layer=2, dtype="float32")
     cfg = json.loads((tmp_path / "e" / "config.json").read_text())
-    config = _config(path)
+    config = config_of(path)
     mtp_heads = cfg["mtp2draft_init"]["mtp_heads"]  # then the embedding pass-through heads (one kv head per q head)
     assert mtp_heads == 4 and cfg["num_key_value_heads"] == cfg["num_attention_heads"] and cfg["head_dim"] == 24
     assert cfg["rope_theta"] == pytest.approx(config["swa_rope_theta"] ** (24 / 8))  # SWA theta, partial RoPE remap
@@ -372,7 +369,7 @@ def test_ernie_spec_records_the_final_norm_choice() -> None:
 
 def test_ernie_follows_the_reference_row(build) -> None:
     path = build("ernie4_5_moe")
-    config, w = _config(path), _weights(path)
+    config, w = config_of(path), _weights(path)
     nxt, hidden, pos = _inputs()
     with torch.no_grad():
         mine = load_native(str(path)).eval()(nxt, hidden, pos)[0]
@@ -390,7 +387,7 @@ def test_ernie_final_norm_is_the_trunks_model_norm(build, tmp_path: Path) -> Non
     tensors = load_file(str(shard))
     tensors["model.norm.weight"] = tensors["model.norm.weight"] * torch.linspace(0.5, 1.5, 64).to(torch.bfloat16)
     save_file(tensors, str(shard), metadata={"format": "pt"})
-    config, w = _config(path), _weights(path)
+    config, w = config_of(path), _weights(path)
     nxt, hidden, pos = _inputs()
     with torch.no_grad():
         before = load_native(str(src)).eval()(nxt, hidden, pos)[0]
@@ -403,7 +400,7 @@ def test_ernie_mlp_is_dense(build) -> None:
     from transformers.models.ernie4_5_moe.modeling_ernie4_5_moe import Ernie4_5_MoeMLP
 
     path = build("ernie4_5_moe")
-    config, w = _config(path), _weights(path)
+    config, w = config_of(path), _weights(path)
     draft = load_native(str(path)).eval()
     assert type(draft.block.mlp) is Ernie4_5_MoeMLP and draft.block.mlp.intermediate_size == config["intermediate_size"]
     # dense even where the trunk's own layer 0 would be MoE
@@ -428,7 +425,7 @@ def test_ernie_eagle3_attention_keeps_the_interleaved_rope(build, tmp_path: Path
     path = build("ernie4_5_moe", num_hidden_layers=4)
     convert(str(path), tmp_path / "e", to="eagle3", dtype="float32")
     cfg = json.loads((tmp_path / "e" / "config.json").read_text())
-    w3, src, config = load_file(str(tmp_path / "e" / "model.safetensors")), _weights(path), _config(path)
+    w3, src, config = load_file(str(tmp_path / "e" / "model.safetensors")), _weights(path), config_of(path)
     scale = cfg["mtp2draft_init"]["c"] / cfg["mtp2draft_init"]["c_h"]
     p, d, heads, kv = "model.mtp_block.0.", 16, config["num_attention_heads"], config["num_key_value_heads"]
     d_in = src[p + "input_layernorm.weight"]

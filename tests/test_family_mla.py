@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from checkpoint_files import rms, tensors
 from safetensors.torch import load_file, save_file
 
 from mtp2draft.checkpoint.reader import open_checkpoint
@@ -26,20 +27,8 @@ from mtp2draft.testing.fixtures import eagle3_depth
 T = 10  # sequence length of the forward checks: longer than the V3.2 fixture's index_topk (4)
 
 
-def _tensors(path: Path) -> dict[str, torch.Tensor]:
-    """Every tensor of a (bf16) fixture checkpoint by its hub name, in fp32."""
-    out = {}
-    for file in sorted(path.glob("model-0*.safetensors")):
-        out.update({k: v.float() for k, v in load_file(str(file)).items()})
-    return out
-
-
 def _index(path: Path) -> dict[str, str]:
     return json.loads((path / "model.safetensors.index.json").read_text())["weight_map"]
-
-
-def _rms(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
-    return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * w
 
 
 def _causal(t: int) -> torch.Tensor:
@@ -213,18 +202,18 @@ def _v32_reference(w, config, nxt, hidden, pos, *, family="deepseek_v32", index_
             state[name] = w[p + name]
     block.load_state_dict(state)
     e = torch.nn.functional.embedding(nxt, w["model.embed_tokens.weight"])
-    x = torch.cat([_rms(e, w[p + "enorm.weight"], eps), _rms(hidden, w[p + "hnorm.weight"], eps)], -1)
+    x = torch.cat([rms(e, w[p + "enorm.weight"], eps), rms(hidden, w[p + "hnorm.weight"], eps)], -1)
     x = x @ w[p + "eh_proj.weight"].T
     rope = getattr(modeling, f"{cls}RotaryEmbedding")(cfg)(x, pos)
     y = block(x, attention_mask=_causal(x.shape[1]), position_embeddings=rope, position_ids=pos)
-    normed = _rms(y, w[p + "shared_head.norm.weight"], eps)
+    normed = rms(y, w[p + "shared_head.norm.weight"], eps)
     return normed @ w["lm_head.weight"].T, normed
 
 
 def test_v32_layer_follows_the_reference(build) -> None:
     path = build("deepseek_v32")
     config = json.loads((path / "config.json").read_text())
-    w = _tensors(path)
+    w = tensors(path)
     ours = load_native(str(path)).eval()
     nxt, hidden, pos = _inputs(0)
     with torch.no_grad():
@@ -243,7 +232,7 @@ def test_v32_equals_dense_v3_mla_while_context_fits_index_topk(build) -> None:
     what the EAGLE-3 conversion's 'same up to index_topk tokens' rests on."""
     path = build("deepseek_v32")
     config = json.loads((path / "config.json").read_text())
-    w = {k: v for k, v in _tensors(path).items() if ".indexer." not in k}
+    w = {k: v for k, v in tensors(path).items() if ".indexer." not in k}
     ours = load_native(str(path)).eval()
     t = config["index_topk"]
     nxt, hidden, pos = _inputs(1, t)
@@ -298,20 +287,20 @@ def _longcat_reference(w, config, nxt, hidden, pos, *, lora_scaling: bool = True
     if not lora_scaling:
         attn.mla_scale_q_lora = attn.mla_scale_kv_lora = 1.0
     e = torch.nn.functional.embedding(nxt, w["model.embed_tokens.weight"])
-    x = torch.cat([_rms(e, w[p + "enorm.m.weight"], eps), _rms(hidden, w[p + "hnorm.m.weight"], eps)], -1)
+    x = torch.cat([rms(e, w[p + "enorm.m.weight"], eps), rms(hidden, w[p + "hnorm.m.weight"], eps)], -1)
     x = x @ w[p + "eh_proj.weight"].T
     rope = LongcatFlashRotaryEmbedding(cfg)(x, pos)
-    a, _ = attn(_rms(x, w[p + "input_layernorm.weight"], eps), rope, _causal(x.shape[1]))
+    a, _ = attn(rms(x, w[p + "input_layernorm.weight"], eps), rope, _causal(x.shape[1]))
     x = x + a
-    y = x + mlp(_rms(x, w[p + "post_attention_layernorm.weight"], eps))
-    normed = _rms(y, w["model.mtp.norm.weight"], eps)
+    y = x + mlp(rms(x, w[p + "post_attention_layernorm.weight"], eps))
+    normed = rms(y, w["model.mtp.norm.weight"], eps)
     return normed @ w["lm_head.weight"].T, normed
 
 
 def test_longcat_layer_follows_the_reference(build) -> None:
     path = build("longcat_flash")
     config = json.loads((path / "config.json").read_text())
-    w = _tensors(path)
+    w = tensors(path)
     ours = load_native(str(path)).eval()
     nxt, hidden, pos = _inputs(3)
     with torch.no_grad():

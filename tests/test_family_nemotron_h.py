@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 import torch
 import transformers
-from safetensors.torch import load_file
+from checkpoint_files import config_of, rms, tensors, weight_map
 
 from mtp2draft.checkpoint.reader import open_checkpoint
 from mtp2draft.cli.app import main
@@ -35,31 +35,12 @@ from mtp2draft.testing.fixtures import FIXTURES
 FIXTURE = "nemotron_h"
 
 
-def _config(path: Path) -> dict:
-    return json.loads((path / "config.json").read_text())
-
-
-def _weight_map(path: Path) -> dict[str, str]:
-    return json.loads((path / "model.safetensors.index.json").read_text())["weight_map"]
-
-
-def _tensors(path: Path) -> dict[str, torch.Tensor]:
-    out = {}
-    for file in sorted(path.glob("model-0*.safetensors")):
-        out.update({k: v.float() for k, v in load_file(str(file)).items()})
-    return out
-
-
-def _rms(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
-    return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * w
-
-
 def test_fixture_has_the_release_mtp_keys(build) -> None:
     """Diffed against the release's key list (tests/data/hub_keys/nemotron_h.json), expert indices abstracted."""
     release = hub_keys.load(FIXTURE)
     path = build(FIXTURE)
-    config = _config(path)
-    ours = [k for k in _weight_map(path) if k.startswith("mtp.")]
+    config = config_of(path)
+    ours = [k for k in weight_map(path) if k.startswith("mtp.")]
     theirs = release["mtp_keys"]
     assert len(theirs) == release["mtp_tensor_count"] == 8 + 1 + 2 + 512 * 2 + 2 + 2 + 1
     assert hub_keys.patterns(ours, "") == hub_keys.patterns(theirs, "")
@@ -69,9 +50,7 @@ def test_fixture_has_the_release_mtp_keys(build) -> None:
     spec = find_spec(config)
     assert spec.name == FIXTURE and spec.num_mtp_layers(release["config"]) == 1
     # the sublayers carry the trunk's attention / MoE block names (transformers' save_pretrained writes them)
-    trunk = {
-        k.split(".", 3)[3] for k in _weight_map(path) if k.startswith(("backbone.layers.2.", "backbone.layers.3."))
-    }
+    trunk = {k.split(".", 3)[3] for k in weight_map(path) if k.startswith(("backbone.layers.2.", "backbone.layers.3."))}
     sub = {k.split(".", 3)[3] for k in ours} - {
         "enorm.weight",
         "hnorm.weight",
@@ -104,7 +83,7 @@ def _reference(path: Path, nxt, hidden, *, sublayers: tuple[str, str] = ("mtp.la
     """vLLM's Nemotron-H MTP computation with transformers' own NemotronHBlock per sublayer: (logits, normed)."""
     from transformers.models.nemotron_h import modeling_nemotron_h as nh
 
-    config, w = _config(path), _tensors(path)
+    config, w = config_of(path), tensors(path)
     eps = config["layer_norm_epsilon"]
     fields = {k: v for k, v in config.items() if k not in ("architectures", "model_type")}
     fields.update(num_hidden_layers=2, hybrid_override_pattern="*E")
@@ -123,13 +102,13 @@ def _reference(path: Path, nxt, hidden, *, sublayers: tuple[str, str] = ("mtp.la
         block.load_state_dict(state)
     e = torch.nn.functional.embedding(nxt, w["backbone.embeddings.weight"])
     m0, m1 = "mtp.layers.0.", "mtp.layers.1."
-    x = torch.cat([_rms(e, w[m0 + "enorm.weight"], eps), _rms(hidden, w[m0 + "hnorm.weight"], eps)], -1)
+    x = torch.cat([rms(e, w[m0 + "enorm.weight"], eps), rms(hidden, w[m0 + "hnorm.weight"], eps)], -1)
     x = x @ w[m0 + "eh_proj.weight"].T
     t = x.shape[1]
     mask = torch.full((t, t), float("-inf")).triu(1)[None, None]
     x = blocks[0](x, attention_mask=mask)  # NoPE: no position embeddings at all
     x = blocks[1](x)
-    normed = _rms(x, w[m1 + "final_layernorm.weight"], eps)
+    normed = rms(x, w[m1 + "final_layernorm.weight"], eps)
     return normed @ w["lm_head.weight"].T, normed
 
 
@@ -170,4 +149,4 @@ def test_inspect_json_row(build, capsys) -> None:
     assert info["spec"] == FIXTURE and info["block"] == "gqa_nope + moe" and info["num_mtp_layers"] == 1
     layer = info["layers"][0]
     assert layer["stored_embed"] is None and layer["stored_head"] is None and layer["fp8_weights"] == 0
-    assert {t["name"] for t in layer["tensors"]} == {k for k in _weight_map(path) if k.startswith("mtp.")}
+    assert {t["name"] for t in layer["tensors"]} == {k for k in weight_map(path) if k.startswith("mtp.")}

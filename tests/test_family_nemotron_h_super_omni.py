@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 import torch
 import transformers
-from safetensors.torch import load_file
+from checkpoint_files import config_of, rms, tensors, weight_map
 
 from mtp2draft.checkpoint.reader import open_checkpoint
 from mtp2draft.cli.app import main
@@ -37,31 +37,12 @@ LM = "language_model."
 MTP = "mtp."
 
 
-def _config(path: Path) -> dict:
-    return json.loads((path / "config.json").read_text())
-
-
-def _weight_map(path: Path) -> dict[str, str]:
-    return json.loads((path / "model.safetensors.index.json").read_text())["weight_map"]
-
-
-def _tensors(path: Path) -> dict[str, torch.Tensor]:
-    out = {}
-    for file in sorted(path.glob("model-0*.safetensors")):
-        out.update({k: v.float() for k, v in load_file(str(file)).items()})
-    return out
-
-
-def _rms(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
-    return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * w
-
-
 def test_fixture_has_the_release_mtp_keys(build) -> None:
     """Diffed against the release's key list, expert indices abstracted; the same names as the text release."""
     release, text = hub_keys.load(FIXTURE), hub_keys.load("nemotron_h")
     path = build(FIXTURE)
-    config = _config(path)
-    ours = [k for k in _weight_map(path) if k.startswith(MTP)]
+    config = config_of(path)
+    ours = [k for k in weight_map(path) if k.startswith(MTP)]
     theirs = release["mtp_keys"]
     assert len(theirs) == release["mtp_tensor_count"] == 1040
     assert hub_keys.patterns(ours, "") == hub_keys.patterns(theirs, "")
@@ -73,13 +54,13 @@ def test_fixture_has_the_release_mtp_keys(build) -> None:
     assert spec.name == FIXTURE and not spec.verified and spec.num_mtp_layers(release["config"]) == 1
     # the text model sits under language_model. (transformers' save_pretrained writes it), the towers beside it
     assert {LM + "backbone.embeddings.weight", LM + "lm_head.weight", LM + "backbone.norm_f.weight"} <= set(
-        _weight_map(path)
+        weight_map(path)
     )
-    assert any(k.startswith("vision_model.") for k in _weight_map(path))
-    assert not any(k.startswith(LM + "mtp.") for k in _weight_map(path))
+    assert any(k.startswith("vision_model.") for k in weight_map(path))
+    assert not any(k.startswith(LM + "mtp.") for k in weight_map(path))
     trunk = {
         k.split(".", 4)[4]
-        for k in _weight_map(path)
+        for k in weight_map(path)
         if k.startswith((LM + "backbone.layers.2.", LM + "backbone.layers.3."))
     }
     sub = {k.split(".", 3)[3] for k in ours} - {
@@ -122,8 +103,8 @@ def _reference(path: Path, nxt, hidden, *, sublayers=(MTP + "layers.0.", MTP + "
     """vLLM's Nemotron-H MTP computation with transformers' own NemotronHBlock per sublayer: (logits, normed)."""
     from transformers.models.nemotron_h import modeling_nemotron_h as nh
 
-    w = _tensors(path)
-    text = _config(path)["llm_config"]
+    w = tensors(path)
+    text = config_of(path)["llm_config"]
     eps = text["layer_norm_epsilon"]
     fields = {k: v for k, v in text.items() if k != "model_type"}
     fields.update(num_hidden_layers=2, hybrid_override_pattern="*E")
@@ -142,12 +123,12 @@ def _reference(path: Path, nxt, hidden, *, sublayers=(MTP + "layers.0.", MTP + "
         block.load_state_dict(state)
     e = torch.nn.functional.embedding(nxt, w[LM + "backbone.embeddings.weight"])
     m0, m1 = MTP + "layers.0.", MTP + "layers.1."
-    x = torch.cat([_rms(e, w[m0 + "enorm.weight"], eps), _rms(hidden, w[m0 + "hnorm.weight"], eps)], -1)
+    x = torch.cat([rms(e, w[m0 + "enorm.weight"], eps), rms(hidden, w[m0 + "hnorm.weight"], eps)], -1)
     x = x @ w[m0 + "eh_proj.weight"].T
     t = x.shape[1]
     mask = torch.full((t, t), float("-inf")).triu(1)[None, None]
     x = blocks[1](blocks[0](x, attention_mask=mask))  # NoPE: no position embeddings at all
-    normed = _rms(x, w[m1 + "final_layernorm.weight"], eps)
+    normed = rms(x, w[m1 + "final_layernorm.weight"], eps)
     return normed @ w[LM + "lm_head.weight"].T, normed
 
 
@@ -185,4 +166,4 @@ def test_inspect_json_row(build, capsys) -> None:
     assert info["spec"] == FIXTURE and info["block"] == "gqa_nope + moe" and info["num_mtp_layers"] == 1
     layer = info["layers"][0]
     assert layer["stored_embed"] is None and layer["stored_head"] is None and layer["fp8_weights"] == 0
-    assert {t["name"] for t in layer["tensors"]} == {k for k in _weight_map(path) if k.startswith(MTP)}
+    assert {t["name"] for t in layer["tensors"]} == {k for k in weight_map(path) if k.startswith(MTP)}

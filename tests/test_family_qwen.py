@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 import torch.nn.functional as F
+from checkpoint_files import config_of, tensors, weight_map
 from safetensors.torch import load_file
 
 from mtp2draft.checkpoint.reader import open_checkpoint
@@ -34,21 +35,6 @@ FAMILIES = {
 }
 
 
-def _config(path: Path) -> dict:
-    return json.loads((path / "config.json").read_text())
-
-
-def _weight_map(path: Path) -> dict[str, str]:
-    return json.loads((path / "model.safetensors.index.json").read_text())["weight_map"]
-
-
-def _tensors(path: Path) -> dict[str, torch.Tensor]:
-    out = {}
-    for file in sorted(path.glob("model-0*.safetensors")):
-        out.update({k: v.float() for k, v in load_file(str(file)).items()})
-    return out
-
-
 # ---- conversion and key selection -----------------------------------------------------------------------------------
 @pytest.mark.parametrize("fixture", ["qwen3_next", "qwen3_5", "qwen3_5_moe"])
 def test_convert_selects_exactly_the_mtp_keys(build, tmp_path: Path, fixture: str) -> None:
@@ -56,7 +42,7 @@ def test_convert_selects_exactly_the_mtp_keys(build, tmp_path: Path, fixture: st
     ckpt = open_checkpoint(str(path))
     spec = find_spec(ckpt.config)
     assert spec.name == FAMILIES[fixture][0]
-    mtp_keys = {k for k in _weight_map(path) if k.startswith("mtp.")}
+    mtp_keys = {k for k in weight_map(path) if k.startswith("mtp.")}
     assert set(plan_mtp_layer(ckpt, spec, 0).checkpoint_keys) == mtp_keys  # all of mtp.*, nothing of the trunk
     info = inspect_checkpoint(str(path))
     assert info["spec"] == spec.name and info["num_mtp_layers"] == 1
@@ -79,20 +65,20 @@ def test_convert_selects_exactly_the_mtp_keys(build, tmp_path: Path, fixture: st
     assert "gate rows dropped" in how and "q_norm linearised" in how
     assert "partial RoPE (8/32 dims)" in how  # partial_rotary_factor 0.25, read from rope_parameters
     assert prov["norm.weight"]["exact"] and "1 + w folded" in prov["norm.weight"]["how"]
-    final_norm = _tensors(path)["mtp.norm.weight"]
+    final_norm = tensors(path)["mtp.norm.weight"]
     assert torch.allclose(eagle.norm.weight, 1 + final_norm)
 
 
 def test_count_fields(build) -> None:
     """Qwen3-Next releases have no count field (engines assume 1; vLLM reads num_nextn_predict_layers, SGLang sets
     it); Qwen3.5 keeps it inside text_config as mtp_num_hidden_layers."""
-    next_cfg = _config(build("qwen3_next"))
+    next_cfg = config_of(build("qwen3_next"))
     assert "num_nextn_predict_layers" not in next_cfg and "mtp_num_hidden_layers" not in next_cfg
     spec = get_spec("qwen3_next")
     assert spec.num_mtp_layers(next_cfg) == 1
     assert spec.num_mtp_layers({**next_cfg, "num_nextn_predict_layers": 0}) == 0
 
-    cfg = _config(build("qwen3_5"))
+    cfg = config_of(build("qwen3_5"))
     spec = get_spec("qwen3_5_text")
     assert "mtp_num_hidden_layers" not in cfg and cfg["text_config"]["mtp_num_hidden_layers"] == 1
     none = {**cfg, "mtp_num_hidden_layers": 1, "text_config": {**cfg["text_config"], "mtp_num_hidden_layers": 0}}
@@ -102,7 +88,7 @@ def test_count_fields(build) -> None:
 def test_checkpoint_declaring_no_mtp_layer(build, tmp_path: Path) -> None:
     path = tmp_path / "ck"
     shutil.copytree(build("qwen3_next"), path)
-    cfg = _config(path)
+    cfg = config_of(path)
     cfg["num_nextn_predict_layers"] = 0
     (path / "config.json").write_text(json.dumps(cfg))
     ckpt = open_checkpoint(str(path))
@@ -111,7 +97,7 @@ def test_checkpoint_declaring_no_mtp_layer(build, tmp_path: Path) -> None:
 
 
 def test_both_qwen3_5_specs_match_their_own_checkpoints(build) -> None:
-    dense, moe = _config(build("qwen3_5")), _config(build("qwen3_5_moe"))
+    dense, moe = config_of(build("qwen3_5")), config_of(build("qwen3_5_moe"))
     assert find_spec(dense).name == "qwen3_5_text" and find_spec(moe).name == "qwen3_5_moe_text"
     # by model_type when architectures is missing: the top-level one, not the nested qwen3_5(_moe)_text
     assert find_spec({"model_type": dense["model_type"]}).name == "qwen3_5_text"
@@ -189,7 +175,7 @@ def _inputs(config: dict) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
 @pytest.mark.parametrize("fixture", ["qwen3_next", "qwen3_5", "qwen3_5_tied", "qwen3_5_moe"])
 def test_layer_follows_the_reference_row(build, monkeypatch, fixture: str) -> None:
     path = build(fixture)
-    config, w = _config(path), _tensors(path)
+    config, w = config_of(path), tensors(path)
     ours = load_native(str(path)).eval()
     nxt, hidden, pos = _inputs(config)
     with torch.no_grad():
@@ -212,9 +198,9 @@ def test_layer_follows_the_reference_row(build, monkeypatch, fixture: str) -> No
 def test_tied_head_is_the_embedding(build, tmp_path: Path) -> None:
     """(d) Small Qwen3.5 releases tie lm_head to model.language_model.embed_tokens and store no lm_head.weight."""
     path = build("qwen3_5_tied")
-    cfg = _config(path)
-    assert "lm_head.weight" not in _weight_map(path) and cfg["text_config"]["tie_word_embeddings"]
-    embed = _tensors(path)["model.language_model.embed_tokens.weight"]
+    cfg = config_of(path)
+    assert "lm_head.weight" not in weight_map(path) and cfg["text_config"]["tie_word_embeddings"]
+    embed = tensors(path)["model.language_model.embed_tokens.weight"]
     assert torch.equal(load_native(str(path)).head_weight, embed)
     convert(str(path), tmp_path / "e", to="eagle3", dtype="float32")
     assert torch.equal(load_file(str(tmp_path / "e" / "model.safetensors"))["lm_head.weight"], embed)
@@ -225,7 +211,7 @@ def test_fused_experts_load_like_per_expert_keys(build, tmp_path: Path) -> None:
     load to the same module as per-expert keys (some re-releases) would, and the module computes expert e exactly
     as vLLM / SGLang read the hub tensor (chunk(2, dim=-2) -> gate, up; no transpose)."""
     path = build("qwen3_5_moe")
-    config = _config(path)
+    config = config_of(path)
     text = config["text_config"]
     tensors = {k: v for file in sorted(path.glob("model-0*.safetensors")) for k, v in load_file(str(file)).items()}
     p = "mtp.layers.0.mlp.experts."
@@ -266,14 +252,14 @@ def test_nextn_export_cuts_the_per_layer_lists(build, tmp_path: Path, fixture: s
     from mtp2draft.formats.export import export, validate
 
     path = build(fixture)
-    assert len(_config(path)["text_config"]["layer_types"]) > 1  # the trunk is hybrid: linear + full attention
+    assert len(config_of(path)["text_config"]["layer_types"]) > 1  # the trunk is hybrid: linear + full attention
     convert(str(path), tmp_path / "mtp", to="mtp", dtype="float32")
     export(tmp_path / "mtp", "nextn", tmp_path / "nx")
-    text = _config(tmp_path / "nx")["text_config"]
+    text = config_of(tmp_path / "nx")["text_config"]
     assert text["num_hidden_layers"] == 1 and text["mtp_num_hidden_layers"] == 1
     assert text["layer_types"] == ["full_attention"]
     assert validate(tmp_path / "nx") == []
-    cfg = _config(tmp_path / "nx")
-    cfg["text_config"]["layer_types"] = _config(path)["text_config"]["layer_types"]  # the bug, re-introduced
+    cfg = config_of(tmp_path / "nx")
+    cfg["text_config"]["layer_types"] = config_of(path)["text_config"]["layer_types"]  # the bug, re-introduced
     (tmp_path / "nx" / "config.json").write_text(json.dumps(cfg))
     assert any("layer_types has" in p for p in validate(tmp_path / "nx"))
