@@ -11,6 +11,8 @@ difference's 95 % paired bootstrap interval over prompts (`mtp2draft.evaluation.
 output present in WORK) are not redone; `--table-only` only prints.
 
 It calls the `mtp2draft` CLI, so it measures what a user runs. About 40 minutes on 2 shared cores for tiny-mimo.
+(The figures in docs/benchmarks.md came from these same CLI commands run from a shell into WORK, and this script's
+`--table-only` printed the table from them: its own measuring path has not been run end to end.)
 """
 
 from __future__ import annotations

@@ -9,8 +9,17 @@ import inspect
 import re
 from collections.abc import Callable, Mapping
 
-COMMANDS = ("inspect", "convert", "distill", "evaluate", "export", "validate", "push", "run", "dump-hidden", "specs")
-COMMANDS += ("speedup", "demo")
+
+def _commands() -> tuple[str, ...]:
+    """The CLI's commands, as its app registers them (a command added later is in the tables' count at once)."""
+    import typer.main
+
+    from mtp2draft.cli.app import app
+
+    return tuple(typer.main.get_command(app).commands)
+
+
+COMMANDS = _commands()
 _NAMED = re.compile(r'\[\s*"([a-z][a-z-]*)"|_(convert|distill|evaluate|dump_hidden)\(')
 
 

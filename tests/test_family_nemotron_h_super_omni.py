@@ -20,8 +20,8 @@ from pathlib import Path
 
 import pytest
 import torch
-import transformers
-from checkpoint_files import config_of, rms, tensors, weight_map
+from checkpoint_files import config_of, weight_map
+from nemotron_h_reference import reference
 
 from mtp2draft.checkpoint.reader import open_checkpoint
 from mtp2draft.cli.app import main
@@ -99,37 +99,8 @@ def test_convert_native_and_refuse_eagle3(build, tmp_path: Path) -> None:
         convert(str(build(FIXTURE)), tmp_path / "e3", to="eagle3")
 
 
-def _reference(path: Path, nxt, hidden, *, sublayers=(MTP + "layers.0.", MTP + "layers.1.")):
-    """vLLM's Nemotron-H MTP computation with transformers' own NemotronHBlock per sublayer: (logits, normed)."""
-    from transformers.models.nemotron_h import modeling_nemotron_h as nh
-
-    w = tensors(path)
-    text = config_of(path)["llm_config"]
-    eps = text["layer_norm_epsilon"]
-    fields = {k: v for k, v in text.items() if k != "model_type"}
-    fields.update(num_hidden_layers=2, hybrid_override_pattern="*E")
-    cfg = transformers.NemotronHConfig(**fields)
-    cfg._attn_implementation, cfg._experts_implementation = "eager", "eager"
-    blocks = [nh.NemotronHBlock(cfg, 0), nh.NemotronHBlock(cfg, 1)]
-    experts = range(text["n_routed_experts"])
-    for block, prefix in zip(blocks, sublayers, strict=True):
-        state = {}
-        for name in block.state_dict():
-            if name in ("mixer.experts.up_proj", "mixer.experts.down_proj"):
-                which = name.rsplit(".", 1)[1]
-                state[name] = torch.stack([w[f"{prefix}mixer.experts.{e}.{which}.weight"] for e in experts])
-            else:
-                state[name] = w[prefix + name]
-        block.load_state_dict(state)
-    e = torch.nn.functional.embedding(nxt, w[LM + "backbone.embeddings.weight"])
-    m0, m1 = MTP + "layers.0.", MTP + "layers.1."
-    x = torch.cat([rms(e, w[m0 + "enorm.weight"], eps), rms(hidden, w[m0 + "hnorm.weight"], eps)], -1)
-    x = x @ w[m0 + "eh_proj.weight"].T
-    t = x.shape[1]
-    mask = torch.full((t, t), float("-inf")).triu(1)[None, None]
-    x = blocks[1](blocks[0](x, attention_mask=mask))  # NoPE: no position embeddings at all
-    normed = rms(x, w[m1 + "final_layernorm.weight"], eps)
-    return normed @ w[LM + "lm_head.weight"].T, normed
+def _reference(path: Path, nxt, hidden, sublayers: tuple[str, str] | None = None):
+    return reference(path, config_of(path)["llm_config"], nxt, hidden, lm=LM, mtp=MTP, sublayers=sublayers)
 
 
 def test_layer_follows_vllms_computation(build) -> None:

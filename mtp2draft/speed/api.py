@@ -10,7 +10,7 @@ What this module does not do: build cost models (`cost.py`) or compute speeds (`
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -101,7 +101,7 @@ def check_options(tp: Any, draft_tp: Any, context: Any, batches: Sequence[int] |
         raise OptionError(f"--batch sizes must be whole numbers >= 1, got {','.join(map(str, batches)) or 'none'}")
 
 
-def _named(source: str, build: Any) -> Any:
+def _named(source: str, build: Callable[[], Any]) -> Any:
     """A config's cost model; a field it cannot be built from is one line naming the file."""
     try:
         return build()
