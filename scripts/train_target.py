@@ -531,6 +531,25 @@ def lr_factor(progress: float, warmup: float = 0.05, floor: float = 0.1) -> floa
     return floor + (1 - floor) * 0.5 * (1 + math.cos(math.pi * p))
 
 
+def phases(args) -> list[tuple[str, int, int, float]]:
+    """The run's phases as (kind, first step, steps, peak lr): the joint phase, the MTP-only phase, then each
+    `--extend` (a warm restart: joint steps at its own peak, then MTP-only steps), each with its own warm-up + cosine."""
+    out, start = [], 0
+    for kind, n, lr in [
+        ("joint", args.steps, args.lr),
+        ("mtp_only", args.mtp_only_steps, args.mtp_lr),
+        *[
+            row
+            for ext in args.extensions
+            for row in (("joint", ext["steps"], ext["lr"]), ("mtp_only", ext["mtp_only_steps"], args.mtp_lr))
+        ],
+    ]:
+        if n:
+            out.append((kind, start, n, lr))
+            start += n
+    return out
+
+
 def count(module: nn.Module) -> int:
     return sum(p.numel() for p in module.parameters())
 
@@ -775,7 +794,7 @@ def train_family(family: str, args, state: Path, blob: dict[str, Any], provenanc
                 "model": model.state_dict(),
                 "mtp": mtp.state_dict(),
                 "opt": opt.state_dict(),
-                "opt2": opt2.state_dict() if st["step"] > args.steps else None,
+                "opt2": opt2.state_dict() if st["step"] > args.steps else None,  # made once it has stepped
                 "torch_rng": torch.get_rng_state(),
                 "py_rng": random.getstate(),
                 "st": st,
@@ -783,7 +802,9 @@ def train_family(family: str, args, state: Path, blob: dict[str, Any], provenanc
             ckpt,
         )
 
-    seq, steps, total = args.seq_len, args.steps, args.steps + args.mtp_only_steps
+    seq, steps = args.seq_len, args.steps
+    plan = phases(args)
+    total = plan[-1][1] + plan[-1][2]
     pos = torch.arange(seq - 1).expand(args.batch_size, -1)  # MTP position of (h_t, x_{t+1}) is t
     budget = args.minutes * 60 if args.minutes else None
     autocast = args.autocast
@@ -798,16 +819,18 @@ def train_family(family: str, args, state: Path, blob: dict[str, Any], provenanc
         if (budget and time.perf_counter() - t_loop >= budget) or (args.stop_at and st["step"] >= args.stop_at):
             break
         step = st["step"]
-        joint = step < steps
+        kind, first, n, peak = next(ph for ph in plan if ph[1] <= step < ph[1] + ph[2])
+        joint = kind == "joint"
+        lr = peak * lr_factor((step - first + 1) / n)
         if joint:
             model.train()
-            lr = args.lr * lr_factor((step + 1) / steps)
+            for p in model.parameters():  # after an MTP-only phase the trunk trains again
+                p.requires_grad_(True)
             cur = opt
         else:
             model.eval()  # frozen trunk
             for p in model.parameters():
                 p.requires_grad_(False)
-            lr = args.mtp_lr * lr_factor((step - steps + 1) / args.mtp_only_steps)
             cur = opt2
         mtp.train()
         for group in cur.param_groups:
@@ -845,7 +868,7 @@ def train_family(family: str, args, state: Path, blob: dict[str, Any], provenanc
                 + f" tok/s {tok_log / el:.0f} cpu {st['cpu_s'] + time.process_time() - mark[0]:.0f}s"
             )
             t_log, tok_log = time.perf_counter(), 0
-        if step % args.eval_every == 0 or step in (steps, total):
+        if step % args.eval_every == 0 or step in {first + n for _, first, n, _ in plan}:
             t_e = time.perf_counter()
             model.eval()
             mtp.eval()
@@ -894,7 +917,7 @@ def train_family(family: str, args, state: Path, blob: dict[str, Any], provenanc
     mtp.eval()
     tok_dir = state / "tokenizer"
     tail = st["losses"][-20:]
-    joint_tail = [a for a, _ in st["losses"][:steps][-20:]]
+    joint_tail = [a for a, _ in st["losses"] if a == a][-20:]  # the last joint steps (MTP-only ones log NaN)
     with atomic_output_dir(out_dir, overwrite=args.overwrite) as tmp:
         write_checkpoint(tmp, config, hub_state(model, mtp, spec, config), shards=2)
         save_tokenizer(tok_dir, tmp)
@@ -922,6 +945,8 @@ def train_family(family: str, args, state: Path, blob: dict[str, Any], provenanc
             "planned_steps": total,
             "joint_steps": steps,
             "mtp_only_steps": args.mtp_only_steps,
+            "extensions": args.extensions,  # warm restarts after the first two phases (--extend)
+            "phases": [{"phase": k, "first_step": f, "steps": n, "peak_lr": lr} for k, f, n, lr in plan],
             "batch_size": args.batch_size,
             "seq_len": seq,
             "tokens_seen": st["tokens"],
@@ -945,7 +970,7 @@ def train_family(family: str, args, state: Path, blob: dict[str, Any], provenanc
                 "mtp_only_lr": args.mtp_lr,
                 "betas": [0.9, 0.95],
                 "weight_decay": args.weight_decay,
-                "schedule": "linear warm-up 5 %, cosine to 10 %, over --steps (and again over --mtp-only-steps)",
+                "schedule": "linear warm-up 5 %, cosine to 10 %, over each phase (see phases)",
                 "grad_clip": args.clip,
             },
             "mtp_loss_weight": args.mtp_weight,
@@ -1002,6 +1027,14 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     default_steps = ", ".join(f"{k} {v['steps']}" for k, v in FAMILIES.items())
     ap.add_argument("--steps", type=int, default=None, help=f"joint optimizer steps (default: {default_steps})")
     ap.add_argument("--mtp-only-steps", type=int, default=0, help="then MTP-only steps on the frozen trunk")
+    ap.add_argument(
+        "--extend",
+        nargs=3,
+        metavar=("JOINT", "MTP_ONLY", "LR"),
+        default=None,
+        help="with --resume: after the planned steps, JOINT more joint steps at peak LR, then MTP_ONLY MTP-only steps"
+        " (a warm restart, recorded in the run's recipe; repeat the invocation to add another)",
+    )
     ap.add_argument("--minutes", type=float, default=None, help="wall-clock cap on this invocation's training")
     ap.add_argument("--stop-at", type=int, default=None, help="end this invocation at this step (checkpointed)")
     ap.add_argument("--save-minutes", type=float, default=5.0, help="checkpoint at least this often")
@@ -1086,6 +1119,13 @@ def main(argv: list[str] | None = None) -> int:
                 log(f"[{family}] --resume keeps the run's recipe; ignoring {changed}")
             for k, v in recipe.items():
                 setattr(fargs, k, v)
+            fargs.extensions = recipe.get("extensions", [])
+            if args.extend:
+                ext = {"steps": int(args.extend[0]), "mtp_only_steps": int(args.extend[1]), "lr": float(args.extend[2])}
+                fargs.extensions = [*fargs.extensions, ext]
+                recipe["extensions"] = fargs.extensions
+                write_json(meta_file, {"recipe": recipe, "family": family})
+                log(f"[{family}] extended: {ext}")
             blob = torch.load(state / "data.pt", weights_only=False)
         else:
             if state.exists():
@@ -1100,6 +1140,9 @@ def main(argv: list[str] | None = None) -> int:
                     f"corpus: {len(corpus[0])} train / {len(corpus[1])} held-out files ({time.perf_counter() - t0:.0f}s)"
                 )
             tok_src = args.tokenizer_from or Path(__file__).resolve().parents[1] / "examples" / "targets" / row["dir"]
+            fargs.extensions = []
+            if args.extend:
+                raise SystemExit("--extend continues a finished or running run: pass it with --resume")
             blob = prepare_data(fargs, state, tok_src, corpus)
             write_json(meta_file, {"recipe": {k: getattr(fargs, k) for k in RECIPE}, "family": family})
         train_family(family, fargs, state, blob, provenance)

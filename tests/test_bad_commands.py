@@ -391,8 +391,27 @@ for _name, _args, _needle in (
     ("draft_vocab_size_for_a_native_draft", ("--draft-vocab-size", "100"), "applies to eagle3 drafts"),
     ("plan_world_size_zero", ("--plan", "--world-size", "0"), "--world-size must be a whole number >= 1"),
     ("plan_world_size_negative", ("--plan", "--world-size", "-2"), "--world-size must be a whole number >= 1"),
+    ("patience_zero", ("--patience", "0"), "--patience must be a whole number >= 1"),
+    ("patience_without_heldout", ("--patience", "2"), "--patience stops on held-out acceptance: it needs --heldout"),
+    ("eval_every_zero", ("--eval-every", "0"), "--eval-every must be a whole number >= 1"),
+    ("heldout_examples_zero", ("--heldout-examples", "0"), "--heldout-examples must be a whole number >= 1"),
+    ("heldout_missing", ("--heldout", "/nonexistent/heldout.jsonl"), "/nonexistent/heldout.jsonl"),
 ):
     _add(f"distill_{_name}", lambda w, tmp, mp, stack, a=_args, n=_needle: Case(_distill(w, tmp, *a), n))
+
+
+@case
+def distill_heldout_smaller_than_a_batch(w, tmp, mp, stack):
+    small = tmp / "heldout.jsonl"
+    small.write_text(json.dumps({"text": "def held_out(x):\n    return x * 2\n"}) + "\n")
+    return Case(_distill(w, tmp, "--heldout", str(small)), "fewer than one batch of --batch-size 2")
+
+
+@case
+def distill_heldout_malformed(w, tmp, mp, stack):
+    bad = tmp / "heldout.jsonl"
+    bad.write_text('{"text": "ok"}\n{not json\n')
+    return Case(_distill(w, tmp, "--heldout", str(bad)), "heldout.jsonl")
 
 
 @case

@@ -388,6 +388,12 @@ def offline_with_target(w, tmp, mp):
 
 
 @case
+def offline_with_heldout(w, tmp, mp):
+    argv = _distill(w, tmp, w.dump, "--heldout", str(w.data))
+    return Case(argv, "--heldout needs the online target (--target and --data), not --hidden-states")
+
+
+@case
 def offline_with_data(w, tmp, mp):
     return Case(_distill(w, tmp, w.dump, "--data", str(w.data)), "--data cannot be used with --hidden-states")
 

@@ -119,3 +119,20 @@ Verifier = Annotated[
     str | None,
     typer.Option("--verifier", help="speculators: the target's hub id (default: the source converted from)."),
 ]
+
+# distill's held-out guard (train/heldout.py)
+Heldout = Annotated[
+    Path | None,
+    typer.Option(
+        "--heldout",
+        help="Held-out JSONL (prompts the training never sees): evaluated every --eval-every steps and before the "
+        "first; the best-scoring weights are written, never worse than the input draft on it.",
+    ),
+]
+EvalEvery = Annotated[int, typer.Option("--eval-every", help="With --heldout: evaluate every N steps.")]
+Patience = Annotated[
+    int | None, typer.Option("--patience", help="With --heldout: stop after N evaluations without a gain.")
+]
+HeldoutExamples = Annotated[
+    int, typer.Option("--heldout-examples", help="With --heldout: use at most N of its examples.")
+]

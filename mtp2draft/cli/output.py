@@ -106,15 +106,25 @@ def distill_summary(result: Any) -> dict[str, Any]:
         "seconds": round(result.seconds, 1),
         "accuracy_per_step": [round(a, 4) for a in result.per_step_accuracy],
         "resumed_from": result.resumed_from,
+        "heldout": result.heldout,
     }
 
 
 def distill_text(result: Any) -> str:
     acc = " ".join(f"{a:.3f}" for a in result.per_step_accuracy)
-    return (
+    text = (
         f"wrote distilled draft to {result.out} ({result.steps} steps, {result.seconds:.0f} s); "
         f"top-1 agreement per step: {acc}"
     )
+    guard = getattr(result, "heldout", None)
+    if guard and guard.get("best_step") is not None:
+        best = next(h for h in guard["history"] if h["step"] == guard["best_step"])
+        first = guard["history"][0]
+        text += (
+            f"\nheld-out ({guard['examples']} examples): weights of step {guard['best_step']} written, implied "
+            f"acceptance length {best['score']:.3f} (step {first['step']}: {first['score']:.3f})"
+        )
+    return text
 
 
 def acceptance_table(results: list[dict[str, Any]]) -> str:

@@ -17,11 +17,15 @@ from mtp2draft.cli.options import (
     DeviceMap,
     DraftDir,
     DraftVocab,
+    EvalEvery,
     Handover,
+    Heldout,
+    HeldoutExamples,
     HiddenStates,
     MaxLength,
     Out,
     Overwrite,
+    Patience,
     Plan,
     Precision,
     Regenerate,
@@ -56,6 +60,10 @@ def distill(
     hidden_handover: Handover = None,
     seed: Annotated[int, typer.Option("--seed", help="Seed of the data order.")] = 0,
     save_every: Annotated[int, typer.Option("--save-every", help="Checkpoint every N steps.")] = 50,
+    heldout: Heldout = None,
+    eval_every: EvalEvery = 50,
+    patience: Patience = None,
+    heldout_examples: HeldoutExamples = 64,
     resume: Annotated[bool, typer.Option("--resume", help="Continue from the newest checkpoint of --out.")] = False,
     regenerate: Regenerate = False,
     sample: Annotated[bool, typer.Option("--sample", help="With --regenerate: sample instead of greedy.")] = False,
@@ -83,6 +91,7 @@ def distill(
 
     * `mtp2draft distill glm-mtp --target zai-org/GLM-4.5-Air --data chats.jsonl --device-map auto --dtype bfloat16 --out glm-mtp-ft` (the target spread over the local GPUs in bf16)
     * `mtp2draft distill glm-eagle3 --target zai-org/GLM-4.5-Air --data chats.jsonl --regenerate --draft-vocab-size 32000 --ttt-steps 5 --device-map auto --dtype bfloat16 --out glm-eagle3-ft`
+    * `mtp2draft distill ds3-mtp --target deepseek-ai/DeepSeek-V3 --data train.jsonl --heldout heldout.jsonl --patience 3 --out ds3-mtp-ft` (keeps the weights that score best on held-out prompts; stops after 3 evaluations without a gain)
     * `mtp2draft distill ds3-mtp --hidden-states dumped/ --out ds3-mtp-ft` (offline, no target loaded)
     * `torchrun --nproc-per-node 8 -m mtp2draft distill ds3-mtp --hidden-states dumped/ --out ds3-mtp-ft` (FSDP2;
       --batch-size stays the global batch)
@@ -96,7 +105,7 @@ def distill(
     if plan:
         _print_plan(draft, cfg, world_size, device, offline=hidden_states is not None, as_json=as_json)
         return
-    inputs = {"data": data, "target": target, "hidden_states": hidden_states, "skip_bad": skip_bad}
+    inputs = {"data": data, "target": target, "hidden_states": hidden_states, "skip_bad": skip_bad, "heldout": heldout}
     flags = {"resume": resume, "overwrite": overwrite, "regenerate_data": regenerate, "sample": sample}
     hub = {"revision": revision, "token": token}
     where = {"device": device, "target_dtype": dtype, "device_map": device_map}

@@ -51,6 +51,7 @@ from mtp2draft.train.calibrate import (
     narrow_vocab,
     token_counts,
 )
+from mtp2draft.train.heldout import HeldoutGuard
 from mtp2draft.train.parallel import Parallel
 from mtp2draft.train.settings import DistillConfig, DistillJob
 from mtp2draft.train.state import (
@@ -72,6 +73,8 @@ class DistillResult:
     per_step_accuracy: list[float]
     history: list[dict[str, Any]] = field(default_factory=list)
     resumed_from: int | None = None
+    heldout: dict[str, Any] | None = None
+    """The held-out guard's record (train/heldout.py), when the run had one."""
     is_main: bool = True
     """False on ranks other than 0 under torchrun: they wrote nothing and should print nothing."""
 
@@ -129,6 +132,7 @@ class DistillRecipe:
         self.calibration: dict | None = None
         self.history: list[dict[str, Any]] = []
         self.start = 0
+        self.guard: HeldoutGuard | None = None
 
     def run(self) -> DistillResult:
         """The whole run holds the claim on --out (rank 0, which writes): a second run into it is refused at once,
@@ -154,7 +158,8 @@ class DistillRecipe:
         self.setup_optimizer()
         end = self.cfg.steps if self.job.stop_after is None else min(self.cfg.steps, self.start + self.job.stop_after)
         self.train(end)
-        if end < self.cfg.steps:  # stopped early on purpose: checkpoints stay, nothing is written
+        if end < self.cfg.steps and not (self.guard and self.guard.stopped_at):
+            # stopped early on purpose (stop_after): checkpoints stay, nothing is written
             return DistillResult(
                 self.job.out, end, time.perf_counter() - self.started, [], self.history, self.start or None
             )
@@ -179,6 +184,10 @@ class DistillRecipe:
         job, par, ckpt = self.job, self.par, self.job.checkpoints
         if job.hidden_states is not None:
             check_offline_options(job)
+        if job.heldout is not None and job.hidden_states is not None:
+            raise OptionError("--heldout needs the online target (--target and --data), not --hidden-states")
+        if self.cfg.patience is not None and job.heldout is None:
+            raise OptionError("--patience stops on held-out acceptance: it needs --heldout")
         if self.cfg.batch_size < par.world:
             raise DataError(
                 f"--batch-size {self.cfg.batch_size} is the global batch: it must be at least the {par.world} ranks"
@@ -262,6 +271,15 @@ class DistillRecipe:
         if job.hidden_states is None and job.target_dtype != "float32":  # the default is left out: older hashes hold
             self.settings["target_dtype"] = str(job.target_dtype).removeprefix("torch.")
         parallel.check_same_settings(self.par, self.settings, "data")  # every rank read the same data and target
+        if job.heldout is not None:
+            self.guard = HeldoutGuard.build(
+                job.heldout, self.teacher, cfg.heldout_examples, cfg.batch_size, cfg.max_length,
+                every=cfg.eval_every, patience=cfg.patience,
+            )  # fmt: skip
+            self.progress(
+                f"held-out guard: {self.guard.teacher.size} examples of {job.heldout}, every {cfg.eval_every} steps"
+                + (f", patience {cfg.patience}" if cfg.patience else "")
+            )
 
     def batch(self, step: int, final: bool = False, whole: bool = False):
         """Step `step`'s batch and features: this rank's rows of the global batch (all of it when `whole`)."""
@@ -314,6 +332,8 @@ class DistillRecipe:
             meta = load_checkpoint(self.latest, self.draft, self.optimizer, self.par)
             self.start = int(meta["step"])
             self.history = meta.get("history", [])
+            if self.guard is not None:
+                self.guard.restore(self, self.start, meta.get("heldout", []))
             written = f" (written by {meta['world_size']} rank(s))" if self.par.distributed else ""
             self.progress(f"resuming from {self.latest.name}{written}")
         self.vocab_ids = draft_target_ids(self.draft)
@@ -360,6 +380,8 @@ class DistillRecipe:
         bar = meter(self.progress, "distill", cfg.steps, "step", initial=self.start)
         log = bar.write  # log lines above a bar, not through it
         window: list[list[float]] = []
+        if self.guard is not None:
+            self.guard.update(self, self.start)  # step 0: the input draft is the first candidate
         for step in range(self.start, end):
             stats = self.train_step(step)
             acc = [c / max(n, 1) for c, n in zip(stats.per_step_correct, stats.per_step_count, strict=True)]
@@ -374,8 +396,12 @@ class DistillRecipe:
                     + f"  ({time.perf_counter() - self.started:.0f} s)"
                 )
                 window = []
+            if self.guard is not None and self.guard.due(step + 1, cfg.steps) and self.guard.update(self, step + 1):
+                break  # --patience: no held-out gain for that many evaluations
             if (step + 1) % cfg.save_every == 0 and step + 1 < cfg.steps:
                 meta = {"settings_hash": settings_hash(self.settings), "history": self.history}
+                if self.guard is not None:
+                    meta["heldout"] = self.guard.history
                 save_checkpoint(self.job.checkpoints, step + 1, self.draft, self.optimizer, meta, self.par)
         bar.close()
 
@@ -388,14 +414,25 @@ class DistillRecipe:
         seconds = time.perf_counter() - self.started
         final_acc = self.history[-1]["accuracy"] if self.history else []
         resumed = self.start or None
+        guard = self.guard
+        trained = guard.stopped_at if guard and guard.stopped_at else cfg.steps
         state = parallel.full_state_dict(self.draft, par)  # collective: every rank takes part
+        record = guard.record() if guard else None
         if not par.is_main:
             parallel.together(par, lambda: None)  # rank 0 writes the result, then everyone returns (or fails)
-            return DistillResult(job.out, cfg.steps, seconds, final_acc, self.history, resumed, is_main=False)
+            return DistillResult(job.out, trained, seconds, final_acc, self.history, resumed, record, is_main=False)
+        if guard is not None and guard.best["step"] != trained:  # an earlier step scored best on the held-out set
+            state = guard.best_state
+            self.progress(
+                f"held-out: writing the weights of step {guard.best['step']} (implied acceptance length "
+                f"{guard.best['score']:.3f}; step {trained}: {guard.history[-1]['score']:.3f})"
+                + (": the input draft, unchanged" if guard.best["step"] == 0 else "")
+            )
         info = {
             "settings": self.settings,
             "target_commit": self.teacher.commit,
-            "steps": cfg.steps,
+            "steps": trained,
+            "heldout": record,
             "seconds": round(seconds, 1),
             "final_accuracy_per_step": final_acc,
             "calibration": self.calibration,
@@ -414,7 +451,7 @@ class DistillRecipe:
             shutil.rmtree(job.checkpoints, ignore_errors=True)
 
         parallel.together(par, write)
-        return DistillResult(job.out, cfg.steps, seconds, final_acc, self.history, resumed)
+        return DistillResult(job.out, trained, seconds, final_acc, self.history, resumed, record)
 
 
 def configure_draft(draft, cfg: DistillConfig) -> None:

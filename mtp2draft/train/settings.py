@@ -56,10 +56,16 @@ class DistillConfig:
     """Recompute the block's MLP in backward (saves its activations; the math is unchanged)."""
     compile: bool = False
     """torch.compile the draft's block (GPU runs; the math is unchanged up to kernel rounding)."""
+    eval_every: int = 50
+    """With a held-out set (`DistillJob.heldout`): evaluate on it every N steps (and before the first)."""
+    patience: int | None = None
+    """With a held-out set: stop after N evaluations without a gain. None: run every step (the best is written)."""
+    heldout_examples: int = 64
+    """With a held-out set: use at most this many of its examples (a whole number of batches)."""
 
     def __post_init__(self) -> None:
         """Refuse values that would crash later or silently train nothing (one line each, before any work)."""
-        for name in ("steps", "ttt_steps", "batch_size", "save_every", "log_every"):
+        for name in ("steps", "ttt_steps", "batch_size", "save_every", "log_every", "eval_every", "heldout_examples"):
             value = getattr(self, name)
             least = 0 if name == "steps" else 1  # 0 steps: calibrate an EAGLE-3 draft only (distill checks it)
             if isinstance(value, bool) or not isinstance(value, int) or value < least:
@@ -72,6 +78,10 @@ class DistillConfig:
                 raise OptionError(f"--{name.replace('_', '-')} must be a finite number > 0, got {value!r}")
         if not math.isfinite(self.weight_decay) or self.weight_decay < 0:
             raise OptionError(f"weight_decay must be a finite number >= 0, got {self.weight_decay!r}")
+        if self.patience is not None and (
+            isinstance(self.patience, bool) or not isinstance(self.patience, int) or self.patience < 1
+        ):
+            raise OptionError(f"--patience must be a whole number >= 1, got {self.patience!r}")
         if self.draft_vocab_size is not None and self.draft_vocab_size < 1:
             raise OptionError(f"--draft-vocab-size must be >= 1, got {self.draft_vocab_size}")
         if self.warmup_steps is not None and self.warmup_steps < 0:
@@ -111,6 +121,8 @@ class DistillJob:
     data: str | Path | None = None
     target: str | None = None
     hidden_states: str | Path | None = None
+    heldout: str | Path | None = None
+    """Held-out JSONL: evaluated every `eval_every` steps; the best-scoring weights are written (`train/heldout.py`)."""
     revision: str | None = None
     token: str | bool | None = None
     resume: bool = False
@@ -126,7 +138,7 @@ class DistillJob:
 
     @property
     def inputs(self) -> list:
-        return [self.draft_dir, self.target, self.data, self.hidden_states]
+        return [self.draft_dir, self.target, self.data, self.hidden_states, self.heldout]
 
     @property
     def checkpoints(self) -> Path:

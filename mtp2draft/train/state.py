@@ -30,7 +30,9 @@ from mtp2draft.train.parallel import Parallel
 
 def settings_hash(settings: dict[str, Any]) -> str:
     # neither changes the math, so a run may resume with or without them
+    # nor do the held-out guard's settings: they choose which step's weights are written, not what a step computes
     skip = ("save_every", "log_every", "steps", "compile", "activation_checkpointing")
+    skip += ("eval_every", "patience", "heldout_examples")
     keep = {k: v for k, v in settings.items() if k not in skip}
     return hashlib.sha256(json.dumps(keep, sort_keys=True, default=str).encode()).hexdigest()[:16]
 

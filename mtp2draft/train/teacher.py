@@ -79,6 +79,10 @@ class Teacher:
             [self.examples[i] for i in idx], self.pad_id
         )  # padded as the global batch: same shapes on any N
         batch = {k: v[rows] for k, v in batch.items()}
+        return batch, self.features_of(draft, batch, device, final)
+
+    def features_of(self, draft, batch: dict[str, torch.Tensor], device: str, final: bool = False) -> Features:
+        """The online target's features for a collated batch (what `draft` reads), on the draft's device."""
         eagle3 = draft.kind == DraftKind.EAGLE3
         feats = self.target.features(
             batch["input_ids"],
@@ -87,7 +91,7 @@ class Teacher:
             want_final=final or not eagle3,
             final=getattr(draft, "input_hidden", None),
         )
-        return batch, _features_to(feats, device)
+        return _features_to(feats, device)
 
     def fingerprint(self) -> str | None:
         """The online target's weight hash (None offline): distill checks it did not change."""
