@@ -12,6 +12,7 @@ import torch
 
 from mtp2draft.cli.app import main
 from mtp2draft.conversion import convert
+from mtp2draft.data import load_tokenizer
 from mtp2draft.draft.modules import DraftCache, load_draft
 from mtp2draft.evaluation.decode import TargetRunner, draft_chain, greedy_reference, speculative_decode, summarise
 from mtp2draft.target.hidden import TargetModel
@@ -159,7 +160,9 @@ def test_decoding_accepts_exactly_where_the_forced_chain_predicts_the_target(
     runner = TargetRunner(tm, draft)
     aux = draft.aux_layer_ids if kind == "eagle3" else None
     rounds, accepted_total = 0, 0
-    for prompt in ([5, 17, 42, 9, 88, 23, 301, 7, 64, 12], [300, 301, 302, 303, 40, 41, 42, 43]):
+    tok = load_tokenizer(tgt)
+    for text in ("def add(a, b):\n    return a + b\n\n\ndef sub(a, b):\n", "for i in range(10):\n    print(i)\n"):
+        prompt = tok(text)["input_ids"]  # code, as the targets were trained on: both acceptances and rejections
         ref = greedy_reference(runner, prompt, 24, None)
         full = torch.tensor([prompt + ref])
         step0 = tm.features(full, aux_layers=aux).step0_input(kind)
