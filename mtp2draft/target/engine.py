@@ -77,12 +77,15 @@ def vllm_environment(
     """The environment vLLM's subprocess runs in: nothing of mtp2draft's venv leaks into it (PYTHONPATH is only
     `pythonpath`); on the CPU build (vLLM 0.32.0) the KV cache size must be given and thread binding is off. For an
     MLA `model` it asks the drivers for the CPU build's rotary-embedding fix (`vllm_side/cpu_fixes.py`: without it
-    vLLM's CPU build computes another model; a GPU build ignores the request)."""
-    from mtp2draft.target.vllm_side.cpu_fixes import NATIVE_ROPE
+    vLLM's CPU build computes another model; a GPU build ignores the request), and for every model the rejection
+    sampler's expand fix (without it the CPU build's temperature > 0 acceptance and recovered tokens come from logits
+    divided by uninitialised memory)."""
+    from mtp2draft.target.vllm_side.cpu_fixes import NATIVE_EXPAND, NATIVE_ROPE
 
     env = dict(os.environ)
     if model is not None and uses_mla(Path(model)):
         env[NATIVE_ROPE] = "1"
+    env.setdefault(NATIVE_EXPAND, "1")
     env.setdefault("VLLM_CPU_KVCACHE_SPACE", str(kv_cache_gib))
     env.setdefault("VLLM_CPU_OMP_THREADS_BIND", "nobind")
     env.setdefault("TOKENIZERS_PARALLELISM", "false")

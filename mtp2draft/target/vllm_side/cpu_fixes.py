@@ -9,6 +9,14 @@ applies only on the CPU platform, and is reported in the driver's reply, so a fi
   outside k_pe (scripts/repro_vllm_cpu_rope.py). The layer's own PyTorch code (`forward_native`) is used instead;
   with it vLLM equals transformers on MLA targets to ~1e-5 in every log-probability (docs/benchmarks.md). Asked for
   for MLA targets only; other models keep vLLM's own op.
+- `MTP2DRAFT_VLLM_NATIVE_EXPAND=1`: vLLM 0.32.0's CPU stand-in for the rejection sampler's `expand_kernel`
+  (`vllm/utils/cpu_triton_utils.py`, `_expand_kernel_impl`) converts the output tensor to int64 (`_ensure_int64`,
+  a copy for a float32 one) and never copies the result back, so `expand_batch_to_tokens` returns uninitialised
+  memory for the float temperature (and top_p) it expands per draft token; with temperature > 0 the target's
+  probabilities in rejection sampling are then those of logits divided by garbage (0, negative or denormal numbers),
+  and argmax proposals are accepted ~0.001 of the time instead of with probability p(x) (scripts/repro_vllm_cpu_expand.py).
+  `rejection_sampler.expand_batch_to_tokens` is replaced by the same thing in PyTorch (`repeat_interleave`).
+  Asked for on every target: it changes nothing at temperature 0 (that path never expands).
 
 What it does not do: change vLLM's files, or anything on a GPU build.
 """
@@ -18,19 +26,45 @@ from __future__ import annotations
 import os
 
 NATIVE_ROPE = "MTP2DRAFT_VLLM_NATIVE_ROPE"
+NATIVE_EXPAND = "MTP2DRAFT_VLLM_NATIVE_EXPAND"
+
+
+def expand_batch_to_tokens(x, cu_num_tokens, num_tokens: int, replace_from: int = 0, replace_to: int = 0):
+    """vLLM's `rejection_sampler.expand_batch_to_tokens` in PyTorch: x [batch] repeated by the counts that
+    cu_num_tokens [batch] (cumulative) gives, values equal to replace_from replaced by replace_to; [num_tokens]."""
+    import torch
+
+    cu = cu_num_tokens.to(device=x.device, dtype=torch.int64)
+    counts = torch.diff(cu, prepend=cu.new_zeros(1))
+    x = torch.where(x == replace_from, torch.full_like(x, replace_to), x)
+    out = x.new_zeros(num_tokens)
+    expanded = torch.repeat_interleave(x, counts)
+    n = min(num_tokens, expanded.shape[0])
+    out[:n] = expanded[:n]
+    return out
 
 
 def apply() -> list[str]:
     """Apply the fixes the environment asks for; the names of those applied."""
     applied: list[str] = []
-    if os.environ.get(NATIVE_ROPE) != "1":
+    rope, expand = os.environ.get(NATIVE_ROPE) == "1", os.environ.get(NATIVE_EXPAND) == "1"
+    if not (rope or expand):
         return applied
     from vllm.platforms import current_platform
 
     if not current_platform.is_cpu():
         return applied
-    from vllm.model_executor.layers.rotary_embedding.base import RotaryEmbedding
+    if rope:
+        from vllm.model_executor.layers.rotary_embedding.base import RotaryEmbedding
 
-    RotaryEmbedding.forward_cpu = RotaryEmbedding.forward_native
-    applied.append("rotary embedding: forward_native instead of the CPU op (scripts/repro_vllm_cpu_rope.py)")
+        RotaryEmbedding.forward_cpu = RotaryEmbedding.forward_native
+        applied.append("rotary embedding: forward_native instead of the CPU op (scripts/repro_vllm_cpu_rope.py)")
+    if expand:
+        from vllm.v1.sample import rejection_sampler
+
+        rejection_sampler.expand_batch_to_tokens = expand_batch_to_tokens
+        applied.append(
+            "rejection sampler: expand_batch_to_tokens in PyTorch instead of the CPU expand op, which leaves float "
+            "outputs (temperature, top_p) unwritten (scripts/repro_vllm_cpu_expand.py)"
+        )
     return applied
