@@ -16,7 +16,13 @@ from mtp2draft.kinds import DraftKind
 
 
 def test_every_registered_format_provides_a_full_format() -> None:
-    assert list(FORMATS) == ["sglang", "speculators", "nextn", "stitched"]  # --format choices, in this order
+    assert list(FORMATS) == [
+        "sglang",
+        "speculators",
+        "nextn",
+        "stitched",
+        "speculators-mtp",
+    ]  # --format choices, in order
     assert (*FORMATS, "mtp") == VALIDATE_FORMATS
     for name, reg in REGISTRY.items():
         fmt = get_format(name)
@@ -33,6 +39,7 @@ def test_each_detector_recognises_its_own_config_and_no_other() -> None:
         "sglang": {"architectures": ["LlamaForCausalLMEagle3"]},
         "speculators": {"architectures": ["Eagle3Speculator"], "speculators_model_type": "eagle3"},
         "nextn": {"architectures": ["DeepseekV3ForCausalLMNextN"]},
+        "speculators-mtp": {"architectures": ["MTPDraftModel"], "speculators_model_type": "mtp"},
         "mtp": {"draft_kind": "mtp", "architectures": []},
     }
     for name, config in configs.items():

@@ -117,7 +117,7 @@ WorldSize = Annotated[
 # export / push
 Verifier = Annotated[
     str | None,
-    typer.Option("--verifier", help="speculators: the target's hub id (default: the source converted from)."),
+    typer.Option("--verifier", help="speculators(-mtp): the target's hub id (default: the source converted from)."),
 ]
 
 # distill's held-out guard (train/heldout.py)

@@ -30,10 +30,10 @@ def export(
         str | None, typer.Option("--target", help="Target (hub id or dir): for stitched; nextn optional.")
     ] = None,
     dtype: Annotated[
-        str, typer.Option("--dtype", help=f"sglang/speculators weights dtype: {choices('dtypes')}.")
+        str, typer.Option("--dtype", help=f"sglang/speculators/speculators-mtp weights dtype: {choices('dtypes')}.")
     ] = "bfloat16",
     speculative_tokens: Annotated[
-        int, typer.Option("--speculative-tokens", help="speculators: k written into the proposal method.")
+        int, typer.Option("--speculative-tokens", help="speculators(-mtp): k written into the proposal method.")
     ] = 3,
     verifier: Verifier = None,
     revision: Revision = None,
@@ -43,8 +43,9 @@ def export(
 ) -> None:
     """Write a draft in the format a serving engine loads; the output is validated before it appears.
 
-    sglang / speculators take EAGLE-3 drafts; nextn / stitched take native MTP drafts (stitched writes the layer back
-    into --target's shards, in their dtype and FP8 quantization).
+    sglang / speculators take EAGLE-3 drafts; nextn / stitched / speculators-mtp take native MTP drafts (stitched
+    writes the layer back into --target's shards, in their dtype and FP8 quantization; speculators-mtp is
+    speculators' `mtp` speculator type, for Qwen3-Next / Qwen3.5 targets).
 
     Examples:
 

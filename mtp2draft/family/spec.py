@@ -126,6 +126,21 @@ class NextNSpec:
 
 
 @dataclass(frozen=True)
+class SpeculatorsSpec:
+    """What vLLM's `speculators` library does with this family's MTP layer, read from its source at `version`
+    (`[speculators]`); formats/speculators_mtp.py writes its `mtp` speculator type only where `mtp_model_type` is set."""
+
+    version: str = ""
+    """speculators release the facts were read from (e.g. "0.9.0")."""
+    mtp_model_type: str = ""
+    """The key of speculators' `mtp_model_classes` (`speculators/models/mtp/model_definitions.py`) that builds this
+    family's MTP layer: the `model_type` of the (text) config it reads as `transformer_layer_config`; empty: the `mtp`
+    speculator type has no class for the family."""
+    sources: str = ""
+    """speculators source files the facts were read from."""
+
+
+@dataclass(frozen=True)
 class EngineSpec:
     """What one serving engine does with this family, read from its source at `version` (`[engines.<name>]`).
 
@@ -170,6 +185,7 @@ class Spec:
     block: BlockSpec
     eagle3: Eagle3Spec = Eagle3Spec()
     nextn: NextNSpec = NextNSpec()
+    speculators: SpeculatorsSpec = SpeculatorsSpec()
     quantization: tuple[str, ...] = ()
     engines: Mapping[str, EngineSpec] = field(default_factory=dict)
     """Engine name (`ENGINES`) -> what that engine does with this family; an engine absent serves nothing."""
@@ -258,6 +274,7 @@ class Spec:
             "norm": self.layer.norm,
             "quantization": list(self.quantization),
             "eagle3_transforms": list(self.eagle3.transforms),
+            "speculators_mtp": self.speculators.mtp_model_type,
             "engines": {
                 name: {
                     "version": facts.version,
@@ -325,6 +342,7 @@ def parse_spec(data: Mapping[str, Any], path: str = "<spec>") -> Spec:
         "block": BlockSpec,
         "eagle3": Eagle3Spec,
         "nextn": NextNSpec,
+        "speculators": SpeculatorsSpec,
     }
     engines = data.get("engines", {})
     if not isinstance(engines, Mapping):
@@ -370,6 +388,10 @@ def _check_values(spec: Spec) -> None:
             raise SpecError(f"{at}: step_layers must be one of {STEP_LAYER_RULES}, got {facts.step_layers!r}")
         if not facts.version:
             raise SpecError(f"{at}: version (the engine release the facts were read from) is required")
+    if spec.speculators.mtp_model_type and not spec.speculators.version:
+        raise SpecError(
+            f"{where} [speculators]: version (the speculators release the facts were read from) is required"
+        )
     for q in spec.quantization:
         if q not in QUANT_FORMATS:
             raise SpecError(f"{where}: unknown quantization {q!r}; known: {QUANT_FORMATS}")

@@ -1,6 +1,7 @@
 """Export formats: the registry (`REGISTRY`, the one place a format is registered) and what a format module provides
-(`Format`). One module per format family: `eagle3` (sglang, speculators), `nextn`, `stitched`, and `native` (the
-`mtp` draft directory, validated but never written). `../shared/reference/draft-formats.md` is the contract.
+(`Format`). One module per format family: `eagle3` (sglang, speculators), `nextn`, `stitched`, `speculators_mtp`
+(speculators' `mtp` speculator type) and `native` (the `mtp` draft directory, validated but never written).
+`../shared/reference/draft-formats.md` is the contract.
 
 This package's `__init__` is torch-free: the CLI lists `--format` choices from it without loading a model library;
 `get_format(name)` imports the implementing module on first use.
@@ -63,6 +64,12 @@ REGISTRY: dict[str, Registration] = {
         needs_target=True,
         detect_rank=9,
     ),
+    "speculators-mtp": Registration(
+        DraftKind.MTP,
+        "speculators_mtp",
+        "native MTP layer as speculators' `mtp` speculator type (`MTPDraftModel`; Qwen3-Next / Qwen3.5 families)",
+        detect_rank=0,
+    ),
     "mtp": Registration(
         DraftKind.MTP,
         "native",
@@ -91,8 +98,8 @@ class ExportConfig:
     `run` from its own -k; it refuses a bad value on construction, before any file is read."""
 
     dtype: str = "bfloat16"
-    """Weights dtype of the EAGLE-3 formats (`float32`: a bit-exact copy of an fp32 draft); the native formats keep
-    the target's own dtypes and quantization instead."""
+    """Weights dtype of the EAGLE-3 formats and `speculators-mtp` (`float32`: a bit-exact copy of an fp32 draft); the
+    other native formats keep the target's own dtypes and quantization instead."""
     speculative_tokens: int = 3
     """k written into the speculators proposal method."""
     verifier: str | None = None

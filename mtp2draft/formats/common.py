@@ -1,5 +1,6 @@
 """Helpers every format module shares: reading a JSON file of a draft directory, loading and checking weights for the
-validators, the file names a draft directory holds besides its weights.
+validators, the file names a draft directory holds besides its weights, and the `speculators_config` section that
+every speculators-format config carries (`eagle3.py`'s `speculators`, `speculators_mtp.py`).
 
 What this module does not do: know any one format (each lives in its own module of this package).
 """
@@ -85,6 +86,56 @@ def finite_file(file: Path, names: list[str]) -> list[str]:
             if (msg := nonfinite(name, fh.get_tensor(name))) is not None:
                 problems.append(msg)
     return problems
+
+
+def section(cfg: Mapping[str, Any], key: str, why: str, problems: list[str]) -> dict[str, Any] | None:
+    """cfg[key] when it is a JSON object; else None, with the problem recorded."""
+    value = cfg.get(key)
+    if isinstance(value, dict):
+        return value
+    problems.append(f"{key} is missing{why}")
+    return None
+
+
+def speculators_section_problems(cfg: Mapping[str, Any], algorithm: str) -> list[str]:
+    """What is wrong with the `speculators_config` of a speculators-format config.json (every speculator type has
+    one: speculators' `SpeculatorsConfig`, which vLLM reads k and the verifier from)."""
+    problems: list[str] = []
+    sc = section(cfg, "speculators_config", "", problems)
+    if sc is None:
+        return problems
+    if sc.get("algorithm") != algorithm:
+        problems.append(f"speculators_config.algorithm is {sc.get('algorithm')!r}, expected {algorithm!r}")
+    methods = sc.get("proposal_methods")
+    if not isinstance(methods, list) or not methods:
+        problems.append("speculators_config.proposal_methods is missing or empty (vLLM reads k from the first)")
+    else:
+        for i, m in enumerate(methods):
+            k = m.get("speculative_tokens") if isinstance(m, dict) else None
+            if not isinstance(m, dict) or not m.get("proposal_type"):
+                problems.append(f"speculators_config.proposal_methods[{i}] has no proposal_type")
+            if not isinstance(k, int) or k < 1:
+                problems.append(f"speculators_config.proposal_methods[{i}].speculative_tokens must be >= 1")
+        types = [m.get("proposal_type") for m in methods if isinstance(m, dict)]
+        if sc.get("default_proposal_method") not in types:
+            problems.append(
+                f"speculators_config.default_proposal_method {sc.get('default_proposal_method')!r} is not one of "
+                f"the proposal methods {types}"
+            )
+    verifier = sc.get("verifier")
+    if not isinstance(verifier, dict) or "name_or_path" not in verifier or "architectures" not in verifier:
+        problems.append("speculators_config.verifier needs name_or_path and architectures")
+    return problems
+
+
+def speculators_proposal(speculative_tokens: int) -> dict[str, Any]:
+    """speculators' greedy proposal method (`proposals/greedy.py`: `GreedyTokenProposalConfig`) for k tokens."""
+    return {
+        "proposal_type": "greedy",
+        "speculative_tokens": int(speculative_tokens),
+        "verifier_accept_k": 1,
+        "accept_tolerance": 0.0,
+    }
 
 
 def sglang_steps(k: int) -> str:

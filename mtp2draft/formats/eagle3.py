@@ -36,7 +36,7 @@ from mtp2draft.draft.modules import VOCAB_MAPS, without_identity_maps
 from mtp2draft.errors import DraftError
 from mtp2draft.family.spec import get_spec
 from mtp2draft.formats import ExportJob, Format
-from mtp2draft.formats.common import load_weights, nonfinite, sglang_steps
+from mtp2draft.formats.common import load_weights, nonfinite, section, sglang_steps, speculators_section_problems
 from mtp2draft.io import TORCH_DTYPES, Progress, quiet, save_tensors, write_json
 from mtp2draft.kinds import CONFIG_FILE, EAGLE3_ARCHITECTURE, WEIGHTS_FILE, DraftKind
 
@@ -68,7 +68,7 @@ def hub_id_of(source: str | None) -> str | None:
     return None
 
 
-def _verifier(
+def verifier_of(
     cfg: Mapping[str, Any], provenance: Mapping[str, Any], name: str | None = None, progress: Progress = quiet
 ) -> dict[str, Any]:
     """The target (speculators' 'verifier', which `vllm serve DRAFT` loads): `name` when given, else the hub id the
@@ -106,7 +106,7 @@ def _export_eagle3(
     if format == "sglang":
         out_cfg, prefix = sglang_config(eagle_cfg, dtype), SGLANG_PREFIX
     else:
-        verifier = _verifier(eagle_cfg, provenance, verifier_name, progress)
+        verifier = verifier_of(eagle_cfg, provenance, verifier_name, progress)
         out_cfg = speculators_config(eagle_cfg, dtype, speculative_tokens, verifier)
         prefix = SPECULATORS_PREFIX
     tensors: dict[str, torch.Tensor] = {}
@@ -354,15 +354,6 @@ def _vocab_problems(weights: Mapping[str, torch.Tensor], vocab: int, draft_vocab
     return problems
 
 
-def _section(cfg: Mapping[str, Any], key: str, why: str, problems: list[str]) -> dict[str, Any] | None:
-    """cfg[key] when it is a JSON object; else None, with the problem recorded."""
-    value = cfg.get(key)
-    if isinstance(value, dict):
-        return value
-    problems.append(f"{key} is missing{why}")
-    return None
-
-
 def _validate_speculators(path: Path, cfg: dict[str, Any]) -> list[str]:
     problems: list[str] = []
     if cfg.get("architectures") != [SPECULATORS_ARCHITECTURE]:
@@ -371,30 +362,8 @@ def _validate_speculators(path: Path, cfg: dict[str, Any]) -> list[str]:
         problems.append(f"speculators_model_type is {cfg.get('speculators_model_type')!r}, expected 'eagle3'")
     if not cfg.get("speculators_version"):
         problems.append("speculators_version is missing")
-    sc = _section(cfg, "speculators_config", "", problems)
-    if sc is not None:
-        if sc.get("algorithm") != DraftKind.EAGLE3:
-            problems.append(f"speculators_config.algorithm is {sc.get('algorithm')!r}, expected 'eagle3'")
-        methods = sc.get("proposal_methods")
-        if not isinstance(methods, list) or not methods:
-            problems.append("speculators_config.proposal_methods is missing or empty (vLLM reads k from the first)")
-        else:
-            for i, m in enumerate(methods):
-                k = m.get("speculative_tokens") if isinstance(m, dict) else None
-                if not isinstance(m, dict) or not m.get("proposal_type"):
-                    problems.append(f"speculators_config.proposal_methods[{i}] has no proposal_type")
-                if not isinstance(k, int) or k < 1:
-                    problems.append(f"speculators_config.proposal_methods[{i}].speculative_tokens must be >= 1")
-            types = [m.get("proposal_type") for m in methods if isinstance(m, dict)]
-            if sc.get("default_proposal_method") not in types:
-                problems.append(
-                    f"speculators_config.default_proposal_method {sc.get('default_proposal_method')!r} is not one of "
-                    f"the proposal methods {types}"
-                )
-        verifier = sc.get("verifier")
-        if not isinstance(verifier, dict) or "name_or_path" not in verifier or "architectures" not in verifier:
-            problems.append("speculators_config.verifier needs name_or_path and architectures")
-    layer = _section(cfg, "transformer_layer_config", " (vLLM refuses the config)", problems)
+    problems += speculators_section_problems(cfg, DraftKind.EAGLE3)
+    layer = section(cfg, "transformer_layer_config", " (vLLM refuses the config)", problems)
     if layer is None:
         layer = {}
     else:
@@ -446,7 +415,9 @@ def _write(job: ExportJob) -> None:
 
 
 def _is_speculators(config: Mapping[str, Any]) -> bool:
-    return bool(config.get("speculators_model_type")) or SPECULATORS_ARCHITECTURE in (config.get("architectures") or [])
+    # speculators' other types (`mtp`: formats/speculators_mtp.py) are other formats
+    kind = config.get("speculators_model_type")
+    return kind == DraftKind.EAGLE3 or (not kind and SPECULATORS_ARCHITECTURE in (config.get("architectures") or []))
 
 
 def _is_sglang(config: Mapping[str, Any]) -> bool:

@@ -1,14 +1,17 @@
-"""The engine tests' and benchmarks' view of vLLM: creating its venv on demand and comparing figures.
+"""The engine tests' and benchmarks' view of vLLM: creating its venv on demand and comparing figures; and where
+speculators' own venv is (the `speculators-mtp` engine test loads exports with speculators itself).
 
 The harness itself (served views, speculative configs, `run_vllm` and the driver it starts in vLLM's venv) is
 `mtp2draft.evaluation.engine`, which `evaluate --engine vllm` uses; this module only adds what tests need.
 
-What this module does not do: install vLLM itself (scripts/vllm_env.sh does) or anything a user's command needs.
+What this module does not do: install vLLM or speculators (scripts/vllm_env.sh, scripts/speculators_env.sh do) or
+anything a user's command needs.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from collections.abc import Mapping, Sequence
@@ -31,6 +34,24 @@ def vllm_python(create: bool = False) -> Path:
             raise EngineUnavailable(f"{ENV_SCRIPT} not found (not a source checkout)")
         subprocess.run(["bash", str(ENV_SCRIPT)], check=True, stdout=subprocess.DEVNULL)
     return engine_python()
+
+
+SPECULATORS_VENV_ENV = "MTP2DRAFT_SPECULATORS_VENV"
+SPECULATORS_VENV = Path.home() / ".cache" / "mtp2draft" / "speculators-venv"
+SPECULATORS_MARKER = ".mtp2draft-ready"  # written by scripts/speculators_env.sh after a complete install
+
+
+def speculators_python() -> Path:
+    """The Python of a complete speculators venv ($MTP2DRAFT_SPECULATORS_VENV, default
+    ~/.cache/mtp2draft/speculators-venv), else EngineUnavailable."""
+    venv = Path(os.environ.get(SPECULATORS_VENV_ENV) or SPECULATORS_VENV)
+    python = venv / "bin" / "python"
+    if not (venv / SPECULATORS_MARKER).is_file() or not python.is_file():
+        raise EngineUnavailable(
+            f"no complete speculators venv at {venv}: create it with `bash scripts/speculators_env.sh` (a source "
+            f"checkout), or point {SPECULATORS_VENV_ENV} at one"
+        )
+    return python
 
 
 def relative_gap(ours: float, engine: float) -> float:
