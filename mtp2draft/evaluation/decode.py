@@ -201,8 +201,9 @@ def speculative_decode(
     return out[:max_new], accepted
 
 
-def _tie(runner: TargetRunner, prompt: list[int], ref: list[int], at: int) -> bool:
-    """Whether the target's top two logits at generated position `at` are equal within its dtype's rounding."""
+def top_two_tie(runner: TargetRunner, prompt: list[int], ref: list[int], at: int) -> bool:
+    """Whether the target's top two logits at generated position `at` of output `ref` are equal within its dtype's
+    rounding (`tie_tolerance`): where two correct decodings of the same model may part."""
     cache = runner.start()
     logits, _ = runner.forward(prompt + ref[:at], cache)
     top = logits[-1].topk(2).values
@@ -397,7 +398,7 @@ def _tie_position(runner: TargetRunner, name: str, n: int, prompt: list[int], to
     """Where a greedy output first differs from the target's reference, if the target's top two logits tie there;
     a difference without a tie is a bug (`LosslessError`)."""
     at = next(i for i, (x, y) in enumerate(zip(tokens + [-1], ref + [-2], strict=False)) if x != y)
-    if not _tie(runner, prompt, ref, at):
+    if not top_two_tie(runner, prompt, ref, at):
         raise LosslessError(
             f"{name}: speculative output differs from the target's greedy output at generated token "
             f"{at} of prompt {n} (no logit tie there): this is a bug"

@@ -28,7 +28,7 @@ from mtp2draft.cli.app import main
 from mtp2draft.conversion import convert
 from mtp2draft.data import load_tokenizer
 from mtp2draft.draft.modules import load_draft
-from mtp2draft.evaluation.decode import TargetRunner, evaluate, greedy_reference, load_prompts
+from mtp2draft.evaluation.decode import TargetRunner, evaluate, greedy_reference, load_prompts, top_two_tie
 from mtp2draft.evaluation.engine import EngineRunError, evaluate_in_vllm
 from mtp2draft.evaluation.settings import EvaluateConfig
 from mtp2draft.target.engine import EngineUnavailable
@@ -89,7 +89,8 @@ def measured(vllm: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, 
         reference = [greedy_reference(runner, p, NEW_TOKENS, tok.eos_token_id) for p in prompts]
         plain = engine["engine"]["outputs"]["plain"]
         identical = [i for i, (a, b) in enumerate(zip(plain, reference, strict=True)) if a == b]
-        out[name] = {"engine": engine, "ours": ours, "identical": identical, "raw": raw}
+        out[name] = {"engine": engine, "ours": ours, "identical": identical, "raw": raw, "runner": runner}
+        out[name]["prompts"] = prompts
         summary = {
             m: (round(ours[m], 3) if isinstance(ours[m], float) else [round(x, 3) for x in ours[m]],
                 round(engine[m], 3) if isinstance(engine[m], float) else [round(x, 3) for x in engine[m]])
@@ -115,9 +116,19 @@ def test_report_has_the_transformers_shape_and_the_engine(measured: dict, target
 
 @pytest.mark.parametrize("target", list(TARGETS))
 def test_vllm_speculative_output_equals_its_plain_output(measured: dict, target: str) -> None:
-    engine = measured[target]["engine"]
+    """Greedy speculative output equals vLLM's plain output, or parts from it only where the target's top two logits
+    tie in bf16 (verifying k + 1 tokens in one forward rounds differently from decoding one; `evaluate` allows the
+    same, `tie_tolerance`), checked with transformers on the plain output's prefix, on few prompts."""
+    m = measured[target]
+    engine = m["engine"]
     mismatched = engine["results"][0]["mismatched_prompts"]
-    assert engine["lossless"] is True, f"{target}: differs on prompts {mismatched}"
+    assert mismatched is not None  # the plain run was there to compare with
+    outputs = engine["engine"]["outputs"]
+    for i in mismatched:
+        plain, spec = outputs["plain"][i], outputs["raw"][i]
+        at = next(j for j, (a, b) in enumerate(zip(plain + [-1], spec + [-2], strict=False)) if a != b)
+        assert top_two_tie(m["runner"], m["prompts"][i], plain, at), f"{target}: prompt {i} parts at {at}, no tie"
+    assert len(mismatched) <= PROMPTS * (1 - IDENTICAL_SHARE), f"{target}: differs on prompts {mismatched}"
 
 
 @pytest.mark.parametrize("target", list(TARGETS))
