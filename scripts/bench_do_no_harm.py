@@ -2,7 +2,7 @@
 
     python scripts/bench_do_no_harm.py TARGET_DIR DATA_DIR WORK [--prompts 64] [--table-only]
 
-TARGET_DIR is a runnable target (examples/retrained/tiny-mimo), DATA_DIR holds train.jsonl and heldout.jsonl (prompts
+TARGET_DIR is a runnable target (examples/targets/tiny-mimo), DATA_DIR holds train.jsonl and heldout.jsonl (prompts
 from packages the target never trained on). It converts the raw native head, distills it twice (the defaults; the
 demo's 150 steps at lr 1e-3 and 4 TTT steps), and evaluates both beside the raw head on the same held-out prompts at
 k = 1..5 greedy and k = 4 at temperature 1, each `evaluate` run written to WORK/k*.eval.json. Then it prints, per k and

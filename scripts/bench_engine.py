@@ -31,21 +31,10 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
-# name -> (target, its held-out prompts): the bundled targets, and (--targets) the retrained ones whose MTP heads
-# accept more (examples/retrained/README.md)
+# name -> (target, its held-out prompts): the bundled targets (examples/targets/README.md)
 TARGETS = {
-    "tiny-mimo": (ROOT / "examples" / "targets" / "tiny-mimo", ROOT / "examples" / "data" / "heldout.jsonl"),
-    "tiny-deepseek-v3": (
-        ROOT / "examples" / "targets" / "tiny-deepseek-v3",
-        ROOT / "examples" / "data" / "heldout.jsonl",
-    ),
-    **{
-        f"retrained/{name}": (
-            ROOT / "examples" / "retrained" / name,
-            ROOT / "examples" / "retrained" / "data" / "heldout.jsonl",
-        )
-        for name in ("tiny-mimo", "tiny-deepseek-v3")
-    },
+    name: (ROOT / "examples" / "targets" / name, ROOT / "examples" / "data" / "heldout.jsonl")
+    for name in ("tiny-mimo", "tiny-deepseek-v3")
 }
 DEFAULT_TARGETS = "tiny-mimo,tiny-deepseek-v3"
 CONCURRENCY = (1, 8, 32, 64)
