@@ -21,6 +21,7 @@ from mtp2draft.draft.modules import load_draft, vocab_maps
 from mtp2draft.errors import DraftError, ValidationError
 from mtp2draft.formats import ExportConfig
 from mtp2draft.formats.export import NORM_SWITCHES, export, validate
+from mtp2draft.testing.fixtures import FIXTURES
 
 # e4m3: 3 mantissa bits, so round-to-nearest is within half a step, 2^-4 of the value's binade; below the smallest
 # normal (2^-6 * scale) the spacing is 2^-9 * scale, half of which is 2^-10 * scale.
@@ -429,6 +430,47 @@ def test_stitched_round_trip_fp8_is_within_e4m3_rounding(build, work: Path) -> N
     assert fp8_modules and "eh_proj.weight" not in fp8_modules
     for key in set(fine) - fp8_modules:
         assert torch.equal(back[key], fine[key]), key  # bf16 and fp32 tensors: exact
+
+
+def _engine_dequantised(q: torch.Tensor, scale_inv: torch.Tensor, block: tuple[int, int]) -> torch.Tensor:
+    """An FP8 weight as a block-FP8 engine reads it, written here apart from mtp2draft's reader: every [bm, bn] block
+    of the e4m3 values times its `_scale_inv` entry (the edge blocks ragged)."""
+    rows, cols = q.shape
+    s = scale_inv.float().repeat_interleave(block[0], 0)[:rows].repeat_interleave(block[1], 1)[:, :cols]
+    return q.float() * s
+
+
+@pytest.mark.parametrize("fixture", [name for name, row in FIXTURES.items() if row.get("fp8")])
+def test_every_fp8_family_reads_back_its_stitched_draft_within_e4m3_rounding(build, work: Path, fixture: str) -> None:
+    """For each family fixture that ships FP8 (DeepSeek's layout, MiMo-V2-Flash's, GLM-5's DSA): the stitched draft,
+    laid over the target as a user would, read back as an engine loads it (e4m3 x block scale), equals the distilled
+    weights within e4m3 rounding where it was requantised, and exactly elsewhere."""
+    from mtp2draft.checkpoint.fp8 import fp8_block_size
+    from mtp2draft.draft.layout import native_to_checkpoint
+    from mtp2draft.draft.modules import read_draft_config
+    from mtp2draft.family.spec import get_spec
+
+    target, draft = _perturbed_native(build, work, fixture, f"{fixture}-ft8")
+    st = work / f"{fixture}-st8"
+    export(draft, "stitched", st, target=str(target))
+    assert validate(st) == []
+    ckpt = open_checkpoint(str(_overlay(target, st, work / f"{fixture}-overlay8")))
+    requantised = set(json.loads((st / "provenance.json").read_text())["export"]["requantised_fp8"])
+    assert requantised and all(ckpt.info(k).dtype == "F8_E4M3" for k in requantised)
+    spec, block = get_spec(read_draft_config(draft)["mtp2draft"]["spec"]), fp8_block_size(ckpt.config)
+    fine = {k: v.float() for k, v in load_file(str(draft / "model.safetensors")).items()}
+    seen = set()
+    for module_key, value in fine.items():
+        for key, want in native_to_checkpoint(spec, ckpt.config, 0, {module_key: value}).items():
+            if key in requantised:
+                raw = ckpt.read_raw([key, key + "_scale_inv"])
+                got = _engine_dequantised(raw[key], raw[key + "_scale_inv"], block)
+                _assert_within_e4m3(got, want, raw[key + "_scale_inv"], block[0])
+                seen.add(key)
+            else:
+                stored = ckpt.read_raw([key])[key]
+                assert torch.equal(stored.float(), want.to(stored.dtype).float()), key  # cast, not requantised
+    assert seen == requantised
 
 
 def test_stitched_never_rewrites_a_tensor_shared_with_the_trunk(build, work: Path, tmp_path: Path) -> None:
