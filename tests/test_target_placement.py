@@ -14,7 +14,7 @@ import torch
 
 from mtp2draft.cli.app import main
 from mtp2draft.conversion import convert
-from mtp2draft.evaluation.decode import TIE_ULPS, _tie, tie_tolerance
+from mtp2draft.evaluation.decode import TIE_ULPS, tie_tolerance, top_two_tie
 from mtp2draft.kinds import DTYPE_NAMES
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -60,8 +60,8 @@ def test_a_tie_is_judged_in_the_targets_dtype(dtype: torch.dtype) -> None:
         logits = torch.tensor([[0.0, 10.0, 10.0 - gap_ulps * eps * 10.0, 1.0]], dtype=torch.float64)
         return SimpleNamespace(target=SimpleNamespace(dtype=dtype), start=lambda: None, forward=lambda *_: (logits, 0))
 
-    assert _tie(runner(3), [1, 2], [3], 0)
-    assert not _tie(runner(5), [1, 2], [3], 0)
+    assert top_two_tie(runner(3), [1, 2], [3], 0)
+    assert not top_two_tie(runner(5), [1, 2], [3], 0)
 
 
 @pytest.mark.slow
