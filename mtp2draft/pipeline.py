@@ -12,6 +12,7 @@ What this module does not do: implement any stage itself.
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -46,6 +47,8 @@ class RunResult:
     report: dict[str, Any]
     push: Any = None
     stages: dict[str, float] = field(default_factory=dict)
+    target_figures: dict[str, Any] | None = None
+    """The demo's bundled target: how good it is (`target_figures`), from its training.json."""
 
 
 def default_kind_and_format(spec: Spec, to: str | None = None, fmt: str | None = None) -> tuple[str, str]:
@@ -289,13 +292,31 @@ def _convert(source: str, work: Path, to: str, layer: int | None, options: dict[
     return outs[DraftKind.MTP], out
 
 
+def target_figures(target: Path) -> dict[str, Any] | None:
+    """What a trained target's `training.json` (scripts/train_target.py) says of it on held-out text: next-token top-1,
+    how often its MTP head agrees with its own trunk (teacher-forced, and on the trunk's greedy t+2), and how much of
+    its greedy continuations repeat 4-grams. None when the file is absent or lacks them."""
+    path = target / "training.json"
+    try:
+        report = json.loads(path.read_text())
+        return {
+            "next_token_top1": float(report["next_token_top1"]),
+            "mtp_vs_trunk_agreement": float(report["mtp_vs_trunk_agreement"]),
+            "mtp_vs_trunk_greedy_t2": float(report["mtp_vs_trunk_greedy_t2"]),
+            "greedy_repeat_rate": float(report["greedy_repeat_rate"]),
+            "cpu_minutes": round(float(report["cpu_time_s"]) / 60, 1),
+        }
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
 def demo(work: str | Path, steps: int = 150, overwrite: bool = True, progress: Progress = lambda _: None) -> RunResult:
     """The quick start: the full path on the bundled target (native MTP draft: the clearest view of what a short
     training-time-test fine-tune adds to the raw head), evaluated beside the raw head on held-out prompts."""
     if not (BUNDLED_TARGET / "config.json").is_file():
         raise SourceError(f"the bundled target is missing ({BUNDLED_TARGET}): run the demo from a repository checkout")
     cfg = DistillConfig(steps=steps, ttt_steps=4, lr=1e-3, batch_size=8, max_length=256, save_every=max(steps, 1))
-    return run(
+    result = run(
         str(BUNDLED_TARGET),
         work,
         BUNDLED_DATA / "train.jsonl",
@@ -309,3 +330,5 @@ def demo(work: str | Path, steps: int = 150, overwrite: bool = True, progress: P
         progress=progress,
         device="cpu",  # the figures the quick start documents are the CPU's
     )
+    result.target_figures = target_figures(BUNDLED_TARGET)
+    return result

@@ -280,3 +280,22 @@ def test_distill_config_comes_from_the_parsed_options_by_field_name() -> None:
     assert (cfg.steps, cfg.compile, cfg.ttt_steps) == (7, True, 2)
     with pytest.raises(Exception, match="frozen|cannot assign"):
         cfg.steps = 3  # one settings object, passed whole: nothing downstream edits it
+
+
+def test_demo_prints_how_good_the_bundled_target_is() -> None:
+    """The demo's acceptance is read beside the target's own quality (issue 18): its training.json's held-out
+    next-token top-1, MTP-vs-trunk agreement and greedy repeat rate, as the file holds them."""
+    import json
+
+    from mtp2draft.pipeline import BUNDLED_TARGET, target_figures
+
+    figures = target_figures(BUNDLED_TARGET)
+    held = json.loads((BUNDLED_TARGET / "training.json").read_text())
+    assert figures is not None and figures["next_token_top1"] == held["next_token_top1"]
+    report = {"results": [_row("distilled mtp", 2.0, [0.5, 0.5])], "target": "t", "num_prompts": 16}
+    report["num_draft_tokens"] = 2
+    result = SimpleNamespace(report=report, exported=Path("w/x"), stages={}, work=Path("w"), target_figures=figures)
+    text = output.demo_text(result)
+    assert f"held-out next-token top-1 {held['next_token_top1']:.3f}" in text
+    assert f"repeat {held['greedy_repeat_rate']:.3f} of their 4-grams" in text
+    assert target_figures(Path("/nonexistent")) is None

@@ -233,11 +233,24 @@ def run_text(result: Any) -> str:
     return "\n".join(lines)
 
 
+def _target_line(figures: dict[str, Any] | None) -> list[str]:
+    """The bundled target's own quality, from its training.json: what the acceptance below is measured against."""
+    if not figures:
+        return []
+    return [
+        f"the target (training.json, {figures['cpu_minutes']} CPU minutes of training): held-out next-token top-1 "
+        f"{figures['next_token_top1']:.3f}; its MTP head = its trunk on {figures['mtp_vs_trunk_agreement']:.3f} of "
+        f"tokens teacher-forced, {figures['mtp_vs_trunk_greedy_t2']:.3f} on greedy t+2; greedy continuations repeat "
+        f"{figures['greedy_repeat_rate']:.3f} of their 4-grams"
+    ]
+
+
 def demo_text(result: Any) -> str:
     report = result.report
     return "\n".join(
         [
             f"\ntarget {report['target']}: {report['num_prompts']} held-out prompts, k = {report['num_draft_tokens']}",
+            *_target_line(getattr(result, "target_figures", None)),
             acceptance_table(report["results"]),
             *map(comparison_text, report.get("comparison", [])),  # the gain over the raw head, with its interval
             "\nstage times: " + ", ".join(f"{k} {v:.0f} s" for k, v in result.stages.items()),
