@@ -12,7 +12,6 @@ What this module does not do: implement any stage itself.
 
 from __future__ import annotations
 
-import json
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -21,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from mtp2draft.conversion import convert, refuse_eagle3
-from mtp2draft.errors import SourceError
+from mtp2draft.errors import Mtp2DraftError, SourceError, read_json_object
 from mtp2draft.evaluation.decode import evaluate, save_evaluation
 from mtp2draft.evaluation.settings import EvaluateConfig
 from mtp2draft.family.spec import ENGINES, Spec
@@ -296,9 +295,8 @@ def target_figures(target: Path) -> dict[str, Any] | None:
     """What a trained target's `training.json` (scripts/train_target.py) says of it on held-out text: next-token top-1,
     how often its MTP head agrees with its own trunk (teacher-forced, and on the trunk's greedy t+2), and how much of
     its greedy continuations repeat 4-grams. None when the file is absent or lacks them."""
-    path = target / "training.json"
     try:
-        report = json.loads(path.read_text())
+        report = read_json_object(target / "training.json", SourceError)
         return {
             "next_token_top1": float(report["next_token_top1"]),
             "mtp_vs_trunk_agreement": float(report["mtp_vs_trunk_agreement"]),
@@ -306,7 +304,7 @@ def target_figures(target: Path) -> dict[str, Any] | None:
             "greedy_repeat_rate": float(report["greedy_repeat_rate"]),
             "cpu_minutes": round(float(report["cpu_time_s"]) / 60, 1),
         }
-    except (OSError, ValueError, KeyError, TypeError):
+    except (Mtp2DraftError, KeyError, TypeError, ValueError):  # no file, no JSON object, or not these figures
         return None
 
 

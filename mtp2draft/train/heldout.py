@@ -17,7 +17,6 @@ overstates it (evaluate on others).
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -25,7 +24,7 @@ from typing import Any
 import torch
 
 from mtp2draft.data import load_tokenizer, read_examples
-from mtp2draft.errors import DataError
+from mtp2draft.errors import DataError, DraftError, read_json_object
 from mtp2draft.io import save_tensors, write_json
 from mtp2draft.train import parallel
 from mtp2draft.train.teacher import Teacher, collate
@@ -151,7 +150,7 @@ class HeldoutGuard:
             return
         saved = folder / BEST_DIR
         found = (saved / "best.json").is_file() and (saved / "model.safetensors").is_file()
-        if found and json.loads((saved / "best.json").read_text()).get("step") == self.best["step"]:
+        if found and read_json_object(saved / "best.json", DraftError).get("step") == self.best["step"]:
             self.best_state = load_file(str(saved / "model.safetensors"))
             return
         raise DataError(
