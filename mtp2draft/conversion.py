@@ -234,8 +234,10 @@ def convert(
     overwrite: bool = False,
     aux_layers: list[int] | None = None,
     progress: Progress = quiet,
+    all_layers: bool = False,
 ) -> ConvertResult:
-    """Convert MTP layer `layer` of SOURCE into a draft directory `out` (`to`: mtp or eagle3)."""
+    """Convert MTP layer `layer` of SOURCE into a draft directory `out` (`to`: mtp or eagle3); with `all_layers`,
+    every MTP layer the checkpoint ships into one native chain draft (`draft/chain.py`, layer i at step i)."""
     if to not in DRAFT_KINDS:
         raise SourceError(f"--to must be one of {', '.join(DRAFT_KINDS)}, got {to!r}")
     to = DraftKind(to)
@@ -243,6 +245,10 @@ def convert(
         raise SourceError(f"--dtype must be one of {', '.join(TORCH_DTYPES)}, got {dtype!r}")
     if aux_layers and to != DraftKind.EAGLE3:
         raise OptionError(f"--aux-layers applies to --to eagle3 (a {to} draft reads the target's final hidden)")
+    if all_layers and to != DraftKind.MTP:
+        raise OptionError("--all-layers writes a native chain draft (--to mtp): an EAGLE-3 draft has one layer")
+    if all_layers and layer is not None:
+        raise OptionError("--layer and --all-layers exclude each other (--all-layers takes every MTP layer)")
     check_output_dir(out, overwrite, inputs=[source])
     started = time.perf_counter()
     progress(f"resolving {source}")
@@ -254,10 +260,17 @@ def convert(
         _aux_layers(spec.num_layers(ckpt.config), aux_layers)
     progress(f"{spec.name}: MTP layer {layer} of {count}; reading shard headers")
     plan = plan_mtp_layer(ckpt, spec, layer)
-    check_weight_dtypes(ckpt, plan.checkpoint_keys)
+    plans = [plan_mtp_layer(ckpt, spec, j) for j in range(count)] if all_layers else [plan]
+    for p in plans:
+        check_weight_dtypes(ckpt, p.checkpoint_keys)
     provenance = _provenance(ckpt, spec, plan, source, revision, to, dtype)
+    if all_layers:
+        provenance["mtp_layers"] = list(range(count))
+        provenance["dequantised_fp8"] = [k for p in plans for k in p.checkpoint_keys if ckpt.scale_key(k)]
     with atomic_output_dir(out, overwrite, inputs=[source]) as tmp:
-        if to == DraftKind.MTP:
+        if all_layers:
+            draft_cfg = _write_chain_draft(ckpt, plans, tmp, dtype, provenance, progress)
+        elif to == DraftKind.MTP:
             draft_cfg = _write_native_draft(ckpt, plan, tmp, dtype, provenance, progress)
         else:
             draft_cfg = _write_eagle3_draft(ckpt, plan, tmp, dtype, aux_layers, provenance, progress)
@@ -275,7 +288,8 @@ def convert(
         provenance["bytes_fetched"] = ckpt.bytes_fetched
         write_json(tmp / PROVENANCE_FILE, provenance)
     # bytes needed: exact for the native layer; the EAGLE-3 transforms read a subset (experts), so what they fetched
-    needed = ckpt.bytes_for(plan.checkpoint_keys) if to == DraftKind.MTP else ckpt.bytes_fetched
+    keys = [k for p in plans for k in p.checkpoint_keys]
+    needed = ckpt.bytes_for(keys) if to == DraftKind.MTP else ckpt.bytes_fetched
     seconds = time.perf_counter() - started
     return ConvertResult(
         Path(out), to, spec.name, layer, count, ckpt.bytes_fetched, needed, ckpt.total_bytes(), seconds, provenance
@@ -313,6 +327,37 @@ def _write_native_draft(
         g.module_key: {"exact": True, "from": list(g.ckpt_keys), "how": g.transform or "copied"} for g in plan.groups
     }
     draft_cfg = native_config(plan.spec, ckpt.config, plan.layer)
+    draft_cfg["torch_dtype"] = dtype
+    return draft_cfg
+
+
+def _write_chain_draft(
+    ckpt: Checkpoint, plans: list[MtpLayerPlan], out: Path, dtype: str, provenance: dict[str, Any], progress: Progress
+) -> dict[str, Any]:
+    """`--all-layers`: every MTP layer's tensors, layer j under `layers.{j}.`, in out/model.safetensors (each layer
+    streamed into a scratch file inside `out`, then gathered: one layer's bytes in memory at a time past the first)."""
+    from safetensors.torch import load_file
+
+    from mtp2draft.draft.chain import chain_config
+
+    merged: dict[str, torch.Tensor] = {}
+    provenance["tensors"] = {}
+    for j, plan in enumerate(plans):
+        progress(f"MTP layer {plan.layer} of {len(plans)}")
+        scratch = out / f".layer-{j}"
+        scratch.mkdir()
+        _write_native(ckpt, plan, scratch, TORCH_DTYPES[dtype], progress)
+        merged.update({f"layers.{j}.{k}": v for k, v in load_file(str(scratch / WEIGHTS_FILE)).items()})
+        (scratch / WEIGHTS_FILE).unlink()
+        scratch.rmdir()
+        for g in plan.groups:
+            provenance["tensors"][f"layers.{j}.{g.module_key}"] = {
+                "exact": True,
+                "from": list(g.ckpt_keys),
+                "how": g.transform or "copied",
+            }
+    save_tensors(out / WEIGHTS_FILE, merged, {"format": "pt"})
+    draft_cfg = chain_config(plans[0].spec, ckpt.config, [p.layer for p in plans])
     draft_cfg["torch_dtype"] = dtype
     return draft_cfg
 

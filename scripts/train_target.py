@@ -136,6 +136,26 @@ FAMILIES: dict[str, dict[str, Any]] = {
             "sliding_window": 2048,
         },
     },
+    # Three MTP layers in MiMo's layout (`model.mtp_layers.{0,1,2}`, `num_nextn_predict_layers: 3`), as MiMo-V2 and
+    # Step-3.5 ship three: warm-started from the finished tiny-mimo run (its trunk and MTP layer 0, layers 1 and 2
+    # copies of layer 0), then trained jointly with the trunk, depth k reading depth k-1's hand-over hidden.
+    "mimo3": {
+        "dir": "tiny-mimo-3mtp",
+        "spec": "mimo",
+        "trunk": ("qwen2", "Qwen2ForCausalLM"),
+        "steps": 2400,
+        "autocast": True,
+        "init_from": "mimo",
+        "config": {
+            **copy.deepcopy(MIMO),
+            **COMMON,
+            "intermediate_size": 640,
+            "num_key_value_heads": 2,
+            "max_window_layers": 8,
+            "sliding_window": 2048,
+            "num_nextn_predict_layers": 3,
+        },
+    },
 }
 
 MTP_WEIGHT = 0.3  # DeepSeek-V3's lambda for the first 10T tokens
@@ -573,6 +593,7 @@ def evaluate(
     unigram: torch.Tensor,
     args,
     pre: PreNorm | None = None,
+    chain: list[NativeMtpDraft] | None = None,
 ) -> dict[str, Any]:
     """Teacher-forced held-out metrics and greedy-continuation agreement (the final report measures the model as
     written to disk; the curves measure the live one).
@@ -614,8 +635,27 @@ def evaluate(
         "unigram_top1_t2": float((labels_t2 == mode).float().mean()),
         "mtp_vs_trunk_top1_teacher_forced": agree / n_mtp,
     }
+    if chain and len(chain) > 1:
+        out["chain_top1_by_depth"] = chain_top1(model, chain, spec, pre, held, args)
     out["greedy"] = greedy_agreement(model, mtp, spec, pre, held, probs, args)
     return out
+
+
+@torch.no_grad()
+def chain_top1(model, mtps, spec, pre: PreNorm, held: torch.Tensor, args) -> list[float]:
+    """Teacher-forced top-1 of each MTP depth on the held-out windows: depth k's guess of token p+k+2."""
+    hits, counts = [0] * len(mtps), [0] * len(mtps)
+    for i in range(0, held.shape[0], args.batch_size):
+        x = held[i : i + args.batch_size]
+        b, t = x.shape[0], x.shape[1] - 1
+        _, hidden = trunk_forward(model, pre, spec, x[:, :t])
+        pos = torch.arange(t - 1).expand(b, -1)
+        head = (lambda h: F.linear(h, mtps[0].head_weight)) if mtps[0].head_weight is not None else model.lm_head
+        embed = model.model.embed_tokens(x[:, 1:t])
+        for k, logits in enumerate(chain_forward(mtps, embed, hidden[:, : t - 1], pos, head)):
+            hits[k] += int((logits.argmax(-1) == x[:, 2 + k : 2 + k + logits.shape[1]]).sum())
+            counts[k] += logits.shape[0] * logits.shape[1]
+    return [h / max(c, 1) for h, c in zip(hits, counts, strict=True)]
 
 
 @torch.no_grad()
@@ -664,10 +704,13 @@ def greedy_agreement(model, mtp, spec, pre: PreNorm, held: torch.Tensor, probs: 
 
 
 # ---- one family -------------------------------------------------------------------------------------------------
-def hub_state(model: nn.Module, mtp: NativeMtpDraft, spec: Spec, config: dict[str, Any]) -> dict[str, torch.Tensor]:
-    """Trunk + MTP tensors under the family's hub key names: bf16, buffers (router biases) fp32."""
+def hub_state(
+    model: nn.Module, mtps: list[NativeMtpDraft], spec: Spec, config: dict[str, Any]
+) -> dict[str, torch.Tensor]:
+    """Trunk + MTP tensors (every MTP layer, layer i under the spec's keys for i) under the family's hub key names:
+    bf16, buffers (router biases) fp32."""
     keep = set()  # leaf names of persistent buffers, e.g. e_score_correction_bias
-    for m in (model, mtp):
+    for m in (model, *mtps):
         state = m.state_dict()
         keep |= {n.rsplit(".", 1)[-1] for n, _ in m.named_buffers() if n in state}
 
@@ -677,13 +720,30 @@ def hub_state(model: nn.Module, mtp: NativeMtpDraft, spec: Spec, config: dict[st
         return t.float() if key.rsplit(".", 1)[-1] in keep else t.to(torch.bfloat16)
 
     tensors = {k: cast(k, v) for k, v in hub_tensors(model).items()}
-    mtp_state = {k: cast(k, v.detach()) for k, v in mtp.state_dict().items()}
-    tensors.update(native_to_checkpoint(spec, config, 0, mtp_state))
-    comp = spec.component_keys(config, 0)
-    for name, target in (("embed", spec.keys.target_embed), ("head", spec.keys.target_head)):
-        if name in comp:  # copies some releases keep inside the MTP layer (DeepSeek-V3 does)
-            tensors[comp[name]] = tensors[spec.key(target, config, 0)].clone()
+    for i, mtp in enumerate(mtps):
+        mtp_state = {k: cast(k, v.detach()) for k, v in mtp.state_dict().items()}
+        tensors.update(native_to_checkpoint(spec, config, i, mtp_state))
+        comp = spec.component_keys(config, i)
+        for name, target in (("embed", spec.keys.target_embed), ("head", spec.keys.target_head)):
+            if name in comp:  # copies some releases keep inside the MTP layer (DeepSeek-V3 does)
+                tensors[comp[name]] = tensors[spec.key(target, config, i)].clone()
     return tensors
+
+
+def chain_forward(
+    mtps: list[NativeMtpDraft], embeds: torch.Tensor, hidden: torch.Tensor, pos: torch.Tensor, head
+) -> list[torch.Tensor]:
+    """DeepSeek-V3's sequential MTP, teacher-forced: depth k at origin p reads depth k-1's hand-over hidden at p (the
+    trunk's hidden for depth 0) and the embedding of token p+k+1, attends causally over its own depth, and predicts
+    token p+k+2. embeds: [B, T-1, H] (tokens 1..T-1), hidden: [B, T-1, H], pos: [B, T-1]; returns depth k's logits
+    [B, T-1-k, V]."""
+    out, h = [], hidden
+    for k, mtp in enumerate(mtps):
+        n = embeds.shape[1] - k  # origins 0 .. T-2-k
+        post, pre = mtp.layer_forward(embeds[:, k : k + n], h[:, :n], pos[:, :n] + k)
+        out.append(head(post))
+        h = post if mtp.hidden_handover == "post_norm" else pre
+    return out
 
 
 RECIPE = (  # arguments that fix a run: stored in the state directory at its start, taken from there on --resume
@@ -728,7 +788,7 @@ def train_family(family: str, args, state: Path, blob: dict[str, Any], provenanc
 
     t_inv, c_inv = time.perf_counter(), time.process_time()
     row = FAMILIES[family]
-    spec = get_spec(family)
+    spec = get_spec(row.get("spec", family))
     config = copy.deepcopy(row["config"])
     out_dir = args.out / row["dir"]
     data = blob["windows"]  # [N, T+1] int16
@@ -737,22 +797,33 @@ def train_family(family: str, args, state: Path, blob: dict[str, Any], provenanc
     random.seed(args.seed)
     torch.manual_seed(args.seed)
     model = build_trunk(family)  # transformers' init, from the seeded global RNG
-    mtp = NativeMtpDraft(spec, config)
-    init_mtp(mtp, std=config["initializer_range"])
-    params = {"trunk": count(model), "mtp_layer": count(mtp), "total": count(model) + count(mtp)}
-    log(f"[{family}] parameters: trunk {params['trunk']:,}, MTP layer {params['mtp_layer']:,} (shares embed/head)")
+    n_mtp = spec.num_mtp_layers(config)
+    mtps = nn.ModuleList([NativeMtpDraft(spec, config, layer=i) for i in range(n_mtp)])
+    for m in mtps:
+        init_mtp(m, std=config["initializer_range"])
+    mtp = mtps[0]
+    params = {"trunk": count(model), "mtp_layer": count(mtp), "mtp_layers": n_mtp, "total": count(model) + count(mtps)}
+    log(
+        f"[{family}] parameters: trunk {params['trunk']:,}, {n_mtp} MTP layer(s) of {params['mtp_layer']:,} (shares embed/head)"
+    )
+    if row.get("init_from") and not (state / "ckpt.pt").exists():
+        src = torch.load(state.parent / row["init_from"] / "ckpt.pt", weights_only=False)
+        model.load_state_dict(src["model"])
+        for m in mtps:  # every depth starts from the trained layer 0
+            m.load_state_dict(src["mtp"])
+        log(f"[{family}] warm start: trunk and MTP layer 0 of {row['init_from']} (step {src['st']['step']}), x{n_mtp}")
 
     pre = PreNorm(model)
-    balance = RouterBalance(list(model.modules()) + list(mtp.modules()))
-    decay = [p for m in (model, mtp) for p in m.parameters() if p.dim() >= 2]
-    no_decay = [p for m in (model, mtp) for p in m.parameters() if p.dim() < 2]
+    balance = RouterBalance(list(model.modules()) + list(mtps.modules()))
+    decay = [p for m in (model, mtps) for p in m.parameters() if p.dim() >= 2]
+    no_decay = [p for m in (model, mtps) for p in m.parameters() if p.dim() < 2]
     opt = torch.optim.AdamW(
         [{"params": decay, "weight_decay": args.weight_decay}, {"params": no_decay, "weight_decay": 0.0}],
         lr=args.lr,
         betas=(0.9, 0.95),
         eps=1e-8,
     )
-    mtp_params = list(mtp.parameters())  # the MTP-only phase: the layer's own weights (embed/head are the trunk's)
+    mtp_params = list(mtps.parameters())  # the MTP-only phase: the layer's own weights (embed/head are the trunk's)
     opt2 = torch.optim.AdamW(
         [
             {"params": [p for p in mtp_params if p.dim() >= 2], "weight_decay": args.weight_decay},
@@ -771,6 +842,8 @@ def train_family(family: str, args, state: Path, blob: dict[str, Any], provenanc
         saved = torch.load(ckpt, weights_only=False)
         model.load_state_dict(saved["model"])
         mtp.load_state_dict(saved["mtp"])
+        for m, sd in zip(mtps[1:], saved.get("mtp_more", []), strict=True):
+            m.load_state_dict(sd)
         opt.load_state_dict(saved["opt"])
         if saved["opt2"] is not None:
             opt2.load_state_dict(saved["opt2"])
@@ -793,6 +866,7 @@ def train_family(family: str, args, state: Path, blob: dict[str, Any], provenanc
             {
                 "model": model.state_dict(),
                 "mtp": mtp.state_dict(),
+                "mtp_more": [m.state_dict() for m in mtps[1:]],
                 "opt": opt.state_dict(),
                 "opt2": opt2.state_dict() if st["step"] > args.steps else None,  # made once it has stepped
                 "torch_rng": torch.get_rng_state(),
@@ -832,7 +906,7 @@ def train_family(family: str, args, state: Path, blob: dict[str, Any], provenanc
             for p in model.parameters():
                 p.requires_grad_(False)
             cur = opt2
-        mtp.train()
+        mtps.train()
         for group in cur.param_groups:
             group["lr"] = lr
         x = data[batch_rows(step, data.shape[0], args.batch_size, args.seed)].long()  # [B, T+1]
@@ -842,9 +916,12 @@ def train_family(family: str, args, state: Path, blob: dict[str, Any], provenanc
                 post, hidden = trunk_forward(model, pre, spec, x[:, :seq])  # [B, T, H] each
                 logits = model.lm_head(post) if joint else None  # [B, T, V]
                 embeds = model.model.embed_tokens(x[:, 1:seq])  # [B, T-1, H]: token t+1 for t = 0..T-2
-            mtp_post, _ = mtp.layer_forward(embeds, hidden[:, : seq - 1], pos)  # [B, T-1, H]
-            mtp_logits = model.lm_head(mtp_post)  # [B, T-1, V]: token t+2
-        loss_mtp = F.cross_entropy(mtp_logits.float().flatten(0, 1), x[:, 2:].flatten())
+            depth_logits = chain_forward(mtps, embeds, hidden[:, : seq - 1], pos, model.lm_head)  # [B, T-1-k, V]
+        # DeepSeek-V3's MTP loss: the mean over depths of depth k's CE for token t+k+2
+        loss_mtp = sum(
+            F.cross_entropy(lg.float().flatten(0, 1), x[:, 2 + k : 2 + k + lg.shape[1]].flatten())
+            for k, lg in enumerate(depth_logits)
+        ) / len(depth_logits)
         if joint:
             loss_next = F.cross_entropy(logits.float().flatten(0, 1), x[:, 1:].flatten())
             loss = loss_next + args.mtp_weight * loss_mtp
@@ -871,8 +948,8 @@ def train_family(family: str, args, state: Path, blob: dict[str, Any], provenanc
         if step % args.eval_every == 0 or step in {first + n for _, first, n, _ in plan}:
             t_e = time.perf_counter()
             model.eval()
-            mtp.eval()
-            m = evaluate(model, mtp, spec, curve_held, st["unigram"], curve_args, pre=pre)
+            mtps.eval()
+            m = evaluate(model, mtp, spec, curve_held, st["unigram"], curve_args, pre=pre, chain=list(mtps))
             tail = st["losses"][-args.eval_every :]
             point = {
                 "step": step,
@@ -888,6 +965,7 @@ def train_family(family: str, args, state: Path, blob: dict[str, Any], provenanc
                 "mtp_vs_trunk_top1_teacher_forced": m["mtp_vs_trunk_top1_teacher_forced"],
                 "mtp_vs_trunk_greedy_t2": m["greedy"]["mtp_vs_trunk_greedy_t2"],
                 "repeated_4gram_fraction_greedy": m["greedy"]["repeated_4gram_fraction_greedy"],
+                "chain_top1_by_depth": m.get("chain_top1_by_depth"),
                 "cpu_s": round(st["cpu_s"] + time.process_time() - mark[0], 1),
                 "wall_s": round(st["wall_s"] + time.perf_counter() - mark[1], 1),
             }
@@ -914,12 +992,12 @@ def train_family(family: str, args, state: Path, blob: dict[str, Any], provenanc
     )
 
     model.eval()
-    mtp.eval()
+    mtps.eval()
     tok_dir = state / "tokenizer"
     tail = st["losses"][-20:]
     joint_tail = [a for a, _ in st["losses"] if a == a][-20:]  # the last joint steps (MTP-only ones log NaN)
     with atomic_output_dir(out_dir, overwrite=args.overwrite) as tmp:
-        write_checkpoint(tmp, config, hub_state(model, mtp, spec, config), shards=2)
+        write_checkpoint(tmp, config, hub_state(model, list(mtps), spec, config), shards=2)
         save_tokenizer(tok_dir, tmp)
         write_json(
             tmp / "generation_config.json",
@@ -931,8 +1009,11 @@ def train_family(family: str, args, state: Path, blob: dict[str, Any], provenanc
         saved = cls.from_pretrained(str(tmp), dtype=torch.float32).eval()
         saved.set_experts_implementation(EXPERTS)
         saved_mtp = load_native(str(tmp), dtype=torch.float32).eval()
+        saved_chain = [saved_mtp] + [
+            load_native(str(tmp), layer=i, dtype=torch.float32).eval() for i in range(1, n_mtp)
+        ]
         t_eval = time.perf_counter()
-        metrics = evaluate(saved, saved_mtp, spec, heldout, st["unigram"], args)
+        metrics = evaluate(saved, saved_mtp, spec, heldout, st["unigram"], args, chain=saved_chain)
         routers = [m for m in saved.modules() if isinstance(getattr(m, "e_score_correction_bias", None), torch.Tensor)]
         info = blob["data"]
         report = {
@@ -959,6 +1040,9 @@ def train_family(family: str, args, state: Path, blob: dict[str, Any], provenanc
             "next_token_top1": metrics["next_token_top1"],
             "mtp_vs_trunk_agreement": metrics["mtp_vs_trunk_top1_teacher_forced"],
             "mtp_vs_trunk_greedy_t2": metrics["greedy"]["mtp_vs_trunk_greedy_t2"],
+            "mtp_layers": n_mtp,
+            "chain_top1_by_depth": metrics.get("chain_top1_by_depth"),
+            "warm_start": row.get("init_from"),
             "greedy_repeat_rate": metrics["greedy"]["repeated_4gram_fraction_greedy"],
             "heldout_packages": info["heldout_packages"],
             "heldout": metrics,
@@ -1134,16 +1218,26 @@ def main(argv: list[str] | None = None) -> int:
             row = FAMILIES[family]
             fargs.steps = args.steps if args.steps is not None else row["steps"]
             fargs.autocast = row["autocast"] if args.autocast is None else args.autocast
-            if corpus is None:
+            if corpus is None and not row.get("init_from"):
                 corpus = corpus_files(args.max_files)
                 log(
                     f"corpus: {len(corpus[0])} train / {len(corpus[1])} held-out files ({time.perf_counter() - t0:.0f}s)"
                 )
-            tok_src = args.tokenizer_from or Path(__file__).resolve().parents[1] / "examples" / "targets" / row["dir"]
+            tok_src = args.tokenizer_from or Path(__file__).resolve().parents[1] / "examples" / "targets" / row.get(
+                "tokenizer_dir", row["dir"]
+            )
             fargs.extensions = []
             if args.extend:
                 raise SystemExit("--extend continues a finished or running run: pass it with --resume")
-            blob = prepare_data(fargs, state, tok_src, corpus)
+            if row.get("init_from"):  # the warm start's own packed data and tokenizer: the same stream, no corpus read
+                source = state_root / row["init_from"]
+                if not (source / "ckpt.pt").exists():
+                    raise SystemExit(f"{family} starts from the {row['init_from']} run: none in {source}")
+                shutil.copyfile(source / "data.pt", state / "data.pt")
+                shutil.copytree(source / "tokenizer", state / "tokenizer")
+                blob = torch.load(state / "data.pt", weights_only=False)
+            else:
+                blob = prepare_data(fargs, state, tok_src, corpus)
             write_json(meta_file, {"recipe": {k: getattr(fargs, k) for k in RECIPE}, "family": family})
         train_family(family, fargs, state, blob, provenance)
     log(f"done in {time.perf_counter() - t0:.0f}s")

@@ -28,8 +28,9 @@ from typing import Any
 from mtp2draft.errors import DraftError, Mtp2DraftError, read_json_file
 from mtp2draft.kinds import CONFIG_FILE, DraftKind, detect_kind
 
+STEP_RULES = ("cycle", "first")  # which layer a chain draft's step runs: family.spec.STEP_LAYER_RULES (a test checks)
 HANDOVERS = ("post_norm", "pre_norm")  # which hidden a draft step hands on / step 0 reads
-DRAFT_FORMAT_VERSIONS = (1,)  # the native draft layouts this version reads (draft.DRAFT_FORMAT_VERSION writes)
+DRAFT_FORMAT_VERSIONS = (1, 2)  # the native draft layouts this version reads (draft.DRAFT_FORMAT_VERSION writes)
 WEIGHT_DTYPES = ("bfloat16", "float16", "float32")
 HIDDEN_ACTS = ("silu",)  # the EAGLE-3 layer's MLP is SwiGLU
 
@@ -88,6 +89,16 @@ def token_id(v: Any) -> str | None:
     return None if ok else "null, a token id >= 0 or a list of them"
 
 
+def layer_list(v: Any) -> str | None:
+    ok = (
+        isinstance(v, list)
+        and len(v) >= 1
+        and all(isinstance(i, int) and not isinstance(i, bool) and i >= 0 for i in v)
+        and len(set(v)) == len(v)
+    )
+    return None if ok else "a non-empty list of distinct MTP layer indices >= 0"
+
+
 def ids(count: int, least: int) -> Rule:
     def rule(v: Any) -> str | None:
         ok = (
@@ -134,6 +145,9 @@ NATIVE_FIELDS = (
     Field("architectures", strings),
     Field("spec", _spec_name, required=True),
     Field("mtp_layer", whole(0)),
+    Field("num_layers", whole(1)),
+    Field("mtp_layers", layer_list),
+    Field("step_layers", one_of(*STEP_RULES)),
     Field("hidden_handover", one_of(*HANDOVERS)),
     Field("input_hidden", one_of(*HANDOVERS, null=True)),
     Field("final_norm", boolean),
@@ -289,6 +303,16 @@ def _native(cfg: Mapping[str, Any], where: str) -> DraftConfig:
     layer, count = cfg.get("mtp_layer", 0), spec.num_mtp_layers(cfg["target_config"])
     if layer >= max(count, 1):
         raise DraftError(f"{where}: mtp_layer is {layer}, the target has {count} MTP layer(s): {FIX}")
+    if cfg.get("format_version", 1) >= 2:  # a chain of layers (draft/chain.py)
+        if "mtp_layers" not in cfg:
+            raise DraftError(f"{where}: format_version 2 needs mtp_layers (the chain's MTP layers): {FIX}")
+        layers = cfg["mtp_layers"]
+        if cfg.get("num_layers", len(layers)) != len(layers):
+            raise DraftError(f"{where}: num_layers is {cfg['num_layers']}, mtp_layers lists {len(layers)}: {FIX}")
+        if max(layers) >= max(count, 1):
+            raise DraftError(f"{where}: mtp_layers {layers} names a layer the target lacks ({count} MTP layers): {FIX}")
+    elif "mtp_layers" in cfg or "num_layers" in cfg:
+        raise DraftError(f"{where}: mtp_layers / num_layers need format_version 2 (a chain draft): {FIX}")
     return DraftConfig(
         DraftKind.MTP,
         where,

@@ -192,8 +192,12 @@ class _DraftModule(nn.Module):
         position_ids: torch.Tensor,
         attention_mask: torch.Tensor | None = None,
         cache: DraftCache | None = None,
+        step: int = 0,
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """input_ids [B, T], hidden [B, T, H] -> (logits [B, T, V or Vd], the hidden the next step reads [B, T, H])."""
+        """input_ids [B, T], hidden [B, T, H] -> (logits [B, T, V or Vd], the hidden the next step reads [B, T, H]).
+
+        step: the draft step (0-based); a one-layer draft runs the same layer at every step (`chain.MtpChainDraft`
+        picks a layer by it)."""
         missing = self.missing_target()
         if missing:
             raise DraftError(missing)
@@ -257,6 +261,9 @@ class NativeMtpDraft(_DraftModule):
         _attach(self, "embed_weight", embed)
         _attach(self, "head_weight", head)
         return self
+
+    def new_cache(self) -> DraftCache:
+        return DraftCache()
 
     def initial_hidden(self, features: torch.Tensor) -> torch.Tensor:
         """Step 0 reads the target's final hidden state as-is ([B, T, H]; pre- or post-norm per the spec)."""
@@ -472,6 +479,9 @@ class Eagle3Draft(_DraftModule):
         _attach(self, "embed_weight", embed)
         return self
 
+    def new_cache(self) -> DraftCache:
+        return DraftCache()
+
     def initial_hidden(self, features: torch.Tensor) -> torch.Tensor:
         """features: [B, T, 3*Ht] = cat(low, mid, high) target layer outputs -> [B, T, H]."""
         return self.fc(features.to(self.fc.weight.dtype))
@@ -545,6 +555,19 @@ def read_draft_config(path: str | Path) -> dict[str, Any]:
 
 def build_draft(cfg: Mapping[str, Any]) -> Draft:
     """An uninitialised draft module from a draft config.json dict."""
+    if detect_kind(cfg) is DraftKind.MTP and int(cfg.get("format_version", 1)) >= 2:
+        from mtp2draft.draft.chain import MtpChainDraft  # its module builds on this one
+
+        return MtpChainDraft(
+            get_spec(cfg["spec"]),
+            cfg["target_config"],
+            cfg["mtp_layers"],
+            cfg.get("step_layers", "cycle"),
+            cfg.get("hidden_handover", Hidden.POST_NORM),
+            cfg.get("input_hidden"),
+            cfg.get("final_norm", True),
+            cfg.get("engine"),
+        )
     if detect_kind(cfg) is DraftKind.MTP:
         return NativeMtpDraft(
             get_spec(cfg["spec"]),

@@ -74,6 +74,18 @@ def draft_chain(draft, step0: torch.Tensor, tokens: torch.Tensor, origin: int, s
     """The serving-time chain from `origin` with the data's tokens forced: logits [V_draft] of each step.
 
     step0: [1, T, *] the target features the draft reads at step 0; tokens: [1, T] token ids."""
+    if hasattr(draft, "first_steps"):  # a chain draft: per-layer caches of the forced chain
+        forced = ForcedChain(draft, steps)
+        forced.extend(tokens[0, : origin + 2].tolist(), step0[:, : origin + 1], tokens.device)
+        data = tokens[0].tolist()
+        out: list[torch.Tensor] = []
+
+        def choose(logits: torch.Tensor) -> tuple[int, None]:
+            out.append(logits)
+            return data[origin + len(out) + 1] if origin + len(out) + 1 < len(data) else 0, None
+
+        forced.propose(origin, steps, choose, tokens.device)
+        return out
     cache = DraftCache()
     p = origin
     positions = torch.arange(1, p + 2, device=tokens.device)[None]
@@ -161,6 +173,8 @@ def speculative_decode(
 ) -> tuple[list[int], list[int]]:
     """Chain speculative decoding: (generated tokens, accepted count per target forward). `sampler` picks, proposes
     and verifies tokens (`sampling.py`); None is greedy verification."""
+    if hasattr(draft, "first_steps"):
+        return chain_speculative_decode(runner, draft, prompt, k, max_new, eos, sampler)
     sampler = sampler or Greedy()
     tcache, dcache = runner.start(), DraftCache()
     dev = runner.device  # the draft's too
@@ -196,6 +210,95 @@ def speculative_decode(
                 cache=dcache,
             )
         o, last = o + 1 + a, vfeats[:, a : a + 1]
+    if eos is not None and eos in out:
+        out = out[: out.index(eos) + 1]
+    return out[:max_new], accepted
+
+
+class ForcedChain:
+    """A chain draft's per-layer KV caches during decoding, kept as the forced chain (`draft/chain.py`): the chain
+    run from every origin with the known tokens, layer l's entry of origin p kept once token p + f + 1 is known
+    (f: the first step that runs layer l)."""
+
+    def __init__(self, draft, steps: int) -> None:
+        self.draft = draft
+        self.cache = draft.new_cache()
+        self.firsts = draft.first_steps(steps)  # [f_0 = 0, f_1, ...]: the forced chain's steps
+        self.count = [0] * len(self.firsts)  # forced origins in each used layer's cache
+        self.handed: list[torch.Tensor | None] = [None] * len(self.firsts)  # [1, count, H] hidden handed on
+        self.feats: torch.Tensor | None = None  # [1, F, *] step-0 features of positions 0..F-1
+        self.last_logits: torch.Tensor | None = None  # [V] step 0's logits at the newest forced origin
+
+    def extend(self, tokens: Sequence[int], feats: torch.Tensor, device) -> None:
+        """tokens: every known token (prompt + output so far); feats: [1, n, *] the step-0 features of the next n
+        positions. Adds each used layer's entries of the origins that became complete."""
+        self.feats = feats if self.feats is None else torch.cat([self.feats, feats], dim=1)
+        for i, f in enumerate(self.firsts):
+            # origin p needs token p + f + 1 and the previous forced step's hidden at p (step 0: the feature at p)
+            avail = min(len(tokens) - 1 - f, self.feats.shape[1] if i == 0 else self.count[i - 1])
+            start = self.count[i]
+            if avail <= start:
+                continue
+            ids = torch.tensor([list(tokens[start + f + 1 : avail + f + 1])], device=device)
+            hidden = (
+                self.draft.initial_hidden(self.feats[:, start:avail]) if i == 0 else self.handed[i - 1][:, start:avail]
+            )
+            positions = torch.arange(start + f + 1, avail + f + 1, device=device)[None]
+            mask = _append_mask(start, avail - start, hidden.dtype, device)
+            logits, out = self.draft(ids, hidden, positions, attention_mask=mask, cache=self.cache, step=f)
+            self.handed[i] = out if self.handed[i] is None else torch.cat([self.handed[i], out], dim=1)
+            self.count[i] = avail
+            if i == 0:
+                self.last_logits = logits[0, -1]
+
+    def propose(self, origin: int, k: int, choose, device) -> tuple[list[int], list]:
+        """k draft tokens from `origin` (its step 0 is the forced entry of origin `origin`); choose(logits [V]) ->
+        (token, q). The caches are cut back to their forced entries after."""
+        if self.count[0] != origin + 1:
+            raise AssertionError(f"forced chain holds {self.count[0]} origins, drafting from origin {origin}")
+        h = self.handed[0][:, origin : origin + 1]
+        tok, q = choose(self.last_logits)
+        proposal, qs = [tok], [q]
+        for j in range(1, k):
+            at = torch.tensor([[origin + 1 + j]], device=device)
+            logits, h = self.draft(torch.tensor([[tok]], device=device), h, at, cache=self.cache, step=j)
+            tok, q = choose(logits[0, -1])
+            proposal.append(tok)
+            qs.append(q)
+        for i, f in enumerate(self.firsts):
+            self.cache[self.draft.layer_at(f)].crop(self.count[i])
+        return proposal, qs
+
+
+@torch.no_grad()
+def chain_speculative_decode(
+    runner: TargetRunner,
+    draft,
+    prompt: list[int],
+    k: int,
+    max_new: int,
+    eos: int | None,
+    sampler: Greedy | Speculative | None = None,
+) -> tuple[list[int], list[int]]:
+    """`speculative_decode` for a chain draft (`draft/chain.py`): step j runs layer `draft.layer_at(j)`, each layer
+    with its own cache of forced-chain entries (`ForcedChain`)."""
+    sampler = sampler or Greedy()
+    tcache, dev = runner.start(), runner.device
+    logits, feats = runner.forward(prompt, tcache)  # [L, V], [1, L, *]
+    out = [sampler.first(logits[-1])]
+    forced = ForcedChain(draft, k)
+    forced.extend(prompt + out, feats, dev)
+    o = len(prompt) - 1
+    accepted: list[int] = []
+    while len(out) < max_new and out[-1] != eos:
+        proposal, qs = forced.propose(o, k, lambda lg: sampler.propose(lg, draft), dev)
+        vlogits, vfeats = runner.forward([out[-1], *proposal], tcache)  # positions o+1 .. o+1+k
+        a, nxt = sampler.verify(vlogits, proposal, qs, draft)
+        accepted.append(a)
+        out += proposal[:a] + [nxt]
+        _crop(tcache, o + 2 + a)
+        forced.extend(prompt + out, vfeats[:, : a + 1], dev)  # features of positions o+1 .. o+1+a
+        o += 1 + a
     if eos is not None and eos in out:
         out = out[: out.index(eos) + 1]
     return out[:max_new], accepted

@@ -110,10 +110,13 @@ class Parallel:
 
 
 # ---- the model ----------------------------------------------------------------------------------------------------------
-def draft_block(draft: nn.Module) -> nn.Module:
-    """The draft's one decoder block (native MTP: `block`; EAGLE-3: `midlayer`)."""
+def draft_blocks(draft: nn.Module) -> list[nn.Module]:
+    """The draft's decoder blocks (native MTP: `block`; EAGLE-3: `midlayer`; a chain draft: each layer's `block`)."""
+    layers = getattr(draft, "layers", None)
+    if layers is not None:
+        return [m.block for m in layers]
     block = getattr(draft, "block", None)
-    return block if block is not None else draft.midlayer
+    return [block if block is not None else draft.midlayer]
 
 
 def freeze_subset(draft: nn.Module, subset: str) -> list[str]:
@@ -135,9 +138,13 @@ def freeze_subset(draft: nn.Module, subset: str) -> list[str]:
 
 def checkpoint_mlp(draft: nn.Module) -> None:
     """Recompute the block's MLP in backward instead of keeping its activations (see the module docstring)."""
+    for block in draft_blocks(draft):
+        _checkpoint_one(block.mlp)
+
+
+def _checkpoint_one(mlp: nn.Module) -> None:
     from torch.utils.checkpoint import checkpoint
 
-    mlp = draft_block(draft).mlp
     inner = mlp.forward
     mlp.forward = lambda *args, **kwargs: checkpoint(inner, *args, use_reentrant=False, **kwargs)
 

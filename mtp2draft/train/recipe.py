@@ -545,7 +545,8 @@ def _prepare(draft, cfg: DistillConfig, par: Parallel, precision: str, progress:
             return torch.autocast(device_type, dtype=torch.bfloat16)
 
     if cfg.compile:
-        parallel.draft_block(draft).compile()
+        for block in parallel.draft_blocks(draft):
+            block.compile()
     return draft, autocast
 
 

@@ -6,6 +6,8 @@ One training sequence gives a chain origin at every position p at once (B batch,
 - attention at step s for origin p sees the step-0 entries of positions <= p (causal) and, for each earlier step r,
   only origin p's own entry: the KV cache holds one block of T entries per step and the mask is a causal block
   followed by s diagonal blocks; the entry of step s stands at RoPE position p + s + 1 (its input token's position).
+  A chain draft (`draft/chain.py`) keeps one cache per layer: step s sees only the blocks of the steps that ran its
+  layer, the first of them (step f) at origins <= p - f, the forced chain's entries.
 The hidden a step hands on is the one the serving engine hands on (`draft.hidden_handover`), so what is trained is
 what is served. The loss is the forward KL from the target's distribution for x[p+s+2] (restricted to the draft
 vocabulary for EAGLE-3), weighted per step; top-1 agreement with the target is reported per step.
@@ -24,22 +26,32 @@ from dataclasses import dataclass, field
 
 import torch
 
-from mtp2draft.draft.modules import DraftCache, Eagle3Draft
+from mtp2draft.draft.modules import Eagle3Draft
 from mtp2draft.target.hidden import Features
 
 
-def ttt_mask(length: int, step: int, dtype: torch.dtype, window: int | None = None) -> torch.Tensor:
-    """[1, 1, T, (step+1)*T] additive mask: causal over step-0 entries, diagonal over steps 1..step.
+def ttt_mask(
+    length: int, step: int, dtype: torch.dtype, window: int | None = None, blocks: Sequence[int] | None = None
+) -> torch.Tensor:
+    """[1, 1, T, (len(blocks))*T] additive mask of step `step`'s queries over the cache blocks of its layer.
+
+    blocks: the steps whose entries the layer's cache holds, ascending, ending with `step` (default: every step
+    0..step, one layer at every step). The first block (step f) is the forced chain: origin p sees origins
+    p' <= p - f (and itself); every later block only origin p's own entry (the diagonal). f = 0 gives the classic
+    TTT mask: causal over step-0 entries, diagonal over steps 1..step.
 
     window: sliding-window attention sees keys less than `window` positions back (the step-s query of origin p sits
-    at p + s + 1, the step-0 key of origin j at j + 1)."""
-    causal = torch.ones(length, length, dtype=torch.bool).tril()
+    at p + s + 1, the step-f key of origin j at j + f + 1)."""
+    blocks = list(range(step + 1)) if blocks is None else list(blocks)
+    first = blocks[0]
+    p = torch.arange(length)[:, None]
+    j = torch.arange(length)[None, :]
+    forced = (j <= p - first) | (j == p)
     if window:
-        q = torch.arange(length)[:, None] + step
-        causal &= torch.arange(length)[None, :] > q - window
-    allowed = [causal]
-    allowed += [torch.eye(length, dtype=torch.bool)] * step
-    mask = torch.zeros(length, (step + 1) * length, dtype=dtype)
+        forced &= j > p + (step - first) - window
+    allowed = [forced]
+    allowed += [torch.eye(length, dtype=torch.bool)] * (len(blocks) - 1)
+    mask = torch.zeros(length, len(blocks) * length, dtype=dtype)
     mask.masked_fill_(~torch.cat(allowed, dim=1), torch.finfo(dtype).min)
     return mask[None, None]
 
@@ -164,14 +176,16 @@ def ttt_forward(
     b, t = input_ids.shape
     hidden = draft.initial_hidden(features.step0_input(draft.kind))  # [B, T, H]
     dtype = hidden.dtype
-    cache = DraftCache()
+    cache = draft.new_cache()  # one DraftCache, or one per layer of a chain draft
+    layer_of = getattr(draft, "layer_at", lambda _s: 0)
     positions = torch.arange(t, device=input_ids.device).expand(b, -1)
     total = hidden.new_zeros(())
     losses, correct, counts, all_logits, sums = [], [], [], [], []
     for s in range(ttt_steps):
         tokens = shift(input_ids, s + 1)  # x[p + s + 1]: the token step s reads
-        mask = ttt_mask(t, s, dtype, getattr(draft, "attention_window", None)).to(hidden.device)
-        logits, hidden = draft(tokens, hidden, positions + s + 1, attention_mask=mask, cache=cache)
+        blocks = [r for r in range(s + 1) if layer_of(r) == layer_of(s)]  # the steps in this step's layer cache
+        mask = ttt_mask(t, s, dtype, getattr(draft, "attention_window", None), blocks).to(hidden.device)
+        logits, hidden = draft(tokens, hidden, positions + s + 1, attention_mask=mask, cache=cache, step=s)
         if return_logits:
             all_logits.append(logits)
             continue
