@@ -33,8 +33,9 @@ _LAZY: dict[str, str] = {
     "validate": "formats.export",
     "push": "hub",
     "run": "pipeline",
-    "load_draft": "draft.modules",
+    "load_draft": "draft.disk",
     "NativeMtpDraft": "draft.modules",
+    "MtpChainDraft": "draft.chain",
     "Eagle3Draft": "draft.modules",
     "find_spec": "family.spec",
     "get_spec": "family.spec",
@@ -57,6 +58,7 @@ __all__ = [
     "run",
     "load_draft",
     "NativeMtpDraft",
+    "MtpChainDraft",
     "Eagle3Draft",
     "find_spec",
     "get_spec",
@@ -65,8 +67,10 @@ __all__ = [
 
 if TYPE_CHECKING:  # for type checkers and IDEs only: at run time these load lazily
     from .conversion import convert, inspect_checkpoint
+    from .draft.chain import MtpChainDraft
+    from .draft.disk import load_draft
     from .draft.layout import load_native
-    from .draft.modules import Eagle3Draft, NativeMtpDraft, load_draft
+    from .draft.modules import Eagle3Draft, NativeMtpDraft
     from .evaluation.decode import evaluate
     from .evaluation.settings import EvaluateConfig
     from .family.spec import find_spec, get_spec, registry

@@ -408,8 +408,13 @@ def _body(
 
         speed = card_section(format_kind(fmt).value, target, spec.name if spec else None, evaluation)
         out += ["", *speed] if speed else []
+    chain = _chain_layers(cfg, prov)
+    if chain > 1:  # every layer runs only when the engine drafts at least that many steps
+        k = max(k, chain)
     lines = launch_lines(fmt, target or "<target>", draft, k, spec)
     out += ["", "## Serve it", ""]
+    if chain > 1:
+        out += [_chain_note(chain, cfg, prov, spec), ""]
     method = "EAGLE-3" if format_kind(fmt) is DraftKind.EAGLE3 else "native MTP"
     if spec is not None:
         for engine in unsupported_engines(fmt, spec):
@@ -484,6 +489,28 @@ def _trained_for(cfg: Mapping[str, Any], prov: Mapping[str, Any]) -> str:
     return (
         f"Trained for {who}: each draft step hands the {handover.replace('_', '-')} hidden to the next "
         f"(`hidden_handover: {handover}`); serve it with that engine for the measured acceptance."
+    )
+
+
+def _chain_layers(cfg: Mapping[str, Any], prov: Mapping[str, Any]) -> int:
+    """How many MTP layers the draft chains (a chain draft, or a stitched export of one); 1 otherwise."""
+    layers = cfg.get("mtp_layers") or (prov.get("export") or {}).get("mtp_layers") or [0]
+    return len(layers) if isinstance(layers, list) else 1
+
+
+def _chain_note(n: int, cfg: Mapping[str, Any], prov: Mapping[str, Any], spec: Spec | None) -> str:
+    """Which layer each engine runs at each step, from the family's engine table (`step_layers`)."""
+    rule = cfg.get("step_layers") or (prov.get("export") or {}).get("step_layers") or "cycle"
+    rules = {"cycle": "layer i at step i, from layer 0 again past the last", "first": "layer 0 at every step"}
+    engines = []
+    for engine in ENGINES:
+        facts = spec.engine(engine) if spec is not None else None
+        if facts is not None and facts.step_layers:
+            engines.append(f"{engine} {facts.version} runs {rules[facts.step_layers]}")
+    said = "; ".join(engines) if engines else "the family's engine table states no engine's rule"
+    return (
+        f"This draft chains {n} MTP layers, trained to run {rules.get(rule, rule)} (`step_layers: {rule}`); the "
+        f"launch lines draft {n} or more tokens so that every layer runs. Engines differ: {said} (`mtp2draft specs`)."
     )
 
 

@@ -40,7 +40,7 @@ sys.path.insert(0, str(ROOT))
 from mtp2draft import __version__  # noqa: E402
 from mtp2draft.conversion import convert  # noqa: E402
 from mtp2draft.data import load_tokenizer, read_examples  # noqa: E402
-from mtp2draft.draft.modules import load_draft  # noqa: E402
+from mtp2draft.draft.disk import load_draft  # noqa: E402
 from mtp2draft.evaluation.decode import evaluate  # noqa: E402
 from mtp2draft.evaluation.settings import EvaluateConfig  # noqa: E402
 from mtp2draft.io import save_tensors, write_json  # noqa: E402

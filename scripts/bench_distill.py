@@ -38,7 +38,8 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from mtp2draft.draft.modules import build_draft, load_draft, native_config, read_draft_config  # noqa: E402  # noqa: E402
+from mtp2draft.draft.disk import build_draft, load_draft, read_draft_config
+from mtp2draft.draft.modules import native_config  # noqa: E402  # noqa: E402
 from mtp2draft.family.spec import find_spec  # noqa: E402
 from mtp2draft.target.hidden import Features  # noqa: E402
 from mtp2draft.train.memory import plan as memory_plan  # noqa: E402

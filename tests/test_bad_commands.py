@@ -156,8 +156,13 @@ def _add(name: str, fn: CaseFn) -> None:
 # (field, bad value, what the line must name); each through `validate`.
 NATIVE_BAD: list[tuple[str, Any, str]] = [
     ("draft_kind", "medusa", "cannot tell the format"),
-    ("format_version", 2, "format_version is 2"),
+    ("format_version", 3, "format_version is 3"),
     ("format_version", "1", "format_version"),
+    ("format_version", 2, "format_version 2 needs mtp_layers"),  # a chain draft (draft/chain.py) without its layers
+    ("mtp_layers", [0], "need format_version 2"),
+    ("num_layers", 1, "need format_version 2"),
+    ("mtp_layers", "all", 'mtp_layers is "all" (a string)'),
+    ("step_layers", "sideways", 'step_layers is "sideways"'),
     ("architectures", "Mtp2DraftNativeMtp", "architectures"),
     ("spec", "llama-9000", 'spec is "llama-9000"'),
     ("spec", 3, "spec is 3"),

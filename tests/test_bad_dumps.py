@@ -51,7 +51,7 @@ class World:
 
 def _dump(target: Path, draft: Path, data: Path, out: Path) -> Path:
     from mtp2draft.data import load_tokenizer, read_examples
-    from mtp2draft.draft.modules import load_draft
+    from mtp2draft.draft.disk import load_draft
     from mtp2draft.target.dumps import dump_hidden_states
     from mtp2draft.target.hidden import TargetModel
 

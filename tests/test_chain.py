@@ -15,7 +15,8 @@ import torch
 from mtp2draft.conversion import convert
 from mtp2draft.draft.chain import MtpChainDraft, first_steps, layer_at
 from mtp2draft.draft.config import STEP_RULES
-from mtp2draft.draft.modules import NativeMtpDraft, load_draft
+from mtp2draft.draft.disk import load_draft
+from mtp2draft.draft.modules import NativeMtpDraft
 from mtp2draft.errors import DraftError, OptionError
 from mtp2draft.evaluation.decode import (
     TargetRunner,
@@ -180,3 +181,36 @@ def test_chain_config_checks(chain_dir, tmp_path: Path) -> None:
     bad = {k: v for k, v in cfg.items() if k != "mtp_layers"}
     with pytest.raises(DraftError, match="needs mtp_layers"):
         parse_draft_config(bad)
+
+
+def test_stitched_writes_every_layer_back_and_single_layer_formats_refuse(chain_dir, tmp_path: Path) -> None:
+    """The chain's layers go back under model.mtp_layers.{i} exactly (fp32 fixture); nextn and speculators-mtp hold
+    one layer and say so in one line; validate checks every layer of the draft directory."""
+    from safetensors.torch import load_file
+
+    from mtp2draft.formats.export import export, validate
+
+    src, out = chain_dir
+    draft = load_draft(out)
+    with torch.no_grad():  # a "distilled" chain: every layer changed
+        for j, m in enumerate(draft.layers):
+            m.eh_proj.weight.add_(0.01 * (j + 1))
+    from mtp2draft.io import save_tensors
+
+    moved = tmp_path / "moved"
+    moved.mkdir()
+    for name in ("config.json", "provenance.json"):
+        (moved / name).write_bytes((out / name).read_bytes())
+    save_tensors(moved / "model.safetensors", {k: v.contiguous() for k, v in draft.state_dict().items()})
+    assert validate(moved) == []
+    export(moved, "stitched", tmp_path / "st", target=str(src))
+    assert validate(tmp_path / "st") == []
+    stored = {}
+    for f in (tmp_path / "st").glob("*.safetensors"):
+        stored |= load_file(str(f))
+    for j in range(3):
+        key = f"model.mtp_layers.{j}.input_proj.weight"
+        assert torch.equal(stored[key].float(), draft.layers[j].eh_proj.weight.to(stored[key].dtype).float()), j
+    for fmt in ("nextn", "speculators-mtp"):
+        with pytest.raises(DraftError, match="holds one MTP layer"):
+            export(moved, fmt, tmp_path / fmt, target=str(src))

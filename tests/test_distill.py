@@ -17,7 +17,7 @@ from safetensors.torch import load_file
 
 from mtp2draft.conversion import convert
 from mtp2draft.data import encode, load_tokenizer, read_examples
-from mtp2draft.draft.modules import load_draft
+from mtp2draft.draft.disk import load_draft
 from mtp2draft.errors import DataError, DraftError, OptionError
 from mtp2draft.target.hidden import TargetModel
 from mtp2draft.train.calibrate import choose_draft_vocab

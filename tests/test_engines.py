@@ -11,7 +11,7 @@ import torch
 
 from mtp2draft.cli.app import main
 from mtp2draft.conversion import convert
-from mtp2draft.draft.modules import load_draft
+from mtp2draft.draft.disk import load_draft
 from mtp2draft.errors import SpecError
 from mtp2draft.family.spec import get_spec, parse_spec, registry
 from mtp2draft.hub import launch_lines

@@ -13,7 +13,8 @@ import torch
 from mtp2draft.cli.app import main
 from mtp2draft.conversion import convert
 from mtp2draft.data import load_tokenizer
-from mtp2draft.draft.modules import DraftCache, load_draft
+from mtp2draft.draft.disk import load_draft
+from mtp2draft.draft.modules import DraftCache
 from mtp2draft.evaluation.decode import TargetRunner, draft_chain, greedy_reference, speculative_decode, summarise
 from mtp2draft.target.hidden import TargetModel
 from mtp2draft.testing.fixtures import eagle3_depth

@@ -17,7 +17,8 @@ from safetensors.torch import load_file, save_file
 from mtp2draft.checkpoint.reader import dequantize_fp8, open_checkpoint
 from mtp2draft.cli.app import main
 from mtp2draft.conversion import convert
-from mtp2draft.draft.modules import load_draft, vocab_maps
+from mtp2draft.draft.disk import load_draft
+from mtp2draft.draft.modules import vocab_maps
 from mtp2draft.errors import DraftError, ValidationError
 from mtp2draft.formats import ExportConfig
 from mtp2draft.formats.export import NORM_SWITCHES, export, validate
@@ -417,8 +418,8 @@ def test_every_fp8_family_reads_back_its_stitched_draft_within_e4m3_rounding(bui
     laid over the target as a user would, read back as an engine loads it (e4m3 x block scale), equals the distilled
     weights within e4m3 rounding where it was requantised, and exactly elsewhere."""
     from mtp2draft.checkpoint.fp8 import fp8_block_size
+    from mtp2draft.draft.disk import read_draft_config
     from mtp2draft.draft.layout import native_to_checkpoint
-    from mtp2draft.draft.modules import read_draft_config
     from mtp2draft.family.spec import get_spec
 
     target, draft = _perturbed_native(build, work, fixture, f"{fixture}-ft8")

@@ -20,8 +20,9 @@ from safetensors.torch import load_file, save_file
 from mtp2draft.checkpoint.reader import open_checkpoint
 from mtp2draft.cli.app import main
 from mtp2draft.conversion import convert, plan_mtp_layer
+from mtp2draft.draft.disk import load_draft
 from mtp2draft.draft.layout import load_native
-from mtp2draft.draft.modules import DraftCache, Eagle3Draft, NativeMtpDraft, load_draft
+from mtp2draft.draft.modules import DraftCache, Eagle3Draft, NativeMtpDraft
 from mtp2draft.family.spec import find_spec, get_spec
 from mtp2draft.testing.fixtures import eagle3_depth
 

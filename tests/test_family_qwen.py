@@ -15,8 +15,8 @@ from safetensors.torch import load_file
 
 from mtp2draft.checkpoint.reader import open_checkpoint
 from mtp2draft.conversion import convert, inspect_checkpoint, plan_mtp_layer, resolve_layer
+from mtp2draft.draft.disk import load_draft
 from mtp2draft.draft.layout import load_native
-from mtp2draft.draft.modules import load_draft
 from mtp2draft.errors import NoMtpLayerError
 from mtp2draft.family.spec import find_spec, get_spec
 from mtp2draft.testing.fixtures import write_checkpoint

@@ -14,7 +14,7 @@ import torch
 from safetensors.torch import load_file
 
 from mtp2draft.conversion import convert
-from mtp2draft.draft.modules import load_draft
+from mtp2draft.draft.disk import load_draft
 from mtp2draft.errors import OptionError
 from mtp2draft.train.heldout import HeldoutGuard, implied_acceptance
 from mtp2draft.train.parallel import Parallel

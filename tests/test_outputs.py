@@ -16,7 +16,7 @@ import pytest
 
 from mtp2draft.conversion import convert
 from mtp2draft.data import load_tokenizer, read_examples
-from mtp2draft.draft.modules import load_draft
+from mtp2draft.draft.disk import load_draft
 from mtp2draft.errors import OutputExistsError
 from mtp2draft.io import atomic_output_dir, claim_output, is_ours, lock_path
 from mtp2draft.target.dump_checks import check_shards, read_manifest

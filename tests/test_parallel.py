@@ -59,7 +59,7 @@ def _weights(path: Path) -> dict[str, torch.Tensor]:
 def heldout():
     """The target's features for 8 held-out sequences, and a function from a draft directory to its TTT logits."""
     from mtp2draft.data import load_tokenizer, read_examples
-    from mtp2draft.draft.modules import load_draft
+    from mtp2draft.draft.disk import load_draft
     from mtp2draft.target.hidden import TargetModel
     from mtp2draft.train.teacher import collate
     from mtp2draft.train.ttt import ttt_forward
@@ -162,7 +162,7 @@ def test_rank_rows_split_the_global_batch() -> None:
 
 
 def test_shard_units_cover_the_experts_first(build, tmp_path: Path) -> None:
-    from mtp2draft.draft.modules import load_draft
+    from mtp2draft.draft.disk import load_draft
     from mtp2draft.train.parallel import shard_units
 
     convert(str(build("deepseek_v3")), tmp_path / "d", dtype="float32")

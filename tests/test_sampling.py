@@ -27,7 +27,7 @@ import torch
 
 from mtp2draft.conversion import convert
 from mtp2draft.data import load_tokenizer
-from mtp2draft.draft.modules import load_draft
+from mtp2draft.draft.disk import load_draft
 from mtp2draft.evaluation.sampling import Rule, Sampling, Speculative, TorchRandomness, ks_uniform, warp
 from mtp2draft.kinds import DRAFT_SAMPLING
 from mtp2draft.target.hidden import TargetModel

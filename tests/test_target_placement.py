@@ -105,7 +105,7 @@ def test_device_map_without_accelerate_is_one_error_line(raw_mimo: Path, capsys)
 
 
 def test_online_teacher_runs_the_target_in_its_dtype_and_hands_fp32_features(raw_mimo: Path) -> None:
-    from mtp2draft.draft.modules import load_draft
+    from mtp2draft.draft.disk import load_draft
     from mtp2draft.train.teacher import online_teacher
 
     draft = load_draft(raw_mimo)

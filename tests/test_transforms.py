@@ -11,8 +11,8 @@ import torch
 
 from mtp2draft.checkpoint.reader import open_checkpoint
 from mtp2draft.conversion import build_eagle3, convert
+from mtp2draft.draft.disk import load_draft
 from mtp2draft.draft.layout import expert_keys, load_native, plan_mtp_layer
-from mtp2draft.draft.modules import load_draft
 from mtp2draft.eagle3.attention import rope_permutation
 from mtp2draft.eagle3.transfer import Eagle3Build
 from mtp2draft.eagle3.transforms import EAGLE3_TRANSFORMS, check_eagle3_transforms

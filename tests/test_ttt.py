@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from mtp2draft.conversion import convert
-from mtp2draft.draft.modules import load_draft
+from mtp2draft.draft.disk import load_draft
 from mtp2draft.evaluation.decode import draft_chain
 from mtp2draft.target.hidden import Features
 from mtp2draft.testing.fixtures import eagle3_depth

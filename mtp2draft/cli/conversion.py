@@ -53,6 +53,13 @@ def convert(
     out: Out,
     to: Annotated[str, typer.Option("--to", help=f"Draft kind: {choices('kinds')}.")] = DraftKind.MTP.value,
     layer: Annotated[int | None, typer.Option("--layer", help="MTP layer index (default 0).")] = None,
+    all_layers: Annotated[
+        bool,
+        typer.Option(
+            "--all-layers",
+            help="Every MTP layer the checkpoint ships, as one chain draft (layer i at step i; --to mtp).",
+        ),
+    ] = False,
     dtype: Annotated[str, typer.Option("--dtype", help=f"Weights dtype: {choices('dtypes')}.")] = "bfloat16",
     aux_layers: Annotated[
         str | None, typer.Option("--aux-layers", help="eagle3: three target layer ids 'low,mid,high' (output of).")
@@ -71,9 +78,10 @@ def convert(
 
     * `mtp2draft convert deepseek-ai/DeepSeek-V3 --out ds3-mtp`
     * `mtp2draft convert zai-org/GLM-4.5-Air --to eagle3 --out glm-eagle3 --dtype bfloat16`
+    * `mtp2draft convert examples/targets/tiny-mimo-3mtp --all-layers --out mimo3-chain` (its three MTP layers, chained)
     """
     from mtp2draft.conversion import convert as run
 
     aux = number_list(aux_layers, "--aux-layers", int)
-    result = run(source, out, to, layer, dtype, revision, token, overwrite, aux, progress=log)
+    result = run(source, out, to, layer, dtype, revision, token, overwrite, aux, progress=log, all_layers=all_layers)
     print(output.to_json(output.convert_summary(result)) if as_json else output.convert_text(result))

@@ -50,6 +50,14 @@ def evaluate(
         str,
         typer.Option("--draft-sampling", help=f"How the draft proposes at a temperature: {choices('draft_sampling')}."),
     ] = "greedy",
+    step_layers: Annotated[
+        str | None,
+        typer.Option(
+            "--step-layers",
+            help=f"Chain drafts (convert --all-layers): the layer each step runs, {choices('step_layers')} "
+            "(default: the rule the draft was trained for).",
+        ),
+    ] = None,
     save: Annotated[bool, typer.Option("--save", help="Write evaluation.json into the draft directory.")] = False,
     skip_bad: SkipBad = False,
     revision: Revision = None,
@@ -78,6 +86,7 @@ def evaluate(
     * `mtp2draft evaluate glm-eagle3-ft --target zai-org/GLM-4.5-Air --data prompts.jsonl --device-map auto --dtype bfloat16 --json --save`
     * `mtp2draft evaluate glm-mtp-ft --target zai-org/GLM-4.5-Air --data prompts.jsonl --device-map auto --dtype bfloat16 --temperature 1 --seed 0 --draft-sampling sample`
     * `mtp2draft evaluate tiny-ft --target ./tiny-target --data prompts.jsonl --device cpu` (fp32, the default dtype)
+    * `mtp2draft evaluate mimo3-chain-ft --target ./tiny-mimo-3mtp --data prompts.jsonl --step-layers first` (a chain draft as vLLM 0.32 runs it: layer 0 at every step)
     * `mtp2draft evaluate glm-mtp-ft --target zai-org/GLM-4.5-Air --data prompts.jsonl --engine vllm --tensor-parallel-size 4`
     """
     from mtp2draft.evaluation.decode import save_evaluation

@@ -17,7 +17,7 @@ from mtp2draft.kinds import DRAFT_KINDS, DRAFT_SAMPLING, DTYPE_NAMES
 def choices(option: str, sep: str = " | ") -> str:
     """The values an option's help lists, from the registry that owns them (kinds, engines, formats, subsets, gpus)."""
     from mtp2draft.evaluation.engine import EVALUATE_ENGINES
-    from mtp2draft.family.spec import ENGINES
+    from mtp2draft.family.spec import ENGINES, STEP_LAYER_RULES
     from mtp2draft.formats import FORMATS, VALIDATE_FORMATS
     from mtp2draft.speed.accelerators import ACCELERATORS
     from mtp2draft.target.engine import DUMP_ENGINES
@@ -26,6 +26,7 @@ def choices(option: str, sep: str = " | ") -> str:
     registries = {"kinds": DRAFT_KINDS, "engines": ENGINES, "formats": FORMATS, "validate": VALIDATE_FORMATS}
     registries |= {"subsets": TRAIN_SUBSETS, "dump_engines": DUMP_ENGINES, "gpus": ACCELERATORS}
     registries |= {"draft_sampling": DRAFT_SAMPLING, "dtypes": DTYPE_NAMES, "evaluate_engines": EVALUATE_ENGINES}
+    registries |= {"step_layers": STEP_LAYER_RULES}
     return sep.join(registries[option])
 
 

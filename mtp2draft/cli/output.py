@@ -82,6 +82,7 @@ def convert_summary(result: Any) -> dict[str, Any]:
         "draft_kind": result.kind,
         "spec": result.spec,
         "mtp_layer": result.layer,
+        "mtp_layers": result.provenance.get("mtp_layers", [result.layer]),
         "bytes_fetched": result.bytes_fetched,
         "checkpoint_bytes": result.checkpoint_bytes,
         "seconds": round(result.seconds, 2),
@@ -91,8 +92,10 @@ def convert_summary(result: Any) -> dict[str, Any]:
 def convert_text(result: Any) -> str:
     tensors = result.provenance.get("tensors", {})
     exact = sum(1 for t in tensors.values() if t["exact"])
+    chain = result.provenance.get("mtp_layers")
+    which = f"chain of MTP layers {', '.join(map(str, chain))}" if chain else f"MTP layer {result.layer}"
     return (
-        f"wrote {result.kind} draft to {result.out} ({result.spec}, MTP layer {result.layer})\n"
+        f"wrote {result.kind} draft to {result.out} ({result.spec}, {which})\n"
         f"fetched {human_bytes(result.bytes_fetched)} of a {human_bytes(result.checkpoint_bytes)} checkpoint "
         f"in {result.seconds:.1f} s; {exact}/{len(tensors)} tensors transferred exactly (see provenance.json)"
     )
@@ -175,8 +178,20 @@ def evaluate_text(report: dict[str, Any]) -> str:
         f"{report['max_new_tokens']} new tokens each, {how}\n"
         + acceptance_table(report["results"])
         + "".join("\n" + comparison_text(c) for c in report.get("comparison", []))
+        + _chains(report)
         + _engine_clock(report)
     )
+
+
+def _chains(report: dict[str, Any]) -> str:
+    """Chain drafts: how many layers and the step rule each ran under (`step_layers`)."""
+    lines = [
+        f"\n{r['name']}: chain of {c['num_layers']} MTP layers, run under step_layers {c['step_layers'] or 'unknown'}"
+        + (f" (trained for {c['trained_for']})" if c.get("trained_for") not in (None, c["step_layers"]) else "")
+        for r in report["results"]
+        if (c := r.get("chain"))
+    ]
+    return "".join(lines)
 
 
 def comparison_text(comparison: dict[str, Any]) -> str:

@@ -49,7 +49,7 @@ def dump_hidden(
     Example: `mtp2draft dump-hidden --target ./tiny-target --data train.jsonl --draft glm-eagle3 --out dumped/`
     """
     from mtp2draft.data import load_tokenizer, read_examples
-    from mtp2draft.draft.modules import load_draft
+    from mtp2draft.draft.disk import load_draft
     from mtp2draft.target.dump_checks import check_dump_request
     from mtp2draft.target.engine import dump_hidden as dump
     from mtp2draft.target.engine import resolve_target

@@ -1,4 +1,4 @@
-"""The two draft modules and their on-disk form.
+"""The two draft modules (their directories are read by `disk.py`; several MTP layers chain in `chain.py`).
 
 - `NativeMtpDraft`: the MTP layer exactly as its family's checkpoint defines it: two RMSNorms, the concat in the
   family's order, the bias-free Linear(2H -> H), the family's own decoder block (a transformers class, never
@@ -33,25 +33,20 @@ from __future__ import annotations
 
 import copy
 import inspect
-import math
 from collections.abc import Mapping
-from pathlib import Path
 from typing import Any
 
 import torch
 import torch.nn.functional as F
-from safetensors.torch import load_file
 from torch import nn
 
-from mtp2draft.draft.eagle3_config import LLAMA_FIELDS, aux_ids, speculators_to_eagle3_config, speculators_weight_name
+from mtp2draft.draft.eagle3_config import LLAMA_FIELDS, aux_ids
 from mtp2draft.errors import CheckpointError, DraftError
-from mtp2draft.family.spec import Spec, get_spec
+from mtp2draft.family.spec import Spec
 from mtp2draft.kinds import (
     HIDDEN_PLACES,
-    WEIGHTS_FILE,
     DraftKind,
     Hidden,
-    detect_kind,
 )
 
 DRAFT_FORMAT_VERSION = 1
@@ -542,77 +537,3 @@ def without_identity_maps(state: Mapping[str, torch.Tensor], vocab_size: int, dr
     if draft_vocab_size != vocab_size:
         return dict(state)
     return {k: v for k, v in state.items() if k not in VOCAB_MAPS}
-
-
-# ---- on disk --------------------------------------------------------------------------------------------------------
-def read_draft_config(path: str | Path) -> dict[str, Any]:
-    """A draft directory's config.json, checked field by field (`draft_config.load_draft_config`): one DraftError
-    line naming the file, the field and the fix when a field has the wrong type, range or value."""
-    from mtp2draft.draft.config import load_draft_config
-
-    return dict(load_draft_config(path).raw)
-
-
-def build_draft(cfg: Mapping[str, Any]) -> Draft:
-    """An uninitialised draft module from a draft config.json dict."""
-    if detect_kind(cfg) is DraftKind.MTP and int(cfg.get("format_version", 1)) >= 2:
-        from mtp2draft.draft.chain import MtpChainDraft  # its module builds on this one
-
-        return MtpChainDraft(
-            get_spec(cfg["spec"]),
-            cfg["target_config"],
-            cfg["mtp_layers"],
-            cfg.get("step_layers", "cycle"),
-            cfg.get("hidden_handover", Hidden.POST_NORM),
-            cfg.get("input_hidden"),
-            cfg.get("final_norm", True),
-            cfg.get("engine"),
-        )
-    if detect_kind(cfg) is DraftKind.MTP:
-        return NativeMtpDraft(
-            get_spec(cfg["spec"]),
-            cfg["target_config"],
-            cfg.get("mtp_layer", 0),
-            cfg.get("hidden_handover", Hidden.POST_NORM),
-            cfg.get("input_hidden"),
-            cfg.get("final_norm", True),
-            cfg.get("engine"),
-        )
-    return Eagle3Draft(cfg)
-
-
-def load_draft(path: str | Path, dtype: torch.dtype = torch.float32) -> Draft:
-    """Load a draft directory written by `convert`, `distill` or the `sglang` / `speculators` exporters (no target
-    attached)."""
-    path = Path(path)
-    cfg = read_draft_config(path)
-    rename = None
-    if cfg.get("speculators_model_type"):  # vLLM's speculators layout: back to SGLang's config and names
-        cfg, rename = speculators_to_eagle3_config(cfg), speculators_weight_name
-    draft = build_draft(cfg)
-    weights = path / WEIGHTS_FILE
-    if not weights.is_file():
-        raise DraftError(f"{path} has no {WEIGHTS_FILE}")
-    state = load_file(str(weights))
-    if rename is not None:
-        state = {rename(k): v for k, v in state.items()}
-    state = {k: v for k, v in state.items() if k != "embed_tokens.weight"}
-    expected = draft.state_dict()
-    if isinstance(draft, Eagle3Draft) and draft.draft_vocab_size == draft.vocab_size:
-        # full vocabulary: the maps are the identity, written by older versions, never by this one
-        state = {**{k: expected[k] for k in VOCAB_MAPS}, **state}
-    missing = sorted(set(expected) - set(state))
-    unexpected = sorted(set(state) - set(expected))
-    if missing or unexpected:
-        raise DraftError(f"{weights} does not fit its config: missing {missing[:5]}, unexpected {unexpected[:5]}")
-    for key, tensor in state.items():
-        if tuple(tensor.shape) != tuple(expected[key].shape):
-            raise DraftError(
-                f"{weights}: {key} has shape {list(tensor.shape)}, config implies {list(expected[key].shape)}"
-            )
-    draft.load_state_dict(state)
-    return draft.to(dtype) if dtype is not None else draft
-
-
-def param_count(module: nn.Module) -> int:
-    return sum(math.prod(p.shape) for p in module.state_dict().values())

@@ -39,7 +39,8 @@ from typing import Any
 import torch
 
 from mtp2draft.data import load_tokenizer, prompt_ids, read_records
-from mtp2draft.draft.modules import DraftCache, load_draft
+from mtp2draft.draft.disk import load_draft
+from mtp2draft.draft.modules import DraftCache
 from mtp2draft.errors import DataError
 from mtp2draft.evaluation.compare import compare_to_baselines
 from mtp2draft.evaluation.sampling import Greedy, Sampling, Speculative, ks_uniform, make_sampler, pit, warp
@@ -331,6 +332,7 @@ class EvalResult:
     per_draft_acceptance: list[float] = field(default_factory=list)  # P(position j accepted), per draft
     distribution_check: dict[str, float] | None = None  # at a temperature: the PIT's KS test (see the module doc)
     accepted_by_prompt: list[list[int]] = field(default_factory=list)  # a per target forward, prompt by prompt
+    chain: dict[str, Any] | None = None  # a chain draft's layer count and the step rule it ran under
 
 
 def summarise(name: str, draft_path: str, k: int, results: Sequence[PromptResult], seconds: float) -> EvalResult:
@@ -432,6 +434,8 @@ def evaluate(
     }
     for name, path in drafts:
         draft = load_draft(path, dtype=tm.dtype).to(tm.device).eval()
+        if cfg.step_layers is not None and hasattr(draft, "step_layers"):  # chain drafts only
+            draft.step_layers = cfg.step_layers
         check_draft_fits(draft, tm, path)
         draft.attach_target(tm.embedding().to(tm.device, tm.dtype), tm.lm_head().to(tm.device, tm.dtype))
         runner = TargetRunner(tm, draft)
@@ -441,6 +445,8 @@ def evaluate(
         decoding = {"k": cfg.num_draft_tokens, "max_new": cfg.max_new_tokens, "eos": eos, "sampling": sampling}
         decoding["seed"] = cfg.seed
         summary = evaluate_draft(runner, draft, name, str(path), prompts, references, **decoding, progress=progress)
+        if hasattr(draft, "step_layers"):
+            summary.chain = {"num_layers": draft.num_layers, "step_layers": draft.step_layers}
         out["results"].append(asdict(summary))
     if len(out["results"]) > 1:  # the draft against each baseline, with a paired bootstrap interval (compare.py)
         out["comparison"] = compare_to_baselines(out["results"], seed=cfg.seed)

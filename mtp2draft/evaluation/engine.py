@@ -355,11 +355,34 @@ def evaluate_in_vllm(
     out = engine_report(target, target_dir, data, cfg, len(prompts), version, results["plain"], tensor_parallel_size)
     out["dtype"] = stored if dtype is None else dtype
     out["engine"]["dtype"] = dtype or "auto"
+    spec = find_spec(target_config)
     for name, path in drafts:
-        out["results"].append(draft_row(name, str(path), results[name], results["plain"], cfg, len(prompts), progress))
+        row = draft_row(name, str(path), results[name], results["plain"], cfg, len(prompts), progress)
+        row["chain"] = chain_rule(path, spec, progress)
+        out["results"].append(row)
     if keep_outputs:
         out["engine"]["outputs"] = {name: r.outputs for name, r in results.items()}
     return with_headline(out)
+
+
+def chain_rule(path: str | Path, spec: Any, progress: Progress) -> dict[str, Any] | None:
+    """A chain draft's layer count and the rule vLLM runs it under (the family's `[engines.vllm] step_layers`, not
+    the draft's: vLLM picks the layer itself), with a note when the draft was trained for another; None otherwise."""
+    from mtp2draft.draft.chain import is_chain_config
+    from mtp2draft.draft.config import load_draft_config
+
+    cfg = load_draft_config(path).raw
+    if not is_chain_config(cfg):
+        return None
+    facts = spec.engine("vllm")
+    rule = facts.step_layers if facts is not None and facts.step_layers else None
+    trained = cfg.get("step_layers", "cycle")
+    if rule is not None and rule != trained:
+        progress(
+            f"note: {path} chains {len(cfg['mtp_layers'])} layers for step_layers {trained}, but vllm "
+            f"{facts.version} runs {spec.name} drafts under '{rule}' (`mtp2draft specs`): this measures that rule"
+        )
+    return {"num_layers": len(cfg["mtp_layers"]), "step_layers": rule, "trained_for": trained}
 
 
 def check_runs(version: str, results: dict[str, Any]) -> None:

@@ -37,6 +37,9 @@ class EvaluateConfig:
     """How the draft proposes at a temperature: argmax (greedy) or sampling from its own distribution (sample)."""
     skip_bad: bool = False
     """Skip malformed data lines (counted) instead of failing."""
+    step_layers: str | None = None
+    """Chain drafts (every MTP layer): which layer each draft step runs, `cycle` (layer s % n) or `first` (layer 0
+    reused, as vLLM 0.32's runner does); None: the rule recorded in the draft (the one it was trained for)."""
 
     def __post_init__(self) -> None:
         from mtp2draft.evaluation.sampling import Sampling
@@ -50,6 +53,10 @@ class EvaluateConfig:
             if value < 1:
                 raise OptionError(f"{option} must be at least 1, got {value}")
         Sampling(self.temperature, self.top_p, self.draft_sampling)  # OptionError on a bad value
+        from mtp2draft.draft.config import STEP_RULES
+
+        if self.step_layers is not None and self.step_layers not in STEP_RULES:
+            raise OptionError(f"--step-layers must be one of {', '.join(STEP_RULES)}, got {self.step_layers!r}")
 
     @property
     def sampling(self) -> Any:

@@ -54,16 +54,18 @@ class NativeLayer:
     tensor is read and split (e.g. fused experts -> per-expert keys) when first asked for, and the last two module
     tensors are kept (a shard interleaves the gate_up and down pieces of consecutive experts)."""
 
-    def __init__(self, weights: Path, spec: Spec, config: Mapping[str, Any], layer: int) -> None:
+    def __init__(self, weights: Path, spec: Spec, config: Mapping[str, Any], layer: int, prefix: str = "") -> None:
         from safetensors import safe_open
 
-        self.spec, self.config, self.layer = spec, dict(config), layer
+        self.spec, self.config, self.layer, self.prefix = spec, dict(config), layer, prefix
         self._to_checkpoint = native_to_checkpoint
         self._fh = safe_open(str(weights), framework="pt")
         self.module_of: dict[str, str] = {}
         self.shapes: dict[str, tuple[int, ...]] = {}
-        for module_key in self._fh.keys():  # noqa: SIM118 - safe_open is not a mapping
-            meta = torch.empty(self._fh.get_slice(module_key).get_shape(), device="meta")
+        # a chain draft's file holds every layer, layer j under `layers.{j}.` (`prefix`): only this one's keys
+        keys = [k[len(prefix) :] for k in self._fh.keys() if k.startswith(prefix)]  # noqa: SIM118
+        for module_key in keys:
+            meta = torch.empty(self._fh.get_slice(prefix + module_key).get_shape(), device="meta")
             for ckpt_key, t in native_to_checkpoint(spec, self.config, layer, {module_key: meta}).items():
                 self.module_of[ckpt_key] = module_key
                 self.shapes[ckpt_key] = tuple(t.shape)
@@ -76,13 +78,49 @@ class NativeLayer:
         """The tensor stored under `ckpt_key` (fp32 for floating tensors)."""
         module_key = self.module_of[ckpt_key]
         if module_key not in self._cache:
-            tensor = self._fh.get_tensor(module_key)
+            tensor = self._fh.get_tensor(self.prefix + module_key)
             tensor = tensor.float() if tensor.is_floating_point() else tensor
             self._cache[module_key] = self._to_checkpoint(self.spec, self.config, self.layer, {module_key: tensor})
             while len(self._cache) > 2:
                 self._cache.popitem(last=False)
         self._cache.move_to_end(module_key)
         return self._cache[module_key][ckpt_key]
+
+
+class ChainLayers:
+    """Several `NativeLayer`s (a chain draft's) seen as one: every layer's checkpoint keys."""
+
+    def __init__(self, layers: list[NativeLayer]) -> None:
+        self.layers = layers
+        self.owner = {k: n for n in layers for k in n.checkpoint_keys()}
+        self.shapes = {k: v for n in layers for k, v in n.shapes.items()}
+
+    def checkpoint_keys(self) -> list[str]:
+        return list(self.owner)
+
+    def get(self, ckpt_key: str) -> torch.Tensor:
+        return self.owner[ckpt_key].get(ckpt_key)
+
+
+def draft_layers(src: Path, cfg: Mapping[str, Any]) -> list[tuple[str, int]]:
+    """(weight-name prefix, checkpoint MTP layer) of each layer a native draft directory holds: one for a
+    single-layer draft, `layers.{j}.` for each of a chain draft's (format_version 2)."""
+    from mtp2draft.draft.chain import is_chain_config
+
+    if is_chain_config(cfg):
+        return [(f"layers.{j}.", int(i)) for j, i in enumerate(cfg["mtp_layers"])]
+    return [("", int(cfg.get("mtp_layer", 0)))]
+
+
+def refuse_chain(cfg: Mapping[str, Any], fmt: str, why: str) -> None:
+    """One line for a format that holds a single MTP layer, given a chain draft."""
+    from mtp2draft.draft.chain import is_chain_config
+
+    if is_chain_config(cfg):
+        raise DraftError(
+            f"the {fmt} format holds one MTP layer ({why}); this draft chains {len(cfg['mtp_layers'])}: export it "
+            "as --format stitched, or convert one layer (convert --layer i)"
+        )
 
 
 def native_input(src: Path, cfg: Mapping[str, Any]) -> tuple[Spec, dict[str, Any], int]:
@@ -280,15 +318,17 @@ def _validate_native(path: Path, cfg: dict[str, Any]) -> list[str]:
     """mtp2draft's own native draft directory: the module's tensors under module names, shapes from the config."""
     problems: list[str] = []
     try:
-        spec, target_config, layer = get_spec(cfg["spec"]), cfg["target_config"], int(cfg.get("mtp_layer", 0))
-        with torch.device("meta"):
-            module = NativeMtpDraft(spec, target_config, layer)
+        spec, target_config = get_spec(cfg["spec"]), cfg["target_config"]
+        expected = {}
+        for prefix, layer in draft_layers(path, cfg):  # a chain draft: every layer under `layers.{j}.`
+            with torch.device("meta"):
+                module = NativeMtpDraft(spec, target_config, layer)
+            expected |= {prefix + k: tuple(v.shape) for k, v in module.state_dict().items()}
     except Exception as exc:
         return [f"cannot build the native module from config.json: {exc}"]
     weights = load_weights(path, problems)
     if weights is None:
         return problems
-    expected = {k: tuple(v.shape) for k, v in module.state_dict().items()}
     for key in sorted(set(expected) - set(weights)):
         problems.append(f"{key} is missing")
     for key in sorted(set(weights) - set(expected)):

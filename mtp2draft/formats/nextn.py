@@ -44,6 +44,7 @@ def _export_nextn(job: ExportJob) -> None:
     """The `write` of this format: fills job.out from the draft job.src."""
     src, cfg, tmp, provenance, record = job.src, job.cfg, job.out, job.provenance, job.record
     target, revision, token, progress = job.target, job.revision, job.token, job.progress
+    nat.refuse_chain(cfg, "nextn", "SGLang's NextN loader reads layer 0 of num_hidden_layers: 1")
     spec, target_config, layer = nat.native_input(src, cfg)
     if not spec.nextn.architecture:
         raise DraftError(

@@ -121,6 +121,7 @@ def _write(job: ExportJob) -> None:
     """The `write` of this format: fills job.out from the native draft job.src."""
     from safetensors.torch import load_file
 
+    nat.refuse_chain(job.cfg, "speculators-mtp", "MTPSpeculatorConfig refuses more than one")
     spec, target_config, layer = nat.native_input(job.src, job.cfg)
     model_type = check_served(spec)
     if spec.text_config(target_config).get("model_type") != model_type:

@@ -23,10 +23,12 @@ from mtp2draft.formats import ExportJob, Format
 from mtp2draft.formats.common import README_FILE, finite_file, fp8_problems, read_headers, read_json, sglang_steps
 from mtp2draft.formats.native import (
     COPY_RUN_BYTES,
+    ChainLayers,
     NativeLayer,
     NativeWriter,
     computation_record,
     contiguous_runs,
+    draft_layers,
     engine_mismatches,
     fp8_block,
     meta_checkpoint,
@@ -68,17 +70,23 @@ def _export_stitched(job: ExportJob) -> None:
         raise DraftError("the stitched format needs --target: the checkpoint the layer is written back over")
     spec, target_config, layer = native_input(src, cfg)
     ckpt = open_target(target, cfg, revision, token)
-    native = NativeLayer(src / WEIGHTS_FILE, spec, ckpt.config, layer)
-    foreign = [k for k in native.checkpoint_keys() if not ckpt.has(k)]
-    if foreign:
-        raise DraftError(f"the draft's {foreign[0]} has no counterpart in --target {target} (+{len(foreign) - 1})")
-    plan = plan_mtp_layer(ckpt, spec, layer)
-    uncovered = sorted(set(plan.checkpoint_keys) - set(native.checkpoint_keys()))
-    if uncovered:
-        raise DraftError(f"the draft lacks {uncovered[0]} of the target's MTP layer {layer} (+{len(uncovered) - 1})")
-    # A tensor the layer shares with the trunk (ERNIE's final norm is `model.norm`) is the target's, not the
-    # layer's: it is never rewritten, and a draft that changed it cannot be stitched without changing the target.
-    shared = trunk_keys(spec, ckpt.config, layer) & set(native.checkpoint_keys())
+    layers = draft_layers(src, cfg)  # one, or every layer of a chain draft: each written back where it came from
+    parts = [NativeLayer(src / WEIGHTS_FILE, spec, ckpt.config, i, prefix) for prefix, i in layers]
+    native = ChainLayers(parts)
+    shared: set[str] = set()
+    for part in parts:
+        foreign = [k for k in part.checkpoint_keys() if not ckpt.has(k)]
+        if foreign:
+            raise DraftError(f"the draft's {foreign[0]} has no counterpart in --target {target} (+{len(foreign) - 1})")
+        plan = plan_mtp_layer(ckpt, spec, part.layer)
+        uncovered = sorted(set(plan.checkpoint_keys) - set(part.checkpoint_keys()))
+        if uncovered:
+            raise DraftError(
+                f"the draft lacks {uncovered[0]} of the target's MTP layer {part.layer} (+{len(uncovered) - 1})"
+            )
+        # A tensor the layer shares with the trunk (ERNIE's final norm is `model.norm`) is the target's, not the
+        # layer's: it is never rewritten, and a draft that changed it cannot be stitched without changing the target.
+        shared |= trunk_keys(spec, ckpt.config, part.layer) & set(part.checkpoint_keys())
     for key in sorted(shared):
         stored_tensor = ckpt.read_raw([key])[key]
         if not torch.equal(native.get(key).to(stored_tensor.dtype), stored_tensor):
@@ -108,13 +116,16 @@ def _export_stitched(job: ExportJob) -> None:
                     out.write(info.name, writer.get(info.name) if info.name in replaced else kept[info.name])
     write_json(tmp / INDEX_FILE, _target_index(ckpt))
     write_json(tmp / CONFIG_FILE, ckpt.config)
-    (tmp / README_FILE).write_text(_stitched_readme(ckpt, spec, layer, shards, writer.requantised))
+    written = [i for _, i in layers]
+    (tmp / README_FILE).write_text(_stitched_readme(ckpt, spec, written, shards, writer.requantised))
     for note in engine_mismatches(spec, cfg, ("vllm", "sglang")):
         progress("note: " + note)
     record.update(
         target=ckpt.source,
         target_commit=ckpt.commit,
         mtp_layer=layer,
+        mtp_layers=written,
+        **({"step_layers": cfg.get("step_layers", "cycle")} if len(written) > 1 else {}),
         spec=spec.name,
         **computation_record(spec, cfg),
         overlay_files=[*shards, INDEX_FILE],
@@ -122,7 +133,7 @@ def _export_stitched(job: ExportJob) -> None:
     )
 
 
-def _stitched_readme(ckpt: Checkpoint, spec: Spec, layer: int, shards: list[str], requantised: list[str]) -> str:
+def _stitched_readme(ckpt: Checkpoint, spec: Spec, layers: list[int], shards: list[str], requantised: list[str]) -> str:
     where = ckpt.source + (f" (commit {ckpt.commit})" if ckpt.commit else "")
     quant = (
         f"{len(requantised)} FP8 weights were requantised per {ckpt.fp8_block_size()[0]}x{ckpt.fp8_block_size()[1]} "
@@ -137,9 +148,10 @@ def _stitched_readme(ckpt: Checkpoint, spec: Spec, layer: int, shards: list[str]
         if ckpt.is_local
         else f"hf download {ckpt.source}{revision} --local-dir ./target-stitched"
     )
+    which = f"MTP layer {layers[0]}" if len(layers) == 1 else f"MTP layers {', '.join(map(str, layers))}"
     return f"""# Stitched MTP layer ({spec.name})
 
-The fine-tuned MTP layer {layer} of `{where}`, written back under the checkpoint's own key names, dtypes and
+The fine-tuned {which} of `{where}`, written back under the checkpoint's own key names, dtypes and
 quantization by mtp2draft {__version__}. {quant}
 
 This directory is an overlay, not a whole checkpoint: it holds only the shards that contain MTP tensors (their

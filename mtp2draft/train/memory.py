@@ -81,7 +81,7 @@ class MemoryPlan:
 
 def meta_draft(draft_config: dict[str, Any]) -> nn.Module:
     """The draft module with shapes only (meta device): no weights are read or allocated."""
-    from mtp2draft.draft.modules import build_draft
+    from mtp2draft.draft.disk import build_draft
 
     with torch.device("meta"):
         return build_draft(draft_config)

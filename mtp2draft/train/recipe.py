@@ -36,7 +36,8 @@ from typing import Any
 import torch
 
 from mtp2draft._version import __version__
-from mtp2draft.draft.modules import Eagle3Draft, NativeMtpDraft, load_draft, read_draft_config
+from mtp2draft.draft.disk import load_draft, read_draft_config
+from mtp2draft.draft.modules import Eagle3Draft, NativeMtpDraft
 from mtp2draft.errors import DataError, DraftError, OptionError
 from mtp2draft.family.spec import ENGINES, get_spec
 from mtp2draft.io import Progress, check_output_dir, claim_output, meter, quiet

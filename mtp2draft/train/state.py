@@ -17,11 +17,8 @@ from typing import Any
 
 import torch
 
-from mtp2draft.draft.modules import (
-    Eagle3Draft,
-    read_draft_config,
-    without_identity_maps,
-)
+from mtp2draft.draft.disk import read_draft_config
+from mtp2draft.draft.modules import Eagle3Draft, without_identity_maps
 from mtp2draft.io import atomic_output_dir, save_tensors, write_json
 from mtp2draft.kinds import CONFIG_FILE, PROVENANCE_FILE, WEIGHTS_FILE
 from mtp2draft.train import parallel

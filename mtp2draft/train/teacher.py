@@ -103,7 +103,7 @@ def offline_teacher(
 ) -> Teacher:
     """A `dump-hidden` directory, refused when it is damaged (`dump_checks`), was dumped from another target than the
     draft's (`draft_dir`: its config.json's record) or does not hold what the draft reads."""
-    from mtp2draft.draft.modules import read_draft_config
+    from mtp2draft.draft.disk import read_draft_config
     from mtp2draft.target.dump_checks import check_dump_fits_draft
 
     store = OfflineHiddenStates(hidden_states, max_length)

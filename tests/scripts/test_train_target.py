@@ -1,4 +1,4 @@
-"""Smoke test of scripts/train_target.py: a few steps on a dozen stdlib files must write both targets in their hub
+"""Smoke test of scripts/train_target.py: a few steps on a dozen stdlib files must write every target in its hub
 layout (loadable by transformers and by mtp2draft), the tokenizer, training.json and the data files."""
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ def trained(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
     cmd = [sys.executable, str(SCRIPT), "--family", "all", "--out", str(out), "--data-out", str(data)]
     cmd += ["--steps", "2", "--max-files", "12", "--batch-size", "2", "--seq-len", "64"]
     cmd += ["--eval-windows", "2", "--gen-prompts", "2", "--gen-tokens", "4"]
-    run = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    run = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
     assert run.returncode == 0, run.stderr[-3000:]
     assert run.stdout == ""  # logs go to stderr; nothing (no text, no tokens) to stdout
     return out, data
@@ -27,10 +27,14 @@ def trained(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
 
 @pytest.mark.slow
 @pytest.mark.parametrize(
-    ("name", "cls", "spec"),
-    [("tiny-deepseek-v3", "DeepseekV3ForCausalLM", "deepseek_v3"), ("tiny-mimo", "Qwen2ForCausalLM", "mimo")],
+    ("name", "cls", "spec", "layers"),
+    [
+        ("tiny-deepseek-v3", "DeepseekV3ForCausalLM", "deepseek_v3", 1),
+        ("tiny-mimo", "Qwen2ForCausalLM", "mimo", 1),
+        ("tiny-mimo-3mtp", "Qwen2ForCausalLM", "mimo", 3),  # warm-started from tiny-mimo's run
+    ],
 )
-def test_target_loads(trained: tuple[Path, Path], name: str, cls: str, spec: str) -> None:
+def test_target_loads(trained: tuple[Path, Path], name: str, cls: str, spec: str, layers: int) -> None:
     import torch
     import transformers
     from safetensors import safe_open
@@ -50,7 +54,7 @@ def test_target_loads(trained: tuple[Path, Path], name: str, cls: str, spec: str
                 assert fh.get_slice(key).get_dtype() == want, key
 
     info = mtp2draft.inspect_checkpoint(str(target))
-    assert info["spec"] == spec and info["num_mtp_layers"] == 1
+    assert info["spec"] == spec and info["num_mtp_layers"] == layers
 
     mtp = load_native(str(target))
     assert mtp.spec.name == spec and mtp.embed_weight is not None
@@ -71,6 +75,10 @@ def test_target_loads(trained: tuple[Path, Path], name: str, cls: str, spec: str
     assert report["steps"] == 2 and report["tokens_seen"] == 2 * 2 * 64
     assert report["heldout"]["next_token_loss"] > 0 and "mtp_vs_trunk_greedy_t2" in report["heldout"]["greedy"]
     assert len(report["script_sha256"]) == 64
+    assert report["mtp_layers"] == layers
+    if layers > 1:  # every depth measured, and every layer written under its own keys
+        assert len(report["chain_top1_by_depth"]) == layers
+        assert {k.split(".")[2] for k in index["weight_map"] if ".mtp_layers." in k} == {str(i) for i in range(layers)}
 
 
 @pytest.mark.slow

@@ -26,7 +26,7 @@ from checkpoint_files import tensors
 from safetensors.torch import load_file, save_file
 
 from mtp2draft.conversion import convert
-from mtp2draft.draft.modules import load_draft
+from mtp2draft.draft.disk import load_draft
 from mtp2draft.formats import ExportConfig
 from mtp2draft.formats.export import export
 from mtp2draft.formats.speculators_mtp import speculators_name

@@ -27,7 +27,7 @@ import torch
 
 from mtp2draft.conversion import convert
 from mtp2draft.data import load_tokenizer
-from mtp2draft.draft.modules import load_draft
+from mtp2draft.draft.disk import load_draft
 from mtp2draft.evaluation.decode import TargetRunner, evaluate, greedy_reference, load_prompts
 from mtp2draft.evaluation.engine import EngineRun, run_vllm, served_view, speculative_config
 from mtp2draft.evaluation.settings import EvaluateConfig

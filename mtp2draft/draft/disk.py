@@ -1,0 +1,99 @@
+"""Draft directories on disk: read a draft's config.json (checked) and build or load the module it describes.
+
+- a native draft (`format_version` 1 or absent): `modules.NativeMtpDraft`;
+- a native chain draft (`format_version` 2, `mtp_layers`): `chain.MtpChainDraft`;
+- an EAGLE-3 draft, in SGLang's layout or vLLM's speculators layout: `modules.Eagle3Draft`.
+
+What this module does not do: write draft directories (`conversion.py`, `train/state.py`) or attach the target.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors.torch import load_file
+from torch import nn
+
+from mtp2draft.draft.chain import MtpChainDraft, is_chain_config
+from mtp2draft.draft.eagle3_config import speculators_to_eagle3_config, speculators_weight_name
+from mtp2draft.draft.modules import VOCAB_MAPS, Draft, Eagle3Draft, NativeMtpDraft
+from mtp2draft.errors import DraftError
+from mtp2draft.family.spec import get_spec
+from mtp2draft.kinds import WEIGHTS_FILE, DraftKind, Hidden, detect_kind
+
+AnyDraft = Draft | MtpChainDraft
+
+
+def read_draft_config(path: str | Path) -> dict[str, Any]:
+    """A draft directory's config.json, checked field by field (`draft_config.load_draft_config`): one DraftError
+    line naming the file, the field and the fix when a field has the wrong type, range or value."""
+    from mtp2draft.draft.config import load_draft_config
+
+    return dict(load_draft_config(path).raw)
+
+
+def build_draft(cfg: Mapping[str, Any]) -> AnyDraft:
+    """An uninitialised draft module from a draft config.json dict."""
+    if detect_kind(cfg) is DraftKind.MTP and is_chain_config(cfg):
+        return MtpChainDraft(
+            get_spec(cfg["spec"]),
+            cfg["target_config"],
+            cfg["mtp_layers"],
+            cfg.get("step_layers", "cycle"),
+            cfg.get("hidden_handover", Hidden.POST_NORM),
+            cfg.get("input_hidden"),
+            cfg.get("final_norm", True),
+            cfg.get("engine"),
+        )
+    if detect_kind(cfg) is DraftKind.MTP:
+        return NativeMtpDraft(
+            get_spec(cfg["spec"]),
+            cfg["target_config"],
+            cfg.get("mtp_layer", 0),
+            cfg.get("hidden_handover", Hidden.POST_NORM),
+            cfg.get("input_hidden"),
+            cfg.get("final_norm", True),
+            cfg.get("engine"),
+        )
+    return Eagle3Draft(cfg)
+
+
+def load_draft(path: str | Path, dtype: torch.dtype = torch.float32) -> AnyDraft:
+    """Load a draft directory written by `convert`, `distill` or the `sglang` / `speculators` exporters (no target
+    attached)."""
+    path = Path(path)
+    cfg = read_draft_config(path)
+    rename = None
+    if cfg.get("speculators_model_type"):  # vLLM's speculators layout: back to SGLang's config and names
+        cfg, rename = speculators_to_eagle3_config(cfg), speculators_weight_name
+    draft = build_draft(cfg)
+    weights = path / WEIGHTS_FILE
+    if not weights.is_file():
+        raise DraftError(f"{path} has no {WEIGHTS_FILE}")
+    state = load_file(str(weights))
+    if rename is not None:
+        state = {rename(k): v for k, v in state.items()}
+    state = {k: v for k, v in state.items() if k != "embed_tokens.weight"}
+    expected = draft.state_dict()
+    if isinstance(draft, Eagle3Draft) and draft.draft_vocab_size == draft.vocab_size:
+        # full vocabulary: the maps are the identity, written by older versions, never by this one
+        state = {**{k: expected[k] for k in VOCAB_MAPS}, **state}
+    missing = sorted(set(expected) - set(state))
+    unexpected = sorted(set(state) - set(expected))
+    if missing or unexpected:
+        raise DraftError(f"{weights} does not fit its config: missing {missing[:5]}, unexpected {unexpected[:5]}")
+    for key, tensor in state.items():
+        if tuple(tensor.shape) != tuple(expected[key].shape):
+            raise DraftError(
+                f"{weights}: {key} has shape {list(tensor.shape)}, config implies {list(expected[key].shape)}"
+            )
+    draft.load_state_dict(state)
+    return draft.to(dtype) if dtype is not None else draft
+
+
+def param_count(module: nn.Module) -> int:
+    return sum(math.prod(p.shape) for p in module.state_dict().values())

@@ -1,0 +1,143 @@
+"""Chain drafts on a target with three MTP layers: every layer chained against layer 0 reused, raw and distilled.
+
+    python scripts/bench_chain.py TARGET_DIR DATA_DIR WORK [--prompts 64] [--vllm] [--table-only]
+
+TARGET_DIR is a runnable target with several MTP layers (examples/targets/tiny-mimo-3mtp), DATA_DIR holds train.jsonl
+and heldout.jsonl (prompts from packages the target never trained on). Into WORK it writes, through the `mtp2draft`
+CLI (what a user runs):
+
+- `raw-chain`: `convert --all-layers` (layer i at step i, `step_layers: cycle`), and `raw-first`, the same weights
+  with `step_layers: first` (layer 0 reused at every step, what vLLM 0.32 runs);
+- `distilled-chain`: `distill raw-chain` (the chain's layers trained jointly with TTT under `cycle`);
+- `distilled-first`: `distill raw-chain --serving-engine vllm` (vLLM's computation and rule for the family: `first`,
+  so layer 0 is trained for every step);
+
+then evaluates all four on the same held-out prompts, greedy, at k = 3 and 6 (WORK/k*.eval.json), and with `--vllm`
+serves the target in vLLM with `raw-chain` and `distilled-first` (vLLM applies its own rule) beside `evaluate` in
+bf16 under `--step-layers first` (WORK/k*-vllm.json, WORK/k*-bf16-first.json). It prints mean acceptance length per
+draft, the ratio of each distilled draft to the raw draft under the same rule with the difference's 95 % paired
+bootstrap interval over prompts (`mtp2draft.evaluation.compare`), and vLLM's figures beside `evaluate`'s. Steps whose
+output is in WORK are not redone; `--table-only` only prints.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+from mtp2draft.evaluation.compare import paired_bootstrap
+
+KS = (3, 6)
+DISTILL = ["--steps", "300", "--ttt-steps", "6", "--lr", "1e-3", "--save-every", "300"]
+DRAFTS = ("distilled-chain", "raw-chain", "raw-first", "distilled-first")  # evaluate's order: the first is "draft"
+
+
+def cli(*args: str, stdout=None) -> None:
+    subprocess.run([sys.executable, "-m", "mtp2draft", *args], check=True, stdout=stdout)
+
+
+def to_file(path: Path, *args: str) -> None:
+    if path.is_file():
+        return
+    tmp = path.with_suffix(".tmp")
+    with tmp.open("w") as fh:
+        cli(*args, stdout=fh)
+    tmp.rename(path)
+
+
+def prepare(target: Path, data: Path, work: Path) -> None:
+    raw = work / "raw-chain"
+    if not (raw / "config.json").is_file():
+        cli("convert", str(target), "--all-layers", "--out", str(raw), "--dtype", "float32")
+    first = work / "raw-first"
+    if not (first / "config.json").is_file():
+        tmp = work / ".raw-first"
+        shutil.rmtree(tmp, ignore_errors=True)
+        shutil.copytree(raw, tmp)
+        cfg = json.loads((tmp / "config.json").read_text())
+        (tmp / "config.json").write_text(json.dumps({**cfg, "step_layers": "first"}, indent=2) + "\n")
+        tmp.rename(first)
+    train = ["--data", str(data / "train.jsonl"), "--device", "cpu", *DISTILL]
+    for name, extra in (("distilled-chain", []), ("distilled-first", ["--serving-engine", "vllm"])):
+        out = work / name
+        if not (out / "config.json").is_file():
+            cli("distill", str(raw), "--target", str(target), *train, *extra, "--out", str(out))
+
+
+def measure(target: Path, data: Path, work: Path, prompts: int, vllm: bool) -> None:
+    prepare(target, data, work)
+    common = ["--target", str(target), "--data", str(data / "heldout.jsonl"), "--max-new-tokens", "64"]
+    common += ["--max-prompts", str(prompts), "--json"]
+    for k in KS:
+        drafts = [str(work / DRAFTS[0])] + [a for d in DRAFTS[1:] for a in ("--baseline", str(work / d))]
+        to_file(work / f"k{k}.eval.json", "evaluate", *drafts, *common, "-k", str(k), "--device", "cpu")
+        if vllm:
+            pair = [str(work / "distilled-first"), "--baseline", str(work / "raw-chain")]
+            to_file(work / f"k{k}-vllm.json", "evaluate", *pair, *common, "-k", str(k), "--engine", "vllm")
+            to_file(
+                work / f"k{k}-bf16-first.json",
+                "evaluate", *pair, *common, "-k", str(k), "--device", "cpu", "--dtype", "bfloat16",
+                "--step-layers", "first",
+            )  # fmt: skip
+
+
+def _ratio(draft: dict, base: dict) -> str:
+    d = paired_bootstrap(draft, base)["difference"]["mean_acceptance_length"]
+    r = draft["mean_acceptance_length"] / base["mean_acceptance_length"]
+    return f"{r:.3f}x ({d['value']:+.3f}, {d['low']:+.3f} .. {d['high']:+.3f})"
+
+
+def table(work: Path, vllm: bool) -> str:
+    lines = [
+        "| k | layer 0 reused (raw) | raw chain | distilled chain | distilled for vLLM (first) | distilled chain / raw "
+        "chain (difference, 95 % CI) | distilled first / layer 0 reused |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for k in KS:
+        rows = dict(zip(DRAFTS, json.loads((work / f"k{k}.eval.json").read_text())["results"], strict=True))
+        assert all(r["lossless"] for r in rows.values()), f"k={k}: a draft's output differs from the target's"
+        m = {n: f"{r['mean_acceptance_length']:.3f}" for n, r in rows.items()}
+        lines.append(
+            f"| {k} | {m['raw-first']} | {m['raw-chain']} | {m['distilled-chain']} | {m['distilled-first']} | "
+            f"{_ratio(rows['distilled-chain'], rows['raw-chain'])} | "
+            f"{_ratio(rows['distilled-first'], rows['raw-first'])} |"
+        )
+    if vllm:
+        lines += [
+            "",
+            "| k | draft | vLLM (its rule: first) | evaluate bf16, --step-layers first | gap | vLLM lossless |",
+            "|---|---|---|---|---|---|",
+        ]
+        for k in KS:
+            theirs = json.loads((work / f"k{k}-vllm.json").read_text())["results"]
+            ours = json.loads((work / f"k{k}-bf16-first.json").read_text())["results"]
+            for name, a, b in zip(("distilled-first", "raw-chain"), theirs, ours, strict=True):
+                x, y = a["mean_acceptance_length"], b["mean_acceptance_length"]
+                lines.append(f"| {k} | {name} | {x:.3f} | {y:.3f} | {abs(x - y) / y:.1%} | {a['lossless']} |")
+            ratio = theirs[0]["mean_acceptance_length"] / theirs[1]["mean_acceptance_length"]
+            lines.append(f"| {k} | distilled / raw in vLLM | {ratio:.3f}x | | | |")
+    return "\n".join(lines)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("target", type=Path)
+    ap.add_argument("data", type=Path)
+    ap.add_argument("work", type=Path)
+    ap.add_argument("--prompts", type=int, default=64)
+    ap.add_argument("--vllm", action="store_true", help="also measure in vLLM (its venv: scripts/vllm_env.sh)")
+    ap.add_argument("--table-only", action="store_true")
+    args = ap.parse_args()
+    args.work.mkdir(parents=True, exist_ok=True)
+    if not args.table_only:
+        measure(args.target, args.data, args.work, args.prompts, args.vllm)
+    print(table(args.work, args.vllm))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
