@@ -81,6 +81,7 @@ def run(
     revision: str | None = None,
     token: str | None = None,
     target_revision: str | None = None,
+    all_layers: bool = False,
     private: bool = False,
     regenerate: bool = False,
     overwrite: bool = False,
@@ -100,6 +101,7 @@ def run(
     config = distill_config or DistillConfig()
     limits = {"num_draft_tokens": num_draft_tokens, "max_new_tokens": max_new_tokens, "max_prompts": max_prompts}
     check = {"to": to, "fmt": fmt, "target": target, "eval_data": eval_data, "push_repo": push_repo, "layer": layer}
+    check["all_layers"] = all_layers
     spec, to, fmt = preflight(source, work, data, config, limits, revision, token, overwrite, **check)
     if target is None or target == source:
         target, target_revision = source, revision
@@ -108,7 +110,8 @@ def run(
         progress(f"{spec.name}: drafting {to}, exporting --format {fmt} (the engines' support table: mtp2draft specs)")
         return _run(
             source=source, work=work, data=data, to=to, target=target, eval_data=eval_data, fmt=fmt,
-            push_repo=push_repo, config=config, limits=limits, layer=layer, revision=revision, token=token,
+            push_repo=push_repo, config=config, limits=limits, layer=layer, all_layers=all_layers, revision=revision,
+            token=token,
             target_revision=target_revision, private=private, regenerate=regenerate, progress=progress,
             device=device, dtype=dtype, device_map=device_map,
         )  # fmt: skip
@@ -129,6 +132,7 @@ def preflight(
     eval_data: str | Path | None,
     push_repo: str | None,
     layer: int | None,
+    all_layers: bool = False,
 ) -> tuple[Spec, str, str]:
     """Everything `run` can check before the first byte of a tensor is fetched, in one place: option values and
     clashes (the format takes the draft kind), the output rules, the data files, the source's family and MTP layer,
@@ -173,6 +177,14 @@ def preflight(
     resolve_layer(ckpt, spec, layer)
     kind = to or (formats[fmt] if fmt else None)  # --format alone implies its kind
     kind, fmt = default_kind_and_format(spec, kind, fmt)
+    if all_layers:  # a chain draft (convert --all-layers): native, and only `stitched` holds every layer
+        if layer is not None:
+            raise OptionError("--layer and --all-layers exclude each other (--all-layers takes every MTP layer)")
+        if kind != DraftKind.MTP or fmt != "stitched":
+            raise OptionError(
+                f"--all-layers makes a native chain draft, which only --format stitched holds (this run: --to {kind}, "
+                f"--format {fmt})"
+            )
     if kind == DraftKind.EAGLE3:
         refuse_eagle3(spec)  # a family without an EAGLE-3 conversion
         default_aux_layers(spec.num_layers(ckpt.config))  # a target too shallow for EAGLE-3
@@ -220,6 +232,7 @@ def _run(
     config: DistillConfig,
     limits: dict[str, Any],
     layer: int | None,
+    all_layers: bool,
     revision: str | None,
     token: str | None,
     private: bool,
@@ -244,7 +257,7 @@ def _run(
     device = resolve_device(device)
 
     with _stage(stages, "convert", progress, f"[1/5] convert {source} -> raw MTP head and {to} draft"):
-        raw, start = _convert(source, work, to, layer, {**hub, **inside})
+        raw, start = _convert(source, work, to, layer, {**hub, **inside, "all_layers": all_layers})
     with _stage(stages, "distill", progress, f"[2/5] distill against {target}"):
         where = {"device": device, "target_dtype": dtype, "device_map": device_map}
         distill(

@@ -214,3 +214,46 @@ def test_stitched_writes_every_layer_back_and_single_layer_formats_refuse(chain_
     for fmt in ("nextn", "speculators-mtp"):
         with pytest.raises(DraftError, match="holds one MTP layer"):
             export(moved, fmt, tmp_path / fmt, target=str(src))
+
+
+def test_card_of_a_stitched_chain_drafts_every_layer_and_names_the_rules(build, tmp_path: Path) -> None:
+    from mtp2draft.formats.export import export
+    from mtp2draft.hub import DEFAULT_K, model_card
+
+    src = build("mimo", num_nextn_predict_layers=5)
+    convert(str(src), tmp_path / "chain5", all_layers=True)
+    export(tmp_path / "chain5", "stitched", tmp_path / "st", target=str(src))
+    text = str(model_card(tmp_path / "st"))
+    assert "This draft chains 5 MTP layers" in text and "`step_layers: cycle`" in text
+    assert "vllm 0.33.0 runs layer 0 at every step" in text  # model_specs/mimo.toml's engine table
+    assert DEFAULT_K < 5 and '"num_speculative_tokens": 5' in text  # the launch line drafts every layer
+
+
+def test_inspect_offers_all_layers(chain_dir) -> None:
+    from mtp2draft.cli.output import inspect_text
+    from mtp2draft.conversion import inspect_checkpoint
+
+    assert "--all-layers takes them all" in inspect_text(inspect_checkpoint(str(chain_dir[0])))
+
+
+def test_run_all_layers_end_to_end(target, text_data, tmp_path: Path) -> None:
+    """`run --all-layers`: the raw chain is the baseline, the distilled chain is evaluated and exported stitched with
+    every layer; a kind or format that holds one layer is refused before anything is fetched."""
+    from mtp2draft import pipeline
+
+    src = target("mimo", num_nextn_predict_layers=3)
+    common = {"num_draft_tokens": 4, "max_new_tokens": 6, "max_prompts": 2}
+    from mtp2draft.train.settings import DistillConfig
+
+    cfg = DistillConfig(steps=2, batch_size=2, max_length=32, ttt_steps=4, lr=1e-3)
+    result = pipeline.run(str(src), tmp_path / "w", text_data, distill_config=cfg, all_layers=True, **common)
+    for path in (result.raw, result.distilled):
+        assert json.loads((path / "config.json").read_text())["mtp_layers"] == [0, 1, 2]
+    assert result.report["results"][0]["chain"] == {"num_layers": 3, "step_layers": "cycle"}
+    index = json.loads((result.exported / "model.safetensors.index.json").read_text())
+    assert {k.split(".")[2] for k in index["weight_map"] if ".mtp_layers." in k} == {"0", "1", "2"}
+    for extra, message in (({"to": "eagle3"}, "only --format stitched"), ({"fmt": "nextn"}, "only --format stitched"),
+                           ({"layer": 1}, "exclude each other")):  # fmt: skip
+        with pytest.raises(OptionError, match=message):
+            pipeline.run(str(src), tmp_path / "x", text_data, distill_config=cfg, all_layers=True, **common, **extra)
+    assert not (tmp_path / "x").exists()

@@ -71,6 +71,11 @@ def inspect_text(info: dict[str, Any]) -> str:
     total = info["checkpoint_bytes"]
     share = f" ({100 * info['convert_bytes'] / total:.2f} % of the checkpoint)" if total else ""
     lines.append(f"\nconvert fetches {human_bytes(info['convert_bytes'])} of {human_bytes(total)}{share}")
+    if info["num_mtp_layers"] > 1:
+        lines.append(
+            f"{info['num_mtp_layers']} MTP layers: convert takes one (--layer i, default 0); --all-layers takes them all "
+            "as one chain draft (layer i at draft step i)"
+        )
     return "\n".join(lines)
 
 

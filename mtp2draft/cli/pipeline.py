@@ -57,6 +57,9 @@ def run_all(
     max_new_tokens: MaxNewTokens = 64,
     max_prompts: Annotated[int | None, typer.Option("--max-prompts", help="Evaluation prompts.")] = 20,
     layer: Annotated[int | None, typer.Option("--layer", help="MTP layer index.")] = None,
+    all_layers: Annotated[
+        bool, typer.Option("--all-layers", help="Every MTP layer, as one chain draft (native, --format stitched).")
+    ] = False,
     serving_engine: Annotated[
         str | None,
         typer.Option("--serving-engine", help=f"Train for what this engine computes ({choices('engines')})."),
@@ -78,7 +81,7 @@ def run_all(
     stages = {"to": to, "target": target, "eval_data": eval_data, "fmt": fmt, "push_repo": push_repo}
     limits = {"num_draft_tokens": num_draft_tokens, "max_new_tokens": max_new_tokens, "max_prompts": max_prompts}
     hub = {"revision": revision, "token": token, "target_revision": target_revision, "private": private}
-    flags = {"layer": layer, "regenerate": regenerate, "overwrite": overwrite}
+    flags = {"layer": layer, "all_layers": all_layers, "regenerate": regenerate, "overwrite": overwrite}
     where = {"device": device, "dtype": dtype, "device_map": device_map}
     result = run(source, work, data, **stages, distill_config=cfg, **limits, **hub, **flags, **where, progress=log)
     print(output.run_text(result))
