@@ -13,7 +13,6 @@ Without vLLM's venv the tests skip, except under CI (`CI` set), where they fail.
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import sys
 from pathlib import Path
@@ -28,8 +27,7 @@ from mtp2draft.evaluation.decode import evaluate
 from mtp2draft.evaluation.engine import evaluate_in_vllm
 from mtp2draft.evaluation.settings import EvaluateConfig
 from mtp2draft.io import save_tensors
-from mtp2draft.target.engine import EngineUnavailable
-from mtp2draft.testing.engine import relative_gap, vllm_python
+from mtp2draft.testing.engine import relative_gap
 
 pytestmark = pytest.mark.engine
 
@@ -42,16 +40,6 @@ SETTINGS = EvaluateConfig(num_draft_tokens=K, max_new_tokens=40, max_prompts=10,
 
 def log(msg: str) -> None:
     print(f"[engine-chain] {msg}", file=sys.stderr, flush=True)
-
-
-@pytest.fixture(scope="session")
-def vllm() -> Path:
-    try:
-        return vllm_python()
-    except EngineUnavailable as exc:
-        if os.environ.get("CI"):
-            pytest.fail(f"{exc}: CI must run the engine tests (.ci/run creates the venv)")
-        pytest.skip(str(exc))
 
 
 def wrecked_copy(src: Path, out: Path) -> Path:

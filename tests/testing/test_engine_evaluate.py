@@ -32,9 +32,8 @@ from mtp2draft.draft.disk import load_draft
 from mtp2draft.evaluation.decode import TargetRunner, evaluate, greedy_reference, load_prompts, top_two_tie
 from mtp2draft.evaluation.engine import EngineRunError, evaluate_in_vllm
 from mtp2draft.evaluation.settings import EvaluateConfig
-from mtp2draft.target.engine import EngineUnavailable
 from mtp2draft.target.hidden import TargetModel
-from mtp2draft.testing.engine import VLLM_VERSION, relative_gap, vllm_python
+from mtp2draft.testing.engine import VLLM_VERSION, relative_gap
 
 pytestmark = pytest.mark.engine
 
@@ -60,16 +59,6 @@ CPU_BLOCK_SIZE_LIMIT = "No common block size"  # vLLM 0.32 CPU: EAGLE-3's CPU_AT
 
 def log(msg: str) -> None:
     print(f"[engine-evaluate] {msg}", file=sys.stderr, flush=True)
-
-
-@pytest.fixture(scope="session")
-def vllm() -> Path:
-    try:
-        return vllm_python()
-    except EngineUnavailable as exc:
-        if os.environ.get("CI"):
-            pytest.fail(f"{exc}: CI must run the engine tests (.ci/run creates the venv)")
-        pytest.skip(str(exc))
 
 
 @pytest.fixture(scope="session")

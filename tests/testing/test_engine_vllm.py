@@ -33,9 +33,8 @@ from mtp2draft.evaluation.engine import EngineRun, run_vllm, served_view, specul
 from mtp2draft.evaluation.settings import EvaluateConfig
 from mtp2draft.formats import ExportConfig
 from mtp2draft.formats.export import export, validate
-from mtp2draft.target.engine import EngineUnavailable
 from mtp2draft.target.hidden import TargetModel
-from mtp2draft.testing.engine import relative_gap, vllm_python
+from mtp2draft.testing.engine import relative_gap
 from mtp2draft.train.recipe import distill
 from mtp2draft.train.settings import DistillConfig
 
@@ -60,16 +59,6 @@ DISTILL = {"steps": 20, "ttt_steps": 3, "lr": 2e-3, "batch_size": 4, "max_length
 
 def log(msg: str) -> None:
     print(f"[engine] {msg}", file=sys.stderr, flush=True)
-
-
-@pytest.fixture(scope="session")
-def vllm() -> Path:
-    try:
-        return vllm_python()
-    except EngineUnavailable as exc:
-        if os.environ.get("CI"):
-            pytest.fail(f"{exc}: CI must run the engine tests (.ci/run creates the venv)")
-        pytest.skip(str(exc))
 
 
 def _distill(src: Path, out: Path, target: Path, **extra: Any) -> Path:
