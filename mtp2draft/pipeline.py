@@ -177,14 +177,8 @@ def preflight(
     resolve_layer(ckpt, spec, layer)
     kind = to or (formats[fmt] if fmt else None)  # --format alone implies its kind
     kind, fmt = default_kind_and_format(spec, kind, fmt)
-    if all_layers:  # a chain draft (convert --all-layers): native, and only `stitched` holds every layer
-        if layer is not None:
-            raise OptionError("--layer and --all-layers exclude each other (--all-layers takes every MTP layer)")
-        if kind != DraftKind.MTP or fmt != "stitched":
-            raise OptionError(
-                f"--all-layers makes a native chain draft, which only --format stitched holds (this run: --to {kind}, "
-                f"--format {fmt})"
-            )
+    if all_layers:
+        _check_all_layers(layer, kind, fmt)
     if kind == DraftKind.EAGLE3:
         refuse_eagle3(spec)  # a family without an EAGLE-3 conversion
         default_aux_layers(spec.num_layers(ckpt.config))  # a target too shallow for EAGLE-3
@@ -202,6 +196,19 @@ def preflight(
     if push_repo:
         _check_push(push_repo, token)
     return spec, kind, fmt
+
+
+def _check_all_layers(layer: int | None, kind: str, fmt: str) -> None:
+    """`--all-layers` makes a chain draft (convert --all-layers): native, and only `stitched` holds every layer."""
+    from mtp2draft.errors import OptionError
+
+    if layer is not None:
+        raise OptionError("--layer and --all-layers exclude each other (--all-layers takes every MTP layer)")
+    if kind != DraftKind.MTP or fmt != "stitched":
+        raise OptionError(
+            f"--all-layers makes a native chain draft, which only --format stitched holds (this run: --to {kind}, "
+            f"--format {fmt})"
+        )
 
 
 def _check_push(repo_id: str, token: str | None) -> None:
