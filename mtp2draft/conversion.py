@@ -268,10 +268,8 @@ def convert(
         provenance["mtp_layers"] = list(range(count))
         provenance["dequantised_fp8"] = [k for p in plans for k in p.checkpoint_keys if ckpt.scale_key(k)]
     with atomic_output_dir(out, overwrite, inputs=[source]) as tmp:
-        if all_layers:
-            draft_cfg = _write_chain_draft(ckpt, plans, tmp, dtype, provenance, progress)
-        elif to == DraftKind.MTP:
-            draft_cfg = _write_native_draft(ckpt, plan, tmp, dtype, provenance, progress)
+        if to == DraftKind.MTP:
+            draft_cfg = _write_native_draft(ckpt, plans, tmp, dtype, provenance, progress, chain=all_layers)
         else:
             draft_cfg = _write_eagle3_draft(ckpt, plan, tmp, dtype, aux_layers, provenance, progress)
         draft_cfg["mtp2draft"] = {
@@ -319,45 +317,31 @@ def _provenance(
 
 
 def _write_native_draft(
-    ckpt: Checkpoint, plan: MtpLayerPlan, out: Path, dtype: str, provenance: dict[str, Any], progress: Progress
+    ckpt: Checkpoint,
+    plans: list[MtpLayerPlan],
+    out: Path,
+    dtype: str,
+    provenance: dict[str, Any],
+    progress: Progress,
+    chain: bool = False,
 ) -> dict[str, Any]:
-    """`--to mtp`: the layer's tensors streamed into out/model.safetensors; returns the draft's config."""
-    _write_native(ckpt, plan, out, TORCH_DTYPES[dtype], progress)
-    provenance["tensors"] = {
-        g.module_key: {"exact": True, "from": list(g.ckpt_keys), "how": g.transform or "copied"} for g in plan.groups
-    }
-    draft_cfg = native_config(plan.spec, ckpt.config, plan.layer)
-    draft_cfg["torch_dtype"] = dtype
-    return draft_cfg
-
-
-def _write_chain_draft(
-    ckpt: Checkpoint, plans: list[MtpLayerPlan], out: Path, dtype: str, provenance: dict[str, Any], progress: Progress
-) -> dict[str, Any]:
-    """`--all-layers`: every MTP layer's tensors, layer j under `layers.{j}.`, in out/model.safetensors (each layer
-    streamed into a scratch file inside `out`, then gathered: one layer's bytes in memory at a time past the first)."""
-    from safetensors.torch import load_file
-
+    """`--to mtp`: the layer's tensors streamed into out/model.safetensors; with `chain` (`--all-layers`) every
+    layer's, layer j under `layers.{j}.` (`draft/chain.py`). Returns the draft's config."""
     from mtp2draft.draft.chain import chain_config
 
-    merged: dict[str, torch.Tensor] = {}
-    provenance["tensors"] = {}
-    for j, plan in enumerate(plans):
-        progress(f"MTP layer {plan.layer} of {len(plans)}")
-        scratch = out / f".layer-{j}"
-        scratch.mkdir()
-        _write_native(ckpt, plan, scratch, TORCH_DTYPES[dtype], progress)
-        merged.update({f"layers.{j}.{k}": v for k, v in load_file(str(scratch / WEIGHTS_FILE)).items()})
-        (scratch / WEIGHTS_FILE).unlink()
-        scratch.rmdir()
-        for g in plan.groups:
-            provenance["tensors"][f"layers.{j}.{g.module_key}"] = {
-                "exact": True,
-                "from": list(g.ckpt_keys),
-                "how": g.transform or "copied",
-            }
-    save_tensors(out / WEIGHTS_FILE, merged, {"format": "pt"})
-    draft_cfg = chain_config(plans[0].spec, ckpt.config, [p.layer for p in plans])
+    prefixed = [(f"layers.{j}." if chain else "", plan) for j, plan in enumerate(plans)]
+    _write_native(ckpt, prefixed, out, TORCH_DTYPES[dtype], progress)
+    provenance["tensors"] = {
+        prefix + g.module_key: {"exact": True, "from": list(g.ckpt_keys), "how": g.transform or "copied"}
+        for prefix, plan in prefixed
+        for g in plan.groups
+    }
+    first = plans[0]
+    draft_cfg = (
+        chain_config(first.spec, ckpt.config, [p.layer for p in plans])
+        if chain
+        else native_config(first.spec, ckpt.config, first.layer)
+    )
     draft_cfg["torch_dtype"] = dtype
     return draft_cfg
 
@@ -396,20 +380,26 @@ def check_weight_dtypes(ckpt: Checkpoint, keys: list[str]) -> None:
             raise CheckpointError(f"{key} is stored as {ckpt.info(key).dtype}: MTP weights must be floating point")
 
 
-def _write_native(ckpt: Checkpoint, plan: MtpLayerPlan, out: Path, dtype: torch.dtype, progress: Progress) -> None:
+def _write_native(
+    ckpt: Checkpoint, plans: list[tuple[str, MtpLayerPlan]], out: Path, dtype: torch.dtype, progress: Progress
+) -> None:
+    """Stream the layers' tensors into out/model.safetensors, each under its (prefix, plan): one layer with prefix
+    "" for a one-layer draft, `layers.{j}.` for each of a chain's. One tensor group in memory at a time."""
     # dtypes come from the header (integer tensors stay as stored), shapes from the module the config implies
     tensor_plan = []
-    for g in plan.groups:
-        stored = ST_DTYPES[ckpt.info(g.ckpt_keys[0]).dtype][0]
-        want = stored if not stored.is_floating_point else torch.float32 if g.module_key in plan.buffers else dtype
-        tensor_plan.append((g.module_key, want, plan.expected[g.module_key]))
+    for prefix, plan in plans:
+        for g in plan.groups:
+            stored = ST_DTYPES[ckpt.info(g.ckpt_keys[0]).dtype][0]
+            want = stored if not stored.is_floating_point else torch.float32 if g.module_key in plan.buffers else dtype
+            tensor_plan.append((prefix + g.module_key, want, plan.expected[g.module_key]))
     total = sum(math.prod(shape) * want.itemsize for _, want, shape in tensor_plan)
     bar = meter(progress, "convert", total, "B")
     with SafetensorsWriter(out / WEIGHTS_FILE, tensor_plan, {"format": "pt"}) as writer:
-        for key, tensor in iter_native_tensors(ckpt, plan, dtype=dtype):
-            writer.write(key, tensor)
-            bar.update(tensor.numel() * tensor.element_size())
-            del tensor  # let the group go before the next one is read
+        for prefix, plan in plans:
+            for key, tensor in iter_native_tensors(ckpt, plan, dtype=dtype):
+                writer.write(prefix + key, tensor)
+                bar.update(tensor.numel() * tensor.element_size())
+                del tensor  # let the group go before the next one is read
     bar.close()
 
 

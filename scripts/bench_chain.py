@@ -19,7 +19,7 @@ draft, the ratio of each distilled draft to the raw draft under the same rule wi
 bootstrap interval over prompts (`mtp2draft.evaluation.compare`), and vLLM's figures beside `evaluate`'s. With
 `--regenerated` it adds `distilled-chain-regen` (600 steps on the target's own greedy continuations of the training
 prompts, `distill --regenerate`) against the raw chain. Steps whose output is in WORK are not redone; `--table-only`
-only prints. About 40 minutes on 2 cores with `--vllm`, 25 more with `--regenerated`.
+only prints. Timed here with other work on the 2 cores: 31 minutes with `--vllm`, 54 more with `--regenerated`.
 """
 
 from __future__ import annotations

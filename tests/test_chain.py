@@ -14,7 +14,6 @@ import torch
 
 from mtp2draft.conversion import convert
 from mtp2draft.draft.chain import MtpChainDraft, first_steps, layer_at
-from mtp2draft.draft.config import STEP_RULES
 from mtp2draft.draft.disk import load_draft
 from mtp2draft.draft.modules import NativeMtpDraft
 from mtp2draft.errors import DraftError, OptionError
@@ -25,7 +24,6 @@ from mtp2draft.evaluation.decode import (
     greedy_reference,
     speculative_decode,
 )
-from mtp2draft.family.spec import STEP_LAYER_RULES
 from mtp2draft.target.hidden import Features, TargetModel
 from mtp2draft.train.ttt import ttt_forward, ttt_mask
 
@@ -43,7 +41,6 @@ def test_rules_by_hand() -> None:
     assert [layer_at(s, 3, "first") for s in range(4)] == [0, 0, 0, 0]
     assert first_steps(3, "cycle", 6) == [0, 1, 2] and first_steps(3, "cycle", 2) == [0, 1]
     assert first_steps(3, "first", 6) == [0]
-    assert STEP_RULES == STEP_LAYER_RULES  # the draft config's checker and the specs name the same rules
     with pytest.raises(DraftError, match="step_layers must be one of"):
         layer_at(0, 3, "random")
 
@@ -120,7 +117,7 @@ def test_ttt_equals_decoding_time_chain_past_the_layer_count(chain_dir, rule: st
                 assert (unrolled[s][0, p] - chain[s]).abs().max() < 1e-4, (p, s)
         # the layers matter under cycle: step 1 differs from what layer 0 alone computes
         single = ttt_forward(
-            draft.single(0), feats, ids, torch.ones_like(ids, dtype=torch.bool), k, [1.0] * k, return_logits=True
+            draft.layers[0], feats, ids, torch.ones_like(ids, dtype=torch.bool), k, [1.0] * k, return_logits=True
         )
     differs = (unrolled[1] - single[1]).abs().max() > 1e-3
     assert differs if rule == "cycle" else not differs
@@ -142,7 +139,7 @@ def test_chain_decoding_is_lossless_and_first_rule_is_layer_zero(chain_dir, rule
     got, accepted = chain_speculative_decode(runner, draft, prompt, 5, 24, None)
     assert got == ref and sum(a + 1 for a in accepted) >= len(ref) - 1
     if rule == "first":  # the chain path with one layer in use == the single-layer path, forward by forward
-        single = draft.single(0)
+        single = draft.layers[0]
         got1, accepted1 = speculative_decode(runner, single, prompt, 5, 24, None)
         assert got1 == got and accepted1 == accepted
 

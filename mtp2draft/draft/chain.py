@@ -227,10 +227,6 @@ class MtpChainDraft(nn.Module):
             self.engine,
         )
 
-    def single(self, j: int = 0) -> NativeMtpDraft:
-        """Draft layer j as a one-layer draft (its cache semantics are the chain's under `first`)."""
-        return self.layers[j]
-
 
 def chain_config(
     spec: Spec,

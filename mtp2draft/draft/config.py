@@ -28,7 +28,6 @@ from typing import Any
 from mtp2draft.errors import DraftError, Mtp2DraftError, read_json_file
 from mtp2draft.kinds import CONFIG_FILE, DraftKind, detect_kind
 
-STEP_RULES = ("cycle", "first")  # which layer a chain draft's step runs: family.spec.STEP_LAYER_RULES (a test checks)
 HANDOVERS = ("post_norm", "pre_norm")  # which hidden a draft step hands on / step 0 reads
 DRAFT_FORMAT_VERSIONS = (1, 2)  # the native draft layouts this version reads (draft.DRAFT_FORMAT_VERSION writes)
 WEIGHT_DTYPES = ("bfloat16", "float16", "float32")
@@ -139,6 +138,12 @@ def _engine(v: Any) -> str | None:
     return None if ok else 'null or {"name": ' + " | ".join(ENGINES) + ', "version": "..."}'
 
 
+def _step_rule(v: Any) -> str | None:
+    from mtp2draft.family.spec import STEP_LAYER_RULES
+
+    return one_of(*STEP_LAYER_RULES)(v)  # the specs' rules, imported when checked as `_spec_name` reads the registry
+
+
 NATIVE_FIELDS = (
     Field("draft_kind", one_of(DraftKind.MTP.value), required=True),
     Field("format_version", one_of(*DRAFT_FORMAT_VERSIONS)),
@@ -147,7 +152,7 @@ NATIVE_FIELDS = (
     Field("mtp_layer", whole(0)),
     Field("num_layers", whole(1)),
     Field("mtp_layers", layer_list),
-    Field("step_layers", one_of(*STEP_RULES)),
+    Field("step_layers", _step_rule),
     Field("hidden_handover", one_of(*HANDOVERS)),
     Field("input_hidden", one_of(*HANDOVERS, null=True)),
     Field("final_norm", boolean),

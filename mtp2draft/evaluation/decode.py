@@ -39,6 +39,7 @@ from typing import Any
 import torch
 
 from mtp2draft.data import load_tokenizer, prompt_ids, read_records
+from mtp2draft.draft.chain import MtpChainDraft
 from mtp2draft.draft.disk import load_draft
 from mtp2draft.draft.modules import DraftCache
 from mtp2draft.errors import DataError
@@ -75,7 +76,7 @@ def draft_chain(draft, step0: torch.Tensor, tokens: torch.Tensor, origin: int, s
     """The serving-time chain from `origin` with the data's tokens forced: logits [V_draft] of each step.
 
     step0: [1, T, *] the target features the draft reads at step 0; tokens: [1, T] token ids."""
-    if hasattr(draft, "first_steps"):  # a chain draft: per-layer caches of the forced chain
+    if isinstance(draft, MtpChainDraft):  # a chain draft: per-layer caches of the forced chain
         forced = ForcedChain(draft, steps)
         forced.extend(tokens[0, : origin + 2].tolist(), step0[:, : origin + 1], tokens.device)
         data = tokens[0].tolist()
@@ -174,7 +175,7 @@ def speculative_decode(
 ) -> tuple[list[int], list[int]]:
     """Chain speculative decoding: (generated tokens, accepted count per target forward). `sampler` picks, proposes
     and verifies tokens (`sampling.py`); None is greedy verification."""
-    if hasattr(draft, "first_steps"):
+    if isinstance(draft, MtpChainDraft):
         return chain_speculative_decode(runner, draft, prompt, k, max_new, eos, sampler)
     sampler = sampler or Greedy()
     tcache, dcache = runner.start(), DraftCache()
@@ -434,7 +435,7 @@ def evaluate(
     }
     for name, path in drafts:
         draft = load_draft(path, dtype=tm.dtype).to(tm.device).eval()
-        if cfg.step_layers is not None and hasattr(draft, "step_layers"):  # chain drafts only
+        if cfg.step_layers is not None and isinstance(draft, MtpChainDraft):
             draft.step_layers = cfg.step_layers
         check_draft_fits(draft, tm, path)
         draft.attach_target(tm.embedding().to(tm.device, tm.dtype), tm.lm_head().to(tm.device, tm.dtype))
@@ -445,7 +446,7 @@ def evaluate(
         decoding = {"k": cfg.num_draft_tokens, "max_new": cfg.max_new_tokens, "eos": eos, "sampling": sampling}
         decoding["seed"] = cfg.seed
         summary = evaluate_draft(runner, draft, name, str(path), prompts, references, **decoding, progress=progress)
-        if hasattr(draft, "step_layers"):
+        if isinstance(draft, MtpChainDraft):
             summary.chain = {"num_layers": draft.num_layers, "step_layers": draft.step_layers}
         out["results"].append(asdict(summary))
     if len(out["results"]) > 1:  # the draft against each baseline, with a paired bootstrap interval (compare.py)

@@ -53,10 +53,10 @@ class EvaluateConfig:
             if value < 1:
                 raise OptionError(f"{option} must be at least 1, got {value}")
         Sampling(self.temperature, self.top_p, self.draft_sampling)  # OptionError on a bad value
-        from mtp2draft.draft.config import STEP_RULES
+        from mtp2draft.family.spec import STEP_LAYER_RULES
 
-        if self.step_layers is not None and self.step_layers not in STEP_RULES:
-            raise OptionError(f"--step-layers must be one of {', '.join(STEP_RULES)}, got {self.step_layers!r}")
+        if self.step_layers is not None and self.step_layers not in STEP_LAYER_RULES:
+            raise OptionError(f"--step-layers must be one of {', '.join(STEP_LAYER_RULES)}, got {self.step_layers!r}")
 
     @property
     def sampling(self) -> Any:

@@ -88,6 +88,15 @@ def finite_file(file: Path, names: list[str]) -> list[str]:
     return problems
 
 
+def loader_class_problems(cfg: Mapping[str, Any], loader: str, reader: str = "") -> list[str]:
+    """The format's own contract that config.json names `loader`, the class its engine builds the draft with
+    (`architectures: [loader]`): a list of one problem or none. reader: who needs it, for the message ("SGLang")."""
+    if cfg.get("architectures") == [loader]:
+        return []
+    need = f"{reader} needs" if reader else "expected"
+    return [f"architectures is {cfg.get('architectures')}, {need} [{loader!r}]"]
+
+
 def section(cfg: Mapping[str, Any], key: str, why: str, problems: list[str]) -> dict[str, Any] | None:
     """cfg[key] when it is a JSON object; else None, with the problem recorded."""
     value = cfg.get(key)

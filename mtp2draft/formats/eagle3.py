@@ -36,7 +36,14 @@ from mtp2draft.draft.modules import VOCAB_MAPS, without_identity_maps
 from mtp2draft.errors import DraftError
 from mtp2draft.family.spec import get_spec
 from mtp2draft.formats import ExportJob, Format
-from mtp2draft.formats.common import load_weights, nonfinite, section, sglang_steps, speculators_section_problems
+from mtp2draft.formats.common import (
+    load_weights,
+    loader_class_problems,
+    nonfinite,
+    section,
+    sglang_steps,
+    speculators_section_problems,
+)
 from mtp2draft.io import TORCH_DTYPES, Progress, quiet, save_tensors, write_json
 from mtp2draft.kinds import CONFIG_FILE, EAGLE3_ARCHITECTURE, WEIGHTS_FILE, DraftKind
 
@@ -133,8 +140,7 @@ def _validate_sglang(path: Path, cfg: dict[str, Any]) -> list[str]:
     """The sglang layout's contract. Every field's type, range and enumeration (hidden_act, aux id lists) is the
     draft config's (`draft_config.parse_draft_config`, which `export.validate` runs first)."""
     problems: list[str] = []
-    if cfg.get("architectures") != [EAGLE3_ARCHITECTURE]:
-        problems.append(f"architectures is {cfg.get('architectures')}, SGLang needs [{EAGLE3_ARCHITECTURE!r}]")
+    problems += loader_class_problems(cfg, EAGLE3_ARCHITECTURE, "SGLang")
     if cfg.get("model_type") != "llama":
         problems.append(f"model_type is {cfg.get('model_type')!r}, expected 'llama'")
     if cfg.get("num_hidden_layers") != 1:
@@ -356,8 +362,7 @@ def _vocab_problems(weights: Mapping[str, torch.Tensor], vocab: int, draft_vocab
 
 def _validate_speculators(path: Path, cfg: dict[str, Any]) -> list[str]:
     problems: list[str] = []
-    if cfg.get("architectures") != [SPECULATORS_ARCHITECTURE]:
-        problems.append(f"architectures is {cfg.get('architectures')}, expected [{SPECULATORS_ARCHITECTURE!r}]")
+    problems += loader_class_problems(cfg, SPECULATORS_ARCHITECTURE)
     if cfg.get("speculators_model_type") != DraftKind.EAGLE3:
         problems.append(f"speculators_model_type is {cfg.get('speculators_model_type')!r}, expected 'eagle3'")
     if not cfg.get("speculators_version"):

@@ -29,6 +29,7 @@ from mtp2draft.formats import ExportJob, Format
 from mtp2draft.formats import native as nat
 from mtp2draft.formats.common import (
     load_weights,
+    loader_class_problems,
     nonfinite,
     section,
     speculators_proposal,
@@ -159,9 +160,7 @@ def _expected_shapes(spec: Spec, layer: Mapping[str, Any]) -> dict[str, tuple[in
 
 
 def _validate(path: Path, cfg: dict[str, Any]) -> list[str]:
-    problems: list[str] = []
-    if cfg.get("architectures") != [ARCHITECTURE]:
-        problems.append(f"architectures is {cfg.get('architectures')}, expected [{ARCHITECTURE!r}]")
+    problems = loader_class_problems(cfg, ARCHITECTURE)  # speculators' MTPDraftModel: the format's, every family's
     if cfg.get("speculators_model_type") != MODEL_TYPE:
         problems.append(f"speculators_model_type is {cfg.get('speculators_model_type')!r}, expected {MODEL_TYPE!r}")
     if not cfg.get("speculators_version"):

@@ -30,8 +30,6 @@ from mtp2draft.draft.disk import load_draft
 from mtp2draft.formats import ExportConfig
 from mtp2draft.formats.export import export
 from mtp2draft.formats.speculators_mtp import speculators_name
-from mtp2draft.target.engine import EngineUnavailable
-from mtp2draft.testing.engine import speculators_python
 
 pytestmark = pytest.mark.engine
 
@@ -39,16 +37,6 @@ DRIVER = Path(__file__).resolve().parents[1] / "speculators_driver.py"
 FIXTURES = ("qwen3_next", "qwen3_5", "qwen3_5_moe")
 STEPS, SEQ = 3, 12  # speculative steps (the export's k) and the length of the forward's inputs
 ATOL = 1e-5  # fp32, two transformers releases (ours and speculators' 5.19.0) running the same decoder layer
-
-
-@pytest.fixture(scope="module")
-def speculators() -> Path:
-    try:
-        return speculators_python()
-    except EngineUnavailable as exc:
-        if os.environ.get("CI"):
-            pytest.fail(f"{exc}: CI must run the engine tests (.ci/run creates the venv)")
-        pytest.skip(str(exc))
 
 
 def _perturbed(draft: Path) -> None:
