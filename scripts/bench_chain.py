@@ -18,8 +18,13 @@ bf16 under `--step-layers first` (WORK/k*-vllm.json, WORK/k*-bf16-first.json). I
 draft, the ratio of each distilled draft to the raw draft under the same rule with the difference's 95 % paired
 bootstrap interval over prompts (`mtp2draft.evaluation.compare`), and vLLM's figures beside `evaluate`'s. With
 `--regenerated` it adds `distilled-chain-regen` (600 steps on the target's own greedy continuations of the training
-prompts, `distill --regenerate`) against the raw chain. Steps whose output is in WORK are not redone; `--table-only`
-only prints. Timed here with other work on the 2 cores: 31 minutes with `--vllm`, 54 more with `--regenerated`.
+prompts, `distill --regenerate`) against the raw chain. With `--domain` it distils both ways again on the serving
+domain, DATA_DIR/domain.jsonl (the held-out packages' files that no evaluation prompt comes from, written by
+scripts/domain_data.py), the same 600 regenerated steps: `domain-chain` (cycle) and `domain-first` (vLLM's rule),
+evaluated beside the raw drafts (WORK/k*-domain.eval.json) and, with `--vllm`, `domain-first` in vLLM
+(WORK/k*-domain-vllm.json, WORK/k*-domain-bf16-first.json). Steps whose output is in WORK are not redone;
+`--table-only` only prints. Timed here with other work on the 2 cores: 31 minutes with `--vllm`, 54 more with
+`--regenerated`, 45 more with `--domain` (its two distills side by side, one thread each, 28 and 30 minutes).
 """
 
 from __future__ import annotations
@@ -38,6 +43,7 @@ DISTILL = ["--steps", "300", "--ttt-steps", "6", "--lr", "1e-3", "--save-every",
 # --regenerated: a longer distill on the target's own greedy continuations of the training prompts
 REGENERATED = ["--steps", "600", "--ttt-steps", "6", "--lr", "1e-3", "--save-every", "600", "--regenerate"]
 DRAFTS = ("distilled-chain", "raw-chain", "raw-first", "distilled-first")  # evaluate's order: the first is "draft"
+DOMAIN = ("domain-chain", "raw-chain", "domain-first", "raw-first")  # --domain: distilled on the serving domain
 
 
 def cli(*args: str, stdout=None) -> None:
@@ -53,7 +59,7 @@ def to_file(path: Path, *args: str) -> None:
     tmp.rename(path)
 
 
-def prepare(target: Path, data: Path, work: Path, regenerated: bool = False) -> None:
+def prepare(target: Path, data: Path, work: Path, regenerated: bool = False, domain: bool = False) -> None:
     raw = work / "raw-chain"
     if not (raw / "config.json").is_file():
         cli("convert", str(target), "--all-layers", "--out", str(raw), "--dtype", "float32")
@@ -69,14 +75,19 @@ def prepare(target: Path, data: Path, work: Path, regenerated: bool = False) -> 
     runs = [("distilled-chain", train), ("distilled-first", [*train, "--serving-engine", "vllm"])]
     if regenerated:
         runs.append(("distilled-chain-regen", ["--data", str(data / "train.jsonl"), "--device", "cpu", *REGENERATED]))
+    if domain:
+        in_domain = ["--data", str(data / "domain.jsonl"), "--device", "cpu", *REGENERATED]
+        runs += [("domain-chain", in_domain), ("domain-first", [*in_domain, "--serving-engine", "vllm"])]
     for name, options in runs:
         out = work / name
         if not (out / "config.json").is_file():
             cli("distill", str(raw), "--target", str(target), *options, "--out", str(out))
 
 
-def measure(target: Path, data: Path, work: Path, prompts: int, vllm: bool, regenerated: bool = False) -> None:
-    prepare(target, data, work, regenerated)
+def measure(
+    target: Path, data: Path, work: Path, prompts: int, vllm: bool, regenerated: bool = False, domain: bool = False
+) -> None:
+    prepare(target, data, work, regenerated, domain)
     common = ["--target", str(target), "--data", str(data / "heldout.jsonl"), "--max-new-tokens", "64"]
     common += ["--max-prompts", str(prompts), "--json"]
     for k in KS:
@@ -85,11 +96,14 @@ def measure(target: Path, data: Path, work: Path, prompts: int, vllm: bool, rege
         if regenerated:
             pair = [str(work / "distilled-chain-regen"), "--baseline", str(work / "raw-chain")]
             to_file(work / f"k{k}-regen.eval.json", "evaluate", *pair, *common, "-k", str(k), "--device", "cpu")
-        if vllm:
-            pair = [str(work / "distilled-first"), "--baseline", str(work / "raw-chain")]
-            to_file(work / f"k{k}-vllm.json", "evaluate", *pair, *common, "-k", str(k), "--engine", "vllm")
+        if domain:
+            four = [str(work / d) for d in DOMAIN[:1]] + [a for d in DOMAIN[1:] for a in ("--baseline", str(work / d))]
+            to_file(work / f"k{k}-domain.eval.json", "evaluate", *four, *common, "-k", str(k), "--device", "cpu")
+        for tag, first in [("", "distilled-first"), ("-domain", "domain-first")][: 1 + domain] if vllm else []:
+            pair = [str(work / first), "--baseline", str(work / "raw-chain")]
+            to_file(work / f"k{k}{tag}-vllm.json", "evaluate", *pair, *common, "-k", str(k), "--engine", "vllm")
             to_file(
-                work / f"k{k}-bf16-first.json",
+                work / f"k{k}{tag}-bf16-first.json",
                 "evaluate", *pair, *common, "-k", str(k), "--device", "cpu", "--dtype", "bfloat16",
                 "--step-layers", "first",
             )  # fmt: skip
@@ -101,7 +115,7 @@ def _ratio(draft: dict, base: dict) -> str:
     return f"{r:.3f}x ({d['value']:+.3f}, {d['low']:+.3f} .. {d['high']:+.3f})"
 
 
-def table(work: Path, vllm: bool, regenerated: bool = False) -> str:
+def table(work: Path, vllm: bool, regenerated: bool = False, domain: bool = False) -> str:
     lines = [
         "| k | layer 0 reused (raw) | raw chain | distilled chain | distilled for vLLM (first) | distilled chain / raw "
         "chain (difference, 95 % CI) | distilled first / layer 0 reused |",
@@ -126,20 +140,36 @@ def table(work: Path, vllm: bool, regenerated: bool = False) -> str:
                 f"| {k} | {raw['mean_acceptance_length']:.3f} | {regen['mean_acceptance_length']:.3f} | "
                 f"{_ratio(regen, raw)} |"
             )
+    if domain:
+        lines += [
+            "",
+            "| k | raw chain | distilled chain, in-domain | ratio (difference, 95 % CI) | layer 0 reused (raw) | "
+            "distilled for vLLM (first), in-domain | ratio |",
+            "|---|---|---|---|---|---|---|",
+        ]
+        for k in KS:
+            rows = dict(zip(DOMAIN, json.loads((work / f"k{k}-domain.eval.json").read_text())["results"], strict=True))
+            assert all(r["lossless"] for r in rows.values()), f"k={k}: a draft's output differs from the target's"
+            m = {n: f"{r['mean_acceptance_length']:.3f}" for n, r in rows.items()}
+            lines.append(
+                f"| {k} | {m['raw-chain']} | {m['domain-chain']} | {_ratio(rows['domain-chain'], rows['raw-chain'])} "
+                f"| {m['raw-first']} | {m['domain-first']} | {_ratio(rows['domain-first'], rows['raw-first'])} |"
+            )
     if vllm:
         lines += [
             "",
             "| k | draft | vLLM (its rule: first) | evaluate bf16, --step-layers first | gap | vLLM lossless |",
             "|---|---|---|---|---|---|",
         ]
-        for k in KS:
-            theirs = json.loads((work / f"k{k}-vllm.json").read_text())["results"]
-            ours = json.loads((work / f"k{k}-bf16-first.json").read_text())["results"]
-            for name, a, b in zip(("distilled-first", "raw-chain"), theirs, ours, strict=True):
-                x, y = a["mean_acceptance_length"], b["mean_acceptance_length"]
-                lines.append(f"| {k} | {name} | {x:.3f} | {y:.3f} | {abs(x - y) / y:.1%} | {a['lossless']} |")
-            ratio = theirs[0]["mean_acceptance_length"] / theirs[1]["mean_acceptance_length"]
-            lines.append(f"| {k} | distilled / raw in vLLM | {ratio:.3f}x | | | |")
+        for tag, first in [("", "distilled-first"), ("-domain", "domain-first")][: 1 + domain]:
+            for k in KS:
+                theirs = json.loads((work / f"k{k}{tag}-vllm.json").read_text())["results"]
+                ours = json.loads((work / f"k{k}{tag}-bf16-first.json").read_text())["results"]
+                for name, a, b in zip((first, "raw-chain"), theirs, ours, strict=True):
+                    x, y = a["mean_acceptance_length"], b["mean_acceptance_length"]
+                    lines.append(f"| {k} | {name} | {x:.3f} | {y:.3f} | {abs(x - y) / y:.1%} | {a['lossless']} |")
+                ratio = theirs[0]["mean_acceptance_length"] / theirs[1]["mean_acceptance_length"]
+                lines.append(f"| {k} | {first} / raw in vLLM | {ratio:.3f}x | | | |")
     return "\n".join(lines)
 
 
@@ -151,12 +181,15 @@ def main() -> int:
     ap.add_argument("--prompts", type=int, default=64)
     ap.add_argument("--vllm", action="store_true", help="also measure in vLLM (its venv: scripts/vllm_env.sh)")
     ap.add_argument("--regenerated", action="store_true", help="also a longer distill on regenerated data")
+    ap.add_argument(
+        "--domain", action="store_true", help="also distil on DATA_DIR/domain.jsonl (scripts/domain_data.py)"
+    )
     ap.add_argument("--table-only", action="store_true")
     args = ap.parse_args()
     args.work.mkdir(parents=True, exist_ok=True)
     if not args.table_only:
-        measure(args.target, args.data, args.work, args.prompts, args.vllm, args.regenerated)
-    print(table(args.work, args.vllm, args.regenerated))
+        measure(args.target, args.data, args.work, args.prompts, args.vllm, args.regenerated, args.domain)
+    print(table(args.work, args.vllm, args.regenerated, args.domain))
     return 0
 
 
