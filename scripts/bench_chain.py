@@ -24,7 +24,8 @@ scripts/domain_data.py), the same 600 regenerated steps: `domain-chain` (cycle) 
 evaluated beside the raw drafts (WORK/k*-domain.eval.json) and, with `--vllm`, `domain-first` in vLLM
 (WORK/k*-domain-vllm.json, WORK/k*-domain-bf16-first.json). Steps whose output is in WORK are not redone;
 `--table-only` only prints. Timed here with other work on the 2 cores: 31 minutes with `--vllm`, 54 more with
-`--regenerated`, 45 more with `--domain` (its two distills side by side, one thread each, 28 and 30 minutes).
+`--regenerated`; `--domain`'s two distills took 28 and 30 minutes (started by hand side by side, one thread each;
+the script runs them one after the other), its evaluations and vLLM runs about 10 more.
 """
 
 from __future__ import annotations
