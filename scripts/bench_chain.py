@@ -116,6 +116,13 @@ def _ratio(draft: dict, base: dict) -> str:
     return f"{r:.3f}x ({d['value']:+.3f}, {d['low']:+.3f} .. {d['high']:+.3f})"
 
 
+def _read(path: Path, names: tuple[str, ...]) -> tuple[dict[str, dict], dict[str, str]]:
+    """An evaluation's results by draft name (checked lossless) and their mean acceptance lengths, formatted."""
+    rows = dict(zip(names, json.loads(path.read_text())["results"], strict=True))
+    assert all(r["lossless"] for r in rows.values()), f"{path.name}: a draft's output differs from the target's"
+    return rows, {n: f"{r['mean_acceptance_length']:.3f}" for n, r in rows.items()}
+
+
 def table(work: Path, vllm: bool, regenerated: bool = False, domain: bool = False) -> str:
     lines = [
         "| k | layer 0 reused (raw) | raw chain | distilled chain | distilled for vLLM (first) | distilled chain / raw "
@@ -123,9 +130,7 @@ def table(work: Path, vllm: bool, regenerated: bool = False, domain: bool = Fals
         "|---|---|---|---|---|---|---|",
     ]
     for k in KS:
-        rows = dict(zip(DRAFTS, json.loads((work / f"k{k}.eval.json").read_text())["results"], strict=True))
-        assert all(r["lossless"] for r in rows.values()), f"k={k}: a draft's output differs from the target's"
-        m = {n: f"{r['mean_acceptance_length']:.3f}" for n, r in rows.items()}
+        rows, m = _read(work / f"k{k}.eval.json", DRAFTS)
         lines.append(
             f"| {k} | {m['raw-first']} | {m['raw-chain']} | {m['distilled-chain']} | {m['distilled-first']} | "
             f"{_ratio(rows['distilled-chain'], rows['raw-chain'])} | "
@@ -149,9 +154,7 @@ def table(work: Path, vllm: bool, regenerated: bool = False, domain: bool = Fals
             "|---|---|---|---|---|---|---|",
         ]
         for k in KS:
-            rows = dict(zip(DOMAIN, json.loads((work / f"k{k}-domain.eval.json").read_text())["results"], strict=True))
-            assert all(r["lossless"] for r in rows.values()), f"k={k}: a draft's output differs from the target's"
-            m = {n: f"{r['mean_acceptance_length']:.3f}" for n, r in rows.items()}
+            rows, m = _read(work / f"k{k}-domain.eval.json", DOMAIN)
             lines.append(
                 f"| {k} | {m['raw-chain']} | {m['domain-chain']} | {_ratio(rows['domain-chain'], rows['raw-chain'])} "
                 f"| {m['raw-first']} | {m['domain-first']} | {_ratio(rows['domain-first'], rows['raw-first'])} |"
