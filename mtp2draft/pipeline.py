@@ -74,6 +74,7 @@ def run(
     fmt: str | None = None,
     push_repo: str | None = None,
     distill_config: DistillConfig | None = None,
+    heldout: str | Path | None = None,
     num_draft_tokens: int = 4,
     max_new_tokens: int = 64,
     max_prompts: int | None = 20,
@@ -96,24 +97,26 @@ def run(
     `revision` pins SOURCE; `target_revision` pins a `target` given apart from SOURCE (a revision names a commit of
     one repo, so SOURCE's never travels to another). The token is the user's credential and serves both. The target
     runs in `dtype` on `device` (default: cuda when available) or spread by `device_map`, in distill and evaluate
-    alike; the draft trains and decodes on `device` (a device map's first device)."""
+    alike; the draft trains and decodes on `device` (a device map's first device). `heldout`: distill's held-out
+    guard (`train/heldout.py`): the distilled draft is the best-scoring weights on it, never worse than the raw head
+    there."""
     work = Path(work)
     config = distill_config or DistillConfig()
     limits = {"num_draft_tokens": num_draft_tokens, "max_new_tokens": max_new_tokens, "max_prompts": max_prompts}
     check = {"to": to, "fmt": fmt, "target": target, "eval_data": eval_data, "push_repo": push_repo, "layer": layer}
-    check["all_layers"] = all_layers
+    check |= {"all_layers": all_layers, "heldout": heldout}
     spec, to, fmt = preflight(source, work, data, config, limits, revision, token, overwrite, **check)
     if target is None or target == source:
         target, target_revision = source, revision
     with claim_output(work):  # held for the whole run; the output rules again, now that no other run can write here
-        check_output_dir(work, overwrite, inputs=[source, target, data, eval_data])
+        check_output_dir(work, overwrite, inputs=[source, target, data, eval_data, heldout])
         progress(f"{spec.name}: drafting {to}, exporting --format {fmt} (the engines' support table: mtp2draft specs)")
         return _run(
             source=source, work=work, data=data, to=to, target=target, eval_data=eval_data, fmt=fmt,
             push_repo=push_repo, config=config, limits=limits, layer=layer, all_layers=all_layers, revision=revision,
             token=token,
             target_revision=target_revision, private=private, regenerate=regenerate, progress=progress,
-            device=device, dtype=dtype, device_map=device_map,
+            device=device, dtype=dtype, device_map=device_map, heldout=heldout,
         )  # fmt: skip
 
 
@@ -133,6 +136,7 @@ def preflight(
     push_repo: str | None,
     layer: int | None,
     all_layers: bool = False,
+    heldout: str | Path | None = None,
 ) -> tuple[Spec, str, str]:
     """Everything `run` can check before the first byte of a tensor is fetched, in one place: option values and
     clashes (the format takes the draft kind), the output rules, the data files, the source's family and MTP layer,
@@ -166,8 +170,10 @@ def preflight(
             f"--format {fmt} takes {formats[fmt].a_draft} draft, --to {to} makes {DraftKind(to).a_draft} one "
             f"(use --format {' or '.join(formats_of(DraftKind(to)))})"
         )
-    check_output_dir(work, overwrite, inputs=[source, target, data, eval_data])
-    for option, path in (("--data", data), ("--eval-data", eval_data)):
+    check_output_dir(work, overwrite, inputs=[source, target, data, eval_data, heldout])
+    if config.patience is not None and heldout is None:
+        raise OptionError("--patience stops on held-out acceptance: it needs --heldout")
+    for option, path in (("--data", data), ("--eval-data", eval_data), ("--heldout", heldout)):
         if path is not None and not Path(path).is_file():
             raise DataError(
                 f"{option} {path} does not exist" if not Path(path).exists() else f"{option} {path} is not a file"
@@ -249,11 +255,14 @@ def _run(
     device: str | None,
     dtype: str,
     device_map: str | dict | None,
+    heldout: str | Path | None = None,
 ) -> RunResult:
     num_draft_tokens = limits["num_draft_tokens"]
     if eval_data is None:
         progress("no --eval-data: evaluating on the training data (acceptance will be optimistic)")
         eval_data = data
+    if heldout is not None and Path(heldout).resolve() == Path(eval_data).resolve():
+        progress("note: --heldout is also the evaluation data: the weights are picked on the prompts that report them")
     stages: dict[str, float] = {}
     work.mkdir(parents=True, exist_ok=True)
     mark(work)  # a later `run --overwrite` may replace it
@@ -268,8 +277,9 @@ def _run(
     with _stage(stages, "distill", progress, f"[2/5] distill against {target}"):
         where = {"device": device, "target_dtype": dtype, "device_map": device_map}
         distill(
-            start, distilled, data, target, config=config, regenerate_data=regenerate, **target_hub, **inside, **where
-        )
+            start, distilled, data, target, config=config, regenerate_data=regenerate, heldout=heldout,
+            **target_hub, **inside, **where,
+        )  # fmt: skip
     with _stage(stages, "evaluate", progress, f"[3/5] evaluate (k = {num_draft_tokens}) beside the raw MTP head"):
         drafts = [("distilled " + to, str(distilled)), ("raw MTP head (baseline)", str(raw))]
         where = {"device": device, "dtype": dtype, "device_map": device_map}

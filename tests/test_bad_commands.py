@@ -27,7 +27,7 @@ from disk import snapshot
 from mtp2draft.cli.app import main
 from mtp2draft.conversion import convert
 from mtp2draft.formats.export import export
-from mtp2draft.io import claim_output
+from mtp2draft.io import claim_output, mark
 
 
 @dataclass
@@ -661,6 +661,26 @@ def run_data_missing(w, tmp, mp, stack):
 @case
 def run_eval_data_missing(w, tmp, mp, stack):
     return Case(_run(w, tmp, "--eval-data", str(tmp / "missing.jsonl")), "--eval-data")
+
+
+@case
+def run_heldout_missing(w, tmp, mp, stack):
+    return Case(_run(w, tmp, "--heldout", str(tmp / "missing.jsonl")), "--heldout")
+
+
+@case
+def run_patience_without_heldout(w, tmp, mp, stack):
+    return Case(_run(w, tmp, "--patience", "2"), "it needs --heldout")
+
+
+@case
+def run_work_holds_the_heldout(w, tmp, mp, stack):
+    """A work directory mtp2draft wrote, holding the user's held-out file: --overwrite would delete an input."""
+    work = tmp / "work"
+    work.mkdir()
+    mark(work)
+    shutil.copy(w.data, work / "pick.jsonl")
+    return Case(_run(w, tmp, "--overwrite", "--heldout", str(work / "pick.jsonl")), "contains the input")
 
 
 @case

@@ -95,6 +95,23 @@ def test_run_trains_for_the_engine_named(target, text_data, tmp_path: Path, caps
     assert "cannot serve" in err and "Traceback" not in err
 
 
+def test_run_keeps_the_weights_that_score_best_on_heldout(target, text_data, tmp_path: Path, capsys) -> None:
+    """`run --heldout` hands distill its held-out guard: the distilled draft records the guard's evaluations."""
+    heldout = tmp_path / "pick.jsonl"
+    heldout.write_text("".join(text_data.read_text().splitlines(keepends=True)[:4]))
+    work = tmp_path / "w"
+    args = ["run", str(target("mimo", num_hidden_layers=4)), "--data", str(text_data), "--work", str(work)]
+    args += ["--heldout", str(heldout), "--eval-every", "1", "--patience", "1", "--heldout-examples", "2"]
+    args += ["--steps", "2", "--batch-size", "2", "--max-length", "32", "--max-prompts", "2", "--max-new-tokens", "8"]
+    assert main(args) == 0, capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert f"held-out guard: 2 examples of {heldout}" in err
+    record = json.loads((work / "distilled" / "provenance.json").read_text())["distill"]["heldout"]
+    assert record is not None and record["patience"] == 1
+    assert [e["step"] for e in record["history"]][0] == 0  # scored before the first step, as distill does
+    assert heldout.read_text() == "".join(text_data.read_text().splitlines(keepends=True)[:4])  # an input: untouched
+
+
 def test_run_never_hands_the_source_revision_to_another_target(monkeypatch, tmp_path: Path) -> None:
     """`run SOURCE --revision R --target T`: R pins SOURCE only; the stages that read T get T's own revision
     (`--target-revision`, default None). Before the fix, distill, evaluate and export all received R."""
@@ -137,6 +154,8 @@ def test_run_never_hands_the_source_revision_to_another_target(monkeypatch, tmp_
         (["--to", "eagle3", "--serving-engine", "vllm"], "cannot serve"),
         (["--push", "no such/repo id"], "is not a Hub repo id"),
         (["-k", "0"], "--num-draft-tokens must be at least 1"),
+        (["--patience", "2"], "--patience stops on held-out acceptance: it needs --heldout"),
+        (["--heldout", "no-such-heldout.jsonl"], "--heldout no-such-heldout.jsonl does not exist"),
     ],
 )
 def test_run_refuses_before_any_work(target, text_data, tmp_path: Path, monkeypatch, capsys, extra, needle) -> None:

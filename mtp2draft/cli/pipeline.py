@@ -13,8 +13,12 @@ from mtp2draft.cli.options import (
     Data,
     Device,
     DeviceMap,
+    EvalEvery,
+    Heldout,
+    HeldoutExamples,
     MaxLength,
     MaxNewTokens,
+    Patience,
     Revision,
     Source,
     TargetDtype,
@@ -53,6 +57,10 @@ def run_all(
     max_length: MaxLength = 256,
     draft_vocab_size: Annotated[int | None, typer.Option("--draft-vocab-size", help="eagle3 draft vocabulary.")] = None,
     regenerate: Annotated[bool, typer.Option("--regenerate", help="Train on the target's own responses.")] = False,
+    heldout: Heldout = None,
+    eval_every: EvalEvery = 50,
+    patience: Patience = None,
+    heldout_examples: HeldoutExamples = 64,
     num_draft_tokens: Annotated[int, typer.Option("--num-draft-tokens", "-k", help="Draft tokens per step.")] = 4,
     max_new_tokens: MaxNewTokens = 64,
     max_prompts: Annotated[int | None, typer.Option("--max-prompts", help="Evaluation prompts.")] = 20,
@@ -73,12 +81,17 @@ def run_all(
 ) -> None:
     """Convert, distill, evaluate (beside the raw MTP head), export and optionally push, in one command.
 
-    Example: `mtp2draft run zai-org/GLM-4.5-Air --data chats.jsonl --eval-data prompts.jsonl --to eagle3 --regenerate --device-map auto --dtype bfloat16 --work glm-run --push me/GLM-4.5-Air-eagle3`
+    Examples:
+
+    * `mtp2draft run zai-org/GLM-4.5-Air --data chats.jsonl --eval-data prompts.jsonl --to eagle3 --regenerate --device-map auto --dtype bfloat16 --work glm-run --push me/GLM-4.5-Air-eagle3`
+
+    * `mtp2draft run XiaomiMiMo/MiMo-7B-RL --data chats.jsonl --heldout pick.jsonl --patience 3 --eval-data prompts.jsonl --work mimo-run` (distillation keeps the weights that score best on pick.jsonl, never worse than the raw head there; keep it apart from --eval-data, which reports)
     """
     from mtp2draft.pipeline import run
 
     cfg = distill_config(ctx)
     stages = {"to": to, "target": target, "eval_data": eval_data, "fmt": fmt, "push_repo": push_repo}
+    stages["heldout"] = heldout
     limits = {"num_draft_tokens": num_draft_tokens, "max_new_tokens": max_new_tokens, "max_prompts": max_prompts}
     hub = {"revision": revision, "token": token, "target_revision": target_revision, "private": private}
     flags = {"layer": layer, "all_layers": all_layers, "regenerate": regenerate, "overwrite": overwrite}
