@@ -102,10 +102,12 @@ def test_run_keeps_the_weights_that_score_best_on_heldout(target, text_data, tmp
     work = tmp_path / "w"
     args = ["run", str(target("mimo", num_hidden_layers=4)), "--data", str(text_data), "--work", str(work)]
     args += ["--heldout", str(heldout), "--eval-every", "1", "--patience", "1", "--heldout-examples", "2"]
+    args += ["--eval-data", str(heldout)]  # allowed, with a note: the weights are picked on the reporting prompts
     args += ["--steps", "2", "--batch-size", "2", "--max-length", "32", "--max-prompts", "2", "--max-new-tokens", "8"]
     assert main(args) == 0, capsys.readouterr().err
     err = capsys.readouterr().err
     assert f"held-out guard: 2 examples of {heldout}" in err
+    assert "note: --heldout is also the evaluation data" in err
     record = json.loads((work / "distilled" / "provenance.json").read_text())["distill"]["heldout"]
     assert record is not None and record["patience"] == 1
     assert [e["step"] for e in record["history"]][0] == 0  # scored before the first step, as distill does
