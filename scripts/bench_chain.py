@@ -22,10 +22,14 @@ prompts, `distill --regenerate`) against the raw chain. With `--domain` it disti
 domain, DATA_DIR/domain.jsonl (the held-out packages' files that no evaluation prompt comes from, written by
 scripts/domain_data.py), the same 600 regenerated steps: `domain-chain` (cycle) and `domain-first` (vLLM's rule),
 evaluated beside the raw drafts (WORK/k*-domain.eval.json) and, with `--vllm`, `domain-first` in vLLM
-(WORK/k*-domain-vllm.json, WORK/k*-domain-bf16-first.json). Steps whose output is in WORK are not redone;
+(WORK/k*-domain-vllm.json, WORK/k*-domain-bf16-first.json). `--probes` adds `domain-chain-long` (in-domain, 1500
+steps, 3 TTT steps) and `oracle-chain` (600 steps on the evaluation's own prompts and the target's continuations of
+them: an upper bound, never a result), evaluated beside the raw and the 600-step in-domain chain
+(WORK/k*-probes.eval.json). Steps whose output is in WORK are not redone;
 `--table-only` only prints. Timed here with other work on the 2 cores: 31 minutes with `--vllm`, 54 more with
 `--regenerated`; `--domain`'s two distills took 28 and 30 minutes (started by hand side by side, one thread each;
-the script runs them one after the other), its evaluations and vLLM runs about 10 more.
+the script runs them one after the other), its evaluations and vLLM runs about 10 more; `--probes` 37 minutes of
+distillation (beside the vLLM runs) and 8 (alone), 2 of evaluation.
 """
 
 from __future__ import annotations
@@ -45,6 +49,10 @@ DISTILL = ["--steps", "300", "--ttt-steps", "6", "--lr", "1e-3", "--save-every",
 REGENERATED = ["--steps", "600", "--ttt-steps", "6", "--lr", "1e-3", "--save-every", "600", "--regenerate"]
 DRAFTS = ("distilled-chain", "raw-chain", "raw-first", "distilled-first")  # evaluate's order: the first is "draft"
 DOMAIN = ("domain-chain", "raw-chain", "domain-first", "raw-first")  # --domain: distilled on the serving domain
+# --probes: how far k = 3 moves with a longer in-domain run, and an oracle (see oracle_data)
+LONG = ["--steps", "1500", "--ttt-steps", "3", "--save-every", "250"]
+ORACLE = ["--steps", "600", "--ttt-steps", "3", "--lr", "1e-3", "--save-every", "600"]
+PROBES = ("domain-chain-long", "raw-chain", "domain-chain", "oracle-chain")
 
 
 def cli(*args: str, stdout=None) -> None:
@@ -60,7 +68,33 @@ def to_file(path: Path, *args: str) -> None:
     tmp.rename(path)
 
 
-def prepare(target: Path, data: Path, work: Path, regenerated: bool = False, domain: bool = False) -> None:
+def oracle_data(target: Path, data: Path, work: Path, prompts: int) -> Path:
+    """WORK/oracle.jsonl: the evaluation's own prompts, each with the target's greedy continuation (what `evaluate`
+    decodes), as text records. A draft distilled on it has seen the evaluated text: an upper bound on what the draft's
+    layers can represent there, never a result."""
+    path = work / "oracle.jsonl"
+    if path.is_file():
+        return path
+    from mtp2draft.data import load_tokenizer
+    from mtp2draft.draft.disk import load_draft
+    from mtp2draft.evaluation.decode import TargetRunner, greedy_reference, load_prompts
+    from mtp2draft.target.hidden import TargetModel
+
+    tm = TargetModel(str(target), dtype="float32", device="cpu")
+    tok = load_tokenizer(tm.path)
+    draft = load_draft(work / "raw-chain", dtype=tm.dtype).eval()
+    draft.attach_target(tm.embedding(), tm.lm_head())
+    runner = TargetRunner(tm, draft)
+    rows = []
+    for ids in load_prompts(data / "heldout.jsonl", tok, prompts, 256):  # evaluate's prompts (--max-prompt-length)
+        ref = greedy_reference(runner, ids, 64, tok.eos_token_id)
+        rows.append(json.dumps({"text": tok.decode(ids + ref, skip_special_tokens=True)}) + "\n")
+    path.with_suffix(".tmp").write_text("".join(rows))
+    path.with_suffix(".tmp").rename(path)
+    return path
+
+
+def prepare(target: Path, data: Path, work: Path, prompts: int, extras: set[str]) -> None:
     raw = work / "raw-chain"
     if not (raw / "config.json").is_file():
         cli("convert", str(target), "--all-layers", "--out", str(raw), "--dtype", "float32")
@@ -74,32 +108,38 @@ def prepare(target: Path, data: Path, work: Path, regenerated: bool = False, dom
         tmp.rename(first)
     train = ["--data", str(data / "train.jsonl"), "--device", "cpu", *DISTILL]
     runs = [("distilled-chain", train), ("distilled-first", [*train, "--serving-engine", "vllm"])]
-    if regenerated:
+    if "regenerated" in extras:
         runs.append(("distilled-chain-regen", ["--data", str(data / "train.jsonl"), "--device", "cpu", *REGENERATED]))
-    if domain:
-        in_domain = ["--data", str(data / "domain.jsonl"), "--device", "cpu", *REGENERATED]
+    in_domain = ["--data", str(data / "domain.jsonl"), "--device", "cpu", *REGENERATED]
+    if "domain" in extras:
         runs += [("domain-chain", in_domain), ("domain-first", [*in_domain, "--serving-engine", "vllm"])]
+    if "probes" in extras:
+        runs.append(("domain-chain-long", [*in_domain, *LONG]))  # later options win: 1500 steps, 3 TTT steps
+        oracle = ["--data", str(oracle_data(target, data, work, prompts)), "--device", "cpu", *ORACLE]
+        runs.append(("oracle-chain", oracle))
     for name, options in runs:
         out = work / name
         if not (out / "config.json").is_file():
             cli("distill", str(raw), "--target", str(target), *options, "--out", str(out))
 
 
-def measure(
-    target: Path, data: Path, work: Path, prompts: int, vllm: bool, regenerated: bool = False, domain: bool = False
-) -> None:
-    prepare(target, data, work, regenerated, domain)
+def measure(target: Path, data: Path, work: Path, prompts: int, vllm: bool, extras: set[str]) -> None:
+    prepare(target, data, work, prompts, extras)
+    domain = "domain" in extras
     common = ["--target", str(target), "--data", str(data / "heldout.jsonl"), "--max-new-tokens", "64"]
     common += ["--max-prompts", str(prompts), "--json"]
     for k in KS:
         drafts = [str(work / DRAFTS[0])] + [a for d in DRAFTS[1:] for a in ("--baseline", str(work / d))]
         to_file(work / f"k{k}.eval.json", "evaluate", *drafts, *common, "-k", str(k), "--device", "cpu")
-        if regenerated:
+        if "regenerated" in extras:
             pair = [str(work / "distilled-chain-regen"), "--baseline", str(work / "raw-chain")]
             to_file(work / f"k{k}-regen.eval.json", "evaluate", *pair, *common, "-k", str(k), "--device", "cpu")
         if domain:
             four = [str(work / d) for d in DOMAIN[:1]] + [a for d in DOMAIN[1:] for a in ("--baseline", str(work / d))]
             to_file(work / f"k{k}-domain.eval.json", "evaluate", *four, *common, "-k", str(k), "--device", "cpu")
+        if "probes" in extras:
+            four = [str(work / d) for d in PROBES[:1]] + [a for d in PROBES[1:] for a in ("--baseline", str(work / d))]
+            to_file(work / f"k{k}-probes.eval.json", "evaluate", *four, *common, "-k", str(k), "--device", "cpu")
         for tag, first in [("", "distilled-first"), ("-domain", "domain-first")][: 1 + domain] if vllm else []:
             pair = [str(work / first), "--baseline", str(work / "raw-chain")]
             to_file(work / f"k{k}{tag}-vllm.json", "evaluate", *pair, *common, "-k", str(k), "--engine", "vllm")
@@ -123,7 +163,8 @@ def _read(path: Path, names: tuple[str, ...]) -> tuple[dict[str, dict], dict[str
     return rows, {n: f"{r['mean_acceptance_length']:.3f}" for n, r in rows.items()}
 
 
-def table(work: Path, vllm: bool, regenerated: bool = False, domain: bool = False) -> str:
+def table(work: Path, vllm: bool, extras: set[str]) -> str:
+    regenerated, domain = "regenerated" in extras, "domain" in extras
     lines = [
         "| k | layer 0 reused (raw) | raw chain | distilled chain | distilled for vLLM (first) | distilled chain / raw "
         "chain (difference, 95 % CI) | distilled first / layer 0 reused |",
@@ -159,6 +200,16 @@ def table(work: Path, vllm: bool, regenerated: bool = False, domain: bool = Fals
                 f"| {k} | {m['raw-chain']} | {m['domain-chain']} | {_ratio(rows['domain-chain'], rows['raw-chain'])} "
                 f"| {m['raw-first']} | {m['domain-first']} | {_ratio(rows['domain-first'], rows['raw-first'])} |"
             )
+    if "probes" in extras:
+        lines += ["", "| k | raw chain | in-domain, 600 steps | in-domain, 1500 steps, 3 TTT steps | ratio | oracle "
+                  "(trained on these continuations) | ratio |", "|---|---|---|---|---|---|---|"]  # fmt: skip
+        for k in KS:
+            rows, m = _read(work / f"k{k}-probes.eval.json", PROBES)
+            lines.append(
+                f"| {k} | {m['raw-chain']} | {m['domain-chain']} | {m['domain-chain-long']} | "
+                f"{_ratio(rows['domain-chain-long'], rows['raw-chain'])} | {m['oracle-chain']} | "
+                f"{_ratio(rows['oracle-chain'], rows['raw-chain'])} |"
+            )
     if vllm:
         lines += [
             "",
@@ -188,12 +239,16 @@ def main() -> int:
     ap.add_argument(
         "--domain", action="store_true", help="also distil on DATA_DIR/domain.jsonl (scripts/domain_data.py)"
     )
+    ap.add_argument(
+        "--probes", action="store_true", help="also a 1500-step in-domain run and an oracle (needs --domain's data)"
+    )
     ap.add_argument("--table-only", action="store_true")
     args = ap.parse_args()
     args.work.mkdir(parents=True, exist_ok=True)
+    extras = {name for name in ("regenerated", "domain", "probes") if getattr(args, name)}
     if not args.table_only:
-        measure(args.target, args.data, args.work, args.prompts, args.vllm, args.regenerated, args.domain)
-    print(table(args.work, args.vllm, args.regenerated, args.domain))
+        measure(args.target, args.data, args.work, args.prompts, args.vllm, extras)
+    print(table(args.work, args.vllm, extras))
     return 0
 
 
