@@ -145,7 +145,7 @@ def preflight(
     from mtp2draft.checkpoint.reader import open_checkpoint
     from mtp2draft.conversion import default_aux_layers
     from mtp2draft.draft.layout import resolve_layer
-    from mtp2draft.errors import DataError, OptionError
+    from mtp2draft.errors import OptionError
     from mtp2draft.family.spec import find_spec
     from mtp2draft.formats import exportable
     from mtp2draft.kinds import DRAFT_KINDS
@@ -171,13 +171,7 @@ def preflight(
             f"(use --format {' or '.join(formats_of(DraftKind(to)))})"
         )
     check_output_dir(work, overwrite, inputs=[source, target, data, eval_data, heldout])
-    if config.patience is not None and heldout is None:
-        raise OptionError("--patience stops on held-out acceptance: it needs --heldout")
-    for option, path in (("--data", data), ("--eval-data", eval_data), ("--heldout", heldout)):
-        if path is not None and not Path(path).is_file():
-            raise DataError(
-                f"{option} {path} does not exist" if not Path(path).exists() else f"{option} {path} is not a file"
-            )
+    _check_data_files(config, data, eval_data, heldout)
     ckpt = open_checkpoint(source, revision, token)
     spec = find_spec(ckpt.config)
     resolve_layer(ckpt, spec, layer)
@@ -202,6 +196,21 @@ def preflight(
     if push_repo:
         _check_push(push_repo, token)
     return spec, kind, fmt
+
+
+def _check_data_files(
+    config: DistillConfig, data: str | Path, eval_data: str | Path | None, heldout: str | Path | None
+) -> None:
+    """Every data file `run` was given exists and is a file; --patience has the held-out set it stops on."""
+    from mtp2draft.errors import DataError, OptionError
+
+    if config.patience is not None and heldout is None:
+        raise OptionError("--patience stops on held-out acceptance: it needs --heldout")
+    for option, path in (("--data", data), ("--eval-data", eval_data), ("--heldout", heldout)):
+        if path is not None and not Path(path).is_file():
+            raise DataError(
+                f"{option} {path} does not exist" if not Path(path).exists() else f"{option} {path} is not a file"
+            )
 
 
 def _check_all_layers(layer: int | None, kind: str, fmt: str) -> None:
