@@ -358,16 +358,17 @@ def evaluate_in_vllm(
     spec = find_spec(target_config)
     for name, path in drafts:
         row = draft_row(name, str(path), results[name], results["plain"], cfg, len(prompts), progress)
-        row["chain"] = chain_rule(path, spec, progress)
+        row["chain"] = chain_rule(path, spec, progress, version)
         out["results"].append(row)
     if keep_outputs:
         out["engine"]["outputs"] = {name: r.outputs for name, r in results.items()}
     return with_headline(out)
 
 
-def chain_rule(path: str | Path, spec: Any, progress: Progress) -> dict[str, Any] | None:
+def chain_rule(path: str | Path, spec: Any, progress: Progress, version: str = "") -> dict[str, Any] | None:
     """A chain draft's layer count and the rule vLLM runs it under (the family's `[engines.vllm] step_layers`, not
-    the draft's: vLLM picks the layer itself), with a note when the draft was trained for another; None otherwise."""
+    the draft's: vLLM picks the layer itself), with a note naming the vLLM that ran (`version`) and the one the
+    family's facts were read from when the draft was trained for another rule; None for a one-layer draft."""
     from mtp2draft.draft.chain import is_chain_config
     from mtp2draft.draft.config import load_draft_config
 
@@ -379,8 +380,9 @@ def chain_rule(path: str | Path, spec: Any, progress: Progress) -> dict[str, Any
     trained = cfg.get("step_layers", "cycle")
     if rule is not None and rule != trained:
         progress(
-            f"note: {path} chains {len(cfg['mtp_layers'])} layers for step_layers {trained}, but vllm "
-            f"{facts.version} runs {spec.name} drafts under '{rule}' (`mtp2draft specs`): this measures that rule"
+            f"note: {path} chains {len(cfg['mtp_layers'])} layers for step_layers {trained}, but vllm {version} runs "
+            f"{spec.name} drafts under '{rule}' (the family's facts, read from vllm {facts.version}: `mtp2draft "
+            "specs`): this measures that rule"
         )
     return {"num_layers": len(cfg["mtp_layers"]), "step_layers": rule, "trained_for": trained}
 

@@ -61,12 +61,14 @@ def measured(vllm: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, 
     convert(str(TARGET), raw, all_layers=True)  # bf16, like the target
     wrecked = wrecked_copy(raw, work / "wrecked-chain")
     drafts = [("raw", str(raw)), ("wrecked", str(wrecked))]
-    engine = evaluate_in_vllm(drafts, str(TARGET), HELDOUT, SETTINGS, progress=log, keep_outputs=True)
+    lines: list[str] = []
+    engine = evaluate_in_vllm(drafts, str(TARGET), HELDOUT, SETTINGS, progress=lambda m: (lines.append(m), log(m)),
+                              keep_outputs=True)  # fmt: skip
     first = evaluate(drafts, str(TARGET), HELDOUT, EvaluateConfig(**{**vars(SETTINGS), "step_layers": "first"}),
                      dtype="bfloat16")  # fmt: skip
     cycle = evaluate(drafts, str(TARGET), HELDOUT, SETTINGS, dtype="bfloat16")
-    out = {"engine": engine, "first": first, "cycle": cycle}
-    log(json.dumps({n: [r["mean_acceptance_length"] for r in m["results"]] for n, m in out.items()}))
+    out = {"engine": engine, "first": first, "cycle": cycle, "lines": lines}
+    log(json.dumps({n: [r["mean_acceptance_length"] for r in out[n]["results"]] for n in ("engine", "first", "cycle")}))
     return out
 
 
@@ -77,6 +79,10 @@ def test_vllm_runs_layer_zero_at_every_step(measured: dict) -> None:
     for metric in ("tokens_accepted", "target_forwards", "per_draft_acceptance"):
         assert raw[metric] == wrecked[metric], metric  # ... and the same counters: layers 1 and 2 never ran
     assert raw["chain"] == {"num_layers": 3, "step_layers": "first", "trained_for": "cycle"}
+    # the note names the vLLM that ran, beside the one the family's facts were read from
+    running = measured["engine"]["engine"]["version"]
+    notes = [m for m in measured["lines"] if "chains 3 layers for step_layers cycle" in m]
+    assert notes and all(f"but vllm {running} runs mimo drafts under 'first'" in m for m in notes), notes
 
 
 def test_evaluate_tells_the_rules_apart_and_matches_vllm_under_its_rule(measured: dict) -> None:
