@@ -163,53 +163,41 @@ def _read(path: Path, names: tuple[str, ...]) -> tuple[dict[str, dict], dict[str
     return rows, {n: f"{r['mean_acceptance_length']:.3f}" for n, r in rows.items()}
 
 
+# The acceptance tables: (the extra that makes them or None, evaluation file suffix, draft names in the file's
+# order, header, columns). A column is a draft's mean acceptance length, or (draft, baseline): their ratio.
+TABLES = [
+    (None, "", DRAFTS,
+     "| k | layer 0 reused (raw) | raw chain | distilled chain | distilled for vLLM (first) | distilled chain / raw "
+     "chain (difference, 95 % CI) | distilled first / layer 0 reused |",
+     ["raw-first", "raw-chain", "distilled-chain", "distilled-first", ("distilled-chain", "raw-chain"),
+      ("distilled-first", "raw-first")]),
+    ("regenerated", "-regen", ("distilled-chain-regen", "raw-chain"),
+     "| k | raw chain | distilled chain, regenerated data, 600 steps | ratio (difference, 95 % CI) |",
+     ["raw-chain", "distilled-chain-regen", ("distilled-chain-regen", "raw-chain")]),
+    ("domain", "-domain", DOMAIN,
+     "| k | raw chain | distilled chain, in-domain | ratio (difference, 95 % CI) | layer 0 reused (raw) | "
+     "distilled for vLLM (first), in-domain | ratio |",
+     ["raw-chain", "domain-chain", ("domain-chain", "raw-chain"), "raw-first", "domain-first",
+      ("domain-first", "raw-first")]),
+    ("probes", "-probes", PROBES,
+     "| k | raw chain | in-domain, 600 steps | in-domain, 1500 steps, 3 TTT steps | ratio | oracle (trained on these "
+     "continuations) | ratio |",
+     ["raw-chain", "domain-chain", "domain-chain-long", ("domain-chain-long", "raw-chain"), "oracle-chain",
+      ("oracle-chain", "raw-chain")]),
+]  # fmt: skip
+
+
 def table(work: Path, vllm: bool, extras: set[str]) -> str:
-    regenerated, domain = "regenerated" in extras, "domain" in extras
-    lines = [
-        "| k | layer 0 reused (raw) | raw chain | distilled chain | distilled for vLLM (first) | distilled chain / raw "
-        "chain (difference, 95 % CI) | distilled first / layer 0 reused |",
-        "|---|---|---|---|---|---|---|",
-    ]
-    for k in KS:
-        rows, m = _read(work / f"k{k}.eval.json", DRAFTS)
-        lines.append(
-            f"| {k} | {m['raw-first']} | {m['raw-chain']} | {m['distilled-chain']} | {m['distilled-first']} | "
-            f"{_ratio(rows['distilled-chain'], rows['raw-chain'])} | "
-            f"{_ratio(rows['distilled-first'], rows['raw-first'])} |"
-        )
-    if regenerated:
-        lines += ["", "| k | raw chain | distilled chain, regenerated data, 600 steps | ratio (difference, 95 % CI) |",
-                  "|---|---|---|---|"]  # fmt: skip
+    domain = "domain" in extras
+    lines: list[str] = []
+    for extra, suffix, names, header, columns in TABLES:
+        if extra is not None and extra not in extras:
+            continue
+        lines += [*([""] if lines else []), header, "|---" * (len(columns) + 1) + "|"]
         for k in KS:
-            regen, raw = json.loads((work / f"k{k}-regen.eval.json").read_text())["results"]
-            assert regen["lossless"] and raw["lossless"], f"k={k}: a draft's output differs from the target's"
-            lines.append(
-                f"| {k} | {raw['mean_acceptance_length']:.3f} | {regen['mean_acceptance_length']:.3f} | "
-                f"{_ratio(regen, raw)} |"
-            )
-    if domain:
-        lines += [
-            "",
-            "| k | raw chain | distilled chain, in-domain | ratio (difference, 95 % CI) | layer 0 reused (raw) | "
-            "distilled for vLLM (first), in-domain | ratio |",
-            "|---|---|---|---|---|---|---|",
-        ]
-        for k in KS:
-            rows, m = _read(work / f"k{k}-domain.eval.json", DOMAIN)
-            lines.append(
-                f"| {k} | {m['raw-chain']} | {m['domain-chain']} | {_ratio(rows['domain-chain'], rows['raw-chain'])} "
-                f"| {m['raw-first']} | {m['domain-first']} | {_ratio(rows['domain-first'], rows['raw-first'])} |"
-            )
-    if "probes" in extras:
-        lines += ["", "| k | raw chain | in-domain, 600 steps | in-domain, 1500 steps, 3 TTT steps | ratio | oracle "
-                  "(trained on these continuations) | ratio |", "|---|---|---|---|---|---|---|"]  # fmt: skip
-        for k in KS:
-            rows, m = _read(work / f"k{k}-probes.eval.json", PROBES)
-            lines.append(
-                f"| {k} | {m['raw-chain']} | {m['domain-chain']} | {m['domain-chain-long']} | "
-                f"{_ratio(rows['domain-chain-long'], rows['raw-chain'])} | {m['oracle-chain']} | "
-                f"{_ratio(rows['oracle-chain'], rows['raw-chain'])} |"
-            )
+            rows, m = _read(work / f"k{k}{suffix}.eval.json", names)
+            cells = [m[c] if isinstance(c, str) else _ratio(rows[c[0]], rows[c[1]]) for c in columns]
+            lines.append(f"| {k} | " + " | ".join(cells) + " |")
     if vllm:
         lines += [
             "",
