@@ -84,7 +84,7 @@ def test_resume_after_a_kill_reaches_the_same_weights(target, text_data, tmp_pat
         "--data",
         str(text_data),
         "--steps",
-        "8",
+        "40",  # far more than the kill point: on idle cores 4 tiny steps can finish between two polls
         "--batch-size",
         "4",
         "--max-length",
@@ -105,7 +105,7 @@ def test_resume_after_a_kill_reaches_the_same_weights(target, text_data, tmp_pat
     ckpts = tmp_path / "b.checkpoints"
     deadline = time.time() + 120
     while not list(ckpts.glob("step-0000004")) and time.time() < deadline and proc.poll() is None:
-        time.sleep(0.05)
+        time.sleep(0.01)
     proc.send_signal(signal.SIGKILL)
     proc.wait()
     assert not (tmp_path / "b").exists(), "the run should have been killed before finishing"
