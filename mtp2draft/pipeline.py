@@ -201,11 +201,11 @@ def preflight(
 def _check_data_files(
     config: DistillConfig, data: str | Path, eval_data: str | Path | None, heldout: str | Path | None
 ) -> None:
-    """Every data file `run` was given exists and is a file; --patience has the held-out set it stops on."""
-    from mtp2draft.errors import DataError, OptionError
+    """Every data file `run` was given exists and is a file; the held-out guard's options fit (distill's check)."""
+    from mtp2draft.errors import DataError
+    from mtp2draft.train.recipe import check_heldout_options
 
-    if config.patience is not None and heldout is None:
-        raise OptionError("--patience stops on held-out acceptance: it needs --heldout")
+    check_heldout_options(config, heldout, None)
     for option, path in (("--data", data), ("--eval-data", eval_data), ("--heldout", heldout)):
         if path is not None and not Path(path).is_file():
             raise DataError(

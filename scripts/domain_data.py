@@ -6,8 +6,9 @@ The bundled targets never trained on the held-out packages (huggingface_hub, _py
 `train_target.HELDOUT_PACKAGES`), and `heldout.jsonl`'s prompts come from the first files of those packages in
 `train_target.corpus_files`' hash order (three prompts per file, 200 prompts). A user distils on text like the
 traffic the draft will serve, not on what the target trained on; this is that data for the bundled targets: the
-held-out packages' *other* files, chunked as `train.jsonl` is (two spread chunks of 1000-2000 characters per file,
-here up to four), so a draft can be distilled in the evaluation's domain without seeing an evaluation file.
+held-out packages' *other* files, cut into chunks of 1000-2000 characters as `train.jsonl` is (every chunk, where
+`train.jsonl` keeps two per file: these files are few), so a draft can be distilled in the evaluation's domain
+without seeing an evaluation file.
 
 It rebuilds the held-out prompts with train_target's own functions and stops unless they equal the committed
 `--heldout` file line for line (other installed package versions would give other files: then the split below would
@@ -30,7 +31,6 @@ import train_target as tt  # noqa: E402  (the corpus reader and chunkers the bun
 
 ROOT = Path(__file__).resolve().parents[1]
 PROMPTS = 200  # write_data's held-out prompt count
-CHUNKS_PER_FILE = 1000  # every chunk: the domain has few files
 
 
 def split(heldout: list[tuple[str, str]], prompts: list[str]) -> tuple[int, list[tuple[str, str]]]:
@@ -57,7 +57,7 @@ def main(argv: list[str] | None = None) -> int:
     prompts = [json.loads(line)["text"] for line in args.heldout.read_text().splitlines() if line.strip()]
     _, heldout, _ = tt.corpus_files(None)
     behind, rest = split(heldout, prompts)
-    records = [c for _, text in rest for c in tt.spread(tt.text_chunks(text, 1000, 2000), CHUNKS_PER_FILE)]
+    records = [c for _, text in rest for c in tt.text_chunks(text, 1000, 2000)]
     # no record may contain an evaluation prompt (a file can be a copy of another under a new name)
     records = [r for r in records if not any(p in r or r in p for p in prompts)]
     tmp = args.out.with_name(f".{args.out.name}.{os.getpid()}.tmp")

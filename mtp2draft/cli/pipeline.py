@@ -90,8 +90,14 @@ def run_all(
     from mtp2draft.pipeline import run
 
     cfg = distill_config(ctx)
-    stages = {"to": to, "target": target, "eval_data": eval_data, "fmt": fmt, "push_repo": push_repo}
-    stages["heldout"] = heldout
+    stages = {
+        "to": to,
+        "target": target,
+        "eval_data": eval_data,
+        "fmt": fmt,
+        "push_repo": push_repo,
+        "heldout": heldout,
+    }
     limits = {"num_draft_tokens": num_draft_tokens, "max_new_tokens": max_new_tokens, "max_prompts": max_prompts}
     hub = {"revision": revision, "token": token, "target_revision": target_revision, "private": private}
     flags = {"layer": layer, "all_layers": all_layers, "regenerate": regenerate, "overwrite": overwrite}

@@ -365,7 +365,7 @@ def evaluate_in_vllm(
     return with_headline(out)
 
 
-def chain_rule(path: str | Path, spec: Any, progress: Progress, version: str = "") -> dict[str, Any] | None:
+def chain_rule(path: str | Path, spec: Any, progress: Progress, version: str) -> dict[str, Any] | None:
     """A chain draft's layer count and the rule vLLM runs it under (the family's `[engines.vllm] step_layers`, not
     the draft's: vLLM picks the layer itself), with a note naming the vLLM that ran (`version`) and the one the
     family's facts were read from when the draft was trained for another rule; None for a one-layer draft."""

@@ -185,10 +185,7 @@ class DistillRecipe:
         job, par, ckpt = self.job, self.par, self.job.checkpoints
         if job.hidden_states is not None:
             check_offline_options(job)
-        if job.heldout is not None and job.hidden_states is not None:
-            raise OptionError("--heldout needs the online target (--target and --data), not --hidden-states")
-        if self.cfg.patience is not None and job.heldout is None:
-            raise OptionError("--patience stops on held-out acceptance: it needs --heldout")
+        check_heldout_options(self.cfg, job.heldout, job.hidden_states)
         if self.cfg.batch_size < par.world:
             raise DataError(
                 f"--batch-size {self.cfg.batch_size} is the global batch: it must be at least the {par.world} ranks"
@@ -466,6 +463,14 @@ def configure_draft(draft, cfg: DistillConfig) -> None:
         draft.train_for_engine(cfg.serving_engine)
     if cfg.hidden_handover is not None:
         draft.hidden_handover = cfg.hidden_handover
+
+
+def check_heldout_options(cfg: DistillConfig, heldout: str | Path | None, hidden_states: str | Path | None) -> None:
+    """The held-out guard's options: it scores with the online target, and --patience stops on its scores."""
+    if heldout is not None and hidden_states is not None:
+        raise OptionError("--heldout needs the online target (--target and --data), not --hidden-states")
+    if cfg.patience is not None and heldout is None:
+        raise OptionError("--patience stops on held-out acceptance: it needs --heldout")
 
 
 def check_training_settings(kind: str, spec: Any, cfg: DistillConfig) -> None:
