@@ -254,3 +254,24 @@ def test_run_all_layers_end_to_end(target, text_data, tmp_path: Path) -> None:
         with pytest.raises(OptionError, match=message):
             pipeline.run(str(src), tmp_path / "x", text_data, distill_config=cfg, all_layers=True, **common, **extra)
     assert not (tmp_path / "x").exists()
+
+
+@pytest.mark.parametrize("world", [1, 2])
+def test_memory_plan_counts_the_layers_the_rule_trains(chain_dir, world: int) -> None:
+    """Under vLLM's `first` rule only layer 0 gets gradients: the plan's gradients and optimizer state count layer
+    0's parameters, as distill's optimizer holds them (sharded or not)."""
+    from mtp2draft.train.memory import plan
+    from mtp2draft.train.recipe import configure_draft
+    from mtp2draft.train.settings import DistillConfig
+
+    _, chain = chain_dir
+    cfg = json.loads((chain / "config.json").read_text())
+    cycle = plan(cfg, world)
+    first = plan(cfg, world, serving_engine="vllm")
+    draft = load_draft(chain)
+    assert cycle.trainable == sum(p.numel() for p in draft.trainable_parameters()) == cycle.parameters
+    configure_draft(draft, DistillConfig(serving_engine="vllm"))
+    assert draft.step_layers == "first"
+    assert first.trainable == sum(p.numel() for p in draft.trainable_parameters()) == cycle.trainable // 3
+    assert first.bytes["optimizer"] == cycle.bytes["optimizer"] // 3
+    assert first.bytes["parameters"] == cycle.bytes["parameters"]

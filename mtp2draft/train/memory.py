@@ -1,7 +1,9 @@
 """Memory plan of a distillation run, per rank, from the draft's config alone (nothing is loaded).
 
 The draft module is built on the meta device (shapes, no storage) and its parameters are counted by name, so every
-family the registry knows is covered without per-family code. Per rank, with N ranks, P parameters (P_t trainable)
+family the registry knows is covered without per-family code. Trainable are the parameters the draft itself trains
+(`trainable_parameters`: a chain under the `first` rule trains layer 0 only, a final norm shared with the trunk is
+frozen), as set up for `--serving-engine`, less those `--train-subset` freezes. Per rank, with N ranks, P parameters (P_t trainable)
 and compute dtype bytes `a` (2 for bf16, 4 for fp32):
 
 - parameters: 4 P / N (fp32 master copy, sharded by FSDP2);
@@ -129,17 +131,26 @@ def plan(
     subset: str = "all",
     activation_checkpointing: bool = False,
     online_logits: bool = True,
+    serving_engine: str | None = None,
 ) -> MemoryPlan:
-    """Per-rank bytes of a `distill` run (see the module docstring for what each line counts)."""
+    """Per-rank bytes of a `distill` run (see the module docstring for what each line counts); `serving_engine`:
+    the draft trained for that engine's computation and step rule (`distill --serving-engine`)."""
     from mtp2draft.errors import DataError
 
     if subset not in TRAIN_SUBSETS:
         raise DataError(f"--train-subset must be one of {', '.join(TRAIN_SUBSETS)}, got {subset!r}")
     draft = meta_draft(draft_config)
+    if serving_engine is not None and draft.kind == DraftKind.MTP:
+        draft.train_for_engine(serving_engine)
     patterns = TRAIN_SUBSETS[subset][1]
     names = dict(draft.named_parameters())
+    trains = {id(p) for p in draft.trainable_parameters()}
+
+    def trained(name: str, p: nn.Parameter) -> bool:
+        return id(p) in trains and not any(fnmatch(name, pat) for pat in patterns)
+
     total = sum(p.numel() for p in names.values())
-    trainable = sum(p.numel() for n, p in names.items() if not any(fnmatch(n, pat) for pat in patterns))
+    trainable = sum(p.numel() for n, p in names.items() if trained(n, p))
     a = 2 if precision == "bf16" else 4
     cfg = draft.config
     top_k = int(getattr(cfg, "num_experts_per_tok", None) or 1)
@@ -155,10 +166,7 @@ def plan(
             inner_t = sum(sizes.get(v, (0, 0))[1] for v in units if v.startswith(u + "."))
             mod = draft.get_submodule(u)
             n_all = sum(p.numel() for p in mod.parameters()) - inner
-            n_tr = (
-                sum(p.numel() for n, p in mod.named_parameters() if not any(fnmatch(f"{u}.{n}", s) for s in patterns))
-                - inner_t
-            )
+            n_tr = sum(p.numel() for n, p in mod.named_parameters() if trained(f"{u}.{n}", p)) - inner_t
             sizes[u] = (n_all, n_tr)
         covered = sum(s[0] for s in sizes.values())
         sizes[""] = (total - covered, trainable - sum(s[1] for s in sizes.values()))

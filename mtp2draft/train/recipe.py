@@ -232,6 +232,7 @@ class DistillRecipe:
             cfg.train_subset,
             cfg.activation_checkpointing,
             online_logits=self.job.hidden_states is None,
+            serving_engine=cfg.serving_engine,
         )
         self.progress(f"{memory.render([mem])}")
         local_world = int(os.environ.get("LOCAL_WORLD_SIZE", self.par.world))
@@ -525,6 +526,7 @@ def plan_memory(
             s,
             cfg.activation_checkpointing,
             online_logits=not offline,
+            serving_engine=cfg.serving_engine,
         )
         for s in subsets
     ]
