@@ -25,7 +25,11 @@ evaluated beside the raw drafts (WORK/k*-domain.eval.json) and, with `--vllm`, `
 (WORK/k*-domain-vllm.json, WORK/k*-domain-bf16-first.json). `--probes` adds `domain-chain-long` (in-domain, 1500
 steps, 3 TTT steps) and `oracle-chain` (600 steps on the evaluation's own prompts and the target's continuations of
 them: an upper bound, never a result), evaluated beside the raw and the 600-step in-domain chain
-(WORK/k*-probes.eval.json). Steps whose output is in WORK are not redone;
+(WORK/k*-probes.eval.json). `--wide SITE_PACKAGES` mixes domain.jsonl with Python from the packages of another
+environment that no target trained on (scripts/wide_data.py writes WORK/wide.jsonl, some 14,000 records from the vLLM
+venv; not committed) and distils both ways on it for one pass (1500 regenerated steps, 3 TTT steps): `wide-chain` and
+`wide-first`, evaluated beside the raw drafts (WORK/k*-wide.eval.json) and, with `--vllm`, `wide-first` in vLLM
+(WORK/k*-wide-vllm.json, WORK/k*-wide-bf16-first.json). Steps whose output is in WORK are not redone;
 `--table-only` only prints. Timed here with other work on the 2 cores: 31 minutes with `--vllm`, 54 more with
 `--regenerated`; `--domain`'s two distills took 28 and 30 minutes (started by hand side by side, one thread each;
 the script runs them one after the other), its evaluations and vLLM runs about 10 more; `--probes` 37 minutes of
@@ -53,6 +57,12 @@ DOMAIN = ("domain-chain", "raw-chain", "domain-first", "raw-first")  # --domain:
 LONG = ["--steps", "1500", "--ttt-steps", "3", "--save-every", "250"]
 ORACLE = ["--steps", "600", "--ttt-steps", "3", "--lr", "1e-3", "--save-every", "600"]
 PROBES = ("domain-chain-long", "raw-chain", "domain-chain", "oracle-chain")
+# --wide: in-domain records mixed with Python from packages no target saw (scripts/wide_data.py), one pass
+WIDE = ["--steps", "1500", "--ttt-steps", "3", "--lr", "1e-3", "--save-every", "250", "--regenerate"]
+WIDE_DATA = ["--cap", "1500000", "--per-file", "6"]
+WIDE_DRAFTS = ("wide-chain", "raw-chain", "wide-first", "raw-first")
+# the drafts served in vLLM with --vllm (beside the raw chain), by the extra that makes them and the files' tag
+SERVED = [(None, "", "distilled-first"), ("domain", "-domain", "domain-first"), ("wide", "-wide", "wide-first")]
 
 
 def cli(*args: str, stdout=None) -> None:
@@ -94,7 +104,18 @@ def oracle_data(target: Path, data: Path, work: Path, prompts: int) -> Path:
     return path
 
 
-def prepare(target: Path, data: Path, work: Path, prompts: int, extras: set[str]) -> None:
+def wide_data(site: Path, data: Path, work: Path) -> Path:
+    """WORK/wide.jsonl: DATA_DIR/domain.jsonl's records mixed with Python from the packages of `site` that no target
+    trained on (scripts/wide_data.py; not committed, its sha256 printed)."""
+    path = work / "wide.jsonl"
+    if not path.is_file():
+        script = Path(__file__).resolve().parent / "wide_data.py"
+        args = [str(site), "--out", str(path), "--with", str(data / "domain.jsonl"), *WIDE_DATA]
+        subprocess.run([sys.executable, str(script), *args], check=True)
+    return path
+
+
+def prepare(target: Path, data: Path, work: Path, prompts: int, extras: set[str], site: Path | None) -> None:
     raw = work / "raw-chain"
     if not (raw / "config.json").is_file():
         cli("convert", str(target), "--all-layers", "--out", str(raw), "--dtype", "float32")
@@ -117,15 +138,19 @@ def prepare(target: Path, data: Path, work: Path, prompts: int, extras: set[str]
         runs.append(("domain-chain-long", [*in_domain, *LONG]))  # later options win: 1500 steps, 3 TTT steps
         oracle = ["--data", str(oracle_data(target, data, work, prompts)), "--device", "cpu", *ORACLE]
         runs.append(("oracle-chain", oracle))
+    if site is not None:
+        wide = ["--data", str(wide_data(site, data, work)), "--device", "cpu", *WIDE]
+        runs += [("wide-chain", wide), ("wide-first", [*wide, "--serving-engine", "vllm"])]
     for name, options in runs:
         out = work / name
         if not (out / "config.json").is_file():
             cli("distill", str(raw), "--target", str(target), *options, "--out", str(out))
 
 
-def measure(target: Path, data: Path, work: Path, prompts: int, vllm: bool, extras: set[str]) -> None:
-    prepare(target, data, work, prompts, extras)
-    domain = "domain" in extras
+def measure(
+    target: Path, data: Path, work: Path, prompts: int, vllm: bool, extras: set[str], site: Path | None
+) -> None:
+    prepare(target, data, work, prompts, extras, site)
     common = ["--target", str(target), "--data", str(data / "heldout.jsonl"), "--max-new-tokens", "64"]
     common += ["--max-prompts", str(prompts), "--json"]
     for k in KS:
@@ -134,13 +159,16 @@ def measure(target: Path, data: Path, work: Path, prompts: int, vllm: bool, extr
         if "regenerated" in extras:
             pair = [str(work / "distilled-chain-regen"), "--baseline", str(work / "raw-chain")]
             to_file(work / f"k{k}-regen.eval.json", "evaluate", *pair, *common, "-k", str(k), "--device", "cpu")
-        if domain:
+        if "domain" in extras:
             four = [str(work / d) for d in DOMAIN[:1]] + [a for d in DOMAIN[1:] for a in ("--baseline", str(work / d))]
             to_file(work / f"k{k}-domain.eval.json", "evaluate", *four, *common, "-k", str(k), "--device", "cpu")
         if "probes" in extras:
             four = [str(work / d) for d in PROBES[:1]] + [a for d in PROBES[1:] for a in ("--baseline", str(work / d))]
             to_file(work / f"k{k}-probes.eval.json", "evaluate", *four, *common, "-k", str(k), "--device", "cpu")
-        for tag, first in [("", "distilled-first"), ("-domain", "domain-first")][: 1 + domain] if vllm else []:
+        if "wide" in extras:
+            four = [str(work / WIDE_DRAFTS[0])] + [a for d in WIDE_DRAFTS[1:] for a in ("--baseline", str(work / d))]
+            to_file(work / f"k{k}-wide.eval.json", "evaluate", *four, *common, "-k", str(k), "--device", "cpu")
+        for _, tag, first in [s for s in SERVED if s[0] is None or s[0] in extras] if vllm else []:
             pair = [str(work / first), "--baseline", str(work / "raw-chain")]
             to_file(work / f"k{k}{tag}-vllm.json", "evaluate", *pair, *common, "-k", str(k), "--engine", "vllm")
             to_file(
@@ -184,11 +212,14 @@ TABLES = [
      "continuations) | ratio |",
      ["raw-chain", "domain-chain", "domain-chain-long", ("domain-chain-long", "raw-chain"), "oracle-chain",
       ("oracle-chain", "raw-chain")]),
+    ("wide", "-wide", WIDE_DRAFTS,
+     "| k | raw chain | distilled chain, wide data, 1500 steps | ratio (difference, 95 % CI) | layer 0 reused (raw) | "
+     "distilled for vLLM (first), wide data | ratio |",
+     ["raw-chain", "wide-chain", ("wide-chain", "raw-chain"), "raw-first", "wide-first", ("wide-first", "raw-first")]),
 ]  # fmt: skip
 
 
 def table(work: Path, vllm: bool, extras: set[str]) -> str:
-    domain = "domain" in extras
     lines: list[str] = []
     for extra, suffix, names, header, columns in TABLES:
         if extra is not None and extra not in extras:
@@ -204,7 +235,7 @@ def table(work: Path, vllm: bool, extras: set[str]) -> str:
             "| k | draft | vLLM (its rule: first) | evaluate bf16, --step-layers first | gap | vLLM lossless |",
             "|---|---|---|---|---|---|",
         ]
-        for tag, first in [("", "distilled-first"), ("-domain", "domain-first")][: 1 + domain]:
+        for _, tag, first in [s for s in SERVED if s[0] is None or s[0] in extras]:
             for k in KS:
                 theirs = json.loads((work / f"k{k}{tag}-vllm.json").read_text())["results"]
                 ours = json.loads((work / f"k{k}{tag}-bf16-first.json").read_text())["results"]
@@ -230,12 +261,18 @@ def main() -> int:
     ap.add_argument(
         "--probes", action="store_true", help="also a 1500-step in-domain run and an oracle (needs --domain's data)"
     )
+    ap.add_argument(
+        "--wide",
+        type=Path,
+        metavar="SITE_PACKAGES",
+        help="also distil on domain.jsonl mixed with the packages of SITE_PACKAGES no target saw (the vLLM venv's)",
+    )
     ap.add_argument("--table-only", action="store_true")
     args = ap.parse_args()
     args.work.mkdir(parents=True, exist_ok=True)
-    extras = {name for name in ("regenerated", "domain", "probes") if getattr(args, name)}
+    extras = {name for name in ("regenerated", "domain", "probes", "wide") if getattr(args, name)}
     if not args.table_only:
-        measure(args.target, args.data, args.work, args.prompts, args.vllm, extras)
+        measure(args.target, args.data, args.work, args.prompts, args.vllm, extras, args.wide)
     print(table(args.work, args.vllm, extras))
     return 0
 
