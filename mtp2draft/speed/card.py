@@ -20,6 +20,7 @@ from typing import Any
 
 from mtp2draft.errors import Mtp2DraftError
 from mtp2draft.family.spec import find_spec
+from mtp2draft.kinds import EAGLE3_ARCHITECTURE
 from mtp2draft.speed.accelerators import ACCELERATORS
 from mtp2draft.speed.cost import draft_cost, mtp_draft_cost, target_cost, text_config
 from mtp2draft.speed.model import Acceptance, predict
@@ -56,7 +57,7 @@ def _eagle3_at(cfg: Mapping[str, Any]) -> dict[str, Any]:
     heads = int(text["num_attention_heads"])
     h = int(text["hidden_size"])
     return {
-        "architectures": ["LlamaForCausalLMEagle3"],
+        "architectures": [EAGLE3_ARCHITECTURE],
         "hidden_size": h,
         "intermediate_size": int(text.get("intermediate_size") or 4 * h),
         "num_attention_heads": heads,
