@@ -119,3 +119,28 @@ def test_top_k_kl_with_the_whole_vocabulary_is_the_online_kl(draft_vocab) -> Non
     assert has_a[:, :-1].all() and not has_b[:, -1].any() and torch.equal(has_a[:, :-1], has_b[:, :-1])
     assert torch.equal(top_a[:, :-1], top_b[:, :-1])
     assert torch.allclose(a[:, :-1], b[:, :-1], atol=1e-5) and torch.allclose(grad_a[:, :-1], grad_b[:, :-1], atol=1e-6)
+
+
+def test_teacher_temperature_sharpens_the_online_teacher_and_refuses_a_top_k_one() -> None:
+    """T = 1 is the plain KL; T = 0.5 is the KL to p^2 / sum p^2 (by hand); a small T is cross-entropy on the
+    target's top token up to a vanishing entropy; a top-k teacher cannot be sharpened (no tail) and says so."""
+    from mtp2draft.errors import OptionError
+    from mtp2draft.train.ttt import step_kl
+
+    target = torch.tensor([[[0.0, 0.0, 0.0], [1.0, 2.0, 0.5], [0.0, 0.0, 0.0]]])  # index 0 reads position 1
+    feats = Features(None, None, logits=target)
+    draft = torch.tensor([[[0.3, -0.2, 0.1]] * 3])
+    logq = torch.log_softmax(draft[0, 0], -1)
+    plain, _, _ = step_kl(draft, feats, 1, None, 3)
+    same, _, top1 = step_kl(draft, feats, 1, None, 3, temperature=1.0)
+    assert torch.equal(plain, same) and top1[0, 0].item() == 1  # position 1's top token
+    p = torch.softmax(target[0, 1], -1) ** 2
+    p = p / p.sum()
+    half, _, _ = step_kl(draft, feats, 1, None, 3, temperature=0.5)
+    assert half[0, 0].item() == pytest.approx(float((p * (p.log() - logq)).sum()), abs=1e-6)
+    cold, _, _ = step_kl(draft, feats, 1, None, 3, temperature=0.01)
+    assert cold[0, 0].item() == pytest.approx(-logq[1].item(), abs=1e-4)
+    assert half[0, 0].item() != pytest.approx(plain[0, 0].item(), abs=1e-3)
+    offline = Features(None, None, topk_logprobs=torch.zeros(1, 3, 1), topk_ids=torch.zeros(1, 3, 1, dtype=torch.long))
+    with pytest.raises(OptionError, match="online teacher"):
+        step_kl(draft, offline, 1, None, 3, temperature=0.5)

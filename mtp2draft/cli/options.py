@@ -56,6 +56,13 @@ DraftVocab = Annotated[
 StepWeights = Annotated[
     str | None, typer.Option("--step-weights", help="Loss weight per TTT step, e.g. '1,0.8,0.64' (default 0.8^s).")
 ]
+TeacherTemperature = Annotated[
+    float,
+    typer.Option(
+        "--teacher-temperature",
+        help="Learn the target's distribution sharpened to p^(1/T); below 1 favours its top token (greedy serving).",
+    ),
+]
 ServingEngine = Annotated[
     str | None,
     typer.Option(

@@ -185,6 +185,10 @@ class DistillRecipe:
         job, par, ckpt = self.job, self.par, self.job.checkpoints
         if job.hidden_states is not None:
             check_offline_options(job)
+            if self.cfg.teacher_temperature != 1.0:
+                raise OptionError(
+                    "--teacher-temperature needs the online target: a top-k dump keeps no tail to sharpen"
+                )
         check_heldout_options(self.cfg, job.heldout, job.hidden_states)
         if self.cfg.batch_size < par.world:
             raise DataError(
@@ -353,6 +357,7 @@ class DistillRecipe:
                 self.cfg.ttt_steps,
                 self.weights,
                 self.vocab_ids,
+                temperature=self.cfg.teacher_temperature,
             )
         loss = stats.loss
         if self.par.distributed:

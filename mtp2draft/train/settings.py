@@ -35,6 +35,10 @@ class DistillConfig:
     seed: int = 0
     step_weights: list[float] | None = None
     """Loss weight of each TTT step; default 0.8**s (EAGLE-3)."""
+    teacher_temperature: float = 1.0
+    """The draft learns the target's distribution sharpened to p**(1/T) (renormalised): 1 is the target's own, below
+    1 puts the KL's weight on the target's top token, what greedy verification accepts. Online teachers only (an
+    offline top-k file keeps no tail to sharpen)."""
     warmup_steps: int | None = None
     """Default: 5 % of the steps."""
     weight_decay: float = 0.0
@@ -72,7 +76,7 @@ class DistillConfig:
                 raise OptionError(f"--{name.replace('_', '-')} must be a whole number >= {least}, got {value!r}")
         if isinstance(self.max_length, bool) or not isinstance(self.max_length, int) or self.max_length < 2:
             raise OptionError(f"--max-length must be a whole number >= 2, got {self.max_length!r}")
-        for name in ("lr", "grad_clip"):
+        for name in ("lr", "grad_clip", "teacher_temperature"):
             value = getattr(self, name)
             if not isinstance(value, int | float) or not math.isfinite(value) or value <= 0:
                 raise OptionError(f"--{name.replace('_', '-')} must be a finite number > 0, got {value!r}")

@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 import torch
 
 from mtp2draft.draft.modules import Eagle3Draft
+from mtp2draft.errors import OptionError
 from mtp2draft.target.hidden import Features
 
 
@@ -97,16 +98,26 @@ def teacher_logprobs(
 
 
 def step_kl(
-    logits: torch.Tensor, features: Features, offset: int, vocab_ids: torch.Tensor | None, vocab_size: int
+    logits: torch.Tensor,
+    features: Features,
+    offset: int,
+    vocab_ids: torch.Tensor | None,
+    vocab_size: int,
+    temperature: float = 1.0,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Forward KL(target || draft) for the token at p + offset + 1, at index p: ([B, T] KL, [B, T] whether a
     teacher exists there, [B, T] the target's top-1 id). logits: [B, T, V'] the draft's.
 
-    Online (full logits): the dense KL over the draft vocabulary. Offline (the target's top-k log-probs only):
-    `top_k_kl`."""
+    Online (full logits): the dense KL over the draft vocabulary, the target's distribution sharpened to
+    p**(1/temperature) first (log p / T renormalised; T -> 0 is cross-entropy on its top token). Offline (the
+    target's top-k log-probs only): `top_k_kl`, at temperature 1 only."""
     if features.logits is None:
+        if temperature != 1.0:
+            raise OptionError("--teacher-temperature needs an online teacher: a top-k file keeps no tail to sharpen")
         return top_k_kl(logits, features, offset, vocab_ids, vocab_size)
     teacher, top1 = teacher_logprobs(features, offset, vocab_ids, vocab_size)
+    if temperature != 1.0:
+        teacher = torch.log_softmax(teacher / temperature, dim=-1)  # [B, T, V']; -inf (no teacher) stays -inf
     logq = torch.log_softmax(logits.float(), dim=-1)
     p = teacher.exp()
     kl = (p * (teacher.clamp(min=-1e30) - logq)).sum(-1)  # [B, T]
@@ -169,8 +180,10 @@ def ttt_forward(
     step_weights: Sequence[float],
     vocab_ids: torch.Tensor | None = None,
     return_logits: bool = False,
+    temperature: float = 1.0,
 ) -> StepStats | list[torch.Tensor]:
-    """Unroll `ttt_steps` draft steps over every origin of a batch; loss and per-step top-1 agreement.
+    """Unroll `ttt_steps` draft steps over every origin of a batch; loss (the KL to the target's distribution at
+    `temperature`, `step_kl`) and per-step top-1 agreement.
 
     input_ids, loss_mask: [B, T]; features: the target's, for the same [B, T]."""
     b, t = input_ids.shape
@@ -191,7 +204,7 @@ def ttt_forward(
             continue
         # the predicted token x[p + s + 2] must exist and be a loss token
         valid = shift(loss_mask, s + 2, False)
-        kl, has_teacher, target_top1 = step_kl(logits, features, s + 1, vocab_ids, draft.vocab_size)
+        kl, has_teacher, target_top1 = step_kl(logits, features, s + 1, vocab_ids, draft.vocab_size, temperature)
         valid = valid & has_teacher  # offline: no top-k id inside the draft vocabulary
         n = valid.sum()
         kl_sum = (kl * valid).sum()
