@@ -384,6 +384,8 @@ for _name, _args, _needle in (
     ("step_weights_negative", ("--step-weights", "1,-1,1"), "--step-weights must be finite, >= 0"),
     ("step_weights_nan", ("--step-weights", "1,nan,1"), "--step-weights must be finite"),
     ("step_weights_all_zero", ("--step-weights", "0,0,0"), "not all zero"),
+    ("teacher_temperature_zero", ("--teacher-temperature", "0"), "--teacher-temperature must be a finite number > 0"),
+    ("teacher_temperature_nan", ("--teacher-temperature", "nan"), "--teacher-temperature must be a finite number > 0"),
     ("device_cuda_7", ("--device", "cuda:7"), "--device cuda:7"),
     ("device_cuda", ("--device", "cuda"), "--device cuda"),
     ("device_foo", ("--device", "foo"), "--device 'foo': not a device torch knows"),

@@ -420,6 +420,12 @@ def offline_with_skip_bad(w, tmp, mp):
 
 
 @case
+def offline_with_teacher_temperature(w, tmp, mp):
+    argv = _distill(w, tmp, w.dump, "--teacher-temperature", "0.5")
+    return Case(argv, "--teacher-temperature needs the online target: a top-k dump keeps no tail to sharpen")
+
+
+@case
 def offline_steps_zero(w, tmp, mp):
     return Case(_distill(w, tmp, w.dump, "--steps", "0"), "--steps 0 would write an untrained draft")
 
