@@ -33,7 +33,8 @@ venv; not committed) and distils both ways on it for one pass (1500 regenerated 
 `--table-only` only prints. Timed here with other work on the 2 cores: 31 minutes with `--vllm`, 54 more with
 `--regenerated`; `--domain`'s two distills took 28 and 30 minutes (started by hand side by side, one thread each;
 the script runs them one after the other), its evaluations and vLLM runs about 10 more; `--probes` 37 minutes of
-distillation (beside the vLLM runs) and 8 (alone), 2 of evaluation.
+distillation (beside the vLLM runs) and 8 (alone), 2 of evaluation; `--wide`'s two distills 50 and 52 minutes (side by
+side, one thread each), its evaluations and vLLM runs 25 more beside two other distills.
 """
 
 from __future__ import annotations
