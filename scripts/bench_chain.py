@@ -29,7 +29,9 @@ them: an upper bound, never a result), evaluated beside the raw and the 600-step
 environment that no target trained on (scripts/wide_data.py writes WORK/wide.jsonl, some 14,000 records from the vLLM
 venv; not committed) and distils both ways on it for one pass (1500 regenerated steps, 3 TTT steps): `wide-chain` and
 `wide-first`, evaluated beside the raw drafts (WORK/k*-wide.eval.json) and, with `--vllm`, `wide-first` in vLLM
-(WORK/k*-wide-vllm.json, WORK/k*-wide-bf16-first.json). Steps whose output is in WORK are not redone;
+(WORK/k*-wide-vllm.json, WORK/k*-wide-bf16-first.json). `--sharpen` (with `--wide`) repeats both runs with
+`distill --teacher-temperature 0.5`: `wide-chain-t05` and `wide-first-t05` (WORK/k*-sharp.eval.json and, with
+`--vllm`, WORK/k*-sharp-vllm.json, WORK/k*-sharp-bf16-first.json). Steps whose output is in WORK are not redone;
 `--table-only` only prints. Timed here with other work on the 2 cores: 31 minutes with `--vllm`, 54 more with
 `--regenerated`; `--domain`'s two distills took 28 and 30 minutes (started by hand side by side, one thread each;
 the script runs them one after the other), its evaluations and vLLM runs about 10 more; `--probes` 37 minutes of
@@ -62,8 +64,16 @@ PROBES = ("domain-chain-long", "raw-chain", "domain-chain", "oracle-chain")
 WIDE = ["--steps", "1500", "--ttt-steps", "3", "--lr", "1e-3", "--save-every", "250", "--regenerate"]
 WIDE_DATA = ["--cap", "1500000", "--per-file", "6"]
 WIDE_DRAFTS = ("wide-chain", "raw-chain", "wide-first", "raw-first")
+# --sharpen (with --wide): the same runs learning the target's distribution at temperature 0.5 (p^2, renormalised)
+SHARP = [*WIDE, "--teacher-temperature", "0.5"]
+SHARP_DRAFTS = ("wide-chain-t05", "raw-chain", "wide-first-t05", "raw-first")
 # the drafts served in vLLM with --vllm (beside the raw chain), by the extra that makes them and the files' tag
-SERVED = [(None, "", "distilled-first"), ("domain", "-domain", "domain-first"), ("wide", "-wide", "wide-first")]
+SERVED = [
+    (None, "", "distilled-first"),
+    ("domain", "-domain", "domain-first"),
+    ("wide", "-wide", "wide-first"),
+    ("sharpen", "-sharp", "wide-first-t05"),
+]
 
 
 def cli(*args: str, stdout=None) -> None:
@@ -142,6 +152,9 @@ def prepare(target: Path, data: Path, work: Path, prompts: int, extras: set[str]
     if site is not None:
         wide = ["--data", str(wide_data(site, data, work)), "--device", "cpu", *WIDE]
         runs += [("wide-chain", wide), ("wide-first", [*wide, "--serving-engine", "vllm"])]
+        if "sharpen" in extras:
+            sharp = [*wide[:4], *SHARP]
+            runs += [("wide-chain-t05", sharp), ("wide-first-t05", [*sharp, "--serving-engine", "vllm"])]
     for name, options in runs:
         out = work / name
         if not (out / "config.json").is_file():
@@ -166,9 +179,10 @@ def measure(
         if "probes" in extras:
             four = [str(work / d) for d in PROBES[:1]] + [a for d in PROBES[1:] for a in ("--baseline", str(work / d))]
             to_file(work / f"k{k}-probes.eval.json", "evaluate", *four, *common, "-k", str(k), "--device", "cpu")
-        if "wide" in extras:
-            four = [str(work / WIDE_DRAFTS[0])] + [a for d in WIDE_DRAFTS[1:] for a in ("--baseline", str(work / d))]
-            to_file(work / f"k{k}-wide.eval.json", "evaluate", *four, *common, "-k", str(k), "--device", "cpu")
+        for extra, tag, names in (("wide", "-wide", WIDE_DRAFTS), ("sharpen", "-sharp", SHARP_DRAFTS)):
+            if extra in extras:
+                four = [str(work / names[0])] + [a for d in names[1:] for a in ("--baseline", str(work / d))]
+                to_file(work / f"k{k}{tag}.eval.json", "evaluate", *four, *common, "-k", str(k), "--device", "cpu")
         for _, tag, first in [s for s in SERVED if s[0] is None or s[0] in extras] if vllm else []:
             pair = [str(work / first), "--baseline", str(work / "raw-chain")]
             to_file(work / f"k{k}{tag}-vllm.json", "evaluate", *pair, *common, "-k", str(k), "--engine", "vllm")
@@ -217,6 +231,11 @@ TABLES = [
      "| k | raw chain | distilled chain, wide data, 1500 steps | ratio (difference, 95 % CI) | layer 0 reused (raw) | "
      "distilled for vLLM (first), wide data | ratio |",
      ["raw-chain", "wide-chain", ("wide-chain", "raw-chain"), "raw-first", "wide-first", ("wide-first", "raw-first")]),
+    ("sharpen", "-sharp", SHARP_DRAFTS,
+     "| k | raw chain | distilled chain, wide data, teacher at T = 0.5 | ratio (difference, 95 % CI) | layer 0 reused "
+     "(raw) | distilled for vLLM (first), wide data, T = 0.5 | ratio |",
+     ["raw-chain", "wide-chain-t05", ("wide-chain-t05", "raw-chain"), "raw-first", "wide-first-t05",
+      ("wide-first-t05", "raw-first")]),
 ]  # fmt: skip
 
 
@@ -268,10 +287,15 @@ def main() -> int:
         metavar="SITE_PACKAGES",
         help="also distil on domain.jsonl mixed with the packages of SITE_PACKAGES no target saw (the vLLM venv's)",
     )
+    ap.add_argument(
+        "--sharpen", action="store_true", help="with --wide: the same runs with --teacher-temperature 0.5 as well"
+    )
     ap.add_argument("--table-only", action="store_true")
     args = ap.parse_args()
     args.work.mkdir(parents=True, exist_ok=True)
-    extras = {name for name in ("regenerated", "domain", "probes", "wide") if getattr(args, name)}
+    extras = {name for name in ("regenerated", "domain", "probes", "wide", "sharpen") if getattr(args, name)}
+    if "sharpen" in extras and args.wide is None:
+        ap.error("--sharpen needs --wide (it distils on the wide data)")
     if not args.table_only:
         measure(args.target, args.data, args.work, args.prompts, args.vllm, extras, args.wide)
     print(table(args.work, args.vllm, extras))

@@ -140,6 +140,19 @@ def test_resume_refuses_other_settings(target, text_data, tmp_path: Path) -> Non
         )
 
 
+def test_teacher_temperature_changes_the_settings_hash_only_off_its_default() -> None:
+    """A checkpoint written before --teacher-temperature existed (its settings lack the field) still resumes at the
+    default; another temperature is other settings."""
+    from dataclasses import asdict
+
+    from mtp2draft.train.state import settings_hash
+
+    now = asdict(DistillConfig(**SMALL))
+    before = {k: v for k, v in now.items() if k != "teacher_temperature"}
+    assert now["teacher_temperature"] == 1.0 and settings_hash(now) == settings_hash(before)
+    assert settings_hash({**now, "teacher_temperature": 0.5}) != settings_hash(before)
+
+
 @pytest.mark.slow
 def test_offline_hidden_states_train_like_the_online_target(target, text_data, tmp_path: Path, monkeypatch) -> None:
     """With every log-prob kept (top-k = vocabulary), training from dumped files matches training online."""

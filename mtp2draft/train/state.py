@@ -31,6 +31,8 @@ def settings_hash(settings: dict[str, Any]) -> str:
     skip = ("save_every", "log_every", "steps", "compile", "activation_checkpointing")
     skip += ("eval_every", "patience", "heldout_examples")
     keep = {k: v for k, v in settings.items() if k not in skip}
+    if keep.get("teacher_temperature") == 1.0:  # the default is left out: checkpoints written before it existed resume
+        del keep["teacher_temperature"]
     return hashlib.sha256(json.dumps(keep, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 
