@@ -38,6 +38,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from mtp2draft.family.spec import ENGINES
 from mtp2draft.kinds import DraftKind
 from mtp2draft.train.parallel import shard_units
 from mtp2draft.train.subsets import TRAIN_SUBSETS
@@ -140,7 +141,8 @@ def plan(
     if subset not in TRAIN_SUBSETS:
         raise DataError(f"--train-subset must be one of {', '.join(TRAIN_SUBSETS)}, got {subset!r}")
     draft = meta_draft(draft_config)
-    if serving_engine is not None and draft.kind == DraftKind.MTP:
+    # an engine that cannot serve the draft is refused by distill's own check (configure_draft) in its words
+    if draft.kind == DraftKind.MTP and serving_engine in ENGINES and draft.spec.serves(serving_engine, draft.kind):
         draft.train_for_engine(serving_engine)
     patterns = TRAIN_SUBSETS[subset][1]
     names = dict(draft.named_parameters())
