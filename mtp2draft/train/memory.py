@@ -3,8 +3,8 @@
 The draft module is built on the meta device (shapes, no storage) and its parameters are counted by name, so every
 family the registry knows is covered without per-family code. Trainable are the parameters the draft itself trains
 (`trainable_parameters`: a chain under the `first` rule trains layer 0 only, a final norm shared with the trunk is
-frozen), as set up for `--serving-engine`, less those `--train-subset` freezes. Per rank, with N ranks, P parameters (P_t trainable)
-and compute dtype bytes `a` (2 for bf16, 4 for fp32):
+frozen), as set up for `--serving-engine`, less those `--train-subset` freezes. Per rank, with N ranks, P parameters
+(P_t trainable) and compute dtype bytes `a` (2 for bf16, 4 for fp32):
 
 - parameters: 4 P / N (fp32 master copy, sharded by FSDP2);
 - gradients: 4 P_t / N (fp32, sharded after reduce-scatter);
