@@ -1,10 +1,11 @@
 #!/usr/bin/env python3
 """Draft quality on data the benchmark never used (issue 12): distil and measure on an unseen, named corpus.
 
-The bundled targets were trained on the Python standard library (scripts/train_target.py; site-packages excluded)
-and the acceptance benchmark distils and measures on stdlib files too. This driver uses another source that is on
-every machine with mtp2draft installed: the Python source of the installed `huggingface_hub` package (its version is
-recorded). Files: every `*.py` under the package directory, sorted by relative path; a file is a prompt file when
+The bundled targets were trained on the Python standard library and the installed packages, with whole packages held
+out (scripts/train_target.py: `huggingface_hub`, `_pytest`, `pytest`; the first bundled targets, of the round this
+driver was written in, trained on the standard library only). This driver uses a source that is on every machine with
+mtp2draft installed and that no bundled target trained on: the Python source of the installed `huggingface_hub`
+package (its version is recorded). Files: every `*.py` under the package directory, sorted by relative path; a file is a prompt file when
 sha256(relative path) % 5 == 0, a training file otherwise (prompts and training data never share a file). Training
 records: whole-line text chunks of 1000-2000 characters, up to 6 per training file spread over the file; prompts: up
 to 3 chunks of 400-800 characters per prompt file (the chunkers of scripts/train_target.py, so only the source
