@@ -150,10 +150,11 @@ def prepare(target: Path, data: Path, work: Path, prompts: int, extras: set[str]
         oracle = ["--data", str(oracle_data(target, data, work, prompts)), "--device", "cpu", *ORACLE]
         runs.append(("oracle-chain", oracle))
     if site is not None:
-        wide = ["--data", str(wide_data(site, data, work)), "--device", "cpu", *WIDE]
+        on_wide = ["--data", str(wide_data(site, data, work)), "--device", "cpu"]
+        wide = [*on_wide, *WIDE]
         runs += [("wide-chain", wide), ("wide-first", [*wide, "--serving-engine", "vllm"])]
         if "sharpen" in extras:
-            sharp = [*wide[:4], *SHARP]
+            sharp = [*on_wide, *SHARP]
             runs += [("wide-chain-t05", sharp), ("wide-first-t05", [*sharp, "--serving-engine", "vllm"])]
     for name, options in runs:
         out = work / name

@@ -72,6 +72,7 @@ def unseen_records(site: Path, seen: set[str], digests: set[str], cap: int, per_
             continue
         files.append((group, rel, path))
     files.sort(key=lambda f: (tt.path_hash(f[1]), f[1]))
+    digests = set(digests)  # this site's own files join it (a second copy is skipped); the caller's set is left as is
     out: dict[str, list[str]] = {}
     used: dict[str, int] = {}
     for group, _, path in files:
@@ -82,9 +83,10 @@ def unseen_records(site: Path, seen: set[str], digests: set[str], cap: int, per_
             text = raw.decode("utf-8")
         except (UnicodeDecodeError, OSError):
             continue
-        if not text.strip() or hashlib.sha256(raw).hexdigest() in digests:
+        digest = hashlib.sha256(raw).hexdigest()
+        if not text.strip() or digest in digests:
             continue
-        digests.add(hashlib.sha256(raw).hexdigest())  # a second copy inside `site` is skipped too
+        digests.add(digest)
         for chunk in tt.spread(tt.text_chunks(text, 1000, 2000), per_file):
             out.setdefault(group, []).append(chunk)
             used[group] = used.get(group, 0) + len(chunk)

@@ -142,5 +142,5 @@ def test_teacher_temperature_sharpens_the_online_teacher_and_refuses_a_top_k_one
     assert cold[0, 0].item() == pytest.approx(-logq[1].item(), abs=1e-4)
     assert half[0, 0].item() != pytest.approx(plain[0, 0].item(), abs=1e-3)
     offline = Features(None, None, topk_logprobs=torch.zeros(1, 3, 1), topk_ids=torch.zeros(1, 3, 1, dtype=torch.long))
-    with pytest.raises(OptionError, match="online teacher"):
+    with pytest.raises(OptionError, match="needs the online target"):
         step_kl(draft, offline, 1, None, 3, temperature=0.5)

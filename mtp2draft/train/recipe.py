@@ -63,7 +63,7 @@ from mtp2draft.train.state import (
     write_result,
 )
 from mtp2draft.train.teacher import Teacher, offline_teacher, online_teacher
-from mtp2draft.train.ttt import StepStats, draft_target_ids, ttt_forward, ttt_mask
+from mtp2draft.train.ttt import TOP_K_NOT_SHARPENED, StepStats, draft_target_ids, ttt_forward, ttt_mask
 
 
 @dataclass
@@ -186,9 +186,7 @@ class DistillRecipe:
         if job.hidden_states is not None:
             check_offline_options(job)
             if self.cfg.teacher_temperature != 1.0:
-                raise OptionError(
-                    "--teacher-temperature needs the online target: a top-k dump keeps no tail to sharpen"
-                )
+                raise OptionError(TOP_K_NOT_SHARPENED)
         check_heldout_options(self.cfg, job.heldout, job.hidden_states)
         if self.cfg.batch_size < par.world:
             raise DataError(

@@ -97,6 +97,10 @@ def teacher_logprobs(
     return torch.log_softmax(logits.float(), dim=-1), top1
 
 
+# step_kl cannot sharpen a top-k teacher; distill refuses the pair in these words before any work
+TOP_K_NOT_SHARPENED = "--teacher-temperature needs the online target: a top-k dump keeps no tail to sharpen"
+
+
 def step_kl(
     logits: torch.Tensor,
     features: Features,
@@ -113,7 +117,7 @@ def step_kl(
     target's top-k log-probs only): `top_k_kl`, at temperature 1 only."""
     if features.logits is None:
         if temperature != 1.0:
-            raise OptionError("--teacher-temperature needs an online teacher: a top-k file keeps no tail to sharpen")
+            raise OptionError(TOP_K_NOT_SHARPENED)
         return top_k_kl(logits, features, offset, vocab_ids, vocab_size)
     teacher, top1 = teacher_logprobs(features, offset, vocab_ids, vocab_size)
     if temperature != 1.0:
