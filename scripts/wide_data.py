@@ -1,7 +1,7 @@
 """Write wide distillation data: Python from packages the bundled targets never saw, mixed with the in-domain records.
 
     python scripts/wide_data.py SITE_PACKAGES --out WORK/wide.jsonl [--with examples/data/domain.jsonl]
-        [--cap 1000000] [--per-file 4]
+        [--cap 1000000] [--per-file 4] [--exclude EARLIER.jsonl[:N]]
 
 The bundled targets trained on the standard library and this interpreter's site-packages (`train_target.corpus_files`),
 so a second environment's site-packages (the vLLM venv `scripts/vllm_env.sh` builds holds some 130 packages this one
@@ -16,7 +16,10 @@ content is byte-identical to no file of those sources (vendored copies). Each pa
 of records (files in train_target's hash order, so no one package fills the set), each file up to `--per-file` chunks
 of 1000-2000 characters spread over it (`train_target.spread`). Records holding an evaluation prompt
 (`examples/data/heldout.jsonl`) are dropped. `--with` files' records are interleaved, and the whole set is written in a
-fixed hash order of its texts (distill reads the first steps x batch records of a file). It prints the counts per
+fixed hash order of its texts (distill reads the first steps x batch records of a file). `--exclude FILE:N` drops the
+first N records of FILE (all of them without `:N`): a second pass written this way, with a larger cap and the earlier
+set mixed in `--with`, holds the earlier set's unread records and the files its cap left out, none of what the earlier
+run read. It prints the counts per
 package on stderr, the output's sha256 on stdout, and writes nothing else. The output is not committed (some 20 MB,
 and it depends on that venv's versions): the sha256 in docs/benchmarks.md names the set a figure used.
 """
@@ -100,6 +103,13 @@ def mix(records: list[str], prompts: list[str]) -> list[str]:
     return sorted(kept, key=lambda r: hashlib.sha256(r.encode()).hexdigest())
 
 
+def excluded(spec: str) -> set[str]:
+    """The texts `--exclude FILE[:N]` names: FILE's first N records (all without `:N`)."""
+    path, _, count = spec.rpartition(":") if spec.rpartition(":")[2].isdigit() else (spec, "", "")
+    texts = [json.loads(line)["text"] for line in Path(path).read_text().splitlines() if line.strip()]
+    return set(texts[: int(count)] if count else texts)
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("site_packages", type=Path, help="another environment's site-packages")
@@ -108,6 +118,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--heldout", type=Path, default=ROOT / "examples/data/heldout.jsonl")
     ap.add_argument("--cap", type=int, default=1_000_000, help="characters of records per package")
     ap.add_argument("--per-file", type=int, default=4, help="chunks per file")
+    ap.add_argument(
+        "--exclude", action="append", default=[], metavar="FILE[:N]", help="drop FILE's records (its first N)"
+    )
     args = ap.parse_args(argv)
     site = args.site_packages.resolve()
     if not site.is_dir():
@@ -120,7 +133,8 @@ def main(argv: list[str] | None = None) -> int:
     records = [r for rs in per_package.values() for r in rs]
     for path in args.also:
         records += [json.loads(line)["text"] for line in path.read_text().splitlines() if line.strip()]
-    records = mix(records, prompts)
+    drop = set().union(*map(excluded, args.exclude))
+    records = mix([r for r in records if r not in drop], prompts)
     tmp = args.out.with_name(f".{args.out.name}.{os.getpid()}.tmp")
     with open(tmp, "w") as fh:
         for text in records:

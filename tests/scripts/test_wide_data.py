@@ -91,3 +91,23 @@ def test_main_writes_the_set_and_refuses_the_own_site_packages(
     with pytest.raises(SystemExit, match="own site-packages"):
         wide_data.main([str(own), "--out", str(tmp_path / "no.jsonl")])
     assert not (tmp_path / "no.jsonl").exists()
+
+
+def test_exclude_drops_what_an_earlier_run_read(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    site = _site(tmp_path)
+    monkeypatch.setattr(wide_data, "seen_sources", lambda: ({"knownpkg"}, set()))
+    heldout = tmp_path / "heldout.jsonl"
+    heldout.write_text(json.dumps({"text": "not in any record"}) + "\n")
+    first = tmp_path / "first.jsonl"
+    assert wide_data.main([str(site), "--out", str(first), "--heldout", str(heldout), "--per-file", "2"]) == 0
+    earlier = [json.loads(line)["text"] for line in first.read_text().splitlines()]
+    assert len(earlier) > 3
+    second = tmp_path / "second.jsonl"
+    argv = [str(site), "--out", str(second), "--heldout", str(heldout), "--per-file", "4", "--with", str(first)]
+    assert wide_data.main([*argv, "--exclude", f"{first}:3"]) == 0
+    texts = [json.loads(line)["text"] for line in second.read_text().splitlines()]
+    assert not set(texts) & set(earlier[:3])  # what the earlier run read is gone
+    assert set(earlier[3:]) <= set(texts)  # what it left unread stays
+    assert len(texts) > len(earlier) - 3  # and the chunks a larger --per-file adds join them
+    assert wide_data.main([*argv, "--exclude", str(first)]) == 0  # no count: the whole file
+    assert not set(json.loads(line)["text"] for line in second.read_text().splitlines()) & set(earlier)
