@@ -1,6 +1,7 @@
 """Chain drafts on a target with three MTP layers: every layer chained against layer 0 reused, raw and distilled.
 
     python scripts/bench_chain.py TARGET_DIR DATA_DIR WORK [--prompts 64] [--vllm] [--table-only]
+        [--regenerated] [--domain] [--probes] [--wide SITE_PACKAGES [--sharpen [--passes N]]]
 
 TARGET_DIR is a runnable target with several MTP layers (examples/targets/tiny-mimo-3mtp), DATA_DIR holds train.jsonl
 and heldout.jsonl (prompts from packages the target never trained on). Into WORK it writes, through the `mtp2draft`
@@ -31,7 +32,11 @@ venv; not committed) and distils both ways on it for one pass (1500 regenerated 
 `wide-first`, evaluated beside the raw drafts (WORK/k*-wide.eval.json) and, with `--vllm`, `wide-first` in vLLM
 (WORK/k*-wide-vllm.json, WORK/k*-wide-bf16-first.json). `--sharpen` (with `--wide`) repeats both runs with
 `distill --teacher-temperature 0.5`: `wide-chain-t05` and `wide-first-t05` (WORK/k*-sharp.eval.json and, with
-`--vllm`, WORK/k*-sharp-vllm.json, WORK/k*-sharp-bf16-first.json). Steps whose output is in WORK are not redone;
+`--vllm`, WORK/k*-sharp-vllm.json, WORK/k*-sharp-bf16-first.json). `--passes N` (with `--sharpen`) goes on from the two T = 0.5
+drafts (pass 1): pass n = 2..N distils pass n-1's drafts once more, 1500 regenerated steps at
+`--teacher-temperature 0.25` and lr 5e-4, on 12,000 records no earlier pass read (WORK/wide{n}.jsonl, see
+later_pass_data): `pass{n}-chain` and `pass{n}-first`, evaluated beside the raw drafts and pass n-1's
+(WORK/k*-pass{n}.eval.json) and, with `--vllm`, `pass{n}-first` in vLLM. Steps whose output is in WORK are not redone;
 `--table-only` only prints. Timed here with other work on the 2 cores: 31 minutes with `--vllm`, 54 more with
 `--regenerated`; `--domain`'s two distills took 28 and 30 minutes (started by hand side by side, one thread each;
 the script runs them one after the other), its evaluations and vLLM runs about 10 more; `--probes` 37 minutes of
@@ -67,12 +72,37 @@ WIDE_DRAFTS = ("wide-chain", "raw-chain", "wide-first", "raw-first")
 # --sharpen (with --wide): the same runs learning the target's distribution at temperature 0.5 (p^2, renormalised)
 SHARP = [*WIDE, "--teacher-temperature", "0.5"]
 SHARP_DRAFTS = ("wide-chain-t05", "raw-chain", "wide-first-t05", "raw-first")
+# --passes N (with --sharpen): pass n = 2..N distils pass n-1's drafts (pass 1: the T = 0.5 ones) once more, on
+# 12,000 records no earlier pass read, with a sharper teacher and half the peak lr
+PASS = ["--steps", "1500", "--ttt-steps", "3", "--lr", "5e-4", "--save-every", "250", "--regenerate"]
+PASS += ["--teacher-temperature", "0.25"]
+WIDE_READ = int(WIDE[WIDE.index("--steps") + 1]) * 8  # records one wide pass reads: --steps x the default --batch-size
+MAX_PASSES = 5
+
+
+def pass_drafts(n: int) -> tuple[str, str]:
+    """Pass n's (chain, first) drafts; pass 1 is --sharpen's."""
+    return ("wide-chain-t05", "wide-first-t05") if n == 1 else (f"pass{n}-chain", f"pass{n}-first")
+
+
+def pass_order(n: int) -> tuple[str, ...]:
+    """Pass n's evaluation, in evaluate's order: its chain (the "draft"), then the baselines."""
+    return (pass_drafts(n)[0], "raw-chain", pass_drafts(n)[1], "raw-first", *pass_drafts(n - 1))
+
+
+# the wide runs' evaluations: (extra, file tag, drafts in evaluate's order)
+WIDE_EVALUATIONS = [
+    ("wide", "-wide", WIDE_DRAFTS),
+    ("sharpen", "-sharp", SHARP_DRAFTS),
+    *[(f"pass{n}", f"-pass{n}", pass_order(n)) for n in range(2, MAX_PASSES + 1)],
+]
 # the drafts served in vLLM with --vllm (beside the raw chain), by the extra that makes them and the files' tag
 SERVED = [
     (None, "", "distilled-first"),
     ("domain", "-domain", "domain-first"),
     ("wide", "-wide", "wide-first"),
     ("sharpen", "-sharp", "wide-first-t05"),
+    *[(f"pass{n}", f"-pass{n}", f"pass{n}-first") for n in range(2, MAX_PASSES + 1)],
 ]
 
 
@@ -126,6 +156,22 @@ def wide_data(site: Path, data: Path, work: Path) -> Path:
     return path
 
 
+def later_pass_data(site: Path, work: Path, n: int) -> Path:
+    """WORK/wide{n}.jsonl, pass n's records: none that an earlier pass read. Pass n-1's set is mixed in, less its first
+    12,000 records (what its runs read), and every set before it is excluded whole; the per-package cap is large enough
+    to take every file, and each file gives 6 (n - 1) chunks. A file's chunks are consecutive pieces of it, so the
+    added chunks are text of it no earlier set held."""
+    path = work / f"wide{n}.jsonl"
+    if not path.is_file():
+        sets = [work / "wide.jsonl", *[work / f"wide{j}.jsonl" for j in range(2, n)]]
+        script = Path(__file__).resolve().parent / "wide_data.py"
+        args = [str(site), "--out", str(path), "--with", str(sets[-1]), "--cap", "30000000"]
+        args += ["--per-file", str(6 * (n - 1)), "--exclude", f"{sets[-1]}:{WIDE_READ}"]
+        args += [a for s in sets[:-1] for a in ("--exclude", str(s))]
+        subprocess.run([sys.executable, str(script), *args], check=True)
+    return path
+
+
 def prepare(target: Path, data: Path, work: Path, prompts: int, extras: set[str], site: Path | None) -> None:
     raw = work / "raw-chain"
     if not (raw / "config.json").is_file():
@@ -160,6 +206,12 @@ def prepare(target: Path, data: Path, work: Path, prompts: int, extras: set[str]
         out = work / name
         if not (out / "config.json").is_file():
             cli("distill", str(raw), "--target", str(target), *options, "--out", str(out))
+    for n in [n for n in range(2, MAX_PASSES + 1) if f"pass{n}" in extras]:  # from pass n-1's drafts, not the raw
+        again = ["--data", str(later_pass_data(site, work, n)), "--device", "cpu", *PASS]
+        engines = ([], ["--serving-engine", "vllm"])  # the chain under cycle, layer 0 for vLLM's rule
+        for name, start, serving in zip(pass_drafts(n), pass_drafts(n - 1), engines, strict=True):
+            if not (work / name / "config.json").is_file():
+                cli("distill", str(work / start), "--target", str(target), *again, *serving, "--out", str(work / name))
 
 
 def measure(
@@ -180,7 +232,7 @@ def measure(
         if "probes" in extras:
             four = [str(work / d) for d in PROBES[:1]] + [a for d in PROBES[1:] for a in ("--baseline", str(work / d))]
             to_file(work / f"k{k}-probes.eval.json", "evaluate", *four, *common, "-k", str(k), "--device", "cpu")
-        for extra, tag, names in (("wide", "-wide", WIDE_DRAFTS), ("sharpen", "-sharp", SHARP_DRAFTS)):
+        for extra, tag, names in WIDE_EVALUATIONS:
             if extra in extras:
                 four = [str(work / names[0])] + [a for d in names[1:] for a in ("--baseline", str(work / d))]
                 to_file(work / f"k{k}{tag}.eval.json", "evaluate", *four, *common, "-k", str(k), "--device", "cpu")
@@ -237,6 +289,12 @@ TABLES = [
      "(raw) | distilled for vLLM (first), wide data, T = 0.5 | ratio |",
      ["raw-chain", "wide-chain-t05", ("wide-chain-t05", "raw-chain"), "raw-first", "wide-first-t05",
       ("wide-first-t05", "raw-first")]),
+    *[(f"pass{n}", f"-pass{n}", pass_order(n),
+       f"| k | raw chain | pass {n}, chain | ratio (difference, 95 % CI) | over pass {n - 1} | layer 0 reused (raw) "
+       f"| pass {n}, for vLLM (first) | ratio | over pass {n - 1} |",
+       ["raw-chain", pass_order(n)[0], (pass_order(n)[0], "raw-chain"), (pass_order(n)[0], pass_order(n)[4]),
+        "raw-first", pass_order(n)[2], (pass_order(n)[2], "raw-first"), (pass_order(n)[2], pass_order(n)[5])])
+      for n in range(2, MAX_PASSES + 1)],
 ]  # fmt: skip
 
 
@@ -291,12 +349,22 @@ def main() -> int:
     ap.add_argument(
         "--sharpen", action="store_true", help="with --wide: the same runs with --teacher-temperature 0.5 as well"
     )
+    ap.add_argument(
+        "--passes",
+        type=int,
+        default=1,
+        metavar="N",
+        help=f"with --sharpen: N - 1 more passes from its drafts on unread records, at T = 0.25 (N <= {MAX_PASSES})",
+    )
     ap.add_argument("--table-only", action="store_true")
     args = ap.parse_args()
     args.work.mkdir(parents=True, exist_ok=True)
     extras = {name for name in ("regenerated", "domain", "probes", "wide", "sharpen") if getattr(args, name)}
     if "sharpen" in extras and args.wide is None:
         ap.error("--sharpen needs --wide (it distils on the wide data)")
+    if not 1 <= args.passes <= MAX_PASSES or (args.passes > 1 and "sharpen" not in extras):
+        ap.error(f"--passes takes 1 to {MAX_PASSES}, and more than 1 needs --sharpen (pass 1 is its drafts)")
+    extras |= {f"pass{n}" for n in range(2, args.passes + 1)}
     if not args.table_only:
         measure(args.target, args.data, args.work, args.prompts, args.vllm, extras, args.wide)
     print(table(args.work, args.vllm, extras))
