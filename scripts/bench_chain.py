@@ -42,7 +42,7 @@ later_pass_data): `pass{n}-chain` and `pass{n}-first`, evaluated beside the raw 
 the script runs them one after the other), its evaluations and vLLM runs about 10 more; `--probes` 37 minutes of
 distillation (beside the vLLM runs) and 8 (alone), 2 of evaluation; `--wide`'s two distills 50 and 52 minutes (side by
 side, one thread each), its evaluations and vLLM runs 25 more beside two other distills; `--passes 3`'s four distills
-52-60 minutes (two side by side), each pass's evaluations and vLLM runs 5 more alone, 20 beside two distills.
+52-60 minutes (two side by side), each pass's evaluations and vLLM runs 5 more alone, 10 beside two distills.
 """
 
 from __future__ import annotations

@@ -105,7 +105,9 @@ def mix(records: list[str], prompts: list[str]) -> list[str]:
 
 def excluded(spec: str) -> set[str]:
     """The texts `--exclude FILE[:N]` names: FILE's first N records (all without `:N`)."""
-    path, _, count = spec.rpartition(":") if spec.rpartition(":")[2].isdigit() else (spec, "", "")
+    path, _, count = spec.rpartition(":")
+    if not count.isdigit():  # no ":N": the whole file
+        path, count = spec, ""
     texts = [json.loads(line)["text"] for line in Path(path).read_text().splitlines() if line.strip()]
     return set(texts[: int(count)] if count else texts)
 

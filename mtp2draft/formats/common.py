@@ -88,13 +88,11 @@ def finite_file(file: Path, names: list[str]) -> list[str]:
     return problems
 
 
-def loader_class_problems(cfg: Mapping[str, Any], loader: str, reader: str = "") -> list[str]:
-    """The format's own contract that config.json names `loader`, the class its engine builds the draft with
-    (`architectures: [loader]`): a list of one problem or none. reader: who needs it, for the message ("SGLang")."""
-    if cfg.get("architectures") == [loader]:
-        return []
+def required_value_problems(cfg: Mapping[str, Any], required: Mapping[str, Any], reader: str = "") -> list[str]:
+    """The values a format's config.json must hold, {key: value} (the format's data: the class its engine builds the
+    draft with, the type it dispatches on): one problem per key that differs. reader: who needs them ("SGLang")."""
     need = f"{reader} needs" if reader else "expected"
-    return [f"architectures is {cfg.get('architectures')}, {need} [{loader!r}]"]
+    return [f"{key} is {cfg.get(key)!r}, {need} {value!r}" for key, value in required.items() if cfg.get(key) != value]
 
 
 def section(cfg: Mapping[str, Any], key: str, why: str, problems: list[str]) -> dict[str, Any] | None:

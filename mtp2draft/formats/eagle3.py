@@ -38,8 +38,8 @@ from mtp2draft.family.spec import get_spec
 from mtp2draft.formats import ExportJob, Format
 from mtp2draft.formats.common import (
     load_weights,
-    loader_class_problems,
     nonfinite,
+    required_value_problems,
     section,
     sglang_steps,
     speculators_section_problems,
@@ -136,13 +136,16 @@ def _export_eagle3(
     write_json(tmp / CONFIG_FILE, out_cfg)
 
 
+# the values each layout's loader builds the draft from (its class, its config type): config.json must hold them
+SGLANG_REQUIRED = {"architectures": [EAGLE3_ARCHITECTURE], "model_type": "llama"}
+SPECULATORS_REQUIRED = {"architectures": [SPECULATORS_ARCHITECTURE], "speculators_model_type": DraftKind.EAGLE3.value}
+
+
 def _validate_sglang(path: Path, cfg: dict[str, Any]) -> list[str]:
     """The sglang layout's contract. Every field's type, range and enumeration (hidden_act, aux id lists) is the
     draft config's (`draft_config.parse_draft_config`, which `export.validate` runs first)."""
     problems: list[str] = []
-    problems += loader_class_problems(cfg, EAGLE3_ARCHITECTURE, "SGLang")
-    if cfg.get("model_type") != "llama":
-        problems.append(f"model_type is {cfg.get('model_type')!r}, expected 'llama'")
+    problems += required_value_problems(cfg, SGLANG_REQUIRED, "SGLang")
     if cfg.get("num_hidden_layers") != 1:
         problems.append(f"num_hidden_layers is {cfg.get('num_hidden_layers')}, the EAGLE-3 draft has 1 layer")
     if cfg.get("tie_word_embeddings"):
@@ -362,9 +365,7 @@ def _vocab_problems(weights: Mapping[str, torch.Tensor], vocab: int, draft_vocab
 
 def _validate_speculators(path: Path, cfg: dict[str, Any]) -> list[str]:
     problems: list[str] = []
-    problems += loader_class_problems(cfg, SPECULATORS_ARCHITECTURE)
-    if cfg.get("speculators_model_type") != DraftKind.EAGLE3:
-        problems.append(f"speculators_model_type is {cfg.get('speculators_model_type')!r}, expected 'eagle3'")
+    problems += required_value_problems(cfg, SPECULATORS_REQUIRED)
     if not cfg.get("speculators_version"):
         problems.append("speculators_version is missing")
     problems += speculators_section_problems(cfg, DraftKind.EAGLE3)

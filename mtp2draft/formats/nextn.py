@@ -19,7 +19,7 @@ from mtp2draft.errors import DraftError
 from mtp2draft.family.spec import Spec, find_spec, registry
 from mtp2draft.formats import ExportJob, Format
 from mtp2draft.formats import native as nat  # the helpers the native writers share
-from mtp2draft.formats.common import finite_file, fp8_problems, loader_class_problems, read_headers, sglang_steps
+from mtp2draft.formats.common import finite_file, fp8_problems, read_headers, required_value_problems, sglang_steps
 from mtp2draft.formats.native import NativeLayer
 from mtp2draft.io import SafetensorsWriter, write_json
 from mtp2draft.kinds import CONFIG_FILE, WEIGHTS_FILE, DraftKind
@@ -114,7 +114,7 @@ def _validate_nextn(path: Path, cfg: dict[str, Any]) -> list[str]:
         if key in ("layer_types", "mlp_layer_types") and isinstance(value, list) and len(value) != 1:
             problems.append(f"{key} has {len(value)} entries; a NextN checkpoint has one layer")
     if spec.nextn.architecture:  # the family's NextN class, from its spec
-        problems += loader_class_problems(cfg, spec.nextn.architecture, "SGLang")
+        problems += required_value_problems(cfg, {"architectures": [spec.nextn.architecture]}, "SGLang")
     file = path / WEIGHTS_FILE
     if not file.is_file():
         return [*problems, f"{WEIGHTS_FILE} is missing"]

@@ -29,8 +29,8 @@ from mtp2draft.formats import ExportJob, Format
 from mtp2draft.formats import native as nat
 from mtp2draft.formats.common import (
     load_weights,
-    loader_class_problems,
     nonfinite,
+    required_value_problems,
     section,
     speculators_proposal,
     speculators_section_problems,
@@ -42,6 +42,8 @@ from mtp2draft.kinds import CONFIG_FILE, WEIGHTS_FILE, Hidden
 SPECULATORS_VERSION = "0.9.0"  # the release the layout below was read from
 MODEL_TYPE = "mtp"  # speculators_model_type and speculators_config.algorithm
 ARCHITECTURE = "MTPDraftModel"
+# what speculators dispatches on: config.json must hold these values
+REQUIRED = {"architectures": [ARCHITECTURE], "speculators_model_type": MODEL_TYPE}
 LAYER = "mtp_layers.0."  # MTPDraftModel.mtp_layers: one layer (MTPSpeculatorConfig refuses more)
 # mtp2draft's native module names -> MTPDraftModel's (MTPLayerMixin._setup_mtp_modules; the decoder layer's own
 # modules keep their names under the layer)
@@ -160,9 +162,7 @@ def _expected_shapes(spec: Spec, layer: Mapping[str, Any]) -> dict[str, tuple[in
 
 
 def _validate(path: Path, cfg: dict[str, Any]) -> list[str]:
-    problems = loader_class_problems(cfg, ARCHITECTURE)  # speculators' MTPDraftModel: the format's, every family's
-    if cfg.get("speculators_model_type") != MODEL_TYPE:
-        problems.append(f"speculators_model_type is {cfg.get('speculators_model_type')!r}, expected {MODEL_TYPE!r}")
+    problems = required_value_problems(cfg, REQUIRED)  # speculators' MTPDraftModel: the format's, every family's
     if not cfg.get("speculators_version"):
         problems.append("speculators_version is missing")
     if cfg.get("num_nextn_predict_layers", 1) != 1:
