@@ -177,6 +177,14 @@ def test_acceptance_table_shows_both_metrics_and_the_distribution_check() -> Non
     assert lines[-1] == "pos j: P(j accepted | 1..j-1 accepted) / P(j accepted) per draft"
 
 
+def test_acceptance_table_says_a_greedy_difference_was_at_logit_ties() -> None:
+    # bf16: the prompts that parted from the target's output only where its top two logits tie (evaluate raises on
+    # any other difference), which the table must not call a loss; a difference with no tie counted still reads NO
+    lines = acceptance_table([{**_row("draft", 2.0, [0.5]), "lossless": False, "ties": 6}]).splitlines()
+    assert lines[1].split()[-3:] == ["yes,", "6", "tie(s)"] and lines[-1].startswith("tie(s): prompts whose output")
+    assert acceptance_table([{**_row("raw", 2.0, [0.5], False), "ties": 0}]).splitlines()[-1].split()[-1] == "NO"
+
+
 def test_validate_text_lists_every_violation() -> None:
     assert validate_text(Path("d"), "sglang", []) == "d: valid sglang draft"
     assert validate_text(Path("d"), "nextn", ["a", "b"]) == "d: 2 violation(s) of the nextn format\n  - a\n  - b"

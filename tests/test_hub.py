@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 from huggingface_hub import ModelCard, constants, metadata_load, snapshot_download
 
+from mtp2draft import hub as hub_module
 from mtp2draft.cli.app import main
 from mtp2draft.conversion import convert
 from mtp2draft.errors import HubError, ValidationError
@@ -212,3 +213,13 @@ def test_cards_of_native_exports_carry_their_launch_lines(build, tmp_path: Path)
     assert stitched.data.base_model is None  # a local path is not a Hub repo id
     assert '"method": "mtp", "num_speculative_tokens": 3' in stitched.text
     assert "## Notes from the export" in stitched.text and "### Overlay it onto the target" in stitched.text
+
+
+def test_card_says_a_bf16_difference_was_at_logit_ties_and_a_real_one_is_no() -> None:
+    # evaluate raises on a greedy difference that is not at a logit tie, so lossless False with ties recorded means
+    # every parted prompt parted at a tie: the card must not call that a loss (bf16 evaluations have 6-9 per 64)
+    report = _evaluation(2.8)
+    report["results"][0] |= {"lossless": False, "ties": 3}
+    report["results"][1] |= {"lossless": False, "ties": 0}
+    rows = hub_module._acceptance_table(report).splitlines()
+    assert rows[2].endswith("| yes, 3 tie(s) |") and rows[3].endswith("| **no** |")

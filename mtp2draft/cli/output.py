@@ -14,6 +14,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+from mtp2draft.evaluation.decode import lossless_words
 from mtp2draft.kinds import DraftKind
 from mtp2draft.units import human_bytes
 
@@ -137,7 +138,8 @@ def distill_text(result: Any) -> str:
 
 def acceptance_table(results: list[dict[str, Any]]) -> str:
     """One row a draft: mean acceptance length, acceptance per draft position as conditional / per draft (blank past a
-    draft's own k), lossless (at a temperature: the distribution check's KS p-value); a legend line under it."""
+    draft's own k), lossless (at a temperature: the distribution check's KS p-value; greedy, the prompts that parted
+    from the target only at a logit tie); legend lines under it."""
     k = max(r["num_draft_tokens"] for r in results)
     head = ["draft", "accept len"] + [f"pos {j}" for j in range(1, k + 1)] + ["lossless"]
     rows = [
@@ -151,6 +153,8 @@ def acceptance_table(results: list[dict[str, Any]]) -> str:
     lines = ["  ".join(str(x).ljust(w) for x, w in zip(row, widths, strict=True)) for row in [head, *rows]]
     if any(r.get("per_draft_acceptance") for r in results):
         lines.append("pos j: P(j accepted | 1..j-1 accepted) / P(j accepted) per draft")
+    if any("tie" in (lossless_words(r) or "") for r in results):
+        lines.append("tie(s): prompts whose output parted from the target's where its top two logits tie in this dtype")
     return "\n".join(lines)
 
 
@@ -164,7 +168,8 @@ def _lossless(result: dict[str, Any]) -> str:
     check = result.get("distribution_check")
     if result["lossless"] is None and check:
         return f"KS p = {check['pit_ks_p_value']:.3f}"
-    return "yes" if result["lossless"] else "NO"
+    words = lossless_words(result) or "?"
+    return "NO" if words == "no" else words
 
 
 PROPOSING = {"greedy": "argmax", "sample": "sampling"}  # --draft-sampling, in words
