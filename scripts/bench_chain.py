@@ -35,7 +35,7 @@ venv; not committed) and distils both ways on it for one pass (1500 regenerated 
 `--vllm`, WORK/k*-sharp-vllm.json, WORK/k*-sharp-bf16-first.json). `--passes N` (with `--sharpen`) goes on from the two T = 0.5
 drafts (pass 1): pass n = 2..N distils pass n-1's drafts once more, 1500 regenerated steps at
 `--teacher-temperature 0.25` and lr 5e-4, on 12,000 records no earlier pass read (WORK/wide{n}.jsonl, see
-later_pass_data): `pass{n}-chain` and `pass{n}-first`, evaluated beside the raw drafts and pass n-1's
+later_pass_args; where fewer are left, one step per 8 of them: pass 4 has 10,487, so 1310 steps): `pass{n}-chain` and `pass{n}-first`, evaluated beside the raw drafts and pass n-1's
 (WORK/k*-pass{n}.eval.json) and, with `--vllm`, `pass{n}-first` in vLLM. Steps whose output is in WORK are not redone;
 `--table-only` only prints. Timed here with other work on the 2 cores: 31 minutes with `--vllm`, 54 more with
 `--regenerated`; `--domain`'s two distills took 28 and 30 minutes (started by hand side by side, one thread each;
@@ -77,8 +77,15 @@ SHARP_DRAFTS = ("wide-chain-t05", "raw-chain", "wide-first-t05", "raw-first")
 # 12,000 records no earlier pass read, with a sharper teacher and half the peak lr
 PASS = ["--steps", "1500", "--ttt-steps", "3", "--lr", "5e-4", "--save-every", "250", "--regenerate"]
 PASS += ["--teacher-temperature", "0.25"]
-WIDE_READ = int(WIDE[WIDE.index("--steps") + 1]) * 8  # records one wide pass reads: --steps x the default --batch-size
+PASS_STEPS = int(PASS[PASS.index("--steps") + 1])
 MAX_PASSES = 5
+
+
+def pass_steps(records: Path) -> int:
+    """A later pass's steps: PASS's 1500, fewer where its set holds under 1500 batches (pass 4's does: the venv's files
+    run out of unread chunks), so that no record is read twice."""
+    count = sum(1 for line in records.read_text().splitlines() if line.strip())
+    return min(PASS_STEPS, count // 8)
 
 
 def pass_drafts(n: int) -> tuple[str, str]:
@@ -158,19 +165,23 @@ def wide_data(site: Path, data: Path, work: Path) -> Path:
 
 
 def later_pass_data(site: Path, work: Path, n: int) -> Path:
-    """WORK/wide{n}.jsonl, pass n's records: none that an earlier pass read. Pass n-1's set is mixed in, less its first
-    12,000 records (what its runs read), and every set before it is excluded whole; the per-package cap is large enough
-    to take every file, and each file gives 6 (n - 1) chunks. A file's chunks are consecutive pieces of it, so the
-    added chunks are text of it no earlier set held."""
+    """WORK/wide{n}.jsonl, pass n's records (written by scripts/wide_data.py with `later_pass_args`)."""
     path = work / f"wide{n}.jsonl"
     if not path.is_file():
-        sets = [work / "wide.jsonl", *[work / f"wide{j}.jsonl" for j in range(2, n)]]
         script = Path(__file__).resolve().parent / "wide_data.py"
-        args = [str(site), "--out", str(path), "--with", str(sets[-1]), "--cap", "30000000"]
-        args += ["--per-file", str(6 * (n - 1)), "--exclude", f"{sets[-1]}:{WIDE_READ}"]
-        args += [a for s in sets[:-1] for a in ("--exclude", str(s))]
-        subprocess.run([sys.executable, str(script), *args], check=True)
+        subprocess.run([sys.executable, str(script), *later_pass_args(site, work, n)], check=True)
     return path
+
+
+def later_pass_args(site: Path, work: Path, n: int) -> list[str]:
+    """wide_data.py's arguments for pass n's set: none of the records an earlier pass read. Pass n-1's set is mixed
+    in, less its first `pass_steps` x 8 records (what its runs read), and every set before it is excluded whole; the
+    per-package cap is large enough to take every file, and each file gives 6 (n - 1) chunks. A file's chunks are
+    consecutive pieces of it, so the added chunks are text of it no earlier set held."""
+    sets = [work / "wide.jsonl", *[work / f"wide{j}.jsonl" for j in range(2, n)]]
+    args = [str(site), "--out", str(work / f"wide{n}.jsonl"), "--with", str(sets[-1]), "--cap", "30000000"]
+    args += ["--per-file", str(6 * (n - 1)), "--exclude", f"{sets[-1]}:{pass_steps(sets[-1]) * 8}"]
+    return args + [a for s in sets[:-1] for a in ("--exclude", str(s))]
 
 
 def prepare(target: Path, data: Path, work: Path, prompts: int, extras: set[str], site: Path | None) -> None:
@@ -208,7 +219,8 @@ def prepare(target: Path, data: Path, work: Path, prompts: int, extras: set[str]
         if not (out / "config.json").is_file():
             cli("distill", str(raw), "--target", str(target), *options, "--out", str(out))
     for n in [n for n in range(2, MAX_PASSES + 1) if f"pass{n}" in extras]:  # from pass n-1's drafts, not the raw
-        again = ["--data", str(later_pass_data(site, work, n)), "--device", "cpu", *PASS]
+        records = later_pass_data(site, work, n)
+        again = ["--data", str(records), "--device", "cpu", *PASS, "--steps", str(pass_steps(records))]
         engines = ([], ["--serving-engine", "vllm"])  # the chain under cycle, layer 0 for vLLM's rule
         for name, start, serving in zip(pass_drafts(n), pass_drafts(n - 1), engines, strict=True):
             if not (work / name / "config.json").is_file():

@@ -1,0 +1,61 @@
+"""scripts/bench_chain.py's later passes: each pass's set holds no record an earlier pass read, and its steps read
+each record at most once."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "scripts"))
+
+import bench_chain  # noqa: E402
+import wide_data  # noqa: E402
+
+
+def _texts(path: Path) -> list[str]:
+    return [json.loads(line)["text"] for line in path.read_text().splitlines() if line.strip()]
+
+
+def test_pass_steps_read_each_record_once_up_to_the_recipe(tmp_path: Path) -> None:
+    path = tmp_path / "w.jsonl"
+    path.write_text("".join(json.dumps({"text": str(i)}) + "\n" for i in range(100)))
+    assert bench_chain.pass_steps(path) == 12  # 100 records: 12 batches of 8, none read twice
+    path.write_text("".join(json.dumps({"text": str(i)}) + "\n" for i in range(8 * 1600)))
+    assert bench_chain.pass_steps(path) == bench_chain.PASS_STEPS == 1500
+
+
+def test_later_pass_sets_hold_nothing_an_earlier_pass_read(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    site = tmp_path / "site"
+    for name in ("alpha", "beta", "gamma", "delta", "eps"):  # 3 files a package, 40 kB: some 25 chunks each
+        (site / name).mkdir(parents=True)
+        for f in range(3):
+            lines = [f"{name}_{f}_{i:04d} = compute('{name}', {i}, 'padding to a useful length')\n" for i in range(600)]
+            (site / name / f"mod{f}.py").write_text("".join(lines))
+    monkeypatch.setattr(wide_data, "seen_sources", lambda: (set(), set()))
+    heldout = tmp_path / "heldout.jsonl"
+    heldout.write_text(json.dumps({"text": "in no record"}) + "\n")
+    work = tmp_path / "work"
+    work.mkdir()
+    # pass 1's set as --wide writes it (6 chunks a file; here a cap that takes one file a package: 30 records, of which
+    # its pass reads 24), then passes 2 and 3 as later_pass_data writes them
+    first = [str(site), "--out", str(work / "wide.jsonl"), "--per-file", "6", "--cap", "1", "--heldout", str(heldout)]
+    assert wide_data.main(first) == 0
+    assert len(_texts(work / "wide.jsonl")) == 30
+    read = {}  # set -> the records its pass read: its first pass_steps x 8
+    for n in (2, 3):
+        earlier = work / ("wide.jsonl" if n == 2 else f"wide{n - 1}.jsonl")
+        read[earlier.name] = _texts(earlier)[: bench_chain.pass_steps(earlier) * 8]
+        assert read[earlier.name]
+        assert wide_data.main([*bench_chain.later_pass_args(site, work, n), "--heldout", str(heldout)]) == 0
+        new = _texts(work / f"wide{n}.jsonl")
+        assert len(new) >= 8
+        assert not set(new) & {t for texts in read.values() for t in texts}  # nothing any earlier pass read
+        # what the last pass left unread stays, less what the sets before it held (excluded whole)
+        before = [work / "wide.jsonl", *[work / f"wide{j}.jsonl" for j in range(2, n)]][: n - 2]
+        left = set(_texts(earlier)[len(read[earlier.name]) :]) - {t for p in before for t in _texts(p)}
+        assert left and left <= set(new)
+    assert not set(_texts(work / "wide3.jsonl")) & set(_texts(work / "wide.jsonl"))  # pass 1's set, whole, is out
