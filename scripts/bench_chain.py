@@ -42,7 +42,8 @@ later_pass_args; where fewer are left, one step per 8 of them: pass 4 has 10,487
 the script runs them one after the other), its evaluations and vLLM runs about 10 more; `--probes` 37 minutes of
 distillation (beside the vLLM runs) and 8 (alone), 2 of evaluation; `--wide`'s two distills 50 and 52 minutes (side by
 side, one thread each), its evaluations and vLLM runs 25 more beside two other distills; `--passes 3`'s four distills
-52-60 minutes (two side by side), each pass's evaluations and vLLM runs 5 more alone, 10 beside two distills.
+52-60 minutes (two side by side), each pass's evaluations and vLLM runs 5 more alone, 10 beside two distills; pass 4's
+two distills (1310 steps) 47-48 minutes side by side, its evaluations and vLLM runs 6 alone.
 """
 
 from __future__ import annotations
