@@ -41,7 +41,7 @@ from typing import Any
 from mtp2draft._version import __version__
 from mtp2draft.checkpoint import network
 from mtp2draft.errors import DraftError, HubError, Mtp2DraftError, ValidationError
-from mtp2draft.evaluation.decode import lossless_words
+from mtp2draft.evaluation.verdict import lossless_words
 from mtp2draft.family.spec import ENGINES, Spec, find_spec, get_spec
 from mtp2draft.formats import REGISTRY, format_kind, get_format
 from mtp2draft.formats.common import read_json
@@ -396,9 +396,8 @@ def _body(
             f"{_decoding(evaluation)}). Mean acceptance length counts the tokens each target forward produces, bonus "
             "token included; acceptance per position is conditional (position j accepted given 1..j-1 were), per "
             "draft it is P(position j accepted) (vLLM's per-position counters); lossless means the output equals the "
-            "target's own greedy output token for token ('yes, N tie(s)': N prompts parted from it only where the "
-            "target's top two logits tie within its dtype's rounding; at a temperature: checked in distribution, see "
-            "evaluation.json).",
+            "target's greedy output token for token ('N tie(s)': N prompts parted from it where its top two logits "
+            "tie within its dtype's rounding; at a temperature: checked in distribution, see evaluation.json).",
             "",
             _acceptance_table(evaluation),
         ]

@@ -43,6 +43,12 @@ def continuations(tm: TargetModel, tok, draft, heldout: Path, prompts: int, new_
 
 def top1(tm: TargetModel, draft, examples: list[Example], pad: int, steps: int) -> list[float]:
     """Teacher-forced top-1 agreement with the target per draft step, over every continuation position."""
+    correct, count = top1_counts(tm, draft, examples, pad, steps)
+    return [c / max(n, 1) for c, n in zip(correct, count, strict=True)]
+
+
+def top1_counts(tm: TargetModel, draft, examples: list[Example], pad: int, steps: int) -> tuple[list[int], list[int]]:
+    """Per draft step: (positions where the draft's token is the target's, positions scored)."""
     correct, count = [0] * steps, [0] * steps
     with torch.no_grad():
         for i in range(0, len(examples), 8):
@@ -53,7 +59,7 @@ def top1(tm: TargetModel, draft, examples: list[Example], pad: int, steps: int) 
             stats = ttt.ttt_forward(draft, feats, batch["input_ids"], batch["loss_mask"], steps, [1.0] * steps)
             correct = [a + c for a, c in zip(correct, stats.per_step_correct, strict=True)]
             count = [a + n for a, n in zip(count, stats.per_step_count, strict=True)]
-    return [c / max(n, 1) for c, n in zip(correct, count, strict=True)]
+    return correct, count
 
 
 def main() -> int:

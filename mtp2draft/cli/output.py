@@ -14,7 +14,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from mtp2draft.evaluation.decode import lossless_words
+from mtp2draft.evaluation.verdict import lossless_words
 from mtp2draft.kinds import DraftKind
 from mtp2draft.units import human_bytes
 

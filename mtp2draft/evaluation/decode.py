@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -313,18 +313,6 @@ def top_two_tie(runner: TargetRunner, prompt: list[int], ref: list[int], at: int
     logits, _ = runner.forward(prompt + ref[:at], cache)
     top = logits[-1].topk(2).values
     return float(top[0] - top[1]) <= tie_tolerance(runner.target.dtype) * max(1.0, float(top[0].abs()))
-
-
-def lossless_words(result: Mapping[str, Any]) -> str | None:
-    """A greedy result's lossless verdict in words: "yes"; "yes, N tie(s)" when N prompts parted from the target's
-    output, each at a logit tie (any other difference raised `LosslessError`, so a recorded False with ties is that);
-    "no" otherwise. None at a temperature (the distribution check speaks there)."""
-    if result.get("lossless") is None:
-        return None
-    if result["lossless"]:
-        return "yes"
-    ties = result.get("ties") or 0
-    return f"yes, {ties} tie(s)" if ties else "no"
 
 
 @dataclass
