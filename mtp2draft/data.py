@@ -202,7 +202,8 @@ def regenerate(
 
     Chats: the prompt is the conversation before the first assistant turn. Text: the first half of the tokens, and
     as many new tokens as the second half had. Prompts are generated in left-padded batches of similar length;
-    greedy unless `sample`. Generation stops at the tokenizer's eos token."""
+    greedy unless `sample` (at `temperature`, seeded per batch by `seed`). Generation stops at the tokenizer's eos
+    token."""
     eos = tokenizer.eos_token_id
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else eos
     jobs = []
@@ -212,7 +213,8 @@ def regenerate(
         jobs.append((prompt, max(budget, 1)))
     order = sorted(range(len(jobs)), key=lambda i: (len(jobs[i][0]), jobs[i][1]))
     out: list[Example | None] = [None] * len(jobs)
-    generator = torch.Generator(device=target.device).manual_seed(seed)
+    device = torch.device(target.device)
+    cuda = [device.index or 0] if device.type == "cuda" else []
     done = 0
     for start in range(0, len(order), batch_size):
         chunk = order[start : start + batch_size]
@@ -223,7 +225,11 @@ def regenerate(
             prompt = jobs[i][0]
             ids[row, width - len(prompt) :] = torch.tensor(prompt)
             mask[row, width - len(prompt) :] = 1
-        with torch.no_grad():
+        # generate() takes no generator: sampling draws from torch's global RNG, seeded per batch inside a fork so
+        # that a run's samples follow from (seed, batch) and the caller's RNG state is left as it was
+        with torch.no_grad(), torch.random.fork_rng(devices=cuda):
+            if sample:
+                torch.manual_seed(seed * 1_000_003 + start)
             generated = target.model.generate(
                 ids.to(target.device),
                 attention_mask=mask.to(target.device),
@@ -234,7 +240,6 @@ def regenerate(
                 top_k=None,
                 pad_token_id=pad,
                 eos_token_id=eos,
-                generator=generator if sample else None,
             )[:, width:].tolist()
         for row, i in enumerate(chunk):
             prompt, budget = jobs[i]

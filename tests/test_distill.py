@@ -254,3 +254,25 @@ def test_regenerate_writes_the_targets_own_greedy_continuations(target, text_dat
         )
         want = greedy_reference(runner, prompt, len(new.input_ids) - len(prompt), tok.eos_token_id)
         assert new.input_ids[len(prompt) :] == want
+
+
+def test_regenerate_samples_reproducibly_from_the_seed(target, text_data) -> None:
+    # `distill --regenerate --sample` failed outright: transformers' generate() takes no `generator`
+    from mtp2draft.data import regenerate
+
+    tgt = target("mimo", num_hidden_layers=4)
+    tm, tok = TargetModel(str(tgt)), load_tokenizer(tgt)
+    examples, _ = read_examples(text_data, tok, 40)
+    greedy = regenerate(examples[:6], tm, tok, max_new_tokens=12, batch_size=4)
+    state = torch.random.get_rng_state()
+    first = regenerate(examples[:6], tm, tok, max_new_tokens=12, sample=True, temperature=1.5, seed=1, batch_size=4)
+    assert torch.equal(torch.random.get_rng_state(), state)  # the caller's RNG is left as it was
+    again = regenerate(examples[:6], tm, tok, max_new_tokens=12, sample=True, temperature=1.5, seed=1, batch_size=4)
+    other = regenerate(examples[:6], tm, tok, max_new_tokens=12, sample=True, temperature=1.5, seed=2, batch_size=4)
+    ids = [[e.input_ids for e in out] for out in (greedy, first, again, other)]
+    assert ids[1] == ids[2] and ids[1] != ids[3] and ids[1] != ids[0]
+    for ex, new in zip(examples[:6], first, strict=True):
+        prompt = ex.input_ids[: len(ex.input_ids) // 2]  # the prompt kept, the sampled continuation is the loss span
+        assert new.input_ids[: len(prompt)] == prompt and new.loss_mask == [False] * len(prompt) + [True] * (
+            len(new.input_ids) - len(prompt)
+        )
