@@ -59,3 +59,13 @@ def test_later_pass_sets_hold_nothing_an_earlier_pass_read(tmp_path: Path, monke
         left = set(_texts(earlier)[len(read[earlier.name]) :]) - {t for p in before for t in _texts(p)}
         assert left and left <= set(new)
     assert not set(_texts(work / "wide3.jsonl")) & set(_texts(work / "wide.jsonl"))  # pass 1's set, whole, is out
+
+
+def test_resample_starts_from_the_last_passs_chain_on_copies_of_the_domain(tmp_path: Path) -> None:
+    assert bench_chain.last_pass({"wide", "sharpen"}) == 1
+    assert bench_chain.last_pass({"sharpen", "pass2", "pass3", "pass4", "resample"}) == 4
+    assert bench_chain.resample_order(4) == ("resample-chain", "raw-chain", "pass4-chain")
+    assert bench_chain.resample_order(1)[2] == "wide-chain-t05"
+    (tmp_path / "domain.jsonl").write_text('{"text": "a"}\n{"text": "b"}\n')
+    out = bench_chain.resample_data(tmp_path, tmp_path)
+    assert _texts(out) == ["a", "b"] * bench_chain.RESAMPLE_COPIES
