@@ -46,7 +46,8 @@ the script runs them one after the other), its evaluations and vLLM runs about 1
 distillation (beside the vLLM runs) and 8 (alone), 2 of evaluation; `--wide`'s two distills 50 and 52 minutes (side by
 side, one thread each), its evaluations and vLLM runs 25 more beside two other distills; `--passes 3`'s four distills
 52-60 minutes (two side by side), each pass's evaluations and vLLM runs 5 more alone, 10 beside two distills; pass 4's
-two distills (1310 steps) 47-48 minutes side by side, its evaluations and vLLM runs 6 alone.
+two distills (1310 steps) 47-48 minutes side by side, its evaluations and vLLM runs 6 alone; `--resample`'s distill
+53 minutes (beside the unit and engine suites), its evaluations 2.
 """
 
 from __future__ import annotations
