@@ -269,7 +269,8 @@ def _acceptance_table(evaluation: Mapping[str, Any]) -> str:
         per = " / ".join(f"{p:.2f}" for p in r.get("acceptance_per_position") or [])
         per_draft = " / ".join(f"{p:.2f}" for p in r.get("per_draft_acceptance") or []) or "?"
         mal = r.get("mean_acceptance_length")
-        lossless = {"no": "**no**", None: "?"}.get(lossless_words(r), lossless_words(r))
+        words = lossless_words(r)
+        lossless = {"no": "**no**", None: "?"}.get(words, words)
         if r.get("lossless") is None and r.get("distribution_check"):
             lossless = f"KS p = {r['distribution_check']['pit_ks_p_value']:.2f}"
         mal_text = f"{mal:.2f}" if isinstance(mal, int | float) else "?"

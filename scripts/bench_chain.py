@@ -79,18 +79,18 @@ WIDE_DRAFTS = ("wide-chain", "raw-chain", "wide-first", "raw-first")
 SHARP = [*WIDE, "--teacher-temperature", "0.5"]
 SHARP_DRAFTS = ("wide-chain-t05", "raw-chain", "wide-first-t05", "raw-first")
 # --passes N (with --sharpen): pass n = 2..N distils pass n-1's drafts (pass 1: the T = 0.5 ones) once more, on
-# 12,000 records no earlier pass read, with a sharper teacher and half the peak lr
-PASS = ["--steps", "1500", "--ttt-steps", "3", "--lr", "5e-4", "--save-every", "250", "--regenerate"]
-PASS += ["--teacher-temperature", "0.25"]
-PASS_STEPS = int(PASS[PASS.index("--steps") + 1])
+# 12,000 records no earlier pass read, with a sharper teacher and half the peak lr; --steps from pass_steps
+PASS = ["--ttt-steps", "3", "--lr", "5e-4", "--save-every", "250", "--regenerate", "--teacher-temperature", "0.25"]
+PASS_STEPS = 1500
+BATCH = 8  # distill's default --batch-size: a run of S steps reads a file's first S x BATCH records
 MAX_PASSES = 5
 
 
 def pass_steps(records: Path) -> int:
-    """A later pass's steps: PASS's 1500, fewer where its set holds under 1500 batches (pass 4's does: the venv's files
-    run out of unread chunks), so that no record is read twice."""
+    """A later pass's steps: PASS_STEPS (1500), fewer where its set holds under 1500 batches (pass 4's does: the
+    venv's files run out of unread chunks), so that no record is read twice."""
     count = sum(1 for line in records.read_text().splitlines() if line.strip())
-    return min(PASS_STEPS, count // 8)
+    return min(PASS_STEPS, count // BATCH)
 
 
 def pass_drafts(n: int) -> tuple[str, str]:
@@ -123,8 +123,10 @@ def resample_data(data: Path, work: Path) -> Path:
     """WORK/domain-x{RESAMPLE_COPIES}.jsonl: DATA_DIR/domain.jsonl's records, RESAMPLE_COPIES times over (each copy
     sampled anew when distill regenerates it)."""
     path = work / f"domain-x{RESAMPLE_COPIES}.jsonl"
-    if not path.is_file():
-        path.write_text((data / "domain.jsonl").read_text() * RESAMPLE_COPIES)
+    if not path.is_file():  # written whole, then renamed: an interrupted run leaves no short set to be reused
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text((data / "domain.jsonl").read_text() * RESAMPLE_COPIES)
+        tmp.rename(path)
     return path
 
 
@@ -205,12 +207,12 @@ def later_pass_data(site: Path, work: Path, n: int) -> Path:
 
 def later_pass_args(site: Path, work: Path, n: int) -> list[str]:
     """wide_data.py's arguments for pass n's set: none of the records an earlier pass read. Pass n-1's set is mixed
-    in, less its first `pass_steps` x 8 records (what its runs read), and every set before it is excluded whole; the
+    in, less its first `pass_steps` x BATCH records (what its runs read), and every set before it is excluded whole; the
     per-package cap is large enough to take every file, and each file gives 6 (n - 1) chunks. A file's chunks are
     consecutive pieces of it, so the added chunks are text of it no earlier set held."""
     sets = [work / "wide.jsonl", *[work / f"wide{j}.jsonl" for j in range(2, n)]]
     args = [str(site), "--out", str(work / f"wide{n}.jsonl"), "--with", str(sets[-1]), "--cap", "30000000"]
-    args += ["--per-file", str(6 * (n - 1)), "--exclude", f"{sets[-1]}:{pass_steps(sets[-1]) * 8}"]
+    args += ["--per-file", str(6 * (n - 1)), "--exclude", f"{sets[-1]}:{pass_steps(sets[-1]) * BATCH}"]
     return args + [a for s in sets[:-1] for a in ("--exclude", str(s))]
 
 
@@ -268,6 +270,7 @@ def measure(
     prepare(target, data, work, prompts, extras, site)
     common = ["--target", str(target), "--data", str(data / "heldout.jsonl"), "--max-new-tokens", "64"]
     common += ["--max-prompts", str(prompts), "--json"]
+    evaluations = [*WIDE_EVALUATIONS, ("resample", "-resample", resample_order(last_pass(extras)))]
     for k in KS:
         drafts = [str(work / DRAFTS[0])] + [a for d in DRAFTS[1:] for a in ("--baseline", str(work / d))]
         to_file(work / f"k{k}.eval.json", "evaluate", *drafts, *common, "-k", str(k), "--device", "cpu")
@@ -280,8 +283,7 @@ def measure(
         if "probes" in extras:
             four = [str(work / d) for d in PROBES[:1]] + [a for d in PROBES[1:] for a in ("--baseline", str(work / d))]
             to_file(work / f"k{k}-probes.eval.json", "evaluate", *four, *common, "-k", str(k), "--device", "cpu")
-        resampled = [("resample", "-resample", resample_order(last_pass(extras)))]
-        for extra, tag, names in [*WIDE_EVALUATIONS, *resampled]:
+        for extra, tag, names in evaluations:
             if extra in extras:
                 four = [str(work / names[0])] + [a for d in names[1:] for a in ("--baseline", str(work / d))]
                 to_file(work / f"k{k}{tag}.eval.json", "evaluate", *four, *common, "-k", str(k), "--device", "cpu")

@@ -48,7 +48,7 @@ def test_later_pass_sets_hold_nothing_an_earlier_pass_read(tmp_path: Path, monke
     read = {}  # set -> the records its pass read: its first pass_steps x 8
     for n in (2, 3):
         earlier = work / ("wide.jsonl" if n == 2 else f"wide{n - 1}.jsonl")
-        read[earlier.name] = _texts(earlier)[: bench_chain.pass_steps(earlier) * 8]
+        read[earlier.name] = _texts(earlier)[: bench_chain.pass_steps(earlier) * bench_chain.BATCH]
         assert read[earlier.name]
         assert wide_data.main([*bench_chain.later_pass_args(site, work, n), "--heldout", str(heldout)]) == 0
         new = _texts(work / f"wide{n}.jsonl")
