@@ -61,11 +61,39 @@ def test_later_pass_sets_hold_nothing_an_earlier_pass_read(tmp_path: Path, monke
     assert not set(_texts(work / "wide3.jsonl")) & set(_texts(work / "wide.jsonl"))  # pass 1's set, whole, is out
 
 
-def test_resample_starts_from_the_last_passs_chain_on_copies_of_the_domain(tmp_path: Path) -> None:
+def test_resample_starts_from_the_last_passs_drafts_on_copies_of_the_domain(tmp_path: Path) -> None:
     assert bench_chain.last_pass({"wide", "sharpen"}) == 1
     assert bench_chain.last_pass({"sharpen", "pass2", "pass3", "pass4", "resample"}) == 4
-    assert bench_chain.resample_order(4) == ("resample-chain", "raw-chain", "pass4-chain")
-    assert bench_chain.resample_order(1)[2] == "wide-chain-t05"
+    runs = bench_chain.resample_runs(4, {"resample"})
+    assert runs == [
+        ("resample-chain", "pass4-chain", []),
+        ("resample-first", "pass4-first", ["--serving-engine", "vllm"]),
+    ]
+    assert [start for _, start, _ in bench_chain.resample_runs(1, {"resample"})] == ["wide-chain-t05", "wide-first-t05"]
     (tmp_path / "domain.jsonl").write_text('{"text": "a"}\n{"text": "b"}\n')
     out = bench_chain.resample_data(tmp_path, tmp_path)
     assert _texts(out) == ["a", "b"] * bench_chain.RESAMPLE_COPIES
+
+
+def test_later_resample_rounds_go_on_from_the_chain_before_under_another_seed() -> None:
+    runs = bench_chain.resample_runs(4, {"resample", "resample2", "resample3"})
+    assert runs[2:] == [
+        ("resample2-chain", "resample-chain", ["--seed", "1"]),
+        ("resample3-chain", "resample2-chain", ["--seed", "2"]),
+    ]
+    seeds = [opts[opts.index("--seed") + 1] for _, _, opts in runs if "--seed" in opts]
+    assert len(set(seeds)) == len(seeds) and "0" not in seeds  # round 1 ran at distill's default seed, 0
+
+
+def test_every_resample_evaluation_puts_its_new_draft_first_beside_what_it_came_from() -> None:
+    runs = {name: start for name, start, _ in bench_chain.resample_runs(4, {"resample", "resample2", "resample3"})}
+    evaluations = bench_chain.resample_evaluations(4)
+    tags = [tag for _, tag, _ in evaluations]
+    assert len(set(tags)) == len(tags)  # one file each
+    for _, _, names in evaluations:
+        if names[0] in runs:
+            assert runs[names[0]] in names[1:]  # the gain over the draft it started from is measured
+    for extra, suffix, names, _, columns in bench_chain.resample_tables(4):
+        assert (extra, suffix, names) in evaluations
+        assert all(c in names for col in columns for c in ([col] if isinstance(col, str) else col))
+    assert ("resample", "-resample", "resample-first") in bench_chain.SERVED  # the draft for vLLM's rule is served
