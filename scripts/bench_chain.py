@@ -2,7 +2,7 @@
 
     python scripts/bench_chain.py TARGET_DIR DATA_DIR WORK [--prompts 64] [--vllm] [--table-only]
         [--regenerated] [--domain] [--probes]
-        [--wide SITE_PACKAGES [--sharpen [--passes N] [--resample [--resample-rounds R]]]]
+        [--wide SITE_PACKAGES [--sharpen [--passes N] [--resample [--resample-rounds R] [--resample-first-rounds R]]]]
 
 TARGET_DIR is a runnable target with several MTP layers (examples/targets/tiny-mimo-3mtp), DATA_DIR holds train.jsonl
 and heldout.jsonl (prompts from packages the target never trained on). Into WORK it writes, through the `mtp2draft`
@@ -43,7 +43,8 @@ once more on the serving domain's prompts, domain.jsonl five times over, each co
 (WORK/k*-resample.eval.json), and `resample-first` (vLLM's rule) beside layer 0 reused, the pass it came from and the
 raw chain (WORK/k*-resample-first.eval.json) and, with `--vllm`, in vLLM. `--resample-rounds R` goes on with the chain
 for R - 1 more rounds, each from the round before on the same prompts sampled anew under another seed:
-`resample{r}-chain` (WORK/k*-resample{r}.eval.json). Steps whose output is in WORK are not redone;
+`resample{r}-chain` (WORK/k*-resample{r}.eval.json); `--resample-first-rounds R` does the same for layer 0 for
+vLLM's rule: `resample{r}-first` (WORK/k*-resample{r}-first.eval.json and, with `--vllm`, in vLLM). Steps whose output is in WORK are not redone;
 `--table-only` only prints. Timed here with other work on the 2 cores: 31 minutes with `--vllm`, 54 more with
 `--regenerated`; `--domain`'s two distills took 28 and 30 minutes (started by hand side by side, one thread each;
 the script runs them one after the other), its evaluations and vLLM runs about 10 more; `--probes` 37 minutes of
@@ -110,10 +111,11 @@ def pass_order(n: int) -> tuple[str, ...]:
 # --resample (after the last pass): the last pass's drafts distilled once more on the serving domain's prompts, each
 # regenerated RESAMPLE_COPIES times by sampling (distill --regenerate --sample, T = 0.8): new target text on in-domain
 # prompts, where the unseen packages' unread text has run out. Both ways: the chain, and layer 0 for vLLM's rule.
-# --resample-rounds R (R >= 2) goes on with the chain alone, the draft nearest k = 3's bar in evaluate: round r distils
-# round r-1's chain on the same prompts sampled anew (--seed r - 1 draws other samples and another order)
+# --resample-rounds R (R >= 2) goes on with the chain, --resample-first-rounds R with layer 0 for vLLM's rule: round r
+# distils round r-1's draft on the same prompts sampled anew (--seed r - 1 draws other samples and another order)
 RESAMPLE_COPIES = 5
 MAX_ROUNDS = 4
+WAYS = {"chain": [], "first": ["--serving-engine", "vllm"]}  # the way's name, its options beyond the recipe
 
 
 def last_pass(extras: set[str]) -> int:
@@ -121,30 +123,34 @@ def last_pass(extras: set[str]) -> int:
     return max([1] + [n for n in range(2, MAX_PASSES + 1) if f"pass{n}" in extras])
 
 
-def resample_chain(r: int) -> str:
-    """Resampling round r's chain."""
-    return "resample-chain" if r == 1 else f"resample{r}-chain"
+def resampled(way: str, r: int) -> str:
+    """Resampling round r's draft of a way (chain | first)."""
+    return f"resample-{way}" if r == 1 else f"resample{r}-{way}"
 
 
 def resample_runs(n: int, extras: set[str]) -> list[tuple[str, str, list[str]]]:
     """--resample's distills, in order: (output, the draft it starts from, options beyond the recipe). Round 1 starts
-    from pass n's two drafts; round r >= 2 from round r-1's chain, with another seed."""
-    chain, first = pass_drafts(n)
-    runs = [(resample_chain(1), chain, []), ("resample-first", first, ["--serving-engine", "vllm"])]
-    for r in [r for r in range(2, MAX_ROUNDS + 1) if f"resample{r}" in extras]:
-        runs.append((resample_chain(r), resample_chain(r - 1), ["--seed", str(r - 1)]))
+    from pass n's two drafts; round r >= 2 of a way (extra `resample-{way}{r}`) from its round r-1, another seed."""
+    runs = [(resampled(way, 1), start, opts) for (way, opts), start in zip(WAYS.items(), pass_drafts(n), strict=True)]
+    for r in range(2, MAX_ROUNDS + 1):
+        for way, opts in WAYS.items():
+            if f"resample-{way}{r}" in extras:
+                runs.append((resampled(way, r), resampled(way, r - 1), [*opts, "--seed", str(r - 1)]))
     return runs
 
 
 def resample_evaluations(n: int) -> list[tuple[str, str, tuple[str, ...]]]:
-    """--resample's evaluations, as WIDE_EVALUATIONS' entries (each in evaluate's order, the new draft first): round
-    1's chain beside the raw chain and pass n's; its layer 0 for vLLM's rule beside layer 0 reused, pass n's and the
-    raw chain; round r's chain beside the raw chain and round r-1's."""
+    """--resample's evaluations, as WIDE_EVALUATIONS' entries (each in evaluate's order, the new draft first): a chain
+    beside the raw chain and the chain it came from; a layer 0 for vLLM's rule beside layer 0 reused, the draft it came
+    from and the raw chain."""
     chain, first = pass_drafts(n)
-    rows = [("resample", "-resample", (resample_chain(1), "raw-chain", chain))]
-    rows.append(("resample", "-resample-first", ("resample-first", "raw-first", first, "raw-chain")))
+    rows = [("resample", "-resample", (resampled("chain", 1), "raw-chain", chain))]
+    rows.append(("resample", "-resample-first", (resampled("first", 1), "raw-first", first, "raw-chain")))
     for r in range(2, MAX_ROUNDS + 1):
-        rows.append((f"resample{r}", f"-resample{r}", (resample_chain(r), "raw-chain", resample_chain(r - 1))))
+        names = (resampled("chain", r), "raw-chain", resampled("chain", r - 1))
+        rows.append((f"resample-chain{r}", f"-resample{r}", names))
+        names = (resampled("first", r), "raw-first", resampled("first", r - 1), "raw-chain")
+        rows.append((f"resample-first{r}", f"-resample{r}-first", names))
     return rows
 
 
@@ -173,6 +179,7 @@ SERVED = [
     ("sharpen", "-sharp", "wide-first-t05"),
     *[(f"pass{n}", f"-pass{n}", f"pass{n}-first") for n in range(2, MAX_PASSES + 1)],
     ("resample", "-resample", "resample-first"),
+    *[(f"resample-first{r}", f"-resample{r}", f"resample{r}-first") for r in range(2, MAX_ROUNDS + 1)],
 ]
 
 
@@ -380,22 +387,22 @@ TABLES = [
 
 
 def resample_tables(n: int) -> list[tuple]:
-    """--resample's acceptance tables, as TABLES' entries: each round's chain against the raw chain and the draft it
-    came from, and the layer 0 for vLLM's rule against layer 0 reused, pass n's and the raw chain."""
-    (_, suffix, order), (_, first_suffix, first), *later = resample_evaluations(n)
-    header = (
-        f"| k | raw chain | pass {n} | pass {n} + resampled in-domain | ratio (difference, 95 % CI) | over pass {n} |"
-    )
-    tables = [("resample", suffix, order, header, ["raw-chain", order[2], order[0], order[:2], (order[0], order[2])])]
-    header = (
-        f"| k | layer 0 reused (raw) | pass {n}, for vLLM (first) | + resampled in-domain | ratio (difference, 95 % CI) "
-        f"| over pass {n} | over the raw chain |"
-    )
-    columns = ["raw-first", first[2], first[0], first[:2], (first[0], first[2]), (first[0], "raw-chain")]
-    tables.append(("resample", first_suffix, first, header, columns))
-    for r, (extra, tag, names) in enumerate(later, start=2):
-        header = f"| k | raw chain | round {r - 1} | round {r} | ratio (difference, 95 % CI) | over round {r - 1} |"
-        tables.append((extra, tag, names, header, ["raw-chain", names[2], names[0], names[:2], (names[0], names[2])]))
+    """--resample's acceptance tables, as TABLES' entries: a chain against the raw chain and the chain it came from, a
+    layer 0 for vLLM's rule against layer 0 reused, the draft it came from and the raw chain."""
+    tables = []
+    for extra, suffix, names in resample_evaluations(n):
+        r = 1 if extra == "resample" else int(extra[-1])
+        before, new = (f"pass {n}", f"pass {n} + resampled in-domain") if r == 1 else (f"round {r - 1}", f"round {r}")
+        if names[1] == "raw-chain":  # a chain
+            header = f"| k | raw chain | {before} | {new} | ratio (difference, 95 % CI) | over {before} |"
+            columns = ["raw-chain", names[2], names[0], names[:2], (names[0], names[2])]
+        else:
+            header = (
+                f"| k | layer 0 reused (raw) | {before}, for vLLM (first) | {new} | ratio (difference, 95 % CI) "
+                f"| over {before} | over the raw chain |"
+            )
+            columns = ["raw-first", names[2], names[0], names[:2], (names[0], names[2]), (names[0], "raw-chain")]
+        tables.append((extra, suffix, names, header, columns))
     return tables
 
 
@@ -462,13 +469,14 @@ def main() -> int:
         action="store_true",
         help=f"with --sharpen: the last pass's drafts once more on domain.jsonl x {RESAMPLE_COPIES}, regenerated by sampling",
     )
-    ap.add_argument(
-        "--resample-rounds",
-        type=int,
-        default=1,
-        metavar="R",
-        help=f"with --resample: R - 1 more rounds of the chain, each on new samples (R <= {MAX_ROUNDS})",
-    )
+    for way, what in (("", "the chain"), ("-first", "layer 0 for vLLM's rule")):
+        ap.add_argument(
+            f"--resample{way}-rounds",
+            type=int,
+            default=1,
+            metavar="R",
+            help=f"with --resample: R - 1 more rounds of {what}, each on new samples (R <= {MAX_ROUNDS})",
+        )
     ap.add_argument("--table-only", action="store_true")
     args = ap.parse_args()
     args.work.mkdir(parents=True, exist_ok=True)
@@ -481,10 +489,12 @@ def main() -> int:
         ap.error("--resample needs --sharpen (it starts from the last pass's drafts)")
     if not 1 <= args.passes <= MAX_PASSES or (args.passes > 1 and "sharpen" not in extras):
         ap.error(f"--passes takes 1 to {MAX_PASSES}, and more than 1 needs --sharpen (pass 1 is its drafts)")
-    if not 1 <= args.resample_rounds <= MAX_ROUNDS or (args.resample_rounds > 1 and "resample" not in extras):
-        ap.error(f"--resample-rounds takes 1 to {MAX_ROUNDS}, and more than 1 needs --resample")
+    for way in WAYS:
+        rounds = args.resample_rounds if way == "chain" else args.resample_first_rounds
+        if not 1 <= rounds <= MAX_ROUNDS or (rounds > 1 and "resample" not in extras):
+            ap.error(f"--resample rounds take 1 to {MAX_ROUNDS}, and more than 1 needs --resample")
+        extras |= {f"resample-{way}{r}" for r in range(2, rounds + 1)}
     extras |= {f"pass{n}" for n in range(2, args.passes + 1)}
-    extras |= {f"resample{r}" for r in range(2, args.resample_rounds + 1)}
     if not args.table_only:
         measure(args.target, args.data, args.work, args.prompts, args.vllm, extras, args.wide)
     print(table(args.work, args.vllm, extras))

@@ -75,18 +75,23 @@ def test_resample_starts_from_the_last_passs_drafts_on_copies_of_the_domain(tmp_
     assert _texts(out) == ["a", "b"] * bench_chain.RESAMPLE_COPIES
 
 
-def test_later_resample_rounds_go_on_from_the_chain_before_under_another_seed() -> None:
-    runs = bench_chain.resample_runs(4, {"resample", "resample2", "resample3"})
+def test_later_resample_rounds_go_on_from_the_round_before_under_another_seed() -> None:
+    runs = bench_chain.resample_runs(4, {"resample", "resample-chain2", "resample-chain3", "resample-first2"})
     assert runs[2:] == [
         ("resample2-chain", "resample-chain", ["--seed", "1"]),
+        ("resample2-first", "resample-first", ["--serving-engine", "vllm", "--seed", "1"]),
         ("resample3-chain", "resample2-chain", ["--seed", "2"]),
     ]
-    seeds = [opts[opts.index("--seed") + 1] for _, _, opts in runs if "--seed" in opts]
-    assert len(set(seeds)) == len(seeds) and "0" not in seeds  # round 1 ran at distill's default seed, 0
+    for name, start, opts in runs:  # a draft for vLLM's rule stays one, from round 1 on
+        assert name.endswith("-first") == start.endswith("-first") == ("--serving-engine" in opts)
+    seeds = [opts[opts.index("--seed") + 1] for name, _, opts in runs if name.endswith("-chain") and "--seed" in opts]
+    assert seeds == ["1", "2"]  # round 1 ran at distill's default seed, 0: each round samples anew
 
 
 def test_every_resample_evaluation_puts_its_new_draft_first_beside_what_it_came_from() -> None:
-    runs = {name: start for name, start, _ in bench_chain.resample_runs(4, {"resample", "resample2", "resample3"})}
+    extras = {"resample", *[f"resample-{way}{r}" for way in ("chain", "first") for r in (2, 3, 4)]}
+    runs = {name: start for name, start, _ in bench_chain.resample_runs(4, extras)}
+    assert len(runs) == 8
     evaluations = bench_chain.resample_evaluations(4)
     tags = [tag for _, tag, _ in evaluations]
     assert len(set(tags)) == len(tags)  # one file each
@@ -96,4 +101,7 @@ def test_every_resample_evaluation_puts_its_new_draft_first_beside_what_it_came_
     for extra, suffix, names, _, columns in bench_chain.resample_tables(4):
         assert (extra, suffix, names) in evaluations
         assert all(c in names for col in columns for c in ([col] if isinstance(col, str) else col))
-    assert ("resample", "-resample", "resample-first") in bench_chain.SERVED  # the draft for vLLM's rule is served
+    assert all(names[0] in runs for _, _, names in evaluations)  # every run is evaluated
+    served = {draft for _, _, draft in bench_chain.SERVED}
+    assert {name for name in runs if name.endswith("-first")} <= served  # each draft for vLLM's rule is served
+    assert len({tag for _, tag, _ in bench_chain.SERVED}) == len(bench_chain.SERVED)
