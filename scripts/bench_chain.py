@@ -51,8 +51,9 @@ the script runs them one after the other), its evaluations and vLLM runs about 1
 distillation (beside the vLLM runs) and 8 (alone), 2 of evaluation; `--wide`'s two distills 50 and 52 minutes (side by
 side, one thread each), its evaluations and vLLM runs 25 more beside two other distills; `--passes 3`'s four distills
 52-60 minutes (two side by side), each pass's evaluations and vLLM runs 5 more alone, 10 beside two distills; pass 4's
-two distills (1310 steps) 47-48 minutes side by side, its evaluations and vLLM runs 6 alone; `--resample`'s distill
-53 minutes (beside the unit and engine suites), its evaluations 2.
+two distills (1310 steps) 47-48 minutes side by side, its evaluations and vLLM runs 6 alone; `--resample`'s distills
+53-54 minutes (two side by side, or beside the unit and engine suites), its evaluations and vLLM runs 2-8 alone; each
+later round's two distills (one per way) 53 minutes side by side.
 """
 
 from __future__ import annotations
