@@ -214,7 +214,7 @@ def regenerate(
     order = sorted(range(len(jobs)), key=lambda i: (len(jobs[i][0]), jobs[i][1]))
     out: list[Example | None] = [None] * len(jobs)
     device = torch.device(target.device)
-    cuda = [device.index or 0] if device.type == "cuda" else []
+    cuda = [torch.cuda.current_device() if device.index is None else device.index] if device.type == "cuda" else []
     done = 0
     for start in range(0, len(order), batch_size):
         chunk = order[start : start + batch_size]

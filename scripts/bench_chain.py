@@ -15,45 +15,45 @@ CLI (what a user runs):
   so layer 0 is trained for every step);
 
 then evaluates all four on the same held-out prompts, greedy, at k = 3 and 6 (WORK/k*.eval.json), and with `--vllm`
-serves the target in vLLM with `raw-chain` and `distilled-first` (vLLM applies its own rule) beside `evaluate` in
-bf16 under `--step-layers first` (WORK/k*-vllm.json, WORK/k*-bf16-first.json). It prints mean acceptance length per
-draft, the ratio of each distilled draft to the raw draft under the same rule with the difference's 95 % paired
-bootstrap interval over prompts (`mtp2draft.evaluation.compare`), and vLLM's figures beside `evaluate`'s. With
-`--regenerated` it adds `distilled-chain-regen` (600 steps on the target's own greedy continuations of the training
-prompts, `distill --regenerate`) against the raw chain. With `--domain` it distils both ways again on the serving
-domain, DATA_DIR/domain.jsonl (the held-out packages' files that no evaluation prompt comes from, written by
+serves the target in vLLM with `raw-chain` and `distilled-first` (vLLM applies its own rule) beside `evaluate` in bf16
+under `--step-layers first` (WORK/k*-vllm.json, WORK/k*-bf16-first.json). It prints mean acceptance length per draft,
+the ratio of each distilled draft to the raw draft under the same rule with the difference's 95 % paired bootstrap
+interval over prompts (`mtp2draft.evaluation.compare`), and vLLM's figures beside `evaluate`'s. With `--regenerated` it
+adds `distilled-chain-regen` (600 steps on the target's own greedy continuations of the training prompts, `distill
+--regenerate`) against the raw chain. With `--domain` it distils both ways again on the serving domain,
+DATA_DIR/domain.jsonl (the held-out packages' files that no evaluation prompt comes from, written by
 scripts/domain_data.py), the same 600 regenerated steps: `domain-chain` (cycle) and `domain-first` (vLLM's rule),
 evaluated beside the raw drafts (WORK/k*-domain.eval.json) and, with `--vllm`, `domain-first` in vLLM
-(WORK/k*-domain-vllm.json, WORK/k*-domain-bf16-first.json). `--probes` adds `domain-chain-long` (in-domain, 1500
-steps, 3 TTT steps) and `oracle-chain` (600 steps on the evaluation's own prompts and the target's continuations of
-them: an upper bound, never a result), evaluated beside the raw and the 600-step in-domain chain
-(WORK/k*-probes.eval.json). `--wide SITE_PACKAGES` mixes domain.jsonl with Python from the packages of another
-environment that no target trained on (scripts/wide_data.py writes WORK/wide.jsonl, some 14,000 records from the vLLM
-venv; not committed) and distils both ways on it for one pass (1500 regenerated steps, 3 TTT steps): `wide-chain` and
-`wide-first`, evaluated beside the raw drafts (WORK/k*-wide.eval.json) and, with `--vllm`, `wide-first` in vLLM
-(WORK/k*-wide-vllm.json, WORK/k*-wide-bf16-first.json). `--sharpen` (with `--wide`) repeats both runs with
-`distill --teacher-temperature 0.5`: `wide-chain-t05` and `wide-first-t05` (WORK/k*-sharp.eval.json and, with
-`--vllm`, WORK/k*-sharp-vllm.json, WORK/k*-sharp-bf16-first.json). `--passes N` (with `--sharpen`) goes on from the two T = 0.5
-drafts (pass 1): pass n = 2..N distils pass n-1's drafts once more, 1500 regenerated steps at
-`--teacher-temperature 0.25` and lr 5e-4, on 12,000 records no earlier pass read (WORK/wide{n}.jsonl, see
-later_pass_args; where fewer are left, one step per 8 of them: pass 4 has 10,487, so 1310 steps): `pass{n}-chain` and `pass{n}-first`, evaluated beside the raw drafts and pass n-1's
+(WORK/k*-domain-vllm.json, WORK/k*-domain-bf16-first.json). `--probes` adds `domain-chain-long` (in-domain, 1500 steps,
+3 TTT steps) and `oracle-chain` (600 steps on the evaluation's own prompts and the target's continuations of them: an
+upper bound, never a result), evaluated beside the raw and the 600-step in-domain chain (WORK/k*-probes.eval.json).
+`--wide SITE_PACKAGES` mixes domain.jsonl with Python from the packages of another environment that no target trained on
+(scripts/wide_data.py writes WORK/wide.jsonl, some 14,000 records from the vLLM venv; not committed) and distils both
+ways on it for one pass (1500 regenerated steps, 3 TTT steps): `wide-chain` and `wide-first`, evaluated beside the raw
+drafts (WORK/k*-wide.eval.json) and, with `--vllm`, `wide-first` in vLLM (WORK/k*-wide-vllm.json,
+WORK/k*-wide-bf16-first.json). `--sharpen` (with `--wide`) repeats both runs with `distill --teacher-temperature 0.5`:
+`wide-chain-t05` and `wide-first-t05` (WORK/k*-sharp.eval.json and, with `--vllm`, WORK/k*-sharp-vllm.json,
+WORK/k*-sharp-bf16-first.json). `--passes N` (with `--sharpen`) goes on from the two T = 0.5 drafts (pass 1): pass n =
+2..N distils pass n-1's drafts once more, 1500 regenerated steps at `--teacher-temperature 0.25` and lr 5e-4, on 12,000
+records no earlier pass read (WORK/wide{n}.jsonl, see later_pass_args; where fewer are left, one step per 8 of them:
+pass 4 has 10,487, so 1310 steps): `pass{n}-chain` and `pass{n}-first`, evaluated beside the raw drafts and pass n-1's
 (WORK/k*-pass{n}.eval.json) and, with `--vllm`, `pass{n}-first` in vLLM. `--resample` distils the last pass's drafts
 once more on the serving domain's prompts, domain.jsonl five times over, each copy regenerated by sampling (`distill
 --regenerate --sample`): `resample-chain`, evaluated beside the raw chain and the pass it came from
 (WORK/k*-resample.eval.json), and `resample-first` (vLLM's rule) beside layer 0 reused, the pass it came from and the
 raw chain (WORK/k*-resample-first.eval.json) and, with `--vllm`, in vLLM. `--resample-rounds R` goes on with the chain
 for R - 1 more rounds, each from the round before on the same prompts sampled anew under another seed:
-`resample{r}-chain` (WORK/k*-resample{r}.eval.json); `--resample-first-rounds R` does the same for layer 0 for
-vLLM's rule: `resample{r}-first` (WORK/k*-resample{r}-first.eval.json and, with `--vllm`, in vLLM). Steps whose output is in WORK are not redone;
-`--table-only` only prints. Timed here with other work on the 2 cores: 31 minutes with `--vllm`, 54 more with
-`--regenerated`; `--domain`'s two distills took 28 and 30 minutes (started by hand side by side, one thread each;
-the script runs them one after the other), its evaluations and vLLM runs about 10 more; `--probes` 37 minutes of
+`resample{r}-chain` (WORK/k*-resample{r}.eval.json); `--resample-first-rounds R` does the same for layer 0 for vLLM's
+rule: `resample{r}-first` (WORK/k*-resample{r}-first.eval.json and, with `--vllm`, in vLLM). Steps whose output is in
+WORK are not redone; `--table-only` only prints. Timed here with other work on the 2 cores: 31 minutes with `--vllm`, 54
+more with `--regenerated`; `--domain`'s two distills took 28 and 30 minutes (started by hand side by side, one thread
+each; the script runs them one after the other), its evaluations and vLLM runs about 10 more; `--probes` 37 minutes of
 distillation (beside the vLLM runs) and 8 (alone), 2 of evaluation; `--wide`'s two distills 50 and 52 minutes (side by
 side, one thread each), its evaluations and vLLM runs 25 more beside two other distills; `--passes 3`'s four distills
 52-60 minutes (two side by side), each pass's evaluations and vLLM runs 5 more alone, 10 beside two distills; pass 4's
 two distills (1310 steps) 47-48 minutes side by side, its evaluations and vLLM runs 6 alone; `--resample`'s distills
 53-54 minutes (two side by side, or beside the unit and engine suites), its evaluations and vLLM runs 2-8 alone; each
-later round's two distills (one per way) 53 minutes side by side.
+later round's two distills (one per way) 52-54 minutes side by side.
 """
 
 from __future__ import annotations
@@ -116,7 +116,12 @@ def pass_order(n: int) -> tuple[str, ...]:
 # distils round r-1's draft on the same prompts sampled anew (--seed r - 1 draws other samples and another order)
 RESAMPLE_COPIES = 5
 MAX_ROUNDS = 4
-WAYS = {"chain": [], "first": ["--serving-engine", "vllm"]}  # the way's name, its options beyond the recipe
+ROUNDS = range(1, MAX_ROUNDS + 1)
+# each way: its options beyond the recipe, the flag asking for its later rounds, and what that flag's help calls it
+WAYS = {
+    "chain": ([], "--resample-rounds", "the chain"),
+    "first": (["--serving-engine", "vllm"], "--resample-first-rounds", "layer 0 for vLLM's rule"),
+}
 
 
 def last_pass(extras: set[str]) -> int:
@@ -129,30 +134,46 @@ def resampled(way: str, r: int) -> str:
     return f"resample-{way}" if r == 1 else f"resample{r}-{way}"
 
 
+def resample_extra(way: str, r: int) -> str:
+    """The extra that asks for round r of a way: --resample itself for round 1."""
+    return "resample" if r == 1 else f"resample-{way}{r}"
+
+
+def resample_tag(r: int) -> str:
+    """Round r's file tag: WORK/k*{tag}.eval.json (a layer 0 for vLLM's rule adds -first), k*{tag}-vllm.json."""
+    return "-resample" + (str(r) if r > 1 else "")
+
+
+def resample_start(n: int, way: str, r: int) -> str:
+    """The draft round r of a way starts from: pass n's draft of that way for round 1, else round r-1's."""
+    return pass_drafts(n)[list(WAYS).index(way)] if r == 1 else resampled(way, r - 1)
+
+
 def resample_runs(n: int, extras: set[str]) -> list[tuple[str, str, list[str]]]:
-    """--resample's distills, in order: (output, the draft it starts from, options beyond the recipe). Round 1 starts
-    from pass n's two drafts; round r >= 2 of a way (extra `resample-{way}{r}`) from its round r-1, another seed."""
-    runs = [(resampled(way, 1), start, opts) for (way, opts), start in zip(WAYS.items(), pass_drafts(n), strict=True)]
-    for r in range(2, MAX_ROUNDS + 1):
-        for way, opts in WAYS.items():
-            if f"resample-{way}{r}" in extras:
-                runs.append((resampled(way, r), resampled(way, r - 1), [*opts, "--seed", str(r - 1)]))
+    """--resample's distills, in order: (output, the draft it starts from, options beyond the recipe). Round r >= 2
+    runs at --seed r - 1 (round 1 at distill's default, 0), so each round samples anew."""
+    runs = []
+    for r in ROUNDS:
+        for way, (opts, _, _) in WAYS.items():
+            if resample_extra(way, r) in extras:
+                seed = ["--seed", str(r - 1)] if r > 1 else []
+                runs.append((resampled(way, r), resample_start(n, way, r), [*opts, *seed]))
     return runs
 
 
-def resample_evaluations(n: int) -> list[tuple[str, str, tuple[str, ...]]]:
-    """--resample's evaluations, as WIDE_EVALUATIONS' entries (each in evaluate's order, the new draft first): a chain
+def resample_evaluation(n: int, way: str, r: int) -> tuple[str, str, tuple[str, ...]]:
+    """Round r of a way's evaluation, as WIDE_EVALUATIONS' entries (in evaluate's order, the new draft first): a chain
     beside the raw chain and the chain it came from; a layer 0 for vLLM's rule beside layer 0 reused, the draft it came
     from and the raw chain."""
-    chain, first = pass_drafts(n)
-    rows = [("resample", "-resample", (resampled("chain", 1), "raw-chain", chain))]
-    rows.append(("resample", "-resample-first", (resampled("first", 1), "raw-first", first, "raw-chain")))
-    for r in range(2, MAX_ROUNDS + 1):
-        names = (resampled("chain", r), "raw-chain", resampled("chain", r - 1))
-        rows.append((f"resample-chain{r}", f"-resample{r}", names))
-        names = (resampled("first", r), "raw-first", resampled("first", r - 1), "raw-chain")
-        rows.append((f"resample-first{r}", f"-resample{r}-first", names))
-    return rows
+    tag = resample_tag(r) + ("-first" if way == "first" else "")
+    new, start = resampled(way, r), resample_start(n, way, r)
+    names = (new, "raw-chain", start) if way == "chain" else (new, "raw-first", start, "raw-chain")
+    return (resample_extra(way, r), tag, names)
+
+
+def resample_evaluations(n: int) -> list[tuple[str, str, tuple[str, ...]]]:
+    """Every round's evaluation, both ways (see resample_evaluation)."""
+    return [resample_evaluation(n, way, r) for r in ROUNDS for way in WAYS]
 
 
 def resample_data(data: Path, work: Path) -> Path:
@@ -179,8 +200,7 @@ SERVED = [
     ("wide", "-wide", "wide-first"),
     ("sharpen", "-sharp", "wide-first-t05"),
     *[(f"pass{n}", f"-pass{n}", f"pass{n}-first") for n in range(2, MAX_PASSES + 1)],
-    ("resample", "-resample", "resample-first"),
-    *[(f"resample-first{r}", f"-resample{r}", f"resample{r}-first") for r in range(2, MAX_ROUNDS + 1)],
+    *[(resample_extra("first", r), resample_tag(r), resampled("first", r)) for r in ROUNDS],
 ]
 
 
@@ -288,16 +308,18 @@ def prepare(target: Path, data: Path, work: Path, prompts: int, extras: set[str]
         out = work / name
         if not (out / "config.json").is_file():
             cli("distill", str(raw), "--target", str(target), *options, "--out", str(out))
-    engines = ([], ["--serving-engine", "vllm"])  # the chain under cycle, layer 0 for vLLM's rule
+    engines = [opts for opts, _, _ in WAYS.values()]  # the chain under cycle, layer 0 for vLLM's rule
     for n in [n for n in range(2, MAX_PASSES + 1) if f"pass{n}" in extras]:  # from pass n-1's drafts, not the raw
         records = later_pass_data(site, work, n)
         again = ["--data", str(records), "--device", "cpu", *PASS, "--steps", str(pass_steps(records))]
         for name, start, serving in zip(pass_drafts(n), pass_drafts(n - 1), engines, strict=True):
             if not (work / name / "config.json").is_file():
                 cli("distill", str(work / start), "--target", str(target), *again, *serving, "--out", str(work / name))
-    for name, start, options in resample_runs(last_pass(extras), extras) if "resample" in extras else []:
+    runs = resample_runs(last_pass(extras), extras)  # none without --resample
+    if runs:
         records = resample_data(data, work)  # in-domain, sampled anew
         again = ["--data", str(records), "--device", "cpu", *PASS, "--sample", "--steps", str(pass_steps(records))]
+    for name, start, options in runs:
         if not (work / name / "config.json").is_file():
             cli("distill", str(work / start), "--target", str(target), *again, *options, "--out", str(work / name))
 
@@ -391,19 +413,22 @@ def resample_tables(n: int) -> list[tuple]:
     """--resample's acceptance tables, as TABLES' entries: a chain against the raw chain and the chain it came from, a
     layer 0 for vLLM's rule against layer 0 reused, the draft it came from and the raw chain."""
     tables = []
-    for extra, suffix, names in resample_evaluations(n):
-        r = 1 if extra == "resample" else int(extra[-1])
-        before, new = (f"pass {n}", f"pass {n} + resampled in-domain") if r == 1 else (f"round {r - 1}", f"round {r}")
-        if names[1] == "raw-chain":  # a chain
-            header = f"| k | raw chain | {before} | {new} | ratio (difference, 95 % CI) | over {before} |"
-            columns = ["raw-chain", names[2], names[0], names[:2], (names[0], names[2])]
-        else:
-            header = (
-                f"| k | layer 0 reused (raw) | {before}, for vLLM (first) | {new} | ratio (difference, 95 % CI) "
-                f"| over {before} | over the raw chain |"
+    for r in ROUNDS:
+        for way in WAYS:
+            extra, suffix, names = resample_evaluation(n, way, r)
+            before, new = (
+                (f"pass {n}", f"pass {n} + resampled in-domain") if r == 1 else (f"round {r - 1}", f"round {r}")
             )
-            columns = ["raw-first", names[2], names[0], names[:2], (names[0], names[2]), (names[0], "raw-chain")]
-        tables.append((extra, suffix, names, header, columns))
+            if way == "chain":
+                header = f"| k | raw chain | {before} | {new} | ratio (difference, 95 % CI) | over {before} |"
+                columns = ["raw-chain", names[2], names[0], names[:2], (names[0], names[2])]
+            else:
+                header = (
+                    f"| k | layer 0 reused (raw) | {before}, for vLLM (first) | {new} | ratio (difference, 95 % CI) "
+                    f"| over {before} | over the raw chain |"
+                )
+                columns = ["raw-first", names[2], names[0], names[:2], (names[0], names[2]), (names[0], "raw-chain")]
+            tables.append((extra, suffix, names, header, columns))
     return tables
 
 
@@ -468,19 +493,19 @@ def main() -> int:
     ap.add_argument(
         "--resample",
         action="store_true",
-        help=f"with --sharpen: the last pass's drafts once more on domain.jsonl x {RESAMPLE_COPIES}, regenerated by sampling",
+        help=f"with --sharpen: the last pass's drafts again on domain.jsonl x {RESAMPLE_COPIES}, sampled anew",
     )
-    for way, what in (("", "the chain"), ("-first", "layer 0 for vLLM's rule")):
+    for way, (_, flag, what) in WAYS.items():
         ap.add_argument(
-            f"--resample{way}-rounds",
+            flag,
             type=int,
             default=1,
+            dest=f"rounds_{way}",
             metavar="R",
             help=f"with --resample: R - 1 more rounds of {what}, each on new samples (R <= {MAX_ROUNDS})",
         )
     ap.add_argument("--table-only", action="store_true")
     args = ap.parse_args()
-    args.work.mkdir(parents=True, exist_ok=True)
     extras = {
         name for name in ("regenerated", "domain", "probes", "wide", "sharpen", "resample") if getattr(args, name)
     }
@@ -490,13 +515,14 @@ def main() -> int:
         ap.error("--resample needs --sharpen (it starts from the last pass's drafts)")
     if not 1 <= args.passes <= MAX_PASSES or (args.passes > 1 and "sharpen" not in extras):
         ap.error(f"--passes takes 1 to {MAX_PASSES}, and more than 1 needs --sharpen (pass 1 is its drafts)")
-    for way in WAYS:
-        rounds = args.resample_rounds if way == "chain" else args.resample_first_rounds
+    for way, (_, flag, _) in WAYS.items():
+        rounds = getattr(args, f"rounds_{way}")
         if not 1 <= rounds <= MAX_ROUNDS or (rounds > 1 and "resample" not in extras):
-            ap.error(f"--resample rounds take 1 to {MAX_ROUNDS}, and more than 1 needs --resample")
-        extras |= {f"resample-{way}{r}" for r in range(2, rounds + 1)}
+            ap.error(f"{flag} takes 1 to {MAX_ROUNDS}, and more than 1 needs --resample")
+        extras |= {resample_extra(way, r) for r in range(2, rounds + 1)}
     extras |= {f"pass{n}" for n in range(2, args.passes + 1)}
     if not args.table_only:
+        args.work.mkdir(parents=True, exist_ok=True)  # once the options are known good
         measure(args.target, args.data, args.work, args.prompts, args.vllm, extras, args.wide)
     print(table(args.work, args.vllm, extras))
     return 0
