@@ -14,7 +14,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from mtp2draft.evaluation.verdict import lossless_words
+from mtp2draft.evaluation.verdict import lossless_words, parted_at_ties
 from mtp2draft.kinds import DraftKind
 from mtp2draft.units import human_bytes
 
@@ -153,7 +153,7 @@ def acceptance_table(results: list[dict[str, Any]]) -> str:
     lines = ["  ".join(str(x).ljust(w) for x, w in zip(row, widths, strict=True)) for row in [head, *rows]]
     if any(r.get("per_draft_acceptance") for r in results):
         lines.append("pos j: P(j accepted | 1..j-1 accepted) / P(j accepted) per draft")
-    if any("tie" in (lossless_words(r) or "") for r in results):
+    if any(parted_at_ties(r) for r in results):
         lines.append("tie(s): prompts whose output parted from the target's where its top two logits tie in this dtype")
     return "\n".join(lines)
 

@@ -20,5 +20,13 @@ def lossless_words(result: Mapping[str, Any]) -> str | None:
         return None
     if result["lossless"]:
         return "yes"
-    ties = result.get("ties") or 0
+    ties = parted_at_ties(result)
     return f"yes, {ties} tie(s)" if ties else "no"
+
+
+def parted_at_ties(result: Mapping[str, Any]) -> int:
+    """How many prompts of a greedy result parted from the target's output at a logit tie (0 when none did, when the
+    result is lossless outright, or at a temperature)."""
+    if result.get("lossless") is not False:
+        return 0
+    return result.get("ties") or 0
