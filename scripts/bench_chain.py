@@ -2,7 +2,8 @@
 
     python scripts/bench_chain.py TARGET_DIR DATA_DIR WORK [--prompts 64] [--vllm] [--table-only]
         [--regenerated] [--domain] [--probes]
-        [--wide SITE_PACKAGES [--sharpen [--passes N] [--resample [--resample-rounds R] [--resample-first-rounds R]]]]
+        [--wide SITE_PACKAGES [--sharpen [--passes N] [--resample [--resample-rounds R] [--resample-first-rounds R]
+        [--average]]]]
 
 TARGET_DIR is a runnable target with several MTP layers (examples/targets/tiny-mimo-3mtp), DATA_DIR holds train.jsonl
 and heldout.jsonl (prompts from packages the target never trained on). Into WORK it writes, through the `mtp2draft`
@@ -44,7 +45,12 @@ once more on the serving domain's prompts, domain.jsonl five times over, each co
 raw chain (WORK/k*-resample-first.eval.json) and, with `--vllm`, in vLLM. `--resample-rounds R` goes on with the chain
 for R - 1 more rounds, each from the round before on the same prompts sampled anew under another seed:
 `resample{r}-chain` (WORK/k*-resample{r}.eval.json); `--resample-first-rounds R` does the same for layer 0 for vLLM's
-rule: `resample{r}-first` (WORK/k*-resample{r}-first.eval.json and, with `--vllm`, in vLLM). Steps whose output is in
+rule: `resample{r}-first` (WORK/k*-resample{r}-first.eval.json and, with `--vllm`, in vLLM). `--average` (with `--resample`), per
+way: `mean-{way}`, the element-wise mean of its rounds' weights; `weighted-{way}`, distilled from that mean once more
+on the resampled prompts with each step's loss weighted by its worth to acceptance at k = 3 (WEIGHTED); and
+`soup-{way}`, the mean of the way's whole line (the last pass's draft, the rounds, the weighted run), evaluated beside
+the raw drafts (WORK/k*-average.eval.json, WORK/k*-average-first.eval.json) and, with `--vllm`, the weighted and the
+soup layer 0 in vLLM (WORK/k*-weighted-vllm.json, WORK/k*-soup-vllm.json). Steps whose output is in
 WORK are not redone; `--table-only` only prints. Timed here with other work on the 2 cores: 31 minutes with `--vllm`, 54
 more with `--regenerated`; `--domain`'s two distills took 28 and 30 minutes (started by hand side by side, one thread
 each; the script runs them one after the other), its evaluations and vLLM runs about 10 more; `--probes` 37 minutes of
@@ -53,7 +59,8 @@ side, one thread each), its evaluations and vLLM runs 25 more beside two other d
 52-60 minutes (two side by side), each pass's evaluations and vLLM runs 5 more alone, 10 beside two distills; pass 4's
 two distills (1310 steps) 47-48 minutes side by side, its evaluations and vLLM runs 6 alone; `--resample`'s distills
 53-54 minutes (two side by side, or beside the unit and engine suites), its evaluations and vLLM runs 2-8 alone; each
-later round's two distills (one per way) 52-54 minutes side by side.
+later round's two distills (one per way) 52-54 minutes side by side; `--average`'s two weighted distills 52 minutes
+side by side (3108 s, 3119 s), its means seconds.
 """
 
 from __future__ import annotations
@@ -187,6 +194,65 @@ def resample_data(data: Path, work: Path) -> Path:
     return path
 
 
+# --average (after --resample): per way, `mean-{way}`, the element-wise mean of the way's resampling rounds' weights;
+# `weighted-{way}`, distilled from it once more on the resampled prompts with the step losses weighted by what each
+# step is worth to acceptance at k = 3 (d AL / d p_j = 1 + p2 + p2 p3, p1 (1 + p3), p1 p2 at the measured
+# p = 0.84, 0.89, 0.88: 2.67, 1.58, 0.75, so 1, 0.59, 0.28 against distill's default 0.8^s), under --seed 3 (samples no
+# earlier round drew with this start); and `soup-{way}`, the mean of the way's whole line: the last pass's draft, every
+# round, and the weighted run. A mean of drafts on one line of fine-tunes (each from the one before) stays in one basin,
+# which is what lets averaging their weights (as stochastic weight averaging and model soups do) help, not blur.
+WEIGHTED = ["--step-weights", "1,0.59,0.28", "--seed", "3"]
+
+
+def way_rounds(way: str, extras: set[str]) -> list[str]:
+    """A way's resampling rounds that the extras ask for, in order."""
+    return [resampled(way, r) for r in ROUNDS if resample_extra(way, r) in extras]
+
+
+def average_sources(n: int, way: str, extras: set[str]) -> dict[str, list[str]]:
+    """--average's two means of a way, each with the drafts it averages: `mean-{way}` (the rounds), `soup-{way}` (the
+    last pass's draft, the rounds and `weighted-{way}`)."""
+    rounds = way_rounds(way, extras)
+    start = pass_drafts(n)[list(WAYS).index(way)]
+    return {f"mean-{way}": rounds, f"soup-{way}": [start, *rounds, f"weighted-{way}"]}
+
+
+def average_drafts(out: Path, sources: list[Path]) -> None:
+    """`out`: a draft whose every tensor is the mean of `sources`' (accumulated in float64, stored in their dtype).
+    The sources must be one kind of draft: the same config.json and the same tensor names and shapes. Its provenance
+    is the first source's, less its distill record, naming what was averaged. Written whole, then renamed."""
+    import torch
+    from safetensors.torch import load_file, save_file
+
+    configs = {(src / "config.json").read_text() for src in sources}
+    if len(configs) != 1:
+        raise SystemExit(f"{out.name}: the drafts to average differ in config.json: {', '.join(map(str, sources))}")
+    states = [load_file(src / "model.safetensors") for src in sources]
+    names = set(states[0])
+    if any(set(s) != names or any(s[k].shape != states[0][k].shape for k in names) for s in states):
+        raise SystemExit(f"{out.name}: the drafts to average differ in tensor names or shapes")
+    mean = {k: (sum(s[k].to(torch.float64) for s in states) / len(states)).to(states[0][k].dtype) for k in names}
+    tmp = out.with_name(f".{out.name}")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir()
+    (tmp / "config.json").write_text(configs.pop())
+    provenance = json.loads((sources[0] / "provenance.json").read_text())
+    provenance.pop("distill", None)
+    provenance["average_of"] = [str(src) for src in sources]
+    (tmp / "provenance.json").write_text(json.dumps(provenance, indent=2) + "\n")
+    save_file(mean, tmp / "model.safetensors", metadata={"format": "pt"})
+    tmp.rename(out)
+
+
+def average_evaluation(way: str) -> tuple[str, str, tuple[str, ...]]:
+    """--average's evaluation of a way, as WIDE_EVALUATIONS' entries: the soup first, then (chain) the raw chain, the
+    weighted run and the mean it started from; (first) layer 0 reused, the weighted run, the mean and the raw chain."""
+    tail = ("raw-chain",) if way == "first" else ()
+    raw = "raw-chain" if way == "chain" else "raw-first"
+    return ("average", "-average" + ("-first" if way == "first" else ""),
+            (f"soup-{way}", raw, f"weighted-{way}", f"mean-{way}", *tail))  # fmt: skip
+
+
 # the wide runs' evaluations: (extra, file tag, drafts in evaluate's order)
 WIDE_EVALUATIONS = [
     ("wide", "-wide", WIDE_DRAFTS),
@@ -201,6 +267,8 @@ SERVED = [
     ("sharpen", "-sharp", "wide-first-t05"),
     *[(f"pass{n}", f"-pass{n}", f"pass{n}-first") for n in range(2, MAX_PASSES + 1)],
     *[(resample_extra("first", r), resample_tag(r), resampled("first", r)) for r in ROUNDS],
+    ("average", "-weighted", "weighted-first"),
+    ("average", "-soup", "soup-first"),
 ]
 
 
@@ -322,6 +390,26 @@ def prepare(target: Path, data: Path, work: Path, prompts: int, extras: set[str]
     for name, start, options in runs:
         if not (work / name / "config.json").is_file():
             cli("distill", str(work / start), "--target", str(target), *again, *options, "--out", str(work / name))
+    if "average" in extras:
+        for way, (opts, _, _) in WAYS.items():
+            (mean, rounds), (soup, line) = average_sources(last_pass(extras), way, extras).items()
+            if not (work / mean / "config.json").is_file():
+                average_drafts(work / mean, [work / d for d in rounds])
+            weighted = work / f"weighted-{way}"
+            if not (weighted / "config.json").is_file():
+                cli(
+                    "distill",
+                    str(work / mean),
+                    "--target",
+                    str(target),
+                    *again,
+                    *opts,
+                    *WEIGHTED,
+                    "--out",
+                    str(weighted),
+                )
+            if not (work / soup / "config.json").is_file():
+                average_drafts(work / soup, [work / d for d in line])
 
 
 def measure(
@@ -330,7 +418,7 @@ def measure(
     prepare(target, data, work, prompts, extras, site)
     common = ["--target", str(target), "--data", str(data / "heldout.jsonl"), "--max-new-tokens", "64"]
     common += ["--max-prompts", str(prompts), "--json"]
-    evaluations = [*WIDE_EVALUATIONS, *resample_evaluations(last_pass(extras))]
+    evaluations = [*WIDE_EVALUATIONS, *resample_evaluations(last_pass(extras)), *map(average_evaluation, WAYS)]
     for k in KS:
         drafts = [str(work / DRAFTS[0])] + [a for d in DRAFTS[1:] for a in ("--baseline", str(work / d))]
         to_file(work / f"k{k}.eval.json", "evaluate", *drafts, *common, "-k", str(k), "--device", "cpu")
@@ -432,9 +520,25 @@ def resample_tables(n: int) -> list[tuple]:
     return tables
 
 
+def average_tables() -> list[tuple]:
+    """--average's acceptance tables, as TABLES' entries: the chain's weighted run and soup against the raw chain and
+    the mean; layer 0 for vLLM's rule's against layer 0 reused and the raw chain."""
+    (_, c_suffix, c), (_, f_suffix, f) = average_evaluation("chain"), average_evaluation("first")
+    return [
+        ("average", c_suffix, c,
+         "| k | raw chain | mean of the rounds | weighted, from the mean | ratio (difference, 95 % CI) | soup of the line "
+         "| ratio (difference, 95 % CI) |",
+         ["raw-chain", c[3], c[2], (c[2], c[1]), c[0], (c[0], c[1])]),
+        ("average", f_suffix, f,
+         "| k | layer 0 reused (raw) | mean of the rounds, for vLLM (first) | weighted, from the mean | soup of the line "
+         "| soup / layer 0 reused | soup / raw chain |",
+         ["raw-first", f[3], f[2], f[0], (f[0], f[1]), (f[0], f[4])]),
+    ]  # fmt: skip
+
+
 def table(work: Path, vllm: bool, extras: set[str]) -> str:
     lines: list[str] = []
-    for extra, suffix, names, header, columns in [*TABLES, *resample_tables(last_pass(extras))]:
+    for extra, suffix, names, header, columns in [*TABLES, *resample_tables(last_pass(extras)), *average_tables()]:
         if extra is not None and extra not in extras:
             continue
         lines += [*([""] if lines else []), header, "|---" * (len(columns) + 1) + "|"]
@@ -495,6 +599,11 @@ def main() -> int:
         action="store_true",
         help=f"with --sharpen: the last pass's drafts again on domain.jsonl x {RESAMPLE_COPIES}, sampled anew",
     )
+    ap.add_argument(
+        "--average",
+        action="store_true",
+        help="with --resample: per way, the rounds' mean, a step-weighted run from it and the mean of the whole line",
+    )
     for way, (_, flag, what) in WAYS.items():
         ap.add_argument(
             flag,
@@ -507,12 +616,16 @@ def main() -> int:
     ap.add_argument("--table-only", action="store_true")
     args = ap.parse_args()
     extras = {
-        name for name in ("regenerated", "domain", "probes", "wide", "sharpen", "resample") if getattr(args, name)
+        name
+        for name in ("regenerated", "domain", "probes", "wide", "sharpen", "resample", "average")
+        if getattr(args, name)
     }
     if "sharpen" in extras and args.wide is None:
         ap.error("--sharpen needs --wide (it distils on the wide data)")
     if "resample" in extras and "sharpen" not in extras:
         ap.error("--resample needs --sharpen (it starts from the last pass's drafts)")
+    if "average" in extras and "resample" not in extras:
+        ap.error("--average needs --resample (it averages the resampling rounds)")
     if not 1 <= args.passes <= MAX_PASSES or (args.passes > 1 and "sharpen" not in extras):
         ap.error(f"--passes takes 1 to {MAX_PASSES}, and more than 1 needs --sharpen (pass 1 is its drafts)")
     for way, (_, flag, _) in WAYS.items():

@@ -105,3 +105,56 @@ def test_every_resample_evaluation_puts_its_new_draft_first_beside_what_it_came_
     served = {draft for _, _, draft in bench_chain.SERVED}
     assert {name for name in runs if name.endswith("-first")} <= served  # each draft for vLLM's rule is served
     assert len({tag for _, tag, _ in bench_chain.SERVED}) == len(bench_chain.SERVED)
+
+
+def _draft(path: Path, tensors: dict, config: str = '{"a": 1}\n') -> Path:
+    from safetensors.torch import save_file
+
+    path.mkdir()
+    (path / "config.json").write_text(config)
+    (path / "provenance.json").write_text(json.dumps({"spec": "mimo", "distill": {"steps": 3}}))
+    save_file(tensors, path / "model.safetensors")
+    return path
+
+
+def test_average_drafts_takes_each_tensors_mean_and_names_its_sources(tmp_path: Path) -> None:
+    import torch
+    from safetensors.torch import load_file
+
+    a = _draft(tmp_path / "a", {"w": torch.tensor([1.0, 2.0]), "b": torch.tensor([0.5])})
+    b = _draft(tmp_path / "b", {"w": torch.tensor([3.0, 6.0]), "b": torch.tensor([1.5])})
+    bench_chain.average_drafts(tmp_path / "m", [a, b])
+    mean = load_file(tmp_path / "m" / "model.safetensors")
+    assert mean["w"].tolist() == [2.0, 4.0] and mean["b"].tolist() == [1.0] and mean["w"].dtype == torch.float32
+    provenance = json.loads((tmp_path / "m" / "provenance.json").read_text())
+    assert provenance["average_of"] == [str(a), str(b)] and "distill" not in provenance  # not one distill's record
+    assert (tmp_path / "m" / "config.json").read_text() == '{"a": 1}\n'
+    other = _draft(tmp_path / "c", {"w": torch.tensor([1.0, 2.0]), "b": torch.tensor([0.5])}, '{"a": 2}\n')
+    with pytest.raises(SystemExit, match="differ in config.json"):
+        bench_chain.average_drafts(tmp_path / "n", [a, other])
+    wrong = _draft(tmp_path / "d", {"w": torch.tensor([1.0, 2.0, 3.0]), "b": torch.tensor([0.5])})
+    with pytest.raises(SystemExit, match="tensor names or shapes"):
+        bench_chain.average_drafts(tmp_path / "n", [a, wrong])
+    assert not (tmp_path / "n").exists()  # nothing written on a refusal
+
+
+def test_average_runs_from_the_rounds_mean_and_soups_the_whole_line() -> None:
+    extras = {"resample", "resample-chain2", "resample-chain3", "resample-first2", "average"}
+    chain = bench_chain.average_sources(4, "chain", extras)
+    assert chain == {
+        "mean-chain": ["resample-chain", "resample2-chain", "resample3-chain"],
+        "soup-chain": ["pass4-chain", "resample-chain", "resample2-chain", "resample3-chain", "weighted-chain"],
+    }
+    assert bench_chain.average_sources(4, "first", extras)["mean-first"] == ["resample-first", "resample2-first"]
+    for way in ("chain", "first"):
+        _, suffix, names = bench_chain.average_evaluation(way)
+        assert names[:4] == (f"soup-{way}", "raw-chain" if way == "chain" else "raw-first", f"weighted-{way}",
+                             f"mean-{way}")  # fmt: skip
+        assert suffix not in {s for _, s, _ in bench_chain.resample_evaluations(4)}  # a file of its own
+    for extra, suffix, names, _, columns in bench_chain.average_tables():
+        assert extra == "average" and (extra, suffix, names) in map(bench_chain.average_evaluation, ("chain", "first"))
+        assert all(c in names for col in columns for c in ([col] if isinstance(col, str) else col))
+    served = {draft for extra, _, draft in bench_chain.SERVED if extra == "average"}
+    assert served == {"weighted-first", "soup-first"}
+    steps = bench_chain.WEIGHTED[bench_chain.WEIGHTED.index("--step-weights") + 1]
+    assert [float(w) for w in steps.split(",")] == sorted((float(w) for w in steps.split(",")), reverse=True)
