@@ -397,17 +397,8 @@ def prepare(target: Path, data: Path, work: Path, prompts: int, extras: set[str]
                 average_drafts(work / mean, [work / d for d in rounds])
             weighted = work / f"weighted-{way}"
             if not (weighted / "config.json").is_file():
-                cli(
-                    "distill",
-                    str(work / mean),
-                    "--target",
-                    str(target),
-                    *again,
-                    *opts,
-                    *WEIGHTED,
-                    "--out",
-                    str(weighted),
-                )
+                options = [*again, *opts, *WEIGHTED, "--out", str(weighted)]
+                cli("distill", str(work / mean), "--target", str(target), *options)
             if not (work / soup / "config.json").is_file():
                 average_drafts(work / soup, [work / d for d in line])
 
