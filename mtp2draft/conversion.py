@@ -16,7 +16,7 @@ import ctypes
 import functools
 import math
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -45,7 +45,7 @@ from mtp2draft.draft.modules import (
 )
 from mtp2draft.eagle3.transfer import Eagle3Build
 from mtp2draft.eagle3.transforms import EAGLE3_TRANSFORMS, check_eagle3_transforms
-from mtp2draft.errors import CheckpointError, OptionError, ShallowTargetError, SourceError
+from mtp2draft.errors import CheckpointError, OptionError, ShallowTargetError
 from mtp2draft.family.spec import ENGINES, Spec, find_spec
 from mtp2draft.family.transforms import LOAD_TRANSFORMS
 from mtp2draft.io import (
@@ -59,8 +59,9 @@ from mtp2draft.io import (
     save_tensors,
     write_json,
 )
-from mtp2draft.kinds import CONFIG_FILE, DRAFT_KINDS, PROVENANCE_FILE, WEIGHTS_FILE, DraftKind
+from mtp2draft.kinds import CONFIG_FILE, PROVENANCE_FILE, WEIGHTS_FILE, DraftKind
 from mtp2draft.redact import command_line
+from mtp2draft.settings import ConvertConfig
 
 # ---- EAGLE-3 --------------------------------------------------------------------------------------------------------
 # fc fuses three distinct target layers, and engines capture layer inputs only (the outputs of layers 0..N-2).
@@ -223,41 +224,48 @@ class ConvertResult:
     provenance: dict[str, Any] = field(default_factory=dict)
 
 
+def default_kind(spec: Spec) -> DraftKind:
+    """The draft kind made when none is asked for: native MTP where an engine serves it for the family, EAGLE-3
+    otherwise (docs/eagle3-from-mtp.md: distilled for the same steps, the native draft accepts more than an EAGLE-3
+    draft converted from the same layer)."""
+    return DraftKind.MTP if any(spec.serves(e, DraftKind.MTP) for e in ENGINES) else DraftKind.EAGLE3
+
+
+def check_conversion(ckpt: Checkpoint, config: ConvertConfig) -> tuple[Spec, ConvertConfig, int, int]:
+    """Everything `convert` refuses from the checkpoint's config alone, before any tensor byte is read (`run`'s
+    pre-flight calls it too): the family, the layer, and for EAGLE-3 a family with a conversion and a target deep
+    enough for its aux layers. Returns (spec, the config with its kind filled in, layer, MTP layer count)."""
+    spec = find_spec(ckpt.config)
+    if config.to is None:
+        config = replace(config, to=default_kind(spec))  # re-checked with the kind filled in
+    layer, count = resolve_layer(ckpt, spec, config.layer)
+    if config.to == DraftKind.EAGLE3:
+        refuse_eagle3(spec)
+        _aux_layers(spec.num_layers(ckpt.config), config.aux_layers)
+    return spec, config, layer, count
+
+
 def convert(
     source: str,
     out: str | Path,
-    to: str = DraftKind.MTP,
-    layer: int | None = None,
-    dtype: str = "bfloat16",
+    config: ConvertConfig | None = None,
+    *,
     revision: str | None = None,
     token: str | bool | None = None,
     overwrite: bool = False,
-    aux_layers: list[int] | None = None,
     progress: Progress = quiet,
-    all_layers: bool = False,
+    **settings: Any,
 ) -> ConvertResult:
-    """Convert MTP layer `layer` of SOURCE into a draft directory `out` (`to`: mtp or eagle3); with `all_layers`,
-    every MTP layer the checkpoint ships into one native chain draft (`draft/chain.py`, layer i at step i)."""
-    if to not in DRAFT_KINDS:
-        raise SourceError(f"--to must be one of {', '.join(DRAFT_KINDS)}, got {to!r}")
-    to = DraftKind(to)
-    if dtype not in TORCH_DTYPES:
-        raise SourceError(f"--dtype must be one of {', '.join(TORCH_DTYPES)}, got {dtype!r}")
-    if aux_layers and to != DraftKind.EAGLE3:
-        raise OptionError(f"--aux-layers applies to --to eagle3 (a {to} draft reads the target's final hidden)")
-    if all_layers and to != DraftKind.MTP:
-        raise OptionError("--all-layers writes a native chain draft (--to mtp): an EAGLE-3 draft has one layer")
-    if all_layers and layer is not None:
-        raise OptionError("--layer and --all-layers exclude each other (--all-layers takes every MTP layer)")
+    """Convert MTP layer `config.layer` of SOURCE into a draft directory `out` (`config.to`: mtp or eagle3); with
+    `config.all_layers`, every MTP layer the checkpoint ships into one native chain draft (`draft/chain.py`, layer i
+    at step i). Without `config`, `settings` are `ConvertConfig`'s fields by keyword (`to="eagle3", dtype=...`)."""
+    config = config or ConvertConfig(**settings)
     check_output_dir(out, overwrite, inputs=[source])
     started = time.perf_counter()
     progress(f"resolving {source}")
     ckpt = open_checkpoint(source, revision, token)
-    spec = find_spec(ckpt.config)
-    layer, count = resolve_layer(ckpt, spec, layer)
-    if to == DraftKind.EAGLE3:  # a too-shallow target or ids beyond it are refused before any byte is read
-        refuse_eagle3(spec)
-        _aux_layers(spec.num_layers(ckpt.config), aux_layers)
+    spec, config, layer, count = check_conversion(ckpt, config)
+    to, dtype, all_layers, aux_layers = DraftKind(config.to), config.dtype, config.all_layers, config.aux_layers
     progress(f"{spec.name}: MTP layer {layer} of {count}; reading shard headers")
     plan = plan_mtp_layer(ckpt, spec, layer)
     plans = [plan_mtp_layer(ckpt, spec, j) for j in range(count)] if all_layers else [plan]

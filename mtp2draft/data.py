@@ -53,11 +53,20 @@ def load_tokenizer(path: str | Path):
         raise DataError(f"the target at {path} has no usable tokenizer ({first})") from exc
 
 
+def check_data_file(path: str | Path, option: str = "data file") -> Path:
+    """A data file that exists and is a regular file (a directory, a FIFO or a device is not data), as the path
+    `option` (e.g. `--eval-data`) named it; one DataError line otherwise."""
+    path = Path(path)
+    if not path.exists():
+        raise DataError(f"{option} {path} does not exist")
+    if not path.is_file():
+        raise DataError(f"{option} {path} is not a regular file")
+    return path
+
+
 def read_records(path: str | Path, skip_bad: bool = False) -> tuple[list[dict[str, Any]], int]:
     """Parsed and checked records, and how many malformed lines were skipped."""
-    path = Path(path)
-    if not path.is_file():
-        raise DataError(f"data file {path} does not exist")
+    path = check_data_file(path)
     records, skipped = [], 0
     for lineno, raw in enumerate(_lines(path), 1):
         if not raw.strip():

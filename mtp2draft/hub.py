@@ -74,6 +74,23 @@ class PushResult:
 
 
 # ---- push -------------------------------------------------------------------------------------------------------
+def check_push_access(repo_id: str, token: str | None) -> str:
+    """A repo id the Hub accepts and a token to push with (the given one, else HF_TOKEN or `hf auth login`'s), checked
+    before anything is created (`run --push` checks it before hours of work). Returns the token."""
+    from huggingface_hub import get_token
+    from huggingface_hub.utils import HFValidationError, validate_repo_id
+
+    register_secret(token)
+    try:
+        validate_repo_id(repo_id)
+    except HFValidationError as exc:
+        raise HubError(f"{repo_id!r} is not a Hub repo id (org/name): {str(exc).splitlines()[0]}") from None
+    token = token or get_token()
+    if not token:
+        raise HubError("no Hugging Face token: log in with `hf auth login`, set HF_TOKEN, or pass --token")
+    return token
+
+
 def push(
     path: str | Path,
     repo_id: str,
@@ -88,7 +105,7 @@ def push(
 
     revision: a branch, created from main when it does not exist. base_model: the target's repo id when the draft's
     provenance names a local path. Returns the repo URL and the commit."""
-    from huggingface_hub import HfApi, constants, get_token
+    from huggingface_hub import HfApi, constants
 
     path = Path(path)
     fmt = detect_format(read_json(path / CONFIG_FILE) or {}) if (path / CONFIG_FILE).is_file() else None
@@ -99,10 +116,7 @@ def push(
             + "; ".join(problems[:3]),
             problems,
         )
-    register_secret(token)
-    token = token or get_token()
-    if not token:
-        raise HubError("no Hugging Face token: log in with `hf auth login`, set HF_TOKEN, or pass --token")
+    token = check_push_access(repo_id, token)
     card = model_card(path, repo_id, base_model)
     network.configure()
     message = commit_message or f"Upload {fmt} draft with mtp2draft {__version__}"

@@ -15,22 +15,23 @@ from __future__ import annotations
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from mtp2draft.conversion import convert, refuse_eagle3
-from mtp2draft.errors import Mtp2DraftError, SourceError, read_json_object
+from mtp2draft.conversion import convert
+from mtp2draft.errors import Mtp2DraftError, OptionError, SourceError, read_json_object
 from mtp2draft.evaluation.decode import evaluate, save_evaluation
 from mtp2draft.evaluation.settings import EvaluateConfig
-from mtp2draft.family.spec import ENGINES, Spec
+from mtp2draft.family.spec import Spec
 from mtp2draft.formats import REGISTRY, ExportConfig, formats_of, get_format
 from mtp2draft.formats.export import export
 from mtp2draft.io import Progress, check_output_dir, claim_output, mark
 from mtp2draft.kinds import DraftKind
+from mtp2draft.settings import ConvertConfig, HubAccess, Placement, RunConfig
 from mtp2draft.target.device import resolve_device
 from mtp2draft.train.recipe import distill
-from mtp2draft.train.settings import DistillConfig
+from mtp2draft.train.settings import DistillConfig, TrainingData
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 BUNDLED_TARGET = REPO_ROOT / "examples" / "targets" / "tiny-deepseek-v3"
@@ -50,264 +51,169 @@ class RunResult:
     """The demo's bundled target: how good it is (`target_figures`), from its training.json."""
 
 
-def default_kind_and_format(spec: Spec, to: str | None = None, fmt: str | None = None) -> tuple[str, str]:
-    """The draft kind and export format `run` picks when not told, from the family's engine support table: native
-    MTP where an engine serves it, EAGLE-3 otherwise (docs/eagle3-from-mtp.md: distilled for the same steps, the
-    native draft accepts more than an EAGLE-3 draft converted from the same layer, which loses the chain after
-    position 1); then the first format of that kind in `formats.REGISTRY` whose module says an engine serves it for
-    the family (nextn, else the stitched overlay; sglang, else speculators)."""
-    if to is None:
-        to = DraftKind.MTP if any(spec.serves(e, DraftKind.MTP) for e in ENGINES) else DraftKind.EAGLE3
-    if fmt is None:  # the first format of that kind (registry order) an engine serves for the family
-        candidates = formats_of(DraftKind(to))
-        fmt = next((f for f in candidates if get_format(f).usable(spec)), candidates[0])
-    return to, fmt
+def default_format(spec: Spec, kind: str) -> str:
+    """The export format `run` picks when not told: the first format of the draft's kind in `formats.REGISTRY` whose
+    module says an engine serves it for the family (nextn, else the stitched overlay; sglang, else speculators)."""
+    candidates = formats_of(DraftKind(kind))
+    return next((f for f in candidates if get_format(f).usable(spec)), candidates[0])
 
 
 def run(
     source: str,
-    work: str | Path,
-    data: str | Path,
-    to: str | None = None,
-    target: str | None = None,
-    eval_data: str | Path | None = None,
-    fmt: str | None = None,
-    push_repo: str | None = None,
-    distill_config: DistillConfig | None = None,
-    heldout: str | Path | None = None,
-    num_draft_tokens: int = 4,
-    max_new_tokens: int = 64,
-    max_prompts: int | None = 20,
-    layer: int | None = None,
-    revision: str | None = None,
-    token: str | None = None,
-    target_revision: str | None = None,
-    all_layers: bool = False,
-    private: bool = False,
-    regenerate: bool = False,
-    overwrite: bool = False,
+    *,
+    config: RunConfig,
+    convert: ConvertConfig | None = None,
+    distill: DistillConfig | None = None,
+    evaluate: EvaluateConfig | None = None,
+    export: ExportConfig | None = None,
+    placement: Placement | None = None,
+    hub: HubAccess | None = None,
     progress: Progress = lambda _: None,
-    device: str | None = None,
-    dtype: str = "float32",
-    device_map: str | dict | None = None,
 ) -> RunResult:
-    """Convert SOURCE's MTP layer, distill it against the target (SOURCE itself unless `target` is given), evaluate
-    it beside the untouched MTP head, export it for the engines and, with `push_repo`, publish it.
+    """Convert SOURCE's MTP layer, distill it against the target (SOURCE itself unless `config.target`), evaluate it
+    beside the untouched MTP head, export it for the engines and, with `config.push`, publish it.
 
-    `revision` pins SOURCE; `target_revision` pins a `target` given apart from SOURCE (a revision names a commit of
-    one repo, so SOURCE's never travels to another). The token is the user's credential and serves both. The target
-    runs in `dtype` on `device` (default: cuda when available) or spread by `device_map`, in distill and evaluate
-    alike; the draft trains and decodes on `device` (a device map's first device). `heldout`: distill's held-out
-    guard (`train/heldout.py`): the distilled draft is the best-scoring weights on it, never worse than the raw head
-    there."""
-    work = Path(work)
-    config = distill_config or DistillConfig()
-    limits = {"num_draft_tokens": num_draft_tokens, "max_new_tokens": max_new_tokens, "max_prompts": max_prompts}
-    check = {"to": to, "fmt": fmt, "target": target, "eval_data": eval_data, "push_repo": push_repo, "layer": layer}
-    check |= {"all_layers": all_layers, "heldout": heldout}
-    spec, to, fmt = preflight(source, work, data, config, limits, revision, token, overwrite, **check)
-    if target is None or target == source:
-        target, target_revision = source, revision
+    Each stage takes its own settings whole; `placement` is where the target runs, in distill and evaluate alike (the
+    draft trains and decodes on its device). `hub.revision` pins SOURCE and `config.target_revision` a target given
+    apart from it (a revision names a commit of one repo, so SOURCE's never travels to another); the token serves
+    both. `export` defaults to speculators' k = the evaluation's k. Everything checkable from configs is checked
+    before the first tensor byte is fetched (`preflight`)."""
+    stages = Stages(
+        convert=convert or ConvertConfig(),
+        distill=distill or DistillConfig(),
+        evaluate=evaluate or EvaluateConfig(),
+        export=export,
+    )
+    placement, hub = placement or Placement(), hub or HubAccess()
+    spec, stages = preflight(source, config, stages, hub)
+    work = Path(config.work)
     with claim_output(work):  # held for the whole run; the output rules again, now that no other run can write here
-        check_output_dir(work, overwrite, inputs=[source, target, data, eval_data, heldout])
-        progress(f"{spec.name}: drafting {to}, exporting --format {fmt} (the engines' support table: mtp2draft specs)")
-        return _run(
-            source=source, work=work, data=data, to=to, target=target, eval_data=eval_data, fmt=fmt,
-            push_repo=push_repo, config=config, limits=limits, layer=layer, all_layers=all_layers, revision=revision,
-            token=token,
-            target_revision=target_revision, private=private, regenerate=regenerate, progress=progress,
-            device=device, dtype=dtype, device_map=device_map, heldout=heldout,
-        )  # fmt: skip
+        check_output_dir(work, config.overwrite, inputs=run_inputs(source, config))
+        kind, fmt = stages.convert.to, stages.format
+        progress(
+            f"{spec.name}: drafting {kind}, exporting --format {fmt} (the engines' support table: mtp2draft specs)"
+        )
+        return _run(source, config, stages, placement, hub, progress)
 
 
-def preflight(
-    source: str,
-    work: Path,
-    data: str | Path,
-    config: DistillConfig,
-    limits: dict[str, Any],
-    revision: str | None,
-    token: str | None,
-    overwrite: bool,
-    to: str | None,
-    fmt: str | None,
-    target: str | None,
-    eval_data: str | Path | None,
-    push_repo: str | None,
-    layer: int | None,
-    all_layers: bool = False,
-    heldout: str | Path | None = None,
-) -> tuple[Spec, str, str]:
-    """Everything `run` can check before the first byte of a tensor is fetched, in one place: option values and
-    clashes (the format takes the draft kind), the output rules, the data files, the source's family and MTP layer,
-    engine support for --serving-engine, the target's identity with the source, and for --push a repo id and a token.
-    Returns (spec, kind, format) with the defaults filled in. Reads configs only."""
+@dataclass(frozen=True)
+class Stages:
+    """Each stage's settings as `run` hands them on, with the defaults filled in by `preflight` (the draft kind, the
+    export format)."""
+
+    convert: ConvertConfig
+    distill: DistillConfig
+    evaluate: EvaluateConfig
+    export: ExportConfig | None
+    format: str | None = None
+
+
+def run_inputs(source: str, config: RunConfig) -> list:
+    """What `run` reads and so never writes or deletes, `--overwrite` or not."""
+    data = config.training or TrainingData()
+    return [source, config.target, data.data, config.eval_data, data.heldout]
+
+
+def preflight(source: str, config: RunConfig, stages: Stages, hub: HubAccess) -> tuple[Spec, Stages]:
+    """Everything `run` can check before the first byte of a tensor is fetched, each by the stage that owns the check:
+    the output rules, the data files, the source's family and MTP layer (convert's), the format against the draft kind
+    (export's), the training settings for that kind and family (distill's), the target's identity with the source,
+    and for --push a repo id and a token (push's). Returns the spec and the stages with the kind and format filled in.
+    Reads configs only."""
     from mtp2draft.checkpoint.reader import open_checkpoint
-    from mtp2draft.conversion import default_aux_layers
-    from mtp2draft.draft.layout import resolve_layer
-    from mtp2draft.errors import OptionError
-    from mtp2draft.family.spec import find_spec
-    from mtp2draft.formats import exportable
-    from mtp2draft.kinds import DRAFT_KINDS
-    from mtp2draft.target.identity import config_differences
+    from mtp2draft.conversion import check_conversion
+    from mtp2draft.data import check_data_file
+    from mtp2draft.formats import check_format
+    from mtp2draft.target.identity import check_same_checkpoint
     from mtp2draft.train.calibrate import check_draft_vocab_size
-    from mtp2draft.train.recipe import check_training_settings
+    from mtp2draft.train.recipe import check_heldout_options, check_training_settings, refuse_untrained
 
-    for option, value in (
-        ("--num-draft-tokens", limits["num_draft_tokens"]),
-        ("--max-new-tokens", limits["max_new_tokens"]),
-        ("--max-prompts", 1 if limits["max_prompts"] is None else limits["max_prompts"]),
-    ):
-        if value < 1:
-            raise OptionError(f"{option} must be at least 1, got {value}")
-    if to is not None and to not in DRAFT_KINDS:
-        raise OptionError(f"--to must be one of {', '.join(DRAFT_KINDS)}, got {to!r}")
-    formats = exportable()
-    if fmt is not None and fmt not in formats:
-        raise OptionError(f"--format must be one of {', '.join(formats)}, got {fmt!r}")
-    if to is not None and fmt is not None and formats[fmt] != to:
-        raise OptionError(
-            f"--format {fmt} takes {formats[fmt].a_draft} draft, --to {to} makes {DraftKind(to).a_draft} one "
-            f"(use --format {' or '.join(formats_of(DraftKind(to)))})"
+    check_output_dir(config.work, config.overwrite, inputs=run_inputs(source, config))
+    training = config.training or TrainingData()
+    if training.data is None or training.hidden_states is not None:
+        raise OptionError("run distills on --data against the online target (dump-hidden data: run distill itself)")
+    check_heldout_options(stages.distill, training.heldout, None)
+    for option, path in (("--data", training.data), ("--eval-data", config.eval_data), ("--heldout", training.heldout)):
+        if path is not None:
+            check_data_file(path, option)
+    ckpt = open_checkpoint(source, hub.revision, hub.token)
+    convert = stages.convert
+    if convert.to is None and config.format is not None:  # --format alone implies its kind
+        convert = replace(convert, to=check_format(config.format))
+    spec, convert, _, _ = check_conversion(ckpt, convert)
+    kind = DraftKind(convert.to)
+    fmt = config.format or default_format(spec, kind)
+    check_format(fmt, kind, f"--to {kind}")
+    if convert.all_layers and fmt != "stitched":  # run's own rule: only the stitched overlay holds every layer
+        raise OptionError(f"--all-layers makes a native chain draft, which only --format stitched holds, not {fmt}")
+    check_training_settings(kind, spec, stages.distill)
+    refuse_untrained(stages.distill, calibrates=kind == DraftKind.EAGLE3)
+    check_draft_vocab_size(kind, stages.distill.draft_vocab_size, int(spec.text_config(ckpt.config)["vocab_size"]))
+    if config.target is not None and config.target != source:
+        target = open_checkpoint(config.target, config.target_revision, hub.token)
+        check_same_checkpoint(
+            spec.name, ckpt.config, target.config, f"--target {config.target}", f"the checkpoint {source} (the source)"
         )
-    check_output_dir(work, overwrite, inputs=[source, target, data, eval_data, heldout])
-    _check_data_files(config, data, eval_data, heldout)
-    ckpt = open_checkpoint(source, revision, token)
-    spec = find_spec(ckpt.config)
-    resolve_layer(ckpt, spec, layer)
-    kind = to or (formats[fmt] if fmt else None)  # --format alone implies its kind
-    kind, fmt = default_kind_and_format(spec, kind, fmt)
-    if all_layers:
-        _check_all_layers(layer, kind, fmt)
-    if kind == DraftKind.EAGLE3:
-        refuse_eagle3(spec)  # a family without an EAGLE-3 conversion
-        default_aux_layers(spec.num_layers(ckpt.config))  # a target too shallow for EAGLE-3
-    check_training_settings(kind, spec, config)
-    if config.steps == 0 and kind == DraftKind.MTP:  # what distill refuses after loading the target
-        raise OptionError("--steps 0 would write an untrained draft: 0 steps only calibrate an EAGLE-3 draft")
-    check_draft_vocab_size(kind, config.draft_vocab_size, int(spec.text_config(ckpt.config)["vocab_size"]))
-    if target is not None and target != source:
-        diffs = config_differences(spec.name, ckpt.config, open_checkpoint(target, revision, token).config)
-        if diffs:
-            more = f" (+{len(diffs) - 3} more)" if len(diffs) > 3 else ""
-            raise SourceError(
-                f"--target {target} is not the checkpoint {source} (the draft's source): {'; '.join(diffs[:3])}{more}"
-            )
-    if push_repo:
-        _check_push(push_repo, token)
-    return spec, kind, fmt
+    if config.push:
+        from mtp2draft.hub import check_push_access
 
-
-def _check_data_files(
-    config: DistillConfig, data: str | Path, eval_data: str | Path | None, heldout: str | Path | None
-) -> None:
-    """Every data file `run` was given exists and is a file; the held-out guard's options fit (distill's check)."""
-    from mtp2draft.errors import DataError
-    from mtp2draft.train.recipe import check_heldout_options
-
-    check_heldout_options(config, heldout, None)
-    for option, path in (("--data", data), ("--eval-data", eval_data), ("--heldout", heldout)):
-        if path is not None and not Path(path).is_file():
-            raise DataError(
-                f"{option} {path} does not exist" if not Path(path).exists() else f"{option} {path} is not a file"
-            )
-
-
-def _check_all_layers(layer: int | None, kind: str, fmt: str) -> None:
-    """`--all-layers` makes a chain draft (convert --all-layers): native, and only `stitched` holds every layer."""
-    from mtp2draft.errors import OptionError
-
-    if layer is not None:
-        raise OptionError("--layer and --all-layers exclude each other (--all-layers takes every MTP layer)")
-    if kind != DraftKind.MTP or fmt != "stitched":
-        raise OptionError(
-            f"--all-layers makes a native chain draft, which only --format stitched holds (this run: --to {kind}, "
-            f"--format {fmt})"
-        )
-
-
-def _check_push(repo_id: str, token: str | None) -> None:
-    """A repo id the Hub accepts and a token to push with, before hours of work rather than after."""
-    from huggingface_hub import get_token
-    from huggingface_hub.utils import HFValidationError, validate_repo_id
-
-    from mtp2draft.errors import HubError
-
-    try:
-        validate_repo_id(repo_id)
-    except HFValidationError as exc:
-        raise HubError(f"--push {repo_id!r} is not a Hub repo id (org/name): {str(exc).splitlines()[0]}") from None
-    if not (token or get_token()):
-        raise HubError("--push needs a Hugging Face token: log in with `hf auth login`, set HF_TOKEN, or pass --token")
+        check_push_access(config.push, hub.token)
+    return spec, replace(stages, convert=convert, format=fmt)
 
 
 def _run(
-    *,
-    source: str,
-    work: Path,
-    data: str | Path,
-    to: str,
-    target: str,
-    eval_data: str | Path | None,
-    fmt: str,
-    push_repo: str | None,
-    config: DistillConfig,
-    limits: dict[str, Any],
-    layer: int | None,
-    all_layers: bool,
-    revision: str | None,
-    token: str | None,
-    private: bool,
-    regenerate: bool,
-    progress: Progress,
-    target_revision: str | None,
-    device: str | None,
-    dtype: str,
-    device_map: str | dict | None,
-    heldout: str | Path | None = None,
+    source: str, config: RunConfig, stages: Stages, placement: Placement, hub: HubAccess, progress: Progress
 ) -> RunResult:
-    num_draft_tokens = limits["num_draft_tokens"]
+    training = config.training
+    work, data, fmt, kind = Path(config.work), training.data, stages.format, stages.convert.to
+    evaluation = stages.evaluate
+    eval_data = config.eval_data
     if eval_data is None:
-        progress("no --eval-data: evaluating on the training data (acceptance will be optimistic)")
         eval_data = data
-    if heldout is not None and Path(heldout).resolve() == Path(eval_data).resolve():
+        if evaluation.max_prompts is None:  # training data can hold thousands of records
+            evaluation = replace(evaluation, max_prompts=20)
+        progress(f"no --eval-data: evaluating on the first {evaluation.max_prompts} prompts of the training data "
+                 "(acceptance will be optimistic)")  # fmt: skip
+    if training.heldout is not None and Path(training.heldout).resolve() == Path(eval_data).resolve():
         progress("note: --heldout is also the evaluation data: the weights are picked on the prompts that report them")
-    stages: dict[str, float] = {}
+    if config.target is None or config.target == source:
+        target, target_hub = source, hub
+    else:
+        target, target_hub = config.target, HubAccess(revision=config.target_revision, token=hub.token)
+    k = evaluation.num_draft_tokens
+    export_config = stages.export or ExportConfig(speculative_tokens=k)
+    times: dict[str, float] = {}
     work.mkdir(parents=True, exist_ok=True)
     mark(work)  # a later `run --overwrite` may replace it
-    hub = {"revision": revision, "token": token}  # for SOURCE
-    target_hub = {"revision": target_revision, "token": token}  # for the target (SOURCE's own unless --target)
+    source_access = {"revision": hub.revision, "token": hub.token}
+    target_access = {"revision": target_hub.revision, "token": target_hub.token}
     inside = {"overwrite": True, "progress": progress}  # the stages write inside `work`, checked above
     distilled, exported = work / "distilled", work / f"export-{fmt}"
-    device = resolve_device(device)
+    device = resolve_device(placement.device)
 
-    with _stage(stages, "convert", progress, f"[1/5] convert {source} -> raw MTP head and {to} draft"):
-        raw, start = _convert(source, work, to, layer, {**hub, **inside, "all_layers": all_layers})
-    with _stage(stages, "distill", progress, f"[2/5] distill against {target}"):
-        where = {"device": device, "target_dtype": dtype, "device_map": device_map}
-        distill(
-            start, distilled, data, target, config=config, regenerate_data=regenerate, heldout=heldout,
-            **target_hub, **inside, **where,
-        )  # fmt: skip
-    with _stage(stages, "evaluate", progress, f"[3/5] evaluate (k = {num_draft_tokens}) beside the raw MTP head"):
-        drafts = [("distilled " + to, str(distilled)), ("raw MTP head (baseline)", str(raw))]
-        where = {"device": device, "dtype": dtype, "device_map": device_map}
-        settings = EvaluateConfig(**limits)
-        report = evaluate(drafts, target, eval_data, settings, **target_hub, progress=progress, **where)
+    with _stage(times, "convert", progress, f"[1/5] convert {source} -> raw MTP head and {kind} draft"):
+        raw, start = _convert(source, work, stages.convert, {**source_access, **inside})
+    with _stage(times, "distill", progress, f"[2/5] distill against {target}"):
+        placed = {"device": device, "target_dtype": placement.torch_dtype, "device_map": placement.device_map}
+        job = {"regenerate_data": training.regenerate, "sample": training.sample, "heldout": training.heldout}
+        distill(start, distilled, data, target, config=stages.distill, **job, **target_access, **inside, **placed)
+    with _stage(times, "evaluate", progress, f"[3/5] evaluate (k = {k}) beside the raw MTP head"):
+        drafts = [("distilled " + kind, str(distilled)), ("raw MTP head (baseline)", str(raw))]
+        placed = {"device": device, "dtype": placement.torch_dtype, "device_map": placement.device_map}
+        report = evaluate(drafts, target, eval_data, evaluation, **target_access, progress=progress, **placed)
         save_evaluation(distilled, report)
-    with _stage(stages, "export", progress, f"[4/5] export --format {fmt}"):
+    with _stage(times, "export", progress, f"[4/5] export --format {fmt}"):
         reads = target if REGISTRY[fmt].reads_target else None
-        config = ExportConfig(speculative_tokens=num_draft_tokens)
-        export(distilled, fmt, exported, target=reads, config=config, **target_hub, **inside)
+        export(distilled, fmt, exported, target=reads, config=export_config, **target_access, **inside)
     pushed = None
-    if push_repo:
+    if config.push:
         from mtp2draft.hub import push
 
-        with _stage(stages, "push", progress, f"[5/5] push to {push_repo}"):
-            pushed = push(exported, push_repo, private=private, token=token, progress=progress)
+        with _stage(times, "push", progress, f"[5/5] push to {config.push}"):
+            pushed = push(exported, config.push, private=config.private, token=hub.token, progress=progress)
     else:
         progress("[5/5] push skipped (no --push)")
-    return RunResult(work, raw, distilled, exported, report, pushed, stages)
+    return RunResult(work, raw, distilled, exported, report, pushed, times)
 
 
 @contextmanager
@@ -319,14 +225,14 @@ def _stage(stages: dict[str, float], name: str, progress: Progress, line: str) -
     stages[name] = time.perf_counter() - started
 
 
-def _convert(source: str, work: Path, to: str, layer: int | None, options: dict[str, Any]) -> tuple[Path, Path]:
+def _convert(source: str, work: Path, config: ConvertConfig, options: dict[str, Any]) -> tuple[Path, Path]:
     """The raw MTP head (`raw-mtp/`, the evaluation's baseline) and the draft to distill: that head itself, or for
     `--to eagle3` an EAGLE-3 draft converted beside it (`raw-eagle3/`)."""
     outs = {DraftKind.MTP: work / "raw-mtp"}
-    if to == DraftKind.EAGLE3:
+    if config.to == DraftKind.EAGLE3:
         outs[DraftKind.EAGLE3] = work / "raw-eagle3"
     for kind, out in outs.items():
-        convert(source, out, to=kind, layer=layer, **options)
+        convert(source, out, replace(config, to=kind), **options)
     return outs[DraftKind.MTP], out
 
 
@@ -352,20 +258,21 @@ def demo(work: str | Path, steps: int = 150, overwrite: bool = True, progress: P
     training-time-test fine-tune adds to the raw head), evaluated beside the raw head on held-out prompts."""
     if not (BUNDLED_TARGET / "config.json").is_file():
         raise SourceError(f"the bundled target is missing ({BUNDLED_TARGET}): run the demo from a repository checkout")
-    cfg = DistillConfig(steps=steps, ttt_steps=4, lr=1e-3, batch_size=8, max_length=256, save_every=max(steps, 1))
     result = run(
         str(BUNDLED_TARGET),
-        work,
-        BUNDLED_DATA / "train.jsonl",
-        to=DraftKind.MTP,
-        eval_data=BUNDLED_DATA / "heldout.jsonl",
-        distill_config=cfg,
-        num_draft_tokens=4,
-        max_new_tokens=48,
-        max_prompts=16,
-        overwrite=overwrite,
+        config=RunConfig(
+            work=Path(work),
+            training=TrainingData(data=BUNDLED_DATA / "train.jsonl"),
+            eval_data=BUNDLED_DATA / "heldout.jsonl",
+            overwrite=overwrite,
+        ),
+        convert=ConvertConfig(to=DraftKind.MTP),
+        distill=DistillConfig(
+            steps=steps, ttt_steps=4, lr=1e-3, batch_size=8, max_length=256, save_every=max(steps, 1)
+        ),
+        evaluate=EvaluateConfig(num_draft_tokens=4, max_new_tokens=48, max_prompts=16),
+        placement=Placement(device="cpu"),  # the figures the quick start documents are the CPU's
         progress=progress,
-        device="cpu",  # the figures the quick start documents are the CPU's
     )
     result.target_figures = target_figures(BUNDLED_TARGET)
     return result

@@ -225,7 +225,9 @@ def main() -> int:
         opt.step()
 
     # `distill --plan` for this run (one rank, offline top-k teacher), to set beside what CUDA measures
-    mem = memory_plan(draft_cfg, 1, precision, b, t, k, args.train_subset, online_logits=False)
+    mem = memory_plan(
+        draft_cfg, 1, precision=precision, batch=b, length=t, ttt_steps=k, subset=args.train_subset, online_logits=False
+    )
     figures = {
         "device": torch.cuda.get_device_name() if gpu else "cpu",
         "draft": draft.kind,

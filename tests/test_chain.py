@@ -237,22 +237,32 @@ def test_run_all_layers_end_to_end(target, text_data, tmp_path: Path) -> None:
     """`run --all-layers`: the raw chain is the baseline, the distilled chain is evaluated and exported stitched with
     every layer; a kind or format that holds one layer is refused before anything is fetched."""
     from mtp2draft import pipeline
+    from mtp2draft.evaluation.settings import EvaluateConfig
+    from mtp2draft.settings import ConvertConfig, RunConfig
+    from mtp2draft.train.settings import DistillConfig, TrainingData
 
     src = target("mimo", num_nextn_predict_layers=3)
-    common = {"num_draft_tokens": 4, "max_new_tokens": 6, "max_prompts": 2}
-    from mtp2draft.train.settings import DistillConfig
-
-    cfg = DistillConfig(steps=2, batch_size=2, max_length=32, ttt_steps=4, lr=1e-3)
-    result = pipeline.run(str(src), tmp_path / "w", text_data, distill_config=cfg, all_layers=True, **common)
+    common = {
+        "distill": DistillConfig(steps=2, batch_size=2, max_length=32, ttt_steps=4, lr=1e-3),
+        "evaluate": EvaluateConfig(num_draft_tokens=4, max_new_tokens=6, max_prompts=2),
+    }
+    result = pipeline.run(
+        str(src),
+        config=RunConfig(work=tmp_path / "w", training=TrainingData(data=text_data)),
+        convert=ConvertConfig(all_layers=True),
+        **common,
+    )
     for path in (result.raw, result.distilled):
         assert json.loads((path / "config.json").read_text())["mtp_layers"] == [0, 1, 2]
     assert result.report["results"][0]["chain"] == {"num_layers": 3, "step_layers": "cycle"}
     index = json.loads((result.exported / "model.safetensors.index.json").read_text())
     assert {k.split(".")[2] for k in index["weight_map"] if ".mtp_layers." in k} == {"0", "1", "2"}
-    for extra, message in (({"to": "eagle3"}, "only --format stitched"), ({"fmt": "nextn"}, "only --format stitched"),
-                           ({"layer": 1}, "exclude each other")):  # fmt: skip
+    for kind, fmt, message in (({"to": "eagle3"}, None, "--all-layers writes a native chain draft"),
+                                  ({}, "nextn", "only --format stitched"),
+                                  ({"layer": 1}, None, "exclude each other")):  # fmt: skip
         with pytest.raises(OptionError, match=message):
-            pipeline.run(str(src), tmp_path / "x", text_data, distill_config=cfg, all_layers=True, **common, **extra)
+            run = RunConfig(work=tmp_path / "x", training=TrainingData(data=text_data), format=fmt)
+            pipeline.run(str(src), config=run, convert=ConvertConfig(all_layers=True, **kind), **common)
     assert not (tmp_path / "x").exists()
 
 

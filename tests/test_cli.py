@@ -7,14 +7,13 @@ from __future__ import annotations
 import errno
 import json
 import sys
-from dataclasses import fields
 from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
 from safetensors.torch import load_file, save_file
 
-from mtp2draft.cli import output, root
+from mtp2draft.cli import options, output
 from mtp2draft.cli.app import main
 from mtp2draft.cli.output import acceptance_table, validate_text
 from mtp2draft.conversion import convert
@@ -126,27 +125,32 @@ def test_usage_errors_are_click_usage_messages(capsys) -> None:
 
 
 # ---- parsing -----------------------------------------------------------------------------------------------------
-def test_number_lists() -> None:
-    assert root.number_list("1,0.8,0.64", "--step-weights") == [1.0, 0.8, 0.64]
-    assert root.number_list("3,5,7", "--aux-layers", int) == [3, 5, 7]
-    assert root.number_list(None, "--aux-layers", int) is None and root.number_list("", "--x") is None
+def test_list_options_parse_to_numbers() -> None:
+    from mtp2draft.settings import floats, ints
+
+    assert options.parse_list("1,0.8,0.64", "--step-weights", floats) == [1.0, 0.8, 0.64]
+    assert options.parse_list("3,5,7", "--aux-layers", ints) == [3, 5, 7]
+    assert options.parse_list(None, "--aux-layers", ints) is None and options.parse_list("", "--x", floats) is None
 
 
-def test_training_options_reach_the_config_by_name() -> None:
-    """The CLI's parsed options become the DistillConfig by field name, `--step-weights` parsed to numbers; options
-    that are not training settings (device) are left out."""
-    options = {
-        "steps": 7,
-        "ttt_steps": 2,
-        "seed": 3,
-        "step_weights": "1,0.5",
-        "compile_": True,
-        "device": "cpu",
-        "lr": 0.5,
-    }
-    assert root.distill_config(SimpleNamespace(params=options)) == DistillConfig(
-        steps=7, ttt_steps=2, seed=3, lr=0.5, step_weights=[1.0, 0.5], compile=True
-    )
+def test_training_options_reach_the_config_whole(monkeypatch, capsys) -> None:
+    """`distill`'s parsed options become one DistillConfig, `--step-weights` parsed to numbers and every unset
+    field at its declared default; options that are not training settings (device) go to their own record."""
+    import mtp2draft.train.recipe as recipe
+    from mtp2draft.errors import OptionError
+
+    seen = {}
+
+    def fake(draft, out, **kwargs):
+        seen.update(kwargs)
+        raise OptionError("stopped before training")
+
+    monkeypatch.setattr(recipe, "distill", fake)
+    args = ["distill", "d", "--out", "o", "--steps", "7", "--ttt-steps", "2", "--seed", "3", "--step-weights", "1,0.5"]
+    assert main([*args, "--compile", "--lr", "0.5", "--device", "cpu", "--dtype", "bfloat16"]) == 2
+    assert "stopped before training" in capsys.readouterr().err
+    assert seen["config"] == DistillConfig(steps=7, ttt_steps=2, seed=3, lr=0.5, step_weights=[1.0, 0.5], compile=True)
+    assert (seen["device"], seen["target_dtype"], seen["device_map"]) == ("cpu", "bfloat16", None)
 
 
 # ---- texts -------------------------------------------------------------------------------------------------------
@@ -213,83 +217,126 @@ def test_run_and_demo_print_the_gain_over_the_raw_head() -> None:
         assert "distilled mtp - raw MTP head (baseline): accept len +0.400 [+0.300, +0.500]" in text
 
 
-def _option_names(command_name: str) -> set[str]:
-    """The Python names of a command's options (typer's click command), a trailing `_` dropped as `from_options`
-    does (`compile_` is `--compile`)."""
+def _options(command_name: str) -> dict[str, object]:
+    """A command's options by Python name (typer's click command)."""
     import typer.main
 
     from mtp2draft.cli.app import app
 
-    group = typer.main.get_command(app)
-    command = group.commands[command_name]
-    return {p.name.rstrip("_") for p in command.params if p.param_type_name == "option"}
+    command = typer.main.get_command(app).commands[command_name]
+    return {p.name: p for p in command.params}
 
 
-def test_distill_settings_are_declared_once_and_offered_by_the_cli() -> None:
-    """Every DistillConfig field is a `distill` option of the same name, or listed as library-only with its reason;
-    `run` offers only options that are fields or its own (no training option spelt differently)."""
-
-    from mtp2draft.train.settings import DistillConfig
-
-    names = {f.name for f in fields(DistillConfig)}
-    offered = _option_names("distill")
-    assert names - offered == set(DistillConfig.LIBRARY_ONLY)
-    assert all(reason.strip() for reason in DistillConfig.LIBRARY_ONLY.values())
-    assert not set(DistillConfig.LIBRARY_ONLY) & offered  # nothing listed as library-only is offered after all
-    run_training = _option_names("run") & names
-    assert {
-        "steps",
-        "ttt_steps",
-        "lr",
-        "batch_size",
-        "max_length",
-        "draft_vocab_size",
-        "serving_engine",
-    } <= run_training
+# every command that offers a stage's settings, and which of its fields it leaves out (and why, in cli/)
+SETTINGS_OFFERED = {
+    "ConvertConfig": {"convert": (), "run": ("dtype", "aux_layers")},
+    "DistillConfig": {"distill": (), "run": ()},
+    "EvaluateConfig": {"evaluate": (), "run": ("seed",)},
+    "ExportConfig": {"export": ()},
+    "Placement": {"distill": ("tensor_parallel_size",), "evaluate": (), "run": ("tensor_parallel_size",)},
+    "HubAccess": {"inspect": (), "convert": (), "distill": (), "evaluate": (), "export": (), "validate": ()},
+    "RunConfig": {"run": ()},
+    "TrainingData": {"distill": (), "run": ("hidden_states",)},
+}
 
 
-def test_export_settings_are_declared_once_and_offered_by_the_cli() -> None:
-    """Every ExportConfig field is an `export` option of the same name with the same default, and the config is
-    built from the parsed options by field name, refusing a bad value on construction."""
-    import typer.main
+def _settings_classes() -> dict[str, type]:
+    from mtp2draft.evaluation.settings import EvaluateConfig
+    from mtp2draft.formats import ExportConfig
+    from mtp2draft.settings import ConvertConfig, HubAccess, Placement, RunConfig
+    from mtp2draft.train.settings import TrainingData
 
-    from mtp2draft.cli.app import app
-    from mtp2draft.errors import SourceError
+    classes = [ConvertConfig, DistillConfig, EvaluateConfig, ExportConfig, Placement, HubAccess, RunConfig]
+    classes.append(TrainingData)
+    return {c.__name__: c for c in classes}
+
+
+@pytest.mark.parametrize("name", sorted(SETTINGS_OFFERED))
+def test_every_setting_is_one_option_with_its_declared_default_and_help(name: str) -> None:
+    """Each settings field a command offers is exactly one option there, named after the field, with the field's
+    default and the field's help; a field no command offers says why (`cli=False`, its help the reason)."""
+    import dataclasses
+
+    from mtp2draft.settings import cli_fields, flag_of
+
+    cls = _settings_classes()[name]
+    for f in dataclasses.fields(cls):
+        if f not in list(cli_fields(cls)):
+            assert f.metadata["help"].strip(), f"{name}.{f.name}: library-only without a reason"
+    for command, left_out in SETTINGS_OFFERED[name].items():
+        params = _options(command)
+        for f in cli_fields(cls):
+            if f.name in left_out:
+                assert f.name not in params or params[f.name].help != _help(f), (command, f.name)
+                continue
+            param = params[f.name]
+            assert param.opts[0] == flag_of(f) or param.param_type_name == "argument", (command, f.name)
+            assert [o for p in params.values() for o in p.opts].count(flag_of(f)) == 1, (command, f.name)
+            if f.default is not dataclasses.MISSING and not f.metadata["parse"]:
+                assert param.default == f.default, (command, f.name)
+            assert param.help == _help(f), (command, f.name)
+
+
+def _help(f) -> str:
+    from mtp2draft.cli.options import choices
+
+    return f.metadata["help"] + (f" {choices(f.metadata['choices'])}." if f.metadata["choices"] else "")
+
+
+# flags the command modules declare by hand although a settings field has the same flag: each means another thing
+# in the command that declares it (its help says which), so it is not that setting written twice
+OTHER_MEANINGS = {
+    "--aux-layers": "dump-hidden: the layers whose inputs are dumped",
+    "--data": "evaluate / dump-hidden: the prompts run through the target",
+    "--format": "export / validate: the format written or checked (required there)",
+    "--max-length": "dump-hidden: the dumped sequences' length",
+    "--overwrite": "each command: replace its own output",
+    "--private": "push: the visibility of the repo it creates",
+    "--revision": "push: the branch it commits to",
+    "--skip-bad": "distill / dump-hidden: their data reader's",
+    "--steps": "demo: its own short run",
+    "--target": "evaluate / export / validate / speedup: the target each reads",
+    "--work": "demo: where it keeps its drafts",
+}
+# flags two commands declare by hand, each with its own meaning
+REUSED = {"--draft", "--engine", "--format", "--out", "--target"}
+
+
+def test_no_setting_or_option_is_declared_twice_in_the_cli() -> None:
+    """The command modules declare no settings field's option by hand (only flags of another meaning, listed with
+    it), and a flag they do declare lives once, in cli/options.py or the one command that takes it."""
+    import re
+
+    from mtp2draft.settings import cli_fields, flag_of
+
+    setting_flags = {flag_of(f) for cls in _settings_classes().values() for f in cli_fields(cls)}
+    sources = [p.read_text() for p in Path(options.__file__).parent.glob("*.py")]
+    declared = [m for text in sources for m in re.findall(r'typer\.Option\(\s*"(--[a-z-]+)"', text)]
+    assert set(declared) & setting_flags == set(OTHER_MEANINGS)
+    assert {f for f in declared if declared.count(f) > 1} == REUSED
+
+
+def test_research_knobs_sit_in_the_advanced_panel() -> None:
+    from mtp2draft.cli.options import ADVANCED
+
+    for command, names in (("distill", ("step_weights", "teacher_temperature", "hidden_handover")),
+                           ("evaluate", ("step_layers",))):  # fmt: skip
+        params = _options(command)
+        assert all(params[n].rich_help_panel == ADVANCED for n in names)
+        assert params["steps" if command == "distill" else "num_draft_tokens"].rich_help_panel is None
+
+
+def test_settings_refuse_a_bad_value_on_construction() -> None:
+    from mtp2draft.errors import OptionError, SourceError
+    from mtp2draft.evaluation.settings import EvaluateConfig
     from mtp2draft.formats import ExportConfig
 
-    command = typer.main.get_command(app).commands["export"]
-    defaults = {p.name: p.default for p in command.params if p.param_type_name == "option"}
-    assert {f.name: f.default for f in fields(ExportConfig)} == {f.name: defaults[f.name] for f in fields(ExportConfig)}
-    assert ExportConfig.from_options({"dtype": "float32", "out": "x", "format": "sglang"}) == ExportConfig("float32")
     with pytest.raises(SourceError, match="--speculative-tokens must be at least 1"):
         ExportConfig(speculative_tokens=0)
-
-
-def test_evaluate_settings_are_declared_once_and_offered_by_the_cli() -> None:
-    """Every EvaluateConfig field is an `evaluate` option of the same name with the same default (what `run` offers
-    too, where it has the option), built by field name and refusing a bad value on construction."""
-    import typer.main
-
-    from mtp2draft.cli.app import app
-    from mtp2draft.errors import OptionError
-    from mtp2draft.evaluation.settings import EvaluateConfig
-
-    command = typer.main.get_command(app).commands["evaluate"]
-    defaults = {p.name: p.default for p in command.params if p.param_type_name == "option"}
-    assert {f.name: f.default for f in fields(EvaluateConfig)} == {
-        f.name: defaults[f.name] for f in fields(EvaluateConfig)
-    }
-    assert EvaluateConfig.from_options({"num_draft_tokens": 2, "engine": "vllm"}) == EvaluateConfig(num_draft_tokens=2)
     for bad, line in (({"max_new_tokens": 0}, "--max-new-tokens must be at least 1"), ({"top_p": 0}, "--top-p")):
         with pytest.raises(OptionError, match=line):
             EvaluateConfig(**bad)
-
-
-def test_distill_config_comes_from_the_parsed_options_by_field_name() -> None:
-    from mtp2draft.train.settings import DistillConfig
-
-    cfg = DistillConfig.from_options({"steps": 7, "compile_": True, "out": "x", "ttt_steps": 2, "target": "t"})
-    assert (cfg.steps, cfg.compile, cfg.ttt_steps) == (7, True, 2)
+    cfg = DistillConfig(steps=7)
     with pytest.raises(Exception, match="frozen|cannot assign"):
         cfg.steps = 3  # one settings object, passed whole: nothing downstream edits it
 

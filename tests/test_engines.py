@@ -10,12 +10,12 @@ import pytest
 import torch
 
 from mtp2draft.cli.app import main
-from mtp2draft.conversion import convert
+from mtp2draft.conversion import convert, default_kind
 from mtp2draft.draft.disk import load_draft
 from mtp2draft.errors import SpecError
 from mtp2draft.family.spec import get_spec, parse_spec, registry
 from mtp2draft.hub import launch_lines
-from mtp2draft.pipeline import default_kind_and_format
+from mtp2draft.pipeline import default_format
 
 # Read from vLLM 0.33.0 / SGLang 0.5.23 sources (see each spec's `sources`); written out here so a wrong spec fails.
 NO_EAGLE3 = {
@@ -128,11 +128,13 @@ def test_launch_lines_only_for_engines_that_can_run_them() -> None:
 
 def test_run_defaults_follow_the_support_table() -> None:
     """Native MTP wherever an engine serves it (docs/eagle3-from-mtp.md), then the first format an engine serves."""
-    assert default_kind_and_format(get_spec("deepseek_v3")) == ("mtp", "nextn")
-    assert default_kind_and_format(get_spec("mimo")) == ("mtp", "stitched")  # no NextN class for MiMo
-    assert default_kind_and_format(get_spec("ernie4_5_moe")) == ("mtp", "stitched")
-    assert default_kind_and_format(get_spec("deepseek_v3"), "eagle3") == ("eagle3", "sglang")
-    assert default_kind_and_format(get_spec("mimo_v2_flash"), "eagle3") == ("eagle3", "speculators")  # no SGLang aux
+    for name in ("deepseek_v3", "mimo", "ernie4_5_moe"):
+        assert default_kind(get_spec(name)) == "mtp"
+    assert default_format(get_spec("deepseek_v3"), "mtp") == "nextn"
+    assert default_format(get_spec("mimo"), "mtp") == "stitched"  # no NextN class for MiMo
+    assert default_format(get_spec("ernie4_5_moe"), "mtp") == "stitched"
+    assert default_format(get_spec("deepseek_v3"), "eagle3") == "sglang"
+    assert default_format(get_spec("mimo_v2_flash"), "eagle3") == "speculators"  # no SGLang aux
 
 
 @pytest.mark.parametrize(

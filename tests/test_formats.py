@@ -49,10 +49,12 @@ def test_each_detector_recognises_its_own_config_and_no_other() -> None:
 
 
 def test_run_picks_a_usable_format_of_the_kind_for_every_family() -> None:
-    from mtp2draft.pipeline import default_kind_and_format
+    from mtp2draft.conversion import default_kind
+    from mtp2draft.pipeline import default_format
 
     for spec in registry().values():
-        kind, fmt = default_kind_and_format(spec)
+        kind = default_kind(spec)
+        fmt = default_format(spec, kind)
         assert FORMATS[fmt] is kind
         if any(get_format(f).usable(spec) for f in FORMATS if FORMATS[f] is kind):
             assert get_format(fmt).usable(spec), (spec.name, fmt)

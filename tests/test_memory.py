@@ -90,6 +90,6 @@ def test_activation_estimate_tracks_what_autograd_keeps(build, tmp_path: Path, k
     with torch.autograd.graph.saved_tensors_hooks(pack, lambda x: x):
         ttt_forward(draft, feats, ids, torch.ones(b, t, dtype=torch.bool), k, [1.0] * k)
     measured = sum(n for ptr, n in seen.items() if ptr not in params) + feats.logits.nbytes + feats.aux.nbytes
-    estimate = plan(cfg, 1, "fp32", b, t, k).bytes["activations"]
+    estimate = plan(cfg, 1, precision="fp32", batch=b, length=t, ttt_steps=k).bytes["activations"]
     print(f"{kind}: activation estimate {estimate} B, autograd keeps {measured} B")
     assert 0.5 <= estimate / measured <= 2.0, (estimate, measured)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -10,6 +11,8 @@ import pytest
 
 from mtp2draft.cli.app import main
 from mtp2draft.formats.export import validate
+from mtp2draft.settings import ConvertConfig, HubAccess, RunConfig
+from mtp2draft.train.settings import TrainingData
 
 
 @pytest.mark.hub
@@ -134,17 +137,24 @@ def test_run_never_hands_the_source_revision_to_another_target(monkeypatch, tmp_
     monkeypatch.setattr(pipeline, "save_evaluation", lambda *a, **k: None)
     monkeypatch.setattr(pipeline, "export", record("export"))
     spec = SimpleNamespace(name="toy")  # run's checks before any fetch read configs of repos this test has not got
-    monkeypatch.setattr(pipeline, "preflight", lambda *a, to=None, fmt=None, **k: (spec, to, fmt))
+    chosen = lambda source, config, stages, hub: (spec, replace(stages, format="nextn"))  # noqa: E731
+    monkeypatch.setattr(pipeline, "preflight", chosen)
     data = tmp_path / "d.jsonl"
     data.write_text('{"text": "x"}\n')
-    common = {"to": "mtp", "fmt": "nextn", "token": "hf_secret"}
-    pipeline.run("org/source", tmp_path / "w1", data, target="org/target", revision="abc123", **common)
+    convert = ConvertConfig(to="mtp")
+
+    def run(work: str, revision: str | None = None, **config) -> None:
+        job = RunConfig(work=tmp_path / work, training=TrainingData(data=data), **config)
+        hub = HubAccess(revision=revision, token="hf_secret")
+        pipeline.run("org/source", config=job, convert=convert, hub=hub)
+
+    run("w1", target="org/target", revision="abc123")
     assert seen["convert"] == {"revision": "abc123", "token": "hf_secret"}
     for stage in ("distill", "evaluate", "export"):
         assert seen[stage] == {"revision": None, "token": "hf_secret"}, stage
-    pipeline.run("org/source", tmp_path / "w2", data, target="org/target", target_revision="def456", **common)
+    run("w2", target="org/target", target_revision="def456")
     assert {seen[s]["revision"] for s in ("distill", "evaluate", "export")} == {"def456"}
-    pipeline.run("org/source", tmp_path / "w3", data, revision="abc123", **common)  # no --target: SOURCE's own
+    run("w3", revision="abc123")  # no --target: SOURCE's own
     assert {seen[s]["revision"] for s in ("convert", "distill", "evaluate", "export")} == {"abc123"}
 
 

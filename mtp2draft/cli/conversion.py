@@ -3,22 +3,12 @@ a draft (library: `family.spec`, `conversion`)."""
 
 from __future__ import annotations
 
-from typing import Annotated
-
-import typer
+from typing import Any
 
 from mtp2draft.cli import output
-from mtp2draft.cli.options import (
-    AsJson,
-    Out,
-    Overwrite,
-    Revision,
-    Source,
-    Token,
-    choices,
-)
-from mtp2draft.cli.root import app, log, number_list
-from mtp2draft.kinds import DraftKind
+from mtp2draft.cli.options import AsJson, Out, Overwrite, Source, settings
+from mtp2draft.cli.root import app, log
+from mtp2draft.settings import ConvertConfig, HubAccess
 
 
 @app.command()
@@ -34,7 +24,8 @@ def specs(as_json: AsJson = False) -> None:
 
 
 @app.command()
-def inspect(source: Source, revision: Revision = None, token: Token = None, as_json: AsJson = False) -> None:
+@settings(hub=HubAccess)
+def inspect(source: Source, hub: Any, as_json: AsJson = False) -> None:
     """Show a checkpoint's family, its MTP layers and their tensors, and what a conversion would fetch.
 
     Reads only config.json, the index and safetensors headers.
@@ -43,31 +34,14 @@ def inspect(source: Source, revision: Revision = None, token: Token = None, as_j
     """
     from mtp2draft.conversion import inspect_checkpoint
 
-    info = inspect_checkpoint(source, revision, token)
+    info = inspect_checkpoint(source, hub.revision, hub.token)
     print(output.to_json(info) if as_json else output.inspect_text(info))
 
 
 @app.command()
+@settings(config=ConvertConfig, hub=HubAccess)
 def convert(
-    source: Source,
-    out: Out,
-    to: Annotated[str, typer.Option("--to", help=f"Draft kind: {choices('kinds')}.")] = DraftKind.MTP.value,
-    layer: Annotated[int | None, typer.Option("--layer", help="MTP layer index (default 0).")] = None,
-    all_layers: Annotated[
-        bool,
-        typer.Option(
-            "--all-layers",
-            help="Every MTP layer the checkpoint ships, as one chain draft (layer i at step i; --to mtp).",
-        ),
-    ] = False,
-    dtype: Annotated[str, typer.Option("--dtype", help=f"Weights dtype: {choices('dtypes')}.")] = "bfloat16",
-    aux_layers: Annotated[
-        str | None, typer.Option("--aux-layers", help="eagle3: three target layer ids 'low,mid,high' (output of).")
-    ] = None,
-    revision: Revision = None,
-    token: Token = None,
-    overwrite: Overwrite = False,
-    as_json: AsJson = False,
+    source: Source, out: Out, config: Any, hub: Any, overwrite: Overwrite = False, as_json: AsJson = False
 ) -> None:
     """Convert the MTP layer of a checkpoint into a draft: native MTP (`--to mtp`) or EAGLE-3 (`--to eagle3`).
 
@@ -82,6 +56,6 @@ def convert(
     """
     from mtp2draft.conversion import convert as run
 
-    aux = number_list(aux_layers, "--aux-layers", int)
-    result = run(source, out, to, layer, dtype, revision, token, overwrite, aux, progress=log, all_layers=all_layers)
+    access = {"revision": hub.revision, "token": hub.token}
+    result = run(source, out, config, **access, overwrite=overwrite, progress=log)
     print(output.to_json(output.convert_summary(result)) if as_json else output.convert_text(result))

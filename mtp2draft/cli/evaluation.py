@@ -4,69 +4,32 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 
 from mtp2draft.cli import output
-from mtp2draft.cli.options import (
-    AsJson,
-    Data,
-    Device,
-    DeviceMap,
-    EvalDtype,
-    EvalEngine,
-    MaxNewTokens,
-    Revision,
-    SkipBad,
-    Target,
-    TensorParallel,
-    Token,
-    choices,
-)
-from mtp2draft.cli.root import app, log, number_list
+from mtp2draft.cli.options import AsJson, Data, EvalEngine, Target, choices, parse_list, settings
+from mtp2draft.cli.root import app, log
+from mtp2draft.evaluation.settings import EvaluateConfig
+from mtp2draft.settings import HubAccess, Placement, ints
 
 
 @app.command()
+@settings(config=EvaluateConfig, where=Placement, hub=HubAccess)
 def evaluate(
-    ctx: typer.Context,
     draft: Annotated[Path, typer.Argument(help="Draft directory to evaluate.", show_default=False)],
     target: Target,
     data: Data,
+    config: Any,
+    where: Any,
+    hub: Any,
     baseline: Annotated[
         list[Path] | None,
         typer.Option("--baseline", help="Other draft(s) to run on the same prompts, e.g. the raw MTP head."),
     ] = None,
-    num_draft_tokens: Annotated[int, typer.Option("--num-draft-tokens", "-k", help="Draft tokens per step (k).")] = 4,
-    max_new_tokens: MaxNewTokens = 64,
-    max_prompts: Annotated[int | None, typer.Option("--max-prompts", help="Use the first N prompts.")] = None,
-    max_prompt_length: Annotated[int, typer.Option("--max-prompt-length", help="Keep the last N prompt tokens.")] = 256,
-    temperature: Annotated[
-        float, typer.Option("--temperature", help="Sampling temperature of target and draft (0: greedy verification).")
-    ] = 0.0,
-    top_p: Annotated[float, typer.Option("--top-p", help="Nucleus sampling mass (with --temperature).")] = 1.0,
-    seed: Annotated[int, typer.Option("--seed", help="Seed of the sampling (with --temperature).")] = 0,
-    draft_sampling: Annotated[
-        str,
-        typer.Option("--draft-sampling", help=f"How the draft proposes at a temperature: {choices('draft_sampling')}."),
-    ] = "greedy",
-    step_layers: Annotated[
-        str | None,
-        typer.Option(
-            "--step-layers",
-            help=f"Chain drafts (convert --all-layers): the layer each step runs, {choices('step_layers')} "
-            "(default: the rule the draft was trained for).",
-        ),
-    ] = None,
     save: Annotated[bool, typer.Option("--save", help="Write evaluation.json into the draft directory.")] = False,
-    skip_bad: SkipBad = False,
-    revision: Revision = None,
-    token: Token = None,
     engine: EvalEngine = "transformers",
-    tensor_parallel_size: TensorParallel = None,
-    device: Device = None,
-    dtype: EvalDtype = None,
-    device_map: DeviceMap = None,
     as_json: AsJson = False,
 ) -> None:
     """Measure acceptance by real speculative decoding (chain of k drafts) against the target: greedy verification,
@@ -91,12 +54,9 @@ def evaluate(
     """
     from mtp2draft.evaluation.decode import save_evaluation
     from mtp2draft.evaluation.engine import evaluate as run
-    from mtp2draft.evaluation.settings import EvaluateConfig
 
     drafts = [("draft", str(draft))] + [(f"baseline: {b}", str(b)) for b in (baseline or [])]
-    settings = EvaluateConfig.from_options(ctx.params)  # what to decode and how: every field by its option's name
-    where = {"device": device, "dtype": dtype, "device_map": device_map, "tensor_parallel_size": tensor_parallel_size}
-    report = run(engine, drafts, target, data, settings, revision=revision, token=token, progress=log, **where)
+    report = run(engine, drafts, target, data, config, where=where, hub=hub, progress=log)
     if save:
         log(f"saved {save_evaluation(draft, report)}")
     print(output.to_json(report) if as_json else output.evaluate_text(report))
@@ -145,6 +105,7 @@ def speedup(
     from mtp2draft.speed.api import speedup as run
     from mtp2draft.speed.text import speedup_text
 
-    batches = number_list(batch, "--batch", int)
-    report = run(evaluation, target, gpu, tp, draft, context, draft_tp, batches=batches)
+    batches = parse_list(batch, "--batch", ints)
+    sizes = {"tp": tp, "draft_tp": draft_tp, "context": context, "batches": batches}
+    report = run(evaluation, target, gpu, draft=draft, **sizes)
     print(output.to_json(report.as_dict()) if as_json else speedup_text(report))

@@ -6,8 +6,10 @@ What this module does not do: parse, call the library or print (`cli` does).
 
 from __future__ import annotations
 
+import inspect
+from collections.abc import Callable
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any, get_type_hints
 
 import typer
 
@@ -30,117 +32,120 @@ def choices(option: str, sep: str = " | ") -> str:
     return sep.join(registries[option])
 
 
+# Options that are not stage settings (inputs, outputs, flags of one call), each declared once here and shared by
+# the commands that take it. The stages' settings are built from their dataclasses below (`settings`).
 Source = Annotated[
     str, typer.Argument(help="Hub repo id (org/name) or local checkpoint directory.", show_default=False)
 ]
-Revision = Annotated[str | None, typer.Option("--revision", help="Hub branch, tag or commit.")]
-Token = Annotated[str | None, typer.Option("--token", help="Hub token (default: HF_TOKEN or `hf auth login`).")]
 AsJson = Annotated[bool, typer.Option("--json", help="Print JSON on stdout instead of a table.")]
 Out = Annotated[Path, typer.Option("--out", help="Output draft directory.", show_default=False)]
 Overwrite = Annotated[bool, typer.Option("--overwrite", help="Replace a non-empty --out.")]
 Data = Annotated[Path, typer.Option("--data", help="JSONL: {'text': ...} or {'messages': [...]} per line.")]
 Target = Annotated[str, typer.Option("--target", help="Target model: hub repo id or local directory.")]
+OptionalTarget = Annotated[str | None, typer.Option("--target", help="Target: hub repo id or local directory.")]
 SkipBad = Annotated[bool, typer.Option("--skip-bad", help="Skip malformed data lines (counted) instead of failing.")]
-BatchSize = Annotated[int, typer.Option("--batch-size", help="Sequences per step.")]
 MaxLength = Annotated[int, typer.Option("--max-length", help="Tokens per sequence.")]
-MaxNewTokens = Annotated[int, typer.Option("--max-new-tokens", help="Tokens generated per prompt.")]
 
-# distill's options, one line each in its signature (help texts as `mtp2draft distill --help` shows them)
+# distill's inputs and flags (its training settings: train.settings.DistillConfig)
 DraftDir = Annotated[Path, typer.Argument(help="Draft directory from `convert` (mtp or eagle3).", show_default=False)]
-HiddenStates = Annotated[
-    Path | None, typer.Option("--hidden-states", help="Train from a `dump-hidden` directory instead of a target.")
-]
-DraftVocab = Annotated[
-    int | None, typer.Option("--draft-vocab-size", help="eagle3: keep the V most frequent target tokens.")
-]
-StepWeights = Annotated[
-    str | None, typer.Option("--step-weights", help="Loss weight per TTT step, e.g. '1,0.8,0.64' (default 0.8^s).")
-]
-TeacherTemperature = Annotated[
-    float,
-    typer.Option(
-        "--teacher-temperature",
-        help="Learn the target's distribution sharpened to p^(1/T); below 1 favours its top token (greedy serving).",
-    ),
-]
-ServingEngine = Annotated[
-    str | None,
-    typer.Option(
-        "--serving-engine",
-        help=f"Train for what this engine computes ({choices('engines')}; facts per family: `mtp2draft specs`).",
-    ),
-]
-Handover = Annotated[
-    str | None,
-    typer.Option("--hidden-handover", help="mtp: post_norm | pre_norm, overriding --serving-engine's hand-over."),
-]
-Regenerate = Annotated[
-    bool, typer.Option("--regenerate", help="Train on the target's own responses to the data's prompts.")
-]
-# what runs the target (one meaning of --engine; `distill --serving-engine` names the engine a draft is trained for)
-TargetEngine = Annotated[str, typer.Option("--engine", help=f"What runs the target: {choices('dump_engines')}.")]
-TensorParallelSize = Annotated[
-    int, typer.Option("--tensor-parallel-size", help="--engine vllm: GPUs the target is split across.")
-]
-Device = Annotated[str | None, typer.Option("--device", help="cpu, cuda, cuda:N (default: cuda when available).")]
-Precision = Annotated[
-    str | None, typer.Option("--precision", help="fp32 or bf16 (default: bf16 on CUDA, fp32 elsewhere).")
-]
-# where the frozen target runs (evaluate, and distill's online target); the draft follows the target
-TargetDtype = Annotated[
-    str, typer.Option("--dtype", help=f"dtype the target is loaded and run in: {choices('dtypes')}.")
-]
-DeviceMap = Annotated[
-    str | None,
-    typer.Option(
-        "--device-map",
-        help="Spread the target over the local GPUs as transformers' device_map does (e.g. auto); overrides --device.",
-    ),
-]
-# evaluate: what runs the target (as dump-hidden's --engine), and vLLM's split of it
-EvalEngine = Annotated[str, typer.Option("--engine", help=f"What runs the target: {choices('evaluate_engines')}.")]
-EvalDtype = Annotated[
-    str | None,
-    typer.Option(
-        "--dtype",
-        help=f"dtype the target runs in: {choices('dtypes')} (default: float32; --engine vllm: the checkpoint's own).",
-        show_default=False,
-    ),
-]
-TensorParallel = Annotated[
-    int | None,
-    typer.Option(
-        "--tensor-parallel-size", help="--engine vllm: GPUs the target is split across (default 1).", show_default=False
-    ),
-]
-TrainSubset = Annotated[str, typer.Option("--train-subset", help=f"Parameters to train: {choices('subsets', ', ')}.")]
-Checkpointing = Annotated[
-    bool, typer.Option("--activation-checkpointing", help="Recompute the block's MLP in backward.")
-]
+Resume = Annotated[bool, typer.Option("--resume", help="Continue from the newest checkpoint of --out.")]
 Plan = Annotated[bool, typer.Option("--plan", help="Print the per-rank memory plan (every --train-subset) and exit.")]
 WorldSize = Annotated[
     int | None, typer.Option("--world-size", help="With --plan: ranks to plan for (default: torchrun's, or 1).")
 ]
+# what runs the target (one meaning of --engine; `distill --serving-engine` names the engine a draft is trained for)
+TargetEngine = Annotated[str, typer.Option("--engine", help=f"What runs the target: {choices('dump_engines')}.")]
+EvalEngine = Annotated[str, typer.Option("--engine", help=f"What runs the target: {choices('evaluate_engines')}.")]
 
-# export / push
-Verifier = Annotated[
-    str | None,
-    typer.Option("--verifier", help="speculators(-mtp): the target's hub id (default: the source converted from)."),
-]
 
-# distill's held-out guard (train/heldout.py)
-Heldout = Annotated[
-    Path | None,
-    typer.Option(
-        "--heldout",
-        help="Held-out JSONL (prompts the training never sees): evaluated every --eval-every steps and before the "
-        "first; the best-scoring weights are written, never worse than the input draft on it.",
-    ),
-]
-EvalEvery = Annotated[int, typer.Option("--eval-every", help="With --heldout: evaluate every N steps.")]
-Patience = Annotated[
-    int | None, typer.Option("--patience", help="With --heldout: stop after N evaluations without a gain.")
-]
-HeldoutExamples = Annotated[
-    int, typer.Option("--heldout-examples", help="With --heldout: use at most N of its examples.")
-]
+# ---- options built from the settings dataclasses ------------------------------------------------------------------
+ADVANCED = "Advanced"  # the --help panel of research knobs: most users never set them
+
+
+class Group:
+    """A settings dataclass a command offers, or part of it (`only` / `skip` field names): `@settings(cfg=Group(...))`
+    adds one option per field to the command and hands the command one built instance."""
+
+    def __init__(self, cls: type, *, only: tuple[str, ...] = (), skip: tuple[str, ...] = ()) -> None:
+        from mtp2draft.settings import cli_fields
+
+        self.cls = cls
+        self.fields = [f for f in cli_fields(cls) if (not only or f.name in only) and f.name not in skip]
+        unknown = (set(only) | set(skip)) - {f.name for f in cli_fields(cls)}
+        if unknown:
+            raise TypeError(f"{cls.__name__} offers no option for {sorted(unknown)}")
+
+
+def _parameter(f: Any, hint: Any) -> inspect.Parameter:
+    """The typer parameter of one settings field: its flag, help (with the registry's choices) and default, all from
+    the field's `setting(...)` declaration."""
+    import dataclasses
+
+    from mtp2draft.settings import flag_of
+
+    meta = f.metadata
+    text = meta["help"] + (f" {choices(meta['choices'])}." if meta["choices"] else "")
+    required = f.default is dataclasses.MISSING
+    # a field parsed from text ('1,0.8') is a str option; otherwise the field's own type
+    kind = (str | None) if meta["parse"] else hint
+    if meta["argument"]:
+        info = typer.Argument(help=text, show_default=False)
+    else:
+        names = (flag_of(f), meta["short"]) if meta["short"] else (flag_of(f),)
+        panel = ADVANCED if meta["advanced"] else None
+        info = typer.Option(*names, help=text, rich_help_panel=panel, show_default=not required)
+    default = inspect.Parameter.empty if required else (None if meta["parse"] else f.default)
+    return inspect.Parameter(f.name, inspect.Parameter.KEYWORD_ONLY, default=default, annotation=Annotated[kind, info])
+
+
+def settings(**groups: type | Group) -> Callable:
+    """Decorate a command: each `name=SettingsClass` (or `Group(...)`) replaces the command's parameter `name` by one
+    option per field, and at call time builds the instance from those options with keywords, so the command receives
+    `name=SettingsClass(field=value, ...)`; a bad value is refused by the class itself (one `error:` line)."""
+    import functools
+
+    def decorate(command: Callable) -> Callable:
+        groups_ = {name: g if isinstance(g, Group) else Group(g) for name, g in groups.items()}
+        own = inspect.signature(command, eval_str=True)
+        kept = [p for name, p in own.parameters.items() if name not in groups_]
+        added = [_parameter(f, get_type_hints(g.cls)[f.name]) for g in groups_.values() for f in g.fields]
+        names = [p.name for p in kept + added]
+        twice = sorted({n for n in names if names.count(n) > 1})
+        if twice:  # two groups (or a group and the command) offering one name: say which to skip
+            raise TypeError(f"{command.__name__}: options offered twice: {twice}")
+
+        @functools.wraps(command)
+        def wrapper(**options: Any) -> Any:
+            for name, group in groups_.items():
+                values = {}
+                for f in group.fields:
+                    value = options.pop(f.name)
+                    if f.metadata["parse"] and value is not None:
+                        value = _parse(f, value)
+                    values[f.name] = value
+                options[name] = group.cls(**values)
+            return command(**options)
+
+        params = [p.replace(kind=inspect.Parameter.KEYWORD_ONLY) for p in kept] + added
+        wrapper.__signature__ = inspect.Signature(params)
+        wrapper.__annotations__ = {p.name: p.annotation for p in params}
+        return wrapper
+
+    return decorate
+
+
+def _parse(f: Any, text: str) -> Any:
+    from mtp2draft.settings import flag_of
+
+    return parse_list(text, flag_of(f), f.metadata["parse"])
+
+
+def parse_list(text: str | None, option: str, parse: Callable[[str], Any]) -> Any:
+    """An option's text ('1,0.8') parsed by `parse` (`settings.floats`, `settings.ints`); empty is None; a
+    malformed one is a usage error naming the option."""
+    if not text:
+        return None
+    try:
+        return parse(text)
+    except ValueError as exc:
+        raise typer.BadParameter(str(exc), param_hint=option) from None

@@ -4,40 +4,28 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 
 from mtp2draft.cli import output
-from mtp2draft.cli.options import (
-    AsJson,
-    Overwrite,
-    Revision,
-    Token,
-    Verifier,
-    choices,
-)
+from mtp2draft.cli.options import AsJson, Group, Overwrite, choices, settings
 from mtp2draft.cli.root import app, log
+from mtp2draft.formats import ExportConfig
+from mtp2draft.settings import HubAccess
 
 
 @app.command()
+@settings(config=ExportConfig, hub=HubAccess)
 def export(
-    ctx: typer.Context,
     draft: Annotated[Path, typer.Argument(help="Draft directory (written by convert or distill).", show_default=False)],
     format: Annotated[str, typer.Option("--format", help=f"Engine format: {choices('formats')}.", show_default=False)],
     out: Annotated[Path, typer.Option("--out", help="Output directory.", show_default=False)],
+    config: Any,
+    hub: Any,
     target: Annotated[
         str | None, typer.Option("--target", help="Target (hub id or dir): for stitched; nextn optional.")
     ] = None,
-    dtype: Annotated[
-        str, typer.Option("--dtype", help=f"sglang/speculators/speculators-mtp weights dtype: {choices('dtypes')}.")
-    ] = "bfloat16",
-    speculative_tokens: Annotated[
-        int, typer.Option("--speculative-tokens", help="speculators(-mtp): k written into the proposal method.")
-    ] = 3,
-    verifier: Verifier = None,
-    revision: Revision = None,
-    token: Token = None,
     overwrite: Overwrite = False,
     as_json: AsJson = False,
 ) -> None:
@@ -53,15 +41,15 @@ def export(
     * `mtp2draft export glm-eagle3-ft --format speculators --speculative-tokens 4 --out glm-eagle3-vllm`
     * `mtp2draft export ds3-mtp-ft --format stitched --target deepseek-ai/DeepSeek-V3 --out ds3-stitched`
     """
-    from mtp2draft.formats import ExportConfig
     from mtp2draft.formats.export import export as run
 
-    config = ExportConfig.from_options(ctx.params)
-    result = run(draft, format, out, target, overwrite, config, revision, token, progress=log)
+    access = {"revision": hub.revision, "token": hub.token}
+    result = run(draft, format, out, target=target, overwrite=overwrite, config=config, **access, progress=log)
     print(output.to_json(output.export_summary(result)) if as_json else output.export_text(result, draft))
 
 
 @app.command()
+@settings(hub=HubAccess)
 def validate(
     path: Annotated[Path, typer.Argument(help="Directory to check.", show_default=False)],
     format: Annotated[
@@ -72,8 +60,7 @@ def validate(
         str | None,
         typer.Option("--target", help="Target (hub id or local dir; config only): check aux ids, sizes against it."),
     ] = None,
-    revision: Revision = None,
-    token: Token = None,
+    hub: Any = None,
     as_json: AsJson = False,
 ) -> None:
     """Check a draft or export directory against its format's contract and list every violation (non-zero exit if
@@ -88,7 +75,7 @@ def validate(
     from mtp2draft.formats.export import detect_format
     from mtp2draft.formats.export import validate as run
 
-    violations = run(path, format, target, revision, token)
+    violations = run(path, format, target, revision=hub.revision, token=hub.token)
     fmt = format or detect_format(json.loads((path / "config.json").read_text()))
     if as_json:
         print(output.to_json({"path": str(path), "format": fmt, "ok": not violations, "violations": violations}))
@@ -99,6 +86,7 @@ def validate(
 
 
 @app.command()
+@settings(hub=Group(HubAccess, only=("token",)))
 def push(
     path: Annotated[Path, typer.Argument(help="Draft or export directory to publish.", show_default=False)],
     repo_id: Annotated[
@@ -115,7 +103,7 @@ def push(
             "--base-model", help="The target's hub id, for the card's base_model (drafts converted from a local dir)."
         ),
     ] = None,
-    token: Token = None,
+    hub: Any = None,
     as_json: AsJson = False,
 ) -> None:
     """Publish a draft to the Hugging Face Hub with a model card (target, acceptance table, launch lines).
@@ -128,5 +116,6 @@ def push(
     """
     from mtp2draft.hub import push as run
 
-    result = run(path, repo_id, private, revision, commit_message, token, base_model, progress=log)
+    commit = {"revision": revision, "commit_message": commit_message, "base_model": base_model}
+    result = run(path, repo_id, private=private, token=hub.token, **commit, progress=log)
     print(output.to_json(result.__dict__) if as_json else f"{result.url}\ncommit {result.commit}  {result.commit_url}")

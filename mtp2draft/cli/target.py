@@ -4,29 +4,23 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 
-from mtp2draft.cli.options import (
-    Data,
-    MaxLength,
-    Overwrite,
-    Revision,
-    SkipBad,
-    Target,
-    TargetEngine,
-    TensorParallelSize,
-    Token,
-)
-from mtp2draft.cli.root import app, log, number_list
+from mtp2draft.cli.options import Data, Group, MaxLength, Overwrite, SkipBad, Target, TargetEngine, parse_list, settings
+from mtp2draft.cli.root import app, log
 from mtp2draft.kinds import DraftKind
+from mtp2draft.settings import HubAccess, Placement, ints
 
 
 @app.command("dump-hidden")
+@settings(where=Group(Placement, only=("tensor_parallel_size",)), hub=HubAccess)
 def dump_hidden(
     target: Target,
     data: Data,
+    where: Any,
+    hub: Any,
     out: Annotated[Path, typer.Option("--out", help="Output directory (sharded safetensors + manifest.json).")],
     draft: Annotated[
         Path | None, typer.Option("--draft", help="Draft whose inputs to dump (its aux layers, for eagle3).")
@@ -36,10 +30,7 @@ def dump_hidden(
     max_length: MaxLength = 256,
     shard_size: Annotated[int, typer.Option("--shard-size", help="Sequences per shard file.")] = 256,
     engine: TargetEngine = "transformers",
-    tensor_parallel_size: TensorParallelSize = 1,
     skip_bad: SkipBad = False,
-    revision: Revision = None,
-    token: Token = None,
     overwrite: Overwrite = False,
 ) -> None:
     """Write the target's hidden states and top-k log-probs for offline distillation (`distill --hidden-states`).
@@ -54,20 +45,24 @@ def dump_hidden(
     from mtp2draft.target.engine import dump_hidden as dump
     from mtp2draft.target.engine import resolve_target
 
-    ids = number_list(aux_layers, "--aux-layers", int)
+    ids = parse_list(aux_layers, "--aux-layers", ints)
     final, loaded = None, None
     if draft is not None:
         loaded = load_draft(draft)
         final = getattr(loaded, "input_hidden", None)  # the final hidden a native draft reads
         if ids is None:
             ids = loaded.aux_layer_ids if loaded.kind == DraftKind.EAGLE3 else None
-    target_dir = resolve_target(target, revision, token)
+    target_dir = resolve_target(target, hub.revision, hub.token)
     inputs = [data, draft]  # never deleted by --overwrite, never written into
-    check_dump_request(target, target_dir, out, overwrite, inputs, top_k, shard_size, max_length, ids, loaded)
+    sizes = {"top_k": top_k, "shard_size": shard_size, "max_length": max_length}
+    check_dump_request(
+        target, target_dir, out, overwrite=overwrite, inputs=inputs, **sizes, aux_layers=ids, draft=loaded
+    )
     examples, skipped = read_examples(data, load_tokenizer(target_dir), max_length, skip_bad)
     if skipped:
         log(f"skipped {skipped} malformed line(s)")
     seqs = [{"input_ids": e.input_ids, "loss_mask": e.loss_mask} for e in examples]
     write = {"aux_layers": ids, "top_k": top_k, "shard_size": shard_size, "overwrite": overwrite, "final": final}
-    path = dump(engine, target, seqs, out, revision, token, tensor_parallel_size, **write, progress=log, inputs=inputs)
+    access = {"revision": hub.revision, "token": hub.token, "tensor_parallel_size": where.tensor_parallel_size or 1}
+    path = dump(engine, target, seqs, out, **access, **write, progress=log, inputs=inputs)
     print(f"wrote hidden states of {len(seqs)} sequences to {path}")

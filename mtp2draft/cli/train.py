@@ -4,82 +4,40 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated, Any
-
-import typer
+from typing import Any
 
 from mtp2draft.cli import output
 from mtp2draft.cli.options import (
     AsJson,
-    BatchSize,
-    Checkpointing,
-    Device,
-    DeviceMap,
     DraftDir,
-    DraftVocab,
-    EvalEvery,
-    Handover,
-    Heldout,
-    HeldoutExamples,
-    HiddenStates,
-    MaxLength,
+    Group,
+    OptionalTarget,
     Out,
     Overwrite,
-    Patience,
     Plan,
-    Precision,
-    Regenerate,
-    Revision,
-    ServingEngine,
+    Resume,
     SkipBad,
-    StepWeights,
-    TargetDtype,
-    TeacherTemperature,
-    Token,
-    TrainSubset,
     WorldSize,
+    settings,
 )
-from mtp2draft.cli.root import app, distill_config, log
+from mtp2draft.cli.root import app, log
+from mtp2draft.settings import HubAccess, Placement
+from mtp2draft.train.settings import DistillConfig, TrainingData
 
 
 @app.command()
+@settings(cfg=DistillConfig, data=TrainingData, where=Group(Placement, skip=("tensor_parallel_size",)), hub=HubAccess)
 def distill(
-    ctx: typer.Context,
     draft: DraftDir,
     out: Out,
-    target: Annotated[str | None, typer.Option("--target", help="Target: hub repo id or local directory.")] = None,
-    data: Annotated[Path | None, typer.Option("--data", help="Training JSONL (text or chat records).")] = None,
-    hidden_states: HiddenStates = None,
-    steps: Annotated[int, typer.Option("--steps", help="Optimizer steps.")] = 300,
-    ttt_steps: Annotated[int, typer.Option("--ttt-steps", help="Draft steps unrolled per position (K).")] = 3,
-    lr: Annotated[float, typer.Option("--lr", help="Peak learning rate (AdamW, warm-up + cosine).")] = 1e-4,
-    batch_size: BatchSize = 8,
-    max_length: MaxLength = 256,
-    draft_vocab_size: DraftVocab = None,
-    step_weights: StepWeights = None,
-    teacher_temperature: TeacherTemperature = 1.0,
-    serving_engine: ServingEngine = None,
-    hidden_handover: Handover = None,
-    seed: Annotated[int, typer.Option("--seed", help="Seed of the data order.")] = 0,
-    save_every: Annotated[int, typer.Option("--save-every", help="Checkpoint every N steps.")] = 50,
-    heldout: Heldout = None,
-    eval_every: EvalEvery = 50,
-    patience: Patience = None,
-    heldout_examples: HeldoutExamples = 64,
-    resume: Annotated[bool, typer.Option("--resume", help="Continue from the newest checkpoint of --out.")] = False,
-    regenerate: Regenerate = False,
-    sample: Annotated[bool, typer.Option("--sample", help="With --regenerate: sample instead of greedy.")] = False,
+    cfg: Any,
+    data: Any,
+    where: Any,
+    hub: Any,
+    target: OptionalTarget = None,
+    resume: Resume = False,
     skip_bad: SkipBad = False,
-    revision: Revision = None,
-    token: Token = None,
     overwrite: Overwrite = False,
-    device: Device = None,
-    dtype: TargetDtype = "float32",
-    device_map: DeviceMap = None,
-    precision: Precision = None,
-    train_subset: TrainSubset = "all",
-    activation_checkpointing: Checkpointing = False,
-    compile_: Annotated[bool, typer.Option("--compile", help="torch.compile the draft's block (GPU runs).")] = False,
     plan: Plan = False,
     world_size: WorldSize = None,
     as_json: AsJson = False,
@@ -102,16 +60,15 @@ def distill(
     from mtp2draft.target.device import resolve_device
     from mtp2draft.train.recipe import distill as run
 
-    cfg = distill_config(ctx)
-    device = resolve_device(device)
+    device = resolve_device(where.device)
     if plan:
-        _print_plan(draft, cfg, world_size, device, offline=hidden_states is not None, as_json=as_json)
+        _print_plan(draft, cfg, world_size, device, offline=data.hidden_states is not None, as_json=as_json)
         return
-    inputs = {"data": data, "target": target, "hidden_states": hidden_states, "skip_bad": skip_bad, "heldout": heldout}
-    flags = {"resume": resume, "overwrite": overwrite, "regenerate_data": regenerate, "sample": sample}
-    hub = {"revision": revision, "token": token}
-    where = {"device": device, "target_dtype": dtype, "device_map": device_map}
-    result = run(draft, out, config=cfg, **inputs, **flags, **hub, **where, progress=log)
+    inputs = {"data": data.data, "target": target, "hidden_states": data.hidden_states, "heldout": data.heldout}
+    flags = {"resume": resume, "overwrite": overwrite, "regenerate_data": data.regenerate, "sample": data.sample}
+    access = {"revision": hub.revision, "token": hub.token}
+    placed = {"device": device, "target_dtype": where.torch_dtype, "device_map": where.device_map}
+    result = run(draft, out, config=cfg, **inputs, skip_bad=skip_bad, **flags, **access, **placed, progress=log)
     if result.is_main:  # other torchrun ranks: rank 0 reports
         print(output.to_json(output.distill_summary(result)) if as_json else output.distill_text(result))
 

@@ -44,6 +44,7 @@ from typing import Any
 from mtp2draft.errors import Mtp2DraftError, OptionError
 from mtp2draft.evaluation.settings import EvaluateConfig
 from mtp2draft.kinds import DTYPE_NAMES, DraftKind
+from mtp2draft.settings import HubAccess, Placement
 from mtp2draft.target.engine import VLLM_SIDE, uses_mla, vllm_environment, vllm_python
 
 EVALUATE_ENGINES: dict[str, str] = {
@@ -249,35 +250,33 @@ def evaluate(
     data: str | Path,
     config: EvaluateConfig | None = None,
     *,
-    device: str | None = None,
-    dtype: str | None = None,
-    device_map: str | dict | None = None,
-    tensor_parallel_size: int | None = None,
-    revision: str | None = None,
-    token: str | bool | None = None,
+    where: Placement | None = None,
+    hub: HubAccess | None = None,
     progress: Progress = lambda _: None,
 ) -> dict[str, Any]:
     """`evaluate` with the chosen engine (`EVALUATE_ENGINES`): the same report either way, plus `engine` (name,
-    version). dtype None: float32 for transformers, the checkpoint's own for vLLM."""
+    version). `where`: where the target runs (dtype None: float32 for transformers, the checkpoint's own for vLLM);
+    `hub`: the target's revision and the token."""
     if engine not in EVALUATE_ENGINES:
         raise OptionError(f"--engine must be one of {', '.join(EVALUATE_ENGINES)}, not {engine!r}")
-    common = {"config": config, "revision": revision, "token": token, "progress": progress}
+    where, hub = where or Placement(), hub or HubAccess()
+    common = {"config": config, "revision": hub.revision, "token": hub.token, "progress": progress}
     if engine == "transformers":
-        if tensor_parallel_size is not None:
+        if where.tensor_parallel_size is not None:
             raise OptionError("--tensor-parallel-size is for --engine vllm (transformers spreads with --device-map)")
         import transformers
 
         from mtp2draft.evaluation.decode import evaluate as run
 
-        where = {"device": device, "dtype": dtype or "float32", "device_map": device_map}
-        report = run(drafts, target, data, **common, **where)
+        placed = {"device": where.device, "dtype": where.torch_dtype, "device_map": where.device_map}
+        report = run(drafts, target, data, **common, **placed)
         return {**report, "engine": {"name": "transformers", "version": transformers.__version__}}
-    for option, value in (("--device", device), ("--device-map", device_map)):
+    for option, value in (("--device", where.device), ("--device-map", where.device_map)):
         if value is not None:
             raise OptionError(f"{option} is for --engine transformers (vLLM places the target itself; split it "
                               "with --tensor-parallel-size)")  # fmt: skip
-    tp = 1 if tensor_parallel_size is None else tensor_parallel_size
-    return evaluate_in_vllm(drafts, target, data, **common, dtype=dtype, tensor_parallel_size=tp)
+    tp = where.tensor_parallel_size or 1
+    return evaluate_in_vllm(drafts, target, data, **common, dtype=where.dtype, tensor_parallel_size=tp)
 
 
 def check_served(drafts: Sequence[tuple[str, str]], spec: Any) -> dict[str, DraftKind]:

@@ -1,8 +1,9 @@
 """`evaluate`'s decoding settings, declared once: what it decodes and how, whichever engine runs the target.
 
 `EvaluateConfig` is frozen and checks itself on construction (one line naming the option), so a bad value is refused
-before any weight loads; the CLI builds it from its parsed options by field name (`from_options`), `run` and the
-demo from their own settings, and both engines (`decode.evaluate`, `engine.evaluate_in_vllm`) take it whole.
+before any weight loads; each field is declared once (`settings.setting`) and the CLI's `evaluate` and `run` build
+their options from them; the demo builds it with keywords, and both engines (`decode.evaluate`,
+`engine.evaluate_in_vllm`) take it whole.
 
 What this module does not do: say where the target runs (device, dtype, tensor parallelism: each engine's own
 arguments) or decode anything.
@@ -10,36 +11,35 @@ arguments) or decode anything.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from typing import Any
 
 from mtp2draft.errors import OptionError
+from mtp2draft.settings import setting
 
 
 @dataclass(frozen=True, kw_only=True)
 class EvaluateConfig:
-    num_draft_tokens: int = 4
-    """k: draft tokens verified per target forward."""
-    max_new_tokens: int = 64
-    """Tokens generated per prompt."""
-    max_prompts: int | None = None
-    """The first N prompts of the data file (None: all)."""
-    max_prompt_length: int = 256
-    """The last N tokens of each prompt are kept."""
-    temperature: float = 0.0
-    """0: greedy verification; above it, speculative sampling at that temperature."""
-    top_p: float = 1.0
-    """Nucleus mass of the sampling (with a temperature)."""
-    seed: int = 0
-    """Seeds the sampling (prompt n with (seed, n), for every draft alike) and the paired bootstrap."""
-    draft_sampling: str = "greedy"
-    """How the draft proposes at a temperature: argmax (greedy) or sampling from its own distribution (sample)."""
-    skip_bad: bool = False
-    """Skip malformed data lines (counted) instead of failing."""
-    step_layers: str | None = None
-    """Chain drafts (every MTP layer): which layer each draft step runs, `cycle` (layer s % n) or `first` (layer 0
-    reused, as vLLM 0.32's runner does); None: the rule recorded in the draft (the one it was trained for)."""
+    num_draft_tokens: int = setting(4, "Draft tokens verified per target forward (k).", short="-k")
+    max_new_tokens: int = setting(64, "Tokens generated per prompt.")
+    max_prompts: int | None = setting(None, "Use the first N prompts of the data file (default: all).")
+    max_prompt_length: int = setting(256, "Keep the last N tokens of each prompt.")
+    temperature: float = setting(
+        0.0, "Sampling temperature of target and draft (0: greedy verification; above: speculative sampling)."
+    )
+    top_p: float = setting(1.0, "Nucleus sampling mass (with --temperature).")
+    seed: int = setting(0, "Seed of the sampling (prompt n with (seed, n), every draft alike) and the bootstrap.")
+    draft_sampling: str = setting(
+        "greedy", "How the draft proposes at a temperature (argmax, or from its own distribution):",
+        choices="draft_sampling",
+    )  # fmt: skip
+    skip_bad: bool = setting(False, "Skip malformed data lines (counted) instead of failing.")
+    step_layers: str | None = setting(
+        None,
+        "Chain drafts (convert --all-layers): the layer each step runs, cycle (layer s % n) or first (layer 0 "
+        "reused, as vLLM 0.32 runs it) (default: the rule the draft was trained for).",
+        advanced=True,
+    )
 
     def __post_init__(self) -> None:
         from mtp2draft.evaluation.sampling import Sampling
@@ -64,11 +64,6 @@ class EvaluateConfig:
         from mtp2draft.evaluation.sampling import Sampling
 
         return Sampling(self.temperature, self.top_p, self.draft_sampling)
-
-    @classmethod
-    def from_options(cls, options: Mapping[str, Any]) -> EvaluateConfig:
-        """The settings among a command's parsed options, taken by field name."""
-        return cls(**{f.name: options[f.name] for f in fields(cls) if f.name in options})
 
 
 __all__ = ["EvaluateConfig"]

@@ -13,12 +13,13 @@ from __future__ import annotations
 
 import importlib
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from mtp2draft.errors import SourceError
+from mtp2draft.errors import DraftError, SourceError
 from mtp2draft.kinds import DTYPE_NAMES, DraftKind
+from mtp2draft.settings import setting
 
 
 @dataclass(frozen=True)
@@ -85,39 +86,51 @@ def exportable() -> dict[str, DraftKind]:
     return {name: r.kind for name, r in REGISTRY.items() if r.exportable}
 
 
+def check_format(format: str, kind: DraftKind | None = None, what: str = "") -> DraftKind:
+    """The draft kind `format` takes, refused in one line when `export` does not write it or, given the `kind` of
+    draft on hand (`what` names it: a directory, `--to mtp`), when it takes the other kind. `export` and `run`'s
+    pre-flight both ask here."""
+    formats = exportable()
+    if format not in formats:
+        raise SourceError(f"--format must be one of {', '.join(formats)}, got {format!r}")
+    if kind is not None and formats[format] is not kind:
+        other = [f for f, k in formats.items() if k is kind]
+        raise DraftError(
+            f"--format {format} takes {formats[format].a_draft} draft; {what} is {kind.a_draft} draft "
+            f"(use --format {' or '.join(other)})"
+        )
+    return formats[format]
+
+
 # format -> the draft kind it takes (`mtp2draft export --format` choices come from here)
 FORMATS: dict[str, DraftKind] = exportable()
 # `validate` also knows mtp2draft's own native draft directory (`convert --to mtp`, `distill`).
 VALIDATE_FORMATS = tuple(REGISTRY)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class ExportConfig:
-    """How `export` writes a draft besides which format and where: declared once here. The CLI's `export` builds it
-    from its parsed options by field name (`from_options`; tests/test_cli.py holds the options against these fields),
-    `run` from its own -k; it refuses a bad value on construction, before any file is read."""
+    """How `export` writes a draft besides which format and where, each setting declared once here
+    (`settings.setting`, from which the CLI's options are built); `run` builds it from its own -k. It refuses a bad
+    value on construction, before any file is read."""
 
-    dtype: str = "bfloat16"
-    """Weights dtype of the EAGLE-3 formats and `speculators-mtp` (`float32`: a bit-exact copy of an fp32 draft); the
-    other native formats keep the target's own dtypes and quantization instead."""
-    speculative_tokens: int = 3
-    """k written into the speculators proposal method."""
-    verifier: str | None = None
-    """speculators' `verifier.name_or_path` (the target `vllm serve DRAFT` loads); None: the hub id the draft was
-    converted from (a local source's path otherwise)."""
+    dtype: str = setting(
+        "bfloat16",
+        "Weights dtype of sglang / speculators / speculators-mtp (float32: a bit-exact copy of an fp32 draft; the "
+        "other native formats keep the target's own dtypes and quantization):",
+        choices="dtypes",
+    )
+    speculative_tokens: int = setting(3, "speculators(-mtp): k written into the proposal method.")
+    verifier: str | None = setting(
+        None,
+        "speculators(-mtp): the target `vllm serve DRAFT` loads, its hub id (default: the source converted from).",
+    )
 
     def __post_init__(self) -> None:
         if self.dtype not in DTYPE_NAMES:
             raise SourceError(f"--dtype must be one of {', '.join(DTYPE_NAMES)}, got {self.dtype!r}")
         if self.speculative_tokens < 1:
             raise SourceError(f"--speculative-tokens must be at least 1, got {self.speculative_tokens}")
-
-    @classmethod
-    def from_options(cls, options: Mapping[str, Any]) -> ExportConfig:
-        """The config of a command's parsed options (click's `ctx.params`): every option named like a field sets it;
-        the others are not export settings."""
-        names = {f.name for f in fields(cls)}
-        return cls(**{key: value for key, value in options.items() if key in names})
 
 
 @dataclass(kw_only=True)

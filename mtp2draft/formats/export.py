@@ -31,7 +31,7 @@ from mtp2draft.draft.config import load_draft_config, parse_draft_config
 from mtp2draft.draft.eagle3_config import NORM_SWITCHES, speculators_to_eagle3_config, speculators_weight_name
 from mtp2draft.errors import DraftError, SourceError, ValidationError
 from mtp2draft.family.spec import find_spec
-from mtp2draft.formats import FORMATS, REGISTRY, ExportConfig, ExportJob, exportable, get_format
+from mtp2draft.formats import FORMATS, REGISTRY, ExportConfig, ExportJob, check_format, get_format
 from mtp2draft.formats.common import EVALUATION_FILE, README_FILE, read_json
 from mtp2draft.formats.eagle3 import hub_id_of
 from mtp2draft.formats.native import requantize_fp8
@@ -108,17 +108,10 @@ def export(
 def _checked_request(src: Path, format: str, target: str | None, revision=None, token=None) -> dict:
     """The draft's config.json, once the options make sense for it: a format `export` writes, of the draft's kind,
     with the target it needs; one line (SourceError, DraftError) before any work otherwise."""
-    formats = exportable()
-    if format not in formats:
-        raise SourceError(f"--format must be one of {', '.join(formats)}, got {format!r}")
+    check_format(format)
     parsed = load_draft_config(src, "export reads directories written by `convert` or `distill`")
-    cfg, kind = dict(parsed.raw), parsed.kind
-    if formats[format] is not kind:
-        other = [f for f, k in formats.items() if k is kind]
-        raise DraftError(
-            f"--format {format} takes {formats[format].a_draft} draft; "
-            f"{src} is {kind.a_draft} draft (use --format {' or '.join(other)})"
-        )
+    cfg = dict(parsed.raw)
+    check_format(format, parsed.kind, str(src))
     if REGISTRY[format].needs_target and not target:
         raise SourceError(f"--format {format} needs --target: the checkpoint whose MTP layer the draft replaces")
     if target and REGISTRY[format].reads_target:  # the draft's own target, before any output is claimed

@@ -75,11 +75,20 @@ def check_target_identity(draft: DraftConfig, target_config: Mapping[str, Any], 
             )
     if draft.target_config is None:
         return
-    diffs = config_differences(draft.spec or found.name, draft.target_config, target_config)
+    where = f"the target {draft.where} was converted from"
+    check_same_checkpoint(draft.spec or found.name, draft.target_config, target_config, target, where)
+
+
+def check_same_checkpoint(
+    spec_name: str | None, recorded: Mapping[str, Any], actual: Mapping[str, Any], target: str, recorded_as: str
+) -> None:
+    """Refuse `target` (its config.json `actual`) where it differs from the checkpoint `recorded_as` (config
+    `recorded`) in a field that changes the computation: one DraftError line naming the first differences."""
+    diffs = config_differences(spec_name, recorded, actual)
     if diffs:
         more = f" (+{len(diffs) - 3} more)" if len(diffs) > 3 else ""
         raise DraftError(
-            f"{target} is not the target {draft.where} was converted from: {'; '.join(diffs[:3])}{more}; "
+            f"{target} is not {recorded_as}: {'; '.join(diffs[:3])}{more}; "
             "use that target, or convert the draft again from this one"
         )
 

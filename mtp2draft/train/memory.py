@@ -125,6 +125,7 @@ def _unit_peak(n: int, trainable: int, a: int) -> int:
 def plan(
     draft_config: dict[str, Any],
     world: int = 1,
+    *,
     precision: str = "fp32",
     batch: int = 8,
     length: int = 256,

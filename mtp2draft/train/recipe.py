@@ -223,18 +223,13 @@ class DistillRecipe:
 
     def check_memory(self) -> None:
         """The memory plan, from the draft's config alone, printed; refused when the device cannot hold it."""
-        cfg = self.cfg
-        mem = memory.plan(
+        mem = _memory_plan(
             read_draft_config(self.job.draft_dir),
-            self.par.world,
-            self.precision,
-            cfg.batch_size,
-            cfg.max_length,
-            cfg.ttt_steps,
-            cfg.train_subset,
-            cfg.activation_checkpointing,
-            online_logits=self.job.hidden_states is None,
-            serving_engine=cfg.serving_engine,
+            self.cfg,
+            world=self.par.world,
+            precision=self.precision,
+            subset=self.cfg.train_subset,
+            online=self.job.hidden_states is None,
         )
         self.progress(f"{memory.render([mem])}")
         local_world = int(os.environ.get("LOCAL_WORLD_SIZE", self.par.world))
@@ -301,10 +296,7 @@ class DistillRecipe:
         if fresh:  # every rank fits the same, on the whole batch
             first = lambda: self.batch(0, final=True, whole=True)  # noqa: E731
             self.calibration = calibrate_pending(draft, job.draft_dir, first, self.teacher.embed, self.progress)
-        if self.cfg.steps == 0 and self.calibration is None:
-            raise OptionError(
-                "--steps 0 would write an untrained draft: 0 steps only calibrate an EAGLE-3 draft converted from MTP"
-            )
+        refuse_untrained(self.cfg, calibrates=self.calibration is not None)
         if not fresh:
             self._take_checkpoint_shape()
 
@@ -477,6 +469,15 @@ def check_heldout_options(cfg: DistillConfig, heldout: str | Path | None, hidden
         raise OptionError("--patience stops on held-out acceptance: it needs --heldout")
 
 
+def refuse_untrained(cfg: DistillConfig, calibrates: bool) -> None:
+    """`--steps 0` only makes sense where distill calibrates something (an EAGLE-3 draft converted from MTP): anything
+    else would write an untrained copy. `run` calls it before anything is fetched (`calibrates`: an EAGLE-3 run)."""
+    if cfg.steps == 0 and not calibrates:
+        raise OptionError(
+            "--steps 0 would write an untrained draft: 0 steps only calibrate an EAGLE-3 draft converted from MTP"
+        )
+
+
 def check_training_settings(kind: str, spec: Any, cfg: DistillConfig) -> None:
     """`--serving-engine` and `--hidden-handover` make sense for a draft of `kind` for `spec`'s family (None: the draft
     names none): distill checks it on the loaded draft, `run` before anything is fetched."""
@@ -502,6 +503,24 @@ def check_training_settings(kind: str, spec: Any, cfg: DistillConfig) -> None:
             raise DataError(f"--hidden-handover must be {' or '.join(HIDDEN_PLACES)}, got {cfg.hidden_handover!r}")
 
 
+def _memory_plan(
+    draft_config: dict, cfg: DistillConfig, *, world: int, precision: str, subset: str, online: bool
+) -> memory.MemoryPlan:
+    """The memory plan of a run with these settings on `world` ranks, training `subset`."""
+    return memory.plan(
+        draft_config,
+        world=world,
+        precision=precision,
+        batch=cfg.batch_size,
+        length=cfg.max_length,
+        ttt_steps=cfg.ttt_steps,
+        subset=subset,
+        activation_checkpointing=cfg.activation_checkpointing,
+        online_logits=online,
+        serving_engine=cfg.serving_engine,
+    )
+
+
 def plan_memory(
     draft_dir: str | Path,
     config: DistillConfig | None = None,
@@ -519,19 +538,7 @@ def plan_memory(
     draft_config = read_draft_config(draft_dir)
     subsets = [cfg.train_subset] + [s for s in parallel.TRAIN_SUBSETS if s != cfg.train_subset]
     return [
-        memory.plan(
-            draft_config,
-            world,
-            precision,
-            cfg.batch_size,
-            cfg.max_length,
-            cfg.ttt_steps,
-            s,
-            cfg.activation_checkpointing,
-            online_logits=not offline,
-            serving_engine=cfg.serving_engine,
-        )
-        for s in subsets
+        _memory_plan(draft_config, cfg, world=world, precision=precision, subset=s, online=not offline) for s in subsets
     ]
 
 

@@ -9,63 +9,67 @@ from __future__ import annotations
 
 import math
 import os
-from collections.abc import Mapping
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import TYPE_CHECKING
 
 from mtp2draft.errors import OptionError
+from mtp2draft.settings import floats, setting
 
 if TYPE_CHECKING:
     from mtp2draft.io import Progress
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class DistillConfig:
-    """The training settings of one distill run: declared once here. The CLI's `distill` and `run` build it from
-    their parsed options by field name (`from_options`); `LIBRARY_ONLY` lists the fields no command offers, and why
-    (tests/test_cli.py holds the CLI's options against these fields)."""
+    """The training settings of one distill run, each declared once here (`settings.setting`): the CLI's `distill`
+    and `run` offer every field not marked `cli=False` (whose help says why no command offers it)."""
 
-    steps: int = 300
-    ttt_steps: int = 3
-    lr: float = 1e-4  # SpecForge's EAGLE-3 recipe; tiny targets (tests, demo) want ~1e-3
-    batch_size: int = 8
-    max_length: int = 256
-    draft_vocab_size: int | None = None
-    seed: int = 0
-    step_weights: list[float] | None = None
-    """Loss weight of each TTT step; default 0.8**s (EAGLE-3)."""
-    teacher_temperature: float = 1.0
-    """The draft learns the target's distribution sharpened to p**(1/T) (renormalised): 1 is the target's own, below
-    1 puts the KL's weight on the target's top token, what greedy verification accepts. Online teachers only (an
-    offline top-k file keeps no tail to sharpen)."""
-    warmup_steps: int | None = None
-    """Default: 5 % of the steps."""
-    weight_decay: float = 0.0
-    grad_clip: float = 0.5
-    save_every: int = 50
-    log_every: int = 10
-    serving_engine: str | None = None
-    """Train for what this engine (`spec.ENGINES`) computes with the family: for native MTP drafts its step-0
-    hidden, final norm and hand-over (the spec's `[engines.<engine>]`); refused when the engine cannot serve the
-    draft's kind for this family. None keeps the draft's setting."""
-    hidden_handover: str | None = None
-    """Native MTP drafts: the hidden handed to the next step, overriding the serving engine's (`post_norm` | `pre_norm`).
-    None: the serving engine's, or the draft's setting."""
-    precision: str | None = None
-    """fp32 or bf16 (see parallel.PRECISIONS); None: bf16 on CUDA, fp32 elsewhere."""
-    train_subset: str = "all"
-    """Which parameters train (parallel.TRAIN_SUBSETS); the rest stay frozen."""
-    activation_checkpointing: bool = False
-    """Recompute the block's MLP in backward (saves its activations; the math is unchanged)."""
-    compile: bool = False
-    """torch.compile the draft's block (GPU runs; the math is unchanged up to kernel rounding)."""
-    eval_every: int = 50
-    """With a held-out set (`DistillJob.heldout`): evaluate on it every N steps (and before the first)."""
-    patience: int | None = None
-    """With a held-out set: stop after N evaluations without a gain. None: run every step (the best is written)."""
-    heldout_examples: int = 64
-    """With a held-out set: use at most this many of its examples (a whole number of batches)."""
+    steps: int = setting(300, "Optimizer steps (0: only calibrate an EAGLE-3 draft).")
+    ttt_steps: int = setting(3, "Draft steps unrolled per position (K, the training-time test).")
+    lr: float = setting(1e-4, "Peak learning rate (AdamW, warm-up + cosine; tiny targets want ~1e-3).")
+    # 1e-4: SpecForge's EAGLE-3 recipe
+    batch_size: int = setting(8, "Sequences per step (the global batch under torchrun).")
+    max_length: int = setting(256, "Tokens per sequence.")
+    draft_vocab_size: int | None = setting(None, "eagle3: keep the V most frequent target tokens.")
+    seed: int = setting(0, "Seed of the data order.")
+    step_weights: list[float] | None = setting(
+        None, "Loss weight per TTT step, e.g. '1,0.8,0.64' (default 0.8^s, EAGLE-3's).", advanced=True, parse=floats
+    )
+    teacher_temperature: float = setting(
+        1.0,
+        "Learn the target's distribution sharpened to p^(1/T); below 1 favours its top token (greedy serving). "
+        "Online teachers only.",
+        advanced=True,
+    )
+    # an offline top-k file keeps no tail to sharpen; 1 is the target's own distribution
+    warmup_steps: int | None = setting(
+        None, "5 % of the steps suits every run measured; benchmarks and tests set it from Python", cli=False
+    )
+    weight_decay: float = setting(
+        0.0, "0 as in SpecForge's EAGLE-3 recipe; nothing measured here asks for another value", cli=False
+    )
+    grad_clip: float = setting(0.5, "0.5 as in SpecForge's EAGLE-3 recipe; a safety rail, not a tuning knob", cli=False)
+    save_every: int = setting(50, "Checkpoint every N steps.")
+    log_every: int = setting(10, "the log line cadence; the progress bar shows every step", cli=False)
+    serving_engine: str | None = setting(
+        None,
+        "Train for what this engine computes with the family (facts per family: `mtp2draft specs`):",
+        choices="engines",
+    )
+    # native MTP drafts: the engine's step-0 hidden, final norm and hand-over (the spec's `[engines.<engine>]`);
+    # refused when the engine cannot serve the draft's kind for this family. None keeps the draft's setting.
+    hidden_handover: str | None = setting(
+        None, "mtp: the hidden handed to the next step, post_norm | pre_norm, overriding --serving-engine's.",
+        advanced=True,
+    )  # fmt: skip
+    precision: str | None = setting(None, "fp32 or bf16 (default: bf16 on CUDA, fp32 elsewhere).")
+    train_subset: str = setting("all", "Parameters to train (the rest stay frozen):", choices="subsets")
+    activation_checkpointing: bool = setting(False, "Recompute the block's MLP in backward (saves its activations).")
+    compile: bool = setting(False, "torch.compile the draft's block (GPU runs; the math is unchanged).")
+    eval_every: int = setting(50, "With --heldout: evaluate every N steps (and before the first).")
+    patience: int | None = setting(None, "With --heldout: stop after N evaluations without a gain.")
+    heldout_examples: int = setting(64, "With --heldout: use at most N of its examples (whole batches).")
 
     def __post_init__(self) -> None:
         """Refuse values that would crash later or silently train nothing (one line each, before any work)."""
@@ -96,24 +100,26 @@ class DistillConfig:
             if not all(math.isfinite(w) and w >= 0 for w in self.step_weights) or not any(self.step_weights):
                 raise OptionError(f"--step-weights must be finite, >= 0 and not all zero, got {self.step_weights}")
 
-    LIBRARY_ONLY: ClassVar[dict[str, str]] = {
-        "warmup_steps": "5 % of the steps suits every run measured; benchmarks and tests set it from Python",
-        "weight_decay": "0 as in SpecForge's EAGLE-3 recipe; nothing measured here asks for another value",
-        "grad_clip": "0.5 as in SpecForge's EAGLE-3 recipe; a safety rail, not a tuning knob",
-        "log_every": "the log line cadence; the progress bar shows every step",
-    }
-
-    @classmethod
-    def from_options(cls, options: Mapping[str, Any]) -> DistillConfig:
-        """The config of a command's parsed options (click's `ctx.params`): every option named like a field (a
-        trailing `_` dropped: `compile_` is `--compile`) sets it; other options are not training settings."""
-        names = {f.name for f in fields(cls)}
-        return cls(**{key.rstrip("_"): value for key, value in options.items() if key.rstrip("_") in names})
-
     def weights(self) -> list[float]:
         if self.step_weights:
             return list(self.step_weights)
         return [0.8**s for s in range(self.ttt_steps)]
+
+
+@dataclass(frozen=True, kw_only=True)
+class TrainingData:
+    """What a distill run trains on, declared once for `distill` and `run`: JSONL records with the online target, or a
+    `dump-hidden` directory, and the held-out prompts that pick the weights."""
+
+    data: Path | None = setting(None, "Training JSONL: {'text': ...} or {'messages': [...]} per line.")
+    hidden_states: Path | None = setting(None, "Train from a `dump-hidden` directory instead of a target.")
+    heldout: Path | None = setting(
+        None,
+        "Held-out JSONL (prompts the training never sees): evaluated every --eval-every steps and before the first; "
+        "the best-scoring weights are written, never worse than the input draft on it.",
+    )
+    regenerate: bool = setting(False, "Train on the target's own responses to the data's prompts.")
+    sample: bool = setting(False, "With --regenerate: sample the responses instead of greedy.")
 
 
 @dataclass(frozen=True, kw_only=True)
