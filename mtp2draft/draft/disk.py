@@ -9,14 +9,12 @@ What this module does not do: write draft directories (`conversion.py`, `train/s
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 import torch
 from safetensors.torch import load_file
-from torch import nn
 
 from mtp2draft.draft.chain import MtpChainDraft, is_chain_config
 from mtp2draft.draft.eagle3_config import speculators_to_eagle3_config, speculators_weight_name
@@ -93,7 +91,3 @@ def load_draft(path: str | Path, dtype: torch.dtype = torch.float32) -> AnyDraft
             )
     draft.load_state_dict(state)
     return draft.to(dtype) if dtype is not None else draft
-
-
-def param_count(module: nn.Module) -> int:
-    return sum(math.prod(p.shape) for p in module.state_dict().values())

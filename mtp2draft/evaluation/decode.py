@@ -29,7 +29,6 @@ What this module does not do: train (`train/recipe.py`) or load checkpoints beyo
 
 from __future__ import annotations
 
-import json
 import time
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
@@ -47,12 +46,11 @@ from mtp2draft.evaluation.compare import compare_to_baselines
 from mtp2draft.evaluation.sampling import Greedy, Sampling, Speculative, ks_uniform, make_sampler, pit, warp
 from mtp2draft.evaluation.settings import EvaluateConfig
 from mtp2draft.io import Progress, meter, write_json
-from mtp2draft.kinds import DraftKind
+from mtp2draft.kinds import EVALUATION_FILE, DraftKind
 from mtp2draft.target.device import resolve_device
 from mtp2draft.target.hidden import TargetModel, check_draft_fits
 from mtp2draft.target.identity import check_drafts_belong
 
-EVALUATION_FILE = "evaluation.json"
 # A tie: the top two logits within TIE_ULPS units of the target dtype's resolution, relative to the top logit.
 TIE_ULPS = 4
 
@@ -520,8 +518,3 @@ def save_evaluation(draft_dir: str | Path, report: dict[str, Any]) -> Path:
     path = Path(draft_dir) / EVALUATION_FILE
     write_json(path, report)
     return path
-
-
-def read_evaluation(draft_dir: str | Path) -> dict[str, Any] | None:
-    path = Path(draft_dir) / EVALUATION_FILE
-    return json.loads(path.read_text()) if path.is_file() else None

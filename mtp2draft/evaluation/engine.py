@@ -36,22 +36,24 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from mtp2draft.errors import Mtp2DraftError, OptionError
 from mtp2draft.evaluation.settings import EvaluateConfig
 from mtp2draft.kinds import DTYPE_NAMES, DraftKind
 from mtp2draft.target.engine import VLLM_SIDE, uses_mla, vllm_environment, vllm_python
 
+if TYPE_CHECKING:  # io imports torch, which this module does not (the CLI's help reads EVALUATE_ENGINES)
+    from mtp2draft.io import Progress
+
 EVALUATE_ENGINES: dict[str, str] = {
     "transformers": "mtp2draft's speculative decoding, the target loaded by transformers here (--device, --device-map)",
     "vllm": "the target served with the draft by vLLM in its own venv (--tensor-parallel-size); vLLM's counters",
 }
 DRIVER = VLLM_SIDE / "serve_driver.py"
-Progress = Callable[[str], None]  # as io.Progress; this module imports no torch (the CLI's help reads EVALUATE_ENGINES)
 # how vLLM serves each draft kind: the export format it loads and the speculative method
 SERVED_AS = {DraftKind.MTP: ("stitched", "mtp"), DraftKind.EAGLE3: ("sglang", "eagle3")}
 DRAFT_SAMPLE_METHOD = {"greedy": "greedy", "sample": "probabilistic"}  # --draft-sampling -> vLLM's name
