@@ -19,7 +19,6 @@ from mtp2draft.draft.modules import NativeMtpDraft
 from mtp2draft.errors import DraftError, OptionError
 from mtp2draft.evaluation.decode import (
     TargetRunner,
-    chain_speculative_decode,
     draft_chain,
     greedy_reference,
     speculative_decode,
@@ -136,7 +135,7 @@ def test_chain_decoding_is_lossless_and_first_rule_is_layer_zero(chain_dir, rule
     draft.attach_target(runner.target.embedding(), runner.target.lm_head())
     prompt = list(range(3, 14))
     ref = greedy_reference(runner, prompt, 24, None)
-    got, accepted = chain_speculative_decode(runner, draft, prompt, 5, 24, None)
+    got, accepted = speculative_decode(runner, draft, prompt, 5, 24, None)
     assert got == ref and sum(a + 1 for a in accepted) >= len(ref) - 1
     if rule == "first":  # the chain path with one layer in use == the single-layer path, forward by forward
         single = draft.layers[0]
