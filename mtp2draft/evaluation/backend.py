@@ -1,4 +1,5 @@
-"""`evaluate --engine`: what runs the target while a draft is measured — transformers here, or vLLM serving it.
+"""`evaluate --engine`: the backend that runs the target while a draft is measured: transformers here, or vLLM
+serving it (`target/backend.py` is the same choice for dumping hidden states).
 
 `transformers` is `decode.evaluate` (mtp2draft's own chain speculative decoding, the target loaded in this process).
 `vllm` serves the target with the draft in vLLM, the way a user serves it (tensor parallel, the checkpoint's own
@@ -44,7 +45,7 @@ from typing import TYPE_CHECKING, Any
 from mtp2draft.errors import Mtp2DraftError, OptionError
 from mtp2draft.evaluation.settings import EvaluateConfig
 from mtp2draft.kinds import DTYPE_NAMES, DraftKind
-from mtp2draft.target.engine import VLLM_SIDE, uses_mla, vllm_environment, vllm_python
+from mtp2draft.target.backend import VLLM_SIDE, uses_mla, vllm_environment, vllm_python
 
 if TYPE_CHECKING:  # io imports torch, which this module does not (the CLI's help reads EVALUATE_ENGINES)
     from mtp2draft.io import Progress
@@ -321,7 +322,7 @@ def evaluate_in_vllm(
     from mtp2draft.data import load_tokenizer
     from mtp2draft.evaluation.decode import load_prompts, with_headline
     from mtp2draft.family.spec import find_spec
-    from mtp2draft.target.engine import resolve_target
+    from mtp2draft.target.backend import resolve_target
     from mtp2draft.target.identity import check_drafts_belong
 
     cfg = config or EvaluateConfig()
