@@ -186,8 +186,8 @@ class MtpChainDraft(DraftModule):
         return [p for i, m in enumerate(self.layers) if i in used for p in m.trainable_parameters()]
 
     def step_layer(self, step: int, cache: ChainCache | None) -> tuple[NativeMtpDraft, DraftCache | None]:
-        """Draft step `step` runs layer `layer_at(step)` with that layer's cache (the rest of the step is
-        `NativeMtpDraft`'s: `modules.DraftModule.forward`)."""
+        """Draft step `step` runs layer `layer_at(step)` with that layer's cache: `DraftModule.forward` hands the
+        step to it."""
         i = self.layer_at(step)
         return self.layers[i], (cache[i] if cache is not None else None)
 

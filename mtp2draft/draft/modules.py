@@ -154,9 +154,9 @@ class ComposedBlock(nn.Module):
 
 class DraftModule(nn.Module):
     """What every draft module shares (a chain of native layers too, `chain.MtpChainDraft`): sizes from the
-    transformers config, and one draft step (`forward`): the layer that runs the step (`step_layer`), the target's
-    embedding of the input ids, that layer (`layer_forward`: post-final-norm and pre-norm outputs), its head
-    (`logits`) and the hidden the next step consumes (`hidden_handover`: `post_norm` or `pre_norm`)."""
+    transformers config, and one draft step (`forward`): the target's embedding of the input ids, the layer
+    (`layer_forward`: post-final-norm and pre-norm outputs), the head (`logits`) and the hidden the next step consumes
+    (`hidden_handover`: `post_norm` or `pre_norm`). A chain's step is its layer's (`step_layer` picks it)."""
 
     config: Any
     hidden_handover: str
@@ -198,12 +198,14 @@ class DraftModule(nn.Module):
 
         cache: the draft's `new_cache()`; step: the draft step (0-based), which picks the layer (`step_layer`)."""
         layer, cache = self.step_layer(step, cache)
-        missing = layer.missing_target()
+        if layer is not self:  # a chain's layer: its own step, called as a module so its hooks (FSDP's unshard) run
+            return layer(input_ids, hidden, position_ids, attention_mask, cache)
+        missing = self.missing_target()
         if missing:
             raise DraftError(missing)
-        embeds = F.embedding(input_ids, layer.embed_weight).to(hidden.dtype)  # [B, T, H]
-        normed, out = layer.layer_forward(embeds, hidden, position_ids, attention_mask, cache)
-        return layer.logits(normed), (normed if layer.hidden_handover == Hidden.POST_NORM else out)
+        embeds = F.embedding(input_ids, self.embed_weight).to(hidden.dtype)  # [B, T, H]
+        normed, out = self.layer_forward(embeds, hidden, position_ids, attention_mask, cache)
+        return self.logits(normed), (normed if self.hidden_handover == Hidden.POST_NORM else out)
 
 
 class NativeMtpDraft(DraftModule):
