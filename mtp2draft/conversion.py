@@ -345,11 +345,9 @@ def _write_native_draft(
         for g in plan.groups
     }
     first = plans[0]
-    draft_cfg = (
-        chain_config(first.spec, ckpt.config, [p.layer for p in plans])
-        if chain
-        else native_config(first.spec, ckpt.config, first.layer)
-    )
+    draft_cfg = native_config(first.spec, ckpt.config, first.layer)
+    if chain:
+        draft_cfg = chain_config(draft_cfg, [p.layer for p in plans])
     draft_cfg["torch_dtype"] = dtype
     return draft_cfg
 

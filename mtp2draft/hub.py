@@ -44,10 +44,10 @@ from mtp2draft.errors import DraftError, HubError, Mtp2DraftError, ValidationErr
 from mtp2draft.evaluation.verdict import lossless_words
 from mtp2draft.family.spec import ENGINES, Spec, find_spec, get_spec
 from mtp2draft.formats import REGISTRY, format_kind, get_format
-from mtp2draft.formats.common import read_json
-from mtp2draft.formats.export import EVALUATION_FILE, README_FILE, detect_format, validate
+from mtp2draft.formats.common import README_FILE, read_json
+from mtp2draft.formats.export import detect_format, validate
 from mtp2draft.io import Progress, quiet
-from mtp2draft.kinds import CONFIG_FILE, PROVENANCE_FILE, DraftKind
+from mtp2draft.kinds import CONFIG_FILE, EVALUATION_FILE, PROVENANCE_FILE, DraftKind
 from mtp2draft.redact import find_secret, known_secrets, redact, register_secret
 
 # What mtp2draft measured about EAGLE-3 drafts converted from an MTP layer (docs/eagle3-from-mtp.md), said on every

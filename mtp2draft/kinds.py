@@ -50,6 +50,7 @@ DRAFT_SAMPLING = ("greedy", "sample")
 CONFIG_FILE = "config.json"
 WEIGHTS_FILE = "model.safetensors"
 PROVENANCE_FILE = "provenance.json"
+EVALUATION_FILE = "evaluation.json"  # `evaluate --save`: the measured acceptance `push` puts on the model card
 # config.json markers: mtp2draft's native draft says `draft_kind: mtp`; an EAGLE-3 draft carries SGLang's
 # architecture, or is vLLM's speculators layout of one.
 EAGLE3_ARCHITECTURE = "LlamaForCausalLMEagle3"

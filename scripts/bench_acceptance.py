@@ -45,7 +45,8 @@ from mtp2draft.evaluation.decode import evaluate  # noqa: E402
 from mtp2draft.evaluation.settings import EvaluateConfig  # noqa: E402
 from mtp2draft.io import save_tensors, write_json  # noqa: E402
 from mtp2draft.target.hidden import TargetModel  # noqa: E402
-from mtp2draft.train.recipe import choose_draft_vocab, distill, token_counts  # noqa: E402
+from mtp2draft.train.calibrate import choose_draft_vocab, token_counts  # noqa: E402
+from mtp2draft.train.recipe import distill  # noqa: E402
 from mtp2draft.train.settings import DistillConfig  # noqa: E402
 
 TARGETS = ROOT / "examples" / "targets"

@@ -14,7 +14,7 @@ differs from the benchmark's data).
 Rows (each fixed in docs/eagle3-from-mtp.md before it was scored) are named in `ROWS`; each trains once into
 `--work` and is reused on a rerun (with the training time recorded then). `--evaluate` measures the finished rows
 with `evaluate` at k = 1..5 (lossless checked); `--vllm` serves the native rows in vLLM's CPU build
-(mtp2draft.evaluation.engine; `stitched` export, `{"method": "mtp"}`) at the given k. Figures go to stdout as a
+(mtp2draft.evaluation.backend; `stitched` export, `{"method": "mtp"}`) at the given k. Figures go to stdout as a
 markdown table and to `--work/figures.json`.
 
 Usage: `python scripts/bench_unseen.py --work /tmp/unseen --target tiny-mimo --rows raw,native-120 --evaluate`.
@@ -238,8 +238,8 @@ def run_evaluate(target: Path, w: Path, names: list[str], ks: list[int], args) -
 def run_engine(target: Path, w: Path, names: list[str], ks: list[int], args) -> dict[str, Any]:
     """Native rows served by vLLM (stitched export over a served view of the target), plus plain decoding."""
     from mtp2draft.data import load_tokenizer
+    from mtp2draft.evaluation.backend import EngineRun, run_vllm, served_view, speculative_config
     from mtp2draft.evaluation.decode import load_prompts
-    from mtp2draft.evaluation.engine import EngineRun, run_vllm, served_view, speculative_config
     from mtp2draft.formats.export import export
 
     tok = load_tokenizer(target)

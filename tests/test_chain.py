@@ -19,7 +19,6 @@ from mtp2draft.draft.modules import NativeMtpDraft
 from mtp2draft.errors import DraftError, OptionError
 from mtp2draft.evaluation.decode import (
     TargetRunner,
-    chain_speculative_decode,
     draft_chain,
     greedy_reference,
     speculative_decode,
@@ -97,6 +96,20 @@ def _attached(path: Path, rule: str, handover: str | None = None) -> MtpChainDra
     return draft.attach_target(torch.randn(v, h, generator=gen), torch.randn(v, h, generator=gen) * 0.1)
 
 
+def test_a_chain_step_is_its_layers_own_call(chain_dir) -> None:
+    """Step s calls layer `layer_at(s)` as a module, so the layer's hooks run (FSDP2 unshards its parameters in
+    one)."""
+    draft = _attached(chain_dir[1], "cycle")
+    called: list[int] = []
+    for i, layer in enumerate(draft.layers):
+        layer.register_forward_pre_hook(lambda module, args, i=i: called.append(i))
+    ids, hidden = torch.zeros(1, 2, dtype=torch.long), torch.randn(1, 2, draft.hidden_size)
+    with torch.no_grad():
+        for s in range(4):
+            draft(ids, hidden, torch.arange(1, 3)[None], step=s)
+    assert called == [0, 1, 2, 0]
+
+
 @pytest.mark.parametrize("rule", ["cycle", "first"])
 @pytest.mark.parametrize("handover", [None, "pre_norm"])
 def test_ttt_equals_decoding_time_chain_past_the_layer_count(chain_dir, rule: str, handover: str | None) -> None:
@@ -136,7 +149,7 @@ def test_chain_decoding_is_lossless_and_first_rule_is_layer_zero(chain_dir, rule
     draft.attach_target(runner.target.embedding(), runner.target.lm_head())
     prompt = list(range(3, 14))
     ref = greedy_reference(runner, prompt, 24, None)
-    got, accepted = chain_speculative_decode(runner, draft, prompt, 5, 24, None)
+    got, accepted = speculative_decode(runner, draft, prompt, 5, 24, None)
     assert got == ref and sum(a + 1 for a in accepted) >= len(ref) - 1
     if rule == "first":  # the chain path with one layer in use == the single-layer path, forward by forward
         single = draft.layers[0]

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import torch
 
-from mtp2draft.target.engine import vllm_environment
+from mtp2draft.target.backend import vllm_environment
 from mtp2draft.target.vllm_side.cpu_fixes import NATIVE_EXPAND, expand_batch_to_tokens
 
 

@@ -18,10 +18,11 @@ from mtp2draft.checkpoint.reader import dequantize_fp8, open_checkpoint
 from mtp2draft.cli.app import main
 from mtp2draft.conversion import convert
 from mtp2draft.draft.disk import load_draft
+from mtp2draft.draft.eagle3_config import NORM_SWITCHES
 from mtp2draft.draft.modules import vocab_maps
 from mtp2draft.errors import DraftError, ValidationError
 from mtp2draft.formats import ExportConfig
-from mtp2draft.formats.export import NORM_SWITCHES, export, validate
+from mtp2draft.formats.export import export, validate
 from mtp2draft.testing.fixtures import FIXTURES
 
 # e4m3: 3 mantissa bits, so round-to-nearest is within half a step, 2^-4 of the value's binade; below the smallest
@@ -266,7 +267,7 @@ def test_deepseek_aux_ids_follow_sglangs_conditional_plus_one(
 def test_speculators_verifier_is_the_hub_id(eagle3: Path, tmp_path: Path) -> None:
     """vLLM loads `verifier.name_or_path` when serving a speculators draft directly: a conversion from a hub snapshot
     (what a hub SOURCE resolves to) names the repo id, not this machine's cache path; --verifier overrides."""
-    from mtp2draft.formats.export import hub_id_of
+    from mtp2draft.formats.eagle3 import hub_id_of
 
     snapshot = tmp_path / "hub" / "models--zai-org--GLM-4.5-Air" / "snapshots" / "0123abcd"
     assert (

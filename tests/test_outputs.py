@@ -19,8 +19,8 @@ from mtp2draft.data import load_tokenizer, read_examples
 from mtp2draft.draft.disk import load_draft
 from mtp2draft.errors import OutputExistsError
 from mtp2draft.io import atomic_output_dir, claim_output, is_ours, lock_path
+from mtp2draft.target.backend import dump_hidden
 from mtp2draft.target.dump_checks import check_shards, read_manifest
-from mtp2draft.target.engine import dump_hidden
 from mtp2draft.train.recipe import DistillConfig, distill
 
 
@@ -104,7 +104,7 @@ def test_concurrent_dumps_into_one_out_leave_one_result_and_one_refusal(target, 
 def test_a_vllm_dump_claims_its_out_while_the_engine_runs(target, text_data, tmp_path: Path, monkeypatch) -> None:
     """The engine's extraction takes minutes on a real target: a second dump into the same --out is refused at once,
     not after it. A stand-in for the vLLM run (the transformers target, slowed down) keeps this on the unit suite."""
-    import mtp2draft.target.engine as engine
+    import mtp2draft.target.backend as backend
     from mtp2draft.target.hidden import TargetModel
 
     class SlowEngine(TargetModel):
@@ -115,7 +115,7 @@ def test_a_vllm_dump_claims_its_out_while_the_engine_runs(target, text_data, tmp
             time.sleep(0.5)
             super().__init__(target, revision, token)
 
-    monkeypatch.setattr(engine, "VllmTarget", SlowEngine)
+    monkeypatch.setattr(backend, "VllmTarget", SlowEngine)
     tgt = target("mimo", num_hidden_layers=2)
     seqs = _sequences(tgt, text_data)
     for attempt in range(20):

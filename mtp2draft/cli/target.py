@@ -41,9 +41,9 @@ def dump_hidden(
     """
     from mtp2draft.data import load_tokenizer, read_examples
     from mtp2draft.draft.disk import load_draft
+    from mtp2draft.target.backend import dump_hidden as dump
+    from mtp2draft.target.backend import resolve_target
     from mtp2draft.target.dump_checks import check_dump_request
-    from mtp2draft.target.engine import dump_hidden as dump
-    from mtp2draft.target.engine import resolve_target
 
     ids = parse_list(aux_layers, "--aux-layers", ints)
     final, loaded = None, None

@@ -37,10 +37,9 @@ from typing import Any
 import torch
 from torch import nn
 
-from mtp2draft.draft.modules import DraftCache, NativeMtpDraft, native_config
+from mtp2draft.draft.modules import DraftCache, DraftModule, NativeMtpDraft
 from mtp2draft.errors import DraftError
 from mtp2draft.family.spec import STEP_LAYER_RULES, Spec
-from mtp2draft.kinds import Hidden
 
 CHAIN_FORMAT_VERSION = 2
 DEFAULT_RULE = "cycle"
@@ -72,11 +71,14 @@ class ChainCache:
         return self.layers[layer]
 
 
-class MtpChainDraft(nn.Module):
-    """n native MTP layers of one family run as a chain (`layer_at`): the draft step interface of `NativeMtpDraft`
-    plus the step index, and a `ChainCache` instead of one cache.
+class MtpChainDraft(DraftModule):
+    """n native MTP layers of one family run as a chain (`layer_at`): the draft step of `NativeMtpDraft`, where the
+    step index picks the layer, and a `ChainCache` instead of one cache.
 
         logits, hidden = draft(input_ids, hidden, position_ids, attention_mask=None, cache=chain_cache, step=s)
+
+    layer_options: what each layer computes (`NativeMtpDraft`'s hidden_handover, input_hidden, final_norm, engine),
+    the same for every layer.
     """
 
     kind = NativeMtpDraft.kind
@@ -87,21 +89,13 @@ class MtpChainDraft(nn.Module):
         target_config: Mapping[str, Any],
         mtp_layers: Sequence[int],
         step_layers: str = DEFAULT_RULE,
-        hidden_handover: str = Hidden.POST_NORM,
-        input_hidden: str | None = None,
-        final_norm: bool = True,
-        engine: Mapping[str, str] | None = None,
+        **layer_options: Any,
     ) -> None:
         super().__init__()
         if not mtp_layers:
             raise DraftError("a chain draft needs at least one MTP layer")
         layer_at(0, 1, step_layers)  # checks the rule
-        self.layers = nn.ModuleList(
-            [
-                NativeMtpDraft(spec, target_config, i, hidden_handover, input_hidden, final_norm, engine)
-                for i in mtp_layers
-            ]
-        )
+        self.layers = nn.ModuleList([NativeMtpDraft(spec, target_config, i, **layer_options) for i in mtp_layers])
         self.spec = spec
         self.target_config = dict(target_config)
         self.mtp_layers = [int(i) for i in mtp_layers]
@@ -115,14 +109,6 @@ class MtpChainDraft(nn.Module):
     @property
     def config(self):
         return self.layers[0].config
-
-    @property
-    def vocab_size(self) -> int:
-        return self.layers[0].vocab_size
-
-    @property
-    def hidden_size(self) -> int:
-        return self.layers[0].hidden_size
 
     @property
     def layer(self) -> int:
@@ -199,57 +185,32 @@ class MtpChainDraft(nn.Module):
         used = {self.layer_at(s) for s in range(self.num_layers)}
         return [p for i, m in enumerate(self.layers) if i in used for p in m.trainable_parameters()]
 
-    def forward(
-        self,
-        input_ids: torch.Tensor,
-        hidden: torch.Tensor,
-        position_ids: torch.Tensor,
-        attention_mask: torch.Tensor | None = None,
-        cache: ChainCache | None = None,
-        step: int = 0,
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        """Draft step `step`: input_ids [B, T], hidden [B, T, H] -> (logits [B, T, V], the hidden handed on)."""
+    def step_layer(self, step: int, cache: ChainCache | None) -> tuple[NativeMtpDraft, DraftCache | None]:
+        """Draft step `step` runs layer `layer_at(step)` with that layer's cache: `DraftModule.forward` hands the
+        step to it."""
         i = self.layer_at(step)
-        return self.layers[i](input_ids, hidden, position_ids, attention_mask, cache[i] if cache is not None else None)
+        return self.layers[i], (cache[i] if cache is not None else None)
 
     def computation(self) -> dict[str, Any]:
         return {**self.layers[0].computation(), "step_layers": self.step_layers}
 
     def draft_config(self) -> dict[str, Any]:
-        return chain_config(
-            self.spec,
-            self.target_config,
-            self.mtp_layers,
-            self.step_layers,
-            self.hidden_handover,
-            self.input_hidden,
-            self.apply_final_norm,
-            self.engine,
-        )
+        return chain_config(self.layers[0].draft_config(), self.mtp_layers, self.step_layers)
 
 
 def chain_config(
-    spec: Spec,
-    target_config: Mapping[str, Any],
-    mtp_layers: Sequence[int],
-    step_layers: str = DEFAULT_RULE,
-    hidden_handover: str = Hidden.POST_NORM,
-    input_hidden: str | None = None,
-    final_norm: bool = True,
-    engine: Mapping[str, str] | None = None,
+    layer_config: Mapping[str, Any], mtp_layers: Sequence[int], step_layers: str = DEFAULT_RULE
 ) -> dict[str, Any]:
-    """config.json of a chain draft directory (format_version 2)."""
-    cfg = native_config(spec, target_config, mtp_layers[0], hidden_handover, input_hidden, final_norm, engine)
-    cfg.update(
-        {
-            "architectures": ["Mtp2DraftNativeMtpChain"],
-            "format_version": CHAIN_FORMAT_VERSION,
-            "num_layers": len(mtp_layers),
-            "mtp_layers": [int(i) for i in mtp_layers],
-            "step_layers": step_layers,
-        }
-    )
-    return cfg
+    """config.json of a chain draft directory (format_version 2): its first layer's (`modules.native_config`, whose
+    fields but `mtp_layer` every layer shares) plus the chain's own."""
+    return {
+        **layer_config,
+        "architectures": ["Mtp2DraftNativeMtpChain"],
+        "format_version": CHAIN_FORMAT_VERSION,
+        "num_layers": len(mtp_layers),
+        "mtp_layers": [int(i) for i in mtp_layers],
+        "step_layers": step_layers,
+    }
 
 
 def is_chain_config(cfg: Mapping[str, Any]) -> bool:

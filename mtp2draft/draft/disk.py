@@ -9,14 +9,12 @@ What this module does not do: write draft directories (`conversion.py`, `train/s
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 import torch
 from safetensors.torch import load_file
-from torch import nn
 
 from mtp2draft.draft.chain import MtpChainDraft, is_chain_config
 from mtp2draft.draft.eagle3_config import speculators_to_eagle3_config, speculators_weight_name
@@ -38,28 +36,18 @@ def read_draft_config(path: str | Path) -> dict[str, Any]:
 
 def build_draft(cfg: Mapping[str, Any]) -> AnyDraft:
     """An uninitialised draft module from a draft config.json dict."""
-    if detect_kind(cfg) is DraftKind.MTP and is_chain_config(cfg):
-        return MtpChainDraft(
-            get_spec(cfg["spec"]),
-            cfg["target_config"],
-            cfg["mtp_layers"],
-            cfg.get("step_layers", "cycle"),
-            cfg.get("hidden_handover", Hidden.POST_NORM),
-            cfg.get("input_hidden"),
-            cfg.get("final_norm", True),
-            cfg.get("engine"),
-        )
-    if detect_kind(cfg) is DraftKind.MTP:
-        return NativeMtpDraft(
-            get_spec(cfg["spec"]),
-            cfg["target_config"],
-            cfg.get("mtp_layer", 0),
-            cfg.get("hidden_handover", Hidden.POST_NORM),
-            cfg.get("input_hidden"),
-            cfg.get("final_norm", True),
-            cfg.get("engine"),
-        )
-    return Eagle3Draft(cfg)
+    if detect_kind(cfg) is not DraftKind.MTP:
+        return Eagle3Draft(cfg)
+    spec, target_config = get_spec(cfg["spec"]), cfg["target_config"]
+    options = {  # what a native layer computes; every layer of a chain computes the same
+        "hidden_handover": cfg.get("hidden_handover", Hidden.POST_NORM),
+        "input_hidden": cfg.get("input_hidden"),
+        "final_norm": cfg.get("final_norm", True),
+        "engine": cfg.get("engine"),
+    }
+    if is_chain_config(cfg):
+        return MtpChainDraft(spec, target_config, cfg["mtp_layers"], cfg.get("step_layers", "cycle"), **options)
+    return NativeMtpDraft(spec, target_config, cfg.get("mtp_layer", 0), **options)
 
 
 def load_draft(path: str | Path, dtype: torch.dtype = torch.float32) -> AnyDraft:
@@ -93,7 +81,3 @@ def load_draft(path: str | Path, dtype: torch.dtype = torch.float32) -> AnyDraft
             )
     draft.load_state_dict(state)
     return draft.to(dtype) if dtype is not None else draft
-
-
-def param_count(module: nn.Module) -> int:
-    return sum(math.prod(p.shape) for p in module.state_dict().values())

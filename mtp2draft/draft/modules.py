@@ -152,10 +152,11 @@ class ComposedBlock(nn.Module):
         return hidden_states + self.mlp(self.post_attention_layernorm(hidden_states))
 
 
-class _DraftModule(nn.Module):
-    """What both draft modules share: sizes from their transformers config, and one draft step (`forward`): the
-    target's embedding of the input ids, the layer (`layer_forward`: post-final-norm and pre-norm outputs), the head
-    (`logits`) and the hidden the next step consumes (`hidden_handover`: `post_norm` or `pre_norm`)."""
+class DraftModule(nn.Module):
+    """What every draft module shares (a chain of native layers too, `chain.MtpChainDraft`): sizes from the
+    transformers config, and one draft step (`forward`): the target's embedding of the input ids, the layer
+    (`layer_forward`: post-final-norm and pre-norm outputs), the head (`logits`) and the hidden the next step consumes
+    (`hidden_handover`: `post_norm` or `pre_norm`). A chain's step is its layer's (`step_layer` picks it)."""
 
     config: Any
     hidden_handover: str
@@ -180,19 +181,25 @@ class _DraftModule(nn.Module):
     def logits(self, normed: torch.Tensor) -> torch.Tensor:
         raise NotImplementedError
 
+    def step_layer(self, step: int, cache: Any) -> tuple[DraftModule, DraftCache | None]:
+        """The layer that runs draft step `step`, and its cache: a one-layer draft itself, at every step."""
+        return self, cache
+
     def forward(
         self,
         input_ids: torch.Tensor,
         hidden: torch.Tensor,
         position_ids: torch.Tensor,
         attention_mask: torch.Tensor | None = None,
-        cache: DraftCache | None = None,
+        cache: Any = None,
         step: int = 0,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """input_ids [B, T], hidden [B, T, H] -> (logits [B, T, V or Vd], the hidden the next step reads [B, T, H]).
 
-        step: the draft step (0-based); a one-layer draft runs the same layer at every step (`chain.MtpChainDraft`
-        picks a layer by it)."""
+        cache: the draft's `new_cache()`; step: the draft step (0-based), which picks the layer (`step_layer`)."""
+        layer, cache = self.step_layer(step, cache)
+        if layer is not self:  # a chain's layer: its own step, called as a module so its hooks (FSDP's unshard) run
+            return layer(input_ids, hidden, position_ids, attention_mask, cache)
         missing = self.missing_target()
         if missing:
             raise DraftError(missing)
@@ -201,7 +208,7 @@ class _DraftModule(nn.Module):
         return self.logits(normed), (normed if self.hidden_handover == Hidden.POST_NORM else out)
 
 
-class NativeMtpDraft(_DraftModule):
+class NativeMtpDraft(DraftModule):
     """One MTP layer of `spec`'s family, computed as the checkpoint defines it."""
 
     kind = DraftKind.MTP
@@ -433,7 +440,7 @@ class Eagle3Layer(nn.Module):
         return residual + self.mlp(self.post_attention_layernorm(residual))
 
 
-class Eagle3Draft(_DraftModule):
+class Eagle3Draft(DraftModule):
     """The EAGLE-3 draft in SGLang's layout (weights named exactly as `LlamaForCausalLMEagle3` loads them)."""
 
     kind = DraftKind.EAGLE3

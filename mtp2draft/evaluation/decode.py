@@ -9,6 +9,8 @@ Chain drafting with greedy verification, one prompt at a time (positions are 0-b
   prefix with d == greedy is accepted (a tokens), greedy[a] is the bonus token;
 - both caches are cut back to the accepted tokens, the draft cache gets the step-0 entries of the new origins, and
   the loop goes on from origin o+1+a.
+One loop serves every draft; what differs is the draft's caches (`forced_caches`): one for a one-layer draft
+(`ForcedLayer`), one per layer for a chain draft (`ForcedChain`, the forced chain of `draft/chain.py`).
 Acceptance length = mean(a + 1) (target tokens per target forward, bonus included). Acceptance per position j comes
 two ways: conditional, P(d[j] accepted | d[1..j-1] accepted) (`acceptance_per_position`), and per draft,
 P(d[j] accepted) (`per_draft_acceptance`, what vLLM's per-position counters divided by the number of drafts give; it
@@ -29,7 +31,6 @@ What this module does not do: train (`train/recipe.py`) or load checkpoints beyo
 
 from __future__ import annotations
 
-import json
 import time
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
@@ -47,12 +48,11 @@ from mtp2draft.evaluation.compare import compare_to_baselines
 from mtp2draft.evaluation.sampling import Greedy, Sampling, Speculative, ks_uniform, make_sampler, pit, warp
 from mtp2draft.evaluation.settings import EvaluateConfig
 from mtp2draft.io import Progress, meter, write_json
-from mtp2draft.kinds import DraftKind
+from mtp2draft.kinds import EVALUATION_FILE, DraftKind
 from mtp2draft.target.device import resolve_device
 from mtp2draft.target.hidden import TargetModel, check_draft_fits
 from mtp2draft.target.identity import check_drafts_belong
 
-EVALUATION_FILE = "evaluation.json"
 # A tie: the top two logits within TIE_ULPS units of the target dtype's resolution, relative to the top logit.
 TIE_ULPS = 4
 
@@ -73,30 +73,20 @@ class LosslessError(AssertionError):
 
 
 def draft_chain(draft, step0: torch.Tensor, tokens: torch.Tensor, origin: int, steps: int) -> list[torch.Tensor]:
-    """The serving-time chain from `origin` with the data's tokens forced: logits [V_draft] of each step.
+    """The serving-time chain from `origin` with the data's tokens forced: logits [V_draft] of each step, from the
+    caches `speculative_decode` keeps (`forced_caches`).
 
     step0: [1, T, *] the target features the draft reads at step 0; tokens: [1, T] token ids."""
-    if isinstance(draft, MtpChainDraft):  # a chain draft: per-layer caches of the forced chain
-        forced = ForcedChain(draft, steps)
-        forced.extend(tokens[0, : origin + 2].tolist(), step0[:, : origin + 1], tokens.device)
-        data = tokens[0].tolist()
-        out: list[torch.Tensor] = []
+    forced = forced_caches(draft, steps)
+    forced.extend(tokens[0, : origin + 2].tolist(), step0[:, : origin + 1], tokens.device)
+    data = tokens[0].tolist()
+    out: list[torch.Tensor] = []
 
-        def choose(logits: torch.Tensor) -> tuple[int, None]:
-            out.append(logits)
-            return data[origin + len(out) + 1] if origin + len(out) + 1 < len(data) else 0, None
+    def choose(logits: torch.Tensor) -> tuple[int, None]:
+        out.append(logits)
+        return data[origin + len(out) + 1] if origin + len(out) + 1 < len(data) else 0, None
 
-        forced.propose(origin, steps, choose, tokens.device)
-        return out
-    cache = DraftCache()
-    p = origin
-    positions = torch.arange(1, p + 2, device=tokens.device)[None]
-    logits, hidden = draft(tokens[:, 1 : p + 2], draft.initial_hidden(step0[:, : p + 1]), positions, cache=cache)
-    out, h = [logits[0, p]], hidden[:, p : p + 1]
-    for r in range(1, steps):
-        at = torch.tensor([[p + r + 1]], device=tokens.device)
-        logits, h = draft(tokens[:, p + r + 1 : p + r + 2], h, at, cache=cache)
-        out.append(logits[0, 0])
+    forced.propose(origin, steps, choose, tokens.device)
     return out
 
 
@@ -163,58 +153,47 @@ def greedy_reference(runner: TargetRunner, prompt: list[int], max_new: int, eos:
     return out
 
 
-@torch.no_grad()
-def speculative_decode(
-    runner: TargetRunner,
-    draft,
-    prompt: list[int],
-    k: int,
-    max_new: int,
-    eos: int | None,
-    sampler: Greedy | Speculative | None = None,
-) -> tuple[list[int], list[int]]:
-    """Chain speculative decoding: (generated tokens, accepted count per target forward). `sampler` picks, proposes
-    and verifies tokens (`sampling.py`); None is greedy verification."""
-    if isinstance(draft, MtpChainDraft):
-        return chain_speculative_decode(runner, draft, prompt, k, max_new, eos, sampler)
-    sampler = sampler or Greedy()
-    tcache, dcache = runner.start(), DraftCache()
-    dev = runner.device  # the draft's too
-    logits, feats = runner.forward(prompt, tcache)  # [L, V], [1, L, *]
-    out = [sampler.first(logits[-1])]
-    o = len(prompt) - 1  # origin: last position whose target feature is known
-    if o > 0:  # step-0 entries of origins 0..o-1 (tokens 1..o at positions 1..o)
-        positions = torch.arange(1, o + 1, device=dev)[None]
-        draft(torch.tensor([prompt[1:]], device=dev), draft.initial_hidden(feats[:, :o]), positions, cache=dcache)
-    last = feats[:, o : o + 1]
-    accepted: list[int] = []
-    while len(out) < max_new and out[-1] != eos:
-        h, tok, proposal, qs = draft.initial_hidden(last), out[-1], [], []
+class ForcedLayer:
+    """A one-layer draft's KV cache during decoding: one step-0 entry per origin whose next token is known (target
+    feature at p, token p + 1, RoPE position p + 1). The newest origin's step 0 runs as the first step of the next
+    proposal, whose entry then stays (it is that origin's step-0 entry); the later steps' entries are cut off when the
+    cache is next extended. The same interface as `ForcedChain`, which computes the same with one layer."""
+
+    def __init__(self, draft) -> None:
+        self.draft = draft
+        self.cache = DraftCache()
+        self.count = 0  # origins with their step-0 entry in the cache
+        self.last: torch.Tensor | None = None  # [1, 1, *] the newest origin's step-0 feature
+        self.token = 0  # the newest known token: the newest origin's step-0 input
+
+    def extend(self, tokens: Sequence[int], feats: torch.Tensor, device) -> None:
+        """tokens: every known token (prompt + output so far); feats: [1, n, *] the step-0 features of the next n
+        positions. Adds the entries of the origins that became complete, all but the newest."""
+        self.cache.crop(self.count)  # the last proposal's entries past its step 0
+        n = feats.shape[1] - 1
+        if n > 0:
+            start = self.count
+            ids = torch.tensor([list(tokens[start + 1 : start + n + 1])], device=device)
+            positions = torch.arange(start + 1, start + n + 1, device=device)[None]
+            mask = _append_mask(start, n, feats.dtype, device) if start else None  # None: the draft's causal mask
+            self.draft(ids, self.draft.initial_hidden(feats[:, :n]), positions, attention_mask=mask, cache=self.cache)
+            self.count += n
+        self.last, self.token = feats[:, n:], tokens[-1]
+
+    def propose(self, origin: int, k: int, choose, device) -> tuple[list[int], list]:
+        """k draft tokens from `origin` (step 0 reads its feature and the newest token); choose(logits [V]) ->
+        (token, q)."""
+        if self.count != origin:
+            raise AssertionError(f"draft cache holds {self.count} origins, drafting from origin {origin}")
+        h, tok, proposal, qs = self.draft.initial_hidden(self.last), self.token, [], []
         for j in range(k):
-            at = torch.tensor([[o + 1 + j]], device=dev)
-            logits_d, h = draft(torch.tensor([[tok]], device=dev), h, at, cache=dcache)
-            tok, q = sampler.propose(logits_d[0, -1], draft)  # q: [V_draft] the token was drawn from (greedy: None)
+            at = torch.tensor([[origin + 1 + j]], device=device)
+            logits, h = self.draft(torch.tensor([[tok]], device=device), h, at, cache=self.cache)
+            tok, q = choose(logits[0, -1])
             proposal.append(tok)
             qs.append(q)
-        vlogits, vfeats = runner.forward([out[-1], *proposal], tcache)  # positions o+1 .. o+1+k
-        a, nxt = sampler.verify(vlogits, proposal, qs, draft)  # row j of vlogits: the target at draft token j
-        accepted.append(a)
-        out += proposal[:a] + [nxt]
-        _crop(tcache, o + 2 + a)  # keep tokens 0 .. o+1+a (through the last accepted draft token)
-        dcache.crop(o + 1)  # origins 0..o (origin o's step-0 entry was the chain's first)
-        if a > 0:  # step-0 entries of origins o+1 .. o+a: their features came with the verification
-            mask = _append_mask(o + 1, a, vfeats.dtype, dev)
-            draft(
-                torch.tensor([proposal[:a]], device=dev),
-                draft.initial_hidden(vfeats[:, :a]),
-                torch.arange(o + 2, o + 2 + a, device=dev)[None],
-                attention_mask=mask,
-                cache=dcache,
-            )
-        o, last = o + 1 + a, vfeats[:, a : a + 1]
-    if eos is not None and eos in out:
-        out = out[: out.index(eos) + 1]
-    return out[:max_new], accepted
+        self.count = origin + 1  # step 0's entry is origin's own
+        return proposal, qs
 
 
 class ForcedChain:
@@ -272,8 +251,13 @@ class ForcedChain:
         return proposal, qs
 
 
+def forced_caches(draft, steps: int) -> ForcedLayer | ForcedChain:
+    """The draft's caches during decoding: a chain draft's per-layer ones (`ForcedChain`), else one (`ForcedLayer`)."""
+    return ForcedChain(draft, steps) if isinstance(draft, MtpChainDraft) else ForcedLayer(draft)
+
+
 @torch.no_grad()
-def chain_speculative_decode(
+def speculative_decode(
     runner: TargetRunner,
     draft,
     prompt: list[int],
@@ -282,23 +266,25 @@ def chain_speculative_decode(
     eos: int | None,
     sampler: Greedy | Speculative | None = None,
 ) -> tuple[list[int], list[int]]:
-    """`speculative_decode` for a chain draft (`draft/chain.py`): step j runs layer `draft.layer_at(j)`, each layer
-    with its own cache of forced-chain entries (`ForcedChain`)."""
+    """Chain speculative decoding: (generated tokens, accepted count per target forward). `sampler` picks, proposes
+    and verifies tokens (`sampling.py`); None is greedy verification. The draft's caches are `forced_caches` (a chain
+    draft's step j runs layer `draft.layer_at(j)`, `draft/chain.py`)."""
     sampler = sampler or Greedy()
-    tcache, dev = runner.start(), runner.device
+    tcache, dev = runner.start(), runner.device  # the draft runs where the target's outputs come back
     logits, feats = runner.forward(prompt, tcache)  # [L, V], [1, L, *]
     out = [sampler.first(logits[-1])]
-    forced = ForcedChain(draft, k)
+    forced = forced_caches(draft, k)
     forced.extend(prompt + out, feats, dev)
-    o = len(prompt) - 1
+    o = len(prompt) - 1  # origin: last position whose target feature is known
     accepted: list[int] = []
     while len(out) < max_new and out[-1] != eos:
+        # q: [V_draft] the token was drawn from (greedy: None)
         proposal, qs = forced.propose(o, k, lambda lg: sampler.propose(lg, draft), dev)
         vlogits, vfeats = runner.forward([out[-1], *proposal], tcache)  # positions o+1 .. o+1+k
-        a, nxt = sampler.verify(vlogits, proposal, qs, draft)
+        a, nxt = sampler.verify(vlogits, proposal, qs, draft)  # row j of vlogits: the target at draft token j
         accepted.append(a)
         out += proposal[:a] + [nxt]
-        _crop(tcache, o + 2 + a)
+        _crop(tcache, o + 2 + a)  # keep tokens 0 .. o+1+a (through the last accepted draft token)
         forced.extend(prompt + out, vfeats[:, : a + 1], dev)  # features of positions o+1 .. o+1+a
         o += 1 + a
     if eos is not None and eos in out:
@@ -520,8 +506,3 @@ def save_evaluation(draft_dir: str | Path, report: dict[str, Any]) -> Path:
     path = Path(draft_dir) / EVALUATION_FILE
     write_json(path, report)
     return path
-
-
-def read_evaluation(draft_dir: str | Path) -> dict[str, Any] | None:
-    path = Path(draft_dir) / EVALUATION_FILE
-    return json.loads(path.read_text()) if path.is_file() else None

@@ -1,6 +1,6 @@
 """Helpers every format module shares: reading a JSON file of a draft directory, loading and checking weights for the
-validators, the file names a draft directory holds besides its weights, and the `speculators_config` section that
-every speculators-format config carries (`eagle3.py`'s `speculators`, `speculators_mtp.py`).
+validators, the model card's file name, and the `speculators_config` section that every speculators-format config
+carries (`eagle3.py`'s `speculators`, `speculators_mtp.py`).
 
 What this module does not do: know any one format (each lives in its own module of this package).
 """
@@ -17,9 +17,6 @@ import torch
 from mtp2draft.checkpoint.fp8 import SCALE_SUFFIX
 from mtp2draft.errors import DraftError, read_json_file
 from mtp2draft.kinds import WEIGHTS_FILE
-
-EVALUATION_FILE = "evaluation.json"
-
 
 README_FILE = "README.md"
 

@@ -28,15 +28,12 @@ from typing import Any
 from mtp2draft._version import __version__
 from mtp2draft.checkpoint.reader import open_checkpoint
 from mtp2draft.draft.config import load_draft_config, parse_draft_config
-from mtp2draft.draft.eagle3_config import NORM_SWITCHES, speculators_to_eagle3_config, speculators_weight_name
 from mtp2draft.errors import DraftError, SourceError, ValidationError
 from mtp2draft.family.spec import find_spec
-from mtp2draft.formats import FORMATS, REGISTRY, ExportConfig, ExportJob, check_format, get_format
-from mtp2draft.formats.common import EVALUATION_FILE, README_FILE, read_json
-from mtp2draft.formats.eagle3 import hub_id_of
-from mtp2draft.formats.native import requantize_fp8
-from mtp2draft.io import TORCH_DTYPES, Progress, atomic_output_dir, check_output_dir, quiet, write_json
-from mtp2draft.kinds import CONFIG_FILE, PROVENANCE_FILE, kind_of
+from mtp2draft.formats import REGISTRY, ExportConfig, ExportJob, check_format, get_format
+from mtp2draft.formats.common import read_json
+from mtp2draft.io import Progress, atomic_output_dir, check_output_dir, quiet, write_json
+from mtp2draft.kinds import CONFIG_FILE, EVALUATION_FILE, PROVENANCE_FILE, kind_of
 from mtp2draft.redact import command_line
 from mtp2draft.target.identity import check_target_identity
 
@@ -203,20 +200,3 @@ def _target_problems(cfg: Mapping[str, Any], target_cfg: Mapping[str, Any] | Non
             f"{beyond} would never be captured"
         ]
     return []
-
-
-__all__ = [
-    "TORCH_DTYPES",
-    "EVALUATION_FILE",
-    "FORMATS",
-    "NORM_SWITCHES",
-    "README_FILE",
-    "ExportResult",
-    "detect_format",
-    "export",
-    "hub_id_of",
-    "requantize_fp8",
-    "speculators_to_eagle3_config",
-    "speculators_weight_name",
-    "validate",
-]

@@ -24,10 +24,10 @@ from pathlib import Path
 from typing import Any
 
 from mtp2draft.errors import DataError, OptionError
+from mtp2draft.kinds import EVALUATION_FILE
 from mtp2draft.speed.accelerators import Accelerator
 from mtp2draft.speed.cost import LAYER_LATENCY_S, ModelCost, forward_time
 
-EVALUATION_FILE = "evaluation.json"  # what `mtp2draft evaluate --save` writes (evaluate.EVALUATION_FILE)
 KS = tuple(range(1, 9))
 BATCHES = (1, 2, 4, 8, 16, 32, 64)
 

@@ -5,7 +5,7 @@ or `engine.VllmTarget` for vLLM's own extraction) into sharded safetensors files
 states"); `OfflineHiddenStates` reads such a directory back, checked by `dump_checks` when it opens and batch by
 batch, so a target too large for one machine is served by an engine and the draft trained from files.
 
-What this module does not do: load or run a target (`hidden.py`, `engine.py`), or train (`train/`).
+What this module does not do: load or run a target (`hidden.py`, `backend.py`), or train (`train/`).
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 speculators' own venv is (the `speculators-mtp` engine test loads exports with speculators itself).
 
 The harness itself (served views, speculative configs, `run_vllm` and the driver it starts in vLLM's venv) is
-`mtp2draft.evaluation.engine`, which `evaluate --engine vllm` uses; this module only adds what tests need.
+`mtp2draft.evaluation.backend`, which `evaluate --engine vllm` uses; this module only adds what tests need.
 
 What this module does not do: install vLLM or speculators (scripts/vllm_env.sh, scripts/speculators_env.sh do) or
 anything a user's command needs.
@@ -11,16 +11,15 @@ anything a user's command needs.
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from mtp2draft.evaluation.engine import EngineRun, run_vllm
-from mtp2draft.target.engine import EngineUnavailable
-from mtp2draft.target.engine import vllm_python as engine_python
+from mtp2draft.evaluation.backend import EngineRun, run_vllm
+from mtp2draft.target.backend import EngineUnavailable, venv_python
+from mtp2draft.target.backend import vllm_python as engine_python
 
 VLLM_VERSION = "0.32.0"  # the version the engine tests' facts were read from
 ENV_SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "vllm_env.sh"  # in a source checkout only
@@ -38,20 +37,12 @@ def vllm_python(create: bool = False) -> Path:
 
 SPECULATORS_VENV_ENV = "MTP2DRAFT_SPECULATORS_VENV"
 SPECULATORS_VENV = Path.home() / ".cache" / "mtp2draft" / "speculators-venv"
-SPECULATORS_MARKER = ".mtp2draft-ready"  # written by scripts/speculators_env.sh after a complete install
 
 
 def speculators_python() -> Path:
     """The Python of a complete speculators venv ($MTP2DRAFT_SPECULATORS_VENV, default
     ~/.cache/mtp2draft/speculators-venv), else EngineUnavailable."""
-    venv = Path(os.environ.get(SPECULATORS_VENV_ENV) or SPECULATORS_VENV)
-    python = venv / "bin" / "python"
-    if not (venv / SPECULATORS_MARKER).is_file() or not python.is_file():
-        raise EngineUnavailable(
-            f"no complete speculators venv at {venv}: create it with `bash scripts/speculators_env.sh` (a source "
-            f"checkout), or point {SPECULATORS_VENV_ENV} at one"
-        )
-    return python
+    return venv_python(SPECULATORS_VENV_ENV, SPECULATORS_VENV, "speculators", "scripts/speculators_env.sh")
 
 
 def relative_gap(ours: float, engine: float) -> float:

@@ -37,7 +37,7 @@ import torch
 
 from mtp2draft._version import __version__
 from mtp2draft.draft.disk import load_draft, read_draft_config
-from mtp2draft.draft.modules import Eagle3Draft, NativeMtpDraft
+from mtp2draft.draft.modules import Eagle3Draft
 from mtp2draft.errors import DataError, DraftError, OptionError
 from mtp2draft.family.spec import ENGINES, get_spec
 from mtp2draft.io import Progress, check_output_dir, claim_output, meter, quiet
@@ -48,9 +48,7 @@ from mtp2draft.train import memory, parallel
 from mtp2draft.train.calibrate import (
     calibrate_pending,
     choose_and_narrow,
-    choose_draft_vocab,
     narrow_vocab,
-    token_counts,
 )
 from mtp2draft.train.heldout import HeldoutGuard
 from mtp2draft.train.parallel import Parallel
@@ -63,7 +61,7 @@ from mtp2draft.train.state import (
     write_result,
 )
 from mtp2draft.train.teacher import Teacher, offline_teacher, online_teacher
-from mtp2draft.train.ttt import TOP_K_NOT_SHARPENED, StepStats, draft_target_ids, ttt_forward, ttt_mask
+from mtp2draft.train.ttt import TOP_K_NOT_SHARPENED, StepStats, draft_target_ids, ttt_forward
 
 
 @dataclass
@@ -582,17 +580,3 @@ def _global_stats(stats: StepStats, weights: Sequence[float], par: Parallel) -> 
     total = torch.tensor(sum(weights[s] * per_step[s] for s in range(k)))
     out = StepStats(total, per_step, [int(c) for c in correct], [int(c) for c in n])
     return out, loss
-
-
-# Re-exported for callers that imported them from here before the split (scripts/bench_acceptance.py, tests).
-__all__ = [
-    "DistillConfig",
-    "DistillRecipe",
-    "distill",
-    "plan_memory",
-    "ttt_forward",
-    "ttt_mask",
-    "NativeMtpDraft",
-    "choose_draft_vocab",
-    "token_counts",
-]

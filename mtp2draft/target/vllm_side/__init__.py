@@ -2,6 +2,6 @@
 
 `engine_dump` starts `dump_driver.py` by path with that venv's Python and puts this directory on its PYTHONPATH, so
 vLLM's workers can import `mtp2draft_cpu_hidden_states` (a kv-connector module, vLLM's `kv_connector_module_path`);
-`evaluation/engine.py` does the same for `serve_driver.py` (evaluate --engine vllm, the engine tests, the benchmark). Both drivers end through `driver_exit.leave`.
+`evaluation/backend.py` does the same for `serve_driver.py` (evaluate --engine vllm, the engine tests, the benchmark). Both drivers end through `driver_exit.leave`.
 These files import only the standard library, torch, safetensors and vllm.
 """

@@ -19,7 +19,7 @@ Facts from vLLM 0.32.0 this relies on (besides those in mtp2draft_cpu_hidden_sta
   until every file is there; `kv_transfer_params["hidden_states_path"]` of each output names its file, and the
   file's `.lock` is held exclusively until it is complete.
 
-What it does not do: decide which layers to read or apply any norm (`mtp2draft.target.engine` does), or sample.
+What it does not do: decide which layers to read or apply any norm (`mtp2draft.target.backend` does), or sample.
 """
 
 from __future__ import annotations

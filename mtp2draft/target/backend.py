@@ -1,4 +1,6 @@
-"""`dump-hidden --engine`: the target's hidden states for offline distillation, from transformers or from vLLM.
+"""`dump-hidden --engine`: the backend that runs the target for its hidden states (offline distillation):
+transformers, or vLLM's engine. (An engine, in mtp2draft, is a serving engine: vLLM, SGLang, TensorRT-LLM; a backend
+is whatever runs the target for a stage, this module's for dumping, `evaluation/backend.py`'s for evaluating.)
 
 `transformers` is `hidden.TargetModel` (the target loaded here; `device_map` across local GPUs). `vllm` runs the
 target in vLLM's own venv (`scripts/vllm_env.sh`, at `$MTP2DRAFT_VLLM_VENV`) with vLLM's hidden-state extraction
@@ -41,7 +43,7 @@ DUMP_ENGINES: dict[str, str] = {
 }
 VENV_ENV = "MTP2DRAFT_VLLM_VENV"
 DEFAULT_VENV = Path.home() / ".cache" / "mtp2draft" / "vllm-venv"
-MARKER = ".mtp2draft-ready"  # written by scripts/vllm_env.sh after a complete install
+MARKER = ".mtp2draft-ready"  # written by scripts/vllm_env.sh (and speculators_env.sh) after a complete install
 VLLM_SIDE = Path(__file__).with_name("vllm_side")  # run by vLLM's Python, never imported here
 
 # How vLLM must be shown a target for extraction, by model_type: config.json fields replaced and checkpoint key
@@ -55,20 +57,22 @@ class EngineUnavailable(Mtp2DraftError):
     """vLLM's venv is missing or incomplete."""
 
 
-def venv_dir() -> Path:
-    return Path(os.environ.get(VENV_ENV) or DEFAULT_VENV)
+def venv_python(env_var: str, default: Path, name: str, script: str) -> Path:
+    """The Python of the venv at $`env_var` (else `default`) that `script` completed (it writes MARKER last), else
+    EngineUnavailable saying how to get one. vLLM's venv (`vllm_python`); the engine tests' speculators venv too."""
+    venv = Path(os.environ.get(env_var) or default)
+    python = venv / "bin" / "python"
+    if not (venv / MARKER).is_file() or not python.is_file():
+        raise EngineUnavailable(
+            f"no complete {name} venv at {venv}: create it with `bash {script}` (a source checkout), "
+            f"or point {env_var} at one"
+        )
+    return python
 
 
 def vllm_python() -> Path:
     """The Python of a complete vLLM venv, else EngineUnavailable."""
-    venv = venv_dir()
-    python = venv / "bin" / "python"
-    if not (venv / MARKER).is_file() or not python.is_file():
-        raise EngineUnavailable(
-            f"no complete vLLM venv at {venv}: create it with `bash scripts/vllm_env.sh` (a source checkout), "
-            f"or point {VENV_ENV} at one"
-        )
-    return python
+    return venv_python(VENV_ENV, DEFAULT_VENV, "vLLM", "scripts/vllm_env.sh")
 
 
 def vllm_environment(

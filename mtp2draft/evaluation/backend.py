@@ -1,4 +1,5 @@
-"""`evaluate --engine`: what runs the target while a draft is measured — transformers here, or vLLM serving it.
+"""`evaluate --engine`: the backend that runs the target while a draft is measured: transformers here, or vLLM
+serving it (`target/backend.py` is the same choice for dumping hidden states).
 
 `transformers` is `decode.evaluate` (mtp2draft's own chain speculative decoding, the target loaded in this process).
 `vllm` serves the target with the draft in vLLM, the way a user serves it (tensor parallel, the checkpoint's own
@@ -36,23 +37,25 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from mtp2draft.errors import Mtp2DraftError, OptionError
 from mtp2draft.evaluation.settings import EvaluateConfig
 from mtp2draft.kinds import DTYPE_NAMES, DraftKind
 from mtp2draft.settings import HubAccess, Placement
-from mtp2draft.target.engine import VLLM_SIDE, uses_mla, vllm_environment, vllm_python
+from mtp2draft.target.backend import VLLM_SIDE, uses_mla, vllm_environment, vllm_python
+
+if TYPE_CHECKING:  # io imports torch, which this module does not (the CLI's help reads EVALUATE_ENGINES)
+    from mtp2draft.io import Progress
 
 EVALUATE_ENGINES: dict[str, str] = {
     "transformers": "mtp2draft's speculative decoding, the target loaded by transformers here (--device, --device-map)",
     "vllm": "the target served with the draft by vLLM in its own venv (--tensor-parallel-size); vLLM's counters",
 }
 DRIVER = VLLM_SIDE / "serve_driver.py"
-Progress = Callable[[str], None]  # as io.Progress; this module imports no torch (the CLI's help reads EVALUATE_ENGINES)
 # how vLLM serves each draft kind: the export format it loads and the speculative method
 SERVED_AS = {DraftKind.MTP: ("stitched", "mtp"), DraftKind.EAGLE3: ("sglang", "eagle3")}
 DRAFT_SAMPLE_METHOD = {"greedy": "greedy", "sample": "probabilistic"}  # --draft-sampling -> vLLM's name
@@ -318,7 +321,7 @@ def evaluate_in_vllm(
     from mtp2draft.data import load_tokenizer
     from mtp2draft.evaluation.decode import load_prompts, with_headline
     from mtp2draft.family.spec import find_spec
-    from mtp2draft.target.engine import resolve_target
+    from mtp2draft.target.backend import resolve_target
     from mtp2draft.target.identity import check_drafts_belong
 
     cfg = config or EvaluateConfig()
