@@ -446,6 +446,44 @@ def distill_out_is_the_target(w, tmp, mp, stack):
     return Case([*argv, "--overwrite"], "is the input")
 
 
+def _sibling_is_a_draft(*flags: str) -> CaseFn:
+    """A draft written at the checkpoint sibling (`convert --out out.checkpoints`) is the user's: distill neither fills
+    it with checkpoints nor deletes it when it finishes, whatever the flags."""
+
+    def make(w, tmp, mp, stack):
+        _copy(w.ds_mtp, tmp, "out.checkpoints")
+        return Case(_distill(w, tmp, *flags), "is not a checkpoint folder")
+
+    return make
+
+
+for _flags in ((), ("--overwrite",), ("--resume",)):
+    _add(
+        "distill_checkpoint_sibling_is_a_draft" + "".join("_" + f.strip("-") for f in _flags),
+        _sibling_is_a_draft(*_flags),
+    )
+
+
+@case
+def distill_checkpoints_another_run_is_writing(w, tmp, mp, stack):
+    _claimed_elsewhere(tmp / "out.checkpoints", stack)  # a `convert --out out.checkpoints` under way
+    return Case(_distill(w, tmp), "is being written by another mtp2draft run")
+
+
+@case
+def distill_disk_full_while_writing_the_best_weights(w, tmp, mp, stack):
+    """The run made the checkpoint folder and ends before its first checkpoint: nothing is left, no half file."""
+    heldout = tmp / "heldout.jsonl"
+    heldout.write_text("".join(json.dumps({"text": f"class C{i}:\n    y = {i}"}) + "\n" for i in range(2)))
+
+    def full(path, *_a, **_k):
+        Path(path).write_bytes(b"half")
+        raise OSError(28, "No space left on device", str(path))
+
+    mp.setattr("mtp2draft.train.heldout.save_tensors", full)
+    return Case(_distill(w, tmp, "--heldout", str(heldout)), "No space left on device", code=1)
+
+
 # ---- target identity: evaluate, distill, stitched / nextn export, validate, run -------------------------------------
 IDENTITY = (
     ("rope_theta", 20000.0),
