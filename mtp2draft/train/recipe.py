@@ -39,15 +39,7 @@ from mtp2draft.draft.disk import load_draft, read_draft_config
 from mtp2draft.draft.modules import Eagle3Draft, NativeMtpDraft
 from mtp2draft.errors import DataError, DraftError, OptionError
 from mtp2draft.family.spec import ENGINES, get_spec
-from mtp2draft.io import (
-    Progress,
-    check_checkpoint_folder,
-    check_output_dir,
-    claim_output,
-    meter,
-    quiet,
-    remove_checkpoint_folder,
-)
+from mtp2draft.io import Progress, check_output_dir, claim_output, meter, quiet, remove_checkpoint_folder
 from mtp2draft.kinds import HIDDEN_PLACES, DraftKind
 from mtp2draft.redact import command_line
 from mtp2draft.target.dump_checks import check_finite_state, check_offline_options
@@ -63,6 +55,8 @@ from mtp2draft.train.heldout import HeldoutGuard
 from mtp2draft.train.parallel import Parallel
 from mtp2draft.train.settings import DistillConfig, DistillJob
 from mtp2draft.train.state import (
+    check_checkpoints,
+    claim_checkpoints,
     latest_checkpoint,
     load_checkpoint,
     save_checkpoint,
@@ -141,7 +135,6 @@ class DistillRecipe:
         self.history: list[dict[str, Any]] = []
         self.start = 0
         self.guard: HeldoutGuard | None = None
-        self.made_checkpoints = False  # the checkpoint folder did not exist before this run
 
     def run(self) -> DistillResult:
         """The whole run holds the claim on --out (rank 0, which writes): a second run into it is refused at once,
@@ -152,23 +145,10 @@ class DistillRecipe:
             return self._run()
 
     def claim(self, held: contextlib.ExitStack) -> None:
-        """Claim --out and the checkpoint folder beside it: a `convert --out <out>.checkpoints` (or another distill)
-        cannot write there while this run fills it."""
-        job = self.job
-        check_output_dir(job.out, job.overwrite, job.inputs)  # refused before anything is claimed
-        check_checkpoint_folder(job.checkpoints, job.inputs)
-        if self.par.is_main:
-            held.enter_context(claim_output(job.out))
-            held.enter_context(claim_output(job.checkpoints))
-            held.callback(self._drop_checkpoints_if_useless)
-
-    def _drop_checkpoints_if_useless(self) -> None:
-        """A run that made the checkpoint folder and ends without a checkpoint in it (refused, interrupted, out of
-        disk) leaves nothing behind: what it held (the held-out best so far) a fresh run finds again. Checkpoints
-        stay for --resume. Runs while both claims are still held; on success the folder is already gone."""
-        folder = self.job.checkpoints
-        if self.made_checkpoints and folder.is_dir() and latest_checkpoint(folder) is None:
-            remove_checkpoint_folder(folder)
+        check_output_dir(self.job.out, self.job.overwrite, self.job.inputs)  # refused before anything is claimed
+        if self.par.is_main:  # --out, and the checkpoint folder beside it (`convert --out OUT.checkpoints` waits)
+            held.enter_context(claim_output(self.job.out))
+            held.enter_context(claim_checkpoints(self.job.checkpoints))
 
     def _run(self) -> DistillResult:
         self.check_agreement()
@@ -215,15 +195,7 @@ class DistillRecipe:
                 f"--batch-size {self.cfg.batch_size} is the global batch: it must be at least the {par.world} ranks"
             )
         check_output_dir(job.out, job.overwrite, job.inputs)
-        check_checkpoint_folder(ckpt, job.inputs)  # --overwrite or --resume never touch a directory we did not write
-        if not job.resume and latest_checkpoint(ckpt) is not None:
-            if not job.overwrite:
-                raise DraftError(
-                    f"{ckpt} holds checkpoints of an earlier run: pass --resume to continue it, or --overwrite to "
-                    "start over"
-                )
-            parallel.run_main_only(par, lambda: remove_checkpoint_folder(ckpt))
-        self.made_checkpoints = not ckpt.exists()
+        check_checkpoints(ckpt, job.inputs, job.resume, job.overwrite, par)
         latest = latest_checkpoint(ckpt) if job.resume else None
         if latest is not None:
             try:
