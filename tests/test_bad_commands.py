@@ -21,8 +21,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import torch
 from case_tables import COMMANDS
 from disk import snapshot
+from safetensors.torch import load_file, save_file
 
 from mtp2draft.cli.app import main
 from mtp2draft.conversion import convert
@@ -482,6 +484,92 @@ def distill_disk_full_while_writing_the_best_weights(w, tmp, mp, stack):
 
     mp.setattr("mtp2draft.train.heldout.save_tensors", full)
     return Case(_distill(w, tmp, "--heldout", str(heldout)), "No space left on device", code=1)
+
+
+# ---- weights that would give silently wrong results: NaN, integer tensors (tensor_checks.py, every reader) ------------
+def _poked(src: Path, tmp: Path, key: str, fn: Callable[[torch.Tensor], torch.Tensor], name: str = "draft") -> Path:
+    """A copy of draft `src` whose tensor `key` is `fn` of itself."""
+    dest = _copy(src, tmp, name)
+    tensors = load_file(str(dest / "model.safetensors"))
+    tensors[key] = fn(tensors[key]).contiguous()
+    save_file(tensors, str(dest / "model.safetensors"), {"format": "pt"})
+    return dest
+
+
+def _one_nan(t: torch.Tensor) -> torch.Tensor:
+    t = t.clone()
+    t.view(-1)[0] = float("nan")
+    return t
+
+
+def _int32(t: torch.Tensor) -> torch.Tensor:
+    return (t.float() * 1000).to(torch.int32)  # the weights an integer tensor would load as: truncated
+
+
+def _chain(tmp: Path) -> tuple[Path, Path]:
+    """(runnable MiMo target with three MTP layers, its chain draft of every layer), built in the case's directory."""
+    from mtp2draft.testing.fixtures import build_fixture, write_char_tokenizer
+
+    src = build_fixture("mimo", tmp / "chain-target", num_nextn_predict_layers=3)
+    write_char_tokenizer(src)
+    convert(str(src), tmp / "chain", all_layers=True, dtype="float32")
+    return src, tmp / "chain"
+
+
+@case
+def evaluate_draft_with_a_nan_weight(w, tmp, mp, stack):
+    """Acceptance would read 1.000 and "lossless yes": NaN logits never disagree with the target's argmax."""
+    draft = _poked(w.ds_mtp, tmp, "eh_proj.weight", _one_nan)
+    return Case(_evaluate(w, draft=draft), "draft/model.safetensors: eh_proj.weight holds non-finite values (1 NaN")
+
+
+@case
+def evaluate_baseline_with_a_nan_weight(w, tmp, mp, stack):
+    baseline = _poked(w.ds_mtp, tmp, "enorm.weight", _one_nan, "baseline")
+    return Case(_evaluate(w, "--baseline", str(baseline)), "baseline/model.safetensors: enorm.weight holds non-finite")
+
+
+@case
+def evaluate_chain_with_a_nan_in_its_last_layer(w, tmp, mp, stack):
+    src, chain = _chain(tmp)
+    draft = _poked(chain, tmp, "layers.2.eh_proj.weight", _one_nan)
+    return Case(_evaluate(w, draft=draft, target=src), "layers.2.eh_proj.weight holds non-finite values (1 NaN")
+
+
+@case
+def evaluate_draft_with_an_int32_weight(w, tmp, mp, stack):
+    draft = _poked(w.ds_mtp, tmp, "eh_proj.weight", _int32)
+    return Case(_evaluate(w, draft=draft), "eh_proj.weight is int32: weights must be floating point")
+
+
+@case
+def distill_draft_with_an_int32_weight(w, tmp, mp, stack):
+    draft = _poked(w.ds_mtp, tmp, "eh_proj.weight", _int32)
+    return Case(_distill(w, tmp, draft=draft), "eh_proj.weight is int32: weights must be floating point")
+
+
+@case
+def validate_draft_with_an_int32_weight(w, tmp, mp, stack):
+    return Case(["validate", str(_poked(w.ds_mtp, tmp, "eh_proj.weight", _int32))], "1 violation(s)")
+
+
+@case
+def push_draft_with_an_int32_weight(w, tmp, mp, stack):
+    """Refused before any request (no Hub is reachable here): the README promises it."""
+    return Case(["push", str(_poked(w.ds_mtp, tmp, "eh_proj.weight", _int32)), "--repo-id", "me/d"], "not a valid")
+
+
+@case
+def export_eagle3_with_an_int32_weight(w, tmp, mp, stack):
+    draft = _poked(w.ds_e3, tmp, "fc.weight", _int32)
+    return Case(_export(draft, tmp, "sglang"), "fc.weight is int32: weights must be floating point")
+
+
+@case
+def export_stitched_chain_with_an_int32_weight(w, tmp, mp, stack):
+    src, chain = _chain(tmp)
+    draft = _poked(chain, tmp, "layers.1.eh_proj.weight", _int32)
+    return Case(_export(draft, tmp, "stitched", "--target", str(src)), "layers.1.eh_proj.weight is int32")
 
 
 # ---- target identity: evaluate, distill, stitched / nextn export, validate, run -------------------------------------

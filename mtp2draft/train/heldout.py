@@ -29,6 +29,7 @@ import torch
 from mtp2draft.data import load_tokenizer, read_examples
 from mtp2draft.errors import DataError, DraftError, read_json_object
 from mtp2draft.io import make_checkpoint_folder, publish_dir, save_tensors, write_json
+from mtp2draft.tensor_checks import check_tensors
 from mtp2draft.train import parallel
 from mtp2draft.train.teacher import Teacher, collate
 from mtp2draft.train.ttt import ttt_forward
@@ -186,6 +187,7 @@ class HeldoutGuard:
             found = (saved / "best.json").is_file() and (saved / "model.safetensors").is_file()
             if found and read_json_object(saved / "best.json", DraftError).get("step") == self.best["step"]:
                 self.best_state = load_file(str(saved / "model.safetensors"))
+                check_tensors(saved / "model.safetensors", self.best_state, action="start over with --overwrite")
                 return
         raise DataError(
             f"{best_dir(folder, self.best['step'])} does not hold the best held-out weights (step "
