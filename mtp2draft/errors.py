@@ -59,6 +59,10 @@ class DraftError(Mtp2DraftError):
     """A draft directory is missing or malformed."""
 
 
+class TensorError(Mtp2DraftError):
+    """A tensor read from a draft, a dump or a checkpoint has a dtype it is never written in, or holds NaN / Inf."""
+
+
 class DataError(Mtp2DraftError):
     """A training or evaluation data file is malformed."""
 

@@ -1,4 +1,5 @@
-"""Writing outputs safely: directories that appear complete or not at all, and safetensors files streamed tensor by
+"""Writing outputs safely: directories that appear complete or not at all, claimed and marked as mtp2draft's (and a
+distill run's checkpoint folder marked as one, told apart from a draft), and safetensors files streamed tensor by
 tensor so peak memory tracks the largest tensor group rather than the whole file; and the progress-callback type
 every stage reports through.
 
@@ -12,6 +13,7 @@ import errno
 import json
 import math
 import os
+import re
 import shutil
 import socket
 import struct
@@ -94,13 +96,90 @@ def mark(path: Path) -> None:
     (path / MARKER).write_text("written by mtp2draft; `--overwrite` may replace this directory\n")
 
 
-def check_output_dir(out: str | Path, overwrite: bool, inputs: Iterable[str | Path | None] = ()) -> Path:
-    """Fail early (before any work) when `out` cannot be written without destroying something.
+# A distill run's checkpoint folder (`<out>.checkpoints`, or --checkpoint-dir) carries this file as well: it tells the
+# folder apart from a draft mtp2draft wrote there (`convert --out foo.checkpoints`), which a later `distill --out foo`
+# must never fill with checkpoints nor delete when it finishes.
+CHECKPOINTS_MARKER = ".mtp2draft-checkpoints"
+# What a run writes inside its checkpoint folder: finished steps and best weights, and their temporary twins that a
+# killed run leaves behind (`.step-0000010.tmp`, `.best-0000010.tmp`, `.best-0000010.old`).
+_CHECKPOINT_ENTRY = re.compile(r"^(\.?(step|best)-\d+(\.tmp|\.old)?|best|\.mtp2draft|\.mtp2draft-checkpoints)$")
+_OLD_BEST_FILES = {"best.json", "best.json.tmp", "model.safetensors"}
 
-    Refused: an `out` that is, contains or lies inside one of `inputs` (local paths the command reads; hub ids and
-    None are skipped) or the working directory; an existing file; a non-empty directory without --overwrite; and,
-    even with --overwrite, a non-empty directory that mtp2draft did not write."""
-    out = Path(out)
+
+def is_checkpoint_folder(folder: Path) -> bool:
+    """Whether `folder` is a distill run's checkpoint folder: it carries `CHECKPOINTS_MARKER`; or, written by an older
+    mtp2draft, every entry is one a run writes there and it carries `MARKER`, or it only holds the `best/` that older
+    runs killed before their first checkpoint left unmarked."""
+    if (folder / CHECKPOINTS_MARKER).is_file():
+        return True
+    entries = list(folder.iterdir())
+    if not all(_CHECKPOINT_ENTRY.match(p.name) for p in entries):
+        return False
+    if is_ours(folder):
+        return True
+    return [p.name for p in entries] == ["best"] and all(p.name in _OLD_BEST_FILES for p in entries[0].iterdir())
+
+
+def check_checkpoint_folder(folder: Path, inputs: Iterable[str | Path | None] = ()) -> None:
+    """Refuse a checkpoint folder that is an input, a file, or a non-empty directory that is not a checkpoint folder
+    (a user's files, or a draft mtp2draft wrote): distill fills it and deletes it when it finishes."""
+    if folder.is_dir() and any(folder.iterdir()) and is_checkpoint_folder(folder):
+        _check_outside_inputs(folder, inputs)
+        return
+    check_output_dir(folder, True, inputs)
+    if folder.is_dir() and any(folder.iterdir()):
+        raise OutputExistsError(
+            f"{folder} is not a checkpoint folder of mtp2draft's (it holds a draft or other files), and distill "
+            "keeps its checkpoints there and deletes them when it finishes: move it away, or choose another --out "
+            "or --checkpoint-dir"
+        )
+
+
+def make_checkpoint_folder(folder: Path) -> bool:
+    """Create (and mark) the checkpoint folder if needed; True when this call created it. Marked the moment it exists:
+    a run killed between the two leaves an empty folder, which every rule accepts."""
+    made = not folder.exists()
+    folder.mkdir(parents=True, exist_ok=True)
+    if not (folder / CHECKPOINTS_MARKER).is_file():
+        (folder / CHECKPOINTS_MARKER).write_text("a distill run's checkpoints; distill deletes them when it finishes\n")
+        if not is_ours(folder):
+            mark(folder)
+    return made
+
+
+def remove_checkpoint_folder(folder: Path) -> None:
+    """Delete what distill wrote in its checkpoint folder, then the folder if that leaves it empty: a file someone
+    put there is kept (and the folder with it)."""
+    if not folder.is_dir() or not is_checkpoint_folder(folder):
+        return
+    for entry in folder.iterdir():
+        if _CHECKPOINT_ENTRY.match(entry.name) and entry.name not in (MARKER, CHECKPOINTS_MARKER):
+            if entry.is_dir() and not entry.is_symlink():
+                shutil.rmtree(entry, ignore_errors=True)
+            else:
+                entry.unlink(missing_ok=True)
+    if all(p.name in (MARKER, CHECKPOINTS_MARKER) for p in folder.iterdir()):
+        for name in (CHECKPOINTS_MARKER, MARKER):
+            (folder / name).unlink(missing_ok=True)
+        with contextlib.suppress(OSError):
+            folder.rmdir()
+
+
+def publish_dir(tmp: Path, final: Path) -> None:
+    """Put the finished directory `tmp` at `final` in one rename; a `final` already there (the same step written
+    again by a resumed run) is moved aside first and deleted after."""
+    if not final.exists():
+        os.rename(tmp, final)
+        return
+    aside = final.with_name(f".{final.name}.old")
+    shutil.rmtree(aside, ignore_errors=True)
+    os.rename(final, aside)
+    os.rename(tmp, final)
+    shutil.rmtree(aside, ignore_errors=True)
+
+
+def _check_outside_inputs(out: Path, inputs: Iterable[str | Path | None]) -> None:
+    """Refuse an `out` that is, contains or lies inside one of `inputs`, or is or contains the working directory."""
     where = out.expanduser().resolve()
     for given in inputs:
         if given is None or not Path(given).expanduser().exists():
@@ -112,6 +191,16 @@ def check_output_dir(out: str | Path, overwrite: bool, inputs: Iterable[str | Pa
     cwd = Path.cwd().resolve()
     if where == cwd or where in cwd.parents:
         raise OutputExistsError(f"--out {out} is or contains the working directory: choose a directory below it")
+
+
+def check_output_dir(out: str | Path, overwrite: bool, inputs: Iterable[str | Path | None] = ()) -> Path:
+    """Fail early (before any work) when `out` cannot be written without destroying something.
+
+    Refused: an `out` that is, contains or lies inside one of `inputs` (local paths the command reads; hub ids and
+    None are skipped) or the working directory; an existing file; a non-empty directory without --overwrite; and,
+    even with --overwrite, a non-empty directory that mtp2draft did not write."""
+    out = Path(out)
+    _check_outside_inputs(out, inputs)
     if out.exists() and not out.is_dir():
         raise OutputExistsError(f"--out {out} exists and is a file")
     if out.is_dir() and any(out.iterdir()):

@@ -21,8 +21,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import torch
 from case_tables import COMMANDS
 from disk import snapshot
+from safetensors.torch import load_file, save_file
 
 from mtp2draft.cli.app import main
 from mtp2draft.conversion import convert
@@ -444,6 +446,130 @@ def distill_out_is_the_target(w, tmp, mp, stack):
     argv = _distill(w, tmp, target=ck)
     argv[argv.index("--out") + 1] = str(ck)
     return Case([*argv, "--overwrite"], "is the input")
+
+
+def _sibling_is_a_draft(*flags: str) -> CaseFn:
+    """A draft written at the checkpoint sibling (`convert --out out.checkpoints`) is the user's: distill neither fills
+    it with checkpoints nor deletes it when it finishes, whatever the flags."""
+
+    def make(w, tmp, mp, stack):
+        _copy(w.ds_mtp, tmp, "out.checkpoints")
+        return Case(_distill(w, tmp, *flags), "is not a checkpoint folder")
+
+    return make
+
+
+for _flags in ((), ("--overwrite",), ("--resume",)):
+    _add(
+        "distill_checkpoint_sibling_is_a_draft" + "".join("_" + f.strip("-") for f in _flags),
+        _sibling_is_a_draft(*_flags),
+    )
+
+
+@case
+def distill_checkpoints_another_run_is_writing(w, tmp, mp, stack):
+    _claimed_elsewhere(tmp / "out.checkpoints", stack)  # a `convert --out out.checkpoints` under way
+    return Case(_distill(w, tmp), "is being written by another mtp2draft run")
+
+
+@case
+def distill_disk_full_while_writing_the_best_weights(w, tmp, mp, stack):
+    """The run made the checkpoint folder and ends before its first checkpoint: nothing is left, no half file."""
+    heldout = tmp / "heldout.jsonl"
+    heldout.write_text("".join(json.dumps({"text": f"class C{i}:\n    y = {i}"}) + "\n" for i in range(2)))
+
+    def full(path, *_a, **_k):
+        Path(path).write_bytes(b"half")
+        raise OSError(28, "No space left on device", str(path))
+
+    mp.setattr("mtp2draft.train.heldout.save_tensors", full)
+    return Case(_distill(w, tmp, "--heldout", str(heldout)), "No space left on device", code=1)
+
+
+# ---- weights that would give silently wrong results: NaN, integer tensors (tensor_checks.py, every reader) ------------
+def _poked(src: Path, tmp: Path, key: str, fn: Callable[[torch.Tensor], torch.Tensor], name: str = "draft") -> Path:
+    """A copy of draft `src` whose tensor `key` is `fn` of itself."""
+    dest = _copy(src, tmp, name)
+    tensors = load_file(str(dest / "model.safetensors"))
+    tensors[key] = fn(tensors[key]).contiguous()
+    save_file(tensors, str(dest / "model.safetensors"), {"format": "pt"})
+    return dest
+
+
+def _one_nan(t: torch.Tensor) -> torch.Tensor:
+    t = t.clone()
+    t.view(-1)[0] = float("nan")
+    return t
+
+
+def _int32(t: torch.Tensor) -> torch.Tensor:
+    return (t.float() * 1000).to(torch.int32)  # the weights an integer tensor would load as: truncated
+
+
+def _chain(tmp: Path) -> tuple[Path, Path]:
+    """(runnable MiMo target with three MTP layers, its chain draft of every layer), built in the case's directory."""
+    from mtp2draft.testing.fixtures import build_fixture, write_char_tokenizer
+
+    src = build_fixture("mimo", tmp / "chain-target", num_nextn_predict_layers=3)
+    write_char_tokenizer(src)
+    convert(str(src), tmp / "chain", all_layers=True, dtype="float32")
+    return src, tmp / "chain"
+
+
+@case
+def evaluate_draft_with_a_nan_weight(w, tmp, mp, stack):
+    """Acceptance would read 1.000 and "lossless yes": NaN logits never disagree with the target's argmax."""
+    draft = _poked(w.ds_mtp, tmp, "eh_proj.weight", _one_nan)
+    return Case(_evaluate(w, draft=draft), "draft/model.safetensors: eh_proj.weight holds non-finite values (1 NaN")
+
+
+@case
+def evaluate_baseline_with_a_nan_weight(w, tmp, mp, stack):
+    baseline = _poked(w.ds_mtp, tmp, "enorm.weight", _one_nan, "baseline")
+    return Case(_evaluate(w, "--baseline", str(baseline)), "baseline/model.safetensors: enorm.weight holds non-finite")
+
+
+@case
+def evaluate_chain_with_a_nan_in_its_last_layer(w, tmp, mp, stack):
+    src, chain = _chain(tmp)
+    draft = _poked(chain, tmp, "layers.2.eh_proj.weight", _one_nan)
+    return Case(_evaluate(w, draft=draft, target=src), "layers.2.eh_proj.weight holds non-finite values (1 NaN")
+
+
+@case
+def evaluate_draft_with_an_int32_weight(w, tmp, mp, stack):
+    draft = _poked(w.ds_mtp, tmp, "eh_proj.weight", _int32)
+    return Case(_evaluate(w, draft=draft), "eh_proj.weight is int32: weights must be floating point")
+
+
+@case
+def distill_draft_with_an_int32_weight(w, tmp, mp, stack):
+    draft = _poked(w.ds_mtp, tmp, "eh_proj.weight", _int32)
+    return Case(_distill(w, tmp, draft=draft), "eh_proj.weight is int32: weights must be floating point")
+
+
+@case
+def validate_draft_with_an_int32_weight(w, tmp, mp, stack):
+    return Case(["validate", str(_poked(w.ds_mtp, tmp, "eh_proj.weight", _int32))], "1 violation(s)")
+
+
+@case
+def push_draft_with_an_int32_weight(w, tmp, mp, stack):
+    """Refused before any request (no Hub is reachable here): the README promises it."""
+    return Case(["push", str(_poked(w.ds_mtp, tmp, "eh_proj.weight", _int32)), "--repo-id", "me/d"], "not a valid")
+
+
+@case
+def export_eagle3_with_an_int32_weight(w, tmp, mp, stack):
+    draft = _poked(w.ds_e3, tmp, "fc.weight", _int32)
+    return Case(_export(draft, tmp, "sglang"), "fc.weight is int32: weights must be floating point")
+
+
+@case
+def export_stitched_chain_with_an_int32_weight(w, tmp, mp, stack):
+    src, chain = _chain(tmp)
+    draft = _poked(chain, tmp, "layers.1.eh_proj.weight", _int32)
+    return Case(_export(draft, tmp, "stitched", "--target", str(src)), "layers.1.eh_proj.weight is int32")
 
 
 # ---- target identity: evaluate, distill, stitched / nextn export, validate, run -------------------------------------

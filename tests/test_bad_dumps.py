@@ -1126,6 +1126,28 @@ def record_topk_logprobs_with_plus_inf(w, tmp, mp):
 
 
 @case
+def record_topk_logprob_above_zero(w, tmp, mp):
+    """A log-prob of 0.5 is a probability of 1.65: logits written as log-probs, not a distribution."""
+    n = _first_batch_record(w)
+    dump = _damaged(w, tmp, n, _set(f"{n}.topk_logprobs", _poke(0.5, (2, 0))))
+    return Case(_distill(w, tmp, dump), f"record {n}: topk_logprobs holds 1 value(s) above 0 (max 0.5)")
+
+
+@case
+def record_topk_id_repeated(w, tmp, mp):
+    """One id twice in a position's top-k: its probability would count twice."""
+    n = _first_batch_record(w)
+
+    def repeat(t: torch.Tensor) -> torch.Tensor:
+        t = t.clone()
+        t[2, 1] = t[2, 0]
+        return t
+
+    dump = _damaged(w, tmp, n, _set(f"{n}.topk_ids", repeat))
+    return Case(_distill(w, tmp, dump), f"record {n}: topk_ids repeats id")
+
+
+@case
 def record_topk_id_beyond_the_vocabulary(w, tmp, mp):
     n = _first_batch_record(w)
     dump = _damaged(w, tmp, n, _set(f"{n}.topk_ids", _poke(256, (1, 1))))
@@ -1148,12 +1170,12 @@ def record_input_id_beyond_the_vocabulary(w, tmp, mp):
 
 @case
 def draft_with_nan_weights(w, tmp, mp):
-    """The dump is fine, the draft is not: the loss is NaN and no optimizer step is taken on it."""
+    """The dump is fine, the draft is not: refused as it loads, before any step."""
     draft = _copy(w.ds_mtp, tmp, "draft")
     tensors = load_file(str(draft / "model.safetensors"))
     tensors["eh_proj.weight"] = _poke(float("nan"), (0, 0))(tensors["eh_proj.weight"])
     save_file(tensors, str(draft / "model.safetensors"), {"format": "pt"})
-    return Case(_distill(w, tmp, w.dump, draft=draft), "step 1: the loss is nan: no optimizer step is taken")
+    return Case(_distill(w, tmp, w.dump, draft=draft), "eh_proj.weight holds non-finite values (1 NaN, 0 Inf")
 
 
 # ---- identity: a dump of another target than the draft's ---------------------------------------------------------------

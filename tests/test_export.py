@@ -20,7 +20,7 @@ from mtp2draft.conversion import convert
 from mtp2draft.draft.disk import load_draft
 from mtp2draft.draft.eagle3_config import NORM_SWITCHES
 from mtp2draft.draft.modules import vocab_maps
-from mtp2draft.errors import DraftError, ValidationError
+from mtp2draft.errors import DraftError, TensorError, ValidationError
 from mtp2draft.formats import ExportConfig
 from mtp2draft.formats.export import export, validate
 from mtp2draft.testing.fixtures import FIXTURES
@@ -556,8 +556,12 @@ SGLANG_BROKEN = {
         None,
         "three distinct ids",
     ),
-    "NaN weight": (None, lambda w: _set(w, "norm.weight", lambda t: _poke(t, math.nan)), "norm.weight holds NaN"),
-    "Inf weight": (None, lambda w: _set(w, "lm_head.weight", lambda t: _poke(t, math.inf)), "holds Inf"),
+    "NaN weight": (
+        None,
+        lambda w: _set(w, "norm.weight", lambda t: _poke(t, math.nan)),
+        "norm.weight holds non-finite values (1 NaN",
+    ),
+    "Inf weight": (None, lambda w: _set(w, "lm_head.weight", lambda t: _poke(t, math.inf)), "(0 NaN, 1 Inf"),
     "d2t dtype": (None, lambda w: _set(w, "d2t", lambda t: t.to(torch.int32)), "d2t is int32"),
     "weight dtype": (None, lambda w: _set(w, "lm_head.weight", lambda t: t.half()), "lm_head.weight is float16"),
     "embed present": (
@@ -707,11 +711,10 @@ def test_validator_lists_every_violation_at_once(sglang_dir: Path, tmp_path: Pat
         assert any(needle in p for p in problems), (needle, problems)
 
 
-def test_export_validates_its_own_output_and_writes_nothing_when_broken(eagle3: Path, tmp_path: Path) -> None:
+def test_export_refuses_a_broken_draft_and_writes_nothing(eagle3: Path, tmp_path: Path) -> None:
     broken = _mutate(eagle3, tmp_path / "nan", weights=lambda w: _set(w, "fc.weight", lambda t: _poke(t, math.nan)))
-    with pytest.raises(ValidationError) as exc:
+    with pytest.raises(TensorError, match=r"nan/model.safetensors: fc.weight holds non-finite values \(1 NaN"):
         export(broken, "sglang", tmp_path / "out")
-    assert any("fc.weight holds NaN" in v for v in exc.value.violations)
     assert not (tmp_path / "out").exists() and not [p for p in tmp_path.iterdir() if p.name.startswith(".out")]
 
 

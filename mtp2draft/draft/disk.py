@@ -22,6 +22,7 @@ from mtp2draft.draft.modules import VOCAB_MAPS, Draft, Eagle3Draft, NativeMtpDra
 from mtp2draft.errors import DraftError
 from mtp2draft.family.spec import get_spec
 from mtp2draft.kinds import WEIGHTS_FILE, DraftKind, Hidden, detect_kind
+from mtp2draft.tensor_checks import check_tensors
 
 AnyDraft = Draft | MtpChainDraft
 
@@ -50,9 +51,24 @@ def build_draft(cfg: Mapping[str, Any]) -> AnyDraft:
     return NativeMtpDraft(spec, target_config, cfg.get("mtp_layer", 0), **options)
 
 
+def check_draft_weights(path: str | Path) -> None:
+    """Every tensor of draft directory `path` checked as `load_draft` checks it, one tensor in memory at a time: a
+    command that loads several drafts (evaluate's baselines) refuses a bad one before any work, not after the first
+    draft's decoding."""
+    from safetensors import safe_open
+
+    weights = Path(path) / WEIGHTS_FILE
+    if not weights.is_file():
+        raise DraftError(f"{path} has no {WEIGHTS_FILE}")
+    with safe_open(str(weights), framework="pt") as fh:
+        for key in fh.keys():  # noqa: SIM118 - safe_open handles are not iterable
+            check_tensors(weights, {key: fh.get_tensor(key)})
+
+
 def load_draft(path: str | Path, dtype: torch.dtype = torch.float32) -> AnyDraft:
     """Load a draft directory written by `convert`, `distill` or the `sglang` / `speculators` exporters (no target
-    attached)."""
+    attached). Every tensor is checked as it is read (`tensor_checks.check_tensors`): one TensorError line for an
+    integer weight or a NaN / Inf."""
     path = Path(path)
     cfg = read_draft_config(path)
     rename = None
@@ -63,6 +79,7 @@ def load_draft(path: str | Path, dtype: torch.dtype = torch.float32) -> AnyDraft
     if not weights.is_file():
         raise DraftError(f"{path} has no {WEIGHTS_FILE}")
     state = load_file(str(weights))
+    check_tensors(weights, state)  # an int32 weight would load truncated, one NaN makes acceptance read as perfect
     if rename is not None:
         state = {rename(k): v for k, v in state.items()}
     state = {k: v for k, v in state.items() if k != "embed_tokens.weight"}

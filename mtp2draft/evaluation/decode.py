@@ -41,7 +41,7 @@ import torch
 
 from mtp2draft.data import load_tokenizer, prompt_ids, read_records
 from mtp2draft.draft.chain import MtpChainDraft
-from mtp2draft.draft.disk import load_draft
+from mtp2draft.draft.disk import check_draft_weights, load_draft
 from mtp2draft.draft.modules import DraftCache
 from mtp2draft.errors import DataError
 from mtp2draft.evaluation.compare import compare_to_baselines
@@ -396,6 +396,8 @@ def evaluate(
     cfg = config or EvaluateConfig()
     sampling = cfg.sampling
     check_drafts_belong([path for _, path in drafts], target, revision, token)  # before the target's weights load
+    for _, path in drafts:  # a NaN or integer weight in a baseline is refused now, not after the draft's decoding
+        check_draft_weights(path)
     if not isinstance(target, TargetModel):
         device = device if device_map is not None else resolve_device(device)
         target = TargetModel(target, revision, token, dtype=dtype, device=device or "cpu", device_map=device_map)

@@ -43,14 +43,10 @@ def load_weights(path: Path, problems: list[str]) -> dict[str, torch.Tensor] | N
 
 
 def nonfinite(name: str, tensor: torch.Tensor) -> str | None:
-    if not (tensor.is_floating_point() and tensor.numel()):
-        return None
-    t = tensor.float()
-    nan, inf = int(torch.isnan(t).sum()), int(torch.isinf(t).sum())
-    if nan or inf:
-        what = " and ".join(x for x, n in (("NaN", nan), ("Inf", inf)) if n)
-        return f"{name} holds {what} ({nan} NaN, {inf} Inf of {t.numel()} values)"
-    return None
+    """What `validate` reports about one tensor: `tensor_checks.tensor_problem`, the check every reader makes."""
+    from mtp2draft.tensor_checks import tensor_problem
+
+    return tensor_problem(name, tensor)
 
 
 def fp8_problems(name: str, tensor_dtype: str, shape, headers: Mapping[str, Any], block) -> list[str]:

@@ -46,6 +46,7 @@ from mtp2draft.formats.common import (
 )
 from mtp2draft.io import TORCH_DTYPES, Progress, quiet, save_tensors, write_json
 from mtp2draft.kinds import CONFIG_FILE, EAGLE3_ARCHITECTURE, WEIGHTS_FILE, DraftKind
+from mtp2draft.tensor_checks import check_tensors
 
 
 def _eagle3_input(src: Path, cfg: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
@@ -56,6 +57,7 @@ def _eagle3_input(src: Path, cfg: Mapping[str, Any]) -> tuple[dict[str, Any], di
     if not weights.is_file():
         raise DraftError(f"{src} has no {WEIGHTS_FILE}")
     state = load_file(str(weights))
+    check_tensors(weights, state)
     if cfg.get("speculators_model_type"):
         return speculators_to_eagle3_config(cfg), {speculators_weight_name(k): v for k, v in state.items()}
     return dict(cfg), state
@@ -311,15 +313,15 @@ def _eagle3_weight_problems(
         if name in ("d2t", "t2d"):
             continue
         if not t.is_floating_point():
-            problems.append(f"{name} is {dtype_name(t.dtype)}, expected a floating dtype")
-        elif want_dtype is not None and t.dtype != want_dtype:
+            continue  # `nonfinite` below names it, as every reader does
+        if want_dtype is not None and t.dtype != want_dtype:
             problems.append(
                 f"{name} is {dtype_name(t.dtype)} but config.json says torch_dtype {cfg.get('torch_dtype')}"
             )
     if want_dtype is None and len(set(floats.values())) > 1:
         problems.append(f"weights mix dtypes {sorted({dtype_name(d) for d in floats.values()})}")
     for name, t in weights.items():
-        if (msg := nonfinite(name, t)) is not None:
+        if name not in ("d2t", "t2d") and (msg := nonfinite(name, t)) is not None:  # the maps: `_vocab_problems`
             problems.append(msg)
     problems += _vocab_problems(weights, vocab, int(cfg.get("draft_vocab_size") or 0))
     return problems

@@ -30,6 +30,7 @@ from mtp2draft.formats import Format
 from mtp2draft.formats.common import load_weights, nonfinite
 from mtp2draft.io import TORCH_DTYPES
 from mtp2draft.kinds import CONFIG_FILE, WEIGHTS_FILE, DraftKind, Hidden
+from mtp2draft.tensor_checks import check_tensors
 
 # Tensors of a shard being rewritten are copied in runs of about this many bytes (peak memory per run).
 COPY_RUN_BYTES = 256 * 2**20
@@ -57,7 +58,7 @@ class NativeLayer:
     def __init__(self, weights: Path, spec: Spec, config: Mapping[str, Any], layer: int, prefix: str = "") -> None:
         from safetensors import safe_open
 
-        self.spec, self.config, self.layer, self.prefix = spec, dict(config), layer, prefix
+        self.spec, self.config, self.layer, self.prefix, self.weights = spec, dict(config), layer, prefix, weights
         self._to_checkpoint = native_to_checkpoint
         self._fh = safe_open(str(weights), framework="pt")
         self.module_of: dict[str, str] = {}
@@ -79,7 +80,8 @@ class NativeLayer:
         module_key = self.module_of[ckpt_key]
         if module_key not in self._cache:
             tensor = self._fh.get_tensor(self.prefix + module_key)
-            tensor = tensor.float() if tensor.is_floating_point() else tensor
+            check_tensors(self.weights, {self.prefix + module_key: tensor})
+            tensor = tensor.float()
             self._cache[module_key] = self._to_checkpoint(self.spec, self.config, self.layer, {module_key: tensor})
             while len(self._cache) > 2:
                 self._cache.popitem(last=False)

@@ -38,6 +38,7 @@ from mtp2draft.formats.common import (
 from mtp2draft.formats.eagle3 import verifier_of
 from mtp2draft.io import TORCH_DTYPES, save_tensors, write_json
 from mtp2draft.kinds import CONFIG_FILE, WEIGHTS_FILE, Hidden
+from mtp2draft.tensor_checks import check_tensors
 
 SPECULATORS_VERSION = "0.9.0"  # the release the layout below was read from
 MODEL_TYPE = "mtp"  # speculators_model_type and speculators_config.algorithm
@@ -134,6 +135,7 @@ def _write(job: ExportJob) -> None:
         )
     dtype = TORCH_DTYPES[job.config.dtype]
     state = load_file(str(job.src / WEIGHTS_FILE))
+    check_tensors(job.src / WEIGHTS_FILE, state)
     tensors = {speculators_name(k): v.to(dtype) if v.is_floating_point() else v for k, v in sorted(state.items())}
     verifier = verifier_of(job.cfg, job.provenance, job.config.verifier, job.progress)
     verifier["architectures"] = list(target_config.get("architectures") or verifier["architectures"])

@@ -9,8 +9,9 @@ Before training starts, once, from small reads only:
 - shard headers (8 bytes + the JSON header each, through `checkpoint.Checkpoint`'s header reader): every record's
   tensors present with the schema's dtype and shapes ([T], [T, H], [T, 3H], [T, k]); `shared.safetensors` [V, H];
 - loss masks (one byte per token): a dump with no loss token within --max-length trains nothing and is refused.
-Then, per batch as it is consumed (the dump is read once): finiteness of the features and log-probs and token ids
-within the vocabulary, on the padded batch (one pass each); only a failing batch is searched for the record to name.
+Then, per batch as it is consumed (the dump is read once): finiteness of the features and log-probs, log-probs <= 0
+(`LOGPROB_TOLERANCE`), token ids within the vocabulary and distinct within each position's top-k, record by record
+(one pass each).
 
 What this module does not do: read the dump for training (`dumps.OfflineHiddenStates`), decide what a failing rank
 does under torchrun (`parallel.together`), or check checkpoints (`checkpoint.py`) and drafts (`draft.py`).
@@ -28,6 +29,7 @@ import torch
 from mtp2draft.checkpoint.reader import Checkpoint, TensorInfo, check_shard_name
 from mtp2draft.checkpoint.sources import LocalFiles
 from mtp2draft.errors import CheckpointError, DataError, OptionError, SpecError, UnknownFamilyError, read_json_object
+from mtp2draft.tensor_checks import check_tensors
 
 MANIFEST = "manifest.json"
 SHARED_FILE = "shared.safetensors"
@@ -356,8 +358,9 @@ def _any_loss_token(ckpt: Checkpoint, masks: list[TensorInfo], max_length: int |
 
 # ---- per batch, as it is consumed ---------------------------------------------------------------------------------------
 def check_batch(store: Any, indices: Sequence[int], seqs: list[dict[str, torch.Tensor]]) -> None:
-    """Refuse a batch holding NaN / Inf features or log-probs (-inf log-probs are allowed: zero probability), or
-    token ids outside the vocabulary: one reduction per field of each record (the tensors are already in memory)."""
+    """Refuse a batch holding NaN / Inf features or log-probs (-inf log-probs are allowed: zero probability),
+    log-probs above 0, token ids outside the vocabulary or repeated in a position's top-k: a few reductions per
+    field of each record (the tensors are already in memory)."""
     for n, s in zip(indices, seqs, strict=True):
         problem = record_problem(s, store.vocab_size)
         if problem:
@@ -369,7 +372,40 @@ def record_problem(record: Mapping[str, torch.Tensor], vocab_size: int) -> str |
     for name in ("final", "aux", "topk_logprobs", "input_ids", "topk_ids"):
         if name in record and _bad(name, record[name], vocab_size):
             return _describe(name, record[name], vocab_size)
+    if "topk_logprobs" in record and (p := _probability_above_one(record["topk_logprobs"])) is not None:
+        return p
+    if "topk_ids" in record and (p := _repeated_id(record["topk_ids"])) is not None:
+        return p
     return None
+
+
+# A log-probability above this is a probability above 1, not rounding (log_softmax in fp32 stays within ~1e-6 of 0).
+LOGPROB_TOLERANCE = 1e-4
+
+
+def _probability_above_one(t: torch.Tensor) -> str | None:
+    """Top-k log-probs are log p <= 0: a positive one is not a distribution (logits or another scale written as
+    log-probs), and the KL against it would train on garbage."""
+    if not t.numel() or not bool((t > LOGPROB_TOLERANCE).any()):
+        return None
+    bad = t > LOGPROB_TOLERANCE
+    return (
+        f"topk_logprobs holds {int(bad.sum())} value(s) above 0 (max {float(t[bad].max()):.4g}), so probabilities "
+        "above 1: they are not log-probabilities"
+    )
+
+
+def _repeated_id(t: torch.Tensor) -> str | None:
+    """A position's top-k ids are distinct tokens: one id twice counts its probability twice."""
+    if t.dim() != 2 or t.shape[-1] < 2 or not t.numel():
+        return None
+    ids = t.sort(dim=-1).values
+    same = ids[:, 1:] == ids[:, :-1]
+    if not bool(same.any()):
+        return None
+    row = int(same.any(dim=-1).nonzero()[0])
+    token = int(ids[row, 1:][same[row]][0])
+    return f"topk_ids repeats id {token} at position {row} (the top-k of a position are distinct tokens)"
 
 
 def _bad(name: str, t: torch.Tensor, v: int) -> bool:
@@ -391,9 +427,6 @@ def _describe(name: str, t: torch.Tensor, v: int) -> str:
 
 
 def check_finite_state(state: Mapping[str, torch.Tensor], what: str, action: str = "refusing to write it") -> None:
-    """Refuse weights holding NaN / Inf (whatever the cause): the shared embedding and head of a dump as it opens, a
-    distilled draft before it is written."""
-    for key, t in state.items():
-        if t.is_floating_point() and t.numel() and not bool(torch.isfinite(t).all()):
-            nan, inf = int(torch.isnan(t).sum()), int(torch.isinf(t).sum())
-            raise DataError(f"{what}: {key} holds non-finite values ({nan} NaN, {inf} Inf of {t.numel()}): {action}")
+    """Refuse weights holding NaN / Inf or an integer weight (whatever the cause): the shared embedding and head of a
+    dump as it opens, a distilled draft before it is written. The check every reader makes (`tensor_checks`)."""
+    check_tensors(what, state, action=action)

@@ -17,6 +17,9 @@ overstates it (evaluate on others).
 
 from __future__ import annotations
 
+import contextlib
+import json
+import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -25,12 +28,18 @@ import torch
 
 from mtp2draft.data import load_tokenizer, read_examples
 from mtp2draft.errors import DataError, DraftError, read_json_object
-from mtp2draft.io import save_tensors, write_json
+from mtp2draft.io import make_checkpoint_folder, publish_dir, save_tensors, write_json
+from mtp2draft.tensor_checks import check_tensors
 from mtp2draft.train import parallel
 from mtp2draft.train.teacher import Teacher, collate
 from mtp2draft.train.ttt import ttt_forward
 
-BEST_DIR = "best"  # inside the run's checkpoint folder: the best weights so far, for --resume
+BEST_DIR = "best"  # inside the run's checkpoint folder: `best-<step>`, the best weights so far, for --resume
+
+
+def best_dir(folder: Path, step: int) -> Path:
+    """Where the best weights found at `step` are kept in the checkpoint folder `folder`."""
+    return folder / f"{BEST_DIR}-{step:07d}"
 
 
 def implied_acceptance(rates: list[float]) -> float:
@@ -129,11 +138,36 @@ class HeldoutGuard:
         return False
 
     def _save(self, folder: Path) -> None:
-        """The best weights beside the run's checkpoints, so a resumed run still writes them."""
-        where = folder / BEST_DIR
-        where.mkdir(parents=True, exist_ok=True)
-        save_tensors(where / "model.safetensors", {k: v.contiguous() for k, v in self.best_state.items()})
-        write_json(where / "best.json", {**self.best, "history": self.history})
+        """The best weights beside the run's checkpoints (`best-<step>`), so a resumed run still writes them: written
+        whole in a temporary folder, then renamed, so an interrupt or a full disk leaves the previous best intact."""
+        make_checkpoint_folder(folder)
+        step = self.best["step"]
+        tmp = folder / f".{BEST_DIR}-{step:07d}.tmp"
+        shutil.rmtree(tmp, ignore_errors=True)
+        try:
+            tmp.mkdir()
+            save_tensors(tmp / "model.safetensors", {k: v.contiguous() for k, v in self.best_state.items()})
+            write_json(tmp / "best.json", {**self.best, "history": self.history})
+            publish_dir(tmp, best_dir(folder, step))
+        except BaseException:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise
+        self._prune(folder, step)
+
+    @staticmethod
+    def _prune(folder: Path, newest: int) -> None:
+        """Drop the best weights no resume can ask for: a resume starts from the latest complete checkpoint and needs
+        the best its held-out history names (`restore`); every later one is kept too (the next checkpoint names it)."""
+        latest = sorted(p for p in folder.glob("step-*") if (p / parallel.STATE_FILE).is_file())
+        needed = newest
+        if latest:
+            with contextlib.suppress(OSError, ValueError, KeyError, TypeError):
+                state = json.loads((latest[-1] / parallel.STATE_FILE).read_text())
+                history = [h for h in state.get("heldout", []) if h["step"] <= state["step"]]
+                needed = max(history, key=lambda h: h["score"])["step"] if history else newest
+        for old in folder.glob(f"{BEST_DIR}-*"):
+            if old.name[len(BEST_DIR) + 1 :].isdigit() and int(old.name[len(BEST_DIR) + 1 :]) < min(needed, newest):
+                shutil.rmtree(old, ignore_errors=True)
 
     def restore(self, recipe: Any, start: int, history: list[dict[str, Any]]) -> None:
         """On --resume: the held-out history the checkpoint recorded, and the best weights when they were found at
@@ -148,14 +182,16 @@ class HeldoutGuard:
         self.best = {k: top[k] for k in ("step", "score", "accuracy")}
         if not recipe.par.is_main:
             return
-        saved = folder / BEST_DIR
-        found = (saved / "best.json").is_file() and (saved / "model.safetensors").is_file()
-        if found and read_json_object(saved / "best.json", DraftError).get("step") == self.best["step"]:
-            self.best_state = load_file(str(saved / "model.safetensors"))
-            return
+        # `best/` is where older versions kept the one best so far
+        for saved in (best_dir(folder, self.best["step"]), folder / BEST_DIR):
+            found = (saved / "best.json").is_file() and (saved / "model.safetensors").is_file()
+            if found and read_json_object(saved / "best.json", DraftError).get("step") == self.best["step"]:
+                self.best_state = load_file(str(saved / "model.safetensors"))
+                check_tensors(saved / "model.safetensors", self.best_state, action="start over with --overwrite")
+                return
         raise DataError(
-            f"{saved} does not hold the best held-out weights (step {self.best['step']}): resume without "
-            "--heldout, or start over with --overwrite"
+            f"{best_dir(folder, self.best['step'])} does not hold the best held-out weights (step "
+            f"{self.best['step']}): resume without --heldout, or start over with --overwrite"
         )
 
     def record(self) -> dict[str, Any]:

@@ -40,7 +40,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from mtp2draft.io import is_ours, mark, write_json
+from mtp2draft.io import make_checkpoint_folder, remove_checkpoint_folder, write_json
 from mtp2draft.train.subsets import TRAIN_SUBSETS
 
 PRECISIONS = {
@@ -222,11 +222,9 @@ def save(
 
     final = folder / f"step-{step:07d}"
     tmp = folder / f".step-{step:07d}.tmp"
-    fresh = not folder.exists()
+    fresh = False
     if par.is_main:
-        folder.mkdir(parents=True, exist_ok=True)
-        if not is_ours(folder):
-            mark(folder)  # `--overwrite` may delete it later: it is ours
+        fresh = make_checkpoint_folder(folder)  # marked as a checkpoint folder: `--overwrite` may delete it later
         shutil.rmtree(tmp, ignore_errors=True)
         tmp.mkdir()
     par.barrier()
@@ -241,7 +239,9 @@ def save(
             os.replace(tmp, final)
     except BaseException:  # disk full, read-only, killed: no half-written checkpoint (or empty folder) is left
         if par.is_main:
-            shutil.rmtree(folder if fresh else tmp, ignore_errors=True)
+            shutil.rmtree(tmp, ignore_errors=True)
+            if fresh:
+                remove_checkpoint_folder(folder)
         raise
     if par.is_main:
         for old in sorted(folder.glob("step-*"))[:-keep]:

@@ -26,7 +26,6 @@ import contextlib
 import json
 import math
 import os
-import shutil
 import time
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
@@ -40,7 +39,7 @@ from mtp2draft.draft.disk import load_draft, read_draft_config
 from mtp2draft.draft.modules import Eagle3Draft
 from mtp2draft.errors import DataError, DraftError, OptionError
 from mtp2draft.family.spec import ENGINES, get_spec
-from mtp2draft.io import Progress, check_output_dir, claim_output, meter, quiet
+from mtp2draft.io import Progress, check_output_dir, claim_output, meter, quiet, remove_checkpoint_folder
 from mtp2draft.kinds import HIDDEN_PLACES, DraftKind
 from mtp2draft.redact import command_line
 from mtp2draft.target.dump_checks import check_finite_state, check_offline_options
@@ -54,6 +53,8 @@ from mtp2draft.train.heldout import HeldoutGuard
 from mtp2draft.train.parallel import Parallel
 from mtp2draft.train.settings import DistillConfig, DistillJob
 from mtp2draft.train.state import (
+    check_checkpoints,
+    claim_checkpoints,
     latest_checkpoint,
     load_checkpoint,
     save_checkpoint,
@@ -143,8 +144,9 @@ class DistillRecipe:
 
     def claim(self, held: contextlib.ExitStack) -> None:
         check_output_dir(self.job.out, self.job.overwrite, self.job.inputs)  # refused before anything is claimed
-        if self.par.is_main:
+        if self.par.is_main:  # --out, and the checkpoint folder beside it (`convert --out OUT.checkpoints` waits)
             held.enter_context(claim_output(self.job.out))
+            held.enter_context(claim_checkpoints(self.job.checkpoints))
 
     def _run(self) -> DistillResult:
         self.check_agreement()
@@ -191,14 +193,7 @@ class DistillRecipe:
                 f"--batch-size {self.cfg.batch_size} is the global batch: it must be at least the {par.world} ranks"
             )
         check_output_dir(job.out, job.overwrite, job.inputs)
-        check_output_dir(ckpt, True, job.inputs)  # --overwrite or --resume never touch a directory we did not write
-        if not job.resume and latest_checkpoint(ckpt) is not None:
-            if not job.overwrite:
-                raise DraftError(
-                    f"{ckpt} holds checkpoints of an earlier run: pass --resume to continue it, or --overwrite to "
-                    "start over"
-                )
-            parallel.run_main_only(par, lambda: shutil.rmtree(ckpt, ignore_errors=True))
+        check_checkpoints(ckpt, job.inputs, job.resume, job.overwrite, par)
         latest = latest_checkpoint(ckpt) if job.resume else None
         if latest is not None:
             try:
@@ -440,7 +435,7 @@ class DistillRecipe:
                 state if state is not None else self.draft.state_dict(), f"the distilled draft {job.out}"
             )
             write_result(self.draft, job.draft_dir, job.out, job.overwrite, info, state)
-            shutil.rmtree(job.checkpoints, ignore_errors=True)
+            remove_checkpoint_folder(job.checkpoints)
 
         parallel.together(par, write)
         return DistillResult(job.out, trained, seconds, final_acc, self.history, resumed, record)

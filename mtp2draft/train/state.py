@@ -1,7 +1,8 @@
 """What a distill run writes: resumable checkpoints, the guard that a resume uses the same settings, the result.
 
 - checkpoints: `torch.distributed.checkpoint` folders through `parallel.save` / `parallel.load` (one process or
-  many; any world size loads them), with the draft's config and the settings hash in their `state.json`;
+  many; any world size loads them), with the draft's config and the settings hash in their `state.json`, in a
+  checkpoint folder claimed for the run and marked as one (`io.CHECKPOINTS_MARKER`): anything else there is refused;
 - the result: the fine-tuned draft in the same format as its input (dtype of the input's `torch_dtype`), its
   provenance extended with a `distill` section; written atomically.
 
@@ -10,8 +11,10 @@ What this module does not do: decide when to save (the recipe in `train/recipe.p
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -19,7 +22,15 @@ import torch
 
 from mtp2draft.draft.disk import read_draft_config
 from mtp2draft.draft.modules import Eagle3Draft, without_identity_maps
-from mtp2draft.io import atomic_output_dir, save_tensors, write_json
+from mtp2draft.errors import DraftError
+from mtp2draft.io import (
+    atomic_output_dir,
+    check_checkpoint_folder,
+    claim_output,
+    remove_checkpoint_folder,
+    save_tensors,
+    write_json,
+)
 from mtp2draft.kinds import CONFIG_FILE, PROVENANCE_FILE, WEIGHTS_FILE
 from mtp2draft.train import parallel
 from mtp2draft.train.parallel import Parallel
@@ -44,6 +55,33 @@ def save_checkpoint(
     torch.distributed.checkpoint, keyed by parameter name, on one process or many (see parallel.py): a checkpoint
     loads on any world size."""
     parallel.save(folder, step, draft, optimizer, {**meta, "draft_config": draft.draft_config()}, par or Parallel())
+
+
+def check_checkpoints(folder: Path, inputs: list, resume: bool, overwrite: bool, par: Parallel) -> None:
+    """Refuse a checkpoint folder mtp2draft did not write as one (a draft, your files: never filled, never deleted),
+    and checkpoints of an earlier run without --resume or --overwrite; --overwrite removes them (rank 0)."""
+    check_checkpoint_folder(folder, inputs)
+    if not resume and latest_checkpoint(folder) is not None:
+        if not overwrite:
+            raise DraftError(
+                f"{folder} holds checkpoints of an earlier run: pass --resume to continue it, or --overwrite to "
+                "start over"
+            )
+        parallel.run_main_only(par, lambda: remove_checkpoint_folder(folder))
+
+
+@contextlib.contextmanager
+def claim_checkpoints(folder: Path) -> Iterator[None]:
+    """Hold the claim on the checkpoint folder for the run (`io.claim_output`). A folder the run made that holds no
+    checkpoint when it ends (refused, interrupted, out of disk) is removed: what it held (the held-out best so far)
+    a fresh run finds again; checkpoints stay for --resume, and on success the folder is already gone."""
+    made = not folder.exists()
+    with claim_output(folder):
+        try:
+            yield
+        finally:
+            if made and folder.is_dir() and latest_checkpoint(folder) is None:
+                remove_checkpoint_folder(folder)
 
 
 def latest_checkpoint(folder: Path) -> Path | None:
