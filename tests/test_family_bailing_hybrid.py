@@ -26,6 +26,8 @@ import pytest
 import torch
 import transformers
 from checkpoint_files import config_of, weight_map
+from support import hub_keys
+from support.fixtures import FIXTURES
 
 from mtp2draft.checkpoint.reader import open_checkpoint
 from mtp2draft.cli.app import main
@@ -33,8 +35,6 @@ from mtp2draft.conversion import convert, plan_mtp_layer
 from mtp2draft.draft.layout import load_native
 from mtp2draft.errors import OptionError, UnknownFamilyError
 from mtp2draft.family.spec import find_spec, get_spec
-from mtp2draft.testing import hub_keys
-from mtp2draft.testing.fixtures import FIXTURES
 
 FIXTURE = "bailing_hybrid"
 MTP = "model.layers.4."

@@ -19,14 +19,14 @@ from pathlib import Path
 import pytest
 import torch
 from checkpoint_files import config_of, rms, tensors, weight_map
+from support import hub_keys
+from support.fixtures import FIXTURES, eagle3_depth
 
 from mtp2draft.checkpoint.reader import open_checkpoint
 from mtp2draft.cli.app import main
 from mtp2draft.conversion import convert, plan_mtp_layer
 from mtp2draft.draft.layout import load_native
 from mtp2draft.family.spec import find_spec, get_spec
-from mtp2draft.testing import hub_keys
-from mtp2draft.testing.fixtures import FIXTURES, eagle3_depth
 
 FIXTURE = "glm_moe_dsa"
 T = 10  # longer than the fixture's index_topk (4)

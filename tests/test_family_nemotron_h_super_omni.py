@@ -22,6 +22,8 @@ import pytest
 import torch
 from checkpoint_files import config_of, weight_map
 from nemotron_h_reference import reference
+from support import hub_keys
+from support.fixtures import FIXTURES
 
 from mtp2draft.checkpoint.reader import open_checkpoint
 from mtp2draft.cli.app import main
@@ -29,8 +31,6 @@ from mtp2draft.conversion import convert, plan_mtp_layer
 from mtp2draft.draft.layout import load_native
 from mtp2draft.errors import OptionError, UnknownFamilyError
 from mtp2draft.family.spec import find_spec, get_spec
-from mtp2draft.testing import hub_keys
-from mtp2draft.testing.fixtures import FIXTURES
 
 FIXTURE = "nemotron_h_super_omni"
 LM = "language_model."

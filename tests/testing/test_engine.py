@@ -8,12 +8,12 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+from support.engine import vllm_python
 
 from mtp2draft.evaluation.engine import served_view, speculative_config
 from mtp2draft.target import engine as target_engine
 from mtp2draft.target.engine import EngineUnavailable
 from mtp2draft.target.vllm_side import serve_driver as vllm_driver
-from mtp2draft.testing.engine import vllm_python
 
 
 def _target(path: Path, model_type: str) -> Path:
