@@ -14,9 +14,9 @@ from pathlib import Path
 import pytest
 import torch
 import torch.nn.functional as F
-from checkpoint_files import config_of
 from safetensors.torch import load_file, save_file
 from support.fixtures import eagle3_depth
+from support.references import config_of
 
 from mtp2draft.checkpoint.reader import open_checkpoint
 from mtp2draft.cli.app import main

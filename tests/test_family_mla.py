@@ -14,9 +14,9 @@ from pathlib import Path
 
 import pytest
 import torch
-from checkpoint_files import rms, tensors
 from safetensors.torch import load_file, save_file
 from support.fixtures import eagle3_depth
+from support.references import rms, tensors
 
 from mtp2draft.checkpoint.reader import open_checkpoint
 from mtp2draft.conversion import convert, plan_mtp_layer

@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 import torch
 import torch.nn.functional as F
-from checkpoint_files import config_of, tensors, weight_map
 from safetensors.torch import load_file
 from support.fixtures import write_checkpoint
+from support.references import config_of, tensors, weight_map
 
 from mtp2draft.checkpoint.reader import open_checkpoint
 from mtp2draft.conversion import convert, inspect_checkpoint, plan_mtp_layer, resolve_layer
