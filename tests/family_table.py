@@ -70,14 +70,22 @@ _NEMOTRON_MODULE = {
     "block.mlp.experts.up_proj:shape": (8, 32, 32),  # [E, I, latent]
 }
 _LM = "language_model."
+# what the two omni layouts share: the text release's model under language_model., towers beside it
+_OMNI = {
+    "module": _NEMOTRON_MODULE,
+    "reference": ref.nemotron_h_vllm,
+    "wrong": ({"sublayers": (_LM + "backbone.layers.2.", _LM + "backbone.layers.3.")},),
+    "release_tensors": 1040,
+    "experts": "n_routed_experts",
+    "keys_present": (_LM + "backbone.embeddings.weight", _LM + "lm_head.weight", _LM + "backbone.norm_f.weight"),
+    "prefixes_present": ("vision_model.",),
+    "nope": True,
+}
 
+# a row's identity on one line: rows of a table are alike by design, and unpacked they read as copies
+# fmt: off
 FAMILIES = (
-    Family(
-        "glm4_moe_lite",
-        mtp="model.layers.2.",
-        release_block="model.layers.47.",
-        block="mla + moe",
-        verified=True,
+    Family("glm4_moe_lite", mtp="model.layers.2.", release_block="model.layers.47.", block="mla + moe", verified=True,
         handover={"vllm": "pre_norm", "sglang": "post_norm"},  # vLLM's forward returns residual + block output
         step_layers=_CYCLE_FIRST,
         support={"vllm": {"mtp": True, "eagle3": False}, "sglang": {"mtp": True, "eagle3": True}},
@@ -88,14 +96,8 @@ FAMILIES = (
         stored_embed="model.layers.2.embed_tokens.weight",
         stored_head="model.layers.2.shared_head.head.weight",
     ),
-    Family(
-        "hy_v3",
-        mtp="model.layers.2.",
-        release_block="model.layers.80.",
-        block="gqa + moe",
-        verified=True,
-        handover=_BOTH,
-        step_layers=_CYCLE_FIRST,
+    Family("hy_v3", mtp="model.layers.2.", release_block="model.layers.80.", block="gqa + moe", verified=True,
+        handover=_BOTH, step_layers=_CYCLE_FIRST,
         support={"vllm": {"mtp": True, "eagle3": False}, "sglang": {"mtp": True, "eagle3": False}},
         sources={"vllm": ("hy_v3_mtp.py",), "sglang": ("hunyuan_v3_nextn.py",)},
         module={"block.mlp:type": "HYV3MoE", "block.mlp.e_score_correction_bias:dtype": torch.float32},
@@ -106,12 +108,7 @@ FAMILIES = (
         same_names=(("model.layers.1.",), ("model.layers.2.",)),
         nextn="HYV3ForCausalLMNextN",
     ),
-    Family(
-        "nemotron_h",
-        mtp="mtp.",
-        release_block="mtp.layers.",
-        block="gqa_nope + moe",
-        verified=True,
+    Family("nemotron_h", mtp="mtp.", release_block="mtp.layers.", block="gqa_nope + moe", verified=True,
         handover=_BOTH,
         step_layers={"vllm": "first", "sglang": "first"},  # both assert exactly one MTP layer
         support={"vllm": {"mtp": True, "eagle3": True}, "sglang": {"mtp": True, "eagle3": False}},
@@ -125,61 +122,32 @@ FAMILIES = (
         same_names=(("backbone.layers.2.", "backbone.layers.3."), ("mtp.layers.0.", "mtp.layers.1.")),
         nope=True,
     ),
-    Family(
-        "nemotron_h_omni",
-        mtp=_LM + "mtp.",
-        release_block=_LM + "mtp.layers.",
-        block="gqa_nope + moe",
-        verified=True,
-        handover=_BOTH,
-        step_layers={"vllm": "first", "sglang": "first"},
+    Family("nemotron_h_omni", mtp=_LM + "mtp.", release_block=_LM + "mtp.layers.",
+        block="gqa_nope + moe", verified=True,
+        handover=_BOTH, step_layers={"vllm": "first", "sglang": "first"},
         support={"vllm": {"mtp": True, "eagle3": True}, "sglang": {"mtp": True, "eagle3": False}},
         sources={"vllm": ("nemotron_h_mtp.py",), "sglang": ("nemotron_h_mtp.py",)},
-        module=_NEMOTRON_MODULE,
-        reference=ref.nemotron_h_vllm,
-        wrong=({"sublayers": (_LM + "backbone.layers.2.", _LM + "backbone.layers.3.")},),
         refuses_eagle3="nemotron_h_omni has no EAGLE-3 conversion",
-        release_tensors=1040,
-        experts="n_routed_experts",
         release_is=("nemotron_h", _LM),
-        keys_present=(_LM + "backbone.embeddings.weight", _LM + "lm_head.weight", _LM + "backbone.norm_f.weight"),
-        prefixes_present=("vision_model.",),
         same_names=(
             (_LM + "backbone.layers.2.", _LM + "backbone.layers.3."),
             (_LM + "mtp.layers.0.", _LM + "mtp.layers.1."),
         ),
-        nope=True,
+        **_OMNI,
     ),
-    Family(
-        "nemotron_h_super_omni",
-        mtp="mtp.",
-        release_block="mtp.layers.",
-        block="gqa_nope + moe",
-        verified=False,
+    Family("nemotron_h_super_omni", mtp="mtp.", release_block="mtp.layers.", block="gqa_nope + moe", verified=False,
         handover={"vllm": "post_norm"},  # SGLang 0.5.23 has no MTP path for this architecture
         step_layers={"vllm": "first"},
         support={"vllm": {"mtp": True, "eagle3": True}, "sglang": {"mtp": False, "eagle3": False}},
         sources={"vllm": ("nemotron_h_mtp.py",)},
         notes={"vllm": ("model_config.py",)},
-        module=_NEMOTRON_MODULE,
-        reference=ref.nemotron_h_vllm,
-        wrong=({"sublayers": (_LM + "backbone.layers.2.", _LM + "backbone.layers.3.")},),
         refuses_eagle3="nemotron_h_super_omni has no EAGLE-3 conversion",
-        release_tensors=1040,
-        experts="n_routed_experts",
         release_is=("nemotron_h", ""),  # the text release's names, at the top level
-        keys_present=(_LM + "backbone.embeddings.weight", _LM + "lm_head.weight", _LM + "backbone.norm_f.weight"),
-        prefixes_present=("vision_model.",),
         prefixes_absent=(_LM + "mtp.",),
         same_names=((_LM + "backbone.layers.2.", _LM + "backbone.layers.3."), ("mtp.layers.0.", "mtp.layers.1.")),
-        nope=True,
+        **_OMNI,
     ),
-    Family(
-        "exaone4_5",
-        mtp="mtp.",
-        release_block="mtp.layers.0.",
-        block="swa + dense",
-        verified=False,
+    Family("exaone4_5", mtp="mtp.", release_block="mtp.layers.0.", block="swa + dense", verified=False,
         handover={"vllm": "post_norm"},  # SGLang 0.5.23 serves nothing for this target
         step_layers={"vllm": "cycle"},
         support={"vllm": {"mtp": True, "eagle3": False}, "sglang": {"mtp": False, "eagle3": False}},
@@ -194,14 +162,8 @@ FAMILIES = (
         same_names=(("model.language_model.layers.0.",), ("mtp.layers.0.",)),
         engines=(("vllm", {}),),
     ),
-    Family(
-        "exaone_moe",
-        mtp="mtp.",
-        release_block="mtp.layers.0.",
-        block="gqa + dense",
-        verified=False,
-        handover=_BOTH,
-        step_layers=_CYCLE_FIRST,
+    Family("exaone_moe", mtp="mtp.", release_block="mtp.layers.0.", block="gqa + dense", verified=False,
+        handover=_BOTH, step_layers=_CYCLE_FIRST,
         support={"vllm": {"mtp": True, "eagle3": False}, "sglang": {"mtp": True, "eagle3": True}},
         sources={"vllm": ("exaone_moe_mtp.py",), "sglang": ("exaone_moe_mtp.py",)},
         aux_ids={"sglang": "plus_one"},
@@ -219,14 +181,9 @@ FAMILIES = (
         engines=(("vllm", {}),),
         nextn="ExaoneMoEForCausalLMMTP",
     ),
-    Family(
-        "bailing_hybrid",
-        mtp="model.layers.4.",
-        release_block="model.layers.42.",
-        block="gated_mla + moe",
-        verified=True,
-        handover=_BOTH,
-        step_layers=_CYCLE_FIRST,
+    Family("bailing_hybrid", mtp="model.layers.4.", release_block="model.layers.42.",
+        block="gated_mla + moe", verified=True,
+        handover=_BOTH, step_layers=_CYCLE_FIRST,
         support={"vllm": {"mtp": True, "eagle3": False}, "sglang": {"mtp": True, "eagle3": False}},
         sources={"vllm": ("bailing_moe_v3_mtp.py",), "sglang": ("bailing_moe_nextn.py",)},
         # block_overrides: MLA + MoE, not the trunk's KDA + dense layer 0
@@ -243,14 +200,8 @@ FAMILIES = (
         same_names=(("model.layers.3.",), ("model.layers.4.",)),  # the trunk's MLA + MoE layer, last of its group
         nextn="BailingMoeForCausalLMNextN",
     ),
-    Family(
-        "glm_moe_dsa",
-        mtp="model.layers.4.",
-        release_block="model.layers.78.",
-        block="mla_dsa + moe",
-        verified=True,
-        handover=_BOTH,
-        step_layers=_CYCLE_FIRST,
+    Family("glm_moe_dsa", mtp="model.layers.4.", release_block="model.layers.78.", block="mla_dsa + moe", verified=True,
+        handover=_BOTH, step_layers=_CYCLE_FIRST,
         support={"vllm": {"mtp": True, "eagle3": True}, "sglang": {"mtp": True, "eagle3": True}},
         sources={"vllm": ("deepseek_v32/nvidia/mtp.py",), "sglang": ("GlmMoeDsaForCausalLMNextN",)},
         module={"block.mlp:type": "GlmMoeDsaMoE", "block.self_attn.indexer:type": "GlmMoeDsaIndexer"},
@@ -263,14 +214,9 @@ FAMILIES = (
         eagle3_how=("DSA indexer dropped", "same up to 4 tokens"),
         nextn="GlmMoeDsaForCausalLMNextN",
     ),
-    Family(
-        "glm_ocr",
-        mtp="model.language_model.layers.2.",
-        release_block="model.language_model.layers.16.",
-        block="gqa + dense",
-        verified=True,
-        handover={"vllm": "pre_norm", "sglang": "post_norm"},
-        step_layers=_CYCLE_FIRST,
+    Family("glm_ocr", mtp="model.language_model.layers.2.", release_block="model.language_model.layers.16.",
+        block="gqa + dense", verified=True,
+        handover={"vllm": "pre_norm", "sglang": "post_norm"}, step_layers=_CYCLE_FIRST,
         support={"vllm": {"mtp": True, "eagle3": False}, "sglang": {"mtp": True, "eagle3": False}},
         sources={"vllm": ("glm_ocr_mtp.py",), "sglang": ("glm_ocr_nextn.py",)},
         module={"block:type": "GlmOcrTextDecoderLayer", "block.self_attn.head_dim": 24},  # the config's, not 64 / 4
@@ -283,3 +229,4 @@ FAMILIES = (
         engines=(("vllm", {"engine": "vllm"}), ("sglang", {"engine": "sglang"})),
     ),
 )
+# fmt: on
