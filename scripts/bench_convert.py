@@ -29,20 +29,23 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+# the fixtures' configs and the loopback Hub are the test suite's support code (tests/support/), not the package's
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+
+from support.fixtures import fixture_config  # noqa: E402
+from support.hub_server import HubServer  # noqa: E402
 
 from mtp2draft.checkpoint.fp8 import quantize_fp8
 from mtp2draft.checkpoint.reader import open_checkpoint
 from mtp2draft.conversion import MIN_EAGLE3_LAYERS, plan_mtp_layer  # noqa: E402
 from mtp2draft.family.spec import get_spec  # noqa: E402
 from mtp2draft.io import save_tensors, write_json  # noqa: E402
-from mtp2draft.testing.family_configs import DEEPSEEK_V3, FP8_QUANTIZATION
-from mtp2draft.testing.hub_server import HubServer  # noqa: E402
 
 MB = 1 << 20
 
 
 def synthetic_config(hidden: int, experts: int, layers: int) -> dict:
-    cfg = dict(DEEPSEEK_V3)
+    cfg, fp8 = fixture_config("deepseek_v3"), fixture_config("deepseek_v3_fp8")["quantization_config"]
     cfg.update(
         hidden_size=hidden,
         intermediate_size=4 * hidden,
@@ -61,7 +64,7 @@ def synthetic_config(hidden: int, experts: int, layers: int) -> dict:
         num_hidden_layers=layers,
         first_k_dense_replace=1,
         vocab_size=16384,
-        quantization_config=FP8_QUANTIZATION,
+        quantization_config=fp8,
         rope_scaling=None,
     )
     return cfg

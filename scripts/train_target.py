@@ -74,8 +74,10 @@ from mtp2draft.draft.layout import load_native, native_to_checkpoint
 from mtp2draft.draft.modules import NativeMtpDraft
 from mtp2draft.family.spec import Spec, get_spec
 from mtp2draft.io import atomic_output_dir, check_output_dir, write_json
-from mtp2draft.testing.family_configs import DEEPSEEK_V3, MIMO
-from mtp2draft.testing.fixtures import hub_tensors, write_checkpoint
+
+# the targets' configs and the hub-layout writer are the test suite's support code (tests/support/), not the package's
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+from support.fixtures import fixture_config, hub_tensors, write_checkpoint  # noqa: E402
 
 # ---- the two targets --------------------------------------------------------------------------------------------
 VOCAB = 4096
@@ -103,7 +105,7 @@ FAMILIES: dict[str, dict[str, Any]] = {
         "steps": 2100,
         "autocast": False,
         "config": {
-            **copy.deepcopy(DEEPSEEK_V3),
+            **fixture_config("deepseek_v3"),
             **COMMON,
             "intermediate_size": 512,  # the dense layer (first_k_dense_replace = 1)
             "moe_intermediate_size": 96,
@@ -128,7 +130,7 @@ FAMILIES: dict[str, dict[str, Any]] = {
         "steps": 5500,
         "autocast": True,
         "config": {
-            **copy.deepcopy(MIMO),
+            **fixture_config("mimo"),
             **COMMON,
             "intermediate_size": 640,
             "num_key_value_heads": 2,
@@ -147,7 +149,7 @@ FAMILIES: dict[str, dict[str, Any]] = {
         "autocast": True,
         "init_from": "mimo",
         "config": {
-            **copy.deepcopy(MIMO),
+            **fixture_config("mimo"),
             **COMMON,
             "intermediate_size": 640,
             "num_key_value_heads": 2,

@@ -27,7 +27,7 @@ def fixture_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture(scope="session")
 def build(fixture_root: Path):
     """build(name, **options) -> path of fixture checkpoint `name`, built once per distinct options."""
-    from mtp2draft.testing.fixtures import build_fixture
+    from support.fixtures import build_fixture
 
     made: dict[tuple, Path] = {}
 
@@ -44,7 +44,7 @@ def build(fixture_root: Path):
 @pytest.fixture(scope="session")
 def target(build):
     """target(name) -> a fixture checkpoint that also has a (character-level, ChatML) tokenizer: a runnable target."""
-    from mtp2draft.testing.fixtures import write_char_tokenizer
+    from support.fixtures import write_char_tokenizer
 
     def _target(name: str, **options) -> Path:
         path = build(name, **options)
@@ -75,8 +75,7 @@ def text_data(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def hub(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator:
     """A loopback Hub the real huggingface_hub client talks to, with a fresh HF cache and range cache."""
     from huggingface_hub import constants
-
-    from mtp2draft.testing.hub_server import HubServer
+    from support.hub_server import HubServer
 
     cache = tmp_path / "hf-cache"
     monkeypatch.setattr(constants, "HF_HUB_CACHE", str(cache / "hub"))

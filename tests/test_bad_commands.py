@@ -659,7 +659,7 @@ def evaluate_vllm_without_its_venv(w, tmp, mp, stack):
 
 @case
 def evaluate_vllm_kind_the_family_table_refuses(w, tmp, mp, stack):
-    from mtp2draft.testing.fixtures import build_fixture, write_char_tokenizer
+    from support.fixtures import build_fixture, write_char_tokenizer
 
     mimo = build_fixture("mimo", tmp / "mimo", num_hidden_layers=6)  # deep enough for three aux layers
     write_char_tokenizer(mimo)

@@ -386,7 +386,7 @@ def shard_header_corrupt(w, tmp, mp, stack):
 
 @case
 def fp8_weight_without_scale(w, tmp, mp, stack, *, fixture: str = "deepseek_v3_fp8"):
-    from mtp2draft.testing.fixtures import build_fixture
+    from support.fixtures import build_fixture
 
     ck = build_fixture(fixture, tmp / "ck")
     index = _index(ck)
@@ -397,7 +397,7 @@ def fp8_weight_without_scale(w, tmp, mp, stack, *, fixture: str = "deepseek_v3_f
 
 # ---- per new family: the MTP layer's keys missing, a count field that is wrong -------------------------------------
 def _family(tmp: Path, fixture: str) -> Path:
-    from mtp2draft.testing.fixtures import build_fixture
+    from support.fixtures import build_fixture
 
     return build_fixture(fixture, tmp / "ck")
 
@@ -932,7 +932,7 @@ def hub_endpoint_refuses_convert(w, tmp, mp, stack):
 
 @case
 def hub_endpoint_never_answers_convert(w, tmp, mp, stack):
-    from mtp2draft.testing.hub_server import SilentServer
+    from support.hub_server import SilentServer
 
     server = stack.enter_context(SilentServer())
     stack.enter_context(server.activate())
@@ -943,7 +943,7 @@ def hub_endpoint_never_answers_convert(w, tmp, mp, stack):
 
 @case
 def hub_endpoint_never_answers_push(w, tmp, mp, stack):
-    from mtp2draft.testing.hub_server import SilentServer
+    from support.hub_server import SilentServer
 
     export = tmp / "export"
     assert main(["export", str(w.ds_e3), "--format", "sglang", "--out", str(export)]) == 0

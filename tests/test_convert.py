@@ -11,13 +11,13 @@ from pathlib import Path
 
 import pytest
 import torch
+from support.fixtures import eagle3_depth
 
 from mtp2draft.checkpoint.reader import open_checkpoint
 from mtp2draft.cli.app import main
 from mtp2draft.conversion import convert, inspect_checkpoint, plan_mtp_layer
 from mtp2draft.draft.layout import load_native
 from mtp2draft.family.spec import find_spec
-from mtp2draft.testing.fixtures import eagle3_depth
 
 
 def run_cli(capsys, *args: str) -> tuple[int, str, str]:

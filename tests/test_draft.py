@@ -9,12 +9,12 @@ import pytest
 import torch
 import transformers
 from safetensors.torch import load_file
+from support.fixtures import eagle3_depth
 
 from mtp2draft.conversion import convert
 from mtp2draft.draft.disk import load_draft
 from mtp2draft.draft.layout import load_native
 from mtp2draft.draft.modules import Eagle3Draft, NativeMtpDraft, vocab_maps
-from mtp2draft.testing.fixtures import eagle3_depth
 
 
 def _checkpoint_tensors(path: Path) -> dict[str, torch.Tensor]:

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from support.fixtures import eagle3_depth
 
 from mtp2draft.cli.app import main
 from mtp2draft.conversion import convert
@@ -17,7 +18,6 @@ from mtp2draft.draft.disk import load_draft
 from mtp2draft.draft.modules import DraftCache
 from mtp2draft.evaluation.decode import TargetRunner, draft_chain, greedy_reference, speculative_decode, summarise
 from mtp2draft.target.hidden import TargetModel
-from mtp2draft.testing.fixtures import eagle3_depth
 
 PROMPTS = [[5, 17, 42, 9, 88, 23], [70, 71, 72, 3, 9], [40, 41]]
 

@@ -13,6 +13,7 @@ import pytest
 import torch
 from safetensors import safe_open
 from safetensors.torch import load_file, save_file
+from support.fixtures import FIXTURES
 
 from mtp2draft.checkpoint.reader import dequantize_fp8, open_checkpoint
 from mtp2draft.cli.app import main
@@ -23,7 +24,6 @@ from mtp2draft.draft.modules import vocab_maps
 from mtp2draft.errors import DraftError, TensorError, ValidationError
 from mtp2draft.formats import ExportConfig
 from mtp2draft.formats.export import export, validate
-from mtp2draft.testing.fixtures import FIXTURES
 
 # e4m3: 3 mantissa bits, so round-to-nearest is within half a step, 2^-4 of the value's binade; below the smallest
 # normal (2^-6 * scale) the spacing is 2^-9 * scale, half of which is 2^-10 * scale.

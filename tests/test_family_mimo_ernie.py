@@ -14,8 +14,9 @@ from pathlib import Path
 import pytest
 import torch
 import torch.nn.functional as F
-from checkpoint_files import config_of
 from safetensors.torch import load_file, save_file
+from support.fixtures import eagle3_depth
+from support.references import config_of
 
 from mtp2draft.checkpoint.reader import open_checkpoint
 from mtp2draft.cli.app import main
@@ -24,7 +25,6 @@ from mtp2draft.draft.disk import load_draft
 from mtp2draft.draft.layout import load_native
 from mtp2draft.draft.modules import DraftCache, Eagle3Draft, NativeMtpDraft
 from mtp2draft.family.spec import find_spec, get_spec
-from mtp2draft.testing.fixtures import eagle3_depth
 
 T = 10  # sequence length: longer than MiMo-V2-Flash's fixture window (sliding_window_size 4 -> 5 tokens)
 

@@ -14,15 +14,15 @@ from pathlib import Path
 
 import pytest
 import torch
-from checkpoint_files import rms, tensors
 from safetensors.torch import load_file, save_file
+from support.fixtures import eagle3_depth
+from support.references import rms, tensors
 
 from mtp2draft.checkpoint.reader import open_checkpoint
 from mtp2draft.conversion import convert, plan_mtp_layer
 from mtp2draft.draft.layout import load_native
 from mtp2draft.errors import CheckpointError
 from mtp2draft.family.spec import find_spec, get_spec
-from mtp2draft.testing.fixtures import eagle3_depth
 
 T = 10  # sequence length of the forward checks: longer than the V3.2 fixture's index_topk (4)
 
@@ -113,8 +113,9 @@ def test_longcat_checkpoint_has_the_hub_names_and_the_plan_reads_the_mtp_layer(b
 
 def test_longcat_count_and_layer_fields() -> None:
     """The release config.json has neither an MTP count (engines hard-code 1) nor num_hidden_layers (num_layers)."""
-    from mtp2draft.testing.family_configs import LONGCAT_FLASH
+    from support.fixtures import FIXTURES
 
+    LONGCAT_FLASH = FIXTURES["longcat_flash"]["config"]
     spec = get_spec("longcat_flash")
     assert "num_hidden_layers" not in LONGCAT_FLASH and "num_nextn_layers" not in LONGCAT_FLASH
     assert spec.num_mtp_layers(LONGCAT_FLASH) == 1 and spec.num_layers(LONGCAT_FLASH) == 2

@@ -10,8 +10,9 @@ from pathlib import Path
 import pytest
 import torch
 import torch.nn.functional as F
-from checkpoint_files import config_of, tensors, weight_map
 from safetensors.torch import load_file
+from support.fixtures import write_checkpoint
+from support.references import config_of, tensors, weight_map
 
 from mtp2draft.checkpoint.reader import open_checkpoint
 from mtp2draft.conversion import convert, inspect_checkpoint, plan_mtp_layer, resolve_layer
@@ -19,7 +20,6 @@ from mtp2draft.draft.disk import load_draft
 from mtp2draft.draft.layout import load_native
 from mtp2draft.errors import NoMtpLayerError
 from mtp2draft.family.spec import find_spec, get_spec
-from mtp2draft.testing.fixtures import write_checkpoint
 
 # fixture -> (spec, transformers model_type of the (text) config, modeling module, decoder-layer class)
 FAMILIES = {

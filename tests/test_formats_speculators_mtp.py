@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 import torch
-from checkpoint_files import tensors
 from safetensors.torch import load_file, save_file
+from support.references import tensors
 
 from mtp2draft.conversion import convert
 from mtp2draft.errors import DraftError

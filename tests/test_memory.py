@@ -8,12 +8,12 @@ from pathlib import Path
 
 import pytest
 import torch
+from support.fixtures import eagle3_depth
 
 from mtp2draft.conversion import convert
 from mtp2draft.draft.disk import load_draft
 from mtp2draft.draft.modules import native_config
 from mtp2draft.family.spec import get_spec
-from mtp2draft.testing.fixtures import eagle3_depth
 from mtp2draft.train.memory import check_fits, plan
 
 ROOT = Path(__file__).resolve().parents[1]

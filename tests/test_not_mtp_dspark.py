@@ -13,13 +13,12 @@ import json
 from pathlib import Path
 
 import pytest
+from support import hub_keys
+from support.fixtures import FIXTURES
 
 from mtp2draft.cli.app import main
 from mtp2draft.errors import NotMtpError, UnknownFamilyError
 from mtp2draft.family.spec import find_spec
-from mtp2draft.testing import hub_keys
-from mtp2draft.testing.family_configs import DEEPSEEK_V3
-from mtp2draft.testing.fixtures import FIXTURES
 
 FIXTURE = "deepseek_v4_0731_dspark"
 
@@ -55,14 +54,14 @@ def test_find_spec_refuses_a_dspark_config_of_any_family(build) -> None:
         find_spec(config)
     # the field decides, ahead of family matching: a DeepSeek-V3 config carrying it is refused too
     with pytest.raises(NotMtpError, match="DSpark"):
-        find_spec({**DEEPSEEK_V3, "dspark_block_size": 5})
+        find_spec({**FIXTURES["deepseek_v3"]["config"], "dspark_block_size": 5})
     with pytest.raises(NotMtpError, match="DSpark"):
         find_spec({"architectures": ["X"], "text_config": {"dspark_block_size": 7}})
     # without the DSpark fields, DeepSeek-V4 is a family with no spec yet (its MTP block kind is not built)
     base = {k: v for k, v in config.items() if not k.startswith("dspark_")}
     with pytest.raises(UnknownFamilyError, match="DeepseekV4ForCausalLM"):
         find_spec(base)
-    assert find_spec(DEEPSEEK_V3).name == "deepseek_v3"
+    assert find_spec(FIXTURES["deepseek_v3"]["config"]).name == "deepseek_v3"
 
 
 @pytest.mark.parametrize("command", ["inspect", "convert"])

@@ -15,6 +15,17 @@ from mtp2draft.family.spec import registry
 REPO = Path(__file__).resolve().parents[1]
 
 
+def test_the_package_has_no_test_support_subpackage() -> None:
+    """Fixtures and the loopback Hub live in tests/support/: a subpackage of mtp2draft that the wheel left out would
+    import in a checkout and fail after `pip install`."""
+    import pkgutil
+
+    import mtp2draft
+
+    assert not (REPO / "mtp2draft" / "testing").exists()
+    assert "testing" not in {m.name for m in pkgutil.iter_modules(mtp2draft.__path__)}
+
+
 @pytest.mark.slow
 def test_wheel_installs_into_a_clean_venv_and_lists_the_specs(tmp_path: Path) -> None:
     wheels = tmp_path / "wheels"
@@ -27,7 +38,8 @@ def test_wheel_installs_into_a_clean_venv_and_lists_the_specs(tmp_path: Path) ->
     import zipfile
 
     names = zipfile.ZipFile(wheel).namelist()
-    assert not [n for n in names if n.startswith("mtp2draft/testing/")]  # the test helpers stay in the repository
+    # the suite's support code (tests/support/) stays in the repository: only the package and its metadata ship
+    assert {n.split("/")[0] for n in names} == {"mtp2draft", wheel.name.split("-py")[0] + ".dist-info"}
     assert sorted(n for n in names if n.startswith("mtp2draft/model_specs/") and n.endswith(".toml")) == sorted(
         f"mtp2draft/model_specs/{name}.toml" for name in registry()
     )

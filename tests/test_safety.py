@@ -9,10 +9,10 @@ from pathlib import Path
 
 import pytest
 from huggingface_hub import constants
+from support.hub_server import HubServer
 
 from mtp2draft.cli.app import main
 from mtp2draft.redact import command_line, redact, register_secret, scrub
-from mtp2draft.testing.hub_server import HubServer
 
 TOKEN = "hf_" + "Q7xK" * 9  # shaped like a real user access token
 OTHER = "not-shaped-like-a-token-but-secret"

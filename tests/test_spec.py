@@ -91,9 +91,10 @@ def test_unknown_family_lists_supported_ones() -> None:
 
 def test_a_new_family_is_one_spec_file_and_one_fixture_row(tmp_path: Path, monkeypatch, build) -> None:
     """A made-up family reusing the Qwen2 block kind, with its own key names and architecture: no code change."""
+    from support import fixtures
+
     from mtp2draft.conversion import convert
     from mtp2draft.draft.layout import load_native
-    from mtp2draft.testing import fixtures
 
     spec_text = (SPEC_DIR / "mimo.toml").read_text()
     spec_text = spec_text.replace('name = "mimo"', 'name = "toy_mtp"')

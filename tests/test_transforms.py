@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from support.fixtures import eagle3_depth
 
 from mtp2draft.checkpoint.reader import open_checkpoint
 from mtp2draft.conversion import build_eagle3, convert
@@ -19,7 +20,6 @@ from mtp2draft.eagle3.transforms import EAGLE3_TRANSFORMS, check_eagle3_transfor
 from mtp2draft.errors import CheckpointError
 from mtp2draft.family.spec import find_spec, registry
 from mtp2draft.family.transforms import LOAD_TRANSFORMS, FuseExperts, check_spec_transforms, group_block_keys
-from mtp2draft.testing.fixtures import eagle3_depth
 
 
 # ---- load transforms ------------------------------------------------------------------------------------------------

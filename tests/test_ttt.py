@@ -8,12 +8,12 @@ from pathlib import Path
 
 import pytest
 import torch
+from support.fixtures import eagle3_depth
 
 from mtp2draft.conversion import convert
 from mtp2draft.draft.disk import load_draft
 from mtp2draft.evaluation.decode import draft_chain
 from mtp2draft.target.hidden import Features
-from mtp2draft.testing.fixtures import eagle3_depth
 from mtp2draft.train.ttt import shift, teacher_logprobs, ttt_forward, ttt_mask
 
 

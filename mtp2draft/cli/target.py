@@ -1,5 +1,5 @@
 """`dump-hidden`: the frozen target's hidden states and log-probs written for offline distillation (library:
-`target.engine`, `target.dump_checks`)."""
+`target.backend`, `target.dump_checks`)."""
 
 from __future__ import annotations
 

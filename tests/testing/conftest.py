@@ -24,7 +24,7 @@ def _venv_python(find: Callable[[], Path]) -> Path:
 @pytest.fixture(scope="session")
 def vllm() -> Path:
     """vLLM's venv python (scripts/vllm_env.sh)."""
-    from mtp2draft.testing.engine import vllm_python
+    from support.engine import vllm_python
 
     return _venv_python(vllm_python)
 
@@ -32,6 +32,6 @@ def vllm() -> Path:
 @pytest.fixture(scope="session")
 def speculators() -> Path:
     """speculators' venv python (scripts/speculators_env.sh)."""
-    from mtp2draft.testing.engine import speculators_python
+    from support.engine import speculators_python
 
     return _venv_python(speculators_python)

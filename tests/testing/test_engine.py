@@ -8,12 +8,12 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+from support.engine import vllm_python
 
 from mtp2draft.evaluation.backend import served_view, speculative_config
 from mtp2draft.target import backend as target_backend
 from mtp2draft.target.backend import EngineUnavailable
 from mtp2draft.target.vllm_side import serve_driver as vllm_driver
-from mtp2draft.testing.engine import vllm_python
 
 
 def _target(path: Path, model_type: str) -> Path:

@@ -20,6 +20,7 @@ from typing import Any
 
 import pytest
 import torch
+from support.engine import relative_gap
 
 from mtp2draft.conversion import convert
 from mtp2draft.draft.disk import load_draft
@@ -27,7 +28,6 @@ from mtp2draft.evaluation.backend import evaluate_in_vllm
 from mtp2draft.evaluation.decode import evaluate
 from mtp2draft.evaluation.settings import EvaluateConfig
 from mtp2draft.io import save_tensors
-from mtp2draft.testing.engine import relative_gap
 
 pytestmark = pytest.mark.engine
 

@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from support.engine import VLLM_VERSION, relative_gap
 
 from mtp2draft.cli.app import main
 from mtp2draft.conversion import convert
@@ -33,7 +34,6 @@ from mtp2draft.evaluation.backend import EngineRunError, evaluate_in_vllm
 from mtp2draft.evaluation.decode import TargetRunner, evaluate, greedy_reference, load_prompts, top_two_tie
 from mtp2draft.evaluation.settings import EvaluateConfig
 from mtp2draft.target.hidden import TargetModel
-from mtp2draft.testing.engine import VLLM_VERSION, relative_gap
 
 pytestmark = pytest.mark.engine
 

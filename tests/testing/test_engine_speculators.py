@@ -22,8 +22,8 @@ from pathlib import Path
 
 import pytest
 import torch
-from checkpoint_files import tensors
 from safetensors.torch import load_file, save_file
+from support.references import tensors
 
 from mtp2draft.conversion import convert
 from mtp2draft.draft.disk import load_draft

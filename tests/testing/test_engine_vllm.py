@@ -24,6 +24,7 @@ from typing import Any
 
 import pytest
 import torch
+from support.engine import relative_gap
 
 from mtp2draft.conversion import convert
 from mtp2draft.data import load_tokenizer
@@ -34,7 +35,6 @@ from mtp2draft.evaluation.settings import EvaluateConfig
 from mtp2draft.formats import ExportConfig
 from mtp2draft.formats.export import export, validate
 from mtp2draft.target.hidden import TargetModel
-from mtp2draft.testing.engine import relative_gap
 from mtp2draft.train.recipe import distill
 from mtp2draft.train.settings import DistillConfig
 

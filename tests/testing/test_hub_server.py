@@ -30,8 +30,7 @@ from huggingface_hub.errors import (
 )
 from huggingface_hub.utils import get_session, http_backoff
 from safetensors.torch import save as save_safetensors
-
-from mtp2draft.testing.hub_server import HubServer
+from support.hub_server import HubServer
 
 pytestmark = [
     pytest.mark.hub,

@@ -18,7 +18,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-DATA_DIR = Path(__file__).resolve().parents[2] / "tests" / "data" / "hub_keys"
+DATA_DIR = Path(__file__).resolve().parents[1] / "data" / "hub_keys"
 
 _EXPERT = re.compile(r"\.experts\.\d+\.")
 

@@ -27,8 +27,8 @@ import threading
 from collections.abc import Iterator
 from pathlib import Path
 
-from mtp2draft.testing.hub_http import HubHandler, HubHTTPServer
-from mtp2draft.testing.hub_store import (
+from support.hub_http import HubHandler, HubHTTPServer
+from support.hub_store import (
     Blob,
     Commit,
     HubError,

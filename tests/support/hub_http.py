@@ -15,7 +15,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 from urllib.parse import parse_qs, unquote, urlsplit
 
-from mtp2draft.testing.hub_store import PLURAL, RANGE, URL_PREFIX, Blob, HubError, Repo, is_lfs
+from support.hub_store import PLURAL, RANGE, URL_PREFIX, Blob, HubError, Repo, is_lfs
 
 
 class HubHTTPServer(ThreadingHTTPServer):

@@ -51,11 +51,11 @@ def relative_gap(ours: float, engine: float) -> float:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """`python -m mtp2draft.testing.engine REQUEST.json`: run a request file (the driver's format) and print the
+    """`PYTHONPATH=tests python -m support.engine REQUEST.json`: run a request file (the driver's format) and print the
     reply, for trying a configuration by hand."""
     args = list(sys.argv[1:] if argv is None else argv)
     if len(args) != 1:
-        print("usage: python -m mtp2draft.testing.engine REQUEST.json", file=sys.stderr)
+        print("usage: PYTHONPATH=tests python -m support.engine REQUEST.json", file=sys.stderr)
         return 2
     req: Mapping[str, Any] = json.loads(Path(args[0]).read_text())
     runs = [EngineRun(r["name"], r["model"], r.get("speculative_config")) for r in req["runs"]]

@@ -1,18 +1,22 @@
 """Tiny checkpoints in the exact hub layout of each family, for tests, benchmarks and the quick start.
 
-Each fixture is a row of data in `FIXTURES`: the family's config.json with its real field names (tiny values, from
-`family_configs.py`), the transformers model class whose trunk weights it saves (transformers writes them in the hub
-layout: per-expert MoE keys and all), and options (FP8, stored embed/head copies, number of MTP layers). The MTP tensors, which transformers
-drops on save, are generated through the native module and written under the family's real key names via the spec's
-inverse mapping. Shards: at least two, with `model.safetensors.index.json`.
+Each fixture is one data file, `tests/data/families/<name>.json`: the family's config.json with its real field names
+(tiny values; its `about` says which release it follows and which relations between fields it keeps), the
+transformers model class whose trunk weights it saves (`trunk`: transformers writes them in the hub layout, per-expert
+MoE keys and all), the spec, and options (FP8, stored embed/head copies). A variant of a family (`base`: another
+file's name) takes that row and merges its `changes` into the config. The MTP tensors, which transformers drops on
+save, are generated through the native module and written under the family's real key names via the spec's inverse
+mapping. Shards: at least two, with `model.safetensors.index.json`.
 
-Adding a family whose block kind exists: one spec file and one row here.
+Adding a family whose block kind exists: one spec file and one data file here (and its row in the family tests'
+table, tests/family_table.py).
 
 What this module does not do: train anything (see scripts/train_target.py) or write tokenizers.
 """
 
 from __future__ import annotations
 
+import copy
 import json
 import math
 import re
@@ -28,93 +32,59 @@ from mtp2draft.draft.layout import native_to_checkpoint
 from mtp2draft.draft.modules import NativeMtpDraft
 from mtp2draft.family.spec import get_spec
 from mtp2draft.io import save_tensors, write_json
-from mtp2draft.testing.family_configs import (
-    DEEPSEEK_V3,
-    DEEPSEEK_V32,
-    ERNIE4_5_MOE,
-    FP8_QUANTIZATION,
-    GLM4_MOE,
-    LONGCAT_FLASH,
-    MIMO,
-    MIMO_V2_FLASH,
-    QWEN3_5,
-    QWEN3_5_MOE,
-    QWEN3_NEXT,
-    tied,
-    with_fields,
-)
-from mtp2draft.testing.family_configs_2026 import (
-    BAILING_HYBRID,
-    DEEPSEEK_V4_0731,
-    EXAONE4_5,
-    EXAONE_MOE,
-    GLM4_MOE_LITE,
-    GLM_MOE_DSA,
-    GLM_OCR,
-    HY_V3,
-    NEMOTRON_H,
-    NEMOTRON_H_OMNI,
-    NEMOTRON_H_SUPER_OMNI,
-)
+
+FAMILIES_DIR = Path(__file__).resolve().parents[1] / "data" / "families"
 
 
-def _row(spec: str, config: dict[str, Any], trunk: tuple[str, str], **options: Any) -> dict[str, Any]:
-    return {"spec": spec, "config": config, "trunk": trunk, **options}
+def with_fields(base: dict[str, Any], **changes: Any) -> dict[str, Any]:
+    """A deep copy of config `base` with `changes` applied (top-level fields replaced whole)."""
+    out = copy.deepcopy(base)
+    out.update(changes)
+    return out
 
 
-def _fp8(row: dict[str, Any]) -> dict[str, Any]:
-    """The FP8 block release of a fixture (DeepSeek's layout: `quantization_config`, `_scale_inv` siblings)."""
-    return {**row, "config": with_fields(row["config"], quantization_config=FP8_QUANTIZATION), "fp8": True}
+def _merged(base: dict[str, Any], changes: dict[str, Any]) -> dict[str, Any]:
+    """A deep copy of `base` with `changes` merged in, nested sections key by key (a variant that ties the head sets
+    tie_word_embeddings in text_config without restating the section); field order stays the base's."""
+    out = copy.deepcopy(base)
+    for key, value in changes.items():
+        both_dicts = isinstance(out.get(key), dict) and isinstance(value, dict)
+        out[key] = _merged(out[key], value) if both_dicts else copy.deepcopy(value)
+    return out
 
 
-_V3 = ("deepseek_v3", "DeepseekV3ForCausalLM")
-_V32 = ("deepseek_v32", "DeepseekV32ForCausalLM")
-_GLM = ("glm4_moe", "Glm4MoeForCausalLM")
-_QWEN3_5 = ("qwen3_5", "Qwen3_5ForConditionalGeneration")
+def _load_rows(folder: Path) -> dict[str, dict[str, Any]]:
+    """name -> fixture row, from every data file in `folder`. Row keys: `spec` (None: no spec builds it), `config`,
+    `trunk` ((transformers model_type, class name) whose save_pretrained writes the trunk), options
+    `store_embed_head` (copies inside the MTP layer), `fp8` (quantised as DeepSeek's release), `fused_experts` (the
+    trunk's experts as the hub stores them, fused 3-D; save_pretrained writes per-expert keys), `tensors` (a named
+    writer of the whole layout, for a checkpoint no spec builds)."""
+    files = {f.stem: json.loads(f.read_text()) for f in sorted(folder.glob("*.json"))}
+    rows: dict[str, dict[str, Any]] = {}
 
-# name -> fixture row. `trunk`: (transformers model_type, class name) whose save_pretrained writes the trunk.
-# Options: `store_embed_head` (copies inside the MTP layer), `fp8` (quantised as DeepSeek's release), `fused_experts`
-# (the trunk's experts as the hub stores them, fused 3-D; save_pretrained writes per-expert keys).
-FIXTURES: dict[str, dict[str, Any]] = {
-    "deepseek_v3": _row("deepseek_v3", DEEPSEEK_V3, _V3, store_embed_head=True),
-    "kimi_k2": _row("deepseek_v3", with_fields(DEEPSEEK_V3, num_nextn_predict_layers=0), _V3),
-    "glm4_moe": _row("glm4_moe", GLM4_MOE, _GLM, store_embed_head=True),
-    "glm4_6": _row("glm4_moe", with_fields(GLM4_MOE, use_qk_norm=False), _GLM, store_embed_head=False),
-    "mimo": _row("mimo", MIMO, ("qwen2", "Qwen2ForCausalLM")),
-    "mimo_v2_flash": _row("mimo_v2_flash", MIMO_V2_FLASH, ("mimo_v2_flash", "MiMoV2FlashForCausalLM"), fp8=True),
-    "ernie4_5_moe": _row("ernie4_5_moe", ERNIE4_5_MOE, ("ernie4_5_moe", "Ernie4_5_MoeForCausalLM")),
-    "qwen3_next": _row("qwen3_next", QWEN3_NEXT, ("qwen3_next", "Qwen3NextForCausalLM")),
-    "qwen3_5": _row("qwen3_5_text", QWEN3_5, _QWEN3_5),
-    "qwen3_5_tied": _row("qwen3_5_text", tied(QWEN3_5), _QWEN3_5),
-    "qwen3_5_moe": _row(
-        "qwen3_5_moe_text", QWEN3_5_MOE, ("qwen3_5_moe", "Qwen3_5MoeForConditionalGeneration"), fused_experts=True
-    ),
-    "deepseek_v32": _row("deepseek_v32", DEEPSEEK_V32, _V32, store_embed_head=True),
-    "longcat_flash": _row(
-        "longcat_flash", LONGCAT_FLASH, ("longcat_flash", "LongcatFlashForCausalLM"), store_embed_head=True
-    ),
-    "glm4_moe_lite": _row(
-        "glm4_moe_lite", GLM4_MOE_LITE, ("glm4_moe_lite", "Glm4MoeLiteForCausalLM"), store_embed_head=True
-    ),
-    "glm_moe_dsa": _row("glm_moe_dsa", GLM_MOE_DSA, ("glm_moe_dsa", "GlmMoeDsaForCausalLM")),
-    "hy_v3": _row("hy_v3", HY_V3, ("hy_v3", "HYV3ForCausalLM")),
-    "glm_ocr": _row("glm_ocr", GLM_OCR, ("glm_ocr", "GlmOcrForConditionalGeneration"), store_embed_head=True),
-    "exaone4_5": _row("exaone4_5", EXAONE4_5, ("exaone4_5", "Exaone4_5_ForConditionalGeneration")),
-    "nemotron_h": _row("nemotron_h", NEMOTRON_H, ("nemotron_h", "NemotronHForCausalLM")),
-    "exaone_moe": _row("exaone_moe", EXAONE_MOE, ("exaone_moe", "ExaoneMoeForCausalLM")),
-    "bailing_hybrid": _row("bailing_hybrid", BAILING_HYBRID, ("bailing_hybrid", "BailingHybridForCausalLM")),
-    "nemotron_h_omni": _row("nemotron_h_omni", NEMOTRON_H_OMNI, ("nemotron_h_omni", "NemotronH_Omni_Reasoning_V3")),
-    # the trunk as transformers' nemotron_h_omni class writes it (language_model.*, vision_model.*, mlp1.*)
-    "nemotron_h_super_omni": _row(
-        "nemotron_h_super_omni", NEMOTRON_H_SUPER_OMNI, ("nemotron_h_omni", "NemotronH_Omni_Reasoning_V3")
-    ),
-}
-FIXTURES["deepseek_v3_fp8"] = _fp8(FIXTURES["deepseek_v3"])
-# Not an MTP checkpoint: DeepSeek-V4-0731's DSpark block drafter under mtp.*, written from its key list (no spec
-# builds it; every command refuses it). `tensors` rows write their own layout.
-FIXTURES["deepseek_v4_0731_dspark"] = {"spec": None, "config": DEEPSEEK_V4_0731, "tensors": "dspark"}
-FIXTURES["deepseek_v32_fp8"] = _fp8(FIXTURES["deepseek_v32"])
-FIXTURES["glm_moe_dsa_fp8"] = _fp8(FIXTURES["glm_moe_dsa"])
+    def row(name: str) -> dict[str, Any]:
+        if name not in rows:
+            data = {k: v for k, v in files[name].items() if k != "about"}
+            if "base" in data:
+                base, changes = row(data.pop("base")), data.pop("changes", {})
+                data = {**base, **data, "config": _merged(base["config"], changes)}
+            if "trunk" in data:
+                data["trunk"] = tuple(data["trunk"])
+            rows[name] = data
+        return rows[name]
+
+    for name in files:
+        row(name)
+    return rows
+
+
+FIXTURES: dict[str, dict[str, Any]] = _load_rows(FAMILIES_DIR)
+
+
+def fixture_config(name: str) -> dict[str, Any]:
+    """A copy of fixture `name`'s config.json (benchmarks and the targets' training script start from one)."""
+    return copy.deepcopy(FIXTURES[name]["config"])
+
 
 # Weights that stay bf16 in DeepSeek's FP8 release: embeddings, heads, norms, the router, the MTP projection and
 # V3.2's indexer weights_proj (engines load it unquantised).

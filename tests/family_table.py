@@ -1,0 +1,232 @@
+"""What the family tests (tests/test_families.py) expect of each family's fixture, spec and MTP layer: one row per
+family, data only. A family whose block kind exists is added as one spec file (model_specs/), one data file
+(tests/data/families/) and one row here; the tests read every row.
+
+Where a row names a key prefix it is the fixture's (tiny: 2 to 4 trunk layers); `release_block` is the release's
+(47 to 80 trunk layers), read from the committed key list (tests/data/hub_keys/<family>.json). `reference` names the
+computation the layer is held to (tests/support/references.py); `wrong` lists variants of it that get one detail
+wrong, each of which the layer must differ from, so every check can fail.
+
+What this module does not do: hold family-specific checks that fit no column (they are tests of their own in
+tests/test_families.py, named after the family).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from support import references as ref
+
+T = 10  # the forward checks' sequence length: longer than every fixture's window (4) and index_topk (4)
+ENGINE_VERSIONS = {"vllm": "0.33.0", "sglang": "0.5.23"}  # the engine versions the specs' facts were read from
+NESTED = ("text_config", "llm_config")  # config sections whose field names are checked against the release's too
+
+
+@dataclass(frozen=True)
+class Family:
+    fixture: str  # the fixture's data file and the spec's name
+    mtp: str  # prefix of every MTP tensor of the fixture
+    release_block: str  # the release's MTP block prefix (spec.keys.block at the release's config)
+    block: str  # `inspect --json`'s block kind
+    verified: bool  # the spec's verified flag (a stored key list of the release was found)
+    handover: dict[str, str]  # engine -> hidden handed on ("pre_norm" / "post_norm"); engines absent serve nothing
+    step_layers: dict[str, str]  # engine -> which MTP layers its steps use ("cycle" / "first")
+    support: dict[str, dict[str, bool]]  # spec.support_table()
+    sources: dict[str, tuple[str, ...]]  # engine -> words its sources must name
+    module: dict[str, Any]  # attribute path of the native module (":type" / ":dtype" / ":shape" read them) -> value
+    reference: Callable  # references.<family>: (path, nxt, hidden, pos, **variant) -> (logits, hand-over)
+    wrong: tuple[dict[str, Any], ...] = ()  # variants of `reference` the layer must differ from
+    refuses_eagle3: str | None = None  # the refusal's words, where no EAGLE-3 conversion fits
+    release_tensors: int | None = None  # the release's MTP tensor count, where the key list gives one
+    experts: str | None = None  # the (text) config field counting routed experts, where the MTP layer has them
+    exact_keys: bool = False  # the fixture's MTP keys are the release's to the letter (no indices to abstract)
+    vllm_loads: Callable[[str], str] | None = None  # a release key as vLLM's loader maps it (checked: vllm_params)
+    release_is: tuple[str, str] | None = None  # (family, prefix): the release's MTP keys are that family's under prefix
+    keys_present: tuple[str, ...] = ()  # keys the fixture also has (the trunk under its release's prefix)
+    prefixes_present: tuple[str, ...] = ()  # prefixes some fixture key has (towers beside the text model)
+    prefixes_absent: tuple[str, ...] = ()  # prefixes no fixture key has
+    same_names: tuple[tuple[str, ...], tuple[str, ...]] | None = None  # (trunk prefixes, MTP block prefixes): the
+    # block's names, glue aside, are the trunk's (transformers' save_pretrained writes the trunk)
+    stored_embed: str | None = None  # the MTP layer's stored embedding copy (shared with the target's, not read)
+    stored_head: str | None = None
+    # (engine the layer is trained for, None: as converted; the reference's variant computing that engine's hand-over)
+    engines: tuple[tuple[str | None, dict[str, Any]], ...] = ((None, {}),)
+    nope: bool = False  # no position embeddings: shifting every position changes nothing
+    variants: tuple[str, ...] = ()  # other fixtures of the family (FP8 releases) converted like it
+    eagle3_how: tuple[str, ...] = ()  # words the EAGLE-3 conversion's provenance gives q_proj
+    nextn: str | None = None  # spec.nextn.architecture
+    notes: dict[str, tuple[str, ...]] = field(default_factory=dict)  # engine -> words its notes must name
+    aux_ids: dict[str, str] = field(default_factory=dict)  # engine -> how it numbers EAGLE-3 aux layers
+
+
+_BOTH = {"vllm": "post_norm", "sglang": "post_norm"}
+_CYCLE_FIRST = {"vllm": "cycle", "sglang": "first"}
+_NEMOTRON_MODULE = {
+    "block.self_attn:type": "NemotronHAttention",
+    "rotary_emb": None,
+    "block.mlp.experts.up_proj:shape": (8, 32, 32),  # [E, I, latent]
+}
+_LM = "language_model."
+# what the two omni layouts share: the text release's model under language_model., towers beside it
+_OMNI = {
+    "module": _NEMOTRON_MODULE,
+    "reference": ref.nemotron_h_vllm,
+    "wrong": ({"sublayers": (_LM + "backbone.layers.2.", _LM + "backbone.layers.3.")},),
+    "release_tensors": 1040,
+    "experts": "n_routed_experts",
+    "keys_present": (_LM + "backbone.embeddings.weight", _LM + "lm_head.weight", _LM + "backbone.norm_f.weight"),
+    "prefixes_present": ("vision_model.",),
+    "nope": True,
+}
+
+# a row's identity on one line: rows of a table are alike by design, and unpacked they read as copies
+# fmt: off
+FAMILIES = (
+    Family("glm4_moe_lite", mtp="model.layers.2.", release_block="model.layers.47.", block="mla + moe", verified=True,
+        handover={"vllm": "pre_norm", "sglang": "post_norm"},  # vLLM's forward returns residual + block output
+        step_layers=_CYCLE_FIRST,
+        support={"vllm": {"mtp": True, "eagle3": False}, "sglang": {"mtp": True, "eagle3": True}},
+        sources={"vllm": ("glm4_moe_lite",), "sglang": ("glm4_moe_lite",)},
+        module={"block.mlp:type": "Glm4MoeLiteMoE", "block.self_attn:type": "Glm4MoeLiteAttention"},
+        reference=ref.glm4_moe_lite_mtp_model,
+        experts="n_routed_experts",
+        stored_embed="model.layers.2.embed_tokens.weight",
+        stored_head="model.layers.2.shared_head.head.weight",
+    ),
+    Family("hy_v3", mtp="model.layers.2.", release_block="model.layers.80.", block="gqa + moe", verified=True,
+        handover=_BOTH, step_layers=_CYCLE_FIRST,
+        support={"vllm": {"mtp": True, "eagle3": False}, "sglang": {"mtp": True, "eagle3": False}},
+        sources={"vllm": ("hy_v3_mtp.py",), "sglang": ("hunyuan_v3_nextn.py",)},
+        module={"block.mlp:type": "HYV3MoE", "block.mlp.e_score_correction_bias:dtype": torch.float32},
+        reference=ref.hy_v3_vllm,
+        wrong=({"block_layer": 1},),  # the trunk's block: the block's own weights matter
+        release_tensors=593,
+        experts="num_experts",
+        same_names=(("model.layers.1.",), ("model.layers.2.",)),
+        nextn="HYV3ForCausalLMNextN",
+    ),
+    Family("nemotron_h", mtp="mtp.", release_block="mtp.layers.", block="gqa_nope + moe", verified=True,
+        handover=_BOTH,
+        step_layers={"vllm": "first", "sglang": "first"},  # both assert exactly one MTP layer
+        support={"vllm": {"mtp": True, "eagle3": True}, "sglang": {"mtp": True, "eagle3": False}},
+        sources={"vllm": ("nemotron_h_mtp.py",), "sglang": ("nemotron_h_mtp.py",)},
+        module={**_NEMOTRON_MODULE, "block.mlp:type": "NemotronHMoE"},
+        reference=ref.nemotron_h_vllm,
+        wrong=({"sublayers": ("backbone.layers.2.", "backbone.layers.3.")},),
+        refuses_eagle3="nemotron_h has no EAGLE-3 conversion",  # vLLM captures aux states; no transfer fits NoPE
+        release_tensors=8 + 1 + 2 + 512 * 2 + 2 + 2 + 1,
+        experts="n_routed_experts",
+        same_names=(("backbone.layers.2.", "backbone.layers.3."), ("mtp.layers.0.", "mtp.layers.1.")),
+        nope=True,
+    ),
+    Family("nemotron_h_omni", mtp=_LM + "mtp.", release_block=_LM + "mtp.layers.",
+        block="gqa_nope + moe", verified=True,
+        handover=_BOTH, step_layers={"vllm": "first", "sglang": "first"},
+        support={"vllm": {"mtp": True, "eagle3": True}, "sglang": {"mtp": True, "eagle3": False}},
+        sources={"vllm": ("nemotron_h_mtp.py",), "sglang": ("nemotron_h_mtp.py",)},
+        refuses_eagle3="nemotron_h_omni has no EAGLE-3 conversion",
+        release_is=("nemotron_h", _LM),
+        same_names=(
+            (_LM + "backbone.layers.2.", _LM + "backbone.layers.3."),
+            (_LM + "mtp.layers.0.", _LM + "mtp.layers.1."),
+        ),
+        **_OMNI,
+    ),
+    Family("nemotron_h_super_omni", mtp="mtp.", release_block="mtp.layers.", block="gqa_nope + moe", verified=False,
+        handover={"vllm": "post_norm"},  # SGLang 0.5.23 has no MTP path for this architecture
+        step_layers={"vllm": "first"},
+        support={"vllm": {"mtp": True, "eagle3": True}, "sglang": {"mtp": False, "eagle3": False}},
+        sources={"vllm": ("nemotron_h_mtp.py",)},
+        notes={"vllm": ("model_config.py",)},
+        refuses_eagle3="nemotron_h_super_omni has no EAGLE-3 conversion",
+        release_is=("nemotron_h", ""),  # the text release's names, at the top level
+        prefixes_absent=(_LM + "mtp.",),
+        same_names=((_LM + "backbone.layers.2.", _LM + "backbone.layers.3."), ("mtp.layers.0.", "mtp.layers.1.")),
+        **_OMNI,
+    ),
+    Family("exaone4_5", mtp="mtp.", release_block="mtp.layers.0.", block="swa + dense", verified=False,
+        handover={"vllm": "post_norm"},  # SGLang 0.5.23 serves nothing for this target
+        step_layers={"vllm": "cycle"},
+        support={"vllm": {"mtp": True, "eagle3": False}, "sglang": {"mtp": False, "eagle3": False}},
+        sources={"vllm": ("exaone4_5_mtp.py",)},
+        notes={"vllm": ("exaone_moe_mtp.py",)},
+        module={"block:type": "Exaone4DecoderLayer", "block.self_attn.is_sliding": True, "attention_window": 4},
+        reference=ref.exaone4_5_vllm,
+        wrong=({"window": None},),  # the window is applied and matters
+        refuses_eagle3="exaone4_5 has no EAGLE-3 conversion .* served by vllm: use --to mtp",
+        exact_keys=True,
+        vllm_loads=ref.exaone_vllm_loads,
+        same_names=(("model.language_model.layers.0.",), ("mtp.layers.0.",)),
+        engines=(("vllm", {}),),
+    ),
+    Family("exaone_moe", mtp="mtp.", release_block="mtp.layers.0.", block="gqa + dense", verified=False,
+        handover=_BOTH, step_layers=_CYCLE_FIRST,
+        support={"vllm": {"mtp": True, "eagle3": False}, "sglang": {"mtp": True, "eagle3": True}},
+        sources={"vllm": ("exaone_moe_mtp.py",), "sglang": ("exaone_moe_mtp.py",)},
+        aux_ids={"sglang": "plus_one"},
+        module={
+            "block.mlp:type": "ExaoneMoeMLP",  # dense, as vLLM builds every MTP layer
+            "block.self_attn.is_sliding": False,
+            "block.self_attn.sliding_window": None,
+            "attention_window": None,
+        },
+        reference=ref.exaone_moe_vllm,
+        wrong=({"rope": False},),  # RoPE is applied and matters
+        exact_keys=True,
+        vllm_loads=ref.exaone_vllm_loads,
+        same_names=(("model.layers.0.",), ("mtp.layers.0.",)),
+        engines=(("vllm", {}),),
+        nextn="ExaoneMoEForCausalLMMTP",
+    ),
+    Family("bailing_hybrid", mtp="model.layers.4.", release_block="model.layers.42.",
+        block="gated_mla + moe", verified=True,
+        handover=_BOTH, step_layers=_CYCLE_FIRST,
+        support={"vllm": {"mtp": True, "eagle3": False}, "sglang": {"mtp": True, "eagle3": False}},
+        sources={"vllm": ("bailing_moe_v3_mtp.py",), "sglang": ("bailing_moe_nextn.py",)},
+        # block_overrides: MLA + MoE, not the trunk's KDA + dense layer 0
+        module={
+            "block.self_attn:type": "BailingHybridAttention",
+            "block.mlp:type": "BailingHybridMoE",
+            "block.mlp.gate.e_score_correction_bias:dtype": torch.float32,
+        },
+        reference=ref.bailing_hybrid_mtp_model,
+        refuses_eagle3="bailing_hybrid has no EAGLE-3 conversion",
+        release_tensors=17 + 3 * 512,
+        experts="num_experts",
+        vllm_loads=ref.bailing_vllm_loads,
+        same_names=(("model.layers.3.",), ("model.layers.4.",)),  # the trunk's MLA + MoE layer, last of its group
+        nextn="BailingMoeForCausalLMNextN",
+    ),
+    Family("glm_moe_dsa", mtp="model.layers.4.", release_block="model.layers.78.", block="mla_dsa + moe", verified=True,
+        handover=_BOTH, step_layers=_CYCLE_FIRST,
+        support={"vllm": {"mtp": True, "eagle3": True}, "sglang": {"mtp": True, "eagle3": True}},
+        sources={"vllm": ("deepseek_v32/nvidia/mtp.py",), "sglang": ("GlmMoeDsaForCausalLMNextN",)},
+        module={"block.mlp:type": "GlmMoeDsaMoE", "block.self_attn.indexer:type": "GlmMoeDsaIndexer"},
+        reference=ref.glm_moe_dsa_vllm,
+        # the indexer's top-k selection is applied and matters; GLM's block (interleaved indexer RoPE) is not V3.2's
+        wrong=({"index_topk": T}, {"decoder": "v32"}),
+        release_tensors=791,
+        experts="n_routed_experts",
+        variants=("glm_moe_dsa_fp8",),
+        eagle3_how=("DSA indexer dropped", "same up to 4 tokens"),
+        nextn="GlmMoeDsaForCausalLMNextN",
+    ),
+    Family("glm_ocr", mtp="model.language_model.layers.2.", release_block="model.language_model.layers.16.",
+        block="gqa + dense", verified=True,
+        handover={"vllm": "pre_norm", "sglang": "post_norm"}, step_layers=_CYCLE_FIRST,
+        support={"vllm": {"mtp": True, "eagle3": False}, "sglang": {"mtp": True, "eagle3": False}},
+        sources={"vllm": ("glm_ocr_mtp.py",), "sglang": ("glm_ocr_nextn.py",)},
+        module={"block:type": "GlmOcrTextDecoderLayer", "block.self_attn.head_dim": 24},  # the config's, not 64 / 4
+        reference=ref.glm_ocr_vllm,
+        wrong=({"block_layer": 1},),
+        refuses_eagle3="glm_ocr has no EAGLE-3 conversion .* use --to mtp",
+        release_tensors=16,
+        stored_embed="model.language_model.layers.2.embed_tokens.weight",
+        stored_head="model.language_model.layers.2.shared_head.head.weight",
+        engines=(("vllm", {"engine": "vllm"}), ("sglang", {"engine": "sglang"})),
+    ),
+)
+# fmt: on
