@@ -146,8 +146,6 @@ class ConvertConfig:
             raise OptionError("--all-layers writes a native chain draft (--to mtp): an EAGLE-3 draft has one layer")
         if self.all_layers and self.layer is not None:
             raise OptionError("--layer and --all-layers exclude each other (--all-layers takes every MTP layer)")
-        if self.layer is not None and (isinstance(self.layer, bool) or self.layer < 0):
-            raise OptionError(f"--layer must be a whole number >= 0, got {self.layer!r}")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -162,15 +160,10 @@ class RunConfig:
     )
     target: str | None = setting(None, "Target to distill against and evaluate with (default: SOURCE).")
     target_revision: str | None = setting(None, "Hub branch, tag or commit of --target (default: main).")
+    # checked by run's pre-flight (formats.check_format), which knows the draft kind it must take
     format: str | None = setting(
         None, "Export format (default: from the family's engine support table):", choices="formats"
     )
     push: str | None = setting(None, "Hub repo id to publish the export to.")
     private: bool = setting(False, "With --push: create a private repo.")
     overwrite: bool = setting(False, "Replace a non-empty --work.")
-
-    def __post_init__(self) -> None:
-        from mtp2draft.formats import check_format
-
-        if self.format is not None:
-            check_format(self.format)

@@ -508,7 +508,7 @@ def _int32(t: torch.Tensor) -> torch.Tensor:
 
 def _chain(tmp: Path) -> tuple[Path, Path]:
     """(runnable MiMo target with three MTP layers, its chain draft of every layer), built in the case's directory."""
-    from mtp2draft.testing.fixtures import build_fixture, write_char_tokenizer
+    from support.fixtures import build_fixture, write_char_tokenizer
 
     src = build_fixture("mimo", tmp / "chain-target", num_nextn_predict_layers=3)
     write_char_tokenizer(src)
@@ -765,7 +765,7 @@ def run_push_without_a_token(w, tmp, mp, stack):
         mp.delenv(var, raising=False)
     mp.setattr(constants, "HF_TOKEN_PATH", str(tmp / "no-token"))
     mp.setattr(constants, "HF_STORED_TOKENS_PATH", str(tmp / "no-tokens"))
-    return Case(_run(w, tmp, "--push", "me/draft"), "--push needs a Hugging Face token")
+    return Case(_run(w, tmp, "--push", "me/draft"), "no Hugging Face token")
 
 
 @case

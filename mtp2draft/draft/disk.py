@@ -16,13 +16,13 @@ from typing import Any
 import torch
 from safetensors.torch import load_file
 
+from mtp2draft.checkpoint.tensor_checks import check_tensors
 from mtp2draft.draft.chain import MtpChainDraft, is_chain_config
 from mtp2draft.draft.eagle3_config import speculators_to_eagle3_config, speculators_weight_name
 from mtp2draft.draft.modules import VOCAB_MAPS, Draft, Eagle3Draft, NativeMtpDraft
 from mtp2draft.errors import DraftError
 from mtp2draft.family.spec import get_spec
 from mtp2draft.kinds import WEIGHTS_FILE, DraftKind, Hidden, detect_kind
-from mtp2draft.tensor_checks import check_tensors
 
 AnyDraft = Draft | MtpChainDraft
 

@@ -44,7 +44,7 @@ def load_weights(path: Path, problems: list[str]) -> dict[str, torch.Tensor] | N
 
 def nonfinite(name: str, tensor: torch.Tensor) -> str | None:
     """What `validate` reports about one tensor: `tensor_checks.tensor_problem`, the check every reader makes."""
-    from mtp2draft.tensor_checks import tensor_problem
+    from mtp2draft.checkpoint.tensor_checks import tensor_problem
 
     return tensor_problem(name, tensor)
 

@@ -16,6 +16,7 @@ from typing import Any
 
 import torch
 
+from mtp2draft.checkpoint.tensor_checks import check_tensors
 from mtp2draft.draft.eagle3_config import (
     LLAMA_FIELDS,
     NORM_SWITCHES,
@@ -46,7 +47,6 @@ from mtp2draft.formats.common import (
 )
 from mtp2draft.io import TORCH_DTYPES, Progress, quiet, save_tensors, write_json
 from mtp2draft.kinds import CONFIG_FILE, EAGLE3_ARCHITECTURE, WEIGHTS_FILE, DraftKind
-from mtp2draft.tensor_checks import check_tensors
 
 
 def _eagle3_input(src: Path, cfg: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:

@@ -22,6 +22,7 @@ import torch
 
 from mtp2draft.checkpoint.fp8 import SCALE_SUFFIX, fp8_block_size, quantize_fp8
 from mtp2draft.checkpoint.reader import ST_DTYPES, Checkpoint, open_checkpoint
+from mtp2draft.checkpoint.tensor_checks import check_tensors
 from mtp2draft.draft.layout import native_to_checkpoint
 from mtp2draft.draft.modules import NativeMtpDraft
 from mtp2draft.errors import DraftError
@@ -30,7 +31,6 @@ from mtp2draft.formats import Format
 from mtp2draft.formats.common import load_weights, nonfinite
 from mtp2draft.io import TORCH_DTYPES
 from mtp2draft.kinds import CONFIG_FILE, WEIGHTS_FILE, DraftKind, Hidden
-from mtp2draft.tensor_checks import check_tensors
 
 # Tensors of a shard being rewritten are copied in runs of about this many bytes (peak memory per run).
 COPY_RUN_BYTES = 256 * 2**20

@@ -22,6 +22,7 @@ from typing import Any
 
 import torch
 
+from mtp2draft.checkpoint.tensor_checks import check_tensors
 from mtp2draft.draft.modules import NativeMtpDraft
 from mtp2draft.errors import DraftError
 from mtp2draft.family.spec import Spec, registry
@@ -38,7 +39,6 @@ from mtp2draft.formats.common import (
 from mtp2draft.formats.eagle3 import verifier_of
 from mtp2draft.io import TORCH_DTYPES, save_tensors, write_json
 from mtp2draft.kinds import CONFIG_FILE, WEIGHTS_FILE, Hidden
-from mtp2draft.tensor_checks import check_tensors
 
 SPECULATORS_VERSION = "0.9.0"  # the release the layout below was read from
 MODEL_TYPE = "mtp"  # speculators_model_type and speculators_config.algorithm
