@@ -85,6 +85,7 @@ def run(
         export=export,
     )
     placement, hub = placement or Placement(), hub or HubAccess()
+    config = replace(config, training=config.training or TrainingData())
     spec, stages = preflight(source, config, stages, hub)
     work = Path(config.work)
     with claim_output(work):  # held for the whole run; the output rules again, now that no other run can write here
@@ -110,8 +111,7 @@ class Stages:
 
 def run_inputs(source: str, config: RunConfig) -> list:
     """What `run` reads and so never writes or deletes, `--overwrite` or not."""
-    data = config.training or TrainingData()
-    return [source, config.target, data.data, config.eval_data, data.heldout]
+    return [source, config.target, config.training.data, config.eval_data, config.training.heldout]
 
 
 def preflight(source: str, config: RunConfig, stages: Stages, hub: HubAccess) -> tuple[Spec, Stages]:
@@ -129,7 +129,7 @@ def preflight(source: str, config: RunConfig, stages: Stages, hub: HubAccess) ->
     from mtp2draft.train.recipe import check_heldout_options, check_training_settings, refuse_untrained
 
     check_output_dir(config.work, config.overwrite, inputs=run_inputs(source, config))
-    training = config.training or TrainingData()
+    training = config.training
     if training.data is None or training.hidden_states is not None:
         raise OptionError("run distills on --data against the online target (dump-hidden data: run distill itself)")
     check_heldout_options(stages.distill, training.heldout, None)
@@ -196,11 +196,21 @@ def _run(
     with _stage(times, "distill", progress, f"[2/5] distill against {target}"):
         placed = {"device": device, "target_dtype": placement.torch_dtype, "device_map": placement.device_map}
         job = {"regenerate_data": training.regenerate, "sample": training.sample, "heldout": training.heldout}
-        distill(start, distilled, data, target, config=stages.distill, **job, **target_access, **inside, **placed)
+        distill(
+            start,
+            distilled,
+            data=data,
+            target=target,
+            config=stages.distill,
+            **job,
+            **target_access,
+            **inside,
+            **placed,
+        )
     with _stage(times, "evaluate", progress, f"[3/5] evaluate (k = {k}) beside the raw MTP head"):
         drafts = [("distilled " + kind, str(distilled)), ("raw MTP head (baseline)", str(raw))]
         placed = {"device": device, "dtype": placement.torch_dtype, "device_map": placement.device_map}
-        report = evaluate(drafts, target, eval_data, evaluation, **target_access, progress=progress, **placed)
+        report = evaluate(drafts, target, eval_data, config=evaluation, **target_access, progress=progress, **placed)
         save_evaluation(distilled, report)
     with _stage(times, "export", progress, f"[4/5] export --format {fmt}"):
         reads = target if REGISTRY[fmt].reads_target else None

@@ -31,7 +31,6 @@ def setting(
     short: str | None = None,
     advanced: bool = False,
     cli: bool = True,
-    argument: bool = False,
     parse: Callable[[str], Any] | None = None,
     choices: str | None = None,
 ) -> Any:
@@ -39,11 +38,11 @@ def setting(
 
     `flag` defaults to the field name with dashes (`ttt_steps` -> `--ttt-steps`); `short` adds a one-letter alias;
     `advanced` puts the option in the Advanced panel of `--help` (research knobs); `cli=False` keeps it library-only
-    (say why in the help); `argument` makes it a positional argument; `parse` turns the option's text into the
+    (say why in the help); `parse` turns the option's text into the
     field's value (lists written 'a,b,c'); `choices` names the registry (`cli.options.choices`) whose values the help
     lists after its text."""
     meta = {"help": help, "flag": flag, "short": short, "advanced": advanced, "cli": cli}
-    meta |= {"argument": argument, "parse": parse, "choices": choices}
+    meta |= {"parse": parse, "choices": choices}
     return dataclasses.field(default=default, metadata=meta)
 
 

@@ -233,8 +233,16 @@ SETTINGS_OFFERED = {
     "DistillConfig": {"distill": (), "run": ()},
     "EvaluateConfig": {"evaluate": (), "run": ("seed",)},
     "ExportConfig": {"export": ()},
-    "Placement": {"distill": ("tensor_parallel_size",), "evaluate": (), "run": ("tensor_parallel_size",)},
-    "HubAccess": {"inspect": (), "convert": (), "distill": (), "evaluate": (), "export": (), "validate": ()},
+    "Placement": {
+        "distill": ("tensor_parallel_size",),
+        "evaluate": (),
+        "run": ("tensor_parallel_size",),
+        "dump-hidden": ("device", "dtype", "device_map"),
+    },
+    "HubAccess": {
+        **{c: () for c in ("inspect", "convert", "distill", "evaluate", "dump-hidden", "export", "validate")},
+        "push": ("revision",),  # push's --revision is the branch it commits to
+    },
     "RunConfig": {"run": ()},
     "TrainingData": {"distill": (), "run": ("hidden_states",)},
 }
@@ -267,20 +275,14 @@ def test_every_setting_is_one_option_with_its_declared_default_and_help(name: st
         params = _options(command)
         for f in cli_fields(cls):
             if f.name in left_out:
-                assert f.name not in params or params[f.name].help != _help(f), (command, f.name)
+                assert f.name not in params or params[f.name].help != options.help_of(f), (command, f.name)
                 continue
             param = params[f.name]
-            assert param.opts[0] == flag_of(f) or param.param_type_name == "argument", (command, f.name)
+            assert param.opts[0] == flag_of(f), (command, f.name)
             assert [o for p in params.values() for o in p.opts].count(flag_of(f)) == 1, (command, f.name)
             if f.default is not dataclasses.MISSING and not f.metadata["parse"]:
                 assert param.default == f.default, (command, f.name)
-            assert param.help == _help(f), (command, f.name)
-
-
-def _help(f) -> str:
-    from mtp2draft.cli.options import choices
-
-    return f.metadata["help"] + (f" {choices(f.metadata['choices'])}." if f.metadata["choices"] else "")
+            assert param.help == options.help_of(f), (command, f.name)
 
 
 # flags the command modules declare by hand although a settings field has the same flag: each means another thing

@@ -235,20 +235,14 @@ class Checkpoint:
         return sum(self.info(k).nbytes for k in self.needed_keys(keys))
 
 
-# Elements checked at once by `check_finite`.
-FINITE_CHUNK = 1 << 20
-
-
 def check_finite(key: str, tensor: torch.Tensor) -> torch.Tensor:
     """`tensor`, or a CheckpointError when it holds NaN / Inf: a damaged weight would otherwise convert "exactly" and
     poison every draft made from it."""
-    if not tensor.is_floating_point() or not tensor.numel():
-        return tensor
-    # in chunks: isfinite builds temporaries several times the size of what it checks (a whole lm_head would cost
-    # more than the tensor itself)
-    flat = tensor.reshape(-1)
-    if not all(bool(torch.isfinite(chunk).all()) for chunk in flat.split(FINITE_CHUNK)):
-        nan, inf = int(torch.isnan(tensor).sum()), int(torch.isinf(tensor).sum())
+    from mtp2draft.checkpoint.tensor_checks import nonfinite_counts
+
+    counts = nonfinite_counts(tensor)
+    if counts is not None:
+        nan, inf = counts
         raise CheckpointError(
             f"{key} holds non-finite values ({nan} NaN, {inf} Inf of {tensor.numel()}): the checkpoint is damaged"
         )

@@ -56,7 +56,7 @@ def evaluate(
     from mtp2draft.evaluation.decode import save_evaluation
 
     drafts = [("draft", str(draft))] + [(f"baseline: {b}", str(b)) for b in (baseline or [])]
-    report = run(engine, drafts, target, data, config, where=where, hub=hub, progress=log)
+    report = run(engine, drafts, target, data=data, config=config, where=where, hub=hub, progress=log)
     if save:
         log(f"saved {save_evaluation(draft, report)}")
     print(output.to_json(report) if as_json else output.evaluate_text(report))

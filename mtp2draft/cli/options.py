@@ -84,18 +84,20 @@ def _parameter(f: Any, hint: Any) -> inspect.Parameter:
     from mtp2draft.settings import flag_of
 
     meta = f.metadata
-    text = meta["help"] + (f" {choices(meta['choices'])}." if meta["choices"] else "")
     required = f.default is dataclasses.MISSING
     # a field parsed from text ('1,0.8') is a str option; otherwise the field's own type
     kind = (str | None) if meta["parse"] else hint
-    if meta["argument"]:
-        info = typer.Argument(help=text, show_default=False)
-    else:
-        names = (flag_of(f), meta["short"]) if meta["short"] else (flag_of(f),)
-        panel = ADVANCED if meta["advanced"] else None
-        info = typer.Option(*names, help=text, rich_help_panel=panel, show_default=not required)
+    names = (flag_of(f), meta["short"]) if meta["short"] else (flag_of(f),)
+    panel = ADVANCED if meta["advanced"] else None
+    info = typer.Option(*names, help=help_of(f), rich_help_panel=panel, show_default=not required)
     default = inspect.Parameter.empty if required else (None if meta["parse"] else f.default)
     return inspect.Parameter(f.name, inspect.Parameter.KEYWORD_ONLY, default=default, annotation=Annotated[kind, info])
+
+
+def help_of(f: Any) -> str:
+    """A settings field's option help: its text, then the values of the registry it names."""
+    meta = f.metadata
+    return meta["help"] + (f" {choices(meta['choices'])}." if meta["choices"] else "")
 
 
 def settings(**groups: type | Group) -> Callable:
@@ -103,6 +105,8 @@ def settings(**groups: type | Group) -> Callable:
     option per field, and at call time builds the instance from those options with keywords, so the command receives
     `name=SettingsClass(field=value, ...)`; a bad value is refused by the class itself (one `error:` line)."""
     import functools
+
+    from mtp2draft.settings import flag_of
 
     def decorate(command: Callable) -> Callable:
         groups_ = {name: g if isinstance(g, Group) else Group(g) for name, g in groups.items()}
@@ -120,8 +124,8 @@ def settings(**groups: type | Group) -> Callable:
                 values = {}
                 for f in group.fields:
                     value = options.pop(f.name)
-                    if f.metadata["parse"] and value is not None:
-                        value = _parse(f, value)
+                    if f.metadata["parse"]:
+                        value = parse_list(value, flag_of(f), f.metadata["parse"])
                     values[f.name] = value
                 options[name] = group.cls(**values)
             return command(**options)
@@ -132,12 +136,6 @@ def settings(**groups: type | Group) -> Callable:
         return wrapper
 
     return decorate
-
-
-def _parse(f: Any, text: str) -> Any:
-    from mtp2draft.settings import flag_of
-
-    return parse_list(text, flag_of(f), f.metadata["parse"])
 
 
 def parse_list(text: str | None, option: str, parse: Callable[[str], Any]) -> Any:

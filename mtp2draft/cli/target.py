@@ -64,5 +64,5 @@ def dump_hidden(
     seqs = [{"input_ids": e.input_ids, "loss_mask": e.loss_mask} for e in examples]
     write = {"aux_layers": ids, "top_k": top_k, "shard_size": shard_size, "overwrite": overwrite, "final": final}
     access = {"revision": hub.revision, "token": hub.token, "tensor_parallel_size": where.tensor_parallel_size or 1}
-    path = dump(engine, target, seqs, out, **access, **write, progress=log, inputs=inputs)
+    path = dump(engine, target, sequences=seqs, out=out, **access, **write, progress=log, inputs=inputs)
     print(f"wrote hidden states of {len(seqs)} sequences to {path}")
