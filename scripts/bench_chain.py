@@ -561,7 +561,9 @@ def main() -> int:
     ap.add_argument("data", type=Path)
     ap.add_argument("work", type=Path)
     ap.add_argument("--prompts", type=int, default=64)
-    ap.add_argument("--vllm", action="store_true", help="also measure in vLLM (its venv: scripts/vllm_env.sh)")
+    ap.add_argument(
+        "--vllm", action="store_true", help="also measure in vLLM (its venv: mtp2draft engine install vllm)"
+    )
     ap.add_argument("--regenerated", action="store_true", help="also a longer distill on regenerated data")
     ap.add_argument(
         "--domain", action="store_true", help="also distil on DATA_DIR/domain.jsonl (scripts/domain_data.py)"

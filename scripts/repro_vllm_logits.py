@@ -1,9 +1,9 @@
 """Does vLLM compute the same next-token distribution as transformers for a checkpoint? A minimal reproduction.
 
-Runs in vLLM's venv (`scripts/vllm_env.sh` prints its python; it holds vLLM and the transformers it pins), with no
+Runs in vLLM's venv (`mtp2draft engine install vllm` prints its python; it holds vLLM and the transformers it pins), with no
 mtp2draft import, so an engine maintainer can run it as it is:
 
-    $(scripts/vllm_env.sh) scripts/repro_vllm_logits.py CHECKPOINT_DIR [--variant KEY=JSON ...] [--prompts N]
+    $(mtp2draft engine install vllm) scripts/repro_vllm_logits.py CHECKPOINT_DIR [--variant KEY=JSON ...] [--prompts N]
 
 For each prompt (token ids of the checkpoint's own tokenizer over lines of a JSONL file, or fixed ids) it compares
 vLLM's prompt log-probabilities (top 5 per position, fp32, eager) with transformers' log_softmax of the same

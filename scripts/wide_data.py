@@ -4,7 +4,7 @@
         [--cap 1000000] [--per-file 4] [--exclude EARLIER.jsonl[:N]]
 
 The bundled targets trained on the standard library and this interpreter's site-packages (`train_target.corpus_files`),
-so a second environment's site-packages (the vLLM venv `scripts/vllm_env.sh` builds holds some 130 packages this one
+so a second environment's site-packages (the vLLM venv `mtp2draft engine install vllm` builds holds some 130 packages this one
 does not) is Python no target has seen, as the held-out packages are. A draft distilled on 2310 in-domain records
 (`domain.jsonl`) reaches 0.95 top-1 on them and 0.80 on the evaluation's prompts: it learns the records, not the
 target. This writes more of what a user has, text like the traffic the draft will serve, so one pass of a long run sees

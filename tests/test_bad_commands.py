@@ -654,7 +654,7 @@ for _name, _args, _needle in (
 @case
 def evaluate_vllm_without_its_venv(w, tmp, mp, stack):
     mp.setenv("MTP2DRAFT_VLLM_VENV", str(tmp / "no-venv"))
-    return Case(_evaluate(w, "--engine", "vllm"), "create it with `bash scripts/vllm_env.sh`")
+    return Case(_evaluate(w, "--engine", "vllm"), "create it with `mtp2draft engine install vllm`")
 
 
 @case

