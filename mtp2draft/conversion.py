@@ -186,7 +186,7 @@ def _sglang_layout_config(
 def _return_freed_memory() -> None:
     """Give the heap pages a transform freed back to the OS. glibc's malloc keeps them for later allocations, which
     fragments them, so the process's RSS would climb towards the sum of the transforms' fp32 working sets rather than
-    the largest one (scripts/bench_convert.py measures it). A no-op where the C library has no `malloc_trim`."""
+    the largest one (benchmarks/bench_convert.py measures it). A no-op where the C library has no `malloc_trim`."""
     trim = _malloc_trim()
     if trim is not None:
         trim(0)

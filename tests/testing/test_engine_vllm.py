@@ -202,7 +202,7 @@ def _diverging(served: dict, target: str) -> list[int]:
 
 
 # vLLM 0.32.0's CPU build computed MLA targets (tiny-deepseek-v3) differently from transformers: its CPU rotary op
-# mishandles the strided q_pe / k_pe views DeepSeek's MLA passes (scripts/repro_vllm_cpu_rope.py). The drivers apply
+# mishandles the strided q_pe / k_pe views DeepSeek's MLA passes (benchmarks/vllm-repro/repro_vllm_cpu_rope.py). The drivers apply
 # the fix for MLA targets (target/vllm_side/cpu_fixes.py), after which vLLM's fp32 log-probabilities equal
 # transformers' to ~1e-5 (docs/benchmarks.md), so every comparison below is held for both targets.
 
