@@ -58,7 +58,9 @@ def apply() -> list[str]:
         from vllm.model_executor.layers.rotary_embedding.base import RotaryEmbedding
 
         RotaryEmbedding.forward_cpu = RotaryEmbedding.forward_native
-        applied.append("rotary embedding: forward_native instead of the CPU op (benchmarks/vllm-repro/repro_vllm_cpu_rope.py)")
+        applied.append(
+            "rotary embedding: forward_native instead of the CPU op (benchmarks/vllm-repro/repro_vllm_cpu_rope.py)"
+        )
     if expand:
         from vllm.v1.sample import rejection_sampler
 
