@@ -226,7 +226,7 @@ class ConvertResult:
 
 def default_kind(spec: Spec) -> DraftKind:
     """The draft kind made when none is asked for: native MTP where an engine serves it for the family, EAGLE-3
-    otherwise (docs/eagle3-from-mtp.md: distilled for the same steps, the native draft accepts more than an EAGLE-3
+    otherwise (docs/notes/eagle3-from-mtp.md: distilled for the same steps, the native draft accepts more than an EAGLE-3
     draft converted from the same layer)."""
     return DraftKind.MTP if any(spec.serves(e, DraftKind.MTP) for e in ENGINES) else DraftKind.EAGLE3
 

@@ -127,7 +127,7 @@ def test_launch_lines_only_for_engines_that_can_run_them() -> None:
 
 
 def test_run_defaults_follow_the_support_table() -> None:
-    """Native MTP wherever an engine serves it (docs/eagle3-from-mtp.md), then the first format an engine serves."""
+    """Native MTP wherever an engine serves it (docs/notes/eagle3-from-mtp.md), then the first format an engine serves."""
     for name in ("deepseek_v3", "mimo", "ernie4_5_moe"):
         assert default_kind(get_spec(name)) == "mtp"
     assert default_format(get_spec("deepseek_v3"), "mtp") == "nextn"

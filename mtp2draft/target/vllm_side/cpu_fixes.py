@@ -7,7 +7,7 @@ applies only on the CPU platform, and is reported in the driver's reply, so a fi
 - `MTP2DRAFT_VLLM_NATIVE_ROPE=1`: vLLM 0.32.0's CPU rotary op (`RotaryEmbedding.forward_cpu`, `ops.rotary_embedding`)
   rotates a query shaped [T, H, R], and the strided q_pe / k_pe views DeepSeek's MLA passes it, wrongly, and writes
   outside k_pe (benchmarks/vllm-repro/repro_vllm_cpu_rope.py). The layer's own PyTorch code (`forward_native`) is used instead;
-  with it vLLM equals transformers on MLA targets to ~1e-5 in every log-probability (docs/benchmarks.md). Asked for
+  with it vLLM equals transformers on MLA targets to ~1e-5 in every log-probability (docs/engines.md). Asked for
   for MLA targets only; other models keep vLLM's own op.
 - `MTP2DRAFT_VLLM_NATIVE_EXPAND=1`: vLLM 0.32.0's CPU stand-in for the rejection sampler's `expand_kernel`
   (`vllm/utils/cpu_triton_utils.py`, `_expand_kernel_impl`) converts the output tensor to int64 (`_ensure_int64`,
