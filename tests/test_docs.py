@@ -96,7 +96,8 @@ def test_scripts_hold_the_user_tools_and_every_benchmark_is_described() -> None:
     scripts = sorted(p.name for p in (ROOT / "scripts").iterdir() if p.is_file())
     assert len(scripts) <= SCRIPTS, scripts
     assert {"demo.sh", "test.sh", "train_target.py", "bench_gpu.sh"} <= set(scripts)
-    for folder in [ROOT / "benchmarks", *(p for p in (ROOT / "benchmarks").iterdir() if p.is_dir())]:
+    folders = [p for p in (ROOT / "benchmarks").iterdir() if p.is_dir() and not p.name.startswith(("_", "."))]
+    for folder in [ROOT / "benchmarks", *folders]:
         readme = (folder / "README.md").read_text()
         undescribed = [p.name for p in folder.glob("*.py") if f"`{p.name}`" not in readme]
         assert undescribed == [], f"{folder.relative_to(ROOT)}/README.md does not describe {undescribed}"
