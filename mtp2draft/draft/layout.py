@@ -116,7 +116,7 @@ def plan_mtp_layer(ckpt: Checkpoint, spec: Spec, layer: int) -> MtpLayerPlan:
             "(wrong spec or config?)"
         )
     for g in groups:
-        shapes = [ckpt.info(k).shape for k in g.ckpt_keys]
+        shapes = [ckpt.shape_of(k) for k in g.ckpt_keys]
         shape = LOAD_TRANSFORMS[g.transform].out_shape(g, shapes) if g.transform else shapes[0]
         want = expected[g.module_key]
         if tuple(shape) != tuple(want):
