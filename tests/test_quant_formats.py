@@ -5,6 +5,7 @@ dequantiser."""
 from __future__ import annotations
 
 import math
+import re
 
 import pytest
 import torch
@@ -20,6 +21,7 @@ from mtp2draft.checkpoint.fp4 import (
     quantize_fp8_e8m0,
     unpack_e2m1,
 )
+from mtp2draft.checkpoint.quant import SCHEMES, quant_method
 from mtp2draft.errors import CheckpointError
 
 
@@ -138,3 +140,161 @@ def test_a_tampered_fp4_scale_shape_is_one_line() -> None:
     assert "\n" not in str(err.value)
     with pytest.raises(CheckpointError, match="must be float8_e8m0fnu or uint8"):
         dequantize_fp4_e8m0(packed, torch.zeros(4, 2))
+
+
+# ---- NVFP4, MXFP4, compressed-tensors int: the registry's dequantisers -----------------------------------------------
+def _dequant(scheme: str, parts: dict[str, torch.Tensor], **params) -> torch.Tensor:
+    return SCHEMES[scheme].dequant(parts, params, "w")
+
+
+def test_modelopt_nvfp4_equals_the_spec() -> None:
+    """NVFP4 (NVIDIA ModelOpt; vLLM 0.34 nvfp4_emulation_utils): W = e2m1 x e4m3 scale per 16 x fp32 scale_2."""
+    gen = torch.Generator().manual_seed(7)
+    packed = torch.randint(0, 256, (3, 16), generator=gen, dtype=torch.int32).to(torch.uint8)
+    scale = (torch.rand(3, 2, generator=gen) * 4).to(torch.float8_e4m3fn)
+    scale_2 = torch.tensor(0.0123)
+    want = [
+        [
+            spec_e2m1(b >> 4 * (j % 2) & 0xF) * float(scale[r, j // 16]) * 0.0123
+            for j in range(32)
+            for b in [row[j // 2]]
+        ]
+        for r, row in enumerate(packed.tolist())
+    ]
+    got = _dequant("modelopt-nvfp4", {"data": packed, "scale": scale, "scale_2": scale_2})
+    assert torch.allclose(got, torch.tensor(want), rtol=1e-6, atol=0)
+
+
+def test_gpt_oss_mxfp4_blocks_equal_the_spec() -> None:
+    gen = torch.Generator().manual_seed(8)
+    blocks = torch.randint(0, 256, (2, 3, 2, 16), generator=gen, dtype=torch.int32).to(torch.uint8)  # [E, N, K/32, 16]
+    scales = torch.randint(120, 130, (2, 3, 2), generator=gen, dtype=torch.int32).to(torch.uint8)
+    got = _dequant("mxfp4-blocks", {"data": blocks, "scale": scales})
+    for e in range(2):
+        want = spec_fp4_rows(blocks[e].reshape(3, 32).tolist(), scales[e].tolist(), 32)
+        assert torch.equal(got[e], torch.tensor(want))
+
+
+def spec_unpack_int(words: list[int], bits: int, count: int) -> list[int]:
+    """compressed-tensors pack-quantized: element i at bit position i * bits of the little-endian stream of 32-bit
+    words, stored as q + 2^(bits-1)."""
+    stream = sum((w & 0xFFFFFFFF) << (32 * n) for n, w in enumerate(words))
+    return [((stream >> (i * bits)) & ((1 << bits) - 1)) - (1 << (bits - 1)) for i in range(count)]
+
+
+@pytest.mark.parametrize("bits", [4, 8])
+def test_pack_quantized_int_equals_the_spec(bits: int) -> None:
+    gen = torch.Generator().manual_seed(bits)
+    words = torch.randint(-(2**31), 2**31 - 1, (3, 64 * bits // 32), generator=gen, dtype=torch.int64).to(torch.int32)
+    scale = torch.rand(3, 2, generator=gen)
+    got = _dequant("ct-int", {"data": words, "scale": scale}, num_bits=bits, group_size=32)
+    want = [
+        [q * float(scale[r, j // 32]) for j, q in enumerate(spec_unpack_int(row, bits, 64))]
+        for r, row in enumerate(words.tolist())
+    ]
+    assert torch.allclose(got, torch.tensor(want), rtol=1e-6, atol=0)
+
+
+ct = pytest.importorskip  # compressed-tensors installs here without a CUDA torch (pure Python, torch >= 2.10)
+
+
+def _ct_scheme(**weights):
+    from compressed_tensors.quantization import QuantizationArgs, QuantizationScheme
+
+    return QuantizationScheme(targets=["Linear"], weights=QuantizationArgs(**weights))
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        {"num_bits": 4, "type": "int", "strategy": "group", "group_size": 32, "symmetric": True},
+        {"num_bits": 4, "type": "int", "strategy": "group", "group_size": 32, "symmetric": False},
+        {"num_bits": 8, "type": "int", "strategy": "channel", "symmetric": True},
+    ],
+)
+def test_pack_quantized_int_equals_compressed_tensors_own(args: dict) -> None:
+    ct("compressed_tensors")
+    from compressed_tensors.compressors.pack_quantized.base import PackedQuantizationCompressor
+
+    scheme = _ct_scheme(**args)
+    gen = torch.Generator().manual_seed(9)
+    w = torch.randn(40, 96, generator=gen)
+    groups = 96 // args.get("group_size", 96)
+    qmax = 2 ** (args["num_bits"] - 1) - 1
+    scale = w.reshape(40, groups, -1).abs().amax(-1) / qmax
+    state = {"weight": w, "weight_scale": scale}
+    if not args["symmetric"]:
+        state["weight_zero_point"] = torch.randint(-3, 3, (40, groups), generator=gen, dtype=torch.int32).to(torch.int8)
+    packed = PackedQuantizationCompressor.compress(state, scheme)
+    theirs = PackedQuantizationCompressor.decompress(packed, scheme)["weight"]
+    parts = {"data": packed["weight_packed"], "scale": packed["weight_scale"], "shape": packed["weight_shape"]}
+    if "weight_zero_point" in packed:
+        parts["zero_point"] = packed["weight_zero_point"]
+    ours = _dequant("ct-int", parts, **args)
+    assert torch.equal(ours, theirs.float())
+
+
+@pytest.mark.parametrize("fmt", ["nvfp4", "mxfp4"])
+def test_fp4_pack_quantized_equals_compressed_tensors_own(fmt: str) -> None:
+    ct("compressed_tensors")
+    from compressed_tensors.compressors.mxfp4.base import MXFP4PackedCompressor
+    from compressed_tensors.compressors.nvfp4.base import NVFP4PackedCompressor
+
+    group = 16 if fmt == "nvfp4" else 32
+    scheme = _ct_scheme(
+        num_bits=4, type="float", strategy="tensor_group" if fmt == "nvfp4" else "group", group_size=group
+    )
+    w = torch.randn(24, 128, generator=torch.Generator().manual_seed(10))
+    amax = w.reshape(24, -1, group).abs().amax(-1)
+    if fmt == "nvfp4":
+        compressor = NVFP4PackedCompressor
+        global_scale = torch.tensor([448.0 * 6.0]) / w.abs().max()
+        state = {
+            "weight": w,
+            "weight_scale": (amax / 6.0 * global_scale).to(torch.float8_e4m3fn).float(),
+            "weight_global_scale": global_scale,
+        }
+    else:
+        compressor = MXFP4PackedCompressor
+        state = {"weight": w, "weight_scale": torch.exp2(torch.ceil(torch.log2(amax / 6.0)))}
+    packed = compressor.compress(state, scheme)
+    theirs = compressor.decompress(packed, scheme)["weight"]
+    parts = {"data": packed["weight_packed"], "scale": packed["weight_scale"]}
+    if fmt == "nvfp4":
+        parts["global_scale"] = packed["weight_global_scale"]
+    ours = _dequant(f"ct-{fmt}", parts, group_size=group)
+    # compressed-tensors 0.20 returns its NVFP4 dequantisation in bf16 (the e2m1 unpack's dtype): equal to ours
+    # rounded to bf16, within one bf16 step (it divides by the global scale in bf16 first)
+    assert torch.allclose(ours, theirs.float(), rtol=2**-7 if theirs.dtype == torch.bfloat16 else 1e-6, atol=0)
+
+
+# ---- which scheme a config.json declares ------------------------------------------------------------------------------
+@pytest.mark.parametrize(
+    "qconfig,named",
+    [
+        ({"quant_method": "awq", "bits": 4}, "quant_method 'awq'"),
+        ({"quant_method": "gptq"}, "quant_method 'gptq'"),
+        ({"quant_method": "modelopt", "quant_algo": "W4A8_AWQ"}, "modelopt quant_algo 'W4A8_AWQ'"),
+        (
+            {
+                "quant_method": "compressed-tensors",
+                "format": "marlin-24",
+                "config_groups": {"g": {"weights": {"num_bits": 4}}},
+            },
+            "format 'marlin-24'",
+        ),
+        ({"quant_method": "fp8", "fmt": "e5m2"}, "fmt 'e5m2'"),
+    ],
+)
+def test_an_unknown_scheme_is_one_line_naming_it(qconfig: dict, named: str) -> None:
+    with pytest.raises(CheckpointError, match=re.escape(named)) as err:
+        quant_method({"quantization_config": qconfig})
+    assert "\n" not in str(err.value) and "not supported" in str(err.value)
+
+
+def test_each_config_picks_its_schemes() -> None:
+    v4 = {"quant_method": "fp8", "fmt": "e4m3", "scale_fmt": "ue8m0", "weight_block_size": [128, 128]}
+    assert quant_method({"quantization_config": v4}).schemes == ("fp8-e8m0", "fp4-e8m0")
+    legacy = {"quant_method": "modelopt", "quantization": {"quant_algo": "NVFP4", "group_size": 16}}
+    assert quant_method({"quantization_config": legacy}).schemes == ("modelopt-nvfp4",)
+    assert quant_method({}).schemes == ()
