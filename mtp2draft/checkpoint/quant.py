@@ -372,7 +372,7 @@ class QuantView:
 
     def __init__(self, method: QuantMethod, stored: Iterable[str]) -> None:
         self.method = method
-        keys = set(stored)
+        self.keys = keys = set(stored)
         self.weights: dict[str, QuantWeight] = {}
         self.part_of: dict[str, str] = {}
         schemes = sorted((SCHEMES[s] for s in method.schemes), key=lambda s: -len(s.parts))
@@ -412,9 +412,10 @@ class QuantView:
         last = key.rsplit(".", 1)[-1]
         if last in FOREIGN_SUFFIXES:
             return f"{key} is a {last} tensor of a quantisation mtp2draft does not read (GPTQ / AWQ / bitsandbytes)"
-        for s in SCHEMES.values():
+        mine = [SCHEMES[n] for n in self.method.schemes]
+        for s in mine + [s for s in SCHEMES.values() if s not in mine]:
             stem = s.stem_of(key)
             if stem is not None and s.data_template != "{}weight" and key not in self.part_of:
-                missing = [t.format(stem) for _, t in s.parts[1:]]
+                missing = [t.format(stem) for _, t in s.parts[1:] if t.format(stem) not in self.keys]
                 return f"{key} is {s.name} data without {' / '.join(missing)}: cannot dequantise it"
         return None

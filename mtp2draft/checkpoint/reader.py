@@ -182,7 +182,7 @@ class Checkpoint:
         """The shape `read_weights` yields for `key` (a quantised weight's dequantised shape), from headers only."""
         scheme = self.scheme_of(key)
         if scheme is None:
-            self._check_unpaired(key)
+            self.check_readable(key)
             return self.info(key).shape
         names = self.quant.weights[key].names
         params = self.quant_method.params_for(key)
@@ -194,8 +194,10 @@ class Checkpoint:
             return torch.float32
         return ST_DTYPES[self.info(key).dtype][0]
 
-    def _check_unpaired(self, key: str) -> None:
+    def check_readable(self, key: str) -> None:
         """One line for a tensor that is a quantised weight's data without the parts that make it readable."""
+        if self.quantised(key):
+            return
         foreign = self.quant.foreign(key)
         if foreign:
             raise CheckpointError(foreign)

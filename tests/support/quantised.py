@@ -100,7 +100,21 @@ def _ct_config(fmt: str, weights: dict[str, Any]) -> dict[str, Any]:
     }
 
 
+def fp4_e8m0_deepseek_v4(w: torch.Tensor) -> dict[str, torch.Tensor]:
+    """DeepSeek-V4's expert layout: the same e2m1 pairs and e8m0 bytes, as int8 `weight` and float8_e8m0fnu
+    `scale`."""
+    parts = mxfp4_compressed_tensors(w)
+    return {
+        "weight": parts["weight_packed"].view(torch.int8),
+        "scale": parts["weight_scale"].view(torch.float8_e8m0fnu),
+    }
+
+
 SCHEMES = {
+    "fp4-e8m0": (
+        fp4_e8m0_deepseek_v4,
+        {"quant_method": "fp8", "fmt": "e4m3", "scale_fmt": "ue8m0", "weight_block_size": [128, 128]},
+    ),
     "nvfp4": (
         nvfp4_modelopt,
         {"quant_method": "modelopt", "quant_algo": "NVFP4", "group_size": 16, "ignore": ["lm_head"]},
@@ -128,7 +142,7 @@ def requantise(source: Path, out: Path, scheme: str) -> Path:
     tensors: dict[str, torch.Tensor] = {}
     for shard in sorted(source.glob("*.safetensors")):
         for key, tensor in load_file(shard).items():
-            if QUANTISED.search(key) and tensor.dim() == 2:
+            if QUANTISED.search(key) and tensor.dim() == 2 and tensor.shape[1] % 32 == 0:  # whole groups only
                 stem = key[: -len("weight")]
                 tensors.update({stem + part: t for part, t in quantise(tensor).items()})
             else:
