@@ -395,6 +395,69 @@ def fp8_weight_without_scale(w, tmp, mp, stack, *, fixture: str = "deepseek_v3_f
     return Case(_convert(ck, tmp), "kv_b_proj.weight_scale_inv")
 
 
+def _release(w, tmp: Path, scheme: str) -> Path:
+    from support.quantised import requantise
+
+    return requantise(w.ds, tmp / "ck", scheme)
+
+
+@case
+def fp4_weight_without_scale(w, tmp, mp, stack):
+    ck = _release(w, tmp, "fp4-e8m0")  # DeepSeek-V4's names: int8 `weight` beside an e8m0 `scale`
+    index = _index(ck)
+    del index["weight_map"][MTP + "self_attn.q_a_proj.scale"]
+    _write_index(ck, index)
+    return Case(_convert(ck, tmp), "q_a_proj.weight is stored as I8 (fp4-e8m0) but " + MTP + "self_attn.q_a_proj.scale")
+
+
+@case
+def nvfp4_weight_without_scale(w, tmp, mp, stack):
+    ck = _release(w, tmp, "nvfp4")
+    index = _index(ck)
+    del index["weight_map"][MTP + "eh_proj.weight_scale_2"]
+    _write_index(ck, index)
+    return Case(_convert(ck, tmp), "eh_proj.weight is stored as U8 (modelopt-nvfp4)")
+
+
+@case
+def nvfp4_scale_shape_tampered(w, tmp, mp, stack):
+    from safetensors.torch import load_file, save_file
+
+    ck = _release(w, tmp, "nvfp4")
+    shard = ck / _index(ck)["weight_map"][MTP + "eh_proj.weight_scale"]
+    tensors = load_file(shard)
+    tensors[MTP + "eh_proj.weight_scale"] = tensors[MTP + "eh_proj.weight_scale"][:, :-1].contiguous()
+    save_file(tensors, shard, {"format": "pt"})
+    return Case(_convert(ck, tmp), "eh_proj.weight_scale has shape")
+
+
+@case
+def ct_packed_weight_without_scale(w, tmp, mp, stack):
+    ck = _release(w, tmp, "int4")
+    index = _index(ck)
+    del index["weight_map"][MTP + "self_attn.q_a_proj.weight_scale"]
+    _write_index(ck, index)
+    return Case(_convert(ck, tmp), "q_a_proj.weight_packed is ct-int data without")
+
+
+@case
+def unknown_quant_method(w, tmp, mp, stack):
+    ck = _copy(w.ds, tmp)
+    config = json.loads((ck / "config.json").read_text())
+    config["quantization_config"] = {"quant_method": "awq", "bits": 4, "group_size": 128}
+    (ck / "config.json").write_text(json.dumps(config))
+    return Case(_convert(ck, tmp), "quant_method 'awq' is not supported")
+
+
+@case
+def foreign_quantised_tensor(w, tmp, mp, stack):
+    ck = _copy(w.ds, tmp)
+    index = _index(ck)
+    index["weight_map"][MTP + "self_attn.q_a_proj.qweight"] = index["weight_map"][MTP + "self_attn.q_a_proj.weight"]
+    _write_index(ck, index)
+    return Case(_convert(ck, tmp), "q_a_proj.qweight is a qweight tensor of a quantisation mtp2draft does not read")
+
+
 # ---- per new family: the MTP layer's keys missing, a count field that is wrong -------------------------------------
 def _family(tmp: Path, fixture: str) -> Path:
     from support.fixtures import build_fixture

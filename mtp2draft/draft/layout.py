@@ -89,6 +89,7 @@ def plan_mtp_layer(ckpt: Checkpoint, spec: Spec, layer: int) -> MtpLayerPlan:
     for g in groups:
         if not ckpt.has(g.ckpt_keys[0]):
             raise CheckpointError(f"MTP layer {layer} is missing {g.ckpt_keys[0]} (spec {spec.name})")
+        ckpt.check_readable(g.ckpt_keys[0])
     prefix = spec.key(spec.keys.block, cfg, layer)
     named = set(comp.values())
     block_keys = [
@@ -96,6 +97,8 @@ def plan_mtp_layer(ckpt: Checkpoint, spec: Spec, layer: int) -> MtpLayerPlan:
         for k in ckpt.keys_with_prefix(prefix)
         if k not in named and not k.endswith(SCALE_SUFFIX) and not k.endswith(IGNORED_SUFFIXES)
     ]
+    for k in block_keys:  # a quantised tensor that cannot be read is named before it looks like a stray block key
+        ckpt.check_readable(prefix + k)
     for g in group_block_keys(block_keys, dict(spec.block.rename), spec.block.load):
         groups.append(Group("block." + g.module_key, tuple(prefix + k for k in g.ckpt_keys), g.transform))
     module = _meta_module(spec, cfg)
@@ -116,7 +119,7 @@ def plan_mtp_layer(ckpt: Checkpoint, spec: Spec, layer: int) -> MtpLayerPlan:
             "(wrong spec or config?)"
         )
     for g in groups:
-        shapes = [ckpt.info(k).shape for k in g.ckpt_keys]
+        shapes = [ckpt.shape_of(k) for k in g.ckpt_keys]
         shape = LOAD_TRANSFORMS[g.transform].out_shape(g, shapes) if g.transform else shapes[0]
         want = expected[g.module_key]
         if tuple(shape) != tuple(want):
