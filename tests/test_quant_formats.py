@@ -195,7 +195,6 @@ def test_pack_quantized_int_equals_the_spec(bits: int) -> None:
     assert torch.allclose(got, torch.tensor(want), rtol=1e-6, atol=0)
 
 
-ct = pytest.importorskip  # compressed-tensors installs here without a CUDA torch (pure Python, torch >= 2.10)
 
 
 def _ct_scheme(**weights):
@@ -213,7 +212,6 @@ def _ct_scheme(**weights):
     ],
 )
 def test_pack_quantized_int_equals_compressed_tensors_own(args: dict) -> None:
-    ct("compressed_tensors")
     from compressed_tensors.compressors.pack_quantized.base import PackedQuantizationCompressor
 
     scheme = _ct_scheme(**args)
@@ -236,7 +234,6 @@ def test_pack_quantized_int_equals_compressed_tensors_own(args: dict) -> None:
 
 @pytest.mark.parametrize("fmt", ["nvfp4", "mxfp4"])
 def test_fp4_pack_quantized_equals_compressed_tensors_own(fmt: str) -> None:
-    ct("compressed_tensors")
     from compressed_tensors.compressors.mxfp4.base import MXFP4PackedCompressor
     from compressed_tensors.compressors.nvfp4.base import NVFP4PackedCompressor
 
