@@ -133,6 +133,8 @@ def init_native(module: NativeMtpDraft, seed: int, std: float = 0.05) -> None:
             noise = torch.randn(tensor.shape, generator=gen)
             if tensor.dim() == 1 and "norm" in name:
                 value = (0.0 if zero_centered else 1.0) + 0.1 * noise
+            elif tensor.dim() == 1 and name.endswith("scale"):  # hyper-connection mixing scales: as trained, near 1
+                value = 1.0 + 0.1 * noise
             elif tensor.dim() == 1:
                 value = 0.02 * noise
             else:
