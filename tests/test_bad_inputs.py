@@ -757,6 +757,44 @@ def dspark_target_for_distill(w, tmp, mp, stack):
 
 
 @case
+def deepseek_v4_e_proj_missing(w, tmp, mp, stack):
+    ck = _drop_key(_family(tmp, "deepseek_v4"), "mtp.0.e_proj.weight")
+    return Case(_convert(ck, tmp), "MTP layer 0 is missing mtp.0.e_proj.weight (spec deepseek_v4)")
+
+
+@case
+def deepseek_v4_hc_head_missing(w, tmp, mp, stack):
+    ck = _drop_key(_family(tmp, "deepseek_v4"), "mtp.0.hc_head_fn")
+    return Case(_convert(ck, tmp), "MTP layer 0 is missing mtp.0.hc_head_fn (spec deepseek_v4)")
+
+
+@case
+def deepseek_v4_wrong_hc_mult(w, tmp, mp, stack):
+    """config.json says 2 residual streams, the tensors were made for 4."""
+    ck = _family(tmp, "deepseek_v4")
+    _edit_config(ck, hc_mult=2)
+    return Case(_convert(ck, tmp), "tensor mtp.0.hc_head_fn has shape [4, 256] but the config implies [2, 128]")
+
+
+@case
+def deepseek_v4_hc_mult_not_a_count(w, tmp, mp, stack):
+    ck = _family(tmp, "deepseek_v4")
+    _edit_config(ck, hc_mult=0)
+    return Case(["inspect", str(ck)], "hc_mult = 0 is not a count of residual streams")
+
+
+@case
+def deepseek_v4_config_with_dspark_fields(w, tmp, mp, stack):
+    """A V4 checkpoint whose config.json carries V4-0731's DSpark fields: refused before any spec, MTP keys or not."""
+    from support import hub_keys
+
+    ck = _family(tmp, "deepseek_v4")
+    dspark = hub_keys.load("deepseek_v4_0731_dspark")["config"]
+    _edit_config(ck, **{k: v for k, v in dspark.items() if k.startswith("dspark_")})
+    return Case(["inspect", str(ck)], "are a DSpark block drafter")
+
+
+@case
 def expert_of_the_wrong_shape(w, tmp, mp, stack):
     key = MTP + "mlp.experts.0.gate_proj.weight"
     ck = _broken_ds(w, tmp, key, lambda t: torch.zeros(t.shape[0] + 3, t.shape[1], dtype=t.dtype))

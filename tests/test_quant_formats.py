@@ -195,8 +195,6 @@ def test_pack_quantized_int_equals_the_spec(bits: int) -> None:
     assert torch.allclose(got, torch.tensor(want), rtol=1e-6, atol=0)
 
 
-
-
 def _ct_scheme(**weights):
     from compressed_tensors.quantization import QuantizationArgs, QuantizationScheme
 
