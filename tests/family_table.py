@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
+from support import reference_v4 as rv4
 from support import references as ref
 
 T = 10  # the forward checks' sequence length: longer than every fixture's window (4) and index_topk (4)
@@ -60,6 +61,11 @@ class Family:
     nextn: str | None = None  # spec.nextn.architecture
     notes: dict[str, tuple[str, ...]] = field(default_factory=dict)  # engine -> words its notes must name
     aux_ids: dict[str, str] = field(default_factory=dict)  # engine -> how it numbers EAGLE-3 aux layers
+    streams: int = 0  # residual streams of the hidden (hyper-connections): hidden [B, T, streams, H]; 0: [B, T, H]
+    hidden: str = "post_norm"  # the target hidden the engines feed step 0
+    versions: dict[str, str] = field(default_factory=dict)  # engine -> the version its facts were read from, where
+    # it is not ENGINE_VERSIONS'
+    scales_absent: bool = False  # the bf16 fixture leaves out the release's `.scale` siblings (FP8 / FP4 e8m0)
 
 
 _BOTH = {"vllm": "post_norm", "sglang": "post_norm"}
@@ -227,6 +233,24 @@ FAMILIES = (
         stored_embed="model.language_model.layers.2.embed_tokens.weight",
         stored_head="model.language_model.layers.2.shared_head.head.weight",
         engines=(("vllm", {"engine": "vllm"}), ("sglang", {"engine": "sglang"})),
+    ),
+    Family("deepseek_v4", mtp="mtp.", release_block="mtp.0.", block="swa_sink + moe", verified=True,
+        handover={"vllm": "pre_norm", "sglang": "pre_norm"},  # both hand on the streams before hc_head
+        step_layers=_CYCLE_FIRST,
+        support={"vllm": {"mtp": True, "eagle3": True}, "sglang": {"mtp": True, "eagle3": False}},
+        sources={"vllm": ("deepseek_v4/nvidia/mtp.py",), "sglang": ("deepseek_v4_nextn.py",)},
+        module={"block:type": "DeepseekV4DecoderLayer", "hc_head:type": "DeepseekV4HyperHead",
+                "block.self_attn.compressor": None, "attention_window": 4},
+        reference=rv4.deepseek_v4_vllm,
+        wrong=({"window": None}, {"hc_reduce": False}),
+        refuses_eagle3="deepseek_v4 has no EAGLE-3 conversion",  # vLLM 0.34 captures aux states; no transfer yet
+        release_tensors=1575,
+        experts="n_routed_experts",
+        engines=((None, {}), ("vllm", {}), ("sglang", {})),
+        streams=4,
+        hidden="pre_norm",
+        versions={"vllm": "0.34.0"},
+        scales_absent=True,
     ),
 )
 # fmt: on

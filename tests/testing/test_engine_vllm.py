@@ -366,8 +366,8 @@ def test_dump_hidden_regenerate_in_vllm_dumps_vllms_own_responses(vllm: Path, tm
 
     target, chats = TARGETS["mimo"], ROOT / "examples" / "data" / "chat.jsonl"
     data = tmp_path / "chats.jsonl"
-    data.write_text("".join(chats.read_text().splitlines(keepends=True)[:4]))
-    max_length = 96
+    data.write_text("".join(chats.read_text().splitlines(keepends=True)[6:10]))  # prompts of 48 to 154 tokens
+    max_length = 320
     argv = ["dump-hidden", "--target", str(target), "--data", str(data), "--out", str(tmp_path / "dump")]
     assert main([*argv, "--engine", "vllm", "--regenerate", "--max-length", str(max_length), "--top-k", "8"]) == 0
     tok = load_tokenizer(target)
