@@ -694,6 +694,23 @@ def dspark_target_for_distill(w, tmp, mp, stack):
 
 
 @case
+def not_supported_family_convert(w, tmp, mp, stack):
+    """Kimi-K3 (model_specs/not_supported/): its reason, not "no spec matches"."""
+    return Case(_convert(_family(tmp, "kimi_k3"), tmp), "not supported, because transformers 5.24 has no kimi_k3")
+
+
+@case
+def not_supported_family_inspect(w, tmp, mp, stack):
+    return Case(["inspect", str(_family(tmp, "gemma4_assistant"))], "separate draft checkpoint that reads the target's KV")
+
+
+@case
+def not_supported_target_for_distill(w, tmp, mp, stack):
+    """MiniMax-M2's config declares three MTP modules; the release holds none."""
+    return Case(_distill(w, tmp, target=_family(tmp, "minimax_m2")), "its MTP weights are unpublished")
+
+
+@case
 def expert_of_the_wrong_shape(w, tmp, mp, stack):
     key = MTP + "mlp.experts.0.gate_proj.weight"
     ck = _broken_ds(w, tmp, key, lambda t: torch.zeros(t.shape[0] + 3, t.shape[1], dtype=t.dtype))

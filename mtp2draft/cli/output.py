@@ -27,7 +27,9 @@ def to_json(data: Any) -> str:
 # ---- specs / inspect ---------------------------------------------------------------------------------------------
 def specs_text(rows: list[dict[str, Any]]) -> str:
     """The spec registry as a table, then family x engine x method (MTP hand-over in brackets) from the specs'
-    [engines.*] tables."""
+    [engines.*] tables, then the families not supported (rows with `supported` false) with their reasons."""
+    refused = [r for r in rows if r.get("supported") is False]
+    rows = [r for r in rows if r.get("supported") is not False]
     width = max(len(r["name"]) for r in rows)
     lines = []
     for r in rows:
@@ -46,6 +48,10 @@ def specs_text(rows: list[dict[str, Any]]) -> str:
             )
             cells.append(f"{text or '-':<28}")
         lines.append(f"{r['name']:<{width}}  " + "  ".join(cells))
+    if refused:
+        lines.append("\nnot supported")
+        for r in refused:
+            lines.append(f"{r['name']:<{width}}  {', '.join(r['architectures'] or r['model_types'])}: {r['reason']}")
     return "\n".join(lines)
 
 
