@@ -701,7 +701,9 @@ def not_supported_family_convert(w, tmp, mp, stack):
 
 @case
 def not_supported_family_inspect(w, tmp, mp, stack):
-    return Case(["inspect", str(_family(tmp, "gemma4_assistant"))], "separate draft checkpoint that reads the target's KV")
+    return Case(
+        ["inspect", str(_family(tmp, "gemma4_assistant"))], "separate draft checkpoint that reads the target's KV"
+    )
 
 
 @case
