@@ -694,6 +694,14 @@ def dspark_target_for_distill(w, tmp, mp, stack):
 
 
 @case
+def qwen3_5_moe_flat_declares_no_mtp_layer(w, tmp, mp, stack):
+    """Qwen3.8's flat config: the top-level mtp_num_hidden_layers counts (there is no text_config to read)."""
+    ck = _family(tmp, "qwen3_5_moe_flat")
+    _edit_config(ck, mtp_num_hidden_layers=0)
+    return Case(_convert(ck, tmp), "mtp_num_hidden_layers is 0")
+
+
+@case
 def not_supported_family_convert(w, tmp, mp, stack):
     """Kimi-K3 (model_specs/not_supported/): its reason, not "no spec matches"."""
     return Case(_convert(_family(tmp, "kimi_k3"), tmp), "not supported, because transformers 5.24 has no kimi_k3")
