@@ -321,6 +321,7 @@ def _provenance(
         "dtype": dtype,
         "dequantised_fp8": dequantised,
         "fp8_block_size": list(ckpt.fp8_block_size()) if dequantised else None,
+        "unindexed_files": dict(ckpt.unindexed),
     }
 
 
@@ -450,4 +451,5 @@ def inspect_checkpoint(source: str, revision: str | None = None, token: str | bo
         "convert_bytes": layers[0]["bytes"] if layers else 0,
         "checkpoint_bytes": ckpt.total_bytes(),
         "bytes_read_by_inspect": ckpt.bytes_fetched,
+        "unindexed_files": dict(ckpt.unindexed),  # file -> tensors found there, outside the index
     }

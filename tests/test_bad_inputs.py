@@ -702,6 +702,23 @@ def qwen3_5_moe_flat_declares_no_mtp_layer(w, tmp, mp, stack):
 
 
 @case
+def unindexed_mtp_file_holds_an_indexed_tensor(w, tmp, mp, stack):
+    """model_mtp.safetensors (not in the index) holding a tensor the index also places: which copy counts is unknown."""
+    from mtp2draft.io import save_tensors
+
+    ck = _family(tmp, "nemotron_h")
+    save_tensors(ck / "model_mtp.safetensors", {"mtp.layers.0.eh_proj.weight": torch.zeros(2, 2)}, {"format": "pt"})
+    return Case(_convert(ck, tmp), "refusing to guess which copy is the checkpoint's")
+
+
+@case
+def unindexed_mtp_file_is_garbage(w, tmp, mp, stack):
+    ck = _family(tmp, "nemotron_h")
+    (ck / "model_mtp.safetensors").write_bytes(b"\xff" * 64)
+    return Case(_convert(ck, tmp), "model_mtp.safetensors: corrupt safetensors header")
+
+
+@case
 def not_supported_family_convert(w, tmp, mp, stack):
     """Kimi-K3 (model_specs/not_supported/): its reason, not "no spec matches"."""
     return Case(_convert(_family(tmp, "kimi_k3"), tmp), "not supported, because transformers 5.24 has no kimi_k3")

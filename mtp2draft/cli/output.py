@@ -77,6 +77,8 @@ def inspect_text(info: dict[str, Any]) -> str:
             lines.append(f"  {t['name']:<64} {str(t['shape']):<18} {t['dtype']:<8} {human_bytes(t['bytes'])}")
     total = info["checkpoint_bytes"]
     share = f" ({100 * info['convert_bytes'] / total:.2f} % of the checkpoint)" if total else ""
+    for file, n in info.get("unindexed_files", {}).items():
+        lines.append(f"\n{n} tensors found in {file}, which the index does not list (found by listing the files)")
     lines.append(f"\nconvert fetches {human_bytes(info['convert_bytes'])} of {human_bytes(total)}{share}")
     if info["num_mtp_layers"] > 1:
         lines.append(
