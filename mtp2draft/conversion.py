@@ -324,6 +324,7 @@ def _provenance(
         "fp8_block_size": list(ckpt.fp8_block_size()) if dequantised else None,
         "quantization": ckpt.quant_method.name,
         "dequantised": _dequantised(ckpt, plan.checkpoint_keys),  # scheme -> keys (other than `_scale_inv` FP8)
+        "unindexed_files": dict(ckpt.unindexed),
     }
 
 
@@ -463,4 +464,5 @@ def inspect_checkpoint(source: str, revision: str | None = None, token: str | bo
         "convert_bytes": layers[0]["bytes"] if layers else 0,
         "checkpoint_bytes": ckpt.total_bytes(),
         "bytes_read_by_inspect": ckpt.bytes_fetched,
+        "unindexed_files": dict(ckpt.unindexed),  # file -> tensors found there, outside the index
     }

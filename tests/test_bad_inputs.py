@@ -795,6 +795,50 @@ def deepseek_v4_config_with_dspark_fields(w, tmp, mp, stack):
 
 
 @case
+def qwen3_5_moe_flat_declares_no_mtp_layer(w, tmp, mp, stack):
+    """Qwen3.8's flat config: the top-level mtp_num_hidden_layers counts (there is no text_config to read)."""
+    ck = _family(tmp, "qwen3_5_moe_flat")
+    _edit_config(ck, mtp_num_hidden_layers=0)
+    return Case(_convert(ck, tmp), "mtp_num_hidden_layers is 0")
+
+
+@case
+def unindexed_mtp_file_holds_an_indexed_tensor(w, tmp, mp, stack):
+    """model_mtp.safetensors (not in the index) holding a tensor the index also places: which copy counts is unknown."""
+    from mtp2draft.io import save_tensors
+
+    ck = _family(tmp, "nemotron_h")
+    save_tensors(ck / "model_mtp.safetensors", {"mtp.layers.0.eh_proj.weight": torch.zeros(2, 2)}, {"format": "pt"})
+    return Case(_convert(ck, tmp), "refusing to guess which copy is the checkpoint's")
+
+
+@case
+def unindexed_mtp_file_is_garbage(w, tmp, mp, stack):
+    ck = _family(tmp, "nemotron_h")
+    (ck / "model_mtp.safetensors").write_bytes(b"\xff" * 64)
+    return Case(_convert(ck, tmp), "model_mtp.safetensors: corrupt safetensors header")
+
+
+@case
+def not_supported_family_convert(w, tmp, mp, stack):
+    """Kimi-K3 (model_specs/not_supported/): its reason, not "no spec matches"."""
+    return Case(_convert(_family(tmp, "kimi_k3"), tmp), "not supported, because transformers 5.24 has no kimi_k3")
+
+
+@case
+def not_supported_family_inspect(w, tmp, mp, stack):
+    return Case(
+        ["inspect", str(_family(tmp, "gemma4_assistant"))], "separate draft checkpoint that reads the target's KV"
+    )
+
+
+@case
+def not_supported_target_for_distill(w, tmp, mp, stack):
+    """MiniMax-M2's config declares three MTP modules; the release holds none."""
+    return Case(_distill(w, tmp, target=_family(tmp, "minimax_m2")), "its MTP weights are unpublished")
+
+
+@case
 def expert_of_the_wrong_shape(w, tmp, mp, stack):
     key = MTP + "mlp.experts.0.gate_proj.weight"
     ck = _broken_ds(w, tmp, key, lambda t: torch.zeros(t.shape[0] + 3, t.shape[1], dtype=t.dtype))

@@ -31,7 +31,8 @@ def _readable() -> list[Path]:
 
 def private_references(text: str) -> list[str]:
     """Issue / PR numbers in `text` not attributed to another project by name, and bare `#123`s."""
-    found = [m.group(2) for m in _REFERENCE.finditer(text) if (m.group(1) or "").strip("(").lower() not in PROJECTS]
+    named = [((m.group(1) or "").strip("(").lower(), m.group(2)) for m in _REFERENCE.finditer(text)]
+    found = [ref for project, ref in named if project not in PROJECTS and "/" not in project]  # owner/repo names one
     return found + _HASH.findall(text)
 
 
@@ -51,6 +52,7 @@ def test_private_references_are_found_and_engine_ones_allowed() -> None:
     assert private_references("as issue 17 asked, see #12 and issues 3") == ["issue 17", "issues 3", "#12"]
     assert private_references("PR 7 at the start") == ["PR 7"]
     assert private_references("since vLLM PR 45895 (vLLM issue 39680; SGLang\nPR 3582)") == []
+    assert private_references("(MiniMax-AI/MiniMax-M3 issue 13)") == []
     assert private_references("[a](#section-2) top-1 &#39;") == []
 
 
