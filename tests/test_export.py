@@ -553,6 +553,31 @@ def test_v4_stitched_is_written_in_the_release_quantisation_and_read_back_as_vll
     assert any(not torch.equal(_v4_read(reads, k, n), v) for k, v in fine.items() if stored[k].dtype == torch.int8)
 
 
+def test_validate_reads_a_v4_overlay_as_its_scales_say(build, work: Path, tmp_path: Path) -> None:
+    """`validate` dequantises each FP4 / FP8 weight of a V4 overlay by its e8m0 scales: a tampered scale (NaN byte,
+    wrong shape) or a missing stream tensor is a violation naming it."""
+    target, draft = _perturbed_native(build, work, "deepseek_v4_fp4", "v4-ft")
+    st = tmp_path / "st"
+    export(draft, "stitched", st, target=str(target))
+    index = json.loads((st / "model.safetensors.index.json").read_text())
+    shard = st / index["weight_map"]["mtp.0.ffn.experts.1.w1.scale"]
+    clean = load_file(str(shard))
+    for edit, needle in (
+        ({"mtp.0.ffn.experts.1.w1.scale": lambda t: torch.full_like(t.view(torch.uint8), 255).view(t.dtype)},
+         "mtp.0.ffn.experts.1.w1.weight holds non-finite values"),
+        ({"mtp.0.e_proj.scale": lambda t: torch.cat([t, t])}, "mtp.0.e_proj.scale has shape [2, 1], expected [1, 1]"),
+        ({"mtp.0.hc_head_scale": None}, "mtp.0.hc_head_scale"),
+    ):  # fmt: skip
+        tensors = dict(clean)
+        for key, fn in edit.items():
+            tensors = {k: v for k, v in tensors.items() if k != key} if fn is None else {**tensors, key: fn(clean[key])}
+        save_file(tensors, str(shard), {"format": "pt"})
+        problems = validate(st)
+        assert problems and any(needle in p for p in problems), (needle, problems)
+    save_file(clean, str(shard), {"format": "pt"})
+    assert validate(st) == []
+
+
 def _v4_read(reads: dict, key: str, n: int) -> torch.Tensor:
     """The value vLLM holds for release key `key` (mtp.0 only), from `vllm_v4_mtp_reads`."""
     for (name, shard), value in reads.items():
