@@ -768,6 +768,71 @@ def deepseek_v4_hc_head_missing(w, tmp, mp, stack):
     return Case(_convert(ck, tmp), "MTP layer 0 is missing mtp.0.hc_head_fn (spec deepseek_v4)")
 
 
+def _v4_shipped(tmp: Path, key: str | None = None, fn: Callable[[torch.Tensor], torch.Tensor] | None = None) -> Path:
+    """DeepSeek-V4 in the release's quantisation (FP4 / FP8 with e8m0 `.scale`), one stored tensor rewritten."""
+    ck = _family(tmp, "deepseek_v4_fp4")
+    if key is not None:
+        _rewrite_tensor(ck, key, fn)
+    return ck
+
+
+def _v4_draft_and_target(tmp: Path, key: str, fn: Callable[[torch.Tensor], torch.Tensor] | None = None):
+    """(a native draft of the shipped V4 fixture, a copy of that target with `key` rewritten or, without `fn`,
+    dropped from its index)."""
+    from mtp2draft.conversion import convert
+
+    convert(str(_v4_shipped(tmp)), tmp / "draft", to="mtp")
+    target = _copy(tmp / "ck", tmp, "target")
+    if fn is None:
+        return tmp / "draft", _drop_key(target, key)
+    _rewrite_tensor(target, key, fn)
+    return tmp / "draft", target
+
+
+@case
+def deepseek_v4_expert_scale_tampered(w, tmp, mp, stack):
+    """An FP4 expert whose e8m0 `.scale` lost a column (one per 32 inputs): refused before anything is written."""
+    ck = _v4_shipped(tmp, "mtp.0.ffn.experts.3.w2.scale", lambda t: t[:, :-1].contiguous())
+    return Case(_convert(ck, tmp), "mtp.0.ffn.experts.3.w2.scale has shape [64, 0], expected [64, 1]")
+
+
+@case
+def deepseek_v4_fp8_scale_nan(w, tmp, mp, stack):
+    """An e8m0 scale byte 255 is NaN: the dequantised weight is refused as damaged."""
+    ck = _v4_shipped(tmp, "mtp.0.h_proj.scale", lambda t: torch.full_like(t.view(torch.uint8), 255).view(t.dtype))
+    return Case(_convert(ck, tmp), "mtp.0.h_proj.weight holds non-finite values")
+
+
+@case
+def deepseek_v4_stitched_over_a_tampered_scale(w, tmp, mp, stack):
+    """The target's e_proj `.scale` is not the [ceil(N/128), ceil(K/128)] its FP8 weight needs: the stitched export
+    would write a scale the engine reads differently from the target's, so it stops."""
+    draft, target = _v4_draft_and_target(tmp, "mtp.0.e_proj.scale", lambda t: torch.cat([t, t]).contiguous())
+    return Case(
+        ["export", str(draft), "--format", "stitched", "--target", str(target), "--out", str(tmp / "o")],
+        "the draft's mtp.0.e_proj.scale would be [1, 1], the target stores [2, 1]",
+    )
+
+
+@case
+def deepseek_v4_stitched_target_without_hc_head(w, tmp, mp, stack):
+    draft, target = _v4_draft_and_target(tmp, "mtp.0.hc_head_base")
+    return Case(
+        ["export", str(draft), "--format", "stitched", "--target", str(target), "--out", str(tmp / "o")],
+        "the draft's mtp.0.hc_head_base has no counterpart in --target",
+    )
+
+
+@case
+def deepseek_v4_stitched_target_without_e_proj_scale(w, tmp, mp, stack):
+    """A stream tensor's FP8 weight without its `.scale`: not readable, not writable back."""
+    draft, target = _v4_draft_and_target(tmp, "mtp.0.e_proj.scale")
+    return Case(
+        ["export", str(draft), "--format", "stitched", "--target", str(target), "--out", str(tmp / "o")],
+        "mtp.0.e_proj.weight",
+    )
+
+
 @case
 def deepseek_v4_wrong_hc_mult(w, tmp, mp, stack):
     """config.json says 2 residual streams, the tensors were made for 4."""

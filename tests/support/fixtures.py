@@ -57,7 +57,8 @@ def _merged(base: dict[str, Any], changes: dict[str, Any]) -> dict[str, Any]:
 def _load_rows(folder: Path) -> dict[str, dict[str, Any]]:
     """name -> fixture row, from every data file in `folder`. Row keys: `spec` (None: no spec builds it), `config`,
     `trunk` ((transformers model_type, class name) whose save_pretrained writes the trunk), options
-    `store_embed_head` (copies inside the MTP layer), `fp8` (quantised as DeepSeek's release), `fused_experts` (the
+    `store_embed_head` (copies inside the MTP layer), `fp8` (quantised as DeepSeek's release), `quantise` (a named
+    release quantisation of a `tensors` layout, tests/support/quantised.py), `fused_experts` (the
     trunk's experts as the hub stores them, fused 3-D; save_pretrained writes per-expert keys), `tensors` (a named
     writer of the whole layout, for a checkpoint no spec builds; `listed` writes the row's `keys`: name -> shape)."""
     files = {f.stem: json.loads(f.read_text()) for f in sorted(folder.glob("*.json"))}
@@ -344,6 +345,10 @@ def build_fixture(
     out = Path(out)
     if row.get("tensors"):
         tensors = _TENSOR_WRITERS[row["tensors"]](config, seed, row)
+        if row.get("quantise"):  # a release's own quantisation, by its rule (tests/support/quantised.py)
+            from support.quantised import RELEASE_QUANTISERS
+
+            tensors = RELEASE_QUANTISERS[row["quantise"]](tensors)
         return write_checkpoint(out, config, tensors, shards=shards, decoy=decoy)
     tensors = trunk_tensors(config, row["trunk"], seed)
     if row.get("fused_experts"):
