@@ -122,7 +122,7 @@ def preflight(source: str, config: RunConfig, stages: Stages, hub: HubAccess) ->
     Reads configs only."""
     from mtp2draft.checkpoint.reader import open_checkpoint
     from mtp2draft.conversion import check_conversion
-    from mtp2draft.data import check_data_file
+    from mtp2draft.data import check_data_file, read_records
     from mtp2draft.formats import check_format
     from mtp2draft.target.identity import check_same_checkpoint
     from mtp2draft.train.calibrate import check_draft_vocab_size
@@ -133,9 +133,13 @@ def preflight(source: str, config: RunConfig, stages: Stages, hub: HubAccess) ->
     if training.data is None or training.hidden_states is not None:
         raise OptionError("run distills on --data against the online target (dump-hidden data: run distill itself)")
     check_heldout_options(stages.distill, training.heldout, None)
-    for option, path in (("--data", training.data), ("--eval-data", config.eval_data), ("--heldout", training.heldout)):
-        if path is not None:
-            check_data_file(path, option)
+    for option, path, skip_bad in (
+        ("--data", training.data, False),
+        ("--eval-data", config.eval_data, stages.evaluate.skip_bad),
+        ("--heldout", training.heldout, False),
+    ):
+        if path is not None:  # every line read as the stage will read it: an empty or non-UTF-8 file stops run here
+            read_records(check_data_file(path, option), skip_bad)
     ckpt = open_checkpoint(source, hub.revision, hub.token)
     convert = stages.convert
     if convert.to is None and config.format is not None:  # --format alone implies its kind

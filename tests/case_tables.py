@@ -1,5 +1,5 @@
-"""The three hostile-case tables (tests/test_bad_inputs.py, test_bad_commands.py, test_bad_dumps.py), counted per
-command for the README's Safety section. A case's command is read from its source: the command its `Case(...)`
+"""The four hostile-case tables (tests/test_bad_inputs.py, test_bad_commands.py, test_bad_dumps.py, test_mistakes.py),
+counted per command for the README's Safety section. A case's command is read from its source: the command its `Case(...)`
 runs, named as a list literal (`["push", ...]`) or by the table's argv helper (`_convert(`, `_distill(`, ...)."""
 
 from __future__ import annotations
@@ -43,12 +43,14 @@ def counts(cases: Mapping[str, Callable]) -> dict[str, int]:
 
 
 def table() -> dict[str, dict[str, int]]:
-    """{command: {table file: cases}} over the three tables."""
+    """{command: {table file: cases}} over the four tables."""
     import test_bad_commands
     import test_bad_dumps
     import test_bad_inputs
+    import test_mistakes
 
     tables = {"inputs": test_bad_inputs, "commands": test_bad_commands, "dumps": test_bad_dumps}
+    tables["mistakes"] = test_mistakes
     rows: dict[str, dict[str, int]] = collections.defaultdict(dict)
     for column, module in tables.items():
         for command, n in counts(module.CASES).items():

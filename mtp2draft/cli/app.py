@@ -56,6 +56,12 @@ def _os_error_line(exc: OSError) -> str:
     return f"{exc.strerror or exc}{where}" if exc.strerror else str(exc)
 
 
+def _one_line(text: str) -> str:
+    """An error message as the one line it must be: a newline inside it (a path or repo id the user typed) is
+    shown escaped, never as a second line."""
+    return text.replace("\r", "\\r").replace("\n", "\\n")
+
+
 def main(argv: list[str] | None = None) -> int:
     """Console-script entry: one formatter for known errors, tracebacks only under MTP2DRAFT_DEBUG=1."""
     from mtp2draft.redact import redact, set_command
@@ -79,12 +85,12 @@ def main(argv: list[str] | None = None) -> int:
     except Mtp2DraftError as exc:
         if debug:
             raise
-        print(f"error: {redact(str(exc))}", file=sys.stderr)
+        print(f"error: {_one_line(redact(str(exc)))}", file=sys.stderr)
         return exc.exit_code
     except OSError as exc:  # the environment: disk full, read-only or missing paths, permissions
         if debug:
             raise
-        print(f"error: {redact(_os_error_line(exc))}", file=sys.stderr)
+        print(f"error: {_one_line(redact(_os_error_line(exc)))}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)

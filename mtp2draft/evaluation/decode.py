@@ -49,6 +49,7 @@ from mtp2draft.evaluation.sampling import Greedy, Sampling, Speculative, ks_unif
 from mtp2draft.evaluation.settings import EvaluateConfig
 from mtp2draft.io import Progress, meter, write_json
 from mtp2draft.kinds import EVALUATION_FILE, DraftKind
+from mtp2draft.settings import derived_seed
 from mtp2draft.target.device import resolve_device
 from mtp2draft.target.hidden import TargetModel, check_draft_fits
 from mtp2draft.target.identity import check_drafts_belong
@@ -474,7 +475,7 @@ def evaluate_draft(
     check = torch.Generator().manual_seed(seed)  # the PIT's noise
     bar = meter(progress, f"evaluate {name}", len(prompts), "prompt")
     for n, (prompt, ref) in enumerate(zip(prompts, references or [[]] * len(prompts), strict=True), 1):
-        sampler = make_sampler(sampling, seed * 1_000_003 + n)
+        sampler = make_sampler(sampling, derived_seed(seed, n))
         tokens, accepted = speculative_decode(runner, draft, prompt, k, max_new, eos, sampler)
         result = PromptResult(tokens, accepted, ref, tokens == ref if sampling.greedy else None)
         if not sampling.greedy:

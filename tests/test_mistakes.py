@@ -1,0 +1,194 @@
+"""The mistakes and accidents of a working day, as a user makes them: a SOURCE that is neither a directory nor a repo
+id, a data path that is a directory or a pipe, a chat that opens with the assistant, an option past what runs, a Hub
+endpoint that answers with something that is not the Hub's answer. Each case fails with its exit code and exactly
+one `error:` line naming the problem, no traceback, nothing new on disk and nothing lost (the same test as
+`test_bad_commands.py`, whose inputs it shares).
+
+A case's name starts with the command it runs (`tests/case_tables.py` counts them for the README's Safety table).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+from disk import snapshot
+from test_bad_commands import World, _distill, _dump, _evaluate, _export, _run, world  # noqa: F401 - the fixture
+
+from mtp2draft.cli.app import main
+
+
+@dataclass
+class Case:
+    argv: list[str]
+    needle: str  # what the one line must say
+    code: int = 2
+    stdout: str = ""  # what stdout must say (validate lists violations there)
+
+
+CaseFn = Callable[[World, Path, pytest.MonkeyPatch, contextlib.ExitStack], Case]
+CASES: dict[str, CaseFn] = {}
+
+
+def _add(name: str, fn: CaseFn) -> None:
+    assert name not in CASES, name
+    CASES[name] = fn
+
+
+# ---- a SOURCE or --target that is neither a directory nor a repo id: one resolver, one line ---------------------------
+# What each command is given in the place of a checkpoint (its SOURCE, or its --target).
+WITH_SOURCE: dict[str, Callable[[World, Path, str], list[str]]] = {
+    "inspect": lambda w, tmp, src: ["inspect", src],
+    "convert": lambda w, tmp, src: ["convert", src, "--out", str(tmp / "out")],
+    "run": lambda w, tmp, src: [*_run(w, tmp)[:1], src, *_run(w, tmp)[2:]],
+    "run_target": lambda w, tmp, src: _run(w, tmp, "--target", src),
+    "distill_target": lambda w, tmp, src: _distill(w, tmp)[:3] + [src] + _distill(w, tmp)[4:],
+    "evaluate_target": lambda w, tmp, src: _evaluate(w)[:3] + [src] + _evaluate(w)[4:],
+    "validate_target": lambda w, tmp, src: ["validate", str(w.ds_mtp), "--target", src],
+    "export_target": lambda w, tmp, src: _export(w.ds_mtp, tmp, "stitched", "--target", src),
+    "dump_hidden_target": lambda w, tmp, src: _dump(w, tmp)[:2] + [src] + _dump(w, tmp)[3:],
+}
+NOT_A_SOURCE = {"spaced_relative_path": "./my model", "double_dash_id": "org/a--b", "newline": "my\nmodel"}
+
+for _command, _argv in WITH_SOURCE.items():
+    for _what, _source in NOT_A_SOURCE.items():
+
+        def _fn(w, tmp, mp, stack, a=_argv, s=_source):
+            shown = s if s.isprintable() else repr(s)
+            return Case(a(w, tmp, s), f"directory `{shown}` does not exist, and `{shown}` is not a Hub repo id")
+
+        _add(f"{_command}_source_{_what}", _fn)
+
+
+# ---- a data path that is not a file of records: said what it is ------------------------------------------------------
+def _fifo(tmp: Path) -> str:
+    os.mkfifo(tmp / "fifo")
+    return str(tmp / "fifo")
+
+
+def _folder(tmp: Path) -> str:
+    (tmp / "folder").mkdir()
+    return str(tmp / "folder")
+
+
+def _replaced(argv: list[str], option: str, value: str) -> list[str]:
+    out = list(argv)
+    out[out.index(option) + 1] = value
+    return out
+
+
+for _name, _make, _needle in (
+    ("distill_data_is_a_directory", lambda w, tmp: _replaced(_distill(w, tmp), "--data", _folder(tmp)), "a directory"),
+    ("evaluate_data_is_a_fifo", lambda w, tmp: _replaced(_evaluate(w), "--data", _fifo(tmp)), "a FIFO"),
+    ("dump_hidden_data_is_dev_null", lambda w, tmp: _replaced(_dump(w, tmp), "--data", os.devnull), "character device"),
+    ("run_data_is_a_directory", lambda w, tmp: _replaced(_run(w, tmp), "--data", _folder(tmp)), "--data"),
+    ("run_heldout_is_a_fifo", lambda w, tmp: _run(w, tmp, "--heldout", _fifo(tmp)), "--heldout"),
+    ("run_eval_data_is_dev_null", lambda w, tmp: _run(w, tmp, "--eval-data", os.devnull), "character device"),
+):
+    _add(_name, lambda w, tmp, mp, stack, m=_make, n=_needle: Case(m(w, tmp), n))
+
+
+# ---- data that cannot be used, found before anything is fetched or trained ------------------------------------------
+def _records(tmp: Path, name: str, *records: object, raw: bytes = b"") -> str:
+    path = tmp / name
+    path.write_bytes(raw + "".join(json.dumps(r) + "\n" for r in records).encode())
+    return str(path)
+
+
+ASSISTANT_FIRST = {"messages": [{"role": "assistant", "content": "hello"}, {"role": "user", "content": "hi"}]}
+OPENS = "the chat opens with the assistant's turn"
+
+for _name, _make, _needle in (
+    ("distill_chat_opens_with_the_assistant",
+     lambda w, tmp: _replaced(_distill(w, tmp), "--data", _records(tmp, "d.jsonl", ASSISTANT_FIRST)), OPENS),
+    ("distill_chat_opens_with_the_assistant_skip_bad",
+     lambda w, tmp: _replaced(_distill(w, tmp, "--skip-bad"), "--data", _records(tmp, "d.jsonl", ASSISTANT_FIRST)),
+     "holds no usable records (1 malformed lines skipped)"),
+    ("distill_heldout_chat_opens_with_the_assistant",
+     lambda w, tmp: _distill(w, tmp, "--heldout", _records(tmp, "h.jsonl", ASSISTANT_FIRST, ASSISTANT_FIRST)), OPENS),
+    ("dump_hidden_chat_opens_with_the_assistant",
+     lambda w, tmp: _replaced(_dump(w, tmp), "--data", _records(tmp, "d.jsonl", ASSISTANT_FIRST)), OPENS),
+    ("evaluate_chat_opens_with_the_assistant",
+     lambda w, tmp: _replaced(_evaluate(w), "--data", _records(tmp, "d.jsonl", ASSISTANT_FIRST)), OPENS),
+    ("run_chat_opens_with_the_assistant",
+     lambda w, tmp: _replaced(_run(w, tmp), "--data", _records(tmp, "d.jsonl", ASSISTANT_FIRST)), OPENS),
+    ("run_data_empty", lambda w, tmp: _replaced(_run(w, tmp), "--data", _records(tmp, "d.jsonl")), "no usable records"),
+    ("run_eval_data_empty", lambda w, tmp: _run(w, tmp, "--eval-data", _records(tmp, "e.jsonl")), "no usable records"),
+    ("run_heldout_not_utf8",
+     lambda w, tmp: _run(w, tmp, "--heldout", _records(tmp, "h.jsonl", raw=b'{"text": "caf\xe9"}\n')), "not UTF-8"),
+):  # fmt: skip
+    _add(_name, lambda w, tmp, mp, stack, m=_make, n=_needle: Case(m(w, tmp), n))
+
+
+# ---- options past what runs: refused, saying the bound ---------------------------------------------------------------
+SEED_2_64 = str(2**64)
+SEED_BOUND = "--seed must be a whole number in [0, 2**63 - 1]"
+for _name, _make, _needle in (
+    ("evaluate_k_beyond_what_runs", lambda w, tmp: _evaluate(w, "-k", "2000"), "--num-draft-tokens must be at most 64"),
+    ("evaluate_max_new_tokens_1e8", lambda w, tmp: _evaluate(w, "--max-new-tokens", "100000000"), "at most 65536"),
+    ("evaluate_seed_beyond_64_bits", lambda w, tmp: _evaluate(w, "--seed", SEED_2_64), SEED_BOUND),
+    ("evaluate_seed_negative", lambda w, tmp: _evaluate(w, "--seed", "-1"), SEED_BOUND),
+    ("distill_seed_beyond_64_bits", lambda w, tmp: _distill(w, tmp, "--seed", SEED_2_64), SEED_BOUND),
+    ("run_k_beyond_what_runs", lambda w, tmp: _run(w, tmp, "-k", "65"), "--num-draft-tokens must be at most 64"),
+    ("run_seed_beyond_64_bits", lambda w, tmp: _run(w, tmp, "--seed", SEED_2_64), SEED_BOUND),
+    ("export_speculative_tokens_1e20",
+     lambda w, tmp: _export(w.ds_e3, tmp, "speculators", "--speculative-tokens", str(10**20)), "must be in [1, 64]"),
+    ("export_verifier_with_a_newline",
+     lambda w, tmp: _export(w.ds_e3, tmp, "speculators", "--verifier", "org/m\nx"), "--verifier must be one line"),
+):  # fmt: skip
+    _add(_name, lambda w, tmp, mp, stack, m=_make, n=_needle: Case(m(w, tmp), n))
+
+
+def _speculators_edited(w: World, tmp: Path, edit: Callable[[dict], None]) -> str:
+    out = tmp / "export"
+    assert main(["export", str(w.ds_e3), "--format", "speculators", "--out", str(out)]) == 0
+    cfg = json.loads((out / "config.json").read_text())
+    edit(cfg["speculators_config"])
+    (out / "config.json").write_text(json.dumps(cfg))
+    return str(out)
+
+
+def _k(section: dict) -> None:
+    section["proposal_methods"][0]["speculative_tokens"] = 10**20
+
+
+def _verifier(section: dict) -> None:
+    section["verifier"]["name_or_path"] = "org/m\nrm -rf ~"
+
+
+for _name, _edit, _stdout in (
+    ("validate_speculative_tokens_1e20", _k, "speculative_tokens must be in [1, 64]"),
+    ("validate_verifier_with_a_newline", _verifier, "is not one line naming a model"),
+):
+    _add(
+        _name,
+        lambda w, tmp, mp, stack, e=_edit, o=_stdout: Case(
+            ["validate", _speculators_edited(w, tmp, e)], "1 violation(s)", stdout=o
+        ),
+    )
+
+
+# ---- the test ---------------------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_mistake_fails_in_one_line_and_writes_nothing(
+    name: str, request: pytest.FixtureRequest, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys
+) -> None:
+    w: World = request.getfixturevalue("world")  # test_bad_commands' inputs, imported above
+    with contextlib.ExitStack() as stack:
+        spec = CASES[name](w, tmp_path, monkeypatch, stack)
+        capsys.readouterr()
+        before = snapshot(tmp_path, w.root, w.ds, w.mimo)
+        code = main(spec.argv)
+        out, err = capsys.readouterr()
+        after = snapshot(tmp_path, w.root, w.ds, w.mimo)
+    assert code == spec.code, (out, err)
+    assert "Traceback" not in err and "Traceback" not in out
+    assert spec.stdout in out, out
+    lines = [line for line in err.splitlines() if line.startswith("error:")]
+    assert len(lines) == 1 and spec.needle in lines[0], err
+    assert after == before, sorted(set(after) ^ set(before))
