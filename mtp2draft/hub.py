@@ -121,22 +121,28 @@ def push(
     network.configure()
     message = commit_message or f"Upload {fmt} draft with mtp2draft {__version__}"
     api = HfApi(token=token)
-    try:
-        progress(f"creating {repo_id} on {constants.ENDPOINT} (if needed)")
-        repo = api.create_repo(repo_id, private=private, exist_ok=True)
-        repo_id = repo.repo_id
-        if revision:
-            api.create_branch(repo_id, branch=revision, exist_ok=True)
-        with tempfile.TemporaryDirectory(prefix="mtp2draft-push-") as stage:
-            files = _stage(path, Path(stage), str(card))
+    with tempfile.TemporaryDirectory(prefix="mtp2draft-push-") as stage:
+        files = _stage(path, Path(stage), str(card))  # every file checked (links out, tokens) before any request
+        try:
+            progress(f"creating {repo_id} on {constants.ENDPOINT} (if needed)")
+            with network.checked_answer("create_repo", HubError):
+                repo = api.create_repo(repo_id, private=private, exist_ok=True)
+                repo_id, repo_url = str(repo.repo_id), str(repo.url)
+            if revision:
+                with network.checked_answer("create_branch", HubError):
+                    api.create_branch(repo_id, branch=revision, exist_ok=True)
             progress(f"uploading {len(files)} files to {repo_id}" + (f"@{revision}" if revision else ""))
-            info = api.upload_folder(
-                repo_id=repo_id, folder_path=stage, revision=revision, commit_message=message, token=token
-            )
-    except Exception as exc:
-        raise _hub_error(exc, repo_id, constants.ENDPOINT) from exc
-    url = str(repo.url) + (f"/tree/{revision}" if revision else "")
-    return PushResult(repo_id, url, info.oid, info.commit_url, revision or "main", files)
+            with network.checked_answer("upload_folder", HubError):
+                info = api.upload_folder(
+                    repo_id=repo_id, folder_path=stage, revision=revision, commit_message=message, token=token
+                )
+                commit, commit_url = str(info.oid), str(info.commit_url)
+        except Mtp2DraftError:
+            raise
+        except Exception as exc:
+            raise _hub_error(exc, repo_id, constants.ENDPOINT) from exc
+    url = repo_url + (f"/tree/{revision}" if revision else "")
+    return PushResult(repo_id, url, commit, commit_url, revision or "main", files)
 
 
 def _hub_error(exc: Exception, repo_id: str, endpoint: str) -> Exception:

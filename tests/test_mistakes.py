@@ -65,6 +65,58 @@ for _command, _argv in WITH_SOURCE.items():
         _add(f"{_command}_source_{_what}", _fn)
 
 
+# ---- a Hub endpoint that answers with something else: one line from every command that talks to the Hub ---------------
+def _impostor(kind: str, mp: pytest.MonkeyPatch, stack: contextlib.ExitStack) -> None:
+    from support.hub_impostor import ImpostorServer
+
+    server = stack.enter_context(ImpostorServer(kind))
+    stack.enter_context(server.activate())
+    mp.setenv("MTP2DRAFT_HUB_RETRIES", "0")
+
+
+def _export_dir(w: World, tmp: Path, name: str = "export") -> Path:
+    assert main(["export", str(w.ds_e3), "--format", "sglang", "--out", str(tmp / name)]) == 0
+    return tmp / name
+
+
+for _kind in ("html", "empty", "truncated"):
+    for _command, _argv in WITH_SOURCE.items():
+
+        def _fn(w, tmp, mp, stack, a=_argv, k=_kind):
+            _impostor(k, mp, stack)
+            return Case(a(w, tmp, "org/repo"), "answered model_info (GET ")
+
+        _add(f"{_command}_hub_answers_{_kind}", _fn)
+
+    def _push(w, tmp, mp, stack, k=_kind):
+        draft = _export_dir(w, tmp)
+        _impostor(k, mp, stack)
+        return Case(["push", str(draft), "--repo-id", "me/draft"], "answered create_repo (POST ")
+
+    _add(f"push_hub_answers_{_kind}", _push)
+
+
+def push_link_leading_out_before_any_request(w, tmp, mp, stack):
+    """Refused before the repo is created: under an endpoint that answers nothing usable, the line is the link's."""
+    draft = _export_dir(w, tmp)
+    (tmp / "secret.txt").write_text("mine")
+    (draft / "notes.txt").symlink_to(tmp / "secret.txt")
+    _impostor("empty", mp, stack)
+    return Case(["push", str(draft), "--repo-id", "me/draft"], "leads outside")
+
+
+def push_token_in_a_weight_file_before_any_request(w, tmp, mp, stack):
+    draft = _export_dir(w, tmp)
+    _impostor("empty", mp, stack)  # its token is the one push uses
+    header = json.dumps({"__metadata__": {"note": "hf_test_token"}}).encode()
+    (draft / "extra.safetensors").write_bytes(len(header).to_bytes(8, "little") + header)
+    return Case(["push", str(draft), "--repo-id", "me/draft"], "contains a Hub token")
+
+
+_add("push_link_leading_out_before_any_request", push_link_leading_out_before_any_request)
+_add("push_token_in_a_weight_file_before_any_request", push_token_in_a_weight_file_before_any_request)
+
+
 # ---- a data path that is not a file of records: said what it is ------------------------------------------------------
 def _fifo(tmp: Path) -> str:
     os.mkfifo(tmp / "fifo")

@@ -378,7 +378,10 @@ def _open_hub(repo_id: str, revision: str | None, token: str | bool | None) -> C
         if constants.HF_HUB_OFFLINE:
             commit, sizes = _offline_commit(repo_id, revision)
         else:
-            info = HfApi(token=token).model_info(repo_id, revision=revision, files_metadata=True)
+            with network.checked_answer("model_info", SourceError):
+                info = HfApi(token=token).model_info(repo_id, revision=revision, files_metadata=True)
+                if not isinstance(info.sha, str) or not info.sha or not isinstance(info.siblings, list | None):
+                    raise KeyError("sha")  # a commit to fetch from is the one thing this answer must say
             commit = info.sha
             sizes = {s.rfilename: s.size for s in (info.siblings or [])}
         names = set(sizes)
