@@ -40,6 +40,9 @@ def _add(name: str, fn: CaseFn) -> None:
     CASES[name] = fn
 
 
+DS3 = "deepseek-ai/DeepSeek-V3"  # a config shipped with mtp2draft (`speedup --target`)
+
+
 # ---- a SOURCE or --target that is neither a directory nor a repo id: one resolver, one line ---------------------------
 # What each command is given in the place of a checkpoint (its SOURCE, or its --target).
 WITH_SOURCE: dict[str, Callable[[World, Path, str], list[str]]] = {
@@ -225,6 +228,22 @@ for _name, _edit, _stdout in (
     )
 
 
+# ---- speedup reads an evaluation with the typed reader `evaluate --save` writes with --------------------------------
+for _name, _results, _needle in (
+    ("results_a_string", '"0.9, 0.6"', "results must be a non-empty list of the drafts' figures, got str"),
+    ("results_null_entry", "[null]", "results[0] must be an object holding a draft's figures, got null"),
+    ("results_a_number_entry", "[5]", "results[0] must be an object holding a draft's figures, got int"),
+    ("results_an_object", '{"acceptance_per_position": [0.9]}', "results must be a non-empty list"),
+    ("results_nan_mean", '[{"acceptance_per_position": [0.9], "mean_acceptance_length": NaN}]', "must be a number"),
+):
+
+    def _fn(w, tmp, mp, stack, r=_results, n=_needle):
+        (tmp / "evaluation.json").write_text(f'{{"acceptance_per_position": [0.9], "results": {r}}}')
+        return Case(["speedup", str(tmp / "evaluation.json"), "--target", DS3, "--gpu", "h200"], n)
+
+    _add(f"speedup_{_name}", _fn)
+
+
 # ---- the test ---------------------------------------------------------------------------------------------------------
 @pytest.mark.parametrize("name", sorted(CASES))
 def test_mistake_fails_in_one_line_and_writes_nothing(
@@ -244,3 +263,32 @@ def test_mistake_fails_in_one_line_and_writes_nothing(
     lines = [line for line in err.splitlines() if line.startswith("error:")]
     assert len(lines) == 1 and spec.needle in lines[0], err
     assert after == before, sorted(set(after) ^ set(before))
+
+
+# ---- speedup's notes and defaults --------------------------------------------------------------------------------------
+EXAMPLES = Path(__file__).resolve().parents[1] / "examples" / "targets"
+
+
+def _speedup_json(argv: list[str], capsys) -> dict:
+    capsys.readouterr()
+    assert main([*argv, "--json"]) == 0, capsys.readouterr().err
+    return json.loads(capsys.readouterr().out)
+
+
+def test_speedup_says_when_acceptance_was_measured_on_another_family(tmp_path: Path, capsys) -> None:
+    report = {"target": "tiny-mimo", "target_family": "mimo", "results": [{"acceptance_per_position": [0.8, 0.6]}]}
+    (tmp_path / "evaluation.json").write_text(json.dumps(report))
+    argv = ["speedup", str(tmp_path / "evaluation.json"), "--gpu", "h200", "--tp", "8"]
+    notes = _speedup_json([*argv, "--target", DS3], capsys)["notes"]
+    assert any("measured on a mimo target" in n and "deepseek_v3 config" in n for n in notes), notes
+    same = _speedup_json([*argv, "--target", str(EXAMPLES / "tiny-mimo")], capsys)["notes"]
+    assert not any("measured on a" in n for n in same), same
+
+
+@pytest.mark.parametrize("target", sorted(p.name for p in EXAMPLES.iterdir() if (p / "config.json").is_file()))
+def test_speedup_default_context_fits_every_bundled_target(target: str, tmp_path: Path, capsys) -> None:
+    (tmp_path / "evaluation.json").write_text('{"results": [{"acceptance_per_position": [0.8, 0.6]}]}')
+    config = json.loads((EXAMPLES / target / "config.json").read_text())
+    argv = ["speedup", str(tmp_path / "evaluation.json"), "--target", str(EXAMPLES / target), "--gpu", "h200"]
+    out = _speedup_json(argv, capsys)
+    assert out["context"] == min(4096, config["max_position_embeddings"])

@@ -45,6 +45,7 @@ from mtp2draft.draft.disk import check_draft_weights, load_draft
 from mtp2draft.draft.modules import DraftCache
 from mtp2draft.errors import DataError
 from mtp2draft.evaluation.compare import compare_to_baselines
+from mtp2draft.evaluation.report import parse_report
 from mtp2draft.evaluation.sampling import Greedy, Sampling, Speculative, ks_uniform, make_sampler, pit, warp
 from mtp2draft.evaluation.settings import EvaluateConfig
 from mtp2draft.io import Progress, meter, write_json
@@ -409,6 +410,7 @@ def evaluate(
     references: list[list[int]] | None = None
     out: dict[str, Any] = {
         "target": tm.source,
+        "target_family": tm.spec.name,  # what the acceptance was measured on (`speedup` says when it differs)
         "target_commit": tm.commit,
         "data": str(data),
         "device": str(tm.device) if device_map is None else f"device_map={device_map}",
@@ -507,5 +509,6 @@ def _tie_position(runner: TargetRunner, name: str, n: int, prompt: list[int], to
 
 def save_evaluation(draft_dir: str | Path, report: dict[str, Any]) -> Path:
     path = Path(draft_dir) / EVALUATION_FILE
+    parse_report(report, str(path))  # written by the rules its readers read it with (`report.py`)
     write_json(path, report)
     return path
