@@ -42,7 +42,7 @@ from mtp2draft._version import __version__
 from mtp2draft.checkpoint import network
 from mtp2draft.errors import DraftError, HubError, Mtp2DraftError, ValidationError
 from mtp2draft.evaluation.verdict import lossless_words
-from mtp2draft.family.spec import ENGINES, Spec, find_spec, get_spec
+from mtp2draft.family.spec import ENGINES, NO_CHAIN, Spec, find_spec, get_spec
 from mtp2draft.formats import REGISTRY, format_kind, get_format
 from mtp2draft.formats.common import README_FILE, read_json
 from mtp2draft.formats.export import detect_format, validate
@@ -248,10 +248,13 @@ def _k(evaluation: Mapping[str, Any] | None) -> int:
 LINE_ENGINES = {"SGLang": "sglang", "vLLM": "vllm", "vLLM (speculators config)": "vllm"}
 
 
-def launch_lines(fmt: str, target: str, draft: str, k: int = DEFAULT_K, spec: Spec | None = None) -> dict[str, str]:
+def launch_lines(
+    fmt: str, target: str, draft: str, k: int = DEFAULT_K, spec: Spec | None = None, layers: int = 1
+) -> dict[str, str]:
     """Engine -> the command that serves this draft (draft-formats.md section 5). SGLang counts the root token:
     its k + 1 draft tokens are vLLM's k speculative tokens. With the target family's `spec`, only the engines its
-    support table (`[engines.*] methods`) says can run this draft kind get a line."""
+    support table says run this draft kind (`[engines.*] methods`) and, for a chain of `layers` > 1 MTP layers, a
+    chain (`step_layers` other than "neither") get a line."""
     lines = _all_launch_lines(fmt, target, draft, k)
     if spec is None:
         return lines
@@ -259,16 +262,17 @@ def launch_lines(fmt: str, target: str, draft: str, k: int = DEFAULT_K, spec: Sp
     return {
         label: line
         for label, line in lines.items()
-        if label not in LINE_ENGINES or spec.serves(LINE_ENGINES[label], method)
+        if label not in LINE_ENGINES or spec.runs(LINE_ENGINES[label], method, layers)
     }
 
 
-def unsupported_engines(fmt: str, spec: Spec) -> list[str]:
-    """'vllm 0.33.0'-style names of the engines that cannot run this format's draft kind for the family."""
+def unsupported_engines(fmt: str, spec: Spec, layers: int = 1) -> list[str]:
+    """'vllm 0.33.0'-style names of the engines that cannot run this format's draft kind (of `layers` MTP layers)
+    for the family."""
     method = format_kind(fmt)
     out = []
     for engine in ENGINES:
-        if not spec.serves(engine, method):
+        if not spec.runs(engine, method, layers):
             facts = spec.engine(engine)
             out.append(f"{engine} {facts.version}" if facts else engine)
     return out
@@ -433,15 +437,16 @@ def _body(
     chain = _chain_layers(cfg, prov)
     if chain > 1:  # every layer runs only when the engine drafts at least that many steps
         k = max(k, chain)
-    lines = launch_lines(fmt, target or "<target>", draft, k, spec)
+    lines = launch_lines(fmt, target or "<target>", draft, k, spec, chain)
     out += ["", "## Serve it", ""]
     if chain > 1:
         out += [_chain_note(chain, cfg, prov, spec), ""]
     method = "EAGLE-3" if format_kind(fmt) is DraftKind.EAGLE3 else "native MTP"
     if spec is not None:
-        for engine in unsupported_engines(fmt, spec):
+        what = f"chain of {chain} MTP layers" if chain > 1 else f"{method} draft"
+        for engine in unsupported_engines(fmt, spec, chain):
             out.append(
-                f"{engine} cannot serve a {method} draft for {spec.name} targets (mtp2draft's engine table, "
+                f"{engine} cannot serve a {what} for {spec.name} targets (mtp2draft's engine table, "
                 "`mtp2draft specs`): no launch line for it."
             )
             out.append("")
@@ -523,7 +528,11 @@ def _chain_layers(cfg: Mapping[str, Any], prov: Mapping[str, Any]) -> int:
 def _chain_note(n: int, cfg: Mapping[str, Any], prov: Mapping[str, Any], spec: Spec | None) -> str:
     """Which layer each engine runs at each step, from the family's engine table (`step_layers`)."""
     rule = cfg.get("step_layers") or (prov.get("export") or {}).get("step_layers") or "cycle"
-    rules = {"cycle": "layer i at step i, from layer 0 again past the last", "first": "layer 0 at every step"}
+    rules = {
+        "cycle": "layer i at step i, from layer 0 again past the last",
+        "first": "layer 0 at every step",
+        NO_CHAIN: "no chain (it serves one MTP layer)",
+    }
     engines = []
     for engine in ENGINES:
         facts = spec.engine(engine) if spec is not None else None

@@ -150,7 +150,8 @@ def preflight(source: str, config: RunConfig, stages: Stages, hub: HubAccess) ->
     check_format(fmt, kind, f"--to {kind}")
     if convert.all_layers and fmt != "stitched":  # run's own rule: only the stitched overlay holds every layer
         raise OptionError(f"--all-layers makes a native chain draft, which only --format stitched holds, not {fmt}")
-    check_training_settings(kind, spec, stages.distill)
+    layers = spec.num_mtp_layers(ckpt.config) if convert.all_layers else 1
+    check_training_settings(kind, spec, stages.distill, layers)
     refuse_untrained(stages.distill, calibrates=kind == DraftKind.EAGLE3)
     check_draft_vocab_size(kind, stages.distill.draft_vocab_size, int(spec.text_config(ckpt.config)["vocab_size"]))
     if config.target is not None and config.target != source:

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 from disk import snapshot
-from test_bad_commands import World, _distill, _dump, _evaluate, _export, _run, world  # noqa: F401 - the fixture
+from test_bad_commands import World, _chain, _distill, _dump, _evaluate, _export, _run, world  # noqa: F401 - fixture
 
 from mtp2draft.cli.app import main
 
@@ -228,6 +228,61 @@ for _name, _edit, _stdout in (
     )
 
 
+# ---- engine rules as data, honoured: an engine that runs no chain for a family is not trained for with one ---------
+NO_CHAIN_LINE = "sglang 0.5.23 runs no chain of MTP layers for mimo targets"
+
+
+def distill_chain_for_an_engine_that_runs_no_chain(w, tmp, mp, stack):
+    src, chain = _chain(tmp)
+    return Case(_distill(w, tmp, "--serving-engine", "sglang", draft=chain, target=src), NO_CHAIN_LINE)
+
+
+def run_all_layers_for_an_engine_that_runs_no_chain(w, tmp, mp, stack):
+    src, _ = _chain(tmp)
+    argv = _run(w, tmp, "--all-layers", "--format", "stitched", "--serving-engine", "sglang", source=src)
+    return Case(argv, NO_CHAIN_LINE)
+
+
+_add("distill_chain_for_an_engine_that_runs_no_chain", distill_chain_for_an_engine_that_runs_no_chain)
+_add("run_all_layers_for_an_engine_that_runs_no_chain", run_all_layers_for_an_engine_that_runs_no_chain)
+
+
+# ---- accidents: a full disk at a periodic checkpoint, a target shard cut short ----------------------------------------
+def distill_periodic_checkpoint_on_a_full_disk(w, tmp, mp, stack):
+    """DCP wraps the stream writer's failure (`inline_container.cc`) in a CheckpointException: one line, the
+    half-written checkpoint and the folder the run made are gone."""
+    from torch.distributed.checkpoint.api import CheckpointException
+
+    def full(*_a, **_k):
+        cause = RuntimeError("[enforce fail at inline_container.cc:858] . PytorchStreamWriter failed writing file "
+                             "data/0: file write failed")  # fmt: skip
+        raise CheckpointException("write_data", {0: (cause, None)})
+
+    mp.setattr("torch.distributed.checkpoint.save", full)
+    return Case(_distill(w, tmp, "--save-every", "1"), "could not write checkpoint step-0000001", code=1)
+
+
+def _cut_short(w: World, tmp: Path) -> Path:
+    """A copy of the target whose last shard lost its last 64 bytes (a download cut short)."""
+    import shutil
+
+    target = tmp / "target"
+    shutil.copytree(w.ds, target)
+    shard = sorted(target.glob("*.safetensors"))[-1]
+    shard.write_bytes(shard.read_bytes()[:-64])
+    return target
+
+
+for _name, _make in (
+    ("distill_target_shard_cut_short", lambda w, tmp: _distill(w, tmp, target=_cut_short(w, tmp))),
+    ("evaluate_target_shard_cut_short", lambda w, tmp: _evaluate(w, target=_cut_short(w, tmp))),
+    ("dump_hidden_target_shard_cut_short",
+     lambda w, tmp: (lambda t: _dump(w, tmp)[:2] + [str(t)] + _dump(w, tmp)[3:])(_cut_short(w, tmp))),
+):  # fmt: skip
+    _add(_name, lambda w, tmp, mp, stack, m=_make: Case(m(w, tmp), "is inconsistent"))
+_add("distill_periodic_checkpoint_on_a_full_disk", distill_periodic_checkpoint_on_a_full_disk)
+
+
 # ---- speedup reads an evaluation with the typed reader `evaluate --save` writes with --------------------------------
 for _name, _results, _needle in (
     ("results_a_string", '"0.9, 0.6"', "results must be a non-empty list of the drafts' figures, got str"),
@@ -292,3 +347,61 @@ def test_speedup_default_context_fits_every_bundled_target(target: str, tmp_path
     argv = ["speedup", str(tmp_path / "evaluation.json"), "--target", str(EXAMPLES / target), "--gpu", "h200"]
     out = _speedup_json(argv, capsys)
     assert out["context"] == min(4096, config["max_position_embeddings"])
+
+
+# ---- redaction by value: a token inside a path the user named is never written or printed -----------------------------
+def test_a_token_in_a_source_path_is_never_written_or_printed(target, tmp_path: Path, monkeypatch, capsys) -> None:
+    import shutil
+
+    secret = "s3cr3tNotShapedLikeAToken"  # redacted because it is the token, not because of its shape
+    monkeypatch.setenv("HF_TOKEN", secret)
+    source = tmp_path / f"models-{secret}"
+    shutil.copytree(target("deepseek_v3", num_hidden_layers=6), source)
+    draft, export = tmp_path / f"draft-{secret}", tmp_path / "export"
+    capsys.readouterr()
+    assert main(["convert", str(source), "--out", str(draft), "--dtype", "float32"]) == 0
+    assert main(["export", str(draft), "--format", "stitched", "--target", str(source), "--out", str(export)]) == 0
+    assert main(["inspect", str(source), "--json"]) == 0
+    out, err = capsys.readouterr()
+    assert secret not in out and secret not in err and "***" in err, err
+    for root in (draft, export):
+        for file in root.rglob("*"):
+            if file.is_file():
+                assert secret.encode() not in file.read_bytes(), file
+    readme = (export / "README.md").read_text()
+    assert "models-***" in readme and "## Serve" in readme
+
+
+def test_a_chain_is_offered_only_the_launch_lines_of_engines_that_run_a_chain(tmp_path: Path) -> None:
+    """MiMo: SGLang 0.5.23 serves one MTP layer (`step_layers = "neither"` in its spec), vLLM runs layer 0 at every
+    step: the card of a three-layer stitched export and the export's README offer vLLM's line, not SGLang's."""
+    from mtp2draft.family.spec import get_spec
+    from mtp2draft.hub import launch_lines, model_card
+
+    spec = get_spec("mimo")
+    assert set(launch_lines("stitched", "org/mimo", "me/d", 3, spec, layers=3)) == {"overlay", "vLLM"}
+    assert {"vLLM", "SGLang"} <= set(launch_lines("stitched", "org/mimo", "me/d", 3, spec, layers=1))
+    src, chain = _chain(tmp_path)
+    export = tmp_path / "export"
+    assert main(["export", str(chain), "--format", "stitched", "--target", str(src), "--out", str(export)]) == 0
+    readme = (export / "README.md").read_text()
+    assert "vllm serve" in readme and "sglang" not in readme.split("## Serve", 1)[1]
+    card = str(model_card(export, "me/d"))
+    serve = card.split("## Serve it", 1)[1].split("## Provenance", 1)[0]
+    assert "vllm serve" in serve and "sglang.launch_server" not in serve
+    assert "sglang 0.5.23 cannot serve a chain of 3 MTP layers" in serve
+
+
+# ---- outputs are readable by the group as the umask allows ------------------------------------------------------------
+@pytest.mark.parametrize("umask", [0o022, 0o027])
+def test_outputs_are_as_readable_as_the_umask_allows(target, tmp_path: Path, umask: int) -> None:
+    """A serving process run as another user of the group reads the draft: not the 0700 of a private temp dir."""
+    old = os.umask(umask)
+    try:
+        out = tmp_path / "draft"
+        assert main(["convert", str(target("deepseek_v3", num_hidden_layers=6)), "--out", str(out)]) == 0
+    finally:
+        os.umask(old)
+    assert out.stat().st_mode & 0o777 == 0o777 & ~umask
+    for file in out.iterdir():
+        assert file.stat().st_mode & 0o777 == 0o666 & ~umask, file

@@ -64,12 +64,19 @@ def _one_line(text: str) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     """Console-script entry: one formatter for known errors, tracebacks only under MTP2DRAFT_DEBUG=1."""
-    from mtp2draft.redact import redact, set_command
+    from mtp2draft.redact import redacted_output, set_command
 
-    debug = os.environ.get("MTP2DRAFT_DEBUG") == "1"
     args = list(sys.argv[1:] if argv is None else argv)
     _register_secrets(args)
     set_command(["mtp2draft", *args])
+    with redacted_output():  # every line printed passes the one redactor, as every file written does
+        return _main(args)
+
+
+def _main(args: list[str]) -> int:
+    from mtp2draft.redact import redact
+
+    debug = os.environ.get("MTP2DRAFT_DEBUG") == "1"
     click_error, click_exit, click_abort = _click_exceptions()
     command = typer.main.get_command(app)
     try:
