@@ -41,6 +41,7 @@ from typing import Any
 from mtp2draft._version import __version__
 from mtp2draft.checkpoint import network
 from mtp2draft.errors import DraftError, HubError, Mtp2DraftError, ValidationError
+from mtp2draft.evaluation.report import read_report
 from mtp2draft.evaluation.verdict import lossless_words
 from mtp2draft.family.spec import ENGINES, NO_CHAIN, Spec, find_spec, get_spec
 from mtp2draft.formats import REGISTRY, format_kind, get_format
@@ -331,6 +332,8 @@ def model_card(path: str | Path, repo_id: str | None = None, base_model: str | N
     fmt = detect_format(cfg)
     prov = read_json(path / PROVENANCE_FILE) or {}
     evaluation = read_json(path / EVALUATION_FILE)
+    if (path / EVALUATION_FILE).is_file():  # its figures go on the card: read by the rules `evaluate --save` writes by
+        read_report(path / EVALUATION_FILE)
     kind = format_kind(fmt)
     target = base_model or _target(cfg, prov)
     name = (repo_id or path.resolve().name).split("/")[-1]
@@ -441,15 +444,8 @@ def _body(
     out += ["", "## Serve it", ""]
     if chain > 1:
         out += [_chain_note(chain, cfg, prov, spec), ""]
-    method = "EAGLE-3" if format_kind(fmt) is DraftKind.EAGLE3 else "native MTP"
     if spec is not None:
-        what = f"chain of {chain} MTP layers" if chain > 1 else f"{method} draft"
-        for engine in unsupported_engines(fmt, spec, chain):
-            out.append(
-                f"{engine} cannot serve a {what} for {spec.name} targets (mtp2draft's engine table, "
-                "`mtp2draft specs`): no launch line for it."
-            )
-            out.append("")
+        out += _unserved(fmt, spec, chain)
     if any(label in LINE_ENGINES for label in lines):
         for engine, line in lines.items():
             out += [f"{engine}:", "", "```bash", line, "```", ""]
@@ -517,6 +513,20 @@ def _trained_for(cfg: Mapping[str, Any], prov: Mapping[str, Any]) -> str:
         f"Trained for {who}: each draft step hands the {handover.replace('_', '-')} hidden to the next "
         f"(`hidden_handover: {handover}`); serve it with that engine for the measured acceptance."
     )
+
+
+def _unserved(fmt: str, spec: Spec, chain: int) -> list[str]:
+    """A card line (and a blank) per engine that cannot run this draft (its kind, or a chain of `chain` layers)."""
+    method = "EAGLE-3" if format_kind(fmt) is DraftKind.EAGLE3 else "native MTP"
+    what = f"chain of {chain} MTP layers" if chain > 1 else f"{method} draft"
+    out = []
+    for engine in unsupported_engines(fmt, spec, chain):
+        out += [
+            f"{engine} cannot serve a {what} for {spec.name} targets (mtp2draft's engine table, `mtp2draft specs`): "
+            "no launch line for it.",
+            "",
+        ]
+    return out
 
 
 def _chain_layers(cfg: Mapping[str, Any], prov: Mapping[str, Any]) -> int:

@@ -299,6 +299,17 @@ for _name, _results, _needle in (
     _add(f"speedup_{_name}", _fn)
 
 
+def push_evaluation_results_a_string(w, tmp, mp, stack):
+    """The card carries the evaluation's figures: read by the typed reader, before any request."""
+    draft = _export_dir(w, tmp)
+    (draft / "evaluation.json").write_text('{"results": "0.9"}')
+    mp.setenv("HF_TOKEN", "hf_" + "x" * 34)
+    return Case(["push", str(draft), "--repo-id", "me/draft"], "results must be a non-empty list")
+
+
+_add("push_evaluation_results_a_string", push_evaluation_results_a_string)
+
+
 # ---- the test ---------------------------------------------------------------------------------------------------------
 @pytest.mark.parametrize("name", sorted(CASES))
 def test_mistake_fails_in_one_line_and_writes_nothing(
