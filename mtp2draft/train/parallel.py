@@ -257,7 +257,10 @@ def save(
 def write_failure(exc: BaseException, where: Path) -> OSError | None:
     """The OSError (one line: what failed, where) behind a checkpoint write that failed for want of disk or rights:
     DCP wraps its writers' errors in a `CheckpointException`, and torch's stream writer reports a failed write as a
-    RuntimeError from `inline_container.cc`. None when `exc` is something else (a bug keeps its traceback)."""
+    RuntimeError from `inline_container.cc` (CheckpointException is a BaseException). None when `exc` is something
+    else (a bug keeps its traceback, an interrupt stays an interrupt)."""
+    if isinstance(exc, KeyboardInterrupt | SystemExit | GeneratorExit):  # stays what it is, whatever it interrupted
+        return None
     seen: list[BaseException] = []
     todo = [exc]
     while todo:
