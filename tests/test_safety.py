@@ -71,7 +71,9 @@ def test_push_refuses_a_link_that_leads_outside_the_directory(build, hub, tmp_pa
     (tmp_path / "x" / "notes.txt").symlink_to(tmp_path / "secret.txt")
     capsys.readouterr()
     assert main(["push", str(tmp_path / "x"), "--repo-id", "tester/draft"]) == 2
-    assert "leads outside" in capsys.readouterr().err and not hub.files("tester/draft")
+    assert "leads outside" in capsys.readouterr().err
+    with pytest.raises(KeyError):  # refused before the repo is created: no empty repo is left behind
+        hub.files("tester/draft")
 
 
 @pytest.mark.hub

@@ -244,7 +244,7 @@ def save(
             shutil.rmtree(tmp, ignore_errors=True)
             if fresh:
                 remove_checkpoint_folder(folder)
-        if failure is not None:
+        if failure is not None and failure is not exc:
             raise failure from exc
         raise
     if par.is_main:
@@ -273,14 +273,14 @@ def write_failure(exc: BaseException, where: Path) -> OSError | None:
             todo += [f[0] if isinstance(f, tuple) else f for f in failures.values()]
         todo += [e.__cause__, e.__context__]
     for e in seen:
-        if isinstance(e, OSError) and e.errno is not None:
-            return OSError(e.errno, f"could not write checkpoint {where.name} ({e.strerror})", str(where.parent))
+        if isinstance(e, OSError) and e.errno is not None:  # the writer's own error, as it would read unwrapped
+            return e if e is exc else OSError(e.errno, e.strerror, e.filename)
     for e in seen:
         text = str(e)
         if isinstance(e, RuntimeError) and ("inline_container" in text or "file write failed" in text):
-            full = shutil.disk_usage(where.parent).free < FULL_DISK_BYTES
-            code, why = (errno.ENOSPC, "No space left on device") if full else (errno.EIO, "the file write failed")
-            return OSError(code, f"could not write checkpoint {where.name} ({why})", str(where.parent))
+            if shutil.disk_usage(where.parent).free < FULL_DISK_BYTES:
+                return OSError(errno.ENOSPC, "No space left on device", str(where))
+            return OSError(errno.EIO, f"could not write checkpoint {where.name} (the file write failed)", str(where))
     return None
 
 
