@@ -23,6 +23,7 @@ from typing import Any
 import torch
 
 from mtp2draft.errors import DataError
+from mtp2draft.settings import derived_seed
 
 # A JSONL line longer than this is malformed (read in pieces and skipped, never held whole).
 MAX_LINE_BYTES = 64 << 20
@@ -60,8 +61,22 @@ def check_data_file(path: str | Path, option: str = "data file") -> Path:
     if not path.exists():
         raise DataError(f"{option} {path} does not exist")
     if not path.is_file():
-        raise DataError(f"{option} {path} is not a regular file")
+        raise DataError(f"{option} {path} is {_file_kind(path)}, not a file of records")
     return path
+
+
+def _file_kind(path: Path) -> str:
+    """What a path that is not a regular file is, in words: "a directory", "a FIFO (named pipe)", ..."""
+    for test, words in (
+        (path.is_dir, "a directory"),
+        (path.is_fifo, "a FIFO (named pipe)"),
+        (path.is_char_device, "a character device"),
+        (path.is_block_device, "a block device"),
+        (path.is_socket, "a socket"),
+    ):
+        if test():
+            return words
+    return "not a regular file"
 
 
 def read_records(path: str | Path, skip_bad: bool = False) -> tuple[list[dict[str, Any]], int]:
@@ -135,6 +150,9 @@ def _check(record: Any) -> None:
             raise ValueError("each message needs string 'role' and 'content'")
         if m["role"] not in ("system", "user", "assistant", "tool"):
             raise ValueError(f"unknown role {m['role']!r}")
+    opening = next((m["role"] for m in messages if m["role"] != "system"), None)
+    if opening == "assistant":  # no prompt to answer: templates render nothing (or fail) before its first turn
+        raise ValueError("the chat opens with the assistant's turn: it needs a user turn before it")
 
 
 def _render(tokenizer, messages: list[dict[str, str]], generation_prompt: bool) -> list[int]:
@@ -259,7 +277,7 @@ def regenerate(
         # that a run's samples follow from (seed, batch) and the caller's RNG state is left as it was
         with torch.no_grad(), torch.random.fork_rng(devices=cuda):
             if sample:
-                torch.manual_seed(seed * 1_000_003 + start)
+                torch.manual_seed(derived_seed(seed, start))
             generated = target.model.generate(
                 ids.to(target.device),
                 attention_mask=mask.to(target.device),

@@ -41,8 +41,9 @@ from typing import Any
 from mtp2draft._version import __version__
 from mtp2draft.checkpoint import network
 from mtp2draft.errors import DraftError, HubError, Mtp2DraftError, ValidationError
+from mtp2draft.evaluation.report import read_report
 from mtp2draft.evaluation.verdict import lossless_words
-from mtp2draft.family.spec import ENGINES, Spec, find_spec, get_spec
+from mtp2draft.family.spec import ENGINES, NO_CHAIN, Spec, find_spec, get_spec
 from mtp2draft.formats import REGISTRY, format_kind, get_format
 from mtp2draft.formats.common import README_FILE, read_json
 from mtp2draft.formats.export import detect_format, validate
@@ -121,22 +122,28 @@ def push(
     network.configure()
     message = commit_message or f"Upload {fmt} draft with mtp2draft {__version__}"
     api = HfApi(token=token)
-    try:
-        progress(f"creating {repo_id} on {constants.ENDPOINT} (if needed)")
-        repo = api.create_repo(repo_id, private=private, exist_ok=True)
-        repo_id = repo.repo_id
-        if revision:
-            api.create_branch(repo_id, branch=revision, exist_ok=True)
-        with tempfile.TemporaryDirectory(prefix="mtp2draft-push-") as stage:
-            files = _stage(path, Path(stage), str(card))
+    with tempfile.TemporaryDirectory(prefix="mtp2draft-push-") as stage:
+        files = _stage(path, Path(stage), str(card))  # every file checked (links out, tokens) before any request
+        try:
+            progress(f"creating {repo_id} on {constants.ENDPOINT} (if needed)")
+            with network.checked_answer("create_repo", HubError):
+                repo = api.create_repo(repo_id, private=private, exist_ok=True)
+                repo_id, repo_url = str(repo.repo_id), str(repo.url)
+            if revision:
+                with network.checked_answer("create_branch", HubError):
+                    api.create_branch(repo_id, branch=revision, exist_ok=True)
             progress(f"uploading {len(files)} files to {repo_id}" + (f"@{revision}" if revision else ""))
-            info = api.upload_folder(
-                repo_id=repo_id, folder_path=stage, revision=revision, commit_message=message, token=token
-            )
-    except Exception as exc:
-        raise _hub_error(exc, repo_id, constants.ENDPOINT) from exc
-    url = str(repo.url) + (f"/tree/{revision}" if revision else "")
-    return PushResult(repo_id, url, info.oid, info.commit_url, revision or "main", files)
+            with network.checked_answer("upload_folder", HubError):
+                info = api.upload_folder(
+                    repo_id=repo_id, folder_path=stage, revision=revision, commit_message=message, token=token
+                )
+                commit, commit_url = str(info.oid), str(info.commit_url)
+        except Mtp2DraftError:
+            raise
+        except Exception as exc:
+            raise _hub_error(exc, repo_id, constants.ENDPOINT) from exc
+    url = repo_url + (f"/tree/{revision}" if revision else "")
+    return PushResult(repo_id, url, commit, commit_url, revision or "main", files)
 
 
 def _hub_error(exc: Exception, repo_id: str, endpoint: str) -> Exception:
@@ -242,10 +249,13 @@ def _k(evaluation: Mapping[str, Any] | None) -> int:
 LINE_ENGINES = {"SGLang": "sglang", "vLLM": "vllm", "vLLM (speculators config)": "vllm"}
 
 
-def launch_lines(fmt: str, target: str, draft: str, k: int = DEFAULT_K, spec: Spec | None = None) -> dict[str, str]:
+def launch_lines(
+    fmt: str, target: str, draft: str, k: int = DEFAULT_K, spec: Spec | None = None, layers: int = 1
+) -> dict[str, str]:
     """Engine -> the command that serves this draft (draft-formats.md section 5). SGLang counts the root token:
     its k + 1 draft tokens are vLLM's k speculative tokens. With the target family's `spec`, only the engines its
-    support table (`[engines.*] methods`) says can run this draft kind get a line."""
+    support table says run this draft kind (`[engines.*] methods`) and, for a chain of `layers` > 1 MTP layers, a
+    chain (`step_layers` other than "neither") get a line."""
     lines = _all_launch_lines(fmt, target, draft, k)
     if spec is None:
         return lines
@@ -253,16 +263,17 @@ def launch_lines(fmt: str, target: str, draft: str, k: int = DEFAULT_K, spec: Sp
     return {
         label: line
         for label, line in lines.items()
-        if label not in LINE_ENGINES or spec.serves(LINE_ENGINES[label], method)
+        if label not in LINE_ENGINES or spec.runs(LINE_ENGINES[label], method, layers)
     }
 
 
-def unsupported_engines(fmt: str, spec: Spec) -> list[str]:
-    """'vllm 0.33.0'-style names of the engines that cannot run this format's draft kind for the family."""
+def unsupported_engines(fmt: str, spec: Spec, layers: int = 1) -> list[str]:
+    """'vllm 0.33.0'-style names of the engines that cannot run this format's draft kind (of `layers` MTP layers)
+    for the family."""
     method = format_kind(fmt)
     out = []
     for engine in ENGINES:
-        if not spec.serves(engine, method):
+        if not spec.runs(engine, method, layers):
             facts = spec.engine(engine)
             out.append(f"{engine} {facts.version}" if facts else engine)
     return out
@@ -321,6 +332,8 @@ def model_card(path: str | Path, repo_id: str | None = None, base_model: str | N
     fmt = detect_format(cfg)
     prov = read_json(path / PROVENANCE_FILE) or {}
     evaluation = read_json(path / EVALUATION_FILE)
+    if (path / EVALUATION_FILE).is_file():  # its figures go on the card: read by the rules `evaluate --save` writes by
+        read_report(path / EVALUATION_FILE)
     kind = format_kind(fmt)
     target = base_model or _target(cfg, prov)
     name = (repo_id or path.resolve().name).split("/")[-1]
@@ -413,18 +426,12 @@ def _body(
     chain = _chain_layers(cfg, prov)
     if chain > 1:  # every layer runs only when the engine drafts at least that many steps
         k = max(k, chain)
-    lines = launch_lines(fmt, target or "<target>", draft, k, spec)
+    lines = launch_lines(fmt, target or "<target>", draft, k, spec, chain)
     out += ["", "## Serve it", ""]
     if chain > 1:
         out += [_chain_note(chain, cfg, prov, spec), ""]
-    method = "EAGLE-3" if format_kind(fmt) is DraftKind.EAGLE3 else "native MTP"
     if spec is not None:
-        for engine in unsupported_engines(fmt, spec):
-            out.append(
-                f"{engine} cannot serve a {method} draft for {spec.name} targets (mtp2draft's engine table, "
-                "`mtp2draft specs`): no launch line for it."
-            )
-            out.append("")
+        out += _unserved(fmt, spec, chain)
     if any(label in LINE_ENGINES for label in lines):
         for engine, line in lines.items():
             out += [f"{engine}:", "", "```bash", line, "```", ""]
@@ -519,6 +526,20 @@ def _trained_for(cfg: Mapping[str, Any], prov: Mapping[str, Any]) -> str:
     )
 
 
+def _unserved(fmt: str, spec: Spec, chain: int) -> list[str]:
+    """A card line (and a blank) per engine that cannot run this draft (its kind, or a chain of `chain` layers)."""
+    method = "EAGLE-3" if format_kind(fmt) is DraftKind.EAGLE3 else "native MTP"
+    what = f"chain of {chain} MTP layers" if chain > 1 else f"{method} draft"
+    out = []
+    for engine in unsupported_engines(fmt, spec, chain):
+        out += [
+            f"{engine} cannot serve a {what} for {spec.name} targets (mtp2draft's engine table, `mtp2draft specs`): "
+            "no launch line for it.",
+            "",
+        ]
+    return out
+
+
 def _chain_layers(cfg: Mapping[str, Any], prov: Mapping[str, Any]) -> int:
     """How many MTP layers the draft chains (a chain draft, or a stitched export of one); 1 otherwise."""
     layers = cfg.get("mtp_layers") or (prov.get("export") or {}).get("mtp_layers") or [0]
@@ -528,7 +549,11 @@ def _chain_layers(cfg: Mapping[str, Any], prov: Mapping[str, Any]) -> int:
 def _chain_note(n: int, cfg: Mapping[str, Any], prov: Mapping[str, Any], spec: Spec | None) -> str:
     """Which layer each engine runs at each step, from the family's engine table (`step_layers`)."""
     rule = cfg.get("step_layers") or (prov.get("export") or {}).get("step_layers") or "cycle"
-    rules = {"cycle": "layer i at step i, from layer 0 again past the last", "first": "layer 0 at every step"}
+    rules = {
+        "cycle": "layer i at step i, from layer 0 again past the last",
+        "first": "layer 0 at every step",
+        NO_CHAIN: "no chain (it serves one MTP layer)",
+    }
     engines = []
     for engine in ENGINES:
         facts = spec.engine(engine) if spec is not None else None

@@ -324,12 +324,30 @@ def atomic_output_dir(
         check_output_dir(out, overwrite, inputs)  # again, now that no other mtp2draft run can write here
         tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
         try:
+            as_umask_allows(tmp)
             yield tmp
             mark(tmp)
             _replace(tmp, out, overwrite)
         except BaseException:
             shutil.rmtree(tmp, ignore_errors=True)
             raise
+
+
+def _umask() -> int:
+    """The process umask (read by setting it and putting it back: no other way exists)."""
+    with _UMASK_LOCK:
+        mask = os.umask(0o022)
+        os.umask(mask)
+    return mask
+
+
+_UMASK_LOCK = threading.Lock()
+
+
+def as_umask_allows(folder: Path) -> None:
+    """Give a directory `tempfile.mkdtemp` made (mode 0700, private) the mode `mkdir` would have given it: an output
+    that a serving process run as another user of the group must read is not left readable by its owner alone."""
+    os.chmod(folder, 0o777 & ~_umask())
 
 
 def _replace(tmp: Path, out: Path, overwrite: bool) -> None:
@@ -389,7 +407,7 @@ class SafetensorsWriter:
         self.plan = plan
         header: dict[str, Any] = {}
         if metadata:
-            header["__metadata__"] = {str(k): str(v) for k, v in metadata.items()}
+            header["__metadata__"] = scrub({str(k): str(v) for k, v in metadata.items()})
         offset = 0
         for name, dtype, shape in plan:
             size = math.prod(shape) * ST_DTYPES[TORCH_TO_ST[dtype]][1]

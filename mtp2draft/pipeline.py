@@ -122,7 +122,7 @@ def preflight(source: str, config: RunConfig, stages: Stages, hub: HubAccess) ->
     Reads configs only."""
     from mtp2draft.checkpoint.reader import open_checkpoint
     from mtp2draft.conversion import check_conversion
-    from mtp2draft.data import check_data_file
+    from mtp2draft.data import check_data_file, read_records
     from mtp2draft.formats import check_format
     from mtp2draft.target.identity import check_same_checkpoint
     from mtp2draft.train.calibrate import check_draft_vocab_size
@@ -133,9 +133,13 @@ def preflight(source: str, config: RunConfig, stages: Stages, hub: HubAccess) ->
     if training.data is None or training.hidden_states is not None:
         raise OptionError("run distills on --data against the online target (dump-hidden data: run distill itself)")
     check_heldout_options(stages.distill, training.heldout, None)
-    for option, path in (("--data", training.data), ("--eval-data", config.eval_data), ("--heldout", training.heldout)):
-        if path is not None:
-            check_data_file(path, option)
+    for option, path, skip_bad in (
+        ("--data", training.data, False),
+        ("--eval-data", config.eval_data, stages.evaluate.skip_bad),
+        ("--heldout", training.heldout, False),
+    ):
+        if path is not None:  # every line read as the stage will read it: an empty or non-UTF-8 file stops run here
+            read_records(check_data_file(path, option), skip_bad)
     ckpt = open_checkpoint(source, hub.revision, hub.token)
     convert = stages.convert
     if convert.to is None and config.format is not None:  # --format alone implies its kind
@@ -146,7 +150,8 @@ def preflight(source: str, config: RunConfig, stages: Stages, hub: HubAccess) ->
     check_format(fmt, kind, f"--to {kind}")
     if convert.all_layers and fmt != "stitched":  # run's own rule: only the stitched overlay holds every layer
         raise OptionError(f"--all-layers makes a native chain draft, which only --format stitched holds, not {fmt}")
-    check_training_settings(kind, spec, stages.distill)
+    layers = spec.num_mtp_layers(ckpt.config) if convert.all_layers else 1
+    check_training_settings(kind, spec, stages.distill, layers)
     refuse_untrained(stages.distill, calibrates=kind == DraftKind.EAGLE3)
     check_draft_vocab_size(kind, stages.distill.draft_vocab_size, int(spec.text_config(ckpt.config)["vocab_size"]))
     if config.target is not None and config.target != source:

@@ -6,16 +6,20 @@ token file `hf auth login` writes. `known_secrets()` collects all three (plus an
 which also blanks the value of every secret-bearing option by name, and anything shaped like a Hugging Face token,
 whether or not this process knows it.
 
+`RedactedStream` / `redacted_output` put the same redactor in front of stdout and stderr: the CLI runs every command
+inside `redacted_output`, so progress lines, tables and error lines are redacted by value like every file.
+
 What this module does not do: decide what is written (the stages do) or refuse uploads (`hub.py` uses `find_secret`
 for that). It never logs what it finds.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import sys
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 MASK = "***"
@@ -101,6 +105,33 @@ def command_line(argv: Sequence[str] | None = None) -> str:
             continue
         out.append(arg)
     return redact(" ".join(out))
+
+
+class RedactedStream:
+    """A text stream (stdout, stderr) whose every write passes `redact`, with the secrets known when it was made: what
+    mtp2draft prints (progress lines, tables, JSON, errors) goes through the same redactor as what it writes."""
+
+    def __init__(self, stream: Any, secrets: set[str] | None = None) -> None:
+        self._stream = stream
+        self._secrets = known_secrets() if secrets is None else secrets
+
+    def write(self, text: str) -> int:
+        return self._stream.write(redact(text, self._secrets))
+
+    def __getattr__(self, name: str) -> Any:  # flush, isatty, fileno, encoding, ...: the stream's own
+        return getattr(self._stream, name)
+
+
+@contextlib.contextmanager
+def redacted_output() -> Iterator[None]:
+    """sys.stdout and sys.stderr as `RedactedStream`s for the duration (restored after)."""
+    secrets = known_secrets()
+    saved = sys.stdout, sys.stderr
+    sys.stdout, sys.stderr = RedactedStream(saved[0], secrets), RedactedStream(saved[1], secrets)
+    try:
+        yield
+    finally:
+        sys.stdout, sys.stderr = saved
 
 
 def find_secret(data: bytes, secrets: set[str] | None = None) -> bool:

@@ -46,6 +46,27 @@ def setting(
     return dataclasses.field(default=default, metadata=meta)
 
 
+# Draft tokens per target forward, wherever a k is taken (evaluate -k, export --speculative-tokens): past this a
+# draft accepts nothing more (acceptance falls with depth) and every step still costs a draft forward (k = 2000 took
+# 74 s a prompt on the tiny targets).
+MAX_DRAFT_TOKENS = 64
+
+# Seeds are signed 64-bit integers wherever they end up (torch generators, vLLM requests): a larger --seed is refused
+# in one line, and the per-item seeds derived from it (`derived_seed`) wrap inside the same range.
+MAX_SEED = 2**63 - 1
+
+
+def check_seed(seed: Any, option: str = "--seed") -> None:
+    """Refuse a seed outside [0, MAX_SEED] (one line saying the bound)."""
+    if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed <= MAX_SEED:
+        raise OptionError(f"{option} must be a whole number in [0, 2**63 - 1] (a 64-bit seed), got {seed!r}")
+
+
+def derived_seed(seed: int, n: int) -> int:
+    """The seed of item `n` (a prompt, a batch) of a run seeded with `seed`: distinct per item, inside [0, MAX_SEED]."""
+    return (seed * 1_000_003 + n) % (MAX_SEED + 1)
+
+
 def cli_fields(cls: type) -> Iterator[dataclasses.Field]:
     """The fields of a settings dataclass that a command offers (declared with `setting(...)`, not `cli=False`)."""
     for f in dataclasses.fields(cls):

@@ -1,5 +1,5 @@
-"""The three hostile-case tables (tests/test_bad_inputs.py, test_bad_commands.py, test_bad_dumps.py), counted per
-command for docs/safety.md. A case's command is read from its source: the command its `Case(...)` runs, named as a
+"""The four hostile-case tables (tests/test_bad_inputs.py, test_bad_commands.py, test_bad_dumps.py,
+test_mistakes.py), counted per command for docs/safety.md. A case's command is read from its source: the command its `Case(...)` runs, named as a
 list literal (`["push", ...]`) or by the table's argv helper (`_convert(`, `_distill(`, ...).
 
 `PYTHONPATH=tests python -m case_tables` prints the page's table with today's counts (the descriptions are the
@@ -16,14 +16,14 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 
 PAGE = Path(__file__).resolve().parents[1] / "docs" / "safety.md"
-COLUMNS = ("inputs", "commands", "dumps")
+COLUMNS = ("inputs", "commands", "dumps", "mistakes")
 START = "<!-- case table:"
 END = "<!-- end of case table -->"
 HEADER = (
-    "| command | what is refused in one line, with nothing written | inputs | commands | dumps | all |\n"
-    "| --- | --- | --- | --- | --- | --- |"
+    "| command | what is refused in one line, with nothing written | inputs | commands | dumps | mistakes | all |\n"
+    "| --- | --- | --- | --- | --- | --- | --- |"
 )
-_ROW = re.compile(r"^\| (`[a-z-]+`|\(no command\)) \| (.*) \|(?: [^|]* \|){4}$")
+_ROW = re.compile(r"^\| (`[a-z-]+`|\(no command\)) \| (.*?) \|(?: [^|]* \|){4,5}$")
 
 
 def _commands() -> tuple[str, ...]:
@@ -59,12 +59,14 @@ def counts(cases: Mapping[str, Callable]) -> dict[str, int]:
 
 
 def table() -> dict[str, dict[str, int]]:
-    """{command: {table file: cases}} over the three tables."""
+    """{command: {table file: cases}} over the four tables."""
     import test_bad_commands
     import test_bad_dumps
     import test_bad_inputs
+    import test_mistakes
 
     tables = {"inputs": test_bad_inputs, "commands": test_bad_commands, "dumps": test_bad_dumps}
+    tables["mistakes"] = test_mistakes
     rows: dict[str, dict[str, int]] = collections.defaultdict(dict)
     for column, module in tables.items():
         for command, n in counts(module.CASES).items():

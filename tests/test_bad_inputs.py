@@ -258,7 +258,7 @@ def export_unknown_format(w, tmp, mp, stack):
 @case
 def export_zero_speculative_tokens(w, tmp, mp, stack):
     argv = ["export", str(w.ds_e3), "--format", "speculators", "--out", str(tmp / "out"), "--speculative-tokens", "0"]
-    return Case(argv, "--speculative-tokens must be at least 1")
+    return Case(argv, "--speculative-tokens must be in [1, 64]")
 
 
 @case

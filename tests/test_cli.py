@@ -337,7 +337,7 @@ def test_settings_refuse_a_bad_value_on_construction() -> None:
     from mtp2draft.evaluation.settings import EvaluateConfig
     from mtp2draft.formats import ExportConfig
 
-    with pytest.raises(SourceError, match="--speculative-tokens must be at least 1"):
+    with pytest.raises(SourceError, match=r"--speculative-tokens must be in \[1, 64\]"):
         ExportConfig(speculative_tokens=0)
     for bad, line in (({"max_new_tokens": 0}, "--max-new-tokens must be at least 1"), ({"top_p": 0}, "--top-p")):
         with pytest.raises(OptionError, match=line):

@@ -71,7 +71,9 @@ def test_push_refuses_a_link_that_leads_outside_the_directory(build, hub, tmp_pa
     (tmp_path / "x" / "notes.txt").symlink_to(tmp_path / "secret.txt")
     capsys.readouterr()
     assert main(["push", str(tmp_path / "x"), "--repo-id", "tester/draft"]) == 2
-    assert "leads outside" in capsys.readouterr().err and not hub.files("tester/draft")
+    assert "leads outside" in capsys.readouterr().err
+    with pytest.raises(KeyError):  # refused before the repo is created: no empty repo is left behind
+        hub.files("tester/draft")
 
 
 @pytest.mark.hub
@@ -108,7 +110,7 @@ def test_overwrite_replaces_only_what_mtp2draft_wrote(build, tmp_path: Path, cap
 
 
 def test_the_safety_page_counts_every_hostile_case() -> None:
-    """docs/safety.md's table, per command and per table, is what the three hostile-case tables hold today."""
+    """docs/safety.md's table, per command and per table, is what the four hostile-case tables hold today."""
     from case_tables import PAGE, descriptions, expected_block, table, table_block
 
     text = PAGE.read_text()

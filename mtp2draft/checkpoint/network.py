@@ -7,13 +7,22 @@ connect/read/write timeout of `MTP2DRAFT_HUB_TIMEOUT` seconds (default 30). Retr
 huggingface_hub's (`http_backoff`); `retries()` is how many mtp2draft asks for (`MTP2DRAFT_HUB_RETRIES`, default 5).
 `describe()` turns a network exception into one line that names the endpoint and what to try.
 
+Answers are checked, not trusted: a proxy or captive portal can answer 200 with an HTML page, `{}` or JSON cut
+short, which huggingface_hub parses into a `KeyError`, `JSONDecodeError` or `TypeError`. `configure()` also adds a
+response hook that keeps the first bytes of the last API answer (`/api/...`: small JSON, read whole anyway), and
+`checked_answer(call, error)` turns such a parse failure inside a Hub call into one line naming the call, the
+request and those bytes.
+
 What this module does not do: make requests itself, or decide which errors are the user's (callers wrap them in
 their stage's error type).
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
+import threading
+from collections.abc import Iterator
 
 TIMEOUT_ENV = "MTP2DRAFT_HUB_TIMEOUT"
 RETRIES_ENV = "MTP2DRAFT_HUB_RETRIES"
@@ -54,13 +63,60 @@ def _apply_timeout(request) -> None:
         request.extensions["timeout"] = {"connect": seconds, "read": seconds, "write": seconds, "pool": seconds}
 
 
+# Bytes of an answer shown when it is not what the Hub sends.
+FIRST_BYTES = 60
+_last = threading.local()  # .answer: (method, url, first bytes) of the last API answer this thread received
+
+
+def _record_answer(response) -> None:
+    if "/api/" in response.request.url.path:  # API answers are small JSON; downloads (/resolve/) are never read here
+        response.read()
+        _last.answer = (response.request.method, str(response.request.url), bytes(response.content[:FIRST_BYTES]))
+
+
 def configure() -> None:
-    """Make huggingface_hub's shared client time out (idempotent; call before any Hub request)."""
+    """Make huggingface_hub's shared client time out and keep the start of API answers (idempotent; call before any
+    Hub request)."""
     from huggingface_hub import get_session
 
     hooks = get_session().event_hooks
     if _apply_timeout not in hooks["request"]:
         hooks["request"] = [*hooks["request"], _apply_timeout]
+    if _record_answer not in hooks["response"]:
+        hooks["response"] = [*hooks["response"], _record_answer]
+
+
+@contextlib.contextmanager
+def checked_answer(call: str, error: type[Exception]) -> Iterator[None]:
+    """Run Hub call `call` (e.g. "model_info"); an answer huggingface_hub cannot parse (HTML, `{}`, JSON cut short:
+    `KeyError`, `ValueError`, `TypeError`, ...) becomes `error` with one line naming the call, the request and the
+    first bytes that came back. huggingface_hub's own errors (HTTP status, repo id) and mtp2draft's pass through."""
+    from huggingface_hub.errors import HFValidationError
+
+    from mtp2draft.errors import Mtp2DraftError
+
+    _last.answer = None
+    try:
+        yield
+    except (KeyError, ValueError, TypeError, AttributeError, IndexError) as exc:
+        if isinstance(exc, HFValidationError | Mtp2DraftError):
+            raise
+        raise error(describe_answer(call, exc)) from exc
+
+
+def describe_answer(call: str, exc: BaseException) -> str:
+    """One line for an answer that is not the Hub's: which call, which request, what was wrong, the first bytes."""
+    from huggingface_hub import constants
+
+    answer = getattr(_last, "answer", None)
+    what = f"no field {exc}" if isinstance(exc, KeyError) else f"{type(exc).__name__}: {str(exc).splitlines()[0]}"
+    if answer is None:
+        return f"the Hub at {constants.ENDPOINT} answered {call} with something that is not the Hub's answer ({what})"
+    method, url, first = answer
+    return (
+        f"the Hub at {constants.ENDPOINT} answered {call} ({method} {url}) with something that is not the Hub's "
+        f"answer ({what}); it began {first!r}: check HF_ENDPOINT and proxies"
+    )
 
 
 def is_network_error(exc: BaseException) -> bool:

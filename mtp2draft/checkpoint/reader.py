@@ -377,10 +377,32 @@ def open_checkpoint(
         return _open_local(path)
     if path.exists():
         raise SourceError(f"{path} is a file; SOURCE must be a checkpoint directory or a hub repo id")
-    text = str(source)
-    if text.startswith((".", "/", "~")) or text.count("/") > 1 or not text:
-        raise SourceError(f"local directory {text} does not exist")
-    return _open_hub(text, revision, token)
+    return _open_hub(hub_repo_id(str(source)), revision, token)
+
+
+# What a Hub repo id is, said when a SOURCE is neither a directory nor one (huggingface_hub's `validate_repo_id`).
+REPO_ID_RULE = (
+    "a repo id is `name` or `org/name`: letters, digits, `-`, `_`, `.`, no `--` or `..`, at most 96 characters"
+)
+
+
+def hub_repo_id(text: str) -> str:
+    """`text` as a Hub repo id, once no directory of that name exists; otherwise one line naming both things tried:
+    "directory `./my model` does not exist, and it is not a Hub repo id (...)". A path-like text (`./x`, `/x`,
+    `~/x`, `a/b/c`) is never taken for a repo id: the user meant a directory."""
+    from huggingface_hub.utils import HFValidationError, validate_repo_id
+
+    shown = text if text.isprintable() else repr(text)  # a newline in a name must not break the one line
+    path_like = not text or text.startswith((".", "/", "~")) or text.count("/") > 1
+    try:
+        if path_like:
+            raise HFValidationError(text)
+        validate_repo_id(text)
+    except HFValidationError:
+        raise SourceError(
+            f"directory `{shown}` does not exist, and `{shown}` is not a Hub repo id ({REPO_ID_RULE})"
+        ) from None
+    return text
 
 
 def _open_local(root: Path) -> Checkpoint:
@@ -471,7 +493,10 @@ def _open_hub(repo_id: str, revision: str | None, token: str | bool | None) -> C
         if constants.HF_HUB_OFFLINE:
             commit, sizes = _offline_commit(repo_id, revision)
         else:
-            info = HfApi(token=token).model_info(repo_id, revision=revision, files_metadata=True)
+            with network.checked_answer("model_info", SourceError):
+                info = HfApi(token=token).model_info(repo_id, revision=revision, files_metadata=True)
+                if not isinstance(info.sha, str) or not info.sha or not isinstance(info.siblings, list | None):
+                    raise KeyError("sha")  # a commit to fetch from is the one thing this answer must say
             commit = info.sha
             sizes = {s.rfilename: s.size for s in (info.siblings or [])}
         names = set(sizes)

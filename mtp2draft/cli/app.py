@@ -56,14 +56,27 @@ def _os_error_line(exc: OSError) -> str:
     return f"{exc.strerror or exc}{where}" if exc.strerror else str(exc)
 
 
+def _one_line(text: str) -> str:
+    """An error message as the one line it must be: a newline inside it (a path or repo id the user typed) is
+    shown escaped, never as a second line."""
+    return text.replace("\r", "\\r").replace("\n", "\\n")
+
+
 def main(argv: list[str] | None = None) -> int:
     """Console-script entry: one formatter for known errors, tracebacks only under MTP2DRAFT_DEBUG=1."""
-    from mtp2draft.redact import redact, set_command
+    from mtp2draft.redact import redacted_output, set_command
 
-    debug = os.environ.get("MTP2DRAFT_DEBUG") == "1"
     args = list(sys.argv[1:] if argv is None else argv)
     _register_secrets(args)
     set_command(["mtp2draft", *args])
+    with redacted_output():  # every line printed passes the one redactor, as every file written does
+        return _main(args)
+
+
+def _main(args: list[str]) -> int:
+    from mtp2draft.redact import redact
+
+    debug = os.environ.get("MTP2DRAFT_DEBUG") == "1"
     click_error, click_exit, click_abort = _click_exceptions()
     command = typer.main.get_command(app)
     try:
@@ -79,12 +92,12 @@ def main(argv: list[str] | None = None) -> int:
     except Mtp2DraftError as exc:
         if debug:
             raise
-        print(f"error: {redact(str(exc))}", file=sys.stderr)
+        print(f"error: {_one_line(redact(str(exc)))}", file=sys.stderr)
         return exc.exit_code
     except OSError as exc:  # the environment: disk full, read-only or missing paths, permissions
         if debug:
             raise
-        print(f"error: {redact(_os_error_line(exc))}", file=sys.stderr)
+        print(f"error: {_one_line(redact(_os_error_line(exc)))}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)

@@ -86,7 +86,13 @@ def speedup(
     draft_tp: Annotated[
         int | None, typer.Option("--draft-tp", help="Devices the draft runs on (default: --tp).")
     ] = None,
-    context: Annotated[int, typer.Option("--context", help="Context length (tokens of history) per request.")] = 4096,
+    context: Annotated[
+        int | None,
+        typer.Option(
+            "--context",
+            help="Context length (tokens of history) per request (default 4096, or the target's own when shorter).",
+        ),
+    ] = None,
     batch: Annotated[
         str | None, typer.Option("--batch", help="Batch sizes, e.g. '1,8,64' (default 1,2,4,8,16,32,64).")
     ] = None,

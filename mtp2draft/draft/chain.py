@@ -174,6 +174,8 @@ class MtpChainDraft(DraftModule):
     def train_for_engine(self, engine: str) -> None:
         """Each layer computes what `engine` computes; the chain follows `engine`'s step rule where the spec states
         one (else keeps its own)."""
+        if not self.spec.runs(engine, "mtp", self.num_layers):
+            raise DraftError(self.spec.no_chain(engine, self.num_layers))
         for m in self.layers:
             m.train_for_engine(engine)
         facts = self.spec.engine(engine)

@@ -464,10 +464,13 @@ def engine_report(
     tp: int,
 ) -> dict[str, Any]:
     """The report's head, as `decode.evaluate` writes it, plus `engine` (name, version, tp, the plain run's clock)."""
+    from mtp2draft.checkpoint.reader import read_config
+    from mtp2draft.family.spec import find_spec
     from mtp2draft.target.hidden import commit_of
 
     return {
         "target": target,
+        "target_family": find_spec(read_config(target_dir)).name,
         "target_commit": commit_of(target_dir),
         "data": str(data),
         "device": f"vllm (tensor_parallel_size={tp})",

@@ -46,10 +46,12 @@ from mtp2draft.draft.modules import DraftCache
 from mtp2draft.errors import DataError
 from mtp2draft.evaluation import charts
 from mtp2draft.evaluation.compare import compare_to_baselines
+from mtp2draft.evaluation.report import parse_report
 from mtp2draft.evaluation.sampling import Greedy, Sampling, Speculative, ks_uniform, make_sampler, pit, warp
 from mtp2draft.evaluation.settings import EvaluateConfig
 from mtp2draft.io import Progress, meter, write_json
 from mtp2draft.kinds import EVALUATION_FILE, DraftKind
+from mtp2draft.settings import derived_seed
 from mtp2draft.target.device import resolve_device
 from mtp2draft.target.hidden import TargetModel, check_draft_fits
 from mtp2draft.target.identity import check_drafts_belong
@@ -409,6 +411,7 @@ def evaluate(
     references: list[list[int]] | None = None
     out: dict[str, Any] = {
         "target": tm.source,
+        "target_family": tm.spec.name,  # what the acceptance was measured on (`speedup` says when it differs)
         "target_commit": tm.commit,
         "data": str(data),
         "device": str(tm.device) if device_map is None else f"device_map={device_map}",
@@ -475,7 +478,7 @@ def evaluate_draft(
     check = torch.Generator().manual_seed(seed)  # the PIT's noise
     bar = meter(progress, f"evaluate {name}", len(prompts), "prompt")
     for n, (prompt, ref) in enumerate(zip(prompts, references or [[]] * len(prompts), strict=True), 1):
-        sampler = make_sampler(sampling, seed * 1_000_003 + n)
+        sampler = make_sampler(sampling, derived_seed(seed, n))
         tokens, accepted = speculative_decode(runner, draft, prompt, k, max_new, eos, sampler)
         result = PromptResult(tokens, accepted, ref, tokens == ref if sampling.greedy else None)
         if not sampling.greedy:
@@ -510,6 +513,7 @@ def save_evaluation(draft_dir: str | Path, report: dict[str, Any]) -> tuple[Path
     json's path, the chart's or None). A chart left from an earlier evaluation is removed, never shown beside another
     evaluation's numbers."""
     path = Path(draft_dir) / EVALUATION_FILE
+    parse_report(report, str(path))  # written by the rules its readers read it with (`report.py`)
     write_json(path, report)
     chart = charts.save_acceptance_chart(report, draft_dir)
     if chart is None:

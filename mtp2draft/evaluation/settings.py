@@ -15,7 +15,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from mtp2draft.errors import OptionError
-from mtp2draft.settings import setting
+from mtp2draft.settings import MAX_DRAFT_TOKENS, check_seed, setting
+
+# The longest generation per prompt the reference loop runs (longer than any bundled target's context).
+MAX_NEW_TOKENS = 65536
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -52,6 +55,13 @@ class EvaluateConfig:
         ):
             if value < 1:
                 raise OptionError(f"{option} must be at least 1, got {value}")
+        for option, value, most, why in (
+            ("--num-draft-tokens", self.num_draft_tokens, MAX_DRAFT_TOKENS, "every draft step costs a draft forward"),
+            ("--max-new-tokens", self.max_new_tokens, MAX_NEW_TOKENS, "longer than any bundled target's context"),
+        ):
+            if value > most:
+                raise OptionError(f"{option} must be at most {most} ({why}), got {value}")
+        check_seed(self.seed)
         Sampling(self.temperature, self.top_p, self.draft_sampling)  # OptionError on a bad value
         from mtp2draft.family.spec import STEP_LAYER_RULES
 

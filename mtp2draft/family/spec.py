@@ -34,6 +34,10 @@ ENGINES = ("vllm", "sglang")
 METHODS = DRAFT_KINDS  # an engine's speculative methods are the draft kinds
 AUX_ID_RULES = ("plus_one", "plus_one_if_first_is_one")
 STEP_LAYER_RULES = ("cycle", "first")
+# An engine's rule for a family's chain of MTP layers: one of STEP_LAYER_RULES, or "neither" (it serves one MTP
+# layer and runs no chain: a chain draft cannot be served by it, nor trained for it).
+NO_CHAIN = "neither"
+ENGINE_STEP_LAYER_RULES = (*STEP_LAYER_RULES, NO_CHAIN)
 ATTN_IMPLEMENTATIONS = ("sdpa", "eager")
 # The named (non-block) components of an MTP layer, as `[keys]` names them.
 COMPONENTS = (
@@ -278,6 +282,22 @@ class Spec:
         facts = self.engine(engine)
         return facts is not None and facts.serves(method)
 
+    def runs(self, engine: str, method: str, layers: int = 1) -> bool:
+        """Whether `engine` runs a `method` draft of `layers` MTP layers for this family: it serves the method, and a
+        chain (layers > 1) only where its step rule is not "neither"."""
+        facts = self.engine(engine)
+        return self.serves(engine, method) and (layers <= 1 or facts is None or facts.step_layers != NO_CHAIN)
+
+    def no_chain(self, engine: str, layers: int) -> str:
+        """The one line refusing a chain of `layers` MTP layers for `engine`, whose rule for this family is "neither"."""
+        facts = self.engine(engine)
+        version = f" {facts.version}" if facts else ""
+        return (
+            f"{engine}{version} runs no chain of MTP layers for {self.name} targets (spec {self.path}: "
+            f'[engines.{engine}] step_layers = "{NO_CHAIN}"): this draft chains {layers}; distill a one-layer draft '
+            "(convert --layer N) for it, or pick another engine"
+        )
+
     def engine_computation(self, engine: str) -> dict[str, Any]:
         """What `engine`'s native MTP module computes for this family: the step-0 target hidden (`input_hidden`),
         whether it applies the final norm (`final_norm`) and the hidden it hands on (`hidden_handover`)."""
@@ -423,8 +443,8 @@ def _check_values(spec: Spec) -> None:
             raise SpecError(f"{at}: hidden must be one of {HIDDEN_SOURCES}, got {facts.hidden!r}")
         if facts.aux_ids not in AUX_ID_RULES:
             raise SpecError(f"{at}: aux_ids must be one of {AUX_ID_RULES}, got {facts.aux_ids!r}")
-        if facts.step_layers and facts.step_layers not in STEP_LAYER_RULES:
-            raise SpecError(f"{at}: step_layers must be one of {STEP_LAYER_RULES}, got {facts.step_layers!r}")
+        if facts.step_layers and facts.step_layers not in ENGINE_STEP_LAYER_RULES:
+            raise SpecError(f"{at}: step_layers must be one of {ENGINE_STEP_LAYER_RULES}, got {facts.step_layers!r}")
         if not facts.version:
             raise SpecError(f"{at}: version (the engine release the facts were read from) is required")
     if spec.speculators.mtp_model_type and not spec.speculators.version:

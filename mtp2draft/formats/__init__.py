@@ -19,7 +19,7 @@ from typing import Any
 
 from mtp2draft.errors import DraftError, SourceError
 from mtp2draft.kinds import DTYPE_NAMES, DraftKind
-from mtp2draft.settings import setting
+from mtp2draft.settings import MAX_DRAFT_TOKENS, setting
 
 
 @dataclass(frozen=True)
@@ -108,6 +108,12 @@ FORMATS: dict[str, DraftKind] = exportable()
 VALIDATE_FORMATS = tuple(REGISTRY)
 
 
+def verifier_ok(name: Any) -> bool:
+    """Whether `name` can be a verifier's hub id or path: a non-empty string of one printable line (a newline in it
+    would split the launch line the card prints)."""
+    return isinstance(name, str) and bool(name.strip()) and name.isprintable()
+
+
 @dataclass(frozen=True, kw_only=True)
 class ExportConfig:
     """How `export` writes a draft besides which format and where, each setting declared once here
@@ -129,8 +135,13 @@ class ExportConfig:
     def __post_init__(self) -> None:
         if self.dtype not in DTYPE_NAMES:
             raise SourceError(f"--dtype must be one of {', '.join(DTYPE_NAMES)}, got {self.dtype!r}")
-        if self.speculative_tokens < 1:
-            raise SourceError(f"--speculative-tokens must be at least 1, got {self.speculative_tokens}")
+        if not 1 <= self.speculative_tokens <= MAX_DRAFT_TOKENS:
+            raise SourceError(
+                f"--speculative-tokens must be in [1, {MAX_DRAFT_TOKENS}] (every draft step costs a draft forward), "
+                f"got {self.speculative_tokens}"
+            )
+        if self.verifier is not None and not verifier_ok(self.verifier):
+            raise SourceError(f"--verifier must be one line naming a hub id or path, got {self.verifier!r}")
 
 
 @dataclass(kw_only=True)

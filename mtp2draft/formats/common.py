@@ -16,7 +16,9 @@ import torch
 
 from mtp2draft.checkpoint.fp8 import SCALE_SUFFIX
 from mtp2draft.errors import DraftError, read_json_file
+from mtp2draft.formats import verifier_ok
 from mtp2draft.kinds import WEIGHTS_FILE
+from mtp2draft.settings import MAX_DRAFT_TOKENS
 
 README_FILE = "README.md"
 
@@ -114,8 +116,10 @@ def speculators_section_problems(cfg: Mapping[str, Any], algorithm: str) -> list
             k = m.get("speculative_tokens") if isinstance(m, dict) else None
             if not isinstance(m, dict) or not m.get("proposal_type"):
                 problems.append(f"speculators_config.proposal_methods[{i}] has no proposal_type")
-            if not isinstance(k, int) or k < 1:
-                problems.append(f"speculators_config.proposal_methods[{i}].speculative_tokens must be >= 1")
+            if isinstance(k, bool) or not isinstance(k, int) or not 1 <= k <= MAX_DRAFT_TOKENS:
+                problems.append(
+                    f"speculators_config.proposal_methods[{i}].speculative_tokens must be in [1, {MAX_DRAFT_TOKENS}]"
+                )
         types = [m.get("proposal_type") for m in methods if isinstance(m, dict)]
         if sc.get("default_proposal_method") not in types:
             problems.append(
@@ -125,6 +129,10 @@ def speculators_section_problems(cfg: Mapping[str, Any], algorithm: str) -> list
     verifier = sc.get("verifier")
     if not isinstance(verifier, dict) or "name_or_path" not in verifier or "architectures" not in verifier:
         problems.append("speculators_config.verifier needs name_or_path and architectures")
+    elif verifier["name_or_path"] is not None and not verifier_ok(verifier["name_or_path"]):
+        problems.append(
+            f"speculators_config.verifier.name_or_path {verifier['name_or_path']!r} is not one line naming a model"
+        )
     return problems
 
 

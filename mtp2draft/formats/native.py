@@ -321,6 +321,10 @@ def engine_mismatches(spec: Spec, cfg: Mapping[str, Any], engines: Iterable[str]
         if facts is None or not facts.serves(DraftKind.MTP):
             notes.append(f"{engine} serves no native MTP draft for {spec.name} targets")
             continue
+        layers = len(cfg.get("mtp_layers") or [0]) if isinstance(cfg.get("mtp_layers"), list) else 1
+        if not spec.runs(engine, DraftKind.MTP, layers):
+            notes.append(f"{engine} {facts.version} runs no chain of MTP layers for {spec.name} targets")
+            continue
         theirs = spec.engine_computation(engine)
         wrong = [f"{k} {mine[k]} (draft) vs {theirs[k]} ({engine})" for k in theirs if mine[k] != theirs[k]]
         if wrong:

@@ -53,6 +53,7 @@ from mtp2draft.formats.native import (
 from mtp2draft.formats.requant import UNQUANTISED_WHY, excluded_config
 from mtp2draft.io import SafetensorsWriter, write_json
 from mtp2draft.kinds import CONFIG_FILE, WEIGHTS_FILE
+from mtp2draft.redact import redact
 
 
 def _target_index(ckpt: Checkpoint) -> dict[str, Any]:
@@ -191,7 +192,29 @@ def _rewrite_shard(
                     dst.write(name, writer.get(name) if info.name in slots else kept[name])
 
 
+# launch-line label of `_launch_lines` -> the engine whose rule for the family gates it
+SERVE_ENGINES = {"vLLM": "vllm", "SGLang": "sglang"}
+
+
+def _serve_lines(spec: Spec, layers: int) -> list[str]:
+    """The launch lines of the overlay for the engines that run it (a chain of `layers` > 1 only where the engine's
+    step rule is not "neither"), drafting at least as many tokens as there are layers."""
+    lines = _launch_lines("<target>", "<this directory>", max(3, layers))
+    return [
+        line
+        for label, line in lines.items()
+        if label in SERVE_ENGINES and spec.runs(SERVE_ENGINES[label], "mtp", layers)
+    ]
+
+
 def _stitched_readme(
+    ckpt: Checkpoint, spec: Spec, layers: list[int], shards: list[str], writer: NativeWriter, unquantised: list[str]
+) -> str:
+    """The overlay's README.md, every text in it through the one redactor (a source path may hold a token)."""
+    return redact(_readme_text(ckpt, spec, layers, shards, writer, unquantised))
+
+
+def _readme_text(
     ckpt: Checkpoint, spec: Spec, layers: list[int], shards: list[str], writer: NativeWriter, unquantised: list[str]
 ) -> str:
     where = ckpt.source + (f" (commit {ckpt.commit})" if ckpt.commit else "")
@@ -218,6 +241,12 @@ def _stitched_readme(
         else f"hf download {ckpt.source}{revision} --local-dir ./target-stitched"
     )
     which = f"MTP layer {layers[0]}" if len(layers) == 1 else f"MTP layers {', '.join(map(str, layers))}"
+    lines = _serve_lines(spec, len(layers))
+    serve = (
+        "```bash\n" + "\n".join(lines) + "\n```"
+        if lines
+        else f"No engine in mtp2draft's table runs this overlay for {spec.name} targets (`mtp2draft specs`)."
+    )
     return f"""# Stitched MTP layer ({spec.name})
 
 The fine-tuned {which} of `{where}`, written back under the checkpoint's own key names, dtypes and
@@ -243,11 +272,7 @@ cp {" ".join(shards)} {INDEX_FILE} ./target-stitched/
 
 ## Serve
 
-```bash
-vllm serve ./target-stitched --speculative-config '{{"method": "mtp", "num_speculative_tokens": 3}}'
-python -m sglang.launch_server --model ./target-stitched --speculative-algorithm EAGLE \\
-  --speculative-num-steps 3 --speculative-eagle-topk 1 --speculative-num-draft-tokens 4
-```
+{serve}
 """
 
 

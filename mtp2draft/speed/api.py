@@ -20,6 +20,9 @@ from mtp2draft.speed.cost import draft_cost, mtp_draft_cost, target_cost, text_c
 from mtp2draft.speed.model import BATCHES, KS, Acceptance, SpeedReport, predict, read_acceptance
 from mtp2draft.speed.published import load_config, shipped_configs
 
+# Tokens of history per request the prediction assumes unless told (shorter when the target's context is).
+DEFAULT_CONTEXT = 4096
+
 
 def read_config(ref: str | Path) -> tuple[dict[str, Any], str]:
     """(config, where it came from) for a config.json path, a directory holding one, or a shipped hub id."""
@@ -55,13 +58,14 @@ def speedup(
     gpu: str,
     tp: int = 1,
     draft: str | Path | Mapping[str, Any] | None = None,
-    context: int = 4096,
+    context: int | None = None,
     draft_tp: int | None = None,
     ks: Sequence[int] = KS,
     batches: Sequence[int] | None = None,
 ) -> SpeedReport:
     """Predicted speed with and without the draft. `draft` None: the evaluated draft directory's own config when
-    `evaluation` is one, else the target's own MTP layer; `batches` None: 1, 2, 4, ..., 64."""
+    `evaluation` is one, else the target's own MTP layer; `batches` None: 1, 2, 4, ..., 64; `context` None:
+    DEFAULT_CONTEXT, or the target's max_position_embeddings when that is shorter."""
     check_options(tp, draft_tp, context, batches)
     acceptance = evaluation if isinstance(evaluation, Acceptance) else read_acceptance(evaluation)
     if isinstance(target, Mapping):
@@ -72,7 +76,10 @@ def speedup(
     name = model_name(target_cfg, str(target) if not isinstance(target, Mapping) else "target")
     t = _named(target_src, lambda: target_cost(target_cfg, name))
     longest = text_config(target_cfg).get("max_position_embeddings")
-    if isinstance(longest, int) and not isinstance(longest, bool) and context > longest:
+    longest = longest if isinstance(longest, int) and not isinstance(longest, bool) and longest > 0 else None
+    if context is None:
+        context = min(DEFAULT_CONTEXT, longest or DEFAULT_CONTEXT)
+    elif longest is not None and context > longest:
         raise OptionError(f"--context {context} is beyond the target's max_position_embeddings {longest}")
     if draft is None and not isinstance(evaluation, Acceptance) and (Path(evaluation) / "config.json").is_file():
         draft = Path(evaluation)  # a draft directory: the draft is the one evaluated
@@ -83,6 +90,16 @@ def speedup(
         d = _named(draft_src, lambda: draft_cost(draft_cfg, f"draft ({draft_src})"))
     report = predict(t, d, acceptance, accelerator, tp, draft_tp, ks, batches or BATCHES, context)
     report.notes.insert(0, f"target config: {target_src}")
+    measured_on = acceptance.target_family
+    family = _family(target_cfg)
+    if measured_on is not None and family is not None and measured_on != family:
+        report.notes.insert(
+            1,
+            f"acceptance was measured on a {measured_on} target ({acceptance.source}), this predicts for a {family} "
+            "config: the figures hold only as far as the drafts behave alike",
+        )
+    elif measured_on is None and not isinstance(evaluation, Acceptance):
+        report.notes.insert(1, f"{acceptance.source} does not say which family of target it was measured on")
     per_device = t.weight_bytes() / tp
     if per_device > accelerator.memory_bytes:
         report.notes.append(
@@ -90,6 +107,18 @@ def speedup(
             f"{accelerator.memory_bytes / 1e9:.0f} GB of one {accelerator.description}: raise --tp"
         )
     return report
+
+
+def _family(config: Mapping[str, Any]) -> str | None:
+    """The family (spec name) of a model config, or its model_type when no spec matches."""
+    from mtp2draft.errors import Mtp2DraftError
+    from mtp2draft.family.spec import find_spec
+
+    try:
+        return find_spec(config).name
+    except Mtp2DraftError:
+        model_type = config.get("model_type")
+        return model_type if isinstance(model_type, str) else None
 
 
 def check_options(tp: Any, draft_tp: Any, context: Any, batches: Sequence[int] | None) -> None:

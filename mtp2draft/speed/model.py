@@ -17,14 +17,12 @@ temperature effects or scheduling across requests of different lengths.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
 from mtp2draft.errors import DataError, OptionError
-from mtp2draft.kinds import EVALUATION_FILE
 from mtp2draft.speed.accelerators import Accelerator
 from mtp2draft.speed.cost import LAYER_LATENCY_S, ModelCost, forward_time
 
@@ -39,6 +37,7 @@ class Acceptance:
     per_position: tuple[float, ...]
     source: str = "given"
     mean_acceptance_length: float | None = None
+    target_family: str | None = None  # the family of the target it was measured on, when the report says
 
     def __post_init__(self) -> None:
         if not self.per_position or any(not 0.0 <= a <= 1.0 for a in self.per_position):
@@ -62,25 +61,13 @@ class Acceptance:
 
 
 def read_acceptance(path: str | Path) -> Acceptance:
-    """The first draft's acceptance in an evaluation.json (or a draft directory holding one)."""
-    path = Path(path)
-    file = path / EVALUATION_FILE if path.is_dir() else path
-    if not file.is_file():
-        raise DataError(f"{file}: no evaluation (write one with `mtp2draft evaluate --save`)")
-    try:
-        report = json.loads(file.read_text())
-    except json.JSONDecodeError as exc:
-        raise DataError(f"{file}: not JSON ({exc.msg} at line {exc.lineno})") from None
-    if not isinstance(report, dict):
-        raise DataError(f"{file}: not an `mtp2draft evaluate --save` report (a JSON object)")
-    first = (report.get("results") or [report])[0]
-    per = first.get("acceptance_per_position") or report.get("acceptance_per_position")
-    if not isinstance(per, list) or not per:
-        raise DataError(f"{file}: has no acceptance_per_position (is it an `mtp2draft evaluate --save` report?)")
-    if not all(isinstance(a, int | float) and not isinstance(a, bool) for a in per):
-        raise DataError(f"{file}: acceptance_per_position must be numbers in [0, 1], got {per!r}")
-    mal = first.get("mean_acceptance_length", report.get("mean_acceptance_length"))
-    return Acceptance(tuple(float(a) for a in per), str(file), float(mal) if isinstance(mal, int | float) else None)
+    """The first draft's acceptance in an evaluation.json (or a draft directory holding one), read by the typed
+    reader `evaluate --save` writes with (`evaluation/report.py`)."""
+    from mtp2draft.evaluation.report import read_report
+
+    report = read_report(path)
+    first = report.draft
+    return Acceptance(first.acceptance_per_position, report.source, first.mean_acceptance_length, report.target_family)
 
 
 @dataclass(frozen=True)

@@ -105,9 +105,9 @@ def check_target_dir(path: Path) -> Path:
         for file in sorted(set(parse_index(raw, str(index)).values())):
             if not (path / file).is_file():
                 raise CheckpointError(f"shard {file} is named in {index} but does not exist")
-        return path
+        return _headers_read(path)
     if (path / SINGLE_FILE).is_file():
-        return path
+        return _headers_read(path)
     pickles = sorted(p.name for p in path.iterdir() if p.suffix in PICKLE_SUFFIXES)
     if pickles:
         raise CheckpointError(
@@ -115,6 +115,15 @@ def check_target_dir(path: Path) -> Path:
             "pickles; convert them to safetensors first"
         )
     raise CheckpointError(f"target {path} has neither {INDEX_FILE} nor {SINGLE_FILE}")
+
+
+def _headers_read(path: Path) -> Path:
+    """`path` once every shard's safetensors header is parsed and consistent with the file's size (the reader
+    `convert` and `inspect` use): a corrupt or truncated shard is one line, not a traceback from transformers."""
+    ckpt = open_checkpoint(path)
+    for file in sorted(set(ckpt.weight_map.values())):
+        ckpt.header(file)
+    return path
 
 
 def check_draft_fits(draft, target: TargetModel, where: str | Path) -> None:

@@ -143,7 +143,12 @@ def plan(
         raise DataError(f"--train-subset must be one of {', '.join(TRAIN_SUBSETS)}, got {subset!r}")
     draft = meta_draft(draft_config)
     # an engine that cannot serve the draft is refused by distill's own check (configure_draft) in its words
-    if draft.kind == DraftKind.MTP and serving_engine in ENGINES and draft.spec.serves(serving_engine, draft.kind):
+    layers = int(getattr(draft, "num_layers", 1) or 1)
+    if (
+        draft.kind == DraftKind.MTP
+        and serving_engine in ENGINES
+        and draft.spec.runs(serving_engine, draft.kind, layers)
+    ):
         draft.train_for_engine(serving_engine)
     patterns = TRAIN_SUBSETS[subset][1]
     names = dict(draft.named_parameters())

@@ -27,6 +27,7 @@ every rank; targets too large for that go through `dump-hidden` files), or tenso
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import shutil
@@ -237,17 +238,54 @@ def save(
         if par.is_main:
             write_json(tmp / STATE_FILE, {**meta, "step": step, "world_size": par.world})
             os.replace(tmp, final)
-    except BaseException:  # disk full, read-only, killed: no half-written checkpoint (or empty folder) is left
+    except BaseException as exc:  # disk full, read-only, killed: no half-written checkpoint (or empty folder) is left
+        failure = write_failure(exc, final)  # before the cleanup frees what the write filled
         if par.is_main:
             shutil.rmtree(tmp, ignore_errors=True)
             if fresh:
                 remove_checkpoint_folder(folder)
+        if failure is not None and failure is not exc:
+            raise failure from exc
         raise
     if par.is_main:
         for old in sorted(folder.glob("step-*"))[:-keep]:
             shutil.rmtree(old, ignore_errors=True)
     par.barrier()
     return final
+
+
+def write_failure(exc: BaseException, where: Path) -> OSError | None:
+    """The OSError (one line: what failed, where) behind a checkpoint write that failed for want of disk or rights:
+    DCP wraps its writers' errors in a `CheckpointException`, and torch's stream writer reports a failed write as a
+    RuntimeError from `inline_container.cc` (CheckpointException is a BaseException). None when `exc` is something
+    else (a bug keeps its traceback, an interrupt stays an interrupt)."""
+    if isinstance(exc, KeyboardInterrupt | SystemExit | GeneratorExit):  # stays what it is, whatever it interrupted
+        return None
+    seen: list[BaseException] = []
+    todo = [exc]
+    while todo:
+        e = todo.pop()
+        if e is None or any(e is s for s in seen):
+            continue
+        seen.append(e)
+        failures = getattr(e, "failures", None)  # CheckpointException: {rank: (exception, traceback)}
+        if isinstance(failures, dict):
+            todo += [f[0] if isinstance(f, tuple) else f for f in failures.values()]
+        todo += [e.__cause__, e.__context__]
+    for e in seen:
+        if isinstance(e, OSError) and e.errno is not None:  # the writer's own error, as it would read unwrapped
+            return e if e is exc else OSError(e.errno, e.strerror, e.filename)
+    for e in seen:
+        text = str(e)
+        if isinstance(e, RuntimeError) and ("inline_container" in text or "file write failed" in text):
+            if shutil.disk_usage(where.parent).free < FULL_DISK_BYTES:
+                return OSError(errno.ENOSPC, "No space left on device", str(where))
+            return OSError(errno.EIO, f"could not write checkpoint {where.name} (the file write failed)", str(where))
+    return None
+
+
+# Free bytes under which a failed checkpoint write is said to be a full disk.
+FULL_DISK_BYTES = 64 << 20
 
 
 def load(path: Path, draft: nn.Module, optimizer: torch.optim.Optimizer, par: Parallel) -> dict[str, Any]:

@@ -447,7 +447,8 @@ def configure_draft(draft, cfg: DistillConfig) -> None:
     spec_name = getattr(getattr(draft, "spec", None), "name", None) or (
         (getattr(draft, "eagle_config", {}) or {}).get("mtp2draft") or {}
     ).get("spec")
-    check_training_settings(kind, get_spec(spec_name) if spec_name else None, cfg)
+    layers = int(getattr(draft, "num_layers", 1) or 1)  # a chain draft (convert --all-layers) holds several
+    check_training_settings(kind, get_spec(spec_name) if spec_name else None, cfg, layers)
     if cfg.serving_engine is not None and kind == DraftKind.MTP:
         draft.train_for_engine(cfg.serving_engine)
     if cfg.hidden_handover is not None:
@@ -471,9 +472,11 @@ def refuse_untrained(cfg: DistillConfig, calibrates: bool) -> None:
         )
 
 
-def check_training_settings(kind: str, spec: Any, cfg: DistillConfig) -> None:
-    """`--serving-engine` and `--hidden-handover` make sense for a draft of `kind` for `spec`'s family (None: the draft
-    names none): distill checks it on the loaded draft, `run` before anything is fetched."""
+def check_training_settings(kind: str, spec: Any, cfg: DistillConfig, layers: int = 1) -> None:
+    """`--serving-engine` and `--hidden-handover` make sense for a draft of `kind` (of `layers` MTP layers: a chain
+    when > 1) for `spec`'s family (None: the draft names none): distill checks it on the loaded draft, `run` before
+    anything is fetched. An engine whose rule for the family's chain is "neither" cannot be trained for with a
+    chain."""
     if cfg.serving_engine is not None:
         if spec is None:
             raise DataError(
@@ -487,6 +490,8 @@ def check_training_settings(kind: str, spec: Any, cfg: DistillConfig) -> None:
                 f"{cfg.serving_engine} {facts.version if facts else ''} cannot serve a {kind} draft for {spec.name} targets "
                 f"(spec {spec.path}: [engines.{cfg.serving_engine}] methods = {list(facts.methods) if facts else []})"
             )
+        if not spec.runs(cfg.serving_engine, kind, layers):
+            raise DataError(spec.no_chain(cfg.serving_engine, layers))
     if cfg.hidden_handover is not None:
         if kind != DraftKind.MTP:
             raise DataError(

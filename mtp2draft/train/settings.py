@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from mtp2draft.errors import OptionError
-from mtp2draft.settings import floats, setting
+from mtp2draft.settings import check_seed, floats, setting
 
 if TYPE_CHECKING:
     from mtp2draft.io import Progress
@@ -78,6 +78,7 @@ class DistillConfig:
             least = 0 if name == "steps" else 1  # 0 steps: calibrate an EAGLE-3 draft only (distill checks it)
             if isinstance(value, bool) or not isinstance(value, int) or value < least:
                 raise OptionError(f"--{name.replace('_', '-')} must be a whole number >= {least}, got {value!r}")
+        check_seed(self.seed)
         if isinstance(self.max_length, bool) or not isinstance(self.max_length, int) or self.max_length < 2:
             raise OptionError(f"--max-length must be a whole number >= 2, got {self.max_length!r}")
         for name in ("lr", "grad_clip", "teacher_temperature"):

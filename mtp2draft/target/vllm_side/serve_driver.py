@@ -158,7 +158,7 @@ def _params(request: dict, n: int, max_tokens: int):
     from vllm.platforms import current_platform
 
     temperature = float(request.get("temperature", 0.0))
-    sampled = {"top_p": float(request.get("top_p", 1.0)), "seed": int(request.get("seed", 0)) * 1_000_003 + n}
+    sampled = {"top_p": float(request.get("top_p", 1.0)), "seed": (int(request.get("seed", 0)) * 1_000_003 + n) % 2**63}
     if current_platform.is_cpu():
         # vLLM 0.32's CPU sampler refuses a per-request seed ("CPU Generator does not use offset"); the engine is
         # seeded with the request's seed instead (LLM(seed=...))
