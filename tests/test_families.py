@@ -14,6 +14,7 @@ MiMo-V2-Flash and ERNIE, the Qwen3 hybrids: their own test_family_*.py).
 
 from __future__ import annotations
 
+import itertools
 import json
 import operator
 from pathlib import Path
@@ -21,6 +22,7 @@ from pathlib import Path
 import pytest
 import torch
 from family_table import ENGINE_VERSIONS, FAMILIES, NESTED, Family, T
+from safetensors.torch import load_file
 from support import hub_keys
 from support import references as ref
 from support.fixtures import FIXTURES, build_fixture, eagle3_depth
@@ -29,7 +31,9 @@ from support.references import GLUE, config_of, weight_map
 from mtp2draft.checkpoint.reader import open_checkpoint
 from mtp2draft.cli.app import main
 from mtp2draft.conversion import convert, plan_mtp_layer
+from mtp2draft.draft.disk import load_draft
 from mtp2draft.draft.layout import load_native
+from mtp2draft.draft.modules import DraftCache, Eagle3Draft, NativeMtpDraft
 from mtp2draft.errors import OptionError, UnknownFamilyError
 from mtp2draft.family.spec import find_spec, get_spec
 
@@ -42,6 +46,10 @@ def _inputs(seed: int = 0, t: int = T):
     return nxt, torch.randn(2, t, 64, generator=gen) * 3, torch.arange(t).expand(2, -1)
 
 
+def _spec_name(family: Family) -> str:
+    return family.spec or family.fixture
+
+
 def _mtp_keys(path: Path, family: Family) -> list[str]:
     return [k for k in weight_map(path) if k.startswith(family.mtp)]
 
@@ -50,27 +58,21 @@ def _names(keys, prefixes: tuple[str, ...]) -> set[str]:
     return {k[len(p) :] for k in keys for p in prefixes if k.startswith(p)}
 
 
-@each_family
-def test_fixture_has_the_release_mtp_keys(build, family: Family) -> None:
-    """Diffed against the release's key list, the MTP layer's index and expert indices abstracted."""
-    release = hub_keys.load(family.fixture)
-    path = build(family.fixture)
-    config, fixture_config = config_of(path), FIXTURES[family.fixture]["config"]
-    spec = find_spec(config)
-    assert spec.name == family.fixture and spec.verified == family.verified
-    assert spec.num_mtp_layers(release["config"]) == 1
+def _against_the_release(family: Family, spec, config: dict, ours: list[str]) -> set[str]:
+    """The fixture's MTP keys and config field names against the release's (stored key list); returns the trunk keys
+    outside the layers the release has."""
+    release, fixture_config = hub_keys.load(family.fixture), FIXTURES[family.fixture]["config"]
+    assert spec.num_mtp_layers(release["config"]) == family.layers
     assert spec.key(spec.keys.block, release["config"], 0) == family.release_block
-    ours, theirs = _mtp_keys(path, family), release["mtp_keys"]
+    theirs = release["mtp_keys"]
     ours_block = spec.key(spec.keys.block, config, 0)
     assert hub_keys.patterns(ours, ours_block) == hub_keys.patterns(theirs, family.release_block)
     if family.exact_keys:
         assert sorted(ours) == theirs
     if family.release_tensors is not None:
         assert len(theirs) == release["mtp_tensor_count"] == family.release_tensors
-    if family.experts:
-        assert hub_keys.experts(ours) == set(range(spec.text_config(config)[family.experts]))
-        if family.experts in (release_text := spec.text_config(release["config"])):
-            assert hub_keys.experts(theirs) == set(range(release_text[family.experts]))
+    if family.experts and family.experts in (release_text := spec.text_config(release["config"])):
+        assert hub_keys.experts(theirs) == set(range(release_text[family.experts]))
     if family.vllm_loads:  # every vLLM parameter, nothing else
         assert {family.vllm_loads(k) for k in theirs if ".experts." not in k} == set(release["vllm_params"])
     if family.release_is:
@@ -81,22 +83,50 @@ def test_fixture_has_the_release_mtp_keys(build, family: Family) -> None:
     for section in NESTED:
         if section in release["config"]:
             assert set(release["config"][section]) <= set(fixture_config[section])
-    keys = set(weight_map(path))
-    assert set(release.get("trunk_keys_outside_layers", ())) | set(family.keys_present) <= keys
-    assert all(any(k.startswith(p) for k in keys) for p in family.prefixes_present)
-    assert not [k for k in keys if family.prefixes_absent and k.startswith(family.prefixes_absent)]
-    if family.same_names:  # the block carries the trunk's names (transformers' save_pretrained writes the trunk)
-        trunk, block = family.same_names
-        assert _names(keys, trunk) == _names(ours, block) - GLUE
+    return set(release.get("trunk_keys_outside_layers", ()))
 
 
 @each_family
-def test_plan_reads_exactly_the_mtp_layer(build, family: Family) -> None:
-    ckpt = open_checkpoint(str(build(family.fixture)))
+def test_fixture_has_the_release_mtp_keys(build, family: Family) -> None:
+    """Diffed against the release's key list, the MTP layer's index and expert indices abstracted; where no key list
+    of the release is stored, against the engines' loaders' names (`keys`)."""
+    path = build(family.fixture)
+    config = config_of(path)
+    spec = find_spec(config)
+    assert spec.name == _spec_name(family) and spec.verified == family.verified
+    assert spec.num_mtp_layers(config) == family.layers
+    ours = _mtp_keys(path, family)
+    trunk = _against_the_release(family, spec, config, ours) if family.stored else set()
+    if family.keys:
+        assert sorted(ours) == sorted(family.keys)
+    if family.experts:
+        assert hub_keys.experts(ours) == set(range(spec.text_config(config)[family.experts]))
+    keys = set(weight_map(path))
+    assert trunk | set(family.keys_present) | set(family.trunk_reads) <= keys
+    assert all(any(k.startswith(p) for k in keys) for p in family.prefixes_present)
+    assert not [k for k in keys if family.prefixes_absent and k.startswith(family.prefixes_absent)]
+    if family.same_names:  # the block carries the trunk's names (transformers' save_pretrained writes the trunk)
+        trunk_prefixes, block = family.same_names
+        assert _names(keys, trunk_prefixes) == _names(ours, block) - GLUE
+
+
+def _fixtures(family: Family) -> list:
+    return [pytest.param(family, f, id=f) for f in (family.fixture, *family.variants)]
+
+
+@pytest.mark.parametrize(("family", "fixture"), [p for f in FAMILIES for p in _fixtures(f)])
+def test_plan_reads_exactly_the_mtp_layer(build, family: Family, fixture: str) -> None:
+    """The plan reads layer 0's tensors (an FP8 weight with its scale) and the trunk tensors the row names, not the
+    stored embedding / head copies; the module built has the row's parts."""
+    ckpt = open_checkpoint(str(build(fixture)))
     plan = plan_mtp_layer(ckpt, find_spec(ckpt.config), 0)
     layer = {k for k in ckpt.weight_map if k.startswith(family.mtp)}
     stored = {k for k in (family.stored_embed, family.stored_head) if k}
-    assert stored <= layer and set(plan.checkpoint_keys) == layer - stored
+    weights = {k for k in layer if not k.endswith("_scale_inv")}
+    assert stored <= layer and set(plan.checkpoint_keys) == weights - stored | set(family.trunk_reads)
+    assert set(ckpt.needed_keys(plan.checkpoint_keys)) == layer - stored - {k + "_scale_inv" for k in stored} | set(
+        family.trunk_reads
+    )
     assert plan.stored_embed == family.stored_embed and plan.stored_head == family.stored_head
     module = load_native(ckpt, attach_target=False)
     for path, want in family.module.items():
@@ -111,30 +141,63 @@ def test_plan_reads_exactly_the_mtp_layer(build, family: Family) -> None:
 def _kinds():
     for family in FAMILIES:
         for fixture in (family.fixture, *family.variants):
-            for kind in ("mtp", "eagle3"):
-                yield pytest.param(family, fixture, kind, id=f"{fixture}-{kind}")
+            for layer in range(family.layers):
+                for kind in ("mtp", "eagle3"):
+                    yield pytest.param(family, fixture, layer, kind, id=f"{fixture}-{layer}-{kind}")
 
 
-@pytest.mark.parametrize(("family", "fixture", "kind"), list(_kinds()))
-def test_convert(build, tmp_path: Path, family: Family, fixture: str, kind: str) -> None:
-    """Both kinds, or the native one and EAGLE-3 refused in one line (on a trunk deep enough for EAGLE-3's aux ids)."""
+@pytest.mark.parametrize(("family", "fixture", "layer", "kind"), list(_kinds()))
+def test_convert(build, tmp_path: Path, capsys, family: Family, fixture: str, layer: int, kind: str) -> None:
+    """Both kinds of every layer, or the native one and EAGLE-3 refused in one line (on a trunk deep enough for
+    EAGLE-3's aux ids)."""
     deeper = eagle3_depth(fixture, kind)
     if any(isinstance(v, dict) for v in deeper.values()):  # a nested text config: built here, not cached by `build`
-        source = str(build_fixture(fixture, tmp_path / "src", **deeper))
+        source = build_fixture(fixture, tmp_path / "src", **deeper)
     else:
-        source = str(build(fixture, **deeper))
+        source = build(fixture, **deeper)
+    out = tmp_path / "out"
     if kind == "eagle3" and family.refuses_eagle3:
         with pytest.raises(OptionError, match=family.refuses_eagle3):
-            convert(source, tmp_path / "out", to=kind)
-        assert not (tmp_path / "out").exists()
+            convert(str(source), out, to=kind)
+        assert not out.exists()
         return
-    result = convert(source, tmp_path / "out", to=kind)
-    prov = json.loads((tmp_path / "out" / "provenance.json").read_text())
-    assert result.spec == prov["spec"] == family.fixture and prov["spec_verified"] == family.verified
-    assert prov["draft_kind"] == kind and bool(prov["dequantised_fp8"]) == fixture.endswith("_fp8")
-    if kind == "eagle3":
-        how = prov["tensors"]["midlayer.self_attn.q_proj.weight"]["how"]
-        assert all(words in how for words in family.eagle3_how), how
+    assert main(["convert", str(source), "--out", str(out), "--to", kind, "--layer", str(layer), "--json"]) == 0
+    summary = json.loads(capsys.readouterr().out)
+    assert sorted(p.name for p in out.iterdir()) == [
+        ".mtp2draft",
+        "config.json",
+        "model.safetensors",
+        "provenance.json",
+    ]
+    prov = json.loads((out / "provenance.json").read_text())
+    assert summary["spec"] == prov["spec"] == _spec_name(family) and prov["spec_verified"] == family.verified
+    assert summary["mtp_layer"] == prov["mtp_layer"] == layer and prov["draft_kind"] == kind
+    assert bool(prov["dequantised_fp8"]) == (fixture.endswith("_fp8") or family.fp8_weights > 0)
+    draft = load_draft(out)
+    if kind == "mtp":
+        assert isinstance(draft, NativeMtpDraft) and draft.layer == layer
+        return
+    assert isinstance(draft, Eagle3Draft)
+    for tensor, words in family.eagle3_how.items():
+        assert all(w in prov["tensors"][tensor]["how"] for w in words), (tensor, prov["tensors"][tensor]["how"])
+    for tensor, exact in family.eagle3_exact.items():
+        assert prov["tensors"][tensor]["exact"] == exact, tensor
+    if family.eagle3_norm:  # the zero-centred final norm folded: x * (1 + w)
+        spec = get_spec(_spec_name(family))
+        stored = load_file(str(out / "model.safetensors"))["norm.weight"]
+        folded = 1 + ref.tensors(source)[spec.keys.final_norm]  # in fp32, rounded once to the stored dtype
+        assert torch.equal(stored, folded.to(stored.dtype)) and torch.equal(draft.norm.weight.detach(), stored.float())
+
+
+@each_family
+def test_layer_past_the_last_fails_cleanly(build, tmp_path: Path, capsys, family: Family) -> None:
+    code = main(["convert", str(build(family.fixture)), "--out", str(tmp_path / "o"), "--layer", str(family.layers)])
+    out, err = capsys.readouterr()
+    lines = [line for line in err.strip().splitlines() if line.startswith("error:")]
+    assert code == 2 and out == "" and "Traceback" not in err
+    assert len(lines) == 1 and f"--layer {family.layers} is out of range" in lines[0]
+    assert f"{family.layers} MTP layer(s)" in lines[0]
+    assert not (tmp_path / "o").exists()
 
 
 @each_family
@@ -160,16 +223,54 @@ def test_layer_follows_the_reference(build, family: Family) -> None:
         assert torch.equal(mine, ours(nxt, hidden, pos + 5)[0])
 
 
+@pytest.mark.parametrize("family", [f for f in FAMILIES if f.cache_chunks], ids=lambda f: f.fixture)
+def test_cached_steps_equal_one_pass(build, family: Family) -> None:
+    """Chunk by chunk with DraftCache (no mask given: the default mask offsets queries by the cache length, keeps a
+    window across steps, and the DSA indexer caches its keys) equals the full causal forward."""
+    ours = load_native(str(build(family.fixture))).eval()
+    nxt, hidden, pos = _inputs(1)
+    cache = DraftCache()
+    bounds = (0, *family.cache_chunks)
+    with torch.no_grad():
+        full, _ = ours(nxt, hidden, pos)
+        steps = [ours(nxt[:, a:b], hidden[:, a:b], pos[:, a:b], cache=cache)[0] for a, b in itertools.pairwise(bounds)]
+    assert bounds[-1] == T and (torch.cat(steps, 1) - full).abs().max().item() <= 1e-4
+    assert (cache.indexer is not None) == family.block.startswith("mla_dsa")
+    assert cache.indexer is None or cache.indexer.shape[-2] == T
+
+
+@pytest.mark.parametrize("family", [f for f in FAMILIES if f.fp8_dtypes], ids=lambda f: f.fixture)
+def test_fp8_variant_dequantises(build, family: Family) -> None:
+    """The FP8 release's layout (which MTP weights are FP8 blocks, which are unscaled) and its weights dequantised
+    to within e4m3's precision of the plain fixture's."""
+    (variant,) = family.variants
+    fp8 = open_checkpoint(str(build(variant)))
+    for key, dtype in family.fp8_dtypes.items():
+        if dtype:
+            assert fp8.info(family.mtp + key).dtype == dtype, key
+        else:
+            assert fp8.scale_key(family.mtp + key) is None, key
+    ours = load_native(fp8, attach_target=False)
+    plain = load_native(str(build(family.fixture)), attach_target=False)
+    quantised = 0
+    for (key, a), (_, b) in zip(ours.state_dict().items(), plain.state_dict().items(), strict=True):
+        if not torch.equal(a, b):
+            quantised += 1
+            assert (a - b).abs().max() <= 0.07 * b.abs().max(), key  # e4m3: 3 mantissa bits
+    assert quantised > 10
+
+
 @each_family
 def test_engine_rows(family: Family) -> None:
-    spec = get_spec(family.fixture)
+    spec = get_spec(_spec_name(family))
     assert spec.support_table() == family.support
     for engine, version in ENGINE_VERSIONS.items():
         facts = spec.engine(engine)
         if engine not in family.handover:
             assert facts is None
             continue
-        assert spec.engine_computation(engine) == {"input_hidden": "post_norm", "final_norm": True,
+        assert spec.engine_computation(engine) == {"input_hidden": "post_norm",
+                                                   "final_norm": family.final_norm.get(engine, True),
                                                    "hidden_handover": family.handover[engine]}  # fmt: skip
         assert facts.version == version and facts.step_layers == family.step_layers[engine]
         assert all(words in facts.sources for words in family.sources[engine]), engine
@@ -186,20 +287,15 @@ def test_inspect_json_row(build, capsys, family: Family) -> None:
     path = build(family.fixture)
     assert main(["inspect", str(path), "--json"]) == 0
     info = json.loads(capsys.readouterr().out)
-    assert info["spec"] == family.fixture and info["block"] == family.block and info["num_mtp_layers"] == 1
+    assert info["spec"] == _spec_name(family) and info["block"] == family.block
+    assert info["num_mtp_layers"] == family.layers
     layer = info["layers"][0]
     assert layer["stored_embed"] == family.stored_embed and layer["stored_head"] == family.stored_head
-    assert layer["fp8_weights"] == 0
-    plan = plan_mtp_layer(open_checkpoint(str(path)), get_spec(family.fixture), 0)
-    assert (
-        {t["name"] for t in layer["tensors"]}
-        == set(plan.checkpoint_keys)
-        == set(_mtp_keys(path, family))
-        - {
-            family.stored_embed,
-            family.stored_head,
-        }
-    )
+    assert layer["fp8_weights"] == family.fp8_weights
+    plan = plan_mtp_layer(open_checkpoint(str(path)), get_spec(_spec_name(family)), 0)
+    names = {t["name"] for t in layer["tensors"]}
+    assert names == set(_mtp_keys(path, family)) - {family.stored_embed, family.stored_head} | set(family.trunk_reads)
+    assert set(plan.checkpoint_keys) == {n for n in names if not n.endswith("_scale_inv")}
 
 
 # ---- checks that fit no column ----------------------------------------------------------------------------------------
@@ -292,30 +388,3 @@ def test_glm_moe_dsa_trunk_shares_top_k_like_the_release(build) -> None:
     path = build("glm_moe_dsa")
     n = config_of(path)["num_hidden_layers"]
     assert {int(k.split(".")[2]) for k in weight_map(path) if ".indexer." in k} == {0, 2, n}
-
-
-def test_glm_moe_dsa_fp8_dequantises(build) -> None:
-    fp8, plain = open_checkpoint(str(build("glm_moe_dsa_fp8"))), str(build("glm_moe_dsa"))
-    assert fp8.info("model.layers.4.self_attn.indexer.wq_b.weight").dtype == "F8_E4M3"
-    assert fp8.scale_key("model.layers.4.eh_proj.weight") is None
-    ours, ref_module = load_native(fp8, attach_target=False), load_native(plain, attach_target=False)
-    quantised = 0
-    for (key, a), (_, b) in zip(ours.state_dict().items(), ref_module.state_dict().items(), strict=True):
-        if not torch.equal(a, b):
-            quantised += 1
-            assert (a - b).abs().max() <= 0.07 * b.abs().max(), key  # e4m3: 3 mantissa bits
-    assert quantised > 10
-
-
-def test_glm_moe_dsa_layer_uses_the_draft_cache(build) -> None:
-    from mtp2draft.draft.modules import DraftCache
-
-    ours = load_native(str(build("glm_moe_dsa"))).eval()
-    nxt, hidden, pos = _inputs(1)
-    cache = DraftCache()
-    with torch.no_grad():
-        full, _ = ours(nxt, hidden, pos)
-        first, _ = ours(nxt[:, :6], hidden[:, :6], pos[:, :6], cache=cache)
-        rest, _ = ours(nxt[:, 6:], hidden[:, 6:], pos[:, 6:], cache=cache)
-    assert cache.indexer is not None and cache.indexer.shape[-2] == T
-    assert (torch.cat([first, rest], 1) - full).abs().max().item() <= 1e-4
