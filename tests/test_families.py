@@ -8,8 +8,11 @@ Why references and not transformers everywhere: transformers 5.24 has an MTP mod
 configs have no num_mtp_layers), so each layer is held to the computation an engine runs, written from its source
 with transformers' own blocks where they exist (tests/support/references.py says which, per family).
 
-What this module does not do: the families whose tests check details one at a time (DeepSeek-V3.2 and LongCat,
-MiMo-V2-Flash and ERNIE, the Qwen3 hybrids: their own test_family_*.py).
+Beside the six: every layer of a multi-layer family is converted, a layer past the last is refused in one line, the
+cached steps of the rows that name chunks equal one pass, and an FP8 variant dequantises to its plain fixture.
+
+What this module does not do: build fixtures or write references (tests/support/), or state a family's facts (the
+row in tests/family_table.py and the spec in model_specs/ do).
 """
 
 from __future__ import annotations
@@ -17,24 +20,25 @@ from __future__ import annotations
 import itertools
 import json
 import operator
+import shutil
 from pathlib import Path
 
 import pytest
 import torch
 from family_table import ENGINE_VERSIONS, FAMILIES, NESTED, Family, T
-from safetensors.torch import load_file
+from safetensors.torch import load_file, save_file
 from support import hub_keys
 from support import references as ref
-from support.fixtures import FIXTURES, build_fixture, eagle3_depth
+from support.fixtures import FIXTURES, build_fixture, eagle3_depth, write_checkpoint
 from support.references import GLUE, config_of, weight_map
 
 from mtp2draft.checkpoint.reader import open_checkpoint
 from mtp2draft.cli.app import main
-from mtp2draft.conversion import convert, plan_mtp_layer
+from mtp2draft.conversion import convert, plan_mtp_layer, resolve_layer
 from mtp2draft.draft.disk import load_draft
 from mtp2draft.draft.layout import load_native
 from mtp2draft.draft.modules import DraftCache, Eagle3Draft, NativeMtpDraft
-from mtp2draft.errors import OptionError, UnknownFamilyError
+from mtp2draft.errors import CheckpointError, NoMtpLayerError, OptionError, UnknownFamilyError
 from mtp2draft.family.spec import find_spec, get_spec
 
 each_family = pytest.mark.parametrize("family", FAMILIES, ids=lambda f: f.fixture)
@@ -161,7 +165,9 @@ def test_convert(build, tmp_path: Path, capsys, family: Family, fixture: str, la
             convert(str(source), out, to=kind)
         assert not out.exists()
         return
-    assert main(["convert", str(source), "--out", str(out), "--to", kind, "--layer", str(layer), "--json"]) == 0
+    dtype = "float32" if kind == "mtp" else "bfloat16"  # the native layer in fp32: read back bit for bit
+    args = ["convert", str(source), "--out", str(out), "--to", kind, "--layer", str(layer), "--dtype", dtype, "--json"]
+    assert main(args) == 0
     summary = json.loads(capsys.readouterr().out)
     assert sorted(p.name for p in out.iterdir()) == [
         ".mtp2draft",
@@ -176,6 +182,9 @@ def test_convert(build, tmp_path: Path, capsys, family: Family, fixture: str, la
     draft = load_draft(out)
     if kind == "mtp":
         assert isinstance(draft, NativeMtpDraft) and draft.layer == layer
+        direct = load_native(str(source), layer=layer, attach_target=False).state_dict()
+        assert list(draft.state_dict()) == list(direct)
+        assert all(torch.equal(a, direct[k]) for k, a in draft.state_dict().items())
         return
     assert isinstance(draft, Eagle3Draft)
     for tensor, words in family.eagle3_how.items():
@@ -388,3 +397,371 @@ def test_glm_moe_dsa_trunk_shares_top_k_like_the_release(build) -> None:
     path = build("glm_moe_dsa")
     n = config_of(path)["num_hidden_layers"]
     assert {int(k.split(".")[2]) for k in weight_map(path) if ".indexer." in k} == {0, 2, n}
+
+
+# ---- DeepSeek-V3.2 and LongCat-Flash ------------------------------------------------------------------------------
+def test_deepseek_v32_has_no_transformers_mtp_model(build) -> None:
+    """No oracle from transformers: DeepseekV32Config has no num_mtp_layers, so MtpModel cannot build the layer.
+    If this starts failing, transformers covers V3.2: switch references.deepseek_v32 to MtpModel."""
+    from transformers import AutoConfig
+
+    config = config_of(build("deepseek_v32"))
+    cfg = AutoConfig.for_model("deepseek_v32", **{k: v for k, v in config.items() if k != "model_type"})
+    assert not hasattr(cfg, "num_mtp_layers")
+    with pytest.raises(ValueError, match="num_mtp_layers"):
+        cfg.get_mtp_config()
+
+
+@pytest.mark.parametrize("fixture", ["deepseek_v32", "deepseek_v32_fp8"])
+def test_deepseek_v32_plan_reads_the_indexer(build, fixture: str) -> None:
+    ckpt = open_checkpoint(str(build(fixture)))
+    plan = plan_mtp_layer(ckpt, find_spec(ckpt.config), 0)
+    p = "model.layers.2.self_attn.indexer."
+    want = [p + n for n in ("k_norm.bias", "k_norm.weight", "weights_proj.weight", "wk.weight", "wq_b.weight")]
+    assert [k for k in sorted(plan.checkpoint_keys) if ".indexer." in k] == want
+
+
+@pytest.mark.parametrize(
+    ("fixture", "reference"), [("deepseek_v32", ref.deepseek_v32), ("longcat_flash", ref.longcat_flash)]
+)
+def test_mla_layers_take_an_explicit_causal_mask(build, fixture: str, reference) -> None:
+    """The causal mask given (the indexer reads it) computes what the draft's own mask does."""
+    path = build(fixture)
+    nxt, hidden, pos = _inputs(3)
+    with torch.no_grad():
+        masked, _ = load_native(str(path)).eval()(nxt, hidden, pos, attention_mask=ref.causal(T))
+        right, _ = reference(path, nxt, hidden, pos)
+    assert (masked - right).abs().max().item() <= 1e-4
+
+
+def test_deepseek_v32_equals_dense_v3_mla_while_context_fits_index_topk(build) -> None:
+    """Up to index_topk tokens the indexer selects every key, so the block is V3's MLA + MoE exactly: what the
+    EAGLE-3 conversion's 'same up to index_topk tokens' rests on."""
+    path = build("deepseek_v32")
+    t = config_of(path)["index_topk"]
+    nxt, hidden, pos = _inputs(1, t)
+    with torch.no_grad():
+        mine, _ = load_native(str(path)).eval()(nxt, hidden, pos, attention_mask=ref.causal(t))
+        v3, _ = ref.deepseek_v32(path, nxt, hidden, pos, decoder="v3")
+    assert (mine - v3).abs().max().item() <= 1e-4
+
+
+def test_longcat_flash_fields_and_names(build) -> None:
+    """The release config.json has neither an MTP count (engines hard-code 1) nor num_hidden_layers (num_layers);
+    both LoRA scalings are on and the MTP MLP (ffn_hidden_size) is not an expert's. The plan maps the `.m` norms and
+    the transformer_layer MLP; the trunk, as transformers' save_pretrained writes it, has the release's names (dual
+    sublayers, ScMoE)."""
+    config = FIXTURES["longcat_flash"]["config"]
+    spec = get_spec("longcat_flash")
+    assert "num_hidden_layers" not in config and "num_nextn_layers" not in config
+    assert spec.num_mtp_layers(config) == 1 and spec.num_layers(config) == 2
+    assert spec.num_mtp_layers({**config, "num_nextn_layers": 0}) == 0
+    assert config["mla_scale_q_lora"] and config["mla_scale_kv_lora"]
+    assert config["ffn_hidden_size"] != config["expert_ffn_hidden_size"]
+    path = build("longcat_flash")
+    ckpt = open_checkpoint(str(path))
+    groups = {g.module_key: g.ckpt_keys for g in plan_mtp_layer(ckpt, spec, 0).groups}
+    assert groups["enorm.weight"] == ("model.mtp.layers.0.enorm.m.weight",)
+    assert groups["block.mlp.gate_proj.weight"] == ("model.mtp.layers.0.transformer_layer.mlp.gate_proj.weight",)
+    index = weight_map(path)
+    trunk = {".".join("#" if p.isdigit() else p for p in k.split(".")) for k in index if not k.startswith("model.mtp.")}
+    attn = ("q_a_proj", "q_a_layernorm", "q_b_proj", "kv_a_proj_with_mqa", "kv_a_layernorm", "kv_b_proj", "o_proj")
+    assert trunk == {
+        "lm_head.weight",
+        "model.embed_tokens.weight",
+        "model.norm.weight",
+        "model.layers.#.input_layernorm.#.weight",
+        "model.layers.#.post_attention_layernorm.#.weight",
+        "model.layers.#.mlp.router.classifier.weight",
+        "model.layers.#.mlp.router.e_score_correction_bias",
+        *(f"model.layers.#.mlp.experts.#.{p}_proj.weight" for p in ("gate", "up", "down")),
+        *(f"model.layers.#.mlps.#.{p}_proj.weight" for p in ("gate", "up", "down")),
+        *(f"model.layers.#.self_attn.#.{n}.weight" for n in attn),
+    }
+
+
+def test_longcat_flash_reads_the_dot_m_norm_names(build, tmp_path: Path) -> None:
+    """enorm / hnorm are read from `.enorm.m.weight` / `.hnorm.m.weight`; a checkpoint with the DeepSeek-style
+    `.enorm.weight` fails with a clear CheckpointError."""
+    path = tmp_path / "ck"
+    shutil.copytree(build("longcat_flash"), path)
+    index_file = path / "model.safetensors.index.json"
+    index = json.loads(index_file.read_text())
+    renames = {f"model.mtp.layers.0.{n}.m.weight": f"model.mtp.layers.0.{n}.weight" for n in ("enorm", "hnorm")}
+    for shard in {index["weight_map"][k] for k in renames}:
+        stored = load_file(str(path / shard))
+        save_file({renames.get(k, k): v for k, v in stored.items()}, str(path / shard), {"format": "pt"})
+    index["weight_map"] = {renames.get(k, k): v for k, v in index["weight_map"].items()}
+    index_file.write_text(json.dumps(index))
+    with pytest.raises(CheckpointError, match=r"missing model\.mtp\.layers\.0\.enorm\.m\.weight"):
+        load_native(str(path))
+
+
+def test_longcat_flash_eagle3_folds_the_lora_scaling(build, tmp_path: Path) -> None:
+    """The EAGLE-3 init folds (hidden / rank)^0.5 into q and into k_nope / v (the shared k_rope is not scaled)."""
+    on, off = (
+        build("longcat_flash", num_layers=4),
+        build("longcat_flash", num_layers=4, mla_scale_q_lora=False, mla_scale_kv_lora=False),
+    )
+    convert(str(on), tmp_path / "on", to="eagle3", dtype="float32")
+    convert(str(off), tmp_path / "off", to="eagle3", dtype="float32")
+    s_q, s_kv = (64 / 48) ** 0.5, (64 / 32) ** 0.5
+    attn = "midlayer.self_attn."
+    heads, d, dr = 4, 16 + 64, 64  # the MTP layer's heads come first; embedding pass-through heads follow
+
+    def mtp_heads(out: Path) -> dict[str, torch.Tensor]:
+        w = load_file(str(out / "model.safetensors"))
+        return {k: v[: heads * d] if k.startswith(attn) and k[len(attn)] in "qkv" else v for k, v in w.items()}
+
+    a, b = mtp_heads(tmp_path / "on"), mtp_heads(tmp_path / "off")
+    assert torch.allclose(a[attn + "q_proj.weight"], b[attn + "q_proj.weight"] * s_q, rtol=1e-5, atol=1e-7)
+    assert torch.allclose(a[attn + "v_proj.weight"], b[attn + "v_proj.weight"] * s_kv, rtol=1e-5, atol=1e-7)
+    # k, row by row (rows are RoPE-permuted): k_nope rows scale by s_kv, the k_rope rows (shared latent) do not
+    k_on, k_off = a[attn + "k_proj.weight"].view(heads, d, -1), b[attn + "k_proj.weight"].view(heads, d, -1)
+    ratio = (k_on.norm(dim=-1) / k_off.norm(dim=-1)).sort(dim=-1).values  # [heads, d]: 1 on rope dims, s_kv on nope
+    assert torch.allclose(ratio[:, :dr], torch.ones(heads, dr), atol=1e-4)
+    assert torch.allclose(ratio[:, dr:], torch.full((heads, d - dr), s_kv), atol=1e-4)
+    how = {out: json.loads((tmp_path / out / "provenance.json").read_text())["tensors"][attn + "q_proj.weight"]["how"]
+           for out in ("on", "off")}  # fmt: skip
+    assert "LoRA scaling of q folded in" in how["on"] and "LoRA scaling" not in how["off"]
+
+
+# ---- MiMo-V2-Flash and ERNIE-4.5 ----------------------------------------------------------------------------------
+def test_mimo_v2_flash_has_three_layers_without_a_count_field(build) -> None:
+    config = config_of(build("mimo_v2_flash"))
+    assert "num_nextn_predict_layers" not in config  # as on the release
+    spec = find_spec(config)
+    assert spec.name == "mimo_v2_flash" and spec.num_mtp_layers(config) == 3
+    assert spec.num_mtp_layers({**config, "num_nextn_predict_layers": 1}) == 1  # a config that says so wins
+
+
+def test_mimo_v2_flash_every_layer_reads_its_own_keys_and_weights(build) -> None:
+    """Each of the three layers: exactly its keys (FP8 scales with their weights, the renames vLLM makes), and its
+    computation the reference's at that layer, not layer 0's."""
+    path = build("mimo_v2_flash")
+    ckpt = open_checkpoint(str(path))
+    nxt, hidden, pos = _inputs(1)
+    outs = []
+    for i in range(3):
+        p = f"model.mtp.layers.{i}."
+        plan = plan_mtp_layer(ckpt, find_spec(ckpt.config), i)
+        selected = set(ckpt.needed_keys(plan.checkpoint_keys))
+        assert selected == set(ref.mimo_v2_flash_keys(i)) == {k for k in ckpt.weight_map if k.startswith(p)}
+        module = {g.ckpt_keys[0]: g.module_key for g in plan.groups}
+        assert module[p + "self_attn.attention_sink_bias"] == "block.self_attn.sinks"
+        assert module[p + "pre_mlp_layernorm.weight"] == "block.post_attention_layernorm.weight"
+        with torch.no_grad():
+            outs.append(load_native(str(path), layer=i).eval()(nxt, hidden, pos)[0])
+            right, _ = ref.mimo_v2_flash(path, nxt, hidden, pos, layer=i)
+        assert (outs[i] - right).abs().max().item() <= 1e-4, i
+    assert (outs[1] - outs[0]).abs().max() > 1e-2
+
+
+def test_mimo_v2_flash_fp8_layout(build) -> None:
+    path = build("mimo_v2_flash")
+    raw = {k: v for f in sorted(path.glob("model-0*.safetensors")) for k, v in load_file(str(f)).items()}
+    q = "model.mtp.layers.0.self_attn.q_proj.weight"
+    assert raw[q].dtype == torch.float8_e4m3fn and raw[q + "_scale_inv"].dtype == torch.float32
+    assert raw["model.mtp.layers.0.eh_proj.weight"].dtype == torch.bfloat16  # eh_proj ships unquantised
+
+
+def test_mimo_v2_flash_block_config_reads_the_release_fields_as_engines_do(build) -> None:
+    """transformers derives the SWA block from the full-attention fields; with the release's relations (kept by the
+    fixture) that equals the engines' reading of the swa_* fields."""
+    path = build("mimo_v2_flash")
+    config, draft = config_of(path), load_native(str(path), attach_target=False)
+    attn, cfg = draft.block.self_attn, draft.config
+    assert config["sliding_window_size"] + 1 < T
+    assert attn.sliding_window == config["sliding_window_size"] + 1 and attn.sinks is not None
+    assert attn.q_proj.out_features == config["swa_num_attention_heads"] * config["swa_head_dim"]
+    assert attn.k_proj.out_features == config["swa_num_key_value_heads"] * config["swa_head_dim"]
+    assert attn.v_proj.out_features == config["swa_num_key_value_heads"] * config["swa_v_head_dim"]
+    assert cfg.rope_parameters["sliding_attention"]["rope_theta"] == config["swa_rope_theta"]
+    assert cfg.rms_norm_eps == config["layernorm_epsilon"] and cfg._attn_implementation == "eager"
+
+
+def test_mimo_v2_flash_eagle3_layout(build, tmp_path: Path) -> None:
+    path = build("mimo_v2_flash")
+    convert(str(path), tmp_path / "e", to="eagle3", layer=2, dtype="float32")
+    cfg = config_of(tmp_path / "e")
+    mtp_heads = cfg["mtp2draft_init"]["mtp_heads"]  # then the embedding pass-through heads (one kv head per q head)
+    assert mtp_heads == 4 and cfg["num_key_value_heads"] == cfg["num_attention_heads"] and cfg["head_dim"] == 24
+    assert cfg["rope_theta"] == pytest.approx(config_of(path)["swa_rope_theta"] ** (24 / 8))  # partial RoPE remap
+    w = load_file(str(tmp_path / "e" / "model.safetensors"))
+    o = w["midlayer.self_attn.o_proj.weight"][:, : mtp_heads * 24].view(64, mtp_heads, 24)
+    assert o[:, :, 16:].abs().max() == 0 and o[:, :, :16].abs().max() > 0  # v heads 16 -> 24, zero columns
+    # the SWA block's doubled kv heads, repeated to one per q head: q heads 2i and 2i+1 share kv head i
+    k = w["midlayer.self_attn.k_proj.weight"][: mtp_heads * 24].view(mtp_heads, 24, -1)
+    assert torch.equal(k[0], k[1]) and not torch.equal(k[0], k[2])
+    how = json.loads((tmp_path / "e" / "provenance.json").read_text())["tensors"]["midlayer.self_attn.q_proj.weight"]
+    assert "attention-sink bias dropped" in how["how"] and "sliding window" in how["how"]
+
+
+def test_ernie4_5_moe_spec_records_the_final_norm_choice() -> None:
+    spec = get_spec("ernie4_5_moe")
+    assert spec.keys.final_norm == "model.norm.weight" and not spec.verified
+    assert "FastDeploy" in spec.notes and "vLLM" in spec.notes and "SGLang" in spec.notes
+
+
+def test_ernie4_5_moe_final_norm_is_the_trunks_model_norm(build, tmp_path: Path) -> None:
+    src = build("ernie4_5_moe")
+    path = tmp_path / "ck"
+    shutil.copytree(src, path)
+    shard = path / weight_map(path)["model.norm.weight"]
+    stored = load_file(str(shard))
+    stored["model.norm.weight"] = stored["model.norm.weight"] * torch.linspace(0.5, 1.5, 64).to(torch.bfloat16)
+    save_file(stored, str(shard), metadata={"format": "pt"})
+    nxt, hidden, pos = _inputs(1)
+    with torch.no_grad():
+        before = load_native(str(src)).eval()(nxt, hidden, pos)[0]
+        after = load_native(str(path)).eval()(nxt, hidden, pos)[0]
+        right, _ = ref.ernie4_5_moe(path, nxt, hidden, pos)
+    assert (after - before).abs().max() > 1e-2 and (after - right).abs().max() <= 1e-4
+
+
+def test_ernie4_5_moe_mlp_is_dense_where_the_trunk_would_be_moe(build) -> None:
+    from transformers.models.ernie4_5_moe.modeling_ernie4_5_moe import Ernie4_5_MoeMLP
+
+    config = config_of(build("ernie4_5_moe"))
+    draft = NativeMtpDraft(get_spec("ernie4_5_moe"), {**config, "moe_layer_start_index": 0})
+    assert type(draft.block.mlp) is Ernie4_5_MoeMLP
+
+
+def test_ernie4_5_moe_eagle3_attention_keeps_the_interleaved_rope(build, tmp_path: Path) -> None:
+    """ERNIE rotates pairs (2i, 2i+1); the EAGLE-3 layer's Llama RoPE rotates (i, i + d/2). The hidden half of the
+    EAGLE-3 q/k (the MTP q/k up to the absorbed scale c_h / c) must give ERNIE's attention scores."""
+    from transformers import Ernie4_5_MoeConfig
+    from transformers.models.ernie4_5_moe.modeling_ernie4_5_moe import Ernie4_5_MoeRotaryEmbedding
+    from transformers.models.ernie4_5_moe.modeling_ernie4_5_moe import apply_rotary_pos_emb as ernie_rope
+    from transformers.models.llama.modeling_llama import apply_rotary_pos_emb as llama_rope
+
+    path = build("ernie4_5_moe", num_hidden_layers=4)
+    convert(str(path), tmp_path / "e", to="eagle3", dtype="float32")
+    cfg = config_of(tmp_path / "e")
+    w3, src, config = load_file(str(tmp_path / "e" / "model.safetensors")), ref.tensors(path), config_of(path)
+    scale = cfg["mtp2draft_init"]["c"] / cfg["mtp2draft_init"]["c_h"]
+    p, d, heads, kv = "model.mtp_block.0.", 16, config["num_attention_heads"], config["num_key_value_heads"]
+    d_in = src[p + "input_layernorm.weight"]
+    u = torch.randn(1, T, 64, generator=torch.Generator().manual_seed(3))
+    pos = torch.arange(T)[None]
+
+    def heads_of(x: torch.Tensor, n: int) -> torch.Tensor:
+        return x.view(1, T, n, d).transpose(1, 2)
+
+    def scores(q: torch.Tensor, k: torch.Tensor, kv: int) -> torch.Tensor:
+        return q @ k.repeat_interleave(heads // kv, 1).transpose(-1, -2)
+
+    q = heads_of(u @ (src[p + "self_attn.q_proj.weight"] * d_in).T, heads)
+    k = heads_of(u @ (src[p + "self_attn.k_proj.weight"] * d_in).T, kv)
+    ecfg = Ernie4_5_MoeConfig(**{k: v for k, v in config.items() if k not in ("architectures", "model_type")})
+    want = scores(*ernie_rope(q, k, *Ernie4_5_MoeRotaryEmbedding(ecfg)(u, pos)), kv)
+    # the first `heads` heads are the MTP layer's (k/v repeated to one kv head per q head); pass-through heads follow
+    assert cfg["mtp2draft_init"]["mtp_heads"] == heads
+    q3 = heads_of(u @ (w3["midlayer.self_attn.q_proj.weight"][: heads * d, 64:] * scale).T, heads)
+    k3 = heads_of(u @ (w3["midlayer.self_attn.k_proj.weight"][: heads * d, 64:] * scale).T, heads)
+    got = scores(*llama_rope(q3, k3, *load_draft(tmp_path / "e").rotary_emb(u, pos)), heads)
+    assert cfg["rope_theta"] == pytest.approx(config["rope_theta"])
+    assert (got - want).abs().max() <= 1e-4 * want.abs().max()
+
+
+# ---- the Qwen3 hybrids --------------------------------------------------------------------------------------------
+def test_qwen3_count_fields(build) -> None:
+    """Qwen3-Next releases have no count field (engines assume 1; vLLM reads num_nextn_predict_layers, SGLang sets
+    it); Qwen3.5 keeps it inside text_config as mtp_num_hidden_layers."""
+    next_cfg = config_of(build("qwen3_next"))
+    assert "num_nextn_predict_layers" not in next_cfg and "mtp_num_hidden_layers" not in next_cfg
+    spec = get_spec("qwen3_next")
+    assert spec.num_mtp_layers(next_cfg) == 1
+    assert spec.num_mtp_layers({**next_cfg, "num_nextn_predict_layers": 0}) == 0
+    cfg = config_of(build("qwen3_5"))
+    spec = get_spec("qwen3_5_text")
+    assert "mtp_num_hidden_layers" not in cfg and cfg["text_config"]["mtp_num_hidden_layers"] == 1
+    none = {**cfg, "mtp_num_hidden_layers": 1, "text_config": {**cfg["text_config"], "mtp_num_hidden_layers": 0}}
+    assert spec.num_mtp_layers(none) == 0  # the nested field counts, not a top-level one
+
+
+def test_qwen3_next_checkpoint_declaring_no_mtp_layer(build, tmp_path: Path) -> None:
+    path = tmp_path / "ck"
+    shutil.copytree(build("qwen3_next"), path)
+    cfg = config_of(path)
+    cfg["num_nextn_predict_layers"] = 0
+    (path / "config.json").write_text(json.dumps(cfg))
+    ckpt = open_checkpoint(str(path))
+    with pytest.raises(NoMtpLayerError, match="num_nextn_predict_layers is 0"):
+        resolve_layer(ckpt, find_spec(ckpt.config), None)
+
+
+def test_qwen3_5_specs_match_their_own_checkpoints(build) -> None:
+    dense, moe = config_of(build("qwen3_5")), config_of(build("qwen3_5_moe"))
+    assert find_spec(dense).name == "qwen3_5_text" and find_spec(moe).name == "qwen3_5_moe_text"
+    # by model_type when architectures is missing: the top-level one, not the nested qwen3_5(_moe)_text
+    assert find_spec({"model_type": dense["model_type"]}).name == "qwen3_5_text"
+    assert find_spec({"model_type": moe["model_type"]}).name == "qwen3_5_moe_text"
+    assert dense["text_config"]["model_type"] == "qwen3_5_text"
+
+
+def test_qwen3_5_tied_head_is_the_embedding(build, tmp_path: Path) -> None:
+    """Small Qwen3.5 releases tie lm_head to model.language_model.embed_tokens and store no lm_head.weight."""
+    path = build("qwen3_5_tied")
+    assert "lm_head.weight" not in weight_map(path) and config_of(path)["text_config"]["tie_word_embeddings"]
+    embed = ref.tensors(path)["model.language_model.embed_tokens.weight"]
+    assert torch.equal(load_native(str(path)).head_weight, embed)
+    convert(str(path), tmp_path / "e", to="eagle3", dtype="float32")
+    assert torch.equal(load_file(str(tmp_path / "e" / "model.safetensors"))["lm_head.weight"], embed)
+
+
+def test_qwen3_5_moe_fused_experts_load_like_per_expert_keys(build, tmp_path: Path) -> None:
+    """Qwen3.5-MoE stores experts fused: gate_up_proj [E, 2I, H] with gate rows first, down_proj [E, H, I]. They
+    load to the same module as per-expert keys (some re-releases) would, and the module computes expert e exactly
+    as vLLM / SGLang read the hub tensor (chunk(2, dim=-2) -> gate, up; no transpose)."""
+    path = build("qwen3_5_moe")
+    config = config_of(path)
+    text = config["text_config"]
+    stored = {k: v for file in sorted(path.glob("model-0*.safetensors")) for k, v in load_file(str(file)).items()}
+    p = "mtp.layers.0.mlp.experts."
+    gate_up, down = stored[p + "gate_up_proj"], stored[p + "down_proj"]
+    n, i, h = text["num_experts"], text["moe_intermediate_size"], text["hidden_size"]
+    assert tuple(gate_up.shape) == (n, 2 * i, h) and tuple(down.shape) == (n, h, i) and 2 * i != h
+    assert not [k for k in stored if k.startswith(p) and k.split(".")[4].isdigit()]  # no per-expert MTP keys
+    per_expert = {k: v for k, v in stored.items() if not k.startswith(p)}
+    for e in range(n):
+        per_expert[f"{p}{e}.gate_proj.weight"] = gate_up[e, :i].clone()
+        per_expert[f"{p}{e}.up_proj.weight"] = gate_up[e, i:].clone()
+        per_expert[f"{p}{e}.down_proj.weight"] = down[e].clone()
+    split = write_checkpoint(tmp_path / "split", config, per_expert)
+    fused_module, split_module = load_native(str(path)), load_native(str(split))
+    for (k, a), (k2, b) in zip(fused_module.state_dict().items(), split_module.state_dict().items(), strict=True):
+        assert k == k2 and torch.equal(a, b), k
+    for src, out in ((path, "f"), (split, "s")):  # EAGLE-3's dense MLP reads experts either way
+        convert(str(src), tmp_path / out, to="eagle3", dtype="float32")
+    f, s = (load_file(str(tmp_path / d / "model.safetensors")) for d in ("f", "s"))
+    assert all(torch.equal(f[k], s[k]) for k in f if ".mlp." in k)
+    experts = fused_module.block.mlp.experts
+    x = torch.randn(5, h, generator=torch.Generator().manual_seed(0))
+    e = 3
+    g, u = gate_up[e].float().chunk(2, dim=-2)
+    want = (torch.nn.functional.silu(x @ g.T) * (x @ u.T)) @ down[e].float().T
+    with torch.no_grad():
+        got = experts(x, torch.full((5, 1), e), torch.ones(5, 1))
+    assert (got - want).abs().max() <= 1e-5
+
+
+@pytest.mark.parametrize("fixture", ["qwen3_5", "qwen3_5_moe"])
+def test_qwen3_5_nextn_export_cuts_the_per_layer_lists(build, tmp_path: Path, fixture: str) -> None:
+    """A one-layer NextN config keeps one `layer_types` entry (the MTP block's full attention): left at the trunk's N
+    entries, transformers refuses the config (`num_hidden_layers` (1) must equal len(layer_types)) and every Qwen3.5
+    nextn export failed its own validation."""
+    from mtp2draft.formats.export import export, validate
+
+    path = build(fixture)
+    assert len(config_of(path)["text_config"]["layer_types"]) > 1  # the trunk is hybrid: linear + full attention
+    convert(str(path), tmp_path / "mtp", to="mtp", dtype="float32")
+    export(tmp_path / "mtp", "nextn", tmp_path / "nx")
+    text = config_of(tmp_path / "nx")["text_config"]
+    assert text["num_hidden_layers"] == 1 and text["mtp_num_hidden_layers"] == 1
+    assert text["layer_types"] == ["full_attention"]
+    assert validate(tmp_path / "nx") == []
+    cfg = config_of(tmp_path / "nx")
+    cfg["text_config"]["layer_types"] = config_of(path)["text_config"]["layer_types"]  # the bug, re-introduced
+    (tmp_path / "nx" / "config.json").write_text(json.dumps(cfg))
+    assert any("layer_types has" in p for p in validate(tmp_path / "nx"))
