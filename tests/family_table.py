@@ -3,7 +3,9 @@ family, data only. A family whose block kind exists is added as one spec file (m
 (tests/data/families/) and one row here; the tests read every row.
 
 Where a row names a key prefix it is the fixture's (tiny: 2 to 4 trunk layers); `release_block` is the release's
-(47 to 80 trunk layers), read from the committed key list (tests/data/hub_keys/<family>.json). `reference` names the
+(47 to 80 trunk layers), read from the committed key list (tests/data/hub_keys/<family>.json); a row with no stored
+key list (`stored=False`) gives the names the engines' loaders map instead (`keys`), where they are known. Every
+family with a native MTP layer is a row, the FP8 releases of a layout its `variants`. `reference` names the
 computation the layer is held to (tests/support/references.py); `wrong` lists variants of it that get one detail
 wrong, each of which the layer must differ from, so every check can fail.
 
@@ -75,6 +77,7 @@ class Family:
         default_factory=dict
     )  # FP8 variant: MTP key (after `mtp`) -> dtype ("": unscaled)
     cache_chunks: tuple[int, ...] = ()  # cached steps (chunk bounds up to T) that must equal one pass
+    input_hidden: dict[str, str] = field(default_factory=dict)  # engine -> the hidden it feeds, where not post_norm
 
 
 _BOTH = {"vllm": "post_norm", "sglang": "post_norm"}
@@ -117,6 +120,18 @@ _QWEN3 = {
     },
     "eagle3_exact": {"norm.weight": True},
     "eagle3_norm": True,
+}
+_GLM4_MOE = {  # the glm4_moe spec's facts and the block transformers' MtpModel computes
+    "handover": {"vllm": "pre_norm", "sglang": "post_norm"},  # vLLM's forward returns residual + block output
+    "step_layers": _NO_RULE,
+    "support": {"vllm": {"mtp": True, "eagle3": False}, "sglang": {"mtp": True, "eagle3": True}},
+    "sources": {"vllm": ("glm4_moe_mtp.py",), "sglang": ("glm4_moe_nextn.py",)},
+    "aux_ids": {"sglang": "plus_one"},
+    "module": {"block:type": "Glm4MoeDecoderLayer", "block.mlp:type": "Glm4MoeMoE"},
+    "reference": ref.transformers_mtp_model,
+    "stored": False,
+    "experts": "n_routed_experts",
+    "nextn": "Glm4MoeForCausalLMNextN",
 }
 _QWEN3_5_MODULE = {"block.block_type": "full_attention", "block.self_attn:type": "Qwen3_5Attention",
                    "block.mlp:type": "Qwen3_5MLP"}  # fmt: skip
@@ -346,6 +361,40 @@ FAMILIES = (
         spec="qwen3_5_moe_text", nextn="Qwen3_5ForCausalLMMTP",
         module={"block.block_type": "full_attention", "block.self_attn:type": "Qwen3_5MoeAttention",
                 "block.mlp:type": "Qwen3_5MoeSparseMoeBlock"},
+    ),
+    Family("deepseek_v3", mtp="model.layers.2.", release_block=None, block="mla + moe", verified=True,
+        handover=_BOTH, step_layers=_NO_RULE,
+        support={"vllm": {"mtp": True, "eagle3": True}, "sglang": {"mtp": True, "eagle3": True}},
+        sources={"vllm": ("deepseek_mtp.py",), "sglang": ("deepseek_nextn.py",)},
+        aux_ids={"sglang": "plus_one_if_first_is_one"},
+        module={"block:type": "DeepseekV3DecoderLayer", "block.mlp:type": "DeepseekV3MoE",
+                "block.mlp.gate.e_score_correction_bias:dtype": torch.float32},
+        reference=ref.transformers_mtp_model,
+        stored=False,
+        experts="n_routed_experts",
+        stored_embed="model.layers.2.embed_tokens.weight",
+        stored_head="model.layers.2.shared_head.head.weight",
+        variants=("deepseek_v3_fp8",),
+        nextn="DeepseekV3ForCausalLMNextN",
+    ),
+    Family("glm4_moe", mtp="model.layers.2.", release_block=None, block="gqa + moe", verified=True, **_GLM4_MOE,
+        stored_embed="model.layers.2.embed_tokens.weight",
+        stored_head="model.layers.2.shared_head.head.weight",
+    ),
+    # GLM-4.6's layout: the glm4_moe spec, no stored embedding or head copy in the MTP layer
+    Family("glm4_6", mtp="model.layers.2.", release_block=None, block="gqa + moe", verified=True, spec="glm4_moe",
+        **_GLM4_MOE,
+    ),
+    Family("mimo", mtp="model.mtp_layers.0.", release_block=None, block="gqa + dense", verified=True,
+        handover=_BOTH,
+        input_hidden={"vllm": "pre_norm"},
+        step_layers={"vllm": "first", "sglang": ""},
+        support={"vllm": {"mtp": True, "eagle3": False}, "sglang": {"mtp": True, "eagle3": False}},
+        sources={"vllm": ("eagle.py",), "sglang": ("mimo_mtp.py",)},
+        module={"block:type": "Qwen2DecoderLayer", "block.mlp:type": "Qwen2MLP"},
+        reference=ref.mimo,
+        wrong=({"order": "embed_hidden"},),  # MiMo concatenates [hidden, embed]: the order matters
+        stored=False,
     ),
 )
 # fmt: on

@@ -175,7 +175,9 @@ def test_convert(build, tmp_path: Path, capsys, family: Family, fixture: str, la
         "model.safetensors",
         "provenance.json",
     ]
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".out")]  # no temporary left behind
     prov = json.loads((out / "provenance.json").read_text())
+    assert prov["version"]
     assert summary["spec"] == prov["spec"] == _spec_name(family) and prov["spec_verified"] == family.verified
     assert summary["mtp_layer"] == prov["mtp_layer"] == layer and prov["draft_kind"] == kind
     assert bool(prov["dequantised_fp8"]) == (fixture.endswith("_fp8") or family.fp8_weights > 0)
@@ -278,7 +280,7 @@ def test_engine_rows(family: Family) -> None:
         if engine not in family.handover:
             assert facts is None
             continue
-        assert spec.engine_computation(engine) == {"input_hidden": "post_norm",
+        assert spec.engine_computation(engine) == {"input_hidden": family.input_hidden.get(engine, "post_norm"),
                                                    "final_norm": family.final_norm.get(engine, True),
                                                    "hidden_handover": family.handover[engine]}  # fmt: skip
         assert facts.version == version and facts.step_layers == family.step_layers[engine]

@@ -158,6 +158,46 @@ def deepseek_v3_on(path: Path):
         return cls.from_pretrained(str(path), config=v3_cfg, dtype=torch.float32).eval()
 
 
+def transformers_mtp_model(path: Path, nxt, hidden, pos):
+    """transformers 5.24's own MtpModel (modeling_layers.py) on the causal LM the checkpoint's config names
+    (DeepseekV3ForCausalLM, Glm4MoeForCausalLM), loaded from the fixture by transformers' own loader; the hand-over
+    is the post-final-norm hidden MtpModel chains."""
+    from transformers.modeling_layers import MtpModel
+
+    config = config_of(path)
+    cls = getattr(transformers, config["architectures"][0])
+    # transformers finds MTP keys through this attribute, hard-coded to the release's layer (61 / 92 / 46)
+    with pytest.MonkeyPatch.context() as m:
+        m.setattr(cls, "_keys_to_ignore_on_load_unexpected", [rf"model\.layers\.{config['num_hidden_layers']}.*"])
+        target = cls.from_pretrained(str(path), dtype=torch.float32).eval()
+    oracle = MtpModel.from_pretrained(target).float().eval()
+    chained = oracle.forward_layer(0, hidden, pos, None, input_ids=nxt)
+    return oracle._project_to_logits(chained), chained
+
+
+def mimo(path: Path, nxt, hidden, pos, *, order: str = "hidden_embed"):
+    """MiMo's MTP layer as the reference table spells it, from checkpoint key names: token_layernorm(embed) |
+    hidden_layernorm(hidden), concatenated [hidden, embed] -> input_proj -> a Qwen2 decoder block -> final_layernorm
+    -> lm_head, the normed hidden handed on. order="embed_hidden": the other concatenation."""
+    from transformers.models.qwen2.modeling_qwen2 import Qwen2DecoderLayer, Qwen2RotaryEmbedding
+
+    config, w = config_of(path), tensors(path)
+    p, eps = "model.mtp_layers.0.", config["rms_norm_eps"]
+    e = rms(torch.nn.functional.embedding(nxt, w["model.embed_tokens.weight"]), w[p + "token_layernorm.weight"], eps)
+    h = rms(hidden, w[p + "hidden_layernorm.weight"], eps)
+    x = torch.cat([h, e] if order == "hidden_embed" else [e, h], -1) @ w[p + "input_proj.weight"].T
+    cfg = transformers.Qwen2Config(**{k: v for k, v in config.items() if k not in ("architectures", "model_type")})
+    cfg._attn_implementation = "eager"
+    block = Qwen2DecoderLayer(cfg, 0)
+    block.load_state_dict(
+        {k[len(p) :]: v for k, v in w.items() if k.startswith(p) and k[len(p) :] in block.state_dict()}
+    )
+    rope = Qwen2RotaryEmbedding(cfg)(x, pos)
+    y = block(x, attention_mask=causal(x.shape[1]), position_embeddings=rope, position_ids=pos)
+    normed = rms(y, w[p + "final_layernorm.weight"], eps)
+    return normed @ w["lm_head.weight"].T, normed
+
+
 def bailing_hybrid_mtp_model(path: Path, nxt, hidden, pos):
     """Ling 3's MTP layer as transformers' own MtpModel computes it (`bailing_hybrid_oracle`)."""
     oracle = bailing_hybrid_oracle(path)
