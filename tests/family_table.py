@@ -78,6 +78,9 @@ class Family:
     )  # FP8 variant: MTP key (after `mtp`) -> dtype ("": unscaled)
     cache_chunks: tuple[int, ...] = ()  # cached steps (chunk bounds up to T) that must equal one pass
     input_hidden: dict[str, str] = field(default_factory=dict)  # engine -> the hidden it feeds, where not post_norm
+    masked: bool = (
+        False  # the layer also takes an explicit causal mask (as the DSA indexer reads it) to the same result
+    )
 
 
 _BOTH = {"vllm": "post_norm", "sglang": "post_norm"}
@@ -304,6 +307,7 @@ FAMILIES = (
         fp8_dtypes={"self_attn.indexer.wq_b.weight": "F8_E4M3", "self_attn.indexer.wk.weight": "F8_E4M3",
                     "self_attn.indexer.weights_proj.weight": "", "self_attn.indexer.k_norm.weight": ""},
         cache_chunks=(3, 4, 6, T),  # chunks of 3, 1, 2, 4 tokens: each attends to the cached past plus itself
+        masked=True,
     ),
     Family("longcat_flash", mtp="model.mtp.", release_block=None, block="mla + dense", verified=True,
         handover=_BOTH, step_layers=_NO_RULE,
@@ -319,6 +323,7 @@ FAMILIES = (
         stored=False, keys=ref.LONGCAT_FLASH_MTP_KEYS,
         stored_embed="model.mtp.embed_tokens.weight",
         nextn="LongcatFlashForCausalLMNextN",
+        masked=True,
     ),
     Family("mimo_v2_flash", mtp="model.mtp.layers.0.", release_block=None, block="swa + dense", verified=True,
         handover=_BOTH, step_layers=_NO_RULE,
@@ -343,8 +348,8 @@ FAMILIES = (
         reference=ref.ernie4_5_moe,
         wrong=({"final_norm": None}, {"dense": False}),  # FastDeploy's final norm and the dense MLP matter
         stored=False, keys=ref.ERNIE4_5_MOE_MTP_KEYS, trunk_reads=("model.norm.weight",),
-        # as converted last: the training code's computation, which `wrong` is held against
-        engines=(("vllm", {"final_norm": None}), ("sglang", {"final_norm": None}), (None, {})),
+        # as converted last: the training code's computation, which `wrong` is held against; SGLang's row is vLLM's
+        engines=(("vllm", {"final_norm": None}), (None, {})),
     ),
     Family("qwen3_next", mtp="mtp.", release_block=None, block="gated_gqa + moe", verified=True, **_QWEN3,
         module={"block.block_type": "full_attention", "block.self_attn:type": "Qwen3NextAttention",
