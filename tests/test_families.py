@@ -180,6 +180,7 @@ def test_convert(build, tmp_path: Path, capsys, family: Family, fixture: str, la
     assert prov["version"]
     assert summary["spec"] == prov["spec"] == _spec_name(family) and prov["spec_verified"] == family.verified
     assert summary["mtp_layer"] == prov["mtp_layer"] == layer and prov["draft_kind"] == kind
+    assert summary["num_mtp_layers"] == family.layers
     assert bool(prov["dequantised_fp8"]) == (fixture.endswith("_fp8") or family.fp8_weights > 0)
     draft = load_draft(out)
     if kind == "mtp":

@@ -12,6 +12,7 @@ What this module does not do: build fixtures (`fixtures.py`) or assert anything 
 
 from __future__ import annotations
 
+import functools
 import importlib
 import json
 from pathlib import Path
@@ -34,10 +35,37 @@ def weight_map(path: Path) -> dict[str, str]:
 
 
 def tensors(path: Path) -> dict[str, torch.Tensor]:
-    """Every tensor of a (bf16) fixture checkpoint by its hub name, in fp32."""
+    """Every tensor of a (bf16) fixture checkpoint by its hub name, in fp32 (a fresh dict; the tensors are read once
+    per checkpoint as it is on disk: references share them and must not write to them)."""
+    return dict(_read(_files(path), False))
+
+
+def dequantised(path: Path, dequant: bool = True) -> dict[str, torch.Tensor]:
+    """fp32 tensors by hub name, FP8 weights dequantised with their `weight_scale_inv` as the reference table writes
+    it, W[i, j] * scale_inv[i // 128, j // 128]; dequant=False: taken at face value, as a reader ignoring the scales
+    would. The scales themselves are left out."""
+    return {k: v for k, v in _read(_files(path), dequant).items() if not k.endswith("_scale_inv")}
+
+
+def _files(path: Path) -> tuple[tuple[str, int, int], ...]:
+    """The checkpoint's shards as they are on disk (name, mtime, size): what the cache of `_read` is keyed by."""
+    return tuple((str(f), f.stat().st_mtime_ns, f.stat().st_size) for f in sorted(path.glob("model-0*.safetensors")))
+
+
+@functools.lru_cache(maxsize=8)
+def _read(files: tuple[tuple[str, int, int], ...], dequant: bool) -> dict[str, torch.Tensor]:
+    raw: dict[str, torch.Tensor] = {}
+    for name, _, _ in files:
+        raw.update(load_file(name))
     out = {}
-    for file in sorted(path.glob("model-0*.safetensors")):
-        out.update({k: v.float() for k, v in load_file(str(file)).items()})
+    for key, tensor in raw.items():
+        scale = raw.get(key + "_scale_inv") if dequant else None
+        if scale is not None and not key.endswith("_scale_inv"):
+            m, n = tensor.shape
+            full = scale.float().repeat_interleave(128, 0)[:m].repeat_interleave(128, 1)[:, :n]
+            out[key] = tensor.float() * full
+        else:
+            out[key] = tensor.float()
     return out
 
 
@@ -473,27 +501,6 @@ def nemotron_h_vllm(path: Path, nxt, hidden, pos, *, sublayers: tuple[str, str] 
 
 
 # ---- MiMo-V2-Flash, ERNIE-4.5, the Qwen3 hybrids: the engines' computation, the block from transformers' classes --
-def dequantised(path: Path, dequant: bool = True) -> dict[str, torch.Tensor]:
-    """fp32 tensors by hub name, FP8 weights dequantised with their `weight_scale_inv` as the reference table writes
-    it, W[i, j] * scale_inv[i // 128, j // 128]; dequant=False: taken at face value, as a reader ignoring the scales
-    would. The scales themselves are left out."""
-    raw: dict[str, torch.Tensor] = {}
-    for file in sorted(path.glob("model-0*.safetensors")):
-        raw.update(load_file(str(file)))
-    out = {}
-    for key, tensor in raw.items():
-        scale = raw.get(key + "_scale_inv")
-        if key.endswith("_scale_inv"):
-            continue
-        if dequant and scale is not None:
-            m, n = tensor.shape
-            full = scale.float().repeat_interleave(128, 0)[:m].repeat_interleave(128, 1)[:, :n]
-            out[key] = tensor.float() * full
-        else:
-            out[key] = tensor.float()
-    return out
-
-
 def _loaded(module: torch.nn.Module, w: dict[str, torch.Tensor], names: dict[str, str]) -> torch.nn.Module:
     module.load_state_dict({k: w[v] for k, v in names.items()})
     return module.eval()
