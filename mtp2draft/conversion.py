@@ -16,6 +16,7 @@ import ctypes
 import functools
 import math
 import time
+from collections import Counter
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -23,8 +24,7 @@ from typing import Any
 import torch
 
 from mtp2draft._version import __version__
-from mtp2draft.checkpoint.fp8 import SCALE_SUFFIX
-from mtp2draft.checkpoint.reader import ST_DTYPES, Checkpoint, check_finite, open_checkpoint
+from mtp2draft.checkpoint.reader import Checkpoint, check_finite, open_checkpoint
 from mtp2draft.draft.eagle3_config import TOKEN_FIELDS, sglang_config
 from mtp2draft.draft.layout import (
     EXPERTS_DOWN,
@@ -186,7 +186,7 @@ def _sglang_layout_config(
 def _return_freed_memory() -> None:
     """Give the heap pages a transform freed back to the OS. glibc's malloc keeps them for later allocations, which
     fragments them, so the process's RSS would climb towards the sum of the transforms' fp32 working sets rather than
-    the largest one (scripts/bench_convert.py measures it). A no-op where the C library has no `malloc_trim`."""
+    the largest one (benchmarks/bench_convert.py measures it). A no-op where the C library has no `malloc_trim`."""
     trim = _malloc_trim()
     if trim is not None:
         trim(0)
@@ -226,7 +226,7 @@ class ConvertResult:
 
 def default_kind(spec: Spec) -> DraftKind:
     """The draft kind made when none is asked for: native MTP where an engine serves it for the family, EAGLE-3
-    otherwise (docs/eagle3-from-mtp.md: distilled for the same steps, the native draft accepts more than an EAGLE-3
+    otherwise (docs/notes/eagle3-from-mtp.md: distilled for the same steps, the native draft accepts more than an EAGLE-3
     draft converted from the same layer)."""
     return DraftKind.MTP if any(spec.serves(e, DraftKind.MTP) for e in ENGINES) else DraftKind.EAGLE3
 
@@ -275,6 +275,7 @@ def convert(
     if all_layers:
         provenance["mtp_layers"] = list(range(count))
         provenance["dequantised_fp8"] = [k for p in plans for k in p.checkpoint_keys if ckpt.scale_key(k)]
+        provenance["dequantised"] = _dequantised(ckpt, [k for p in plans for k in p.checkpoint_keys])
     with atomic_output_dir(out, overwrite, inputs=[source]) as tmp:
         if to == DraftKind.MTP:
             draft_cfg = _write_native_draft(ckpt, plans, tmp, dtype, provenance, progress, chain=all_layers)
@@ -321,7 +322,18 @@ def _provenance(
         "dtype": dtype,
         "dequantised_fp8": dequantised,
         "fp8_block_size": list(ckpt.fp8_block_size()) if dequantised else None,
+        "quantization": ckpt.quant_method.name,
+        "dequantised": _dequantised(ckpt, plan.checkpoint_keys),  # scheme -> keys (other than `_scale_inv` FP8)
     }
+
+
+def _dequantised(ckpt: Checkpoint, keys: list[str]) -> dict[str, list[str]]:
+    out: dict[str, list[str]] = {}
+    for key in keys:
+        scheme = ckpt.scheme_of(key)
+        if scheme is not None:
+            out.setdefault(scheme.name, []).append(key)
+    return out
 
 
 def _write_native_draft(
@@ -381,8 +393,7 @@ def check_weight_dtypes(ckpt: Checkpoint, keys: list[str]) -> None:
     """Every MTP tensor must be stored as a float (FP8 included): an integer "weight" would convert, then crash an
     exporter or an engine."""
     for key in keys:
-        stored = ST_DTYPES[ckpt.info(key).dtype][0]
-        if not stored.is_floating_point:
+        if not ckpt.weight_dtype(key).is_floating_point:
             raise CheckpointError(f"{key} is stored as {ckpt.info(key).dtype}: MTP weights must be floating point")
 
 
@@ -395,7 +406,7 @@ def _write_native(
     tensor_plan = []
     for prefix, plan in plans:
         for g in plan.groups:
-            stored = ST_DTYPES[ckpt.info(g.ckpt_keys[0]).dtype][0]
+            stored = ckpt.weight_dtype(g.ckpt_keys[0])
             want = stored if not stored.is_floating_point else torch.float32 if g.module_key in plan.buffers else dtype
             tensor_plan.append((prefix + g.module_key, want, plan.expected[g.module_key]))
     total = sum(math.prod(shape) * want.itemsize for _, want, shape in tensor_plan)
@@ -427,13 +438,15 @@ def inspect_checkpoint(source: str, revision: str | None = None, token: str | bo
             {"name": k, "shape": list(ckpt.info(k).shape), "dtype": ckpt.info(k).dtype, "bytes": ckpt.info(k).nbytes}
             for k in keys
         ]
-        params = sum(math.prod(t["shape"]) for t in tensors if not t["name"].endswith(SCALE_SUFFIX))
+        params = sum(math.prod(ckpt.shape_of(k)) for k in plan.checkpoint_keys)
+        schemes = Counter(s.name for s in map(ckpt.scheme_of, plan.checkpoint_keys) if s is not None)
         layers.append(
             {
                 "layer": layer,
                 "parameters": params,
                 "bytes": sum(t["bytes"] for t in tensors),
                 "fp8_weights": sum(1 for k in plan.checkpoint_keys if ckpt.scale_key(k)),
+                "quantised_weights": dict(sorted(schemes.items())),  # scheme -> count (checkpoint/quant.py)
                 "stored_embed": plan.stored_embed,
                 "stored_head": plan.stored_head,
                 "tensors": tensors,

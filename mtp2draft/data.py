@@ -196,13 +196,38 @@ def prompt_ids(record: dict[str, Any], tokenizer, max_length: int) -> list[int]:
     return _render(tokenizer, messages, generation_prompt=True)[-max_length:]
 
 
+SAMPLE_TEMPERATURE = 0.8  # `--regenerate --sample`: every backend samples the target's responses at this temperature
+
+
+def regeneration_prompts(examples: Sequence[Example], max_new_tokens: int) -> list[tuple[list[int], int]]:
+    """(prompt, new-token budget) per example, as every backend regenerates it (`regenerate`, and vLLM's in
+    `evaluation.backend.regenerate`). Chats: the conversation before the first assistant turn, up to
+    `max_new_tokens`. Text: the first half of the tokens, and as many new tokens as the second half had."""
+    jobs = []
+    for ex in examples:
+        prompt = ex.input_ids[: ex.prompt_length] if ex.prompt_length else ex.input_ids[: len(ex.input_ids) // 2]
+        budget = max_new_tokens if ex.prompt_length else min(max_new_tokens, len(ex.input_ids) - len(prompt))
+        jobs.append((list(prompt), max(budget, 1)))
+    return jobs
+
+
+def with_response(example: Example, job: tuple[list[int], int], generated: Sequence[int], eos: int | None) -> Example:
+    """`example` with its loss span replaced by the target's `generated` tokens: cut to the job's budget and after
+    the first eos (kept: the draft learns to predict the end too)."""
+    prompt, budget = job
+    new = list(generated)[:budget]
+    if eos is not None and eos in new:
+        new = new[: new.index(eos) + 1]
+    return Example(prompt + new, [False] * len(prompt) + [True] * len(new), len(prompt), example.record)
+
+
 def regenerate(
     examples: Sequence[Example],
     target,
     tokenizer,
     max_new_tokens: int = 256,
     sample: bool = False,
-    temperature: float = 0.8,
+    temperature: float = SAMPLE_TEMPERATURE,
     seed: int = 0,
     batch_size: int = 16,
     progress=lambda _: None,
@@ -215,11 +240,7 @@ def regenerate(
     token."""
     eos = tokenizer.eos_token_id
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else eos
-    jobs = []
-    for ex in examples:
-        prompt = ex.input_ids[: ex.prompt_length] if ex.prompt_length else ex.input_ids[: len(ex.input_ids) // 2]
-        budget = max_new_tokens if ex.prompt_length else min(max_new_tokens, len(ex.input_ids) - len(prompt))
-        jobs.append((prompt, max(budget, 1)))
+    jobs = regeneration_prompts(examples, max_new_tokens)
     order = sorted(range(len(jobs)), key=lambda i: (len(jobs[i][0]), jobs[i][1]))
     out: list[Example | None] = [None] * len(jobs)
     device = torch.device(target.device)
@@ -251,11 +272,7 @@ def regenerate(
                 eos_token_id=eos,
             )[:, width:].tolist()
         for row, i in enumerate(chunk):
-            prompt, budget = jobs[i]
-            new = generated[row][:budget]
-            if eos in new:
-                new = new[: new.index(eos) + 1]
-            out[i] = Example(prompt + new, [False] * len(prompt) + [True] * len(new), len(prompt), examples[i].record)
+            out[i] = with_response(examples[i], jobs[i], generated[row], eos)
         done += len(chunk)
         progress(f"regenerated {done}/{len(jobs)}")
     return [e for e in out if e is not None]

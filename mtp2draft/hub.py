@@ -47,14 +47,14 @@ from mtp2draft.formats import REGISTRY, format_kind, get_format
 from mtp2draft.formats.common import README_FILE, read_json
 from mtp2draft.formats.export import DraftDirectory, read_draft_directory, validate
 from mtp2draft.io import Progress, quiet
-from mtp2draft.kinds import EVALUATION_FILE, PROVENANCE_FILE, DraftKind
+from mtp2draft.kinds import ACCEPTANCE_CHART, EVALUATION_FILE, PROVENANCE_FILE, DraftKind
 from mtp2draft.redact import find_secret, known_secrets, redact, register_secret
 
-# What mtp2draft measured about EAGLE-3 drafts converted from an MTP layer (docs/eagle3-from-mtp.md), said on every
+# What mtp2draft measured about EAGLE-3 drafts converted from an MTP layer (docs/notes/eagle3-from-mtp.md), said on every
 # EAGLE-3 card so that a user who can serve the native draft knows it was the better one there.
 EAGLE3_ADVICE = (
     "Measured by mtp2draft on its bundled tiny MiMo target, on data from a source it never trained on "
-    "(docs/eagle3-from-mtp.md): the native MTP draft distilled for 120 steps accepted 2.86 tokens per target "
+    "(docs/notes/eagle3-from-mtp.md): the native MTP draft distilled for 120 steps accepted 2.86 tokens per target "
     "forward at k = 4, an EAGLE-3 draft converted from the same layer and distilled for 240 steps 2.43. Where your "
     "engine serves the family's native MTP module, prefer `mtp2draft convert --to mtp`."
 )
@@ -349,7 +349,8 @@ def model_card(path: str | Path | DraftDirectory, repo_id: str | None = None, ba
         model_name=name,
         eval_results=eval_results,
     )
-    body = _body(fmt, name, target, draft_ref, k, cfg, prov, evaluation)
+    chart = evaluation is not None and (path / ACCEPTANCE_CHART).is_file()
+    body = _body(fmt, name, target, draft_ref, k, cfg, prov, evaluation, chart=chart)
     existing = path / README_FILE
     if existing.is_file():
         body += "\n## Notes from the export\n\n" + _demote(_readme_text(existing)) + "\n"
@@ -377,6 +378,8 @@ def _body(
     cfg: Mapping[str, Any],
     prov: Mapping[str, Any],
     evaluation: Mapping[str, Any] | None,
+    *,
+    chart: bool = False,
 ) -> str:
     target_text = f"[`{target}`](https://huggingface.co/{target})" if _is_repo_id(target) else f"`{target or '?'}`"
     distill = prov.get("distill")
@@ -397,24 +400,7 @@ def _body(
             "",
             EAGLE3_ADVICE,
         ]
-    out += ["", "## Acceptance", ""]
-    if evaluation and evaluation.get("results"):
-        where = f"`{evaluation.get('target', target)}`"
-        if evaluation.get("target_commit"):
-            where += f" (commit `{str(evaluation['target_commit'])[:12]}`)"
-        out += [
-            f"Measured by `mtp2draft evaluate` against {where} on `{evaluation.get('data', '?')}` "
-            f"({evaluation.get('num_prompts', '?')} prompts, up to {evaluation.get('max_new_tokens', '?')} new tokens, "
-            f"{_decoding(evaluation)}). Mean acceptance length counts the tokens each target forward produces, bonus "
-            "token included; acceptance per position is conditional (position j accepted given 1..j-1 were), per "
-            "draft it is P(position j accepted) (vLLM's per-position counters); lossless means the output equals the "
-            "target's greedy output token for token ('N tie(s)': N prompts parted from it where its top two logits "
-            "tie within its dtype's rounding; at a temperature: checked in distribution, see evaluation.json).",
-            "",
-            _acceptance_table(evaluation),
-        ]
-    else:
-        out.append("Not measured yet (no evaluation.json beside the draft: run `mtp2draft evaluate --save`).")
+    out += ["", "## Acceptance", "", *_acceptance_section(evaluation, target, chart)]
     spec = _spec_of(cfg, prov)
     if evaluation and evaluation.get("results"):
         from mtp2draft.speed.card import card_section  # torch-free, like this module
@@ -448,6 +434,31 @@ def _body(
         out += ["", trained]
     out += ["", "## Provenance", ""] + _provenance(cfg, prov, target)
     return "\n".join(out) + "\n"
+
+
+def _acceptance_section(evaluation: Mapping[str, Any] | None, target: str | None, chart: bool) -> list[str]:
+    """The card's measured acceptance: how it was measured, the table, the chart where `evaluate --save` drew one."""
+    out: list[str] = []
+    if evaluation and evaluation.get("results"):
+        where = f"`{evaluation.get('target', target)}`"
+        if evaluation.get("target_commit"):
+            where += f" (commit `{str(evaluation['target_commit'])[:12]}`)"
+        out += [
+            f"Measured by `mtp2draft evaluate` against {where} on `{evaluation.get('data', '?')}` "
+            f"({evaluation.get('num_prompts', '?')} prompts, up to {evaluation.get('max_new_tokens', '?')} new tokens, "
+            f"{_decoding(evaluation)}). Mean acceptance length counts the tokens each target forward produces, bonus "
+            "token included; acceptance per position is conditional (position j accepted given 1..j-1 were), per "
+            "draft it is P(position j accepted) (vLLM's per-position counters); lossless means the output equals the "
+            "target's greedy output token for token ('N tie(s)': N prompts parted from it where its top two logits "
+            "tie within its dtype's rounding; at a temperature: checked in distribution, see evaluation.json).",
+            "",
+            _acceptance_table(evaluation),
+        ]
+        if chart:  # `evaluate --save` drew it from the same evaluation.json
+            out += ["", f"![Acceptance per draft position, raw MTP head beside the draft]({ACCEPTANCE_CHART})"]
+    else:
+        out.append("Not measured yet (no evaluation.json beside the draft: run `mtp2draft evaluate --save`).")
+    return out
 
 
 def _provenance(cfg: Mapping[str, Any], prov: Mapping[str, Any], target: str | None) -> list[str]:

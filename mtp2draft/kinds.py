@@ -51,6 +51,8 @@ CONFIG_FILE = "config.json"
 WEIGHTS_FILE = "model.safetensors"
 PROVENANCE_FILE = "provenance.json"
 EVALUATION_FILE = "evaluation.json"  # `evaluate --save`: the measured acceptance `push` puts on the model card
+ACCEPTANCE_CHART = "acceptance.png"  # drawn from evaluation.json beside it (evaluation/charts.py); the card links it
+TRAINING_CHART = "training.png"  # distill's loss and per-step top-1 curves, beside the distilled draft
 # config.json markers: mtp2draft's native draft says `draft_kind: mtp`; an EAGLE-3 draft carries SGLang's
 # architecture, or is vLLM's speculators layout of one.
 EAGLE3_ARCHITECTURE = "LlamaForCausalLMEagle3"

@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
+from support import reference_v4 as rv4
 from support import references as ref
 
 T = 10  # the forward checks' sequence length: longer than every fixture's window (4) and index_topk (4)
@@ -77,10 +78,16 @@ class Family:
         default_factory=dict
     )  # FP8 variant: MTP key (after `mtp`) -> dtype ("": unscaled)
     cache_chunks: tuple[int, ...] = ()  # cached steps (chunk bounds up to T) that must equal one pass
-    input_hidden: dict[str, str] = field(default_factory=dict)  # engine -> the hidden it feeds, where not post_norm
     masked: bool = (
         False  # the layer also takes an explicit causal mask (as the DSA indexer reads it) to the same result
     )
+    streams: int = 0  # residual streams of the hidden (hyper-connections): hidden [B, T, streams, H]; 0: [B, T, H]
+    hidden: str | dict[str, str] = (
+        "post_norm"  # the target hidden the engines feed step 0 (engine -> it, if they differ)
+    )
+    versions: dict[str, str] = field(default_factory=dict)  # engine -> the version its facts were read from, where
+    # it is not ENGINE_VERSIONS'
+    scales_absent: bool = False  # the bf16 fixture leaves out the release's `.scale` siblings (FP8 / FP4 e8m0)
 
 
 _BOTH = {"vllm": "post_norm", "sglang": "post_norm"}
@@ -386,7 +393,7 @@ FAMILIES = (
     ),
     Family("mimo", mtp="model.mtp_layers.0.", release_block=None, block="gqa + dense", verified=True,
         handover=_BOTH,
-        input_hidden={"vllm": "pre_norm"},
+        hidden={"vllm": "pre_norm", "sglang": "post_norm"},
         step_layers={"vllm": "first", "sglang": ""},
         support={"vllm": {"mtp": True, "eagle3": False}, "sglang": {"mtp": True, "eagle3": False}},
         sources={"vllm": ("eagle.py",), "sglang": ("mimo_mtp.py",)},
@@ -394,6 +401,24 @@ FAMILIES = (
         reference=ref.mimo,
         wrong=({"order": "embed_hidden"},),  # MiMo concatenates [hidden, embed]: the order matters
         stored=False,
+    ),
+    Family("deepseek_v4", mtp="mtp.", release_block="mtp.0.", block="swa_sink + moe", verified=True,
+        handover={"vllm": "pre_norm", "sglang": "pre_norm"},  # both hand on the streams before hc_head
+        step_layers=_CYCLE_FIRST,
+        support={"vllm": {"mtp": True, "eagle3": True}, "sglang": {"mtp": True, "eagle3": False}},
+        sources={"vllm": ("deepseek_v4/nvidia/mtp.py",), "sglang": ("deepseek_v4_nextn.py",)},
+        module={"block:type": "DeepseekV4DecoderLayer", "hc_head:type": "DeepseekV4HyperHead",
+                "block.self_attn.compressor": None, "attention_window": 4},
+        reference=rv4.deepseek_v4_vllm,
+        wrong=({"window": None}, {"hc_reduce": False}),
+        refuses_eagle3="deepseek_v4 has no EAGLE-3 conversion",  # vLLM 0.34 captures aux states; no transfer yet
+        release_tensors=1575,
+        experts="n_routed_experts",
+        engines=((None, {}), ("vllm", {}), ("sglang", {})),
+        streams=4,
+        hidden="pre_norm",
+        versions={"vllm": "0.34.0"},
+        scales_absent=True,
     ),
 )
 # fmt: on

@@ -1,4 +1,4 @@
-"""Runs in speculators' own venv (scripts/speculators_env.sh), never in mtp2draft's: imports nothing of mtp2draft.
+"""Runs in speculators' own venv (mtp2draft engine install speculators), never in mtp2draft's: imports nothing of mtp2draft.
 
 `python speculators_driver.py REQUEST.json` reads a list of jobs, and for each writes into its `out` directory what
 speculators itself makes of a `speculators-mtp` export and of the target it was converted from:

@@ -654,7 +654,7 @@ for _name, _args, _needle in (
 @case
 def evaluate_vllm_without_its_venv(w, tmp, mp, stack):
     mp.setenv("MTP2DRAFT_VLLM_VENV", str(tmp / "no-venv"))
-    return Case(_evaluate(w, "--engine", "vllm"), "create it with `bash scripts/vllm_env.sh`")
+    return Case(_evaluate(w, "--engine", "vllm"), "create it with `mtp2draft engine install vllm`")
 
 
 @case
@@ -886,6 +886,18 @@ def _config_file(tmp: Path, name: str, **changes: Any) -> str:
     cfg = {**load_config(DS3), **changes}
     (tmp / name).write_text(json.dumps(cfg))
     return str(tmp / name)
+
+
+@case
+def engine_install_unknown_engine(w, tmp, mp, stack):
+    mp.setenv("MTP2DRAFT_VLLM_VENV", str(tmp / "venv"))
+    return Case(["engine", "install", "sglang"], "no engine environment 'sglang'; known: vllm, speculators")
+
+
+@case
+def engine_install_unknown_platform(w, tmp, mp, stack):
+    mp.setenv("MTP2DRAFT_VLLM_VENV", str(tmp / "venv"))  # nothing is created there: the pins are refused first
+    return Case(["engine", "install", "vllm", "--platform", "tpu"], "platform 'tpu' is not one of cpu, cuda")
 
 
 @case

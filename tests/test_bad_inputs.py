@@ -395,6 +395,69 @@ def fp8_weight_without_scale(w, tmp, mp, stack, *, fixture: str = "deepseek_v3_f
     return Case(_convert(ck, tmp), "kv_b_proj.weight_scale_inv")
 
 
+def _release(w, tmp: Path, scheme: str) -> Path:
+    from support.quantised import requantise
+
+    return requantise(w.ds, tmp / "ck", scheme)
+
+
+@case
+def fp4_weight_without_scale(w, tmp, mp, stack):
+    ck = _release(w, tmp, "fp4-e8m0")  # DeepSeek-V4's names: int8 `weight` beside an e8m0 `scale`
+    index = _index(ck)
+    del index["weight_map"][MTP + "self_attn.q_a_proj.scale"]
+    _write_index(ck, index)
+    return Case(_convert(ck, tmp), "q_a_proj.weight is stored as I8 (fp4-e8m0) but " + MTP + "self_attn.q_a_proj.scale")
+
+
+@case
+def nvfp4_weight_without_scale(w, tmp, mp, stack):
+    ck = _release(w, tmp, "nvfp4")
+    index = _index(ck)
+    del index["weight_map"][MTP + "eh_proj.weight_scale_2"]
+    _write_index(ck, index)
+    return Case(_convert(ck, tmp), "eh_proj.weight is stored as U8 (modelopt-nvfp4)")
+
+
+@case
+def nvfp4_scale_shape_tampered(w, tmp, mp, stack):
+    from safetensors.torch import load_file, save_file
+
+    ck = _release(w, tmp, "nvfp4")
+    shard = ck / _index(ck)["weight_map"][MTP + "eh_proj.weight_scale"]
+    tensors = load_file(shard)
+    tensors[MTP + "eh_proj.weight_scale"] = tensors[MTP + "eh_proj.weight_scale"][:, :-1].contiguous()
+    save_file(tensors, shard, {"format": "pt"})
+    return Case(_convert(ck, tmp), "eh_proj.weight_scale has shape")
+
+
+@case
+def ct_packed_weight_without_scale(w, tmp, mp, stack):
+    ck = _release(w, tmp, "int4")
+    index = _index(ck)
+    del index["weight_map"][MTP + "self_attn.q_a_proj.weight_scale"]
+    _write_index(ck, index)
+    return Case(_convert(ck, tmp), "q_a_proj.weight_packed is ct-int data without")
+
+
+@case
+def unknown_quant_method(w, tmp, mp, stack):
+    ck = _copy(w.ds, tmp)
+    config = json.loads((ck / "config.json").read_text())
+    config["quantization_config"] = {"quant_method": "awq", "bits": 4, "group_size": 128}
+    (ck / "config.json").write_text(json.dumps(config))
+    return Case(_convert(ck, tmp), "quant_method 'awq' is not supported")
+
+
+@case
+def foreign_quantised_tensor(w, tmp, mp, stack):
+    ck = _copy(w.ds, tmp)
+    index = _index(ck)
+    index["weight_map"][MTP + "self_attn.q_a_proj.qweight"] = index["weight_map"][MTP + "self_attn.q_a_proj.weight"]
+    _write_index(ck, index)
+    return Case(_convert(ck, tmp), "q_a_proj.qweight is a qweight tensor of a quantisation mtp2draft does not read")
+
+
 # ---- per new family: the MTP layer's keys missing, a count field that is wrong -------------------------------------
 def _family(tmp: Path, fixture: str) -> Path:
     from support.fixtures import build_fixture
@@ -691,6 +754,44 @@ def dspark_under_mtp_inspect(w, tmp, mp, stack):
 @case
 def dspark_target_for_distill(w, tmp, mp, stack):
     return Case(_distill(w, tmp, target=_family(tmp, "deepseek_v4_0731_dspark")), "DSpark block drafter")
+
+
+@case
+def deepseek_v4_e_proj_missing(w, tmp, mp, stack):
+    ck = _drop_key(_family(tmp, "deepseek_v4"), "mtp.0.e_proj.weight")
+    return Case(_convert(ck, tmp), "MTP layer 0 is missing mtp.0.e_proj.weight (spec deepseek_v4)")
+
+
+@case
+def deepseek_v4_hc_head_missing(w, tmp, mp, stack):
+    ck = _drop_key(_family(tmp, "deepseek_v4"), "mtp.0.hc_head_fn")
+    return Case(_convert(ck, tmp), "MTP layer 0 is missing mtp.0.hc_head_fn (spec deepseek_v4)")
+
+
+@case
+def deepseek_v4_wrong_hc_mult(w, tmp, mp, stack):
+    """config.json says 2 residual streams, the tensors were made for 4."""
+    ck = _family(tmp, "deepseek_v4")
+    _edit_config(ck, hc_mult=2)
+    return Case(_convert(ck, tmp), "tensor mtp.0.hc_head_fn has shape [4, 256] but the config implies [2, 128]")
+
+
+@case
+def deepseek_v4_hc_mult_not_a_count(w, tmp, mp, stack):
+    ck = _family(tmp, "deepseek_v4")
+    _edit_config(ck, hc_mult=0)
+    return Case(["inspect", str(ck)], "hc_mult = 0 is not a count of residual streams")
+
+
+@case
+def deepseek_v4_config_with_dspark_fields(w, tmp, mp, stack):
+    """A V4 checkpoint whose config.json carries V4-0731's DSpark fields: refused before any spec, MTP keys or not."""
+    from support import hub_keys
+
+    ck = _family(tmp, "deepseek_v4")
+    dspark = hub_keys.load("deepseek_v4_0731_dspark")["config"]
+    _edit_config(ck, **{k: v for k, v in dspark.items() if k.startswith("dspark_")})
+    return Case(["inspect", str(ck)], "are a DSpark block drafter")
 
 
 @case

@@ -244,7 +244,11 @@ SETTINGS_OFFERED = {
         "push": ("revision",),  # push's --revision is the branch it commits to
     },
     "RunConfig": {"run": ()},
-    "TrainingData": {"distill": (), "run": ("hidden_states",)},
+    "TrainingData": {
+        "distill": (),
+        "run": ("hidden_states",),
+        "dump-hidden": ("data", "hidden_states", "heldout"),  # its --data is the data it dumps
+    },
 }
 
 

@@ -13,12 +13,14 @@ from pathlib import Path
 
 import pytest
 import torch
+from matplotlib.image import imread
 from safetensors.torch import load_file
 
 from mtp2draft.conversion import convert
 from mtp2draft.data import encode, load_tokenizer, read_examples
 from mtp2draft.draft.disk import load_draft
 from mtp2draft.errors import DataError, DraftError, OptionError
+from mtp2draft.evaluation import charts
 from mtp2draft.target.hidden import TargetModel
 from mtp2draft.train.calibrate import choose_draft_vocab
 from mtp2draft.train.recipe import distill
@@ -46,6 +48,9 @@ def test_distill_trains_without_writing_the_target(target, text_data, tmp_path: 
     raw, ft = _final_weights(tmp_path / "raw"), _final_weights(tmp_path / "ft")
     assert raw.keys() == ft.keys() and not torch.equal(raw["eh_proj.weight"], ft["eh_proj.weight"])
     assert not (tmp_path / "ft.checkpoints").exists()
+    (loss_line, *_), accuracy = (ax.get_lines() for ax in charts.training_figure(prov["distill"]["history"]).axes)
+    assert [float(y) for y in loss_line.get_ydata()] == [h["loss"] for h in result.history]  # what training.png draws
+    assert len(accuracy) == 3 and imread(tmp_path / "ft" / charts.TRAINING_CHART).shape[:2] == (400, 1000)
 
 
 def test_eagle3_draft_vocabulary(target, text_data, tmp_path: Path) -> None:

@@ -222,6 +222,7 @@ def test_evaluate_cli_reports_the_documented_keys(target, text_data, tmp_path: P
     assert first["tokens_drafted"] == 3 * first["target_forwards"] and len(report["acceptance_per_position"]) == 3
     assert [r["name"] for r in report["results"]] == ["draft", f"baseline: {tmp_path / 'raw'}"]
     assert json.loads((tmp_path / "e3" / "evaluation.json").read_text())["results"] == report["results"]
+    assert "and " + str(tmp_path / "e3" / "acceptance.png") in err  # the chart beside it (tests/test_charts.py)
     (cmp,) = report["comparison"]  # the draft against its baseline, on the same prompts
     assert cmp["prompts"] == 3 and cmp["baseline"] == report["results"][1]["name"]
     gap = report["results"][0]["mean_acceptance_length"] - report["results"][1]["mean_acceptance_length"]

@@ -15,7 +15,7 @@ from mtp2draft.conversion import convert
 from mtp2draft.evaluation import backend as evaluation_backend
 from mtp2draft.evaluation.backend import EngineResult, acceptance
 from mtp2draft.evaluation.settings import EvaluateConfig
-from mtp2draft.target import backend as target_backend
+from mtp2draft.target import environments
 
 
 def test_acceptance_from_vllms_counters_gives_both_metrics() -> None:
@@ -63,8 +63,8 @@ def fake_vllm(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> FakeDriver:
     venv = tmp_path / "venv"
     (venv / "bin").mkdir(parents=True)
     (venv / "bin" / "python").write_text("")
-    (venv / target_backend.MARKER).write_text("")
-    monkeypatch.setenv(target_backend.VENV_ENV, str(venv))
+    (venv / environments.MARKER).write_text("")
+    monkeypatch.setenv("MTP2DRAFT_VLLM_VENV", str(venv))
     driver = FakeDriver()
     monkeypatch.setattr(evaluation_backend, "run_vllm", driver)
     return driver

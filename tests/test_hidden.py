@@ -73,3 +73,23 @@ def test_dumped_files_read_back_as_the_targets_features(target, tmp_path: Path) 
         values, indices = torch.log_softmax(want.logits[0, :t], -1).topk(5)
         assert torch.equal(feats.topk_logprobs[row, :t], values) and torch.equal(feats.topk_ids[row, :t], indices)
     assert feats.topk_logprobs[1, 4].tolist() == [-math.inf] * 5 and not batch["loss_mask"][1, 4]
+
+
+def test_dump_hidden_regenerate_dumps_the_targets_own_responses(target, text_data, tmp_path: Path, capsys) -> None:
+    """`dump-hidden --regenerate` (transformers here; vLLM in tests/testing/test_engine_vllm.py): each dumped
+    sequence is the data's prompt followed by the target's own greedy continuation, the loss on that only."""
+    from mtp2draft.cli.app import main
+    from mtp2draft.data import load_tokenizer, read_examples, regenerate
+
+    tgt = target("mimo", num_hidden_layers=2)
+    argv = ["dump-hidden", "--target", str(tgt), "--data", str(text_data), "--out", str(tmp_path / "d")]
+    assert main([*argv, "--regenerate", "--max-length", "32", "--top-k", "4"]) == 0, capsys.readouterr().err
+    tok = load_tokenizer(tgt)
+    examples, _ = read_examples(text_data, tok, 32, False)
+    want = regenerate(examples, TargetModel(str(tgt)), tok, 16)
+    store = OfflineHiddenStates(tmp_path / "d")
+    assert len(store) == len(want) > 0
+    for n, ex in enumerate(want):
+        got = store.sequence(n)
+        assert got["input_ids"].tolist() == ex.input_ids and got["loss_mask"].tolist() == ex.loss_mask
+    assert any(w.input_ids != e.input_ids for w, e in zip(want, examples, strict=True))  # responses were replaced

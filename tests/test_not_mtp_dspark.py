@@ -57,10 +57,11 @@ def test_find_spec_refuses_a_dspark_config_of_any_family(build) -> None:
         find_spec({**FIXTURES["deepseek_v3"]["config"], "dspark_block_size": 5})
     with pytest.raises(NotMtpError, match="DSpark"):
         find_spec({"architectures": ["X"], "text_config": {"dspark_block_size": 7}})
-    # without the DSpark fields, DeepSeek-V4 is a family with no spec yet (its MTP block kind is not built)
+    # without the DSpark fields, the same config is DeepSeek-V4's, whose MTP layer is converted
     base = {k: v for k, v in config.items() if not k.startswith("dspark_")}
-    with pytest.raises(UnknownFamilyError, match="DeepseekV4ForCausalLM"):
-        find_spec(base)
+    assert find_spec(base).name == "deepseek_v4"
+    with pytest.raises(UnknownFamilyError, match="DeepseekV4X"):
+        find_spec({**base, "architectures": ["DeepseekV4X"], "model_type": "x"})
     assert find_spec(FIXTURES["deepseek_v3"]["config"]).name == "deepseek_v3"
 
 

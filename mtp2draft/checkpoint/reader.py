@@ -9,7 +9,9 @@ second run fetches nothing. Locally, shards that hold no needed key are never op
 
 FP8 block weights (`float8_e4m3fn` with an fp32 `<name>_scale_inv` sibling of shape [ceil(M/b), ceil(N/b)]) are
 dequantised as `W[i, j] * scale_inv[i // b, j // b]` in fp32 by `read_weights` (the arithmetic is in `checkpoint/fp8.py`, the
-byte sources, local files and cached Hub ranges, in `checkpoint/sources.py`).
+byte sources, local files and cached Hub ranges, in `checkpoint/sources.py`). The other schemes (DeepSeek-V4's FP4 /
+e8m0, NVFP4, MXFP4, compressed-tensors int4 / int8) are picked from config.json by `checkpoint/quant.py`: callers ask
+for logical keys (`...q_proj.weight`), the reader fetches the stored parts and yields the dequantised weight.
 
 What this module does not do: know anything about MTP layers or families (that is `family/spec.py` / `conversion.py`), or
 download whole shards.
@@ -34,6 +36,7 @@ from mtp2draft.checkpoint.fp8 import (
     dequantize_fp8,
     fp8_block_size,
 )
+from mtp2draft.checkpoint.quant import QuantMethod, QuantView, QuantWeight, TensorScheme, quant_method
 from mtp2draft.checkpoint.sources import HubFiles, LocalFiles, range_cache_dir
 from mtp2draft.errors import CheckpointError, SourceError, read_json_object
 
@@ -91,6 +94,18 @@ class Checkpoint:
     commit: str | None = None
     file_sizes: dict[str, int | None] = field(default_factory=dict)
     read_headers: dict[str, dict[str, TensorInfo]] = field(default_factory=dict, repr=False)
+    quant_method: QuantMethod = field(init=False, repr=False)
+    _view: QuantView | None = field(default=None, init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        self.quant_method = quant_method(self.config)  # an unknown scheme is refused here, in one line
+
+    @property
+    def quant(self) -> QuantView:
+        """The index seen through the config's quantisation (logical keys; built on first use, from names)."""
+        if self._view is None:
+            self._view = QuantView(self.quant_method, self.weight_map)
+        return self._view
 
     @property
     def is_local(self) -> bool:
@@ -147,10 +162,68 @@ class Checkpoint:
 
     # -- lookup --
     def has(self, key: str) -> bool:
-        return key in self.weight_map
+        return key in self.weight_map or key in self.quant.weights
 
     def keys_with_prefix(self, prefix: str) -> list[str]:
-        return sorted(k for k in self.weight_map if k.startswith(prefix))
+        """Logical keys under `prefix`: a quantised weight's parts appear as the one weight they make up."""
+        return [
+            k for k in self.quant.visible(k for k in self.weight_map if k.startswith(prefix)) if k.startswith(prefix)
+        ]
+
+    def quantised(self, key: str) -> QuantWeight | None:
+        return self.quant.weights.get(key)
+
+    def scheme_of(self, key: str) -> TensorScheme | None:
+        """The scheme a quantised logical key is stored in (from its data part's dtype), None for other keys."""
+        weight = self.quantised(key)
+        return weight.scheme(self.info(weight.data).dtype) if weight else None
+
+    def shape_of(self, key: str) -> tuple[int, ...]:
+        """The shape `read_weights` yields for `key` (a quantised weight's dequantised shape), from headers only."""
+        scheme = self.scheme_of(key)
+        if scheme is None:
+            self.check_readable(key)
+            return self.info(key).shape
+        names = self.quant.weights[key].names
+        params = self.quant_method.params_for(key)
+        return tuple(scheme.shape({r: self.info(n).shape for r, n in names.items()}, params))
+
+    def weight_dtype(self, key: str) -> torch.dtype:
+        """The dtype `read_weights` yields before any cast: fp32 for quantised and FP8 weights, else as stored."""
+        if self.quantised(key) or self.scale_key(key):
+            return torch.float32
+        return ST_DTYPES[self.info(key).dtype][0]
+
+    def check_readable(self, key: str) -> None:
+        """One line for a tensor that is a quantised weight's data without the parts that make it readable."""
+        if self.quantised(key):
+            return
+        foreign = self.quant.foreign(key)
+        if foreign:
+            raise CheckpointError(foreign)
+        if key not in self.weight_map:
+            return
+        dtype = self.info(key).dtype
+        if key + SCALE_SUFFIX in self.weight_map or (
+            ST_DTYPES[dtype][0].is_floating_point and dtype not in ("F8_E4M3", "F8_E5M2")
+        ):
+            return
+        from mtp2draft.checkpoint.quant import SCHEMES
+
+        for name in self.quant_method.schemes:
+            scheme = SCHEMES[name]
+            stem = scheme.stem_of(key)
+            if stem is not None and scheme.data_template.format(stem) == key and dtype in scheme.data_dtypes:
+                missing = [t.format(stem) for _, t in scheme.parts[1:] if t.format(stem) not in self.weight_map]
+                if dtype.startswith("F8"):  # block FP8 reads either scale
+                    raise CheckpointError(
+                        f"FP8 weight {key} has no {key + SCALE_SUFFIX} (nor {' / '.join(missing)}) in the checkpoint: "
+                        "cannot dequantise it"
+                    )
+                raise CheckpointError(
+                    f"{key} is stored as {dtype} ({scheme.name}) but {' / '.join(missing)} is missing from the "
+                    "checkpoint: cannot dequantise it"
+                )
 
     def info(self, key: str) -> TensorInfo:
         file = self.weight_map.get(key)
@@ -163,6 +236,8 @@ class Checkpoint:
 
     def scale_key(self, key: str) -> str | None:
         """The `_scale_inv` sibling of an FP8 weight; error when a 1-byte float weight has none."""
+        if self.quantised(key):
+            return None
         info = self.info(key)
         if info.dtype not in ("F8_E4M3", "F8_E5M2"):
             return None
@@ -191,9 +266,13 @@ class Checkpoint:
         return dict(self.iter_raw(keys))
 
     def needed_keys(self, keys: Iterable[str]) -> list[str]:
-        """`keys` plus the `_scale_inv` siblings their dequantisation needs."""
+        """The stored tensors behind logical `keys`: each key, its `_scale_inv` sibling, or a quantised weight's
+        parts."""
         out = []
         for key in keys:
+            if self.quantised(key):
+                out += self.quant.needed(key)
+                continue
             out.append(key)
             scale = self.scale_key(key)
             if scale:
@@ -203,27 +282,33 @@ class Checkpoint:
     def iter_weights(
         self, keys: Iterable[str], dtype: torch.dtype = torch.float32, max_run_bytes: int = MAX_RUN_BYTES
     ) -> Iterator[tuple[str, torch.Tensor]]:
-        """(key, tensor) in file order: FP8 block weights dequantised (each as soon as it and its scale have
-        arrived), floating tensors cast to `dtype`, others unchanged."""
-        keys = list(dict.fromkeys(keys))
-        wanted = set(keys)
-        waiting: dict[str, torch.Tensor] = {}  # FP8 weights waiting for their scale, or scales for their weight
-        for name, tensor in self.iter_raw(self.needed_keys(keys), max_run_bytes):
-            if name in wanted and tensor.dtype in (torch.float8_e4m3fn, torch.float8_e5m2):
-                scale = waiting.pop(name + SCALE_SUFFIX, None)
-                if scale is None:
-                    waiting[name] = tensor
-                    continue
-                yield name, check_finite(name, dequantize_fp8(tensor, scale, self.fp8_block_size(), key=name)).to(dtype)
-            elif name not in wanted:  # a scale
-                weight = waiting.pop(name[: -len(SCALE_SUFFIX)], None)
-                if weight is None:
-                    waiting[name] = tensor
-                    continue
-                key = name[: -len(SCALE_SUFFIX)]
-                yield key, check_finite(key, dequantize_fp8(weight, tensor, self.fp8_block_size(), key=key)).to(dtype)
-            else:
-                yield name, check_finite(name, tensor).to(dtype) if tensor.is_floating_point() else tensor
+        """(key, tensor) in file order: FP8 block and quantised weights dequantised (each as soon as its last stored
+        part has arrived), floating tensors cast to `dtype`, others unchanged."""
+        parts_of = {key: self.needed_keys([key]) for key in dict.fromkeys(keys)}
+        owner = {name: key for key, names in parts_of.items() for name in names}
+        waiting: dict[str, dict[str, torch.Tensor]] = {}  # key -> the stored parts that have arrived
+        for name, tensor in self.iter_raw(owner, max_run_bytes):
+            key = owner[name]
+            got = waiting.setdefault(key, {})
+            got[name] = tensor
+            if len(got) < len(parts_of[key]):
+                continue
+            del waiting[key]
+            yield key, self._assemble(key, got, dtype)
+
+    def _assemble(self, key: str, got: dict[str, torch.Tensor], dtype: torch.dtype) -> torch.Tensor:
+        """The weight under `key` from its stored tensors `got` (name -> tensor as stored)."""
+        scheme = self.scheme_of(key)
+        if scheme is not None:
+            names = self.quant.weights[key].names
+            params = {**self.quant_method.params_for(key), "scale_key": names.get("scale")}
+            tensor = scheme.dequant({r: got[n] for r, n in names.items()}, params, key)
+            return check_finite(key, tensor).to(dtype)
+        scale = self.scale_key(key)
+        if scale is not None:
+            return check_finite(key, dequantize_fp8(got[key], got[scale], self.fp8_block_size(), key=key)).to(dtype)
+        tensor = got[key]
+        return check_finite(key, tensor).to(dtype) if tensor.is_floating_point() else tensor
 
     def read_weights(self, keys: Iterable[str], dtype: torch.dtype = torch.float32) -> dict[str, torch.Tensor]:
         """Tensors by key (see `iter_weights`)."""

@@ -16,7 +16,7 @@ import typer
 # the command modules register on `root.app` when imported, in the order `mtp2draft --help` lists them (typer keeps
 # the order of registration): the pipeline's stages
 # isort: off
-from mtp2draft.cli import conversion, train, evaluation, target, publish, pipeline  # noqa: F401
+from mtp2draft.cli import conversion, train, evaluation, target, publish, pipeline, engines  # noqa: F401
 
 # isort: on
 from mtp2draft.cli.root import app

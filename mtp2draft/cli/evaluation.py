@@ -40,7 +40,7 @@ def evaluate(
     output equals the target's own greedy output on every prompt; at a temperature, a KS test of the emitted tokens'
     randomised PIT under the target's distribution instead (`distribution_check`). Greedy ties of the top two
     logits within the rounding of --dtype are reported, not raised. The draft runs on the target's device, in its dtype.
-    `--engine vllm` serves the target with the draft in vLLM instead (its own venv: scripts/vllm_env.sh) and reads
+    `--engine vllm` serves the target with the draft in vLLM instead (its own venv: mtp2draft engine install vllm) and reads
     the same figures from vLLM's counters, the plain target's run giving the lossless check and the clock.
 
     Examples:
@@ -52,13 +52,15 @@ def evaluate(
     * `mtp2draft evaluate mimo3-chain-ft --target ./tiny-mimo-3mtp --data prompts.jsonl --step-layers first` (a chain draft as vLLM 0.32 runs it: layer 0 at every step)
     * `mtp2draft evaluate glm-mtp-ft --target zai-org/GLM-4.5-Air --data prompts.jsonl --engine vllm --tensor-parallel-size 4`
     """
+    from mtp2draft.evaluation import charts
     from mtp2draft.evaluation.backend import evaluate as run
     from mtp2draft.evaluation.decode import save_evaluation
 
     drafts = [("draft", str(draft))] + [(f"baseline: {b}", str(b)) for b in (baseline or [])]
     report = run(engine, drafts, target, data=data, config=config, where=where, hub=hub, progress=log)
     if save:
-        log(f"saved {save_evaluation(draft, report)}")
+        saved, chart = save_evaluation(draft, report)
+        log(f"saved {saved}" + (f" and {chart}" if chart else f" (for the acceptance chart: {charts.EXTRA})"))
     print(output.to_json(report) if as_json else output.evaluate_text(report))
 
 

@@ -12,15 +12,21 @@ from mtp2draft.cli.options import Data, Group, MaxLength, Overwrite, SkipBad, Ta
 from mtp2draft.cli.root import app, log
 from mtp2draft.kinds import DraftKind
 from mtp2draft.settings import HubAccess, Placement, ints
+from mtp2draft.train.settings import TrainingData
 
 
 @app.command("dump-hidden")
-@settings(where=Group(Placement, only=("tensor_parallel_size",)), hub=HubAccess)
+@settings(
+    where=Group(Placement, only=("tensor_parallel_size",)),
+    hub=HubAccess,
+    responses=Group(TrainingData, only=("regenerate", "sample")),
+)
 def dump_hidden(
     target: Target,
     data: Data,
     where: Any,
     hub: Any,
+    responses: Any,
     out: Annotated[Path, typer.Option("--out", help="Output directory (sharded safetensors + manifest.json).")],
     draft: Annotated[
         Path | None, typer.Option("--draft", help="Draft whose inputs to dump (its aux layers, for eagle3).")
@@ -35,9 +41,15 @@ def dump_hidden(
 ) -> None:
     """Write the target's hidden states and top-k log-probs for offline distillation (`distill --hidden-states`).
 
-    The schema is documented in docs/formats.md; an inference engine's dump can be mapped onto it.
+    The schema is documented in docs/formats.md; an inference engine's dump can be mapped onto it. With
+    `--regenerate`, the target first writes its own responses to the data's prompts (chats: the conversation before
+    the first assistant turn, through the chat template), in the chosen engine, and those are dumped: for a target
+    only an engine can run, the training data comes from the engine too.
 
-    Example: `mtp2draft dump-hidden --target ./tiny-target --data train.jsonl --draft glm-eagle3 --out dumped/`
+    Examples:
+
+    * `mtp2draft dump-hidden --target ./tiny-target --data train.jsonl --draft glm-eagle3 --out dumped/`
+    * `mtp2draft dump-hidden --target deepseek-ai/DeepSeek-V3 --data chats.jsonl --engine vllm --regenerate --tensor-parallel-size 8 --out dumped/`
     """
     from mtp2draft.data import load_tokenizer, read_examples
     from mtp2draft.draft.disk import load_draft
@@ -61,6 +73,13 @@ def dump_hidden(
     examples, skipped = read_examples(data, load_tokenizer(target_dir), max_length, skip_bad)
     if skipped:
         log(f"skipped {skipped} malformed line(s)")
+    if responses.regenerate:  # the target's own responses, from the engine that runs it
+        from mtp2draft.evaluation.backend import regenerate
+
+        eos = load_tokenizer(target_dir).eos_token_id
+        tp = {"tensor_parallel_size": where.tensor_parallel_size or 1}
+        budget = {"max_new_tokens": max_length // 2, "sample": responses.sample}
+        examples = regenerate(engine, examples, target, eos=eos, **budget, hub=hub, **tp, progress=log)
     seqs = [{"input_ids": e.input_ids, "loss_mask": e.loss_mask} for e in examples]
     write = {"aux_layers": ids, "top_k": top_k, "shard_size": shard_size, "overwrite": overwrite, "final": final}
     access = {"revision": hub.revision, "token": hub.token, "tensor_parallel_size": where.tensor_parallel_size or 1}

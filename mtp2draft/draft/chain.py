@@ -37,6 +37,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from mtp2draft.draft.build import native_draft
 from mtp2draft.draft.modules import DraftCache, DraftModule, NativeMtpDraft
 from mtp2draft.errors import DraftError
 from mtp2draft.family.spec import STEP_LAYER_RULES, Spec
@@ -95,7 +96,7 @@ class MtpChainDraft(DraftModule):
         if not mtp_layers:
             raise DraftError("a chain draft needs at least one MTP layer")
         layer_at(0, 1, step_layers)  # checks the rule
-        self.layers = nn.ModuleList([NativeMtpDraft(spec, target_config, i, **layer_options) for i in mtp_layers])
+        self.layers = nn.ModuleList([native_draft(spec, target_config, i, **layer_options) for i in mtp_layers])
         self.spec = spec
         self.target_config = dict(target_config)
         self.mtp_layers = [int(i) for i in mtp_layers]

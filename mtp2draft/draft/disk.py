@@ -17,9 +17,10 @@ import torch
 from safetensors.torch import load_file
 
 from mtp2draft.checkpoint.tensor_checks import check_tensors
+from mtp2draft.draft.build import native_draft
 from mtp2draft.draft.chain import MtpChainDraft, is_chain_config
 from mtp2draft.draft.eagle3_config import speculators_to_eagle3_config, speculators_weight_name
-from mtp2draft.draft.modules import VOCAB_MAPS, Draft, Eagle3Draft, NativeMtpDraft
+from mtp2draft.draft.modules import VOCAB_MAPS, Draft, Eagle3Draft
 from mtp2draft.errors import DraftError
 from mtp2draft.family.spec import get_spec
 from mtp2draft.kinds import WEIGHTS_FILE, DraftKind, Hidden, detect_kind
@@ -48,7 +49,7 @@ def build_draft(cfg: Mapping[str, Any]) -> AnyDraft:
     }
     if is_chain_config(cfg):
         return MtpChainDraft(spec, target_config, cfg["mtp_layers"], cfg.get("step_layers", "cycle"), **options)
-    return NativeMtpDraft(spec, target_config, cfg.get("mtp_layer", 0), **options)
+    return native_draft(spec, target_config, cfg.get("mtp_layer", 0), **options)
 
 
 def check_draft_weights(path: str | Path) -> None:

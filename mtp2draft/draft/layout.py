@@ -17,8 +17,9 @@ import torch
 
 from mtp2draft.checkpoint.fp8 import SCALE_SUFFIX
 from mtp2draft.checkpoint.reader import Checkpoint, open_checkpoint
+from mtp2draft.draft.build import native_class, native_draft
 from mtp2draft.draft.modules import NativeMtpDraft
-from mtp2draft.errors import CheckpointError, NoMtpLayerError
+from mtp2draft.errors import CheckpointError, NoMtpLayerError, SpecError
 from mtp2draft.family.spec import Spec, find_spec
 from mtp2draft.family.transforms import LOAD_TRANSFORMS, Group, check_spec_transforms, group_block_keys
 
@@ -68,7 +69,7 @@ def resolve_layer(ckpt: Checkpoint, spec: Spec, layer: int | None) -> tuple[int,
 
 def _meta_module(spec: Spec, config: dict[str, Any]) -> NativeMtpDraft:
     with torch.device("meta"):
-        return NativeMtpDraft(spec, config)
+        return native_draft(spec, config)
 
 
 def plan_mtp_layer(ckpt: Checkpoint, spec: Spec, layer: int) -> MtpLayerPlan:
@@ -77,18 +78,15 @@ def plan_mtp_layer(ckpt: Checkpoint, spec: Spec, layer: int) -> MtpLayerPlan:
     check_spec_transforms(spec)
     cfg = ckpt.config
     comp = spec.component_keys(cfg, layer)
-    groups = [
-        Group(module_key, (comp[name],))
-        for module_key, name in (
-            ("enorm.weight", "enorm"),
-            ("hnorm.weight", "hnorm"),
-            ("eh_proj.weight", "proj"),
-            ("final_norm.weight", "final_norm"),
-        )
-    ]
+    glue = native_class(spec).GLUE
+    missing = [name for name in glue.values() if name not in comp]
+    if missing:
+        raise SpecError(f"spec {spec.name} names no key for {', '.join(missing)} (its layer kind needs them)")
+    groups = [Group(module_key, (comp[name],)) for module_key, name in glue.items()]
     for g in groups:
         if not ckpt.has(g.ckpt_keys[0]):
             raise CheckpointError(f"MTP layer {layer} is missing {g.ckpt_keys[0]} (spec {spec.name})")
+        ckpt.check_readable(g.ckpt_keys[0])
     prefix = spec.key(spec.keys.block, cfg, layer)
     named = set(comp.values())
     block_keys = [
@@ -96,6 +94,8 @@ def plan_mtp_layer(ckpt: Checkpoint, spec: Spec, layer: int) -> MtpLayerPlan:
         for k in ckpt.keys_with_prefix(prefix)
         if k not in named and not k.endswith(SCALE_SUFFIX) and not k.endswith(IGNORED_SUFFIXES)
     ]
+    for k in block_keys:  # a quantised tensor that cannot be read is named before it looks like a stray block key
+        ckpt.check_readable(prefix + k)
     for g in group_block_keys(block_keys, dict(spec.block.rename), spec.block.load):
         groups.append(Group("block." + g.module_key, tuple(prefix + k for k in g.ckpt_keys), g.transform))
     module = _meta_module(spec, cfg)
@@ -116,7 +116,7 @@ def plan_mtp_layer(ckpt: Checkpoint, spec: Spec, layer: int) -> MtpLayerPlan:
             "(wrong spec or config?)"
         )
     for g in groups:
-        shapes = [ckpt.info(k).shape for k in g.ckpt_keys]
+        shapes = [ckpt.shape_of(k) for k in g.ckpt_keys]
         shape = LOAD_TRANSFORMS[g.transform].out_shape(g, shapes) if g.transform else shapes[0]
         want = expected[g.module_key]
         if tuple(shape) != tuple(want):
@@ -175,12 +175,7 @@ def native_to_checkpoint(
     Used to write MTP layers into tiny hub-layout checkpoints and to stitch a fine-tuned layer back."""
     check_spec_transforms(spec)
     comp = spec.component_keys(config, layer)
-    named = {
-        "enorm.weight": "enorm",
-        "hnorm.weight": "hnorm",
-        "eh_proj.weight": "proj",
-        "final_norm.weight": "final_norm",
-    }
+    named = native_class(spec).GLUE
     prefix = spec.key(spec.keys.block, config, layer)
     inverse_rename = {new: old for old, new in spec.block.rename.items()}
     out: dict[str, torch.Tensor] = {}
@@ -239,10 +234,10 @@ def load_native(
     layer, _ = resolve_layer(ckpt, spec, layer)
     plan = plan_mtp_layer(ckpt, spec, layer)
     if parts is None:
-        module = NativeMtpDraft(spec, ckpt.config, layer)
+        module = native_draft(spec, ckpt.config, layer)
     else:
         with torch.device("meta"):
-            module = NativeMtpDraft(spec, ckpt.config, layer)
+            module = native_draft(spec, ckpt.config, layer)
         if spec.block.rotary:  # buffers computed, not loaded
             module.rotary_emb = spec.import_class(spec.block.rotary)(config=module.config)
         for name, sub in module.named_modules():

@@ -13,6 +13,9 @@ Both expose the same step so distillation and evaluation treat them alike (shape
     logits, hidden = draft(input_ids, hidden, position_ids, attention_mask=None, cache=None)
     # logits [B, T, V_draft]; hidden [B, T, H] is what the next draft step consumes
 
+A layer whose hidden state is several residual streams (DeepSeek-V4's hyper-connections, `hyper.HyperMtpDraft`) reads
+and hands on [B, T, S, H] instead: `draft.hidden_shape` is what follows [B, T]. Stages pass the hidden through as-is.
+
 `draft.hidden_handover` says which hidden a step hands on: EAGLE-3 engines feed back the pre-norm output. A native MTP
 draft computes what ONE engine computes, and its config records which (`engine`): the target hidden step 0 reads
 (`input_hidden`), whether the final norm is applied (`final_norm`) and the hidden handed on (`hidden_handover`).
@@ -169,6 +172,11 @@ class DraftModule(nn.Module):
     def hidden_size(self) -> int:
         return int(self.config.hidden_size)
 
+    @property
+    def hidden_shape(self) -> tuple[int, ...]:
+        """The hand-over's shape after [B, T]: (H,), or (streams, H) for a multi-stream layer (`hyper.py`)."""
+        return (self.hidden_size,)
+
     def missing_target(self) -> str | None:
         """Why `forward` cannot run yet (a target tensor not attached), or None."""
         raise NotImplementedError
@@ -212,6 +220,13 @@ class NativeMtpDraft(DraftModule):
     """One MTP layer of `spec`'s family, computed as the checkpoint defines it."""
 
     kind = DraftKind.MTP
+    GLUE = {
+        "enorm.weight": "enorm",
+        "hnorm.weight": "hnorm",
+        "eh_proj.weight": "proj",
+        "final_norm.weight": "final_norm",
+    }
+    """Module tensors outside the block -> the `[keys]` component each is stored under (`layout.py` maps by it)."""
 
     def __init__(
         self,
@@ -244,7 +259,7 @@ class NativeMtpDraft(DraftModule):
         eps = norm_eps(cfg)
         self.enorm = norm(h, eps=eps)
         self.hnorm = norm(h, eps=eps)
-        self.eh_proj = nn.Linear(2 * h, h, bias=False)
+        self.build_projection(cfg)
         self.block = spec.block_class()(cfg, 0) if spec.block.decoder_layer else ComposedBlock(spec, cfg)
         self.final_norm = norm(h, eps=eps)
         # No rotary (`[block] rotary = ""`): the block's attention uses no positional encoding (Nemotron-H's NoPE).
@@ -257,6 +272,10 @@ class NativeMtpDraft(DraftModule):
         self._rotary_kwargs = {"layer_type": layer_types[0]} if layer_types and takes_type else {}
         _attach(self, "embed_weight", None)
         _attach(self, "head_weight", None)
+
+    def build_projection(self, cfg) -> None:
+        """The projection of the two normalised inputs: one bias-free Linear(2H -> H) of their concatenation."""
+        self.eh_proj = nn.Linear(2 * cfg.hidden_size, cfg.hidden_size, bias=False)
 
     def attach_target(self, embed: torch.Tensor, head: torch.Tensor) -> NativeMtpDraft:
         """Share the target's embedding [V, H] and lm_head [V, H] (read-only)."""
@@ -374,13 +393,15 @@ def native_config(
     spec: Spec,
     target_config: Mapping[str, Any],
     layer: int,
-    hidden_handover: str = Hidden.POST_NORM,
+    hidden_handover: str | None = None,
     input_hidden: str | None = None,
     final_norm: bool = True,
     engine: Mapping[str, str] | None = None,
 ) -> dict[str, Any]:
-    """config.json of a native MTP draft directory: enough to rebuild the module without the target checkpoint."""
+    """config.json of a native MTP draft directory: enough to rebuild the module without the target checkpoint.
+    hidden_handover: default the layer's own (a multi-stream layer hands on its streams, pre_norm)."""
     text = spec.text_config(target_config)
+    hidden_handover = hidden_handover or (Hidden.PRE_NORM if spec.layer.streams else Hidden.POST_NORM)
     return {
         "architectures": ["Mtp2DraftNativeMtp"],
         "draft_kind": DraftKind.MTP,

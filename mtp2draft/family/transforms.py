@@ -168,7 +168,38 @@ class FuseUpDownExperts(FuseExperts):
         return None
 
 
-LOAD_TRANSFORMS: dict[str, Any] = {t.name: t for t in (FuseExperts(), FusedExperts3d(), FuseUpDownExperts())}
+class FuseExpertsW13(FuseExperts):
+    """DeepSeek's own expert names (the V4 release): per-expert `experts.{e}.w1.weight` (gate), `w3` (up), `w2`
+    (down) <-> the same fused `experts.gate_up_proj` [E, 2I, H] (w1 rows first, then w3) and `experts.down_proj`
+    [E, H, I] (transformers 5.24 conversion_mapping "deepseek_v4": w1 | w3 concatenated on dim 1 of [E, I, H])."""
+
+    name = "fuse_experts_w13"
+    pattern = re.compile(r"^(?P<p>(?:.*\.)?)experts\.(?P<e>\d+)\.(?P<w>w1|w3|w2)\.weight$")
+    NAMES = {"gate": "w1", "up": "w3", "down": "w2"}
+
+    def group(self, keys: list[str]) -> tuple[list[Group], list[str]]:
+        per_prefix, rest = per_expert_keys(self.pattern, keys, ("w1", "w3", "w2"))
+        groups = []
+        for prefix, (experts, (gate, up, down)) in per_prefix.items():
+            pairs = tuple(k for e in experts for k in (gate[e], up[e]))
+            groups.append(Group(f"{prefix}experts.gate_up_proj", pairs, self.name))
+            groups.append(Group(f"{prefix}experts.down_proj", tuple(down[e] for e in experts), self.name))
+        return groups, rest
+
+    def to_checkpoint(self, module_key: str, tensor: torch.Tensor) -> dict[str, torch.Tensor] | None:
+        for suffix, names in (("experts.gate_up_proj", ("gate", "up")), ("experts.down_proj", ("down",))):
+            if module_key.endswith(suffix):
+                prefix = module_key[: -len(suffix)]
+                keys = tuple(
+                    f"{prefix}experts.{e}.{self.NAMES[n]}.weight" for e in range(tensor.shape[0]) for n in names
+                )
+                return self.split(Group(module_key, keys, self.name), tensor)
+        return None
+
+
+LOAD_TRANSFORMS: dict[str, Any] = {
+    t.name: t for t in (FuseExperts(), FusedExperts3d(), FuseUpDownExperts(), FuseExpertsW13())
+}
 
 
 def group_block_keys(keys: list[str], rename: dict[str, str], load: tuple[str, ...]) -> list[Group]:

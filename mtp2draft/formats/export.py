@@ -33,7 +33,7 @@ from mtp2draft.family.spec import find_spec
 from mtp2draft.formats import REGISTRY, ExportConfig, ExportJob, check_format, get_format
 from mtp2draft.formats.common import read_json
 from mtp2draft.io import Progress, atomic_output_dir, check_output_dir, quiet, write_json
-from mtp2draft.kinds import CONFIG_FILE, EVALUATION_FILE, PROVENANCE_FILE, kind_of
+from mtp2draft.kinds import ACCEPTANCE_CHART, CONFIG_FILE, EVALUATION_FILE, PROVENANCE_FILE, kind_of
 from mtp2draft.redact import command_line
 from mtp2draft.target.identity import check_target_identity
 
@@ -94,6 +94,8 @@ def export(
         get_format(format).write(job)  # type: ignore[misc]
         if (src / EVALUATION_FILE).is_file():  # `push` puts the measured acceptance on the model card
             shutil.copyfile(src / EVALUATION_FILE, tmp / EVALUATION_FILE)
+            if (src / ACCEPTANCE_CHART).is_file():  # drawn from that evaluation, linked by the card
+                shutil.copyfile(src / ACCEPTANCE_CHART, tmp / ACCEPTANCE_CHART)
         provenance = {**provenance, "export": record}
         write_json(tmp / PROVENANCE_FILE, provenance)
         progress(f"validating the {format} export")

@@ -23,8 +23,8 @@ import torch
 from mtp2draft.checkpoint.fp8 import SCALE_SUFFIX, fp8_block_size, quantize_fp8
 from mtp2draft.checkpoint.reader import ST_DTYPES, Checkpoint, open_checkpoint
 from mtp2draft.checkpoint.tensor_checks import check_tensors
+from mtp2draft.draft.build import native_draft
 from mtp2draft.draft.layout import native_to_checkpoint
-from mtp2draft.draft.modules import NativeMtpDraft
 from mtp2draft.errors import DraftError
 from mtp2draft.family.spec import Spec, get_spec
 from mtp2draft.formats import Format
@@ -233,7 +233,7 @@ def stored_from_provenance(
     fp32, every other floating tensor in the target's torch_dtype (bf16 on every release we know)."""
     fp8 = set(provenance.get("dequantised_fp8") or [])
     with torch.device("meta"):
-        module = NativeMtpDraft(spec, target_config, native.layer)
+        module = native_draft(spec, target_config, native.layer)
     buffers = {k for k, _ in module.named_buffers()}
     text = spec.text_config(target_config)
     default = TORCH_DTYPES.get(str(text.get("torch_dtype") or target_config.get("torch_dtype") or "bfloat16"))
@@ -303,7 +303,7 @@ def natural_order(key: str) -> list[Any]:
 def meta_checkpoint(spec: Spec, target_config: Mapping[str, Any], key_config: Mapping[str, Any], layer: int):
     """(checkpoint key -> shape, module-buffer checkpoint keys) of one MTP layer, from meta tensors."""
     with torch.device("meta"):
-        module = NativeMtpDraft(spec, target_config, layer)
+        module = native_draft(spec, target_config, layer)
     state = module.state_dict()
     buffers = {k for k, _ in module.named_buffers()}
     shapes: dict[str, tuple[int, ...]] = {}
@@ -324,7 +324,7 @@ def _validate_native(path: Path, cfg: dict[str, Any]) -> list[str]:
         expected = {}
         for prefix, layer in draft_layers(path, cfg):  # a chain draft: every layer under `layers.{j}.`
             with torch.device("meta"):
-                module = NativeMtpDraft(spec, target_config, layer)
+                module = native_draft(spec, target_config, layer)
             expected |= {prefix + k: tuple(v.shape) for k, v in module.state_dict().items()}
     except Exception as exc:
         return [f"cannot build the native module from config.json: {exc}"]

@@ -3,7 +3,7 @@ transformers, or vLLM's engine. (An engine, in mtp2draft, is a serving engine: v
 is whatever runs the target for a stage, this module's for dumping, `evaluation/backend.py`'s for evaluating.)
 
 `transformers` is `hidden.TargetModel` (the target loaded here; `device_map` across local GPUs). `vllm` runs the
-target in vLLM's own venv (`scripts/vllm_env.sh`, at `$MTP2DRAFT_VLLM_VENV`) with vLLM's hidden-state extraction
+target in vLLM's own venv (`mtp2draft engine install vllm`, at `$MTP2DRAFT_VLLM_VENV`) with vLLM's hidden-state extraction
 (`speculative_config={"method": "extract_hidden_states"}` + its hidden-states kv-connector), so a target that only
 fits an engine serving it across GPUs (`tensor_parallel_size`) can be dumped. Both write through the same writer,
 `dumps.dump_hidden_states`, into the same format (docs/formats.md, "hidden states"): `VllmTarget` is a
@@ -34,16 +34,15 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from mtp2draft.errors import Mtp2DraftError, OptionError
+from mtp2draft.errors import OptionError
 from mtp2draft.kinds import Hidden
+from mtp2draft.target import environments
+from mtp2draft.target.environments import EngineUnavailable
 
 DUMP_ENGINES: dict[str, str] = {
     "transformers": "the target loaded by transformers in this process (device_map across local GPUs)",
     "vllm": "vLLM's extract_hidden_states in its own venv (tensor parallel across GPUs)",
 }
-VENV_ENV = "MTP2DRAFT_VLLM_VENV"
-DEFAULT_VENV = Path.home() / ".cache" / "mtp2draft" / "vllm-venv"
-MARKER = ".mtp2draft-ready"  # written by scripts/vllm_env.sh (and speculators_env.sh) after a complete install
 VLLM_SIDE = Path(__file__).with_name("vllm_side")  # run by vLLM's Python, never imported here
 
 # How vLLM must be shown a target for extraction, by model_type: config.json fields replaced and checkpoint key
@@ -53,26 +52,9 @@ VLLM_EXTRACT_VIEW: dict[str, dict[str, Any]] = {
 }
 
 
-class EngineUnavailable(Mtp2DraftError):
-    """vLLM's venv is missing or incomplete."""
-
-
-def venv_python(env_var: str, default: Path, name: str, script: str) -> Path:
-    """The Python of the venv at $`env_var` (else `default`) that `script` completed (it writes MARKER last), else
-    EngineUnavailable saying how to get one. vLLM's venv (`vllm_python`); the engine tests' speculators venv too."""
-    venv = Path(os.environ.get(env_var) or default)
-    python = venv / "bin" / "python"
-    if not (venv / MARKER).is_file() or not python.is_file():
-        raise EngineUnavailable(
-            f"no complete {name} venv at {venv}: create it with `bash {script}` (a source checkout), "
-            f"or point {env_var} at one"
-        )
-    return python
-
-
 def vllm_python() -> Path:
-    """The Python of a complete vLLM venv, else EngineUnavailable."""
-    return venv_python(VENV_ENV, DEFAULT_VENV, "vLLM", "scripts/vllm_env.sh")
+    """The Python of a complete vLLM venv (`mtp2draft engine install vllm`), else EngineUnavailable."""
+    return environments.python("vllm")
 
 
 def vllm_environment(

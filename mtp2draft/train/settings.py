@@ -108,8 +108,8 @@ class DistillConfig:
 
 @dataclass(frozen=True, kw_only=True)
 class TrainingData:
-    """What a distill run trains on, declared once for `distill` and `run`: JSONL records with the online target, or a
-    `dump-hidden` directory, and the held-out prompts that pick the weights."""
+    """What a distill run trains on, declared once for `distill`, `run` and (regenerate, sample) `dump-hidden`: JSONL
+    records with the online target, or a `dump-hidden` directory, and the held-out prompts that pick the weights."""
 
     data: Path | None = setting(None, "Training JSONL: {'text': ...} or {'messages': [...]} per line.")
     hidden_states: Path | None = setting(None, "Train from a `dump-hidden` directory instead of a target.")
@@ -118,8 +118,10 @@ class TrainingData:
         "Held-out JSONL (prompts the training never sees): evaluated every --eval-every steps and before the first; "
         "the best-scoring weights are written, never worse than the input draft on it.",
     )
-    regenerate: bool = setting(False, "Train on the target's own responses to the data's prompts.")
-    sample: bool = setting(False, "With --regenerate: sample the responses instead of greedy.")
+    regenerate: bool = setting(
+        False, "Replace the data's responses with the target's own to the same prompts (greedy; see --sample)."
+    )
+    sample: bool = setting(False, "With --regenerate: sample the responses (temperature 0.8) instead of greedy.")
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -23,6 +23,7 @@ import torch
 from mtp2draft.draft.disk import read_draft_config
 from mtp2draft.draft.modules import Eagle3Draft, without_identity_maps
 from mtp2draft.errors import DraftError
+from mtp2draft.evaluation import charts
 from mtp2draft.io import (
     atomic_output_dir,
     check_checkpoint_folder,
@@ -101,7 +102,8 @@ def write_result(
     info: dict[str, Any],
     full_state: dict[str, torch.Tensor] | None = None,
 ) -> None:
-    """The fine-tuned draft in the same format as its input, provenance extended with a `distill` section.
+    """The fine-tuned draft in the same format as its input, provenance extended with a `distill` section, and the
+    training curves (`charts.TRAINING_CHART`) drawn from its history.
 
     full_state: the gathered state dict of a sharded draft (parallel.full_state_dict); else draft.state_dict()."""
     src_cfg = read_draft_config(draft_dir)
@@ -123,3 +125,4 @@ def write_result(
         save_tensors(tmp / WEIGHTS_FILE, state, {"format": "pt"})
         write_json(tmp / CONFIG_FILE, config)
         write_json(tmp / PROVENANCE_FILE, provenance)
+        charts.save_training_chart(info.get("history") or [], tmp)  # where matplotlib is installed

