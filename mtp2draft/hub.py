@@ -46,9 +46,9 @@ from mtp2draft.evaluation.verdict import lossless_words
 from mtp2draft.family.spec import ENGINES, NO_CHAIN, Spec, find_spec, get_spec
 from mtp2draft.formats import REGISTRY, format_kind, get_format
 from mtp2draft.formats.common import README_FILE, read_json
-from mtp2draft.formats.export import detect_format, validate
+from mtp2draft.formats.export import DraftDirectory, read_draft_directory, validate
 from mtp2draft.io import Progress, quiet
-from mtp2draft.kinds import ACCEPTANCE_CHART, CONFIG_FILE, EVALUATION_FILE, PROVENANCE_FILE, DraftKind
+from mtp2draft.kinds import ACCEPTANCE_CHART, EVALUATION_FILE, PROVENANCE_FILE, DraftKind
 from mtp2draft.redact import find_secret, known_secrets, redact, register_secret
 
 # What mtp2draft measured about EAGLE-3 drafts converted from an MTP layer (docs/notes/eagle3-from-mtp.md), said on every
@@ -109,18 +109,18 @@ def push(
     from huggingface_hub import HfApi, constants
 
     path = Path(path)
-    fmt = detect_format(read_json(path / CONFIG_FILE) or {}) if (path / CONFIG_FILE).is_file() else None
-    problems = validate(path)  # DraftError when it is not a draft directory at all
+    found = read_draft_directory(path)  # DraftError when it is not a draft directory at all
+    problems = validate(found)
     if problems:
         raise ValidationError(
-            f"{path} is not a valid {fmt} draft ({len(problems)} problems; `mtp2draft validate` lists them): "
+            f"{path} is not a valid {found.format} draft ({len(problems)} problems; `mtp2draft validate` lists them): "
             + "; ".join(problems[:3]),
             problems,
         )
     token = check_push_access(repo_id, token)
-    card = model_card(path, repo_id, base_model)
+    card = model_card(found, repo_id, base_model)
     network.configure()
-    message = commit_message or f"Upload {fmt} draft with mtp2draft {__version__}"
+    message = commit_message or f"Upload {found.format} draft with mtp2draft {__version__}"
     api = HfApi(token=token)
     with tempfile.TemporaryDirectory(prefix="mtp2draft-push-") as stage:
         files = _stage(path, Path(stage), str(card))  # every file checked (links out, tokens) before any request
@@ -321,15 +321,12 @@ def _demote(markdown: str) -> str:
     return "\n".join("#" + line if line.startswith("#") else line for line in lines).strip()
 
 
-def model_card(path: str | Path, repo_id: str | None = None, base_model: str | None = None):
-    """The huggingface_hub `ModelCard` for draft directory `path` (nothing is written)."""
+def model_card(path: str | Path | DraftDirectory, repo_id: str | None = None, base_model: str | None = None):
+    """The huggingface_hub `ModelCard` for draft directory `path` (or one already read; nothing is written)."""
     from huggingface_hub import EvalResult, ModelCard, ModelCardData
 
-    path = Path(path)
-    cfg = read_json(path / CONFIG_FILE)
-    if cfg is None:
-        raise DraftError(f"{path} has no {CONFIG_FILE}")
-    fmt = detect_format(cfg)
+    found = path if isinstance(path, DraftDirectory) else read_draft_directory(path)
+    path, cfg, fmt = found.path, found.config, found.format
     prov = read_json(path / PROVENANCE_FILE) or {}
     evaluation = read_json(path / EVALUATION_FILE)
     if (path / EVALUATION_FILE).is_file():  # its figures go on the card: read by the rules `evaluate --save` writes by

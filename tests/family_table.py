@@ -3,7 +3,9 @@ family, data only. A family whose block kind exists is added as one spec file (m
 (tests/data/families/) and one row here; the tests read every row.
 
 Where a row names a key prefix it is the fixture's (tiny: 2 to 4 trunk layers); `release_block` is the release's
-(47 to 80 trunk layers), read from the committed key list (tests/data/hub_keys/<family>.json). `reference` names the
+(47 to 80 trunk layers), read from the committed key list (tests/data/hub_keys/<family>.json); a row with no stored
+key list (`stored=False`) gives the names the engines' loaders map instead (`keys`), where they are known. Every
+family with a native MTP layer is a row, the FP8 releases of a layout its `variants`. `reference` names the
 computation the layer is held to (tests/support/references.py); `wrong` lists variants of it that get one detail
 wrong, each of which the layer must differ from, so every check can fail.
 
@@ -30,7 +32,7 @@ NESTED = ("text_config", "llm_config")  # config sections whose field names are 
 class Family:
     fixture: str  # the fixture's data file and the spec's name
     mtp: str  # prefix of every MTP tensor of the fixture
-    release_block: str  # the release's MTP block prefix (spec.keys.block at the release's config)
+    release_block: str | None  # the release's MTP block prefix (spec.keys.block at the release's config), if stored
     block: str  # `inspect --json`'s block kind
     verified: bool  # the spec's verified flag (a stored key list of the release was found)
     handover: dict[str, str]  # engine -> hidden handed on ("pre_norm" / "post_norm"); engines absent serve nothing
@@ -57,12 +59,32 @@ class Family:
     engines: tuple[tuple[str | None, dict[str, Any]], ...] = ((None, {}),)
     nope: bool = False  # no position embeddings: shifting every position changes nothing
     variants: tuple[str, ...] = ()  # other fixtures of the family (FP8 releases) converted like it
-    eagle3_how: tuple[str, ...] = ()  # words the EAGLE-3 conversion's provenance gives q_proj
+    eagle3_how: dict[str, tuple[str, ...]] = field(default_factory=dict)  # EAGLE-3 tensor -> words of its "how"
     nextn: str | None = None  # spec.nextn.architecture
     notes: dict[str, tuple[str, ...]] = field(default_factory=dict)  # engine -> words its notes must name
     aux_ids: dict[str, str] = field(default_factory=dict)  # engine -> how it numbers EAGLE-3 aux layers
+    spec: str | None = None  # the spec's name, where it is not the fixture's
+    stored: bool = True  # tests/data/hub_keys/<fixture>.json holds the release's key list (else: `keys`, if any)
+    keys: tuple[
+        str, ...
+    ] = ()  # no stored key list: the MTP layer's keys to the letter, as the engines' loaders name them
+    layers: int = 1  # MTP layers of the fixture (`mtp` is layer 0's prefix; each layer is converted)
+    trunk_reads: tuple[str, ...] = ()  # trunk tensors the layer reads too (ERNIE's final norm is the trunk's)
+    fp8_weights: int = 0  # FP8 weights of MTP layer 0, where the fixture is itself an FP8 release
+    final_norm: dict[str, bool] = field(default_factory=dict)  # engine -> False where it applies no final norm
+    eagle3_exact: dict[str, bool] = field(default_factory=dict)  # EAGLE-3 tensor -> whether its provenance says exact
+    eagle3_norm: bool = False  # the EAGLE-3 norm is the MTP layer's zero-centred final norm, 1 + w folded
+    fp8_dtypes: dict[str, str] = field(
+        default_factory=dict
+    )  # FP8 variant: MTP key (after `mtp`) -> dtype ("": unscaled)
+    cache_chunks: tuple[int, ...] = ()  # cached steps (chunk bounds up to T) that must equal one pass
+    masked: bool = (
+        False  # the layer also takes an explicit causal mask (as the DSA indexer reads it) to the same result
+    )
     streams: int = 0  # residual streams of the hidden (hyper-connections): hidden [B, T, streams, H]; 0: [B, T, H]
-    hidden: str = "post_norm"  # the target hidden the engines feed step 0
+    hidden: str | dict[str, str] = (
+        "post_norm"  # the target hidden the engines feed step 0 (engine -> it, if they differ)
+    )
     versions: dict[str, str] = field(default_factory=dict)  # engine -> the version its facts were read from, where
     # it is not ENGINE_VERSIONS'
     scales_absent: bool = False  # the bf16 fixture leaves out the release's `.scale` siblings (FP8 / FP4 e8m0)
@@ -87,6 +109,53 @@ _OMNI = {
     "prefixes_present": ("vision_model.",),
     "nope": True,
 }
+
+_NO_RULE = {"vllm": "", "sglang": ""}  # the spec states no step rule
+_Q = "midlayer.self_attn.q_proj.weight"
+# what the Qwen3 hybrids share: mtp.* glue, zero-centred norms, a gated full-attention block, both engines both ways
+_QWEN3 = {
+    "handover": _BOTH,
+    "step_layers": _NO_RULE,
+    "support": {"vllm": {"mtp": True, "eagle3": True}, "sglang": {"mtp": True, "eagle3": True}},
+    "sources": {"vllm": ("mtp.py",), "sglang": ("mtp.py",)},
+    "aux_ids": {"sglang": "plus_one"},
+    "reference": ref.qwen3_hybrid,
+    # the norms are zero-centred, the attention output gated by sigmoid(gate), the projection reads [embed, hidden]
+    "wrong": ({"norm": "standard"}, {"gate": False}, {"order": "hidden_embed"}),
+    "stored": False,
+    # partial_rotary_factor 0.25, read from rope_parameters
+    "eagle3_how": {
+        _Q: ("gate rows dropped", "q_norm linearised", "partial RoPE (8/32 dims)"),
+        "norm.weight": ("1 + w folded",),
+    },
+    "eagle3_exact": {"norm.weight": True},
+    "eagle3_norm": True,
+}
+_DEEPSEEK = {  # what DeepSeek-V3 and V3.2 share: the layer at model.layers.{N} with stored embedding and head copies
+    "handover": _BOTH,
+    "step_layers": _NO_RULE,
+    "support": {"vllm": {"mtp": True, "eagle3": True}, "sglang": {"mtp": True, "eagle3": True}},
+    "aux_ids": {"sglang": "plus_one_if_first_is_one"},
+    "stored": False,
+    "experts": "n_routed_experts",
+    "stored_embed": "model.layers.2.embed_tokens.weight",
+    "stored_head": "model.layers.2.shared_head.head.weight",
+    "nextn": "DeepseekV3ForCausalLMNextN",
+}
+_GLM4_MOE = {  # the glm4_moe spec's facts and the block transformers' MtpModel computes
+    "handover": {"vllm": "pre_norm", "sglang": "post_norm"},  # vLLM's forward returns residual + block output
+    "step_layers": _NO_RULE,
+    "support": {"vllm": {"mtp": True, "eagle3": False}, "sglang": {"mtp": True, "eagle3": True}},
+    "sources": {"vllm": ("glm4_moe_mtp.py",), "sglang": ("glm4_moe_nextn.py",)},
+    "aux_ids": {"sglang": "plus_one"},
+    "module": {"block:type": "Glm4MoeDecoderLayer", "block.mlp:type": "Glm4MoeMoE"},
+    "reference": ref.transformers_mtp_model,
+    "stored": False,
+    "experts": "n_routed_experts",
+    "nextn": "Glm4MoeForCausalLMNextN",
+}
+_QWEN3_5_MODULE = {"block.block_type": "full_attention", "block.self_attn:type": "Qwen3_5Attention",
+                   "block.mlp:type": "Qwen3_5MLP"}  # fmt: skip
 
 # a row's identity on one line: rows of a table are alike by design, and unpacked they read as copies
 # fmt: off
@@ -217,8 +286,10 @@ FAMILIES = (
         release_tensors=791,
         experts="n_routed_experts",
         variants=("glm_moe_dsa_fp8",),
-        eagle3_how=("DSA indexer dropped", "same up to 4 tokens"),
+        eagle3_how={"midlayer.self_attn.q_proj.weight": ("DSA indexer dropped", "same up to 4 tokens")},
         nextn="GlmMoeDsaForCausalLMNextN",
+        fp8_dtypes={"self_attn.indexer.wq_b.weight": "F8_E4M3", "eh_proj.weight": ""},
+        cache_chunks=(6, T),
     ),
     Family("glm_ocr", mtp="model.language_model.layers.2.", release_block="model.language_model.layers.16.",
         block="gqa + dense", verified=True,
@@ -233,6 +304,103 @@ FAMILIES = (
         stored_embed="model.language_model.layers.2.embed_tokens.weight",
         stored_head="model.language_model.layers.2.shared_head.head.weight",
         engines=(("vllm", {"engine": "vllm"}), ("sglang", {"engine": "sglang"})),
+    ),
+    Family("deepseek_v32", mtp="model.layers.2.", release_block=None, block="mla_dsa + moe", verified=True,
+        **_DEEPSEEK, sources={"vllm": ("deepseek_v32/__init__.py", "mtp.py"), "sglang": ("deepseek_nextn.py",)},
+        module={"block.mlp:type": "DeepseekV32MoE"},  # block_overrides: index 0 is the sparse MoE block
+        reference=ref.deepseek_v32,
+        wrong=({"index_topk": T},),  # the indexer's top-k sparse mask is applied (T > index_topk) and matters
+        variants=("deepseek_v32_fp8",),
+        eagle3_how={f"midlayer.self_attn.{p}_proj.weight": ("DSA indexer dropped", "same up to 4 tokens") for p in "qkvo"},
+        eagle3_exact={f"midlayer.self_attn.{p}_proj.weight": False for p in "qkvo"},
+        # FP8 release: the indexer's wq_b / wk are FP8 blocks, weights_proj and k_norm are not
+        fp8_dtypes={"self_attn.indexer.wq_b.weight": "F8_E4M3", "self_attn.indexer.wk.weight": "F8_E4M3",
+                    "self_attn.indexer.weights_proj.weight": "", "self_attn.indexer.k_norm.weight": ""},
+        cache_chunks=(3, 4, 6, T),  # chunks of 3, 1, 2, 4 tokens: each attends to the cached past plus itself
+        masked=True,
+    ),
+    Family("longcat_flash", mtp="model.mtp.", release_block=None, block="mla + dense", verified=True,
+        handover=_BOTH, step_layers=_NO_RULE,
+        support={"vllm": {"mtp": True, "eagle3": False}, "sglang": {"mtp": True, "eagle3": True}},
+        sources={"vllm": ("longcat_flash_mtp.py",), "sglang": ("longcat_flash_nextn.py",)},
+        aux_ids={"sglang": "plus_one"},
+        # the MTP block: MLA with the LoRA norm scaling (hidden / rank)^0.5, one dense SwiGLU of ffn_hidden_size
+        module={"block.self_attn:type": "LongcatFlashMLA", "block.mlp:type": "LongcatFlashMLP",
+                "block.mlp.gate_proj.weight:shape": (128, 64),
+                "block.self_attn.mla_scale_q_lora": (64 / 48) ** 0.5, "block.self_attn.mla_scale_kv_lora": (64 / 32) ** 0.5},
+        reference=ref.longcat_flash,
+        wrong=({"lora_scaling": False},),
+        stored=False, keys=ref.LONGCAT_FLASH_MTP_KEYS,
+        stored_embed="model.mtp.embed_tokens.weight",
+        nextn="LongcatFlashForCausalLMNextN",
+        masked=True,
+    ),
+    Family("mimo_v2_flash", mtp="model.mtp.layers.0.", release_block=None, block="swa + dense", verified=True,
+        handover=_BOTH, step_layers=_NO_RULE,
+        support={"vllm": {"mtp": True, "eagle3": True}, "sglang": {"mtp": True, "eagle3": False}},
+        sources={"vllm": ("mimo_v2_mtp.py",), "sglang": ("mimo_v2_nextn.py",)},
+        module={"block:type": "MiMoV2FlashDecoderLayer", "block.mlp:type": "MiMoV2FlashMLP"},
+        reference=ref.mimo_v2_flash,
+        # the window, the layer's own weights and the FP8 scales are applied and matter
+        wrong=({"window": False}, {"layer": 1}, {"dequant": False}),
+        stored=False, keys=ref.mimo_v2_flash_keys(0), layers=3, fp8_weights=7,
+        cache_chunks=(6, 7, 8, 9, T),
+    ),
+    Family("ernie4_5_moe", mtp="model.mtp_", release_block=None, block="gqa + dense", verified=False,
+        handover={"vllm": "pre_norm", "sglang": "pre_norm"},  # residual + block output, no final norm
+        final_norm={"vllm": False, "sglang": False},
+        step_layers=_NO_RULE,
+        support={"vllm": {"mtp": True, "eagle3": False}, "sglang": {"mtp": True, "eagle3": False}},
+        sources={"vllm": ("ernie_mtp.py",), "sglang": ("ernie4_eagle.py",)},
+        notes={"vllm": ("No final norm",)},
+        # dense even where the trunk's layer 0 would be MoE (moe_layer_start_index = 1)
+        module={"block.mlp:type": "Ernie4_5_MoeMLP", "block.mlp.intermediate_size": 128},
+        reference=ref.ernie4_5_moe,
+        wrong=({"final_norm": None}, {"dense": False}),  # FastDeploy's final norm and the dense MLP matter
+        stored=False, keys=ref.ERNIE4_5_MOE_MTP_KEYS, trunk_reads=("model.norm.weight",),
+        # as converted last: the training code's computation, which `wrong` is held against; SGLang's row is vLLM's
+        engines=(("vllm", {"final_norm": None}), (None, {})),
+    ),
+    Family("qwen3_next", mtp="mtp.", release_block=None, block="gated_gqa + moe", verified=True, **_QWEN3,
+        module={"block.block_type": "full_attention", "block.self_attn:type": "Qwen3NextAttention",
+                "block.mlp:type": "Qwen3NextSparseMoeBlock"},  # full attention although the trunk's layer 0 is linear
+        nextn="Qwen3NextForCausalLMMTP",
+    ),
+    Family("qwen3_5", mtp="mtp.", release_block=None, block="gated_gqa + dense", verified=True, **_QWEN3,
+        spec="qwen3_5_text", module=_QWEN3_5_MODULE, nextn="Qwen3_5ForCausalLMMTP",
+    ),
+    Family("qwen3_5_tied", mtp="mtp.", release_block=None, block="gated_gqa + dense", verified=True, **_QWEN3,
+        spec="qwen3_5_text", module=_QWEN3_5_MODULE, nextn="Qwen3_5ForCausalLMMTP",
+    ),
+    Family("qwen3_5_moe", mtp="mtp.", release_block=None, block="gated_gqa + moe", verified=True, **_QWEN3,
+        spec="qwen3_5_moe_text", nextn="Qwen3_5ForCausalLMMTP",
+        module={"block.block_type": "full_attention", "block.self_attn:type": "Qwen3_5MoeAttention",
+                "block.mlp:type": "Qwen3_5MoeSparseMoeBlock"},
+    ),
+    Family("deepseek_v3", mtp="model.layers.2.", release_block=None, block="mla + moe", verified=True,
+        **_DEEPSEEK, sources={"vllm": ("deepseek_mtp.py",), "sglang": ("deepseek_nextn.py",)},
+        module={"block:type": "DeepseekV3DecoderLayer", "block.mlp:type": "DeepseekV3MoE",
+                "block.mlp.gate.e_score_correction_bias:dtype": torch.float32},
+        reference=ref.transformers_mtp_model, variants=("deepseek_v3_fp8",),
+    ),
+    Family("glm4_moe", mtp="model.layers.2.", release_block=None, block="gqa + moe", verified=True, **_GLM4_MOE,
+        stored_embed="model.layers.2.embed_tokens.weight",
+        stored_head="model.layers.2.shared_head.head.weight",
+    ),
+    # GLM-4.6's layout: the glm4_moe spec, no stored embedding or head copy in the MTP layer
+    Family("glm4_6", mtp="model.layers.2.", release_block=None, block="gqa + moe", verified=True, spec="glm4_moe",
+        **_GLM4_MOE,
+    ),
+    Family("mimo", mtp="model.mtp_layers.0.", release_block=None, block="gqa + dense", verified=True,
+        handover=_BOTH,
+        hidden={"vllm": "pre_norm", "sglang": "post_norm"},
+        step_layers={"vllm": "first", "sglang": ""},
+        support={"vllm": {"mtp": True, "eagle3": False}, "sglang": {"mtp": True, "eagle3": False}},
+        sources={"vllm": ("eagle.py",), "sglang": ("mimo_mtp.py",)},
+        module={"block:type": "Qwen2DecoderLayer", "block.mlp:type": "Qwen2MLP"},
+        reference=ref.mimo,
+        wrong=({"order": "embed_hidden"},),  # MiMo concatenates [hidden, embed]: the order matters
+        stored=False,
     ),
     Family("deepseek_v4", mtp="mtp.", release_block="mtp.0.", block="swa_sink + moe", verified=True,
         handover={"vllm": "pre_norm", "sglang": "pre_norm"},  # both hand on the streams before hc_head
@@ -259,7 +427,7 @@ FAMILIES = (
         aux_ids={"sglang": "plus_one"},
         module={"block.block_type": "full_attention", "block.self_attn:type": "Qwen3_5MoeAttention",
                 "block.mlp:type": "Qwen3_5MoeSparseMoeBlock", "block.mlp.experts.gate_up_proj:shape": (8, 32, 64)},
-        reference=ref.qwen3_5_mtp,
+        reference=ref.qwen3_hybrid,
         wrong=({"norm": "standard"}, {"order": "hidden_embed"}),  # zero-centred norms, [embed, hidden] order
         exact_keys=True,
         vllm_loads=ref.qwen3_5_vllm_loads,

@@ -281,3 +281,21 @@ def test_regenerate_samples_reproducibly_from_the_seed(target, text_data) -> Non
         assert new.input_ids[: len(prompt)] == prompt and new.loss_mask == [False] * len(prompt) + [True] * (
             len(new.input_ids) - len(prompt)
         )
+
+
+def test_distill_keywords_are_the_jobs_fields() -> None:
+    """`distill(**job: Unpack[DistillOptions])`: the keywords a type checker sees are DistillJob's fields past the
+    named parameters, with DistillJob's types, plus the device; a keyword DistillJob lacks is a TypeError."""
+    import dataclasses
+    import inspect
+
+    from mtp2draft.train.recipe import distill
+    from mtp2draft.train.settings import DistillJob, DistillOptions
+
+    named = set(inspect.signature(distill).parameters) - {"job", "config"}
+    job = {f.name: f.type for f in dataclasses.fields(DistillJob) if f.name not in named}
+    assert named == {"draft_dir", "out", "data", "target"}
+    options = {k: getattr(v, "__forward_arg__", v) for k, v in DistillOptions.__annotations__.items()}
+    assert options == {**job, "device": "str"}
+    with pytest.raises(TypeError, match="stepz"):
+        distill("nowhere", "out", stepz=3)  # type: ignore[call-arg]

@@ -9,6 +9,8 @@ import sys
 import types
 from pathlib import Path
 
+import pytest
+
 from mtp2draft import formats
 from mtp2draft.family.spec import registry
 from mtp2draft.formats import FORMATS, REGISTRY, VALIDATE_FORMATS, ExportJob, Format, Registration, get_format
@@ -64,7 +66,7 @@ def test_a_new_format_is_one_module_and_one_registry_entry(build, tmp_path: Path
     """A toy format copying the native draft's weights: registered once, it is exported, validated, detected and
     given launch lines without touching export.py, hub.py or the CLI's code."""
     from mtp2draft.conversion import convert
-    from mtp2draft.formats.export import detect_format, export, validate
+    from mtp2draft.formats.export import detect_format, export, read_draft_directory, validate
     from mtp2draft.hub import launch_lines
 
     def write(job: ExportJob) -> None:
@@ -94,8 +96,29 @@ def test_a_new_format_is_one_module_and_one_registry_entry(build, tmp_path: Path
     assert sorted(result.files) == ["config.json", "model.safetensors", "provenance.json"]
     assert result.provenance["export"]["toy"] == "copied"
     assert detect_format(json.loads((tmp_path / "out" / "config.json").read_text())) == "toy"
-    assert validate(tmp_path / "out") == []
+    found = read_draft_directory(tmp_path / "out")
+    assert found.format == "toy" and found.config == {"toy_format": True, "from": "mimo"}
+    assert validate(tmp_path / "out") == [] and validate(found) == []
     (tmp_path / "out" / "model.safetensors").unlink()
     assert validate(tmp_path / "out") == ["model.safetensors is missing"]
     assert launch_lines("toy", "t", "d", 2) == {"toy engine": "toy serve t --draft d -k 2"}
     assert formats.format_kind("toy") is DraftKind.MTP
+
+
+def test_a_directory_is_read_and_its_format_told_in_one_place(tmp_path: Path) -> None:
+    """`read_draft_directory`: a named format stands (config.json is still read), an unnamed one is detected, and a
+    directory that is none, or has no config.json, or names no known format, is one DraftError."""
+    from mtp2draft.errors import DraftError
+    from mtp2draft.formats.export import read_draft_directory
+
+    with pytest.raises(DraftError, match="is not a directory"):
+        read_draft_directory(tmp_path / "absent")
+    with pytest.raises(DraftError, match="has no config.json"):
+        read_draft_directory(tmp_path)
+    (tmp_path / "config.json").write_text(json.dumps({"architectures": ["LlamaForCausalLM"]}))
+    with pytest.raises(DraftError, match="cannot tell the format from config.json"):
+        read_draft_directory(tmp_path)
+    with pytest.raises(DraftError, match="--format must be one of .*got 'nope'"):
+        read_draft_directory(tmp_path, "nope")
+    named = read_draft_directory(tmp_path, "sglang")
+    assert named.format == "sglang" and named.config == {"architectures": ["LlamaForCausalLM"]}

@@ -118,6 +118,22 @@ def test_push_downloads_back_as_a_valid_draft_with_a_parseable_card(draft: Path,
     assert "- spec: deepseek_v3" in text and "target commit" in text  # provenance
 
 
+def test_push_and_validate_tell_the_format_once(draft: Path, hub, monkeypatch, capsys) -> None:
+    """push (its validation and its model card) and the validate command read config.json and tell the format
+    once, through `read_draft_directory`."""
+    from mtp2draft.formats import export as export_module
+
+    told = []
+    detect = export_module.detect_format
+    monkeypatch.setattr(export_module, "detect_format", lambda cfg: told.append(detect(cfg)) or told[-1])
+    push(draft, "tester/once")
+    assert told == ["sglang"]
+    assert main(["validate", str(draft)]) == 0 and "sglang" in capsys.readouterr().out
+    assert told == ["sglang", "sglang"]
+    assert main(["validate", str(draft), "--format", "sglang"]) == 0
+    assert told == ["sglang", "sglang"]  # a named format is not detected
+
+
 def test_second_push_is_a_new_commit_without_resending_the_weights(draft: Path, hub) -> None:
     first = push(draft, "tester/d")
     assert len(_lfs_puts(hub)) == 1  # model.safetensors, through LFS

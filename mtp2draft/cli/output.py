@@ -97,6 +97,7 @@ def convert_summary(result: Any) -> dict[str, Any]:
         "spec": result.spec,
         "mtp_layer": result.layer,
         "mtp_layers": result.provenance.get("mtp_layers", [result.layer]),
+        "num_mtp_layers": result.num_mtp_layers,  # the checkpoint's: how many --layer could pick from
         "bytes_fetched": result.bytes_fetched,
         "checkpoint_bytes": result.checkpoint_bytes,
         "seconds": round(result.seconds, 2),

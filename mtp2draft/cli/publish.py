@@ -69,14 +69,13 @@ def validate(
     Examples: `mtp2draft validate glm-eagle3-sglang` · `mtp2draft validate ds3-stitched --format stitched --json` ·
     `mtp2draft validate glm-eagle3-sglang --target zai-org/GLM-4.5-Air`
     """
-    import json
-
     from mtp2draft.errors import ValidationError
-    from mtp2draft.formats.export import detect_format
+    from mtp2draft.formats.export import read_draft_directory
     from mtp2draft.formats.export import validate as run
 
-    violations = run(path, format, target, revision=hub.revision, token=hub.token)
-    fmt = format or detect_format(json.loads((path / "config.json").read_text()))
+    found = read_draft_directory(path, format)
+    violations = run(found, target=target, revision=hub.revision, token=hub.token)
+    fmt = found.format
     if as_json:
         print(output.to_json({"path": str(path), "format": fmt, "ok": not violations, "violations": violations}))
     else:

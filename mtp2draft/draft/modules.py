@@ -393,13 +393,15 @@ def native_config(
     spec: Spec,
     target_config: Mapping[str, Any],
     layer: int,
-    hidden_handover: str = Hidden.POST_NORM,
+    hidden_handover: str | None = None,
     input_hidden: str | None = None,
     final_norm: bool = True,
     engine: Mapping[str, str] | None = None,
 ) -> dict[str, Any]:
-    """config.json of a native MTP draft directory: enough to rebuild the module without the target checkpoint."""
+    """config.json of a native MTP draft directory: enough to rebuild the module without the target checkpoint.
+    hidden_handover: default the layer's own (a multi-stream layer hands on its streams, pre_norm)."""
     text = spec.text_config(target_config)
+    hidden_handover = hidden_handover or (Hidden.PRE_NORM if spec.layer.streams else Hidden.POST_NORM)
     return {
         "architectures": ["Mtp2DraftNativeMtp"],
         "draft_kind": DraftKind.MTP,

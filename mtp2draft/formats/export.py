@@ -141,19 +141,19 @@ def detect_format(config: Mapping[str, Any]) -> str:
     raise DraftError(f"cannot tell the format from config.json (architectures {architectures}); pass --format")
 
 
-def validate(
-    path: str | Path,
-    format: str | None = None,
-    target: str | None = None,
-    revision: str | None = None,
-    token: str | bool | None = None,
-) -> list[str]:
-    """Every way directory `path` violates its format's contract (empty: the engines will load it as intended).
+@dataclass(frozen=True)
+class DraftDirectory:
+    """A draft or export directory as read once: its config.json and its format (named, or detected from it)."""
 
-    format: one of `VALIDATE_FORMATS`, or None to detect it from config.json. target: the target checkpoint (hub id
-    or local dir; only its config is read), to check what depends on it — aux layer ids within its layers, hidden
-    size and vocabulary; without it the target layer count the draft recorded at conversion is used. Raises
-    DraftError only when the directory or its config.json is unreadable or the format cannot be told."""
+    path: Path
+    config: dict[str, Any]
+    format: str
+
+
+def read_draft_directory(path: str | Path, format: str | None = None) -> DraftDirectory:
+    """Directory `path`'s config.json and its format: `format` where one is named, else the one config.json
+    describes. The one reading that `validate`, `push`, the model card and the `validate` command share. DraftError
+    when the directory or its config.json is unreadable, the format is not a registered one or cannot be told."""
     path = Path(path)
     if not path.is_dir():
         raise DraftError(f"{path} is not a directory")
@@ -163,8 +163,27 @@ def validate(
     fmt = format or detect_format(cfg)
     if fmt not in REGISTRY:
         raise DraftError(f"--format must be one of {', '.join(REGISTRY)}, got {fmt!r}")
-    parsed = parse_draft_config(cfg, path / CONFIG_FILE) if kind_of(cfg) is not None else None  # one line: a bad field
-    problems = get_format(fmt).validate(path, cfg)
+    return DraftDirectory(path, cfg, fmt)
+
+
+def validate(
+    path: str | Path | DraftDirectory,
+    format: str | None = None,
+    target: str | None = None,
+    revision: str | None = None,
+    token: str | bool | None = None,
+) -> list[str]:
+    """Every way directory `path` violates its format's contract (empty: the engines will load it as intended).
+
+    path: a directory, or one already read (`read_draft_directory`, whose format then stands). format: one of
+    `VALIDATE_FORMATS`, or None to detect it from config.json. target: the target checkpoint (hub id or local dir;
+    only its config is read), to check what depends on it — aux layer ids within its layers, hidden size and
+    vocabulary; without it the target layer count the draft recorded at conversion is used. Raises DraftError only
+    when the directory or its config.json is unreadable or the format cannot be told."""
+    found = path if isinstance(path, DraftDirectory) else read_draft_directory(path, format)
+    cfg = found.config
+    parsed = parse_draft_config(cfg, found.path / CONFIG_FILE) if kind_of(cfg) is not None else None  # a bad field
+    problems = get_format(found.format).validate(found.path, cfg)
     target_cfg = open_checkpoint(target, revision, token).config if target else None
     if parsed is not None and target_cfg is not None:
         try:

@@ -30,7 +30,7 @@ import time
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Unpack
 
 import torch
 
@@ -51,7 +51,7 @@ from mtp2draft.train.calibrate import (
 )
 from mtp2draft.train.heldout import HeldoutGuard
 from mtp2draft.train.parallel import Parallel
-from mtp2draft.train.settings import DistillConfig, DistillJob
+from mtp2draft.train.settings import DistillConfig, DistillJob, DistillOptions
 from mtp2draft.train.state import (
     check_checkpoints,
     claim_checkpoints,
@@ -93,24 +93,25 @@ def distill(
     data: str | Path | None = None,
     target: str | None = None,
     config: DistillConfig | None = None,
-    **job: Any,
+    **job: Unpack[DistillOptions],
 ) -> DistillResult:
     """Fine-tune the draft in `draft_dir` against the frozen target; write the result to `out`.
 
     `config` holds the training settings; `job` the rest of what this call is asked to do, as `DistillJob`'s fields
-    (declared there once) plus `device`: data comes either from `data` + the online `target` (loaded in
+    (declared there once, typed for callers by `DistillOptions`) plus `device`: data comes either from `data` + the online `target` (loaded in
     `target_dtype` on `device`, or spread by transformers' `device_map`), or from a `dump-hidden` directory
     (`hidden_states`); `stop_after` ends the run after that many steps without writing `out` (checkpoints stay):
     for tests. Under torchrun every rank calls this; the global batch is split between them and rank 0 logs and
     writes (see parallel.py)."""
     cfg = config or DistillConfig()
     owned = not torch.distributed.is_initialized()
-    par = Parallel.from_env(job.pop("device", "cpu"))
+    options: dict[str, Any] = dict(job)
+    par = Parallel.from_env(options.pop("device", "cpu"))
     if not par.is_main:  # other torchrun ranks: rank 0 reports
-        job = {**job, "progress": quiet}
+        options["progress"] = quiet
     try:
-        job = DistillJob(draft_dir=draft_dir, out=Path(out), data=data, target=target, **job)
-        result = DistillRecipe(par, cfg, job).run()
+        asked = DistillJob(draft_dir=draft_dir, out=Path(out), data=data, target=target, **options)
+        result = DistillRecipe(par, cfg, asked).run()
         if owned:
             par.barrier()  # every rank done (rank 0's claim released) before any rank tears the process group down
         return result

@@ -11,7 +11,7 @@ import math
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, TypedDict
 
 from mtp2draft.errors import OptionError
 from mtp2draft.settings import check_seed, floats, setting
@@ -158,3 +158,25 @@ class DistillJob:
         if self.checkpoint_dir:
             return Path(self.checkpoint_dir)
         return self.out.parent / f"{Path(os.path.abspath(self.out)).name}.checkpoints"
+
+
+class DistillOptions(TypedDict, total=False):
+    """The keywords `distill()` takes beside its named parameters, so that a type checker sees them: `DistillJob`'s
+    fields after `draft_dir`, `out`, `data` and `target` (their defaults are DistillJob's, stated there), and the
+    device the run is placed on (default "cpu"). tests/test_distill.py keeps the names and types DistillJob's."""
+
+    hidden_states: str | Path | None
+    heldout: str | Path | None
+    revision: str | None
+    token: str | bool | None
+    resume: bool
+    overwrite: bool
+    regenerate_data: bool
+    sample: bool
+    skip_bad: bool
+    checkpoint_dir: str | Path | None
+    progress: Progress
+    stop_after: int | None
+    target_dtype: str
+    device_map: str | dict | None
+    device: str

@@ -1,6 +1,6 @@
 """DeepSeek-V4's MTP layer computed in plain torch, written from vLLM 0.34's forward (not from transformers, not
 from our module), reading the fixture checkpoint's tensors by their hub names (`mtp.0.*`, `embed.weight`,
-`head.weight`): the computation tests/test_family_deepseek_v4.py holds the native layer to, one step and a chain.
+`head.weight`): the computation tests/test_families.py (its DeepSeek-V4 section) holds the native layer to, one step and a chain.
 
 Sources, vLLM 0.34 unless said otherwise:
 - the glue: `vllm/models/deepseek_v4/nvidia/mtp.py` DeepSeekV4MultiTokenPredictorLayer.forward (the previous hidden

@@ -12,6 +12,8 @@ What this module does not do: build fixtures (`fixtures.py`) or assert anything 
 
 from __future__ import annotations
 
+import functools
+import importlib
 import json
 from pathlib import Path
 
@@ -33,10 +35,37 @@ def weight_map(path: Path) -> dict[str, str]:
 
 
 def tensors(path: Path) -> dict[str, torch.Tensor]:
-    """Every tensor of a (bf16) fixture checkpoint by its hub name, in fp32."""
+    """Every tensor of a (bf16) fixture checkpoint by its hub name, in fp32 (a fresh dict; the tensors are read once
+    per checkpoint as it is on disk: references share them and must not write to them)."""
+    return dict(_read(_files(path), False))
+
+
+def dequantised(path: Path, dequant: bool = True) -> dict[str, torch.Tensor]:
+    """fp32 tensors by hub name, FP8 weights dequantised with their `weight_scale_inv` as the reference table writes
+    it, W[i, j] * scale_inv[i // 128, j // 128]; dequant=False: taken at face value, as a reader ignoring the scales
+    would. The scales themselves are left out."""
+    return {k: v for k, v in _read(_files(path), dequant).items() if not k.endswith("_scale_inv")}
+
+
+def _files(path: Path) -> tuple[tuple[str, int, int], ...]:
+    """The checkpoint's shards as they are on disk (name, mtime, size): what the cache of `_read` is keyed by."""
+    return tuple((str(f), f.stat().st_mtime_ns, f.stat().st_size) for f in sorted(path.glob("model-0*.safetensors")))
+
+
+@functools.lru_cache(maxsize=8)
+def _read(files: tuple[tuple[str, int, int], ...], dequant: bool) -> dict[str, torch.Tensor]:
+    raw: dict[str, torch.Tensor] = {}
+    for name, _, _ in files:
+        raw.update(load_file(name))
     out = {}
-    for file in sorted(path.glob("model-0*.safetensors")):
-        out.update({k: v.float() for k, v in load_file(str(file)).items()})
+    for key, tensor in raw.items():
+        scale = raw.get(key + "_scale_inv") if dequant else None
+        if scale is not None and not key.endswith("_scale_inv"):
+            m, n = tensor.shape
+            full = scale.float().repeat_interleave(128, 0)[:m].repeat_interleave(128, 1)[:, :n]
+            out[key] = tensor.float() * full
+        else:
+            out[key] = tensor.float()
     return out
 
 
@@ -85,6 +114,48 @@ def bailing_vllm_loads(key: str) -> str:
     return key
 
 
+# ---- the MTP keys of releases with no stored key list, as the engines' loaders name them ----------------------------
+# vLLM 0.33 longcat_flash_mtp.py and SGLang 0.5.23 longcat_flash_nextn.py map exactly these names
+LONGCAT_FLASH_MTP_KEYS = (
+    "model.mtp.embed_tokens.weight",
+    "model.mtp.layers.0.eh_proj.weight",
+    "model.mtp.layers.0.enorm.m.weight",
+    "model.mtp.layers.0.hnorm.m.weight",
+    "model.mtp.layers.0.input_layernorm.weight",
+    "model.mtp.layers.0.post_attention_layernorm.weight",
+    "model.mtp.layers.0.self_attn.kv_a_layernorm.weight",
+    "model.mtp.layers.0.self_attn.kv_a_proj_with_mqa.weight",
+    "model.mtp.layers.0.self_attn.kv_b_proj.weight",
+    "model.mtp.layers.0.self_attn.o_proj.weight",
+    "model.mtp.layers.0.self_attn.q_a_layernorm.weight",
+    "model.mtp.layers.0.self_attn.q_a_proj.weight",
+    "model.mtp.layers.0.self_attn.q_b_proj.weight",
+    "model.mtp.layers.0.transformer_layer.mlp.down_proj.weight",
+    "model.mtp.layers.0.transformer_layer.mlp.gate_proj.weight",
+    "model.mtp.layers.0.transformer_layer.mlp.up_proj.weight",
+    "model.mtp.norm.weight",
+)
+# vLLM 0.33 ernie_mtp.py and SGLang 0.5.23 ernie4_eagle.py (the trunk's model.norm is read besides)
+ERNIE4_5_MOE_MTP_KEYS = (
+    "model.mtp_emb_norm.0.weight",
+    "model.mtp_hidden_norm.0.weight",
+    "model.mtp_linear_proj.0.weight",
+    *(f"model.mtp_block.0.{n}.weight" for n in ("input_layernorm", "post_attention_layernorm")),
+    *(f"model.mtp_block.0.self_attn.{n}_proj.weight" for n in "qkvo"),
+    *(f"model.mtp_block.0.mlp.{n}_proj.weight" for n in ("gate", "up", "down")),
+)
+
+
+def mimo_v2_flash_keys(i: int) -> tuple[str, ...]:
+    """MTP layer i of MiMo-V2-Flash (vLLM 0.33 and SGLang 0.5.23 loaders): FP8 projections with their scales, bf16
+    glue, norms and sink bias."""
+    p = f"model.mtp.layers.{i}."
+    plain = ["enorm.weight", "hnorm.weight", "eh_proj.weight", "final_layernorm.weight", "input_layernorm.weight"]
+    plain += ["self_attn.attention_sink_bias", "pre_mlp_layernorm.weight"]
+    fp8 = [f"self_attn.{n}_proj.weight" for n in "qkvo"] + [f"mlp.{n}_proj.weight" for n in ("gate", "up", "down")]
+    return tuple(sorted(p + k for k in plain + fp8 + [f + "_scale_inv" for f in fp8]))
+
+
 # ---- transformers' own MtpModel where it covers the block ---------------------------------------------------------
 def glm4_moe_lite_mtp_model(path: Path, nxt, hidden, pos):
     """transformers 5.24 has no MTP model for glm4_moe_lite (its config has no num_mtp_layers), but
@@ -113,6 +184,46 @@ def deepseek_v3_on(path: Path):
     with pytest.MonkeyPatch.context() as m:
         m.setattr(cls, "_keys_to_ignore_on_load_unexpected", [rf"model\.layers\.{config['num_hidden_layers']}.*"])
         return cls.from_pretrained(str(path), config=v3_cfg, dtype=torch.float32).eval()
+
+
+def transformers_mtp_model(path: Path, nxt, hidden, pos):
+    """transformers 5.24's own MtpModel (modeling_layers.py) on the causal LM the checkpoint's config names
+    (DeepseekV3ForCausalLM, Glm4MoeForCausalLM), loaded from the fixture by transformers' own loader; the hand-over
+    is the post-final-norm hidden MtpModel chains."""
+    from transformers.modeling_layers import MtpModel
+
+    config = config_of(path)
+    cls = getattr(transformers, config["architectures"][0])
+    # transformers finds MTP keys through this attribute, hard-coded to the release's layer (61 / 92 / 46)
+    with pytest.MonkeyPatch.context() as m:
+        m.setattr(cls, "_keys_to_ignore_on_load_unexpected", [rf"model\.layers\.{config['num_hidden_layers']}.*"])
+        target = cls.from_pretrained(str(path), dtype=torch.float32).eval()
+    oracle = MtpModel.from_pretrained(target).float().eval()
+    chained = oracle.forward_layer(0, hidden, pos, None, input_ids=nxt)
+    return oracle._project_to_logits(chained), chained
+
+
+def mimo(path: Path, nxt, hidden, pos, *, order: str = "hidden_embed"):
+    """MiMo's MTP layer as the reference table spells it, from checkpoint key names: token_layernorm(embed) |
+    hidden_layernorm(hidden), concatenated [hidden, embed] -> input_proj -> a Qwen2 decoder block -> final_layernorm
+    -> lm_head, the normed hidden handed on. order="embed_hidden": the other concatenation."""
+    from transformers.models.qwen2.modeling_qwen2 import Qwen2DecoderLayer, Qwen2RotaryEmbedding
+
+    config, w = config_of(path), tensors(path)
+    p, eps = "model.mtp_layers.0.", config["rms_norm_eps"]
+    e = rms(torch.nn.functional.embedding(nxt, w["model.embed_tokens.weight"]), w[p + "token_layernorm.weight"], eps)
+    h = rms(hidden, w[p + "hidden_layernorm.weight"], eps)
+    x = torch.cat([h, e] if order == "hidden_embed" else [e, h], -1) @ w[p + "input_proj.weight"].T
+    cfg = transformers.Qwen2Config(**{k: v for k, v in config.items() if k not in ("architectures", "model_type")})
+    cfg._attn_implementation = "eager"
+    block = Qwen2DecoderLayer(cfg, 0)
+    block.load_state_dict(
+        {k[len(p) :]: v for k, v in w.items() if k.startswith(p) and k[len(p) :] in block.state_dict()}
+    )
+    rope = Qwen2RotaryEmbedding(cfg)(x, pos)
+    y = block(x, attention_mask=causal(x.shape[1]), position_embeddings=rope, position_ids=pos)
+    normed = rms(y, w[p + "final_layernorm.weight"], eps)
+    return normed @ w["lm_head.weight"].T, normed
 
 
 def bailing_hybrid_mtp_model(path: Path, nxt, hidden, pos):
@@ -262,33 +373,31 @@ def exaone_moe_vllm(path: Path, nxt, hidden, pos, *, rope: bool = True, window: 
     return normed @ w["lm_head.weight"].T, normed
 
 
-def glm_moe_dsa_vllm(path: Path, nxt, hidden, pos, *, index_topk: int | None = None, decoder: str = "glm"):
-    """vLLM's GLM-5 MTP (deepseek_v32/nvidia/mtp.py, DeepseekV32MultiTokenPredictorLayer): RMSNorm(embed) |
-    RMSNorm(hidden) -> eh_proj -> the decoder block (transformers' GlmMoeDsaDecoderLayer built from the checkpoint
-    tensors by their hub names, own indexer, causal mask) -> shared_head.norm -> lm_head, the post-norm hidden
-    recycled. transformers' generic MtpLayer cannot run a decoder layer that returns (hidden, top-k indices).
-    index_topk=T: the indexer keeps every token; decoder="v32": DeepSeek-V3.2's block (half-split indexer RoPE)."""
-    from transformers import DeepseekV32Config, GlmMoeDsaConfig
-    from transformers.models.deepseek_v32 import modeling_deepseek_v32 as v32
-    from transformers.models.glm_moe_dsa import modeling_glm_moe_dsa as glm
+# decoder -> (transformers config class, model module, class prefix, fields that make the block index 0 the MTP block)
+_MLA_MOE_BLOCKS = {
+    "glm": ("GlmMoeDsaConfig", "glm_moe_dsa", "GlmMoeDsa", {"mlp_layer_types": ["sparse"], "indexer_types": ["full"]}),
+    "v32": ("DeepseekV32Config", "deepseek_v32", "DeepseekV32", {"mlp_layer_types": ["sparse"], "first_k_dense_replace": 0}),
+    "v3": ("DeepseekV3Config", "deepseek_v3", "DeepseekV3", {"mlp_layer_types": ["sparse"], "first_k_dense_replace": 0}),
+}  # fmt: skip
 
+
+def _mla_moe_mtp(path: Path, nxt, hidden, pos, *, decoder: str, index_topk: int | None = None):
+    """DeepSeek's MTP layer from checkpoint tensors by hub name: RMSNorm(embed) | RMSNorm(hidden) -> eh_proj -> the
+    decoder block (transformers' `decoder` layer class, experts stacked here from per-expert tensors, causal mask) ->
+    shared_head.norm -> lm_head, the post-norm hidden handed on. The MTP layer sits at model.layers.{N}."""
     config, w = config_of(path), tensors(path)
-    p, eps = "model.layers.4.", config["rms_norm_eps"]
+    p, eps = f"model.layers.{config['num_hidden_layers']}.", config["rms_norm_eps"]
+    cfg_class, family, cls, block_fields = _MLA_MOE_BLOCKS[decoder]
+    modeling = importlib.import_module(f"transformers.models.{family}.modeling_{family}")
     fields = {k: v for k, v in config.items() if k not in ("architectures", "model_type", "index_topk")}
-    topk = index_topk or config["index_topk"]
-    if decoder == "glm":
-        cfg = GlmMoeDsaConfig(**fields, index_topk=topk)
-        cfg.mlp_layer_types, cfg.indexer_types = ["sparse"], ["full"]
-        block_cls, rotary = glm.GlmMoeDsaDecoderLayer, glm.GlmMoeDsaRotaryEmbedding
-    else:
-        cfg = DeepseekV32Config(**fields, index_topk=topk)
-        cfg.mlp_layer_types, cfg.first_k_dense_replace = ["sparse"], 0
-        block_cls, rotary = v32.DeepseekV32DecoderLayer, v32.DeepseekV32RotaryEmbedding
+    cfg = getattr(transformers, cfg_class)(**fields, index_topk=index_topk or config["index_topk"])
+    for name, value in block_fields.items():
+        setattr(cfg, name, value)
     cfg._attn_implementation, cfg._experts_implementation = "eager", "eager"
-    block = block_cls(cfg, 0)
+    block = getattr(modeling, f"{cls}DecoderLayer")(cfg, 0)
     experts = range(config["n_routed_experts"])
     state = {}
-    for name in block.state_dict():
+    for name in block.state_dict():  # V3's block has no indexer: the indexer's tensors are not read
         if name == "mlp.experts.gate_up_proj":
             state[name] = torch.stack(
                 [torch.cat([w[f"{p}mlp.experts.{e}.{g}_proj.weight"] for g in ("gate", "up")]) for e in experts]
@@ -301,8 +410,52 @@ def glm_moe_dsa_vllm(path: Path, nxt, hidden, pos, *, index_topk: int | None = N
     x = _glue(
         w, "model.embed_tokens.weight", hidden, nxt, (p + "enorm.weight", p + "hnorm.weight"), p + "eh_proj.weight", eps
     )
-    out = block(x, attention_mask=causal(x.shape[1]), position_embeddings=rotary(cfg)(x, pos), position_ids=pos)
+    rotary = getattr(modeling, f"{cls}RotaryEmbedding")(cfg)
+    out = block(x, attention_mask=causal(x.shape[1]), position_embeddings=rotary(x, pos), position_ids=pos)
     normed = rms(out[0] if isinstance(out, tuple) else out, w[p + "shared_head.norm.weight"], eps)
+    return normed @ w["lm_head.weight"].T, normed
+
+
+def glm_moe_dsa_vllm(path: Path, nxt, hidden, pos, *, index_topk: int | None = None, decoder: str = "glm"):
+    """vLLM's GLM-5 MTP (deepseek_v32/nvidia/mtp.py, DeepseekV32MultiTokenPredictorLayer): the DeepSeek MTP layer
+    around transformers' GlmMoeDsaDecoderLayer (own indexer). transformers' generic MtpLayer cannot run a decoder
+    layer that returns (hidden, top-k indices). index_topk=T: the indexer keeps every token; decoder="v32":
+    DeepSeek-V3.2's block (half-split indexer RoPE)."""
+    return _mla_moe_mtp(path, nxt, hidden, pos, decoder=decoder, index_topk=index_topk)
+
+
+def deepseek_v32(path: Path, nxt, hidden, pos, *, index_topk: int | None = None, decoder: str = "v32"):
+    """DeepSeek-V3.2's MTP layer (vLLM 0.33 deepseek_v32 mtp.py, SGLang 0.5.23 DeepseekV3ForCausalLMNextN): the
+    DeepSeek MTP layer around transformers' DeepseekV32DecoderLayer. transformers' MtpModel does not cover it
+    (`test_deepseek_v32_has_no_transformers_mtp_model`). index_topk=T: the indexer keeps every token;
+    decoder="v3": V3's block on the same tensors, no indexer."""
+    return _mla_moe_mtp(path, nxt, hidden, pos, decoder=decoder, index_topk=index_topk)
+
+
+def longcat_flash(path: Path, nxt, hidden, pos, *, lora_scaling: bool = True):
+    """LongCat's MTP layer (vLLM 0.33 longcat_flash_mtp.py, SGLang 0.5.23 longcat_flash_nextn.py): RMSNorm(embed) |
+    RMSNorm(hidden) (enorm.m / hnorm.m) -> eh_proj -> pre-norm block (transformers' LongcatFlashMLA with a causal
+    mask, dense LongcatFlashMLP, plain RMSNorms, residuals) -> model.mtp.norm -> lm_head, the normed hidden handed on.
+    lora_scaling=False: without the (hidden / rank)^0.5 scaling of the LoRA norms."""
+    from transformers.models.longcat_flash import modeling_longcat_flash as lc
+
+    config, w = config_of(path), tensors(path)
+    p, eps = "model.mtp.layers.0.", config["rms_norm_eps"]
+    cfg = transformers.LongcatFlashConfig(
+        **{k: v for k, v in config.items() if k not in ("architectures", "model_type")}
+    )
+    cfg._attn_implementation = "eager"
+    attn, mlp = lc.LongcatFlashMLA(cfg, 0), lc.LongcatFlashMLP(cfg)
+    attn.load_state_dict({k: w[p + "self_attn." + k] for k in attn.state_dict()})
+    mlp.load_state_dict({k: w[p + "transformer_layer.mlp." + k] for k in mlp.state_dict()})
+    if not lora_scaling:
+        attn.mla_scale_q_lora = attn.mla_scale_kv_lora = 1.0
+    x = _glue(w, "model.embed_tokens.weight", hidden, nxt, (p + "enorm.m.weight", p + "hnorm.m.weight"),
+              p + "eh_proj.weight", eps)  # fmt: skip
+    rope = lc.LongcatFlashRotaryEmbedding(cfg)(x, pos)
+    x = x + attn(rms(x, w[p + "input_layernorm.weight"], eps), rope, causal(x.shape[1]))[0]
+    y = x + mlp(rms(x, w[p + "post_attention_layernorm.weight"], eps))
+    normed = rms(y, w["model.mtp.norm.weight"], eps)
     return normed @ w["lm_head.weight"].T, normed
 
 
@@ -360,32 +513,150 @@ def qwen3_5_vllm_loads(key: str) -> str:
     return "model." + key.removeprefix("mtp.")
 
 
-def qwen3_5_mtp(path: Path, nxt, hidden, pos, *, norm: str = "zero_centered", order: str = "embed_hidden"):
-    """vLLM's Qwen3.5 MTP (qwen3_5_mtp.py, Qwen3_5MultiTokenPredictor), flat text config: zero-centred RMSNorm(embed)
-    | RMSNorm(hidden) -> mtp.fc -> transformers' Qwen3_5MoeDecoderLayer built as a full-attention layer (eager, the
-    fused 3-D experts as the hub stores them, strict load of every mtp.layers.0.* tensor; text-only positions make the
-    interleaved M-RoPE a plain partial RoPE, written by hand) -> mtp.norm, handed on -> the target's lm_head.
-    norm="standard": x * w norms; order="hidden_embed": the projection's inputs swapped."""
-    from transformers.models.qwen3_5_moe.modeling_qwen3_5_moe import Qwen3_5MoeDecoderLayer
+# ---- MiMo-V2-Flash, ERNIE-4.5, the Qwen3 hybrids: the engines' computation, the block from transformers' classes --
+def _loaded(module: torch.nn.Module, w: dict[str, torch.Tensor], names: dict[str, str]) -> torch.nn.Module:
+    module.load_state_dict({k: w[v] for k, v in names.items()})
+    return module.eval()
+
+
+def _mimo_v2_block_config(config: dict):
+    """transformers config of the MTP attention as the engines read the release's fields (swa_* heads and dims,
+    swa_rope_theta, sliding_window_size tokens before the query, layernorm_epsilon)."""
+
+    def rope(theta: float) -> dict:
+        return {
+            "rope_type": "default",
+            "rope_theta": float(theta),
+            "partial_rotary_factor": config["partial_rotary_factor"],
+        }
+
+    cfg = transformers.MiMoV2FlashConfig(
+        hidden_size=config["hidden_size"],
+        intermediate_size=config["intermediate_size"],
+        vocab_size=config["vocab_size"],
+        num_hidden_layers=1,
+        layer_types=["sliding_attention"],
+        mlp_layer_types=["dense"],
+        num_attention_heads=config["swa_num_attention_heads"],
+        num_key_value_heads=config["swa_num_key_value_heads"] // 2,  # transformers doubles kv heads on SWA layers
+        head_dim=config["swa_head_dim"],
+        v_head_dim=config["swa_v_head_dim"],
+        attention_value_scale=config["attention_value_scale"],
+        rope_parameters={
+            "sliding_attention": rope(config["swa_rope_theta"]),
+            "full_attention": rope(config["rope_theta"]),
+        },
+        rms_norm_eps=config["layernorm_epsilon"],
+    )
+    cfg._attn_implementation = "eager"
+    return cfg
+
+
+def mimo_v2_flash(path: Path, nxt, hidden, pos, *, layer: int = 0, window: bool = True, dequant: bool = True):
+    """MiMo-V2-Flash's MTP layer `layer` (vLLM 0.33 mimo_v2_mtp.py, SGLang 0.5.23 mimo_v2_nextn.py): enorm(embed) |
+    hnorm(hidden) -> eh_proj -> SWA attention with sink bias (window sliding_window_size + 1) + dense MLP ->
+    final_layernorm -> lm_head, the normed hidden handed on. window=False: full causal attention; dequant=False: the
+    FP8 weights without their scales; layer: another MTP layer's weights."""
+    from transformers.models.mimo_v2_flash import modeling_mimo_v2_flash as mimo
+
+    config, w = config_of(path), dequantised(path, dequant)
+    eps, p = config["layernorm_epsilon"], f"model.mtp.layers.{layer}."
+    x = _glue(w, "model.embed_tokens.weight", hidden, nxt, (p + "enorm.weight", p + "hnorm.weight"),
+              p + "eh_proj.weight", eps)  # fmt: skip
+    cfg = _mimo_v2_block_config(config)
+    attn_names = {f"{n}_proj.weight": f"{p}self_attn.{n}_proj.weight" for n in "qkvo"}
+    attn = _loaded(mimo.MiMoV2FlashAttention(cfg, 0), w, {**attn_names, "sinks": p + "self_attn.attention_sink_bias"})
+    mlp_names = {f"{n}_proj.weight": f"{p}mlp.{n}_proj.weight" for n in ("gate", "up", "down")}
+    mlp = _loaded(mimo.MiMoV2FlashMLP(cfg), w, mlp_names)
+    rope = mimo.MiMoV2FlashRotaryEmbedding(cfg)(x, pos, layer_type="sliding_attention")
+    mask = _windowed(x.shape[1], config["sliding_window_size"] + 1 if window else None)
+    h = x + attn(rms(x, w[p + "input_layernorm.weight"], eps), rope, mask)[0]
+    y = h + mlp(rms(h, w[p + "pre_mlp_layernorm.weight"], eps))
+    normed = rms(y, w[p + "final_layernorm.weight"], eps)
+    return normed @ w["lm_head.weight"].T, normed
+
+
+def ernie4_5_moe(path: Path, nxt, hidden, pos, *, final_norm: str | None = "model.norm.weight", dense: bool = True):
+    """ERNIE-4.5's MTP layer: mtp_emb_norm(embed) | mtp_hidden_norm(hidden) -> mtp_linear_proj -> GQA (interleaved
+    RoPE) + dense MLP -> the trunk's model.norm (FastDeploy and the training code) -> the head (tied to the embedding
+    here); the hand-over is the head's input. final_norm=None: vLLM 0.33 ernie_mtp.py / SGLang 0.5.23
+    ernie4_eagle.py, no norm; dense=False: the block read as MoE (only moe_intermediate_size rows fit)."""
+    from transformers.models.ernie4_5_moe import modeling_ernie4_5_moe as ernie
 
     config, w = config_of(path), tensors(path)
-    eps = config["rms_norm_eps"]
+    eps, p = config["rms_norm_eps"], "model.mtp_block.0."
+    norms = ("model.mtp_emb_norm.0.weight", "model.mtp_hidden_norm.0.weight")
+    x = _glue(w, "model.embed_tokens.weight", hidden, nxt, norms, "model.mtp_linear_proj.0.weight", eps)
+    cfg = transformers.Ernie4_5_MoeConfig(
+        **{k: v for k, v in config.items() if k not in ("architectures", "model_type")}
+    )
+    cfg._attn_implementation = "eager"
+    attn_names = {f"{n}_proj.weight": f"{p}self_attn.{n}_proj.weight" for n in "qkvo"}
+    attn = _loaded(ernie.Ernie4_5_MoeAttention(cfg, 0), w, attn_names)
+    size = config["intermediate_size"] if dense else config["moe_intermediate_size"]
+    mlp_names = {f"{n}_proj.weight": f"{p}mlp.{n}_proj.weight" for n in ("gate", "up", "down")}
+    if not dense:  # a block read as MoE: only the first moe_intermediate_size rows of the dense weights would fit
+        w = {**w, **{v: w[v][:size] if "down" not in v else w[v][:, :size] for v in mlp_names.values()}}
+    mlp = _loaded(ernie.Ernie4_5_MoeMLP(cfg, size), w, mlp_names)
+    rope = ernie.Ernie4_5_MoeRotaryEmbedding(cfg)(x, pos)
+    h = x + attn(rms(x, w[p + "input_layernorm.weight"], eps), rope, causal(x.shape[1]))[0]
+    y = h + mlp(rms(h, w[p + "post_attention_layernorm.weight"], eps))
+    if final_norm:
+        y = rms(y, w[final_norm], eps)
+    return y @ w["model.embed_tokens.weight"].T, y
+
+
+# the (text) config's model_type -> transformers' modeling module and decoder-layer class
+_QWEN3_HYBRIDS = {
+    "qwen3_next": ("qwen3_next.modeling_qwen3_next", "Qwen3NextDecoderLayer"),
+    "qwen3_5_text": ("qwen3_5.modeling_qwen3_5", "Qwen3_5DecoderLayer"),
+    "qwen3_5_moe_text": ("qwen3_5_moe.modeling_qwen3_5_moe", "Qwen3_5MoeDecoderLayer"),
+}
+
+
+def qwen3_hybrid(path: Path, nxt, hidden, pos, *, norm: str = "zero_centered", order: str = "embed_hidden",
+                 gate: bool = True):  # fmt: skip
+    """Qwen3-Next / Qwen3.5 MTP (vLLM 0.33 qwen3_next_mtp.py / qwen3_5_mtp.py): zero-centred RMSNorms, fc over
+    [embed, hidden], a full-attention decoder block (transformers' class, eager, causal mask, hand-made partial
+    RoPE), mtp.norm, then the target's lm_head (the embedding when tied), the normed hidden handed on.
+    norm="standard": x * w norms; order="hidden_embed": the concatenation swapped; gate=False: the attention output
+    gate disabled (sigmoid(gate) -> 1)."""
+    config, w = config_of(path), tensors(path)
+    text = config.get("text_config", config)
+    eps = text["rms_norm_eps"]
 
     def norm_(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
         return rms(x, 1 + weight if norm == "zero_centered" else weight, eps)
 
-    e = norm_(torch.nn.functional.embedding(nxt, w["model.embed_tokens.weight"]), w["mtp.pre_fc_norm_embedding.weight"])
-    h = norm_(hidden, w["mtp.pre_fc_norm_hidden.weight"])
+    embed = w.get("model.embed_tokens.weight", w.get("model.language_model.embed_tokens.weight"))
+    head = w.get("lm_head.weight", embed)
+    e, h = (
+        norm_(torch.nn.functional.embedding(nxt, embed), w["mtp.pre_fc_norm_embedding.weight"]),
+        norm_(hidden, w["mtp.pre_fc_norm_hidden.weight"]),
+    )
     x = torch.cat([e, h] if order == "embed_hidden" else [h, e], -1) @ w["mtp.fc.weight"].T
-    fields = {k: v for k, v in config.items() if k not in ("model_type", "architectures")}
-    cfg = transformers.AutoConfig.for_model("qwen3_5_moe_text", **fields)
-    cfg.layer_types, cfg._attn_implementation, cfg._experts_implementation = ["full_attention"], "eager", "eager"
-    block = Qwen3_5MoeDecoderLayer(cfg, 0)
-    block.load_state_dict({k[len("mtp.layers.0.") :]: v for k, v in w.items() if k.startswith("mtp.layers.0.")})
-    rd = int(config["head_dim"] * config["partial_rotary_factor"])
-    theta = float(config["rope_parameters"]["rope_theta"])
+    fields = {k: v for k, v in text.items() if k not in ("model_type", "architectures")}
+    cfg = transformers.AutoConfig.for_model(text["model_type"], **fields)
+    cfg.layer_types = ["full_attention"]
+    cfg._attn_implementation, cfg._experts_implementation = "eager", "eager"
+    module, cls = _QWEN3_HYBRIDS[text["model_type"]]
+    block = getattr(importlib.import_module(f"transformers.models.{module}"), cls)(cfg, 0)
+    p = "mtp.layers.0."
+    state = {k[len(p) :]: v for k, v in w.items() if k.startswith(p)}
+    if "mlp.experts.0.gate_proj.weight" in state:  # per-expert hub keys (Qwen3-Next): fuse by hand, gate rows first
+        n = text["num_experts"]
+        gate_up = [torch.cat([state.pop(f"mlp.experts.{i}.{g}_proj.weight") for g in ("gate", "up")]) for i in range(n)]
+        state["mlp.experts.gate_up_proj"] = torch.stack(gate_up)
+        state["mlp.experts.down_proj"] = torch.stack([state.pop(f"mlp.experts.{i}.down_proj.weight") for i in range(n)])
+    block.load_state_dict(state)  # strict: every mtp.layers.0.* tensor is used, none is missing
+    rope = text.get("rope_parameters") or {}
+    theta = float(rope.get("rope_theta", text.get("rope_theta", 0)))
+    rd = int(text["head_dim"] * text["partial_rotary_factor"])
     freqs = pos[..., None].float() / theta ** (torch.arange(0, rd, 2).float() / rd)
-    emb = torch.cat([freqs, freqs], -1)
-    out = block(x, position_embeddings=(emb.cos(), emb.sin()), attention_mask=causal(x.shape[1]), position_ids=pos)
-    normed = norm_(out, w["mtp.norm.weight"])
-    return normed @ w["lm_head.weight"].T, normed
+    emb = torch.cat([freqs, freqs], -1)  # text-only positions: the interleaved M-RoPE is this plain partial RoPE
+    with pytest.MonkeyPatch.context() as m:
+        if not gate:
+            m.setattr(torch, "sigmoid", torch.ones_like)
+        y = block(x, position_embeddings=(emb.cos(), emb.sin()), attention_mask=causal(x.shape[1]), position_ids=pos)
+    normed = norm_(y, w["mtp.norm.weight"])
+    return normed @ head.T, normed
