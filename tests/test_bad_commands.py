@@ -1039,12 +1039,11 @@ def test_every_command_is_covered() -> None:
     assert len(CASES) >= 150, counts
 
 
-@pytest.mark.parametrize("name", sorted(CASES))
-def test_bad_command_fails_in_one_line_and_writes_nothing(
-    name: str, world: World, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys
-) -> None:
+def run_case(fn: CaseFn, world: World, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys) -> tuple:
+    """Run one hostile case: (its Case, stdout, stderr), after checking its exit status, that no traceback was
+    printed and that nothing under the case's directory or the shared inputs changed."""
     with contextlib.ExitStack() as stack:
-        spec = CASES[name](world, tmp_path, monkeypatch, stack)
+        spec = fn(world, tmp_path, monkeypatch, stack)
         capsys.readouterr()
         before = snapshot(tmp_path, world.root, world.ds, world.mimo)
         code = main(spec.argv)
@@ -1052,9 +1051,17 @@ def test_bad_command_fails_in_one_line_and_writes_nothing(
         after = snapshot(tmp_path, world.root, world.ds, world.mimo)
     assert code == spec.code, (out, err)
     assert "Traceback" not in err and "Traceback" not in out
+    assert after == before, sorted(set(after) ^ set(before))
+    return spec, out, err
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_bad_command_fails_in_one_line_and_writes_nothing(
+    name: str, world: World, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys
+) -> None:
+    spec, _, err = run_case(CASES[name], world, tmp_path, monkeypatch, capsys)
     if spec.usage:
         assert "Usage:" in err and "Error:" in err and spec.needle in err, err
     else:
         lines = [line for line in err.splitlines() if line.startswith("error:")]
         assert len(lines) == 1 and spec.needle in lines[0], err
-    assert after == before, sorted(set(after) ^ set(before))

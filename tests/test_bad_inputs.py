@@ -401,22 +401,40 @@ def _release(w, tmp: Path, scheme: str) -> Path:
     return requantise(w.ds, tmp / "ck", scheme)
 
 
-@case
-def fp4_weight_without_scale(w, tmp, mp, stack):
-    ck = _release(w, tmp, "fp4-e8m0")  # DeepSeek-V4's names: int8 `weight` beside an e8m0 `scale`
-    index = _index(ck)
-    del index["weight_map"][MTP + "self_attn.q_a_proj.scale"]
-    _write_index(ck, index)
-    return Case(_convert(ck, tmp), "q_a_proj.weight is stored as I8 (fp4-e8m0) but " + MTP + "self_attn.q_a_proj.scale")
+# a quantised re-release of the bundled target whose index lost one part of a quantised weight -> convert's refusal:
+# (scheme, the part dropped from the index, the refusal)
+_PART_MISSING = {
+    "fp4_weight_without_scale": (
+        "fp4-e8m0",
+        "self_attn.q_a_proj.scale",
+        "q_a_proj.weight is stored as I8 (fp4-e8m0) but " + MTP + "self_attn.q_a_proj.scale",
+    ),  # DeepSeek-V4's names: int8 `weight` beside an e8m0 `scale`
+    "nvfp4_weight_without_scale": (
+        "nvfp4",
+        "eh_proj.weight_scale_2",
+        "eh_proj.weight is stored as U8 (modelopt-nvfp4)",
+    ),
+    "ct_packed_weight_without_scale": (
+        "int4",
+        "self_attn.q_a_proj.weight_scale",
+        "q_a_proj.weight_packed is ct-int data without",
+    ),
+}
 
 
-@case
-def nvfp4_weight_without_scale(w, tmp, mp, stack):
-    ck = _release(w, tmp, "nvfp4")
-    index = _index(ck)
-    del index["weight_map"][MTP + "eh_proj.weight_scale_2"]
-    _write_index(ck, index)
-    return Case(_convert(ck, tmp), "eh_proj.weight is stored as U8 (modelopt-nvfp4)")
+def _part_missing_case(scheme: str, part: str, needle: str) -> CaseFn:
+    def run(w, tmp, mp, stack):
+        ck = _release(w, tmp, scheme)
+        index = _index(ck)
+        del index["weight_map"][MTP + part]
+        _write_index(ck, index)
+        return Case(_convert(ck, tmp), needle)
+
+    return run
+
+
+for _name, _row in _PART_MISSING.items():
+    CASES[_name] = _part_missing_case(*_row)
 
 
 @case
@@ -429,15 +447,6 @@ def nvfp4_scale_shape_tampered(w, tmp, mp, stack):
     tensors[MTP + "eh_proj.weight_scale"] = tensors[MTP + "eh_proj.weight_scale"][:, :-1].contiguous()
     save_file(tensors, shard, {"format": "pt"})
     return Case(_convert(ck, tmp), "eh_proj.weight_scale has shape")
-
-
-@case
-def ct_packed_weight_without_scale(w, tmp, mp, stack):
-    ck = _release(w, tmp, "int4")
-    index = _index(ck)
-    del index["weight_map"][MTP + "self_attn.q_a_proj.weight_scale"]
-    _write_index(ck, index)
-    return Case(_convert(ck, tmp), "q_a_proj.weight_packed is ct-int data without")
 
 
 @case
@@ -485,11 +494,57 @@ def glm4_moe_lite_count_field_says_two(w, tmp, mp, stack):
     return Case(["inspect", str(ck)], "MTP layer 1 is missing model.layers.3.enorm.weight")
 
 
-@case
-def glm4_moe_lite_count_field_not_a_number(w, tmp, mp, stack):
-    ck = _family(tmp, "glm4_moe_lite")
-    _edit_config(ck, num_nextn_predict_layers="one")
-    return Case(_convert(ck, tmp), "num_nextn_predict_layers = 'one' is not a count of MTP layers")
+# a family's fixture whose config.json says one thing wrong -> convert's refusal: (family, fields set, refusal)
+_CONFIG_EDITS = {
+    "glm4_moe_lite_count_field_not_a_number": (
+        "glm4_moe_lite",
+        {"num_nextn_predict_layers": "one"},
+        "num_nextn_predict_layers = 'one' is not a count of MTP layers",
+    ),
+    "hy_v3_count_field_negative": (
+        "hy_v3",
+        {"num_nextn_predict_layers": -1},
+        "num_nextn_predict_layers = -1 is not a count of MTP layers",
+    ),
+    "nemotron_h_count_field_zero": (
+        "nemotron_h",
+        {"num_nextn_predict_layers": 0},
+        "has no MTP layer (num_nextn_predict_layers is 0)",
+    ),
+    "nemotron_h_count_field_not_a_number": (
+        "nemotron_h",
+        {"num_nextn_predict_layers": "two"},
+        "num_nextn_predict_layers = 'two' is not a count of MTP layers",
+    ),
+    "bailing_hybrid_count_field_fractional": (
+        "bailing_hybrid",
+        {"num_nextn_predict_layers": 1.5},
+        "num_nextn_predict_layers = 1.5 is not a count of MTP layers",
+    ),
+    "deepseek_v4_wrong_hc_mult": (
+        "deepseek_v4",
+        {"hc_mult": 2},
+        "tensor mtp.0.hc_head_fn has shape [4, 256] but the config implies [2, 128]",
+    ),  # config.json says 2 residual streams, the tensors were made for 4.
+    "qwen3_5_moe_flat_declares_no_mtp_layer": (
+        "qwen3_5_moe_flat",
+        {"mtp_num_hidden_layers": 0},
+        "mtp_num_hidden_layers is 0",
+    ),  # Qwen3.8's flat config: the top-level mtp_num_hidden_layers counts (there is no text_config to read).
+}
+
+
+def _config_edit_case(family: str, edits: dict, needle: str) -> CaseFn:
+    def run(w, tmp, mp, stack):
+        ck = _family(tmp, family)
+        _edit_config(ck, **edits)
+        return Case(_convert(ck, tmp), needle)
+
+    return run
+
+
+for _name, _row in _CONFIG_EDITS.items():
+    CASES[_name] = _config_edit_case(*_row)
 
 
 @case
@@ -522,13 +577,6 @@ def hy_v3_count_field_says_two(w, tmp, mp, stack):
     ck = _family(tmp, "hy_v3")
     _edit_config(ck, num_nextn_predict_layers=2)  # one layer in the weights
     return Case(["inspect", str(ck)], "MTP layer 1 is missing model.layers.3.enorm.weight")
-
-
-@case
-def hy_v3_count_field_negative(w, tmp, mp, stack):
-    ck = _family(tmp, "hy_v3")
-    _edit_config(ck, num_nextn_predict_layers=-1)
-    return Case(_convert(ck, tmp), "num_nextn_predict_layers = -1 is not a count of MTP layers")
 
 
 @case
@@ -603,20 +651,6 @@ def nemotron_h_expert_missing(w, tmp, mp, stack):
 
 
 @case
-def nemotron_h_count_field_zero(w, tmp, mp, stack):
-    ck = _family(tmp, "nemotron_h")
-    _edit_config(ck, num_nextn_predict_layers=0)
-    return Case(_convert(ck, tmp), "has no MTP layer (num_nextn_predict_layers is 0)")
-
-
-@case
-def nemotron_h_count_field_not_a_number(w, tmp, mp, stack):
-    ck = _family(tmp, "nemotron_h")
-    _edit_config(ck, num_nextn_predict_layers="two")
-    return Case(_convert(ck, tmp), "num_nextn_predict_layers = 'two' is not a count of MTP layers")
-
-
-@case
 def exaone_moe_mtp_key_missing(w, tmp, mp, stack):
     ck = _drop_key(_family(tmp, "exaone_moe"), "mtp.pre_fc_norm_embedding.weight")
     return Case(_convert(ck, tmp), "MTP layer 0 is missing mtp.pre_fc_norm_embedding.weight (spec exaone_moe)")
@@ -661,13 +695,6 @@ def bailing_hybrid_count_field_says_two(w, tmp, mp, stack):
     ck = _family(tmp, "bailing_hybrid")
     _edit_config(ck, num_nextn_predict_layers=2)  # one layer in the weights
     return Case(["inspect", str(ck)], "MTP layer 1 is missing model.layers.5.enorm.weight")
-
-
-@case
-def bailing_hybrid_count_field_fractional(w, tmp, mp, stack):
-    ck = _family(tmp, "bailing_hybrid")
-    _edit_config(ck, num_nextn_predict_layers=1.5)
-    return Case(_convert(ck, tmp), "num_nextn_predict_layers = 1.5 is not a count of MTP layers")
 
 
 @case
@@ -803,42 +830,32 @@ def deepseek_v4_fp8_scale_nan(w, tmp, mp, stack):
     return Case(_convert(ck, tmp), "mtp.0.h_proj.weight holds non-finite values")
 
 
-@case
-def deepseek_v4_stitched_over_a_tampered_scale(w, tmp, mp, stack):
-    """The target's e_proj `.scale` is not the [ceil(N/128), ceil(K/128)] its FP8 weight needs: the stitched export
-    would write a scale the engine reads differently from the target's, so it stops."""
-    draft, target = _v4_draft_and_target(tmp, "mtp.0.e_proj.scale", lambda t: torch.cat([t, t]).contiguous())
-    return Case(
-        ["export", str(draft), "--format", "stitched", "--target", str(target), "--out", str(tmp / "o")],
+# `export --format stitched` of a V4 draft over a damaged target: the tensor damaged (how; None: removed) -> the refusal
+_V4_STITCHED = {
+    # the e_proj `.scale` is not the [ceil(N/128), ceil(K/128)] its FP8 weight needs: the export would write a scale
+    # the engine reads differently from the target's
+    "over_a_tampered_scale": (
+        "mtp.0.e_proj.scale",
+        lambda t: torch.cat([t, t]).contiguous(),
         "the draft's mtp.0.e_proj.scale would be [1, 1], the target stores [2, 1]",
-    )
+    ),
+    "target_without_hc_head": ("mtp.0.hc_head_base", None, "the draft's mtp.0.hc_head_base has no counterpart"),
+    # a stream tensor's FP8 weight without its `.scale`: not readable, not writable back
+    "target_without_e_proj_scale": ("mtp.0.e_proj.scale", None, "mtp.0.e_proj.weight"),
+}
 
 
-@case
-def deepseek_v4_stitched_target_without_hc_head(w, tmp, mp, stack):
-    draft, target = _v4_draft_and_target(tmp, "mtp.0.hc_head_base")
-    return Case(
-        ["export", str(draft), "--format", "stitched", "--target", str(target), "--out", str(tmp / "o")],
-        "the draft's mtp.0.hc_head_base has no counterpart in --target",
-    )
+def _v4_stitched_case(key: str, damage: Callable | None, needle: str) -> CaseFn:
+    def run(w, tmp, mp, stack):
+        draft, target = _v4_draft_and_target(tmp, key, damage)
+        argv = ["export", str(draft), "--format", "stitched", "--target", str(target), "--out", str(tmp / "o")]
+        return Case(argv, needle)
+
+    return run
 
 
-@case
-def deepseek_v4_stitched_target_without_e_proj_scale(w, tmp, mp, stack):
-    """A stream tensor's FP8 weight without its `.scale`: not readable, not writable back."""
-    draft, target = _v4_draft_and_target(tmp, "mtp.0.e_proj.scale")
-    return Case(
-        ["export", str(draft), "--format", "stitched", "--target", str(target), "--out", str(tmp / "o")],
-        "mtp.0.e_proj.weight",
-    )
-
-
-@case
-def deepseek_v4_wrong_hc_mult(w, tmp, mp, stack):
-    """config.json says 2 residual streams, the tensors were made for 4."""
-    ck = _family(tmp, "deepseek_v4")
-    _edit_config(ck, hc_mult=2)
-    return Case(_convert(ck, tmp), "tensor mtp.0.hc_head_fn has shape [4, 256] but the config implies [2, 128]")
+for _name, _row in _V4_STITCHED.items():
+    CASES[f"deepseek_v4_stitched_{_name}"] = _v4_stitched_case(*_row)
 
 
 @case
@@ -857,14 +874,6 @@ def deepseek_v4_config_with_dspark_fields(w, tmp, mp, stack):
     dspark = hub_keys.load("deepseek_v4_0731_dspark")["config"]
     _edit_config(ck, **{k: v for k, v in dspark.items() if k.startswith("dspark_")})
     return Case(["inspect", str(ck)], "are a DSpark block drafter")
-
-
-@case
-def qwen3_5_moe_flat_declares_no_mtp_layer(w, tmp, mp, stack):
-    """Qwen3.8's flat config: the top-level mtp_num_hidden_layers counts (there is no text_config to read)."""
-    ck = _family(tmp, "qwen3_5_moe_flat")
-    _edit_config(ck, mtp_num_hidden_layers=0)
-    return Case(_convert(ck, tmp), "mtp_num_hidden_layers is 0")
 
 
 @case

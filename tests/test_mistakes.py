@@ -17,8 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from disk import snapshot
-from test_bad_commands import World, _chain, _distill, _dump, _evaluate, _export, _run, world  # noqa: F401 - fixture
+from test_bad_commands import World, _chain, _distill, _dump, _evaluate, _export, _run, run_case, world  # noqa: F401 - fixture
 
 from mtp2draft.cli.app import main
 
@@ -316,19 +315,10 @@ def test_mistake_fails_in_one_line_and_writes_nothing(
     name: str, request: pytest.FixtureRequest, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys
 ) -> None:
     w: World = request.getfixturevalue("world")  # test_bad_commands' inputs, imported above
-    with contextlib.ExitStack() as stack:
-        spec = CASES[name](w, tmp_path, monkeypatch, stack)
-        capsys.readouterr()
-        before = snapshot(tmp_path, w.root, w.ds, w.mimo)
-        code = main(spec.argv)
-        out, err = capsys.readouterr()
-        after = snapshot(tmp_path, w.root, w.ds, w.mimo)
-    assert code == spec.code, (out, err)
-    assert "Traceback" not in err and "Traceback" not in out
+    spec, out, err = run_case(CASES[name], w, tmp_path, monkeypatch, capsys)
     assert spec.stdout in out, out
     lines = [line for line in err.splitlines() if line.startswith("error:")]
     assert len(lines) == 1 and spec.needle in lines[0], err
-    assert after == before, sorted(set(after) ^ set(before))
 
 
 # ---- speedup's notes and defaults --------------------------------------------------------------------------------------

@@ -61,9 +61,10 @@ class FuseExperts:
 
     name = "fuse_experts"
     pattern = re.compile(r"^(?P<p>(?:.*\.)?)experts\.(?P<e>\d+)\.(?P<w>gate|up|down)_proj\.weight$")
+    WEIGHTS = ("gate", "up", "down")  # the pattern's `w` of the gate, up and down projections, in that order
 
     def group(self, keys: list[str]) -> tuple[list[Group], list[str]]:
-        per_prefix, rest = per_expert_keys(self.pattern, keys, ("gate", "up", "down"))
+        per_prefix, rest = per_expert_keys(self.pattern, keys, self.WEIGHTS)
         groups = []
         for prefix, (experts, (gate, up, down)) in per_prefix.items():
             pairs = tuple(k for e in experts for k in (gate[e], up[e]))
@@ -176,15 +177,7 @@ class FuseExpertsW13(FuseExperts):
     name = "fuse_experts_w13"
     pattern = re.compile(r"^(?P<p>(?:.*\.)?)experts\.(?P<e>\d+)\.(?P<w>w1|w3|w2)\.weight$")
     NAMES = {"gate": "w1", "up": "w3", "down": "w2"}
-
-    def group(self, keys: list[str]) -> tuple[list[Group], list[str]]:
-        per_prefix, rest = per_expert_keys(self.pattern, keys, ("w1", "w3", "w2"))
-        groups = []
-        for prefix, (experts, (gate, up, down)) in per_prefix.items():
-            pairs = tuple(k for e in experts for k in (gate[e], up[e]))
-            groups.append(Group(f"{prefix}experts.gate_up_proj", pairs, self.name))
-            groups.append(Group(f"{prefix}experts.down_proj", tuple(down[e] for e in experts), self.name))
-        return groups, rest
+    WEIGHTS = ("w1", "w3", "w2")
 
     def to_checkpoint(self, module_key: str, tensor: torch.Tensor) -> dict[str, torch.Tensor] | None:
         for suffix, names in (("experts.gate_up_proj", ("gate", "up")), ("experts.down_proj", ("down",))):
