@@ -26,6 +26,7 @@ from support.references import config_of, tensors, weight_map
 from mtp2draft.checkpoint.reader import open_checkpoint
 from mtp2draft.cli.app import main
 from mtp2draft.conversion import plan_mtp_layer
+from mtp2draft.draft.disk import load_draft
 from mtp2draft.draft.layout import load_native
 from mtp2draft.errors import DraftError, NotMtpError
 from mtp2draft.evaluation.decode import draft_chain
@@ -187,6 +188,20 @@ def test_pieces_match_transformers_modules(build) -> None:
         attn, _ = block.self_attn(x, position_embeddings=pe, position_ids=pos, attention_mask=ours.default_mask(x))
         assert torch.allclose(attn, v4.attention(w, x, pos, c, c["sliding_window"]), atol=1e-4)
         assert torch.allclose(block.mlp(x), v4.moe(w, x, c), atol=1e-4)
+
+
+def test_converted_draft_hands_on_the_streams(build, tmp_path: Path) -> None:
+    """`convert` writes the layer kind's hand-over (the streams, pre_norm), so the draft loads and distill / evaluate
+    take it; a post_norm hand-over (the single-hidden layers' default) would be refused when loaded."""
+    out = tmp_path / "raw"
+    assert main(["convert", str(build(FIXTURE)), "--out", str(out)]) == 0
+    cfg = json.loads((out / "config.json").read_text())
+    assert cfg["hidden_handover"] == cfg["input_hidden"] == "pre_norm"
+    draft = load_draft(out)
+    assert draft.hidden_handover == "pre_norm" and draft.hidden_shape == (S, H)
+    (out / "config.json").write_text(json.dumps({**cfg, "hidden_handover": "post_norm"}))
+    with pytest.raises(DraftError, match="hands on its hc_mult residual streams"):
+        load_draft(out)
 
 
 def test_inspect_names_exactly_the_mtp_layer(build, capsys) -> None:
