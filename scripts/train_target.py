@@ -172,7 +172,7 @@ FAMILIES: dict[str, dict[str, Any]] = {
         "tokenizer_dir": "tiny-mimo",
         "trunk": ("deepseek_v4", "DeepseekV4ForCausalLM"),
         "release_names": v4_release_names,
-        "fp32_keys": ("hc_", "attn_sink"),  # kept fp32 as in the release (hyper-connection mixes, sink logits)
+        "fp32_keys": ("hc_", "attn_sink", "gate.bias"),  # fp32 as in the release: hc mixes, sinks, router bias
         "attn_implementation": "eager",
         "steps": 1000,
         "autocast": False,
@@ -767,8 +767,8 @@ def hub_state(
     fp32_keys: tuple[str, ...] = (),
 ) -> dict[str, torch.Tensor]:
     """Trunk + MTP tensors (every MTP layer, layer i under the spec's keys for i) under the family's hub key names:
-    bf16, buffers (router biases) and keys containing one of `fp32_keys` fp32; `rename` maps the trunk's saved
-    names to the release's (DeepSeek-V4)."""
+    bf16, but fp32 for buffers (router biases) and keys containing one of `fp32_keys` (decided on the written
+    names); `rename` maps the trunk's saved names to the release's (DeepSeek-V4)."""
     keep = set()  # leaf names of persistent buffers, e.g. e_score_correction_bias
     for m in (model, *mtps):
         state = m.state_dict()
@@ -780,17 +780,16 @@ def hub_state(
         fp32 = key.rsplit(".", 1)[-1] in keep or any(part in key for part in fp32_keys)
         return t.float() if fp32 else t.to(torch.bfloat16)
 
-    tensors = {k: cast(k, v) for k, v in hub_tensors(model).items()}
+    tensors = hub_tensors(model)
     if rename is not None:
         tensors = rename(tensors)
     for i, mtp in enumerate(mtps):
-        mtp_state = {k: cast(k, v.detach()) for k, v in mtp.state_dict().items()}
-        tensors.update(native_to_checkpoint(spec, config, i, mtp_state))
+        tensors.update(native_to_checkpoint(spec, config, i, {k: v.detach() for k, v in mtp.state_dict().items()}))
         comp = spec.component_keys(config, i)
         for name, target in (("embed", spec.keys.target_embed), ("head", spec.keys.target_head)):
             if name in comp:  # copies some releases keep inside the MTP layer (DeepSeek-V3 does)
                 tensors[comp[name]] = tensors[spec.key(target, config, i)].clone()
-    return tensors
+    return {k: cast(k, v) for k, v in tensors.items()}
 
 
 def chain_forward(
