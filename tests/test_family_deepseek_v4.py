@@ -204,6 +204,31 @@ def test_converted_draft_hands_on_the_streams(build, tmp_path: Path) -> None:
         load_draft(out)
 
 
+def test_a_dump_holds_the_streams_and_distill_reads_it(target, text_data, tmp_path: Path, capsys) -> None:
+    """`dump-hidden` records what the MTP layer consumes, the target's last-layer streams [T, 4, H] before hc_head;
+    `distill --hidden-states` trains on them; a dump whose `final` lost the streams is one `error:` line."""
+    from safetensors.torch import load_file, save_file
+
+    path = target(FIXTURE)
+    raw, dump = tmp_path / "raw", tmp_path / "dump"
+    assert main(["convert", str(path), "--out", str(raw)]) == 0
+    common = ["--max-length", "24"]
+    assert main(["dump-hidden", "--target", str(path), "--data", str(text_data), "--draft", str(raw),
+                 "--out", str(dump), *common]) == 0  # fmt: skip
+    shard = sorted(dump.glob("hidden-*.safetensors"))[0]
+    records = load_file(str(shard))
+    assert records["0.final"].shape[1:] == (S, H)
+    out = ["--steps", "2", "--batch-size", "2", *common]
+    assert main(["distill", str(raw), "--hidden-states", str(dump), "--out", str(tmp_path / "ft"), *out]) == 0
+    save_file({k: (v[:, 0].contiguous() if k.endswith(".final") else v) for k, v in records.items()}, str(shard))
+    capsys.readouterr()
+    assert main(["distill", str(raw), "--hidden-states", str(dump), "--out", str(tmp_path / "ft2"), *out]) == 2
+    err = capsys.readouterr().err
+    errors = [line for line in err.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1 and "Traceback" not in err
+    assert "expected [" in errors[0] and "4 residual streams" in errors[0]
+
+
 def test_inspect_names_exactly_the_mtp_layer(build, capsys) -> None:
     path = build(FIXTURE)
     assert main(["inspect", str(path), "--json"]) == 0
