@@ -204,6 +204,31 @@ def test_converted_draft_hands_on_the_streams(build, tmp_path: Path) -> None:
         load_draft(out)
 
 
+def test_step0_reads_the_target_streams_before_hc_head(target) -> None:
+    """What `TargetModel.run` hands step 0 of a V4 target is its last decoder layer's output, the hc_mult streams
+    before `hc_head` ([B, T, 4, H]), which is what the spec's engine table says both engines read (`hidden =
+    "pre_norm"`: vLLM 0.34's pre-hc_head residual, SGLang 0.5.23's hidden_states_before_norm): the target's own
+    logits are head(norm(hc_head(those streams)))."""
+    from mtp2draft.target.hidden import TargetModel
+
+    spec = get_spec(FIXTURE)
+    assert spec.layer.hidden == "pre_norm" and spec.layer.streams == "hc_mult"
+    assert {e: spec.engine(e).hidden for e in ("vllm", "sglang")} == {"vllm": "pre_norm", "sglang": "pre_norm"}
+    model = TargetModel(str(target(FIXTURE)))
+    ids = torch.randint(0, 256, (2, T), generator=torch.Generator().manual_seed(7))
+    seen = {}
+    hook = model.model.model.hc_head.register_forward_hook(lambda _m, args, _out: seen.update(x=args[0]))
+    try:
+        feats = model.run(ids)
+    finally:
+        hook.remove()
+    assert feats.final.shape == (2, T, S, H) and torch.equal(feats.final, seen["x"])
+    decoder = model.model.model
+    logits = model.model.lm_head(decoder.norm(decoder.hc_head(feats.final)))
+    assert torch.allclose(logits.float(), feats.logits, atol=1e-5)
+    assert (feats.final[:, :, 0] - feats.final[:, :, 1]).abs().max() > 1e-3  # four distinct streams, not copies
+
+
 def test_a_dump_holds_the_streams_and_distill_reads_it(target, text_data, tmp_path: Path, capsys) -> None:
     """`dump-hidden` records what the MTP layer consumes, the target's last-layer streams [T, 4, H] before hc_head;
     `distill --hidden-states` trains on them; a dump whose `final` lost the streams is one `error:` line."""
