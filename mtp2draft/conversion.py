@@ -187,7 +187,7 @@ def _sglang_layout_config(
 def _return_freed_memory() -> None:
     """Give the heap pages a transform freed back to the OS. glibc's malloc keeps them for later allocations, which
     fragments them, so the process's RSS would climb towards the sum of the transforms' fp32 working sets rather than
-    the largest one (scripts/bench_convert.py measures it). A no-op where the C library has no `malloc_trim`."""
+    the largest one (benchmarks/bench_convert.py measures it). A no-op where the C library has no `malloc_trim`."""
     trim = _malloc_trim()
     if trim is not None:
         trim(0)
@@ -227,7 +227,7 @@ class ConvertResult:
 
 def default_kind(spec: Spec) -> DraftKind:
     """The draft kind made when none is asked for: native MTP where an engine serves it for the family, EAGLE-3
-    otherwise (docs/eagle3-from-mtp.md: distilled for the same steps, the native draft accepts more than an EAGLE-3
+    otherwise (docs/notes/eagle3-from-mtp.md: distilled for the same steps, the native draft accepts more than an EAGLE-3
     draft converted from the same layer)."""
     return DraftKind.MTP if any(spec.serves(e, DraftKind.MTP) for e in ENGINES) else DraftKind.EAGLE3
 
@@ -325,6 +325,7 @@ def _provenance(
         "fp8_block_size": list(ckpt.fp8_block_size()) if dequantised else None,
         "quantization": ckpt.quant_method.name,
         "dequantised": _dequantised(ckpt, plan.checkpoint_keys),  # scheme -> keys (other than `_scale_inv` FP8)
+        "unindexed_files": dict(ckpt.unindexed),
     }
 
 
@@ -465,4 +466,5 @@ def inspect_checkpoint(source: str, revision: str | None = None, token: str | bo
         "convert_bytes": layers[0]["bytes"] if layers else 0,
         "checkpoint_bytes": ckpt.total_bytes(),
         "bytes_read_by_inspect": ckpt.bytes_fetched,
+        "unindexed_files": dict(ckpt.unindexed),  # file -> tensors found there, outside the index
     }

@@ -30,6 +30,11 @@ class UnknownFamilyError(Mtp2DraftError):
     """No spec matches the checkpoint."""
 
 
+class NotSupportedError(UnknownFamilyError):
+    """The checkpoint is of a family mtp2draft knowingly does not convert (`model_specs/not_supported/`), for the
+    reason its row gives (a separate assistant draft, MTP weights unpublished, ...)."""
+
+
 class NoMtpLayerError(Mtp2DraftError):
     """The checkpoint has no MTP layer (e.g. Kimi-K2 with num_nextn_predict_layers: 0)."""
 

@@ -50,11 +50,11 @@ from mtp2draft.io import Progress, quiet
 from mtp2draft.kinds import ACCEPTANCE_CHART, CONFIG_FILE, EVALUATION_FILE, PROVENANCE_FILE, DraftKind
 from mtp2draft.redact import find_secret, known_secrets, redact, register_secret
 
-# What mtp2draft measured about EAGLE-3 drafts converted from an MTP layer (docs/eagle3-from-mtp.md), said on every
+# What mtp2draft measured about EAGLE-3 drafts converted from an MTP layer (docs/notes/eagle3-from-mtp.md), said on every
 # EAGLE-3 card so that a user who can serve the native draft knows it was the better one there.
 EAGLE3_ADVICE = (
     "Measured by mtp2draft on its bundled tiny MiMo target, on data from a source it never trained on "
-    "(docs/eagle3-from-mtp.md): the native MTP draft distilled for 120 steps accepted 2.86 tokens per target "
+    "(docs/notes/eagle3-from-mtp.md): the native MTP draft distilled for 120 steps accepted 2.86 tokens per target "
     "forward at k = 4, an EAGLE-3 draft converted from the same layer and distilled for 240 steps 2.43. Where your "
     "engine serves the family's native MTP module, prefer `mtp2draft convert --to mtp`."
 )

@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
-# The prepared GPU check (issue 19, item 5): one run of at most 5 minutes on one GPU, a 60-second smoke run first.
+# The prepared GPU check: one run of at most 5 minutes on one GPU, a 60-second smoke run first.
 #
 #   here, once:  python scripts/gpu_wheels.py     # what the GPU image lacks (transformers 5.24, typer 0.29) -> .whl/
-#   device tool: run(command="bash scripts/bench_gpu.sh", carry=[".whl"], timeout_s=330)
+#   on the GPU:  bash scripts/bench_gpu.sh            # with .whl/ copied beside the checkout; give it 330 s
 #   on a CPU:    bash scripts/bench_gpu.sh --dry  # (or BENCH_GPU_DRY=1) every step end to end, tiny sizes, no GPU
 #
 # Steps, each under `timeout`, all within BENCH_GPU_BUDGET seconds (300):

@@ -1,12 +1,12 @@
 #!/usr/bin/env python3
 """Fetch, here, the Python packages `scripts/bench_gpu.sh` needs on the GPU machine and its image lacks; write them
-into one folder (default `.whl/`, git-ignored) that the device tool carries.
+into one folder (default `.whl/`, git-ignored) to copy to the GPU machine beside the checkout.
 
 The GPU image holds torch 2.11, transformers 5.17, huggingface_hub 1.33, tokenizers 0.23, safetensors 0.8 and no
 vLLM; mtp2draft needs transformers >= 5.24 and typer < 0.30 (typer 0.29 parses options with pydantic). So: the wheels
 of WHEELS (pure Python, except pydantic_core and regex: CPython 3.12, manylinux x86-64, as the image's python3), and
 transformers as a zip of its wheel without the model families mtp2draft never loads (their folders are 11 of its
-13 MB, and the tree plus what it carries must stay under the tool's 64 MiB): every family a spec names, llama
+13 MB, and the checkout plus this folder is what gets copied): every family a spec names, llama
 (EAGLE-3) and the models those import are kept. `bench_gpu.sh` installs the wheels with pip (no index, no deps) and
 unpacks the zip, into /tmp/site.
 

@@ -6,7 +6,7 @@ Python source that is on the machine anyway. For each family in `FAMILIES` it
 1. reads the corpus (`corpus_files`): the standard library's `*.py` and those of every installed package in the
    running interpreter's site-packages (pip skipped: it vendors copies of other packages), each source capped in
    characters, files in sha256-of-path order, byte-identical copies dropped. Whole packages are held out
-   (`HELDOUT_PACKAGES`: huggingface_hub, also the unseen corpus of scripts/bench_unseen.py, and pytest's `_pytest` /
+   (`HELDOUT_PACKAGES`: huggingface_hub, also the unseen corpus of docs/notes/eagle3-from-mtp.md, and pytest's `_pytest` /
    `pytest`); no train file comes from them. The tokenizer is the committed one (examples/targets/<dir>/
    tokenizer.json: byte-level BPE, vocab 4096, `<|endoftext|>` as bos/eos/pad, ChatML `<|im_start|>` /
    `<|im_end|>`), reused unchanged so the data files and the tests keep their token ids;
@@ -200,7 +200,7 @@ FAMILIES: dict[str, dict[str, Any]] = {
 MTP_WEIGHT = 0.3  # DeepSeek-V3's lambda for the first 10T tokens
 BIAS_UPDATE = 1e-2  # router bias speed gamma: 10x DeepSeek-V3 (0.001), too slow to balance a 500-step run
 EXPERTS = "eager"  # MoE experts: the fastest on CPU (grouped_mm / batched_mm take slow fallback paths here)
-# Held out whole: huggingface_hub (also the "unseen" corpus of scripts/bench_unseen.py) and pytest's packages, present
+# Held out whole: huggingface_hub (also the "unseen" corpus of docs/notes/eagle3-from-mtp.md) and pytest's packages, present
 # on every machine after `pip install -e .[test,train]`. pip is skipped (it vendors copies of other packages).
 HELDOUT_PACKAGES = ("huggingface_hub", "_pytest", "pytest")
 SKIP_PACKAGES = ("pip",)

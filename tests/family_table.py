@@ -252,5 +252,21 @@ FAMILIES = (
         versions={"vllm": "0.34.0"},
         scales_absent=True,
     ),
+    Family("qwen3_5_moe_flat", mtp="mtp.", release_block="mtp.layers.0.", block="gated_gqa + moe", verified=False,
+        handover=_BOTH, step_layers=_CYCLE_FIRST,
+        support={"vllm": {"mtp": True, "eagle3": True}, "sglang": {"mtp": True, "eagle3": True}},
+        sources={"vllm": ("qwen3_5_mtp.py", "qwen3_5_moe_text"), "sglang": ("Qwen3_5ForCausalLMMTP", "qwen3_5_text.py")},
+        aux_ids={"sglang": "plus_one"},
+        module={"block.block_type": "full_attention", "block.self_attn:type": "Qwen3_5MoeAttention",
+                "block.mlp:type": "Qwen3_5MoeSparseMoeBlock", "block.mlp.experts.gate_up_proj:shape": (8, 32, 64)},
+        reference=ref.qwen3_5_mtp,
+        wrong=({"norm": "standard"}, {"order": "hidden_embed"}),  # zero-centred norms, [embed, hidden] order
+        exact_keys=True,
+        vllm_loads=ref.qwen3_5_vllm_loads,
+        keys_present=("model.layers.3.self_attn.q_proj.weight", "model.layers.0.linear_attn.A_log"),
+        prefixes_absent=("model.language_model.", "model.visual."),  # the flat layout: no VL prefix, no tower
+        same_names=(("model.layers.3.",), ("mtp.layers.0.",)),  # the trunk's full-attention MoE layer
+        nextn="Qwen3_5ForCausalLMMTP",
+    ),
 )
 # fmt: on

@@ -889,6 +889,18 @@ def _config_file(tmp: Path, name: str, **changes: Any) -> str:
 
 
 @case
+def engine_install_unknown_engine(w, tmp, mp, stack):
+    mp.setenv("MTP2DRAFT_VLLM_VENV", str(tmp / "venv"))
+    return Case(["engine", "install", "sglang"], "no engine environment 'sglang'; known: vllm, speculators")
+
+
+@case
+def engine_install_unknown_platform(w, tmp, mp, stack):
+    mp.setenv("MTP2DRAFT_VLLM_VENV", str(tmp / "venv"))  # nothing is created there: the pins are refused first
+    return Case(["engine", "install", "vllm", "--platform", "tpu"], "platform 'tpu' is not one of cpu, cuda")
+
+
+@case
 def speedup_evaluation_missing(w, tmp, mp, stack):
     return Case(["speedup", str(tmp / "nowhere"), "--target", DS3, "--gpu", "h200"], "no evaluation")
 

@@ -768,6 +768,71 @@ def deepseek_v4_hc_head_missing(w, tmp, mp, stack):
     return Case(_convert(ck, tmp), "MTP layer 0 is missing mtp.0.hc_head_fn (spec deepseek_v4)")
 
 
+def _v4_shipped(tmp: Path, key: str | None = None, fn: Callable[[torch.Tensor], torch.Tensor] | None = None) -> Path:
+    """DeepSeek-V4 in the release's quantisation (FP4 / FP8 with e8m0 `.scale`), one stored tensor rewritten."""
+    ck = _family(tmp, "deepseek_v4_fp4")
+    if key is not None:
+        _rewrite_tensor(ck, key, fn)
+    return ck
+
+
+def _v4_draft_and_target(tmp: Path, key: str, fn: Callable[[torch.Tensor], torch.Tensor] | None = None):
+    """(a native draft of the shipped V4 fixture, a copy of that target with `key` rewritten or, without `fn`,
+    dropped from its index)."""
+    from mtp2draft.conversion import convert
+
+    convert(str(_v4_shipped(tmp)), tmp / "draft", to="mtp")
+    target = _copy(tmp / "ck", tmp, "target")
+    if fn is None:
+        return tmp / "draft", _drop_key(target, key)
+    _rewrite_tensor(target, key, fn)
+    return tmp / "draft", target
+
+
+@case
+def deepseek_v4_expert_scale_tampered(w, tmp, mp, stack):
+    """An FP4 expert whose e8m0 `.scale` lost a column (one per 32 inputs): refused before anything is written."""
+    ck = _v4_shipped(tmp, "mtp.0.ffn.experts.3.w2.scale", lambda t: t[:, :-1].contiguous())
+    return Case(_convert(ck, tmp), "mtp.0.ffn.experts.3.w2.scale has shape [64, 0], expected [64, 1]")
+
+
+@case
+def deepseek_v4_fp8_scale_nan(w, tmp, mp, stack):
+    """An e8m0 scale byte 255 is NaN: the dequantised weight is refused as damaged."""
+    ck = _v4_shipped(tmp, "mtp.0.h_proj.scale", lambda t: torch.full_like(t.view(torch.uint8), 255).view(t.dtype))
+    return Case(_convert(ck, tmp), "mtp.0.h_proj.weight holds non-finite values")
+
+
+@case
+def deepseek_v4_stitched_over_a_tampered_scale(w, tmp, mp, stack):
+    """The target's e_proj `.scale` is not the [ceil(N/128), ceil(K/128)] its FP8 weight needs: the stitched export
+    would write a scale the engine reads differently from the target's, so it stops."""
+    draft, target = _v4_draft_and_target(tmp, "mtp.0.e_proj.scale", lambda t: torch.cat([t, t]).contiguous())
+    return Case(
+        ["export", str(draft), "--format", "stitched", "--target", str(target), "--out", str(tmp / "o")],
+        "the draft's mtp.0.e_proj.scale would be [1, 1], the target stores [2, 1]",
+    )
+
+
+@case
+def deepseek_v4_stitched_target_without_hc_head(w, tmp, mp, stack):
+    draft, target = _v4_draft_and_target(tmp, "mtp.0.hc_head_base")
+    return Case(
+        ["export", str(draft), "--format", "stitched", "--target", str(target), "--out", str(tmp / "o")],
+        "the draft's mtp.0.hc_head_base has no counterpart in --target",
+    )
+
+
+@case
+def deepseek_v4_stitched_target_without_e_proj_scale(w, tmp, mp, stack):
+    """A stream tensor's FP8 weight without its `.scale`: not readable, not writable back."""
+    draft, target = _v4_draft_and_target(tmp, "mtp.0.e_proj.scale")
+    return Case(
+        ["export", str(draft), "--format", "stitched", "--target", str(target), "--out", str(tmp / "o")],
+        "mtp.0.e_proj.weight",
+    )
+
+
 @case
 def deepseek_v4_wrong_hc_mult(w, tmp, mp, stack):
     """config.json says 2 residual streams, the tensors were made for 4."""
@@ -792,6 +857,50 @@ def deepseek_v4_config_with_dspark_fields(w, tmp, mp, stack):
     dspark = hub_keys.load("deepseek_v4_0731_dspark")["config"]
     _edit_config(ck, **{k: v for k, v in dspark.items() if k.startswith("dspark_")})
     return Case(["inspect", str(ck)], "are a DSpark block drafter")
+
+
+@case
+def qwen3_5_moe_flat_declares_no_mtp_layer(w, tmp, mp, stack):
+    """Qwen3.8's flat config: the top-level mtp_num_hidden_layers counts (there is no text_config to read)."""
+    ck = _family(tmp, "qwen3_5_moe_flat")
+    _edit_config(ck, mtp_num_hidden_layers=0)
+    return Case(_convert(ck, tmp), "mtp_num_hidden_layers is 0")
+
+
+@case
+def unindexed_mtp_file_holds_an_indexed_tensor(w, tmp, mp, stack):
+    """model_mtp.safetensors (not in the index) holding a tensor the index also places: which copy counts is unknown."""
+    from mtp2draft.io import save_tensors
+
+    ck = _family(tmp, "nemotron_h")
+    save_tensors(ck / "model_mtp.safetensors", {"mtp.layers.0.eh_proj.weight": torch.zeros(2, 2)}, {"format": "pt"})
+    return Case(_convert(ck, tmp), "refusing to guess which copy is the checkpoint's")
+
+
+@case
+def unindexed_mtp_file_is_garbage(w, tmp, mp, stack):
+    ck = _family(tmp, "nemotron_h")
+    (ck / "model_mtp.safetensors").write_bytes(b"\xff" * 64)
+    return Case(_convert(ck, tmp), "model_mtp.safetensors: corrupt safetensors header")
+
+
+@case
+def not_supported_family_convert(w, tmp, mp, stack):
+    """Kimi-K3 (model_specs/not_supported/): its reason, not "no spec matches"."""
+    return Case(_convert(_family(tmp, "kimi_k3"), tmp), "not supported, because transformers 5.24 has no kimi_k3")
+
+
+@case
+def not_supported_family_inspect(w, tmp, mp, stack):
+    return Case(
+        ["inspect", str(_family(tmp, "gemma4_assistant"))], "separate draft checkpoint that reads the target's KV"
+    )
+
+
+@case
+def not_supported_target_for_distill(w, tmp, mp, stack):
+    """MiniMax-M2's config declares three MTP modules; the release holds none."""
+    return Case(_distill(w, tmp, target=_family(tmp, "minimax_m2")), "its MTP weights are unpublished")
 
 
 @case

@@ -1,6 +1,6 @@
 """scripts/bench_gpu.sh, the prepared GPU check: its time caps fit the device run (a 60-second smoke run first, at
 most 5 minutes in all), and its dry mode goes end to end on the CPU with tiny sizes, writing the summary the GPU run
-would (files the device tool brings back: at most 8, nothing left in scratch)."""
+would (at most 8 files under $OUT, nothing left in scratch)."""
 
 from __future__ import annotations
 

@@ -18,7 +18,7 @@ from mtp2draft.checkpoint.sources import fill_range
 from mtp2draft.checkpoint.tensor_checks import FINITE_CHUNK
 from mtp2draft.conversion import convert
 from mtp2draft.draft.layout import load_native
-from mtp2draft.errors import CheckpointError, SourceError
+from mtp2draft.errors import CheckpointError, NoMtpLayerError, SourceError
 
 
 def _reference_dequant(w: torch.Tensor, s: torch.Tensor, block: int = 128) -> torch.Tensor:
@@ -164,3 +164,89 @@ def test_range_bytes_fill_one_buffer_from_any_chunking(skip: int) -> None:
 def test_fp8_block_size_defaults_to_128_and_follows_the_config() -> None:
     assert fp8_block_size({}) == (128, 128) == DEFAULT_FP8_BLOCK
     assert fp8_block_size({"quantization_config": {"weight_block_size": [64, 32]}}) == (64, 32)
+
+
+# ---- MTP tensors outside the index (model_mtp.safetensors) --------------------------------------------------------
+MTP_FILE = "model_mtp.safetensors"
+
+
+def _mtp_outside_the_index(src: Path, dst: Path) -> list[str]:
+    """A copy of the nemotron_h fixture (MTP layer under mtp.*) as MiMo-V2.5 / Nemotron-3 Nano releases ship it: the
+    MTP tensors moved into model_mtp.safetensors, which the index does not name. Returns the moved keys."""
+    from mtp2draft.io import save_tensors
+
+    shutil.copytree(src, dst)
+    index = json.loads((dst / "model.safetensors.index.json").read_text())
+    moved = sorted(k for k in index["weight_map"] if k.startswith("mtp."))
+    tensors = {}
+    for shard in sorted(set(index["weight_map"].values())):
+        every = load_file(str(src / shard))  # the source's copy: dst's is rewritten below
+        tensors.update({k: every.pop(k) for k in moved if k in every})
+        save_tensors(dst / shard, every, {"format": "pt"})
+    save_tensors(dst / MTP_FILE, tensors, {"format": "pt"})
+    index["weight_map"] = {k: v for k, v in index["weight_map"].items() if k not in moved}
+    (dst / "model.safetensors.index.json").write_text(json.dumps(index))
+    return moved
+
+
+def _same_draft(a: Path, b: Path) -> None:
+    mine, theirs = load_file(str(a / "model.safetensors")), load_file(str(b / "model.safetensors"))
+    assert mine.keys() == theirs.keys() and all(torch.equal(mine[k], theirs[k]) for k in mine)
+
+
+def test_mtp_file_outside_the_index_is_found_by_listing_the_directory(build, tmp_path: Path) -> None:
+    from mtp2draft.conversion import inspect_checkpoint
+
+    moved = _mtp_outside_the_index(build("nemotron_h"), tmp_path / "ck")
+    (tmp_path / "ck" / "notes.safetensors").write_bytes(b"not a safetensors file")  # not *mtp*: never opened
+    info = inspect_checkpoint(str(tmp_path / "ck"))
+    assert info["unindexed_files"] == {MTP_FILE: len(moved)} and info["num_mtp_layers"] == 1
+    assert open_checkpoint(str(tmp_path / "ck")).files.opened == {MTP_FILE}  # its header; notes.safetensors never
+    assert {t["name"] for t in info["layers"][0]["tensors"]} == set(moved)
+    convert(str(tmp_path / "ck"), tmp_path / "out", to="mtp")
+    convert(str(build("nemotron_h")), tmp_path / "ref", to="mtp")
+    _same_draft(tmp_path / "out", tmp_path / "ref")
+    prov = json.loads((tmp_path / "out" / "provenance.json").read_text())
+    assert prov["unindexed_files"] == {MTP_FILE: len(moved)}
+    (tmp_path / "ck" / MTP_FILE).unlink()  # without it the layer is missing, as before
+    with pytest.raises(NoMtpLayerError, match="mtp.layers.0"):
+        convert(str(tmp_path / "ck"), tmp_path / "none", to="mtp")
+
+
+def test_inspect_says_where_it_found_the_mtp_layer(build, tmp_path: Path, capsys) -> None:
+    from mtp2draft.cli.app import main
+
+    moved = _mtp_outside_the_index(build("nemotron_h"), tmp_path / "ck")
+    assert main(["inspect", str(tmp_path / "ck")]) == 0
+    out = capsys.readouterr().out
+    assert f"{len(moved)} tensors found in {MTP_FILE}, which the index does not list" in out
+
+
+def test_mtp_file_outside_the_index_from_the_hub(build, tmp_path: Path, hub) -> None:
+    """The real huggingface_hub client against the loopback Hub: the file is found in the repo's file list (the one
+    call that resolves the commit), its header and tensors read by range; the other shards give headers only."""
+    from mtp2draft.conversion import inspect_checkpoint
+
+    moved = _mtp_outside_the_index(build("nemotron_h"), tmp_path / "ck")
+    hub.add_repo("nvidia/tiny-nano", tmp_path / "ck")
+    hub.reset_counters()
+    info = inspect_checkpoint("nvidia/tiny-nano")
+    assert info["unindexed_files"] == {MTP_FILE: len(moved)}
+    assert {t["name"] for t in info["layers"][0]["tensors"]} == set(moved)
+    assert hub.bytes_served_for(MTP_FILE) < (tmp_path / "ck" / MTP_FILE).stat().st_size  # its header only
+    whole = [r for r in hub.requests if r["method"] == "GET" and r["path"].endswith(".safetensors") and not r["range"]]
+    assert whole == []  # every safetensors byte came by range
+    result = convert("nvidia/tiny-nano", tmp_path / "out", to="mtp")
+    convert(str(build("nemotron_h")), tmp_path / "ref", to="mtp")
+    _same_draft(tmp_path / "out", tmp_path / "ref")
+    assert result.bytes_fetched < result.checkpoint_bytes / 2
+
+
+def test_a_tensor_both_in_the_index_and_outside_it_is_refused(build, tmp_path: Path) -> None:
+    from mtp2draft.io import save_tensors
+
+    ck = tmp_path / "ck"
+    shutil.copytree(build("nemotron_h"), ck)
+    save_tensors(ck / MTP_FILE, {"mtp.layers.0.eh_proj.weight": torch.zeros(2, 2)}, {"format": "pt"})
+    with pytest.raises(CheckpointError, match=r"model_mtp.safetensors, which .* does not list, holds mtp.layers.0"):
+        open_checkpoint(str(ck))

@@ -28,6 +28,7 @@ NO_EAGLE3 = {
         "nemotron_h",
         "bailing_hybrid",
         "nemotron_h_omni",
+        "deepseek_v4",  # SGLang 0.5.23 captures V4's aux states for its DSpark drafter only
     },
     "vllm": {
         "glm4_moe",
@@ -42,10 +43,15 @@ NO_EAGLE3 = {
         "bailing_hybrid",
     },
 }
-VLLM_PRE_NORM_HANDOVER = {"glm4_moe", "ernie4_5_moe", "glm4_moe_lite", "glm_ocr"}
+VLLM_PRE_NORM_HANDOVER = {"glm4_moe", "ernie4_5_moe", "glm4_moe_lite", "glm_ocr", "deepseek_v4"}
 # Families an engine serves with neither method (SGLang 0.5.23 has no EXAONE-4.5 MTP class and no MTP path for
 # NemotronH_Super_Omni_Reasoning_V3): no table for it.
 NOT_SERVED = {"sglang": {"exaone4_5", "nemotron_h_super_omni"}, "vllm": set()}
+
+
+# the engine versions the specs' facts were read from; a family only a later engine serves cites that one
+ENGINE_VERSIONS = {"vllm": "0.33.0", "sglang": "0.5.23"}
+READ_AT = {"deepseek_v4": {"vllm": "0.34.0", "sglang": "0.5.23"}}  # DeepSeekV4MTP first appears in vLLM 0.34
 
 
 def test_support_table_matches_the_engines() -> None:
@@ -56,10 +62,12 @@ def test_support_table_matches_the_engines() -> None:
                 continue
             assert spec.serves(engine, "mtp"), (spec.name, engine)
             assert spec.serves(engine, "eagle3") == (spec.name not in NO_EAGLE3[engine]), (spec.name, engine)
-            assert spec.engine(engine).version == {"vllm": "0.33.0", "sglang": "0.5.23"}[engine]
-        # ERNIE applies no final norm: its hand-over is the block output (recorded as pre_norm) in both engines
+            assert spec.engine(engine).version == READ_AT.get(spec.name, ENGINE_VERSIONS)[engine], (spec.name, engine)
+        # ERNIE applies no final norm: its hand-over is the block output (recorded as pre_norm) in both engines;
+        # DeepSeek-V4 hands on its residual streams before hc_head and the norm in both
         if spec.engine("sglang") is not None:
-            assert (spec.engine("sglang").handover == "pre_norm") == (spec.name == "ernie4_5_moe"), spec.name
+            pre_norm = spec.engine("sglang").handover == "pre_norm"
+            assert pre_norm == (spec.name in {"ernie4_5_moe", "deepseek_v4"}), spec.name
         assert (spec.engine("vllm").handover == "pre_norm") == (spec.name in VLLM_PRE_NORM_HANDOVER), spec.name
     ernie, mimo = get_spec("ernie4_5_moe"), get_spec("mimo")
     for engine in ("vllm", "sglang"):
@@ -127,7 +135,7 @@ def test_launch_lines_only_for_engines_that_can_run_them() -> None:
 
 
 def test_run_defaults_follow_the_support_table() -> None:
-    """Native MTP wherever an engine serves it (docs/eagle3-from-mtp.md), then the first format an engine serves."""
+    """Native MTP wherever an engine serves it (docs/notes/eagle3-from-mtp.md), then the first format an engine serves."""
     for name in ("deepseek_v3", "mimo", "ernie4_5_moe"):
         assert default_kind(get_spec(name)) == "mtp"
     assert default_format(get_spec("deepseek_v3"), "mtp") == "nextn"

@@ -5,9 +5,11 @@ from __future__ import annotations
 
 import json
 import math
+import re
 import shutil
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -449,6 +451,229 @@ def test_every_fp8_family_reads_back_its_stitched_draft_within_e4m3_rounding(bui
     if fixture == "deepseek_v3_fp8":  # DeepSeek ships eh_proj in bf16: requantising it would change the layer
         assert "model.layers.2.eh_proj.weight" in orig.keys_with_prefix("model.layers.2.")
         assert "model.layers.2.eh_proj.weight" not in requantised
+
+
+# ---- quantised targets: DeepSeek-V4 as shipped, and ModelOpt / compressed-tensors re-releases --------------------------
+_V4_EXPERT_SCALE = re.compile(r"\.experts\.\d+\.w[123]\.scale$")  # vLLM 0.34 nvidia/mtp.py _EXPERT_SCALE_RE
+_V4_GLUE = ("embed_tokens", "enorm", "hnorm", "h_proj", "e_proj", "shared_head", "hc_head_fn", "hc_head_base",
+            "hc_head_scale")  # fmt: skip
+_E2M1 = torch.tensor([0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0, -0.0, -0.5, -1.0, -1.5, -2.0, -3.0, -4.0, -6.0])
+
+
+def vllm_v4_mtp_reads(stored: dict[str, torch.Tensor], num_hidden_layers: int) -> dict[tuple[str, int | None], Any]:
+    """The MTP tensors of a DeepSeek-V4 checkpoint as vLLM 0.34 loads and computes with them, written from its source
+    (vllm/models/deepseek_v4/nvidia/mtp.py `DeepSeekV4MTP.load_weights`, `_to_spec_layer_name`,
+    `_rewrite_spec_layer_name`; models/deepseek_v4/quant_config.py `DeepseekV4FP8Config`): `mtp.{i}.` becomes
+    `model.layers.{num_hidden_layers + i}.` (`mtp_block.` inside the decoder block, glue names kept); `.norm.weight`
+    is `shared_head.norm.weight`; a `.scale` is `weight_scale` for a routed expert (its e8m0 viewed as uint8, as the
+    loader does) and `weight_scale_inv` otherwise; `gate.bias` is `e_score_correction_bias`; w1 / w3 and wq_a / wkv
+    are shards of `gate_up_proj` / `fused_wqa_wkv`. The quant config then computes with block FP8 linears (e4m3 times
+    the e8m0 `weight_scale_inv` of each 128 x 128 block, Fp8Config with is_scale_e8m0) and `Mxfp4MoEMethod` experts
+    (e2m1 from the low nibble first, times 2^(weight_scale - 127) per 32 inputs). Each shard is dequantised as it is
+    loaded (vLLM loads a shard's scales at the shard's block offset). Returns (parameter, shard) -> fp32 weight."""
+    out: dict[tuple[str, int | None], Any] = {}
+    scales = {k: v for k, v in stored.items() if k.endswith(".scale")}
+    for key, tensor in stored.items():
+        if not key.startswith("mtp.") or key.endswith(".scale"):
+            continue
+        name = f"model.layers.{num_hidden_layers + int(key.split('.')[1])}." + key.split(".", 2)[2]
+        for old, new in ((".head.weight", ".shared_head.head.weight"), (".norm.weight", ".shared_head.norm.weight")):
+            name = name.replace(old, new)
+        if not any(g in name for g in _V4_GLUE):  # the decoder block's tensors
+            layer = f"model.layers.{name.split('.')[2]}."
+            name = name.replace(layer, layer + "mtp_block.")
+        scale = scales.get(key.removesuffix("weight") + "scale")
+        if scale is None:
+            value = tensor.float()
+        elif _V4_EXPERT_SCALE.search(key.removesuffix("weight") + "scale"):
+            u8, exp = tensor.view(torch.uint8).long(), scale.view(torch.uint8).float()  # weight_scale as uint8
+            value = torch.stack((_E2M1[u8 & 15], _E2M1[u8 >> 4]), -1).reshape(tensor.shape[0], -1)
+            value = value * torch.exp2(exp - 127).repeat_interleave(32, 1)
+        else:
+            value = tensor.float() * _per_element(scale.float(), tuple(tensor.shape), (128, 128))  # weight_scale_inv
+        name = name.replace(".ffn.gate.bias", ".ffn.gate.e_score_correction_bias")
+        shard = None
+        for param, ckpt, shard_id in (("gate_up_proj", "w1", 0), ("gate_up_proj", "w3", 1),
+                                      ("attn.fused_wqa_wkv", "attn.wq_a", 0), ("attn.fused_wqa_wkv", "attn.wkv", 1)):  # fmt: skip
+            if f".{ckpt}." in name and ".experts." not in name.replace(".shared_experts.", "."):
+                name, shard = name.replace(ckpt, param), shard_id
+                break
+        name = name.replace(".shared_experts.w2", ".shared_experts.down_proj")
+        out[(name, shard)] = value
+    return out
+
+
+def test_v4_stitched_is_written_in_the_release_quantisation_and_read_back_as_vllm_reads_it(build, work: Path) -> None:
+    """The distilled DeepSeek-V4 layer stitched over the release-quantised target keeps the checkpoint's own names
+    and quantisation (FP4 + e8m0 experts, FP8 + e8m0 linears, fp32 mixes / sinks / router bias, bf16 norms); read
+    back as vLLM 0.34 loads it (`vllm_v4_mtp_reads`, written from its loader and quant config) it equals the
+    distilled weights within e2m1 / e4m3 rounding, and exactly where the release keeps floats."""
+    from mtp2draft.draft.disk import read_draft_config
+    from mtp2draft.draft.layout import native_to_checkpoint
+    from mtp2draft.family.spec import get_spec
+
+    target, draft = _perturbed_native(build, work, "deepseek_v4_fp4", "v4-ft")
+    st = work / "v4-st"
+    export(draft, "stitched", st, target=str(target))
+    assert validate(st) == []
+    record = json.loads((st / "provenance.json").read_text())["export"]
+    assert {k: len(v) for k, v in record["requantised"].items()} == {"fp4-e8m0": 24, "fp8-e8m0": 10}
+    assert record["unquantised"] == [] and "config.json" not in record["overlay_files"]
+    overlay = open_checkpoint(str(_overlay(target, st, work / "v4-overlay")))
+    orig = open_checkpoint(str(target))
+    layer = [k for k in orig.weight_map if k.startswith("mtp.")]
+    assert sorted(k for k in overlay.weight_map if k.startswith("mtp.")) == sorted(layer)
+    assert all(overlay.info(k).dtype == orig.info(k).dtype for k in layer)  # the release's dtype, key by key
+    cfg = read_draft_config(draft)["mtp2draft"]
+    spec, n = get_spec(cfg["spec"]), overlay.config["num_hidden_layers"]
+    fine = {}
+    for module_key, value in load_file(str(draft / "model.safetensors")).items():
+        fine.update(native_to_checkpoint(spec, overlay.config, 0, {module_key: value.float()}))
+    stored = {
+        k: v for f in {overlay.weight_map[k] for k in layer} for k, v in load_file(str(work / "v4-overlay" / f)).items()
+    }
+    reads = vllm_v4_mtp_reads(stored, n)
+    by_key = {}
+    for (name, shard), value in reads.items():
+        by_key.setdefault(name, {})[shard] = value
+    assert len(reads) == len(fine)  # every weight of the layer is one vLLM parameter (shard)
+    assert set(by_key) >= {f"model.layers.{n}.hc_head_fn", f"model.layers.{n}.e_proj.weight",
+                           f"model.layers.{n}.mtp_block.attn.fused_wqa_wkv.weight",
+                           f"model.layers.{n}.shared_head.norm.weight"}  # fmt: skip
+    for key, want in fine.items():
+        scale = stored.get(key.removesuffix("weight") + "scale") if key.endswith("weight") else None
+        got = _v4_read(reads, key, n)
+        if scale is None:
+            assert torch.equal(got, want.to(stored[key].dtype).float()), key  # cast to the release's float dtype
+        elif stored[key].dtype == torch.int8:  # e2m1: within half a step, a step is at most 2 x the block scale
+            step = scale.float().repeat_interleave(32, 1)
+            assert bool(((got - want).abs() <= step + 1e-12).all()), key
+        else:
+            _assert_within_e4m3(got, want, scale.float())
+    assert any(not torch.equal(_v4_read(reads, k, n), v) for k, v in fine.items() if stored[k].dtype == torch.int8)
+
+
+def test_validate_reads_a_v4_overlay_as_its_scales_say(build, work: Path, tmp_path: Path) -> None:
+    """`validate` dequantises each FP4 / FP8 weight of a V4 overlay by its e8m0 scales: a tampered scale (NaN byte,
+    wrong shape) or a missing stream tensor is a violation naming it."""
+    target, draft = _perturbed_native(build, work, "deepseek_v4_fp4", "v4-ft")
+    st = tmp_path / "st"
+    export(draft, "stitched", st, target=str(target))
+    index = json.loads((st / "model.safetensors.index.json").read_text())
+    shard = st / index["weight_map"]["mtp.0.ffn.experts.1.w1.scale"]
+    clean = load_file(str(shard))
+    for edit, needle in (
+        ({"mtp.0.ffn.experts.1.w1.scale": lambda t: torch.full_like(t.view(torch.uint8), 255).view(t.dtype)},
+         "mtp.0.ffn.experts.1.w1.weight holds non-finite values"),
+        ({"mtp.0.e_proj.scale": lambda t: torch.cat([t, t])}, "mtp.0.e_proj.scale has shape [2, 1], expected [1, 1]"),
+        ({"mtp.0.hc_head_scale": None}, "mtp.0.hc_head_scale"),
+    ):  # fmt: skip
+        tensors = dict(clean)
+        for key, fn in edit.items():
+            tensors = {k: v for k, v in tensors.items() if k != key} if fn is None else {**tensors, key: fn(clean[key])}
+        save_file(tensors, str(shard), {"format": "pt"})
+        problems = validate(st)
+        assert problems and any(needle in p for p in problems), (needle, problems)
+    save_file(clean, str(shard), {"format": "pt"})
+    assert validate(st) == []
+
+
+def _v4_read(reads: dict, key: str, n: int) -> torch.Tensor:
+    """The value vLLM holds for release key `key` (mtp.0 only), from `vllm_v4_mtp_reads`."""
+    for (name, shard), value in reads.items():
+        back = name.replace(f"model.layers.{n}.mtp_block.", "mtp.0.").replace(f"model.layers.{n}.", "mtp.0.")
+        back = back.replace("shared_head.norm", "norm").replace("e_score_correction_bias", "bias")
+        back = back.replace("shared_experts.down_proj", "shared_experts.w2")
+        if shard is not None:
+            back = back.replace("attn.fused_wqa_wkv", ("attn.wq_a", "attn.wkv")[shard])
+            back = back.replace("gate_up_proj", ("w1", "w3")[shard])
+        if back == key:
+            return value
+    raise AssertionError(f"vLLM loads no parameter from {key}")
+
+
+def _vllm_excludes(qconfig: dict, module: str) -> bool:
+    """Whether vLLM 0.34 builds `module` unquantised under this quantization_config: ModelOpt's `is_layer_excluded`
+    (the `ignore` / `exclude_modules` list: exact, substring, or `fnmatch` wildcard), compressed-tensors'
+    `should_ignore_layer` (`ignore`: exact, or `re:` patterns with `re.match`)."""
+    from fnmatch import fnmatch
+
+    if qconfig["quant_method"] == "modelopt":
+        inner = qconfig.get("quantization") or qconfig
+        patterns = inner.get("ignore", inner.get("exclude_modules", []))
+        return any(module == p or (p != module and p in module) or fnmatch(module, p) for p in patterns)
+    return any(re.match(p[3:], module) if p.startswith("re:") else p == module for p in qconfig.get("ignore", []))
+
+
+@pytest.mark.parametrize("scheme", ["nvfp4", "mxfp4", "int4"])
+def test_stitched_over_a_quantised_release_writes_the_layer_unquantised_and_excluded(work: Path, scheme: str) -> None:
+    """ModelOpt NVFP4 and compressed-tensors MXFP4 / int4 re-releases of the bundled target: the layer is written in
+    bf16 under its logical keys, its quantised parts dropped from the shard and the index, and its prefix added to
+    the config's exclusion list, which vLLM 0.34 honours for linears and for the routed experts alike:
+
+    model_executor/layers/quantization/modelopt.py, ModelOptQuantConfigBase.get_quant_method:
+        if self.is_layer_excluded(prefix):
+            if isinstance(layer, (LinearBase, ParallelLMHead)):
+                return UnquantizedLinearMethod()
+            return None
+    model_executor/layers/fused_moe/routed_experts.py, RoutedExperts._get_quant_method:
+        if quant_method is None:
+            quant_method = UnquantizedFusedMoEMethod(moe_config)
+    model_executor/layers/quantization/compressed_tensors/compressed_tensors.py, get_scheme_dict:
+        if should_ignore_layer(layer_name, ignore=self.ignore, fused_mapping=self.packed_modules_mapping):
+            return None
+    (get_quant_method then returns UnquantizedLinearMethod for a linear with no scheme, and
+    compressed_tensors_moe.py get_moe_method: `if scheme_dict is None:  # ignored layer` ->
+    `return UnquantizedFusedMoEMethod(layer.moe_config)`).
+
+    bf16 rather than block FP8: an excluded layer is loaded by those unquantised methods, which take float weights.
+    Read back by convert, the overlay gives the distilled layer exactly; the trunk's quantised tensors are the
+    release's, byte for byte."""
+    from support.quantised import requantise
+
+    from mtp2draft.draft.disk import read_draft_config
+    from mtp2draft.family.spec import get_spec
+    from mtp2draft.pipeline import BUNDLED_TARGET
+
+    release = requantise(BUNDLED_TARGET, work / f"{scheme}-release", scheme)
+    draft = work / f"{scheme}-ft"
+    convert(str(release), draft, to="mtp")
+    w = load_file(str(draft / "model.safetensors"))
+    gen = torch.Generator().manual_seed(2)
+    w = {k: (v.float() * (1 + 0.05 * torch.randn(v.shape, generator=gen))).to(v.dtype) for k, v in w.items()}
+    save_file(w, str(draft / "model.safetensors"), {"format": "pt"})
+    st = work / f"{scheme}-st"
+    export(draft, "stitched", st, target=str(release))
+    assert validate(st) == []
+    record = json.loads((st / "provenance.json").read_text())["export"]
+    orig = open_checkpoint(str(release))
+    spec = get_spec(read_draft_config(draft)["mtp2draft"]["spec"])
+    prefix = spec.key(spec.keys.block, orig.config, 0)
+    quantised = sorted(k for k in orig.keys_with_prefix(prefix) if orig.quantised(k))
+    assert quantised and record["unquantised"] == quantised and record["requantised"] == {}
+    assert "UnquantizedFusedMoEMethod" in record["unquantised_why"] and "config.json" in record["overlay_files"]
+    assert "written in bfloat16" in (st / "README.md").read_text()
+    overlay = open_checkpoint(str(_overlay(release, st, work / f"{scheme}-overlay")))
+    qconfig = overlay.config["quantization_config"]
+    layer_modules = {k.rsplit(".", 1)[0] for k in quantised}
+    assert all(_vllm_excludes(qconfig, m) for m in layer_modules)
+    trunk = {k.rsplit(".", 1)[0] for k in orig.quant.weights if not k.startswith(prefix)}
+    assert trunk and not any(_vllm_excludes(qconfig, m) for m in trunk)  # the trunk stays quantised
+    assert not any(_vllm_excludes(orig.config["quantization_config"], m) for m in layer_modules)  # it was not before
+    for key in quantised:  # one bf16 tensor under the logical key, no part left in the index or the shard
+        assert overlay.info(key).dtype == "BF16" and not overlay.quantised(key)
+        parts = set(orig.quant.weights[key].names.values()) - {key}
+        assert not parts & set(overlay.weight_map) and not parts & set(overlay.header(overlay.weight_map[key]))
+    for key in orig.quant.weights:
+        if not key.startswith(prefix):
+            names = orig.quant.weights[key].names.values()
+            assert all(torch.equal(overlay.read_raw([n])[n], orig.read_raw([n])[n]) for n in names), key
+    convert(str(work / f"{scheme}-overlay"), work / f"{scheme}-back", to="mtp")
+    back = load_file(str(work / f"{scheme}-back" / "model.safetensors"))
+    assert back.keys() == w.keys()
+    for key, want in w.items():
+        assert back[key].dtype in (torch.bfloat16, torch.float32)  # bf16, the router's fp32 bias as stored
+        assert torch.equal(back[key], want.to(back[key].dtype)), key
 
 
 def test_stitched_never_rewrites_a_tensor_shared_with_the_trunk(build, work: Path, tmp_path: Path) -> None:

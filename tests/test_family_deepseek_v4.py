@@ -7,7 +7,10 @@ table are made here on [B, T, hc_mult, H] hand-overs, one step and a chain of k 
 - the native layer against a reference computation written from vLLM 0.34's forward, in plain torch
   (tests/support/reference_v4.py): one step, the chain of k = 4 draft steps recycling the streams, and training-time
   test's unrolled steps; and piece by piece, the reference's pieces against transformers 5.24's own modules;
-- `inspect` names exactly the MTP layer's tensors, and over the loopback Hub fetches their bytes and no more;
+- `inspect` names exactly the MTP layer's tensors, and over the loopback Hub fetches their bytes and no more, on the
+  bf16 fixture and on `deepseek_v4_fp4`, the same layer in the release's quantisation (FP4 experts, FP8 linears, e8m0
+  `.scale` siblings, fp32 mixes: the dtype column of the release's key lists), which converts to the bf16 fixture's
+  draft within the formats' rounding;
 - DSpark (V4-0731 / V4.1) is told apart from V4's MTP layer on the real configs.
 """
 
@@ -18,6 +21,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from safetensors.torch import load_file
 from support import hub_keys
 from support import reference_v4 as v4
 from support.fixtures import FIXTURES
@@ -34,7 +38,8 @@ from mtp2draft.family.spec import find_spec, get_spec
 from mtp2draft.target.hidden import Features
 from mtp2draft.train.ttt import ttt_forward
 
-FIXTURE, T, S, H = "deepseek_v4", 10, 4, 64
+FIXTURE, SHIPPED, T, S, H = "deepseek_v4", "deepseek_v4_fp4", 10, 4, 64
+E2M1 = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0)
 
 
 def _inputs(seed: int = 0, t: int = T):
@@ -254,8 +259,76 @@ def test_a_dump_holds_the_streams_and_distill_reads_it(target, text_data, tmp_pa
     assert "expected [" in errors[0] and "4 residual streams" in errors[0]
 
 
-def test_inspect_names_exactly_the_mtp_layer(build, capsys) -> None:
-    path = build(FIXTURE)
+@pytest.mark.parametrize("release", ["deepseek_v4", "deepseek_v4_pro"])
+def test_shipped_fixture_has_the_release_keys_and_dtypes(build, release: str) -> None:
+    """Every MTP tensor of the quantised fixture, `.scale` siblings included, has the release's name pattern and
+    dtype (the weights reports' dtype column, committed beside the key lists)."""
+    data = hub_keys.load(release)
+    path = build(SHIPPED)
+    ckpt = open_checkpoint(str(path))
+    ours = {hub_keys.pattern(k, "mtp.0."): ckpt.info(k).dtype for k in ckpt.weight_map if k.startswith("mtp.")}
+    assert ours == data["mtp_dtypes"]
+    assert set(ours) == hub_keys.patterns(data["mtp_keys"], "mtp.0.")
+    assert config_of(path)["quantization_config"] == data["quantization_config"]
+
+
+def _stored(path: Path) -> dict[str, torch.Tensor]:
+    """Every tensor of a directory's safetensors files as stored (no cast)."""
+    return {k: v for f in sorted(path.glob("*.safetensors")) for k, v in load_file(str(f)).items()}
+
+
+def _dequantised_by_rule(path: Path) -> dict[str, torch.Tensor]:
+    """The quantised fixture's MTP weights dequantised here by the formats' rules (e2m1 low nibble first times
+    2^(e8m0 - 127) per 32 inputs; e4m3 times the e8m0 scale of its 128 x 128 block), keyed by weight."""
+    raw, out = _stored(path), {}
+    lut = torch.tensor(E2M1 + tuple(-v for v in E2M1))
+    for key, t in raw.items():
+        if not key.startswith("mtp.") or key.endswith(".scale"):
+            continue
+        scale = raw.get(key.removesuffix("weight") + "scale")
+        if scale is None:
+            out[key] = t.float()
+        elif t.dtype == torch.int8:
+            u8 = t.view(torch.uint8).long()
+            values = torch.stack((lut[u8 & 15], lut[u8 >> 4]), -1).reshape(t.shape[0], -1)
+            out[key] = values * scale.float().repeat_interleave(32, 1)
+        else:
+            full = scale.float().repeat_interleave(128, 0)[: t.shape[0]].repeat_interleave(128, 1)[:, : t.shape[1]]
+            out[key] = t.float() * full
+    return out
+
+
+def test_shipped_converts_to_the_bf16_draft_within_rounding(build, tmp_path: Path) -> None:
+    """plan takes each `.scale` as part of its weight (no stray block key); the converted draft equals the bf16
+    fixture's within FP4 / FP8 rounding, and equals the formats' rule applied to the stored bytes to fp32 rounding."""
+    shipped, plain = open_checkpoint(str(build(SHIPPED))), open_checkpoint(str(build(FIXTURE)))
+    plan = plan_mtp_layer(shipped, find_spec(shipped.config), 0)
+    assert set(shipped.needed_keys(plan.checkpoint_keys)) == {k for k in shipped.weight_map if k.startswith("mtp.")}
+    assert set(plan.checkpoint_keys) == set(plan_mtp_layer(plain, find_spec(plain.config), 0).checkpoint_keys)
+    rule = _dequantised_by_rule(build(SHIPPED))
+    read = shipped.read_weights(plan.checkpoint_keys)
+    bf16 = plain.read_weights(plan.checkpoint_keys)
+    for key in plan.checkpoint_keys:
+        assert torch.equal(read[key], rule[key]), key
+        scheme = shipped.scheme_of(key)
+        err = (read[key] - bf16[key]).abs().max().item()
+        amax = bf16[key].abs().max().item()
+        # e2m1: half a step at the top of the block is 1 of 6 (scale <= amax / 3); e4m3: 2^-4 relative
+        bound = amax / 3 if scheme and scheme.name == "fp4-e8m0" else amax * 2**-4 if scheme else 0.0
+        assert err <= bound, (key, err, bound)
+    changed = [k for k in plan.checkpoint_keys if shipped.scheme_of(k) and not torch.equal(read[k], bf16[k])]
+    assert len(changed) == 34  # 24 expert and 10 FP8 linears: quantisation changed them, and the bound held
+    for a, b in ((SHIPPED, "q"), (FIXTURE, "b")):
+        assert main(["convert", str(build(a)), "--out", str(tmp_path / b), "--to", "mtp"]) == 0
+    q, b = _stored(tmp_path / "q"), _stored(tmp_path / "b")
+    assert set(q) == set(b)
+    for key in q:
+        assert (q[key].float() - b[key].float()).abs().max().item() <= b[key].float().abs().max().item() / 3 + 1e-6
+
+
+@pytest.mark.parametrize("fixture", [FIXTURE, SHIPPED])
+def test_inspect_names_exactly_the_mtp_layer(build, capsys, fixture: str) -> None:
+    path = build(fixture)
     assert main(["inspect", str(path), "--json"]) == 0
     info = json.loads(capsys.readouterr().out)
     assert info["spec"] == FIXTURE and info["block"] == "swa_sink + moe" and info["num_mtp_layers"] == 1
@@ -276,10 +349,14 @@ def test_dspark_is_told_apart_on_the_real_configs(build, capsys) -> None:
 
 
 @pytest.mark.hub
-def test_over_the_hub_inspect_reads_headers_and_convert_the_mtp_layer(build, hub, capsys, tmp_path: Path) -> None:
-    """`inspect` over the loopback Hub reads headers only and names the MTP layer's bytes; `convert --to mtp` then
-    fetches those and no more (<= 1.05x with the headers of the shards that hold them)."""
-    path = build(FIXTURE)
+@pytest.mark.parametrize("fixture", [FIXTURE, SHIPPED])
+def test_over_the_hub_inspect_reads_headers_and_convert_the_mtp_layer(
+    build, hub, capsys, tmp_path: Path, fixture: str
+) -> None:
+    """`inspect` over the loopback Hub reads headers only and names the MTP layer's bytes (with the quantised
+    release, its FP8 / FP4 data and every `.scale`); `convert --to mtp` then fetches those and no more (<= 1.05x
+    with the headers of the shards that hold them)."""
+    path = build(fixture)
     hub.add_repo("deepseek-ai/tiny-v4", path)
     local = open_checkpoint(str(path))
     plan = plan_mtp_layer(local, find_spec(local.config), 0)

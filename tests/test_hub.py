@@ -88,7 +88,7 @@ def test_card_offers_no_launch_line_an_engine_cannot_run(build, hub, tmp_path: P
     assert "--speculative-algorithm EAGLE3" not in text and '"method": "eagle3"' not in text
     assert "sglang 0.5.23 cannot serve a EAGLE-3 draft for mimo targets" in text
     assert "vllm 0.33.0 cannot serve a EAGLE-3 draft for mimo targets" in text
-    assert "prefer `mtp2draft convert --to mtp`" in text  # docs/eagle3-from-mtp.md's recommendation
+    assert "prefer `mtp2draft convert --to mtp`" in text  # docs/notes/eagle3-from-mtp.md's recommendation
 
 
 def test_push_downloads_back_as_a_valid_draft_with_a_parseable_card(draft: Path, hub, tmp_path: Path) -> None:

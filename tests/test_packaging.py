@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from mtp2draft.family.not_supported import rows as not_supported_rows
 from mtp2draft.family.spec import registry
 
 REPO = Path(__file__).resolve().parents[1]
@@ -41,7 +42,8 @@ def test_wheel_installs_into_a_clean_venv_and_lists_the_specs(tmp_path: Path) ->
     # the suite's support code (tests/support/) stays in the repository: only the package and its metadata ship
     assert {n.split("/")[0] for n in names} == {"mtp2draft", wheel.name.split("-py")[0] + ".dist-info"}
     assert sorted(n for n in names if n.startswith("mtp2draft/model_specs/") and n.endswith(".toml")) == sorted(
-        f"mtp2draft/model_specs/{name}.toml" for name in registry()
+        [f"mtp2draft/model_specs/{name}.toml" for name in registry()]
+        + [f"mtp2draft/model_specs/not_supported/{name}.toml" for name in not_supported_rows()]
     )
     venv = tmp_path / "venv"
     subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
@@ -73,4 +75,6 @@ def test_wheel_installs_into_a_clean_venv_and_lists_the_specs(tmp_path: Path) ->
     out = subprocess.run(
         [str(venv / "bin" / "mtp2draft"), "specs", "--json"], cwd=tmp_path, check=True, capture_output=True, text=True
     ).stdout
-    assert [row["name"] for row in json.loads(out)] == list(registry())
+    rows = json.loads(out)
+    assert [row["name"] for row in rows if row["supported"]] == list(registry())
+    assert [row["name"] for row in rows if not row["supported"]] == list(not_supported_rows())

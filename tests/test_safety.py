@@ -107,21 +107,17 @@ def test_overwrite_replaces_only_what_mtp2draft_wrote(build, tmp_path: Path, cap
     assert (mine / "a.txt").read_text() == "keep" and sorted(p.name for p in mine.iterdir()) == ["a.txt"]
 
 
-def test_the_readme_safety_table_counts_every_hostile_case() -> None:
-    """The README's Safety table, per command and per table, is what the three hostile-case tables hold."""
-    import re
+def test_the_safety_page_counts_every_hostile_case() -> None:
+    """docs/safety.md's table, per command and per table, is what the three hostile-case tables hold today."""
+    from case_tables import PAGE, descriptions, expected_block, table, table_block
 
-    from case_tables import table
-
-    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
-    row = re.compile(r"^  \| (`[a-z-]+`|\(no command\)) \| [^|]* \| (\d+) \| (\d+) \| (\d+) \| (\d+) \|$", re.M)
-    listed = {name.strip("`").replace("(no command)", "(none)"): tuple(map(int, n)) for name, *n in row.findall(readme)}
-    counted = {
-        command: (c.get("inputs", 0), c.get("commands", 0), c.get("dumps", 0), sum(c.values()))
-        for command, c in table().items()
-    }
-    assert listed == counted
-    total = re.search(r"^  \| all \| \| (\d+) \| (\d+) \| (\d+) \| (\d+) \|$", readme, re.M)
-    assert total is not None
-    assert tuple(map(int, total.groups())) == tuple(sum(col) for col in zip(*counted.values(), strict=True))
-    assert sum(v[3] for v in counted.values()) > 150
+    text = PAGE.read_text()
+    expected = expected_block(text)
+    assert table_block(text) == expected, (
+        f"{PAGE.name}'s case table is not what the tables count; `PYTHONPATH=tests python -m case_tables --write` "
+        f"writes:\n{expected}"
+    )
+    empty = [command for command, said in descriptions(expected).items() if not said]
+    assert not empty, f"describe what {PAGE.name} refuses for {empty}"
+    assert set(descriptions(expected)) == set(table())
+    assert sum(sum(c.values()) for c in table().values()) > 150

@@ -130,13 +130,17 @@ def quantize_fp4_e8m0(weight: torch.Tensor, block: int = MX_BLOCK) -> tuple[torc
 
 
 def dequantize_fp8_e8m0(
-    weight: torch.Tensor, scale: torch.Tensor, block: tuple[int, int] = (128, 128), key: str = "weight"
+    weight: torch.Tensor,
+    scale: torch.Tensor,
+    block: tuple[int, int] = (128, 128),
+    key: str = "weight",
+    scale_key: str | None = None,
 ) -> torch.Tensor:
     """FP8 e4m3 [M, N] with e8m0 block scales [ceil(M/bm), ceil(N/bn)] (DeepSeek-V4's `.scale`) -> fp32
     W[i, j] * 2^(scale[i // bm, j // bn] - 127)."""
     from mtp2draft.checkpoint.fp8 import dequantize_fp8
 
-    return dequantize_fp8(weight, e8m0_to_float(scale), block, key=key)
+    return dequantize_fp8(weight, e8m0_to_float(scale), block, key=key, scale_key=scale_key)
 
 
 def quantize_fp8_e8m0(weight: torch.Tensor, block: tuple[int, int] = (128, 128)) -> tuple[torch.Tensor, torch.Tensor]:

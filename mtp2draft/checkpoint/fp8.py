@@ -29,7 +29,11 @@ def fp8_block_size(config: Mapping[str, Any]) -> tuple[int, int]:
 
 
 def dequantize_fp8(
-    weight: torch.Tensor, scale_inv: torch.Tensor, block: tuple[int, int] = DEFAULT_FP8_BLOCK, key: str = "weight"
+    weight: torch.Tensor,
+    scale_inv: torch.Tensor,
+    block: tuple[int, int] = DEFAULT_FP8_BLOCK,
+    key: str = "weight",
+    scale_key: str | None = None,
 ) -> torch.Tensor:
     """`W[i, j] * scale_inv[i // bm, j // bn]` in fp32, ragged edge blocks included.
 
@@ -42,7 +46,8 @@ def dequantize_fp8(
     want = (math.ceil(m / bm), math.ceil(n / bn))
     if tuple(scale_inv.shape) != want:
         raise CheckpointError(
-            f"{key}{SCALE_SUFFIX} has shape {list(scale_inv.shape)}, expected {list(want)} for a [{m}, {n}] weight"
+            f"{scale_key or key + SCALE_SUFFIX} has shape {list(scale_inv.shape)}, expected {list(want)} for a "
+            f"[{m}, {n}] weight"
         )
     scale = scale_inv.float()
     # Expand the block scales to full size row-block by row-block to keep peak memory near one fp32 copy of W.

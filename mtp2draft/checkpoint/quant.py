@@ -84,7 +84,8 @@ class TensorScheme:
 
 # ---- dequantisers (parts -> fp32 logical tensor) ----------------------------------------------------------------------
 def _fp8_e8m0(parts: Parts, p: Mapping[str, Any], key: str) -> torch.Tensor:
-    return dequantize_fp8_e8m0(parts["data"], parts["scale"], tuple(p.get("fp8_block", DEFAULT_FP8_BLOCK)), key=key)
+    block = tuple(p.get("fp8_block", DEFAULT_FP8_BLOCK))
+    return dequantize_fp8_e8m0(parts["data"], parts["scale"], block, key=key, scale_key=p.get("scale_key"))
 
 
 def _fp4_e8m0(parts: Parts, p: Mapping[str, Any], key: str) -> torch.Tensor:

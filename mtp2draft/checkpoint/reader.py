@@ -19,6 +19,7 @@ download whole shards.
 
 from __future__ import annotations
 
+import fnmatch
 import json
 import math
 import os
@@ -42,6 +43,10 @@ from mtp2draft.errors import CheckpointError, SourceError, read_json_object
 
 INDEX_FILE = "model.safetensors.index.json"
 SINGLE_FILE = "model.safetensors"
+# Files some releases keep their MTP layers in without naming them in the index (MiMo-V2.5, Nemotron-3 Nano:
+# `model_mtp.safetensors`): top-level files matching this are found by listing the repo's files (the Hub call that
+# resolves the commit already lists them) or the directory, and read with the same range reads.
+UNINDEXED_MTP_FILES = "*mtp*.safetensors"
 
 # safetensors dtype name -> (torch dtype, bytes per element); F8_E8M0 where this torch has it
 _ST_NAMES = (
@@ -106,6 +111,9 @@ class Checkpoint:
         if self._view is None:
             self._view = QuantView(self.quant_method, self.weight_map)
         return self._view
+
+    unindexed: dict[str, int] = field(default_factory=dict)
+    """Files the index does not name whose tensors were added to `weight_map` (`UNINDEXED_MTP_FILES`): file -> count."""
 
     @property
     def is_local(self) -> bool:
@@ -380,7 +388,29 @@ def _open_local(root: Path) -> Checkpoint:
     config = read_config(root)
     weight_map = _weight_map_local(root, files)
     sizes = {f: files.size(f) for f in set(weight_map.values())}
-    return Checkpoint(str(root), files, config, weight_map, file_sizes=sizes)
+    ckpt = Checkpoint(str(root), files, config, weight_map, file_sizes=sizes)
+    add_unindexed_files(ckpt, [p.name for p in root.iterdir() if p.is_file()])
+    return ckpt
+
+
+def add_unindexed_files(ckpt: Checkpoint, names: Iterable[str]) -> None:
+    """Add to `ckpt.weight_map` the tensors of the top-level files among `names` (the repo's or directory's file
+    list) that match `UNINDEXED_MTP_FILES` and that the index does not name; only their headers are read here. A
+    tensor such a file shares with the index is refused in one line: which copy is the checkpoint's is not ours to
+    guess."""
+    indexed = set(ckpt.weight_map.values())
+    extra = sorted(n for n in names if "/" not in n and fnmatch.fnmatch(n, UNINDEXED_MTP_FILES) and n not in indexed)
+    for file in extra:
+        keys = sorted(ckpt.header(file))
+        clash = [k for k in keys if k in ckpt.weight_map]
+        if clash:
+            raise CheckpointError(
+                f"{file}, which {INDEX_FILE} does not list, holds {clash[0]}, which the index places in "
+                f"{ckpt.weight_map[clash[0]]}: refusing to guess which copy is the checkpoint's"
+            )
+        ckpt.weight_map.update(dict.fromkeys(keys, file))
+        ckpt.file_sizes[file] = ckpt.files.size(file)
+        ckpt.unindexed[file] = len(keys)
 
 
 def _weight_map_local(root: Path, files: LocalFiles) -> dict[str, str]:
@@ -485,6 +515,7 @@ def _open_hub(repo_id: str, revision: str | None, token: str | bool | None) -> C
     if not constants.HF_HUB_OFFLINE and revision != commit:
         _record_ref(repo_id, revision or "main", commit)
     ckpt = Checkpoint(repo_id, files, config, weight_map, revision=revision, commit=commit, file_sizes=sizes)
+    add_unindexed_files(ckpt, names)
     # Remember the file list beside the range cache so HF_HUB_OFFLINE=1 runs can resolve this commit later.
     meta = files.cache / "files.json"
     if not meta.is_file():

@@ -27,7 +27,9 @@ def to_json(data: Any) -> str:
 # ---- specs / inspect ---------------------------------------------------------------------------------------------
 def specs_text(rows: list[dict[str, Any]]) -> str:
     """The spec registry as a table, then family x engine x method (MTP hand-over in brackets) from the specs'
-    [engines.*] tables."""
+    [engines.*] tables, then the families not supported (rows with `supported` false) with their reasons."""
+    refused = [r for r in rows if r.get("supported") is False]
+    rows = [r for r in rows if r.get("supported") is not False]
     width = max(len(r["name"]) for r in rows)
     lines = []
     for r in rows:
@@ -46,6 +48,10 @@ def specs_text(rows: list[dict[str, Any]]) -> str:
             )
             cells.append(f"{text or '-':<28}")
         lines.append(f"{r['name']:<{width}}  " + "  ".join(cells))
+    if refused:
+        lines.append("\nnot supported")
+        for r in refused:
+            lines.append(f"{r['name']:<{width}}  {', '.join(r['architectures'] or r['model_types'])}: {r['reason']}")
     return "\n".join(lines)
 
 
@@ -71,6 +77,8 @@ def inspect_text(info: dict[str, Any]) -> str:
             lines.append(f"  {t['name']:<64} {str(t['shape']):<18} {t['dtype']:<8} {human_bytes(t['bytes'])}")
     total = info["checkpoint_bytes"]
     share = f" ({100 * info['convert_bytes'] / total:.2f} % of the checkpoint)" if total else ""
+    for file, n in info.get("unindexed_files", {}).items():
+        lines.append(f"\n{n} tensors found in {file}, which the index does not list (found by listing the files)")
     lines.append(f"\nconvert fetches {human_bytes(info['convert_bytes'])} of {human_bytes(total)}{share}")
     if info["num_mtp_layers"] > 1:
         lines.append(

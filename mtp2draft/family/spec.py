@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from mtp2draft.errors import CheckpointError, NotMtpError, SpecError, UnknownFamilyError
+from mtp2draft.family.not_supported import refuse_not_supported
 from mtp2draft.kinds import DRAFT_KINDS, HIDDEN_PLACES, DraftKind, Hidden
 
 CONCAT_ORDERS = ("embed_hidden", "hidden_embed")
@@ -521,7 +522,8 @@ def refuse_non_mtp(config: Mapping[str, Any]) -> None:
 
 def find_spec(config: Mapping[str, Any]) -> Spec:
     """The spec matching a config.json: by `architectures` first, then by `model_type`. A config marking its MTP
-    tensors as another drafter (`NOT_MTP_FIELDS`) is refused first, whatever its family."""
+    tensors as another drafter (`NOT_MTP_FIELDS`) is refused first, whatever its family; one of a family listed as
+    not supported (`family.not_supported`) is refused with its reason when no spec matches."""
     refuse_non_mtp(config)
     architectures = list(config.get("architectures") or [])
     model_type = config.get("model_type")
@@ -531,6 +533,7 @@ def find_spec(config: Mapping[str, Any]) -> Spec:
     for spec in registry().values():
         if model_type and model_type in spec.model_types:
             return spec
+    refuse_not_supported(config)
     found = ", ".join(architectures) or model_type or "no architectures / model_type"
     supported = "; ".join(f"{s.name} ({', '.join(s.architectures or s.model_types)})" for s in registry().values())
     raise UnknownFamilyError(f"no spec matches this checkpoint ({found}). Supported: {supported}")

@@ -142,3 +142,42 @@ def sglang_steps(k: int) -> str:
     """SGLang's speculative flags for k draft tokens: it counts the root token, so k + 1 draft tokens are vLLM's k
     speculative tokens."""
     return f"--speculative-num-steps {k} --speculative-eagle-topk 1 --speculative-num-draft-tokens {k + 1}"
+
+
+def quantised_problems(
+    file: Path, headers: Mapping[str, Any], cfg: Mapping[str, Any], expected: Mapping[str, Any]
+) -> tuple[list[str], set[str]]:
+    """(problems, names checked) for the weights of `file` that `cfg`'s quantization_config stores in parts
+    (DeepSeek-V4's `.scale`, NVFP4, ...): each part present, the weight's logical shape the config's, and its parts
+    dequantised by the scheme's rule (a tampered scale is caught there) to finite values. `expected`: logical key ->
+    shape. The other tensors are left to the caller."""
+    from safetensors import safe_open
+
+    from mtp2draft.checkpoint.quant import QuantView, quant_method
+    from mtp2draft.errors import CheckpointError
+
+    try:
+        method = quant_method(cfg)
+    except CheckpointError as exc:
+        return [str(exc)], set()
+    view = QuantView(method, headers)
+    problems: list[str] = []
+    handled: set[str] = set()
+    with safe_open(str(file), framework="pt") as fh:
+        for key in sorted(set(view.weights) & set(expected)):
+            weight = view.weights[key]
+            handled |= set(weight.names.values())
+            try:
+                scheme = weight.scheme(headers[weight.data][0])
+                params = {**method.params_for(key), "scale_key": weight.names.get("scale")}
+                shape = scheme.shape({r: tuple(headers[n][1]) for r, n in weight.names.items()}, params)
+                if list(shape) != list(expected[key]):
+                    problems.append(f"{key} holds a {list(shape)} weight, the config implies {list(expected[key])}")
+                    continue
+                value = scheme.dequant({r: fh.get_tensor(n) for r, n in weight.names.items()}, params, key)
+            except CheckpointError as exc:
+                problems.append(str(exc))
+                continue
+            if (msg := nonfinite(key, value)) is not None:
+                problems.append(f"{msg} (dequantised from {' / '.join(weight.names.values())})")
+    return problems, handled

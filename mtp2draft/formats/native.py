@@ -147,11 +147,14 @@ def open_target(target: str, cfg: Mapping[str, Any], revision, token) -> Checkpo
 
 @dataclass(frozen=True)
 class _Stored:
-    """How the target stores one checkpoint tensor: dtype, and for FP8 the scale's key, dtype and block."""
+    """How one checkpoint tensor is written: dtype, for block FP8 the scale's key and dtype, for a weight written in
+    a quantisation scheme (`formats/requant.py`) the scheme and its parts (role -> stored name)."""
 
     dtype: torch.dtype
     scale_key: str | None = None
     scale_dtype: torch.dtype = torch.float32
+    scheme: str | None = None
+    parts: Mapping[str, str] | None = None
 
 
 def fp8_block(config: Mapping[str, Any], provenance: Mapping[str, Any]) -> tuple[tuple[int, int], bool]:
@@ -177,21 +180,33 @@ def requantize_fp8(
 
 
 class NativeWriter:
-    """Produces the stored form of each checkpoint tensor of the native layer: cast to the target's dtype, or FP8
-    requantised (weight and `_scale_inv` come out of one quantisation, whichever is asked for first)."""
+    """Produces the stored form of each checkpoint tensor of the native layer: cast to the target's dtype, FP8
+    requantised with `_scale_inv`, or written in a quantisation scheme's parts (all parts of one weight come out of
+    one quantisation, whichever is asked for first)."""
 
     def __init__(self, native: NativeLayer, stored: Mapping[str, _Stored], block: tuple[int, int], ue8m0: bool):
         self.native, self.stored, self.block, self.ue8m0 = native, stored, block, ue8m0
         self.scale_of = {s.scale_key: k for k, s in stored.items() if s.scale_key}
+        self.part_of = {(n, r): k for k, s in stored.items() if s.parts for r, n in s.parts.items()}
+        self.weight_of = {n: k for (n, _), k in self.part_of.items()}
         self._pending: dict[str, torch.Tensor] = {}
         self.requantised: list[str] = []
+        self.quantised: dict[str, list[str]] = {}  # scheme -> weights written in it
 
     def names(self, key: str) -> list[str]:
-        scale = self.stored[key].scale_key
-        return [key, scale] if scale else [key]
+        stored = self.stored[key]
+        if stored.parts:
+            return list(stored.parts.values())
+        return [key, stored.scale_key] if stored.scale_key else [key]
 
     def spec(self, key: str) -> tuple[torch.dtype, tuple[int, ...]]:
-        """(dtype, shape) of a weight or scale key as it will be written."""
+        """(dtype, shape) of a weight, scale or part name as it will be written."""
+        if key in self.weight_of:
+            from mtp2draft.formats.requant import WRITERS
+
+            weight = self.weight_of[key]
+            role = next(r for r, n in self.stored[weight].parts.items() if n == key)
+            return WRITERS[self.stored[weight].scheme][0](self.native.shapes[weight], self.block)[role]
         if key in self.scale_of:
             weight = self.scale_of[key]
             m, n = self.native.shapes[weight]
@@ -201,6 +216,8 @@ class NativeWriter:
     def get(self, key: str) -> torch.Tensor:
         if key in self._pending:
             return self._pending.pop(key)
+        if key in self.weight_of:
+            return self._get_part(key)
         weight = self.scale_of.get(key, key)
         stored = self.stored[weight]
         tensor = self.native.get(weight)
@@ -215,10 +232,35 @@ class NativeWriter:
         self._pending[weight] = q
         return scale
 
+    def _get_part(self, name: str) -> torch.Tensor:
+        from mtp2draft.formats.requant import WRITERS
+
+        weight = self.weight_of[name]
+        stored = self.stored[weight]
+        parts = WRITERS[stored.scheme][1](self.native.get(weight), self.block)
+        self.quantised.setdefault(stored.scheme, []).append(weight)
+        for role, other in stored.parts.items():
+            if other != name:
+                self._pending[other] = parts[role]
+        return next(parts[r] for r, n in stored.parts.items() if n == name)
+
 
 def stored_from_target(ckpt: Checkpoint, keys: Iterable[str]) -> dict[str, _Stored]:
+    """How the target stores each key: as is, block FP8, in a quantisation scheme the exporters write back, or (a
+    ModelOpt / compressed-tensors weight) unquantised in the target's float dtype (`formats/requant.py`)."""
+    from mtp2draft.formats.requant import how_stored
+
     out = {}
     for key in keys:
+        scheme = ckpt.scheme_of(key)
+        how = how_stored(scheme, ckpt.config, key)
+        if how == "requantised":
+            names = dict(ckpt.quantised(key).names)
+            out[key] = _Stored(ST_DTYPES[ckpt.info(names["data"]).dtype][0], scheme=scheme.name, parts=names)
+            continue
+        if how == "unquantised":
+            out[key] = _Stored(_float_dtype(ckpt.config))
+            continue
         dtype = ST_DTYPES[ckpt.info(key).dtype][0]
         scale = ckpt.scale_key(key)
         scale_dtype = ST_DTYPES[ckpt.info(scale).dtype][0] if scale else torch.float32
@@ -231,19 +273,32 @@ def stored_from_provenance(
 ) -> dict[str, _Stored]:
     """Without the target: FP8 exactly where convert dequantised FP8 (provenance), module buffers (router bias)
     fp32, every other floating tensor in the target's torch_dtype (bf16 on every release we know)."""
+    from mtp2draft.formats.requant import WRITERS, part_names
+
     fp8 = set(provenance.get("dequantised_fp8") or [])
+    schemes = {k: s for s, keys in (provenance.get("dequantised") or {}).items() if s in WRITERS for k in keys}
     with torch.device("meta"):
         module = native_draft(spec, target_config, native.layer)
     buffers = {k for k, _ in module.named_buffers()}
-    text = spec.text_config(target_config)
-    default = TORCH_DTYPES.get(str(text.get("torch_dtype") or target_config.get("torch_dtype") or "bfloat16"))
+    default = _float_dtype(target_config, spec)
     out = {}
     for key in native.checkpoint_keys():
-        if key in fp8:
+        if key in schemes:
+            parts = part_names(schemes[key], key)
+            out[key] = _Stored(WRITERS[schemes[key]][0](native.shapes[key], (1, 1))["data"][0], None, torch.float32,
+                               schemes[key], parts)  # fmt: skip
+        elif key in fp8:
             out[key] = _Stored(torch.float8_e4m3fn, key + SCALE_SUFFIX)
         else:
-            out[key] = _Stored(torch.float32 if native.module_of[key] in buffers else default or torch.bfloat16)
+            out[key] = _Stored(torch.float32 if native.module_of[key] in buffers else default)
     return out
+
+
+def _float_dtype(config: Mapping[str, Any], spec: Spec | None = None) -> torch.dtype:
+    """The target's float dtype (`torch_dtype`, the text config's first): bf16 on every release we know."""
+    text = spec.text_config(config) if spec is not None else config
+    name = str(text.get("torch_dtype") or config.get("torch_dtype") or "bfloat16")
+    return TORCH_DTYPES.get(name) or torch.bfloat16
 
 
 def computation_record(spec: Spec, cfg: Mapping[str, Any]) -> dict[str, Any]:

@@ -1,12 +1,16 @@
 """The `stitched` format (native MTP): the fine-tuned layer written back under the target's key names, dtypes and
 quantization, as an overlay: only the shards holding MTP keys (their other tensors unchanged), the index, the
 target's config.json and a README saying how to lay the files over the target (vLLM's `method: "mtp"` then loads it).
+A quantised target's layer is written in its own scheme where `formats/requant.py` can write it (DeepSeek-V4's FP8 /
+FP4 with e8m0 scales), else (ModelOpt, compressed-tensors) in the float dtype with the layer's quantised parts dropped
+from the shard and the index and its prefix added to the config's exclusion list.
 
 What this module does not do: write the NextN layout (`nextn.py`) or publish (`hub.py`).
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -20,7 +24,15 @@ from mtp2draft.draft.layout import plan_mtp_layer
 from mtp2draft.errors import DraftError
 from mtp2draft.family.spec import Spec, find_spec
 from mtp2draft.formats import ExportJob, Format
-from mtp2draft.formats.common import README_FILE, finite_file, fp8_problems, read_headers, read_json, sglang_steps
+from mtp2draft.formats.common import (
+    README_FILE,
+    finite_file,
+    fp8_problems,
+    quantised_problems,
+    read_headers,
+    read_json,
+    sglang_steps,
+)
 from mtp2draft.formats.native import (
     COPY_RUN_BYTES,
     ChainLayers,
@@ -38,6 +50,7 @@ from mtp2draft.formats.native import (
     stored_from_target,
     trunk_keys,
 )
+from mtp2draft.formats.requant import UNQUANTISED_WHY, excluded_config
 from mtp2draft.io import SafetensorsWriter, write_json
 from mtp2draft.kinds import CONFIG_FILE, WEIGHTS_FILE
 
@@ -95,35 +108,22 @@ def _export_stitched(job: ExportJob) -> None:
                 "the target (keep it frozen when fine-tuning)"
             )
     keys = [k for k in native.checkpoint_keys() if k not in shared]
-    quantised = [k for k in keys if ckpt.quantised(k)]
-    if quantised:  # their parts would need renaming and the config's ignore list extending: not written yet
-        raise DraftError(
-            f"--target {target} stores {quantised[0]} (+{len(quantised) - 1}) as {ckpt.scheme_of(quantised[0]).name}: "
-            "the stitched export writes block FP8 `_scale_inv` or the target's float dtypes only"
-        )
-    stored = stored_from_target(ckpt, keys)
+    stored = stored_from_target(ckpt, keys)  # a quantised weight the exporters cannot write back: one line here
     writer = NativeWriter(native, stored, ckpt.fp8_block_size(), fp8_block(ckpt.config, {})[1])
-    replaced = {name: key for key in keys for name in writer.names(key)}
-    shards = sorted({ckpt.weight_map[name] for name in replaced}, key=natural_order)
+    slots = _slots(ckpt, writer, keys)
+    shards = sorted({ckpt.weight_map[name] for name in slots}, key=natural_order)
+    index = _target_index(ckpt)
     for n, file in enumerate(shards, 1):
         progress(f"rewriting shard {file} ({n}/{len(shards)})")
-        infos = sorted(ckpt.header(file).values(), key=lambda i: i.start)
-        for info in infos:
-            if info.name in replaced and tuple(info.shape) != tuple(writer.spec(info.name)[1]):
-                raise DraftError(
-                    f"the draft's {info.name} would be {list(writer.spec(info.name)[1])}, the target stores "
-                    f"{list(info.shape)}"
-                )
-        layout = [(i.name, ST_DTYPES[i.dtype][0], tuple(i.shape)) for i in infos]
-        with SafetensorsWriter(tmp / file, layout, {"format": "pt"}) as out:
-            for run in contiguous_runs(infos, COPY_RUN_BYTES):
-                kept = ckpt.read_raw([i.name for i in run if i.name not in replaced])
-                for info in run:
-                    out.write(info.name, writer.get(info.name) if info.name in replaced else kept[info.name])
-    write_json(tmp / INDEX_FILE, _target_index(ckpt))
-    write_json(tmp / CONFIG_FILE, ckpt.config)
+        _rewrite_shard(ckpt, writer, slots, file, tmp / file, index)
+    unquantised = sorted(k for k in keys if stored[k].scheme is None and ckpt.quantised(k))
+    config = ckpt.config
+    if unquantised:  # the layer leaves the target's quantisation: its prefix joins the config's exclusion list
+        config = excluded_config(config, [spec.key(spec.keys.block, ckpt.config, i).rstrip(".") for _, i in layers])
+    write_json(tmp / INDEX_FILE, index)
+    write_json(tmp / CONFIG_FILE, config)
     written = [i for _, i in layers]
-    (tmp / README_FILE).write_text(_stitched_readme(ckpt, spec, written, shards, writer.requantised))
+    (tmp / README_FILE).write_text(_stitched_readme(ckpt, spec, written, shards, writer, unquantised))
     for note in engine_mismatches(spec, cfg, ("vllm", "sglang")):
         progress("note: " + note)
     record.update(
@@ -134,19 +134,82 @@ def _export_stitched(job: ExportJob) -> None:
         **({"step_layers": cfg.get("step_layers", "cycle")} if len(written) > 1 else {}),
         spec=spec.name,
         **computation_record(spec, cfg),
-        overlay_files=[*shards, INDEX_FILE],
+        overlay_files=[*shards, INDEX_FILE, *([CONFIG_FILE] if unquantised else [])],
         requantised_fp8=sorted(writer.requantised),
+        requantised={scheme: sorted(v) for scheme, v in sorted(writer.quantised.items())},
+        unquantised=unquantised,
+        **({"unquantised_why": UNQUANTISED_WHY} if unquantised else {}),
     )
 
 
-def _stitched_readme(ckpt: Checkpoint, spec: Spec, layers: list[int], shards: list[str], requantised: list[str]) -> str:
+def _slots(ckpt: Checkpoint, writer: NativeWriter, keys: list[str]) -> dict[str, list[str]]:
+    """Target tensor name -> the names written in its place: the same name(s), or for a quantised weight written
+    unquantised, the logical key where its data part was and nothing for its other parts."""
+    slots: dict[str, list[str]] = {}
+    for key in keys:
+        old, new = ckpt.needed_keys([key]), writer.names(key)
+        if old == new:
+            slots.update({name: [name] for name in old})
+        else:  # the slot of a different tensor: a bf16 [N, K] in place of NVFP4's packed [N, K/2] and its scales
+            slots.update({name: ([f"+{n}" for n in new] if i == 0 else []) for i, name in enumerate(old)})
+    return slots
+
+
+def _rewrite_shard(
+    ckpt: Checkpoint, writer: NativeWriter, slots: dict[str, list[str]], file: str, out: Path, index: dict
+) -> None:
+    """Shard `file` of the target with the layer's tensors in their slots (others copied), `index` updated."""
+    infos = sorted(ckpt.header(file).values(), key=lambda i: i.start)
+    layout = []
+    for info in infos:
+        if info.name not in slots:
+            layout.append((info.name, ST_DTYPES[info.dtype][0], tuple(info.shape)))
+            continue
+        for name in slots[info.name]:
+            swapped, name = name.startswith("+"), name.removeprefix("+")
+            dtype, shape = writer.spec(name)
+            if not swapped and tuple(info.shape) != tuple(shape):
+                raise DraftError(f"the draft's {name} would be {list(shape)}, the target stores {list(info.shape)}")
+            layout.append((name, dtype, tuple(shape)))
+    weight_map, size = index["weight_map"], index.get("metadata", {}).get("total_size")
+    for info in infos:
+        if slots.get(info.name, [info.name]) != [info.name]:  # replaced by another tensor, or dropped
+            weight_map.pop(info.name, None)
+            size = size - info.nbytes if isinstance(size, int) else size
+    for name, dtype, shape in layout:
+        if name not in weight_map:
+            weight_map[name] = file
+            size = size + math.prod(shape) * dtype.itemsize if isinstance(size, int) else size
+    if isinstance(size, int):
+        index["metadata"]["total_size"] = size
+    with SafetensorsWriter(out, layout, {"format": "pt"}) as dst:
+        for run in contiguous_runs(infos, COPY_RUN_BYTES):
+            kept = ckpt.read_raw([i.name for i in run if i.name not in slots])
+            for info in run:
+                for name in slots.get(info.name, [info.name]):
+                    name = name.removeprefix("+")
+                    dst.write(name, writer.get(name) if info.name in slots else kept[name])
+
+
+def _stitched_readme(
+    ckpt: Checkpoint, spec: Spec, layers: list[int], shards: list[str], writer: NativeWriter, unquantised: list[str]
+) -> str:
     where = ckpt.source + (f" (commit {ckpt.commit})" if ckpt.commit else "")
-    quant = (
-        f"{len(requantised)} FP8 weights were requantised per {ckpt.fp8_block_size()[0]}x{ckpt.fp8_block_size()[1]} "
-        "block with fresh `_scale_inv`; every other tensor keeps the target's dtype."
-        if requantised
-        else "Every tensor keeps the target's dtype."
-    )
+    block = ckpt.fp8_block_size()
+    notes = [f"{len(writer.requantised)} FP8 weights were requantised per {block[0]}x{block[1]} block with fresh "
+             "`_scale_inv`."] if writer.requantised else []  # fmt: skip
+    for scheme, weights in sorted(writer.quantised.items()):
+        notes.append(f"{len(weights)} weights were requantised as {scheme}, under the checkpoint's own part names.")
+    if unquantised:
+        notes.append(
+            f"{len(unquantised)} weights the target stores quantised were written in "
+            f"{str(writer.stored[unquantised[0]].dtype).removeprefix('torch.')}, their quantised parts dropped from "
+            f"the shard and the index, and the MTP layer excluded in `config.json`'s quantization_config: "
+            f"{UNQUANTISED_WHY}"
+        )
+    quant = " ".join(notes) + (" Every other tensor keeps the target's dtype." if notes else "")
+    quant = quant or "Every tensor keeps the target's dtype."
+    shards = [*shards, *([CONFIG_FILE] if unquantised else [])]
     files = "\n".join(f"- `{f}`" for f in [*shards, INDEX_FILE])
     revision = f" --revision {ckpt.commit}" if ckpt.commit else ""
     fetch = (
@@ -165,7 +228,11 @@ other tensors are the target's, unchanged) and the index.
 
 {files}
 
-`config.json` is the target's, unchanged.
+{
+        "`config.json` is the target's with the MTP layer excluded from its quantisation (copy it too)."
+        if unquantised
+        else "`config.json` is the target's, unchanged."
+    }
 
 ## Overlay it onto the target
 
@@ -231,13 +298,17 @@ def _validate_stitched(path: Path, cfg: dict[str, Any]) -> list[str]:
             problems.append(f"the index maps {key} to {file}, which does not hold it")
         for key in sorted(set(headers) - mapped, key=natural_order):
             problems.append(f"{file} holds {key}, which the index maps elsewhere")
-        for key in sorted(set(headers) & set(expected), key=natural_order):
+        quantised, parts = quantised_problems(path / file, headers, cfg, expected)  # e.g. DeepSeek-V4's `.scale`
+        problems += quantised
+        for key in sorted(set(headers) & set(expected) - parts, key=natural_order):
             if list(headers[key][1]) != list(expected[key]):
                 problems.append(f"{key} has shape {headers[key][1]}, the config implies {list(expected[key])}")
             else:
                 problems += fp8_problems(key, headers[key][0], expected[key], headers, block)
         mtp_here = [
-            k for k in headers if k in expected or (k.endswith(SCALE_SUFFIX) and k[: -len(SCALE_SUFFIX)] in expected)
+            k
+            for k in headers
+            if k not in parts and (k in expected or (k.endswith(SCALE_SUFFIX) and k[: -len(SCALE_SUFFIX)] in expected))
         ]
         problems += finite_file(path / file, mtp_here)
     return problems
@@ -256,7 +327,7 @@ def _is_stitched(config: Mapping[str, Any]) -> bool:
 def _launch_lines(target: str, draft: str, k: int) -> dict[str, str]:
     return {
         "overlay": f"hf download {target} --local-dir ./target-stitched && hf download {draft} --include "
-        "'*.safetensors' 'model.safetensors.index.json' --local-dir ./target-stitched",
+        "'*.safetensors' 'model.safetensors.index.json' config.json --local-dir ./target-stitched",
         "vLLM": "vllm serve ./target-stitched --speculative-config "
         f'\'{{"method": "mtp", "num_speculative_tokens": {k}}}\'',
         "SGLang": f"python -m sglang.launch_server --model ./target-stitched --speculative-algorithm EAGLE "

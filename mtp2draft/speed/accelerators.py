@@ -3,7 +3,7 @@ peaks, per device, from each vendor's own datasheet.
 
 The figures are the datasheets' headline numbers, not measured ones (the one exception, `cpu`, is this
 project's 2-core CI machine, which no datasheet describes: its bandwidth and bf16 peak are measured by
-scripts/measure_cpu.py, so the engine timings taken there have a prediction beside them): the model divides bytes by `hbm_bytes_per_s`
+benchmarks/measure_cpu.py, so the engine timings taken there have a prediction beside them): the model divides bytes by `hbm_bytes_per_s`
 and FLOPs by a peak, and leaves what no kernel reaches to its one fitted latency constant (`cost.py`). Vendors quote
 tensor peaks "with sparsity"; the dense figure (half of it) is what dense decoding can use, and is what is stored.
 
@@ -52,7 +52,7 @@ _SOURCES = {
     "h200": "NVIDIA H200 Tensor Core GPU datasheet (H200 SXM column), https://www.nvidia.com/en-us/data-center/h200/",
     "b200": "NVIDIA HGX B200 datasheet (per-system figures divided by 8), https://www.nvidia.com/en-us/data-center/hgx/",
     "mi300x": "AMD Instinct MI300X accelerator datasheet, https://www.amd.com/en/products/accelerators/instinct/mi300/mi300x.html",
-    "cpu": "measured by scripts/measure_cpu.py on 2026-12-01 12:47 UTC, torch 2.13.0+cpu, 2 threads, 1-minute load "
+    "cpu": "measured by benchmarks/measure_cpu.py on 2026-12-01 12:47 UTC, torch 2.13.0+cpu, 2 threads, 1-minute load "
     "average 3.0 (a shared machine): stream copy 28.1 GB/s (read + written), 2048^2 matmul 220 GFLOP/s in bf16 "
     "(52 in fp32); no datasheet describes a shared slot of 2 server cores",
 }

@@ -138,7 +138,7 @@ def top_k_kl(
     same way: its probabilities of the k ids and, as its tail, everything else (log q = logit - logsumexp, so no
     [B, T, V'] teacher is built). Dropping the tail instead (renormalising the k ids) teaches the draft to put no
     mass outside them: on the bundled tiny-mimo, whose top-64 covers 62 % of the mass, that cost a quarter of the
-    online distill's acceptance, while the tail bucket matches it (docs/benchmarks.md, "Offline distillation").
+    online distill's acceptance, while the tail bucket matches it (docs/results.md, "Offline teacher").
     With k = the whole vocabulary the tail is empty and this is the online KL. Ids outside a reduced draft
     vocabulary drop out (their mass too) and the rest is renormalised, as online; the tail is taken to lie inside
     the draft vocabulary, which the files cannot tell."""

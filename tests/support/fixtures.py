@@ -57,9 +57,10 @@ def _merged(base: dict[str, Any], changes: dict[str, Any]) -> dict[str, Any]:
 def _load_rows(folder: Path) -> dict[str, dict[str, Any]]:
     """name -> fixture row, from every data file in `folder`. Row keys: `spec` (None: no spec builds it), `config`,
     `trunk` ((transformers model_type, class name) whose save_pretrained writes the trunk), options
-    `store_embed_head` (copies inside the MTP layer), `fp8` (quantised as DeepSeek's release), `fused_experts` (the
+    `store_embed_head` (copies inside the MTP layer), `fp8` (quantised as DeepSeek's release), `quantise` (a named
+    release quantisation of a `tensors` layout, tests/support/quantised.py), `fused_experts` (the
     trunk's experts as the hub stores them, fused 3-D; save_pretrained writes per-expert keys), `tensors` (a named
-    writer of the whole layout, for a checkpoint no spec builds)."""
+    writer of the whole layout, for a checkpoint no spec builds; `listed` writes the row's `keys`: name -> shape)."""
     files = {f.stem: json.loads(f.read_text()) for f in sorted(folder.glob("*.json"))}
     rows: dict[str, dict[str, Any]] = {}
 
@@ -268,7 +269,7 @@ def _v4_block(prefix: str, config: dict[str, Any], gen: torch.Generator) -> dict
     return out
 
 
-def dspark_tensors(config: dict[str, Any], seed: int) -> dict[str, torch.Tensor]:
+def dspark_tensors(config: dict[str, Any], seed: int, row: dict[str, Any] | None = None) -> dict[str, torch.Tensor]:
     """DeepSeek-V4-0731's checkpoint: the trunk (no `model.` prefix: embed, layers.{i}, norm, hc_head_*, head) and
     three DSpark stages mtp.{0,1,2}: decoder blocks as the trunk's, mtp.0.main_proj / main_norm (fusing the three
     target layers), and on the last stage the head stack: norm, hc_head_*, markov_head.markov_w{1,2},
@@ -322,7 +323,9 @@ def v4_release_names(tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor
     return out
 
 
-def deepseek_v4_tensors(config: dict[str, Any], seed: int) -> dict[str, torch.Tensor]:
+def deepseek_v4_tensors(
+    config: dict[str, Any], seed: int, row: dict[str, Any] | None = None
+) -> dict[str, torch.Tensor]:
     """DeepSeek-V4's checkpoint in the release's names: the trunk as transformers saves it, renamed
     (`v4_release_names`), and the MTP layer through the spec's inverse mapping (bf16, no .scale siblings)."""
     out = v4_release_names(trunk_tensors(config, ("deepseek_v4", "DeepseekV4ForCausalLM"), seed))
@@ -330,7 +333,13 @@ def deepseek_v4_tensors(config: dict[str, Any], seed: int) -> dict[str, torch.Te
     return out
 
 
-_TENSOR_WRITERS = {"dspark": dspark_tensors, "deepseek_v4": deepseek_v4_tensors}
+def listed_tensors(config: dict[str, Any], seed: int, row: dict[str, Any]) -> dict[str, torch.Tensor]:
+    """The row's `keys` (name -> shape), bf16 noise: the layout of a family no spec builds, written key by key."""
+    gen = torch.Generator().manual_seed(seed)
+    return {key: (torch.randn(shape, generator=gen) * 0.05).to(torch.bfloat16) for key, shape in row["keys"].items()}
+
+
+_TENSOR_WRITERS = {"dspark": dspark_tensors, "deepseek_v4": deepseek_v4_tensors, "listed": listed_tensors}
 
 
 def build_fixture(
@@ -341,7 +350,12 @@ def build_fixture(
     config = with_fields(row["config"], **overrides)
     out = Path(out)
     if row.get("tensors"):
-        return write_checkpoint(out, config, _TENSOR_WRITERS[row["tensors"]](config, seed), shards=shards, decoy=decoy)
+        tensors = _TENSOR_WRITERS[row["tensors"]](config, seed, row)
+        if row.get("quantise"):  # a release's own quantisation, by its rule (tests/support/quantised.py)
+            from support.quantised import RELEASE_QUANTISERS
+
+            tensors = RELEASE_QUANTISERS[row["quantise"]](tensors)
+        return write_checkpoint(out, config, tensors, shards=shards, decoy=decoy)
     tensors = trunk_tensors(config, row["trunk"], seed)
     if row.get("fused_experts"):
         tensors = fuse_expert_tensors(tensors)

@@ -100,6 +100,24 @@ def _ct_config(fmt: str, weights: dict[str, Any]) -> dict[str, Any]:
     }
 
 
+def fp8_e8m0_blocks(w: torch.Tensor, block: int = 128) -> dict[str, torch.Tensor]:
+    """DeepSeek-V4's other linears: e4m3 `weight` [N, K] with a float8_e8m0fnu `scale` [ceil(N/128), ceil(K/128)],
+    each block's scale 2^ceil(log2(amax / 448)) so no value clips (the rule the V4 release's scales follow: every
+    one is a power of two)."""
+    w = w.float()
+    rows, cols = w.shape
+    r, c = math.ceil(rows / block), math.ceil(cols / block)
+    scale = torch.empty(r, c)
+    q = torch.empty(rows, cols, dtype=torch.float8_e4m3fn)
+    for i in range(r):
+        for j in range(c):
+            blk = w[i * block : (i + 1) * block, j * block : (j + 1) * block]
+            s = 2.0 ** math.ceil(math.log2(max(blk.abs().max().item(), 2**-120) / 448.0))
+            scale[i, j] = s
+            q[i * block : (i + 1) * block, j * block : (j + 1) * block] = (blk / s).to(torch.float8_e4m3fn)
+    return {"weight": q, "scale": scale.to(torch.float8_e8m0fnu)}
+
+
 def fp4_e8m0_deepseek_v4(w: torch.Tensor) -> dict[str, torch.Tensor]:
     """DeepSeek-V4's expert layout: the same e2m1 pairs and e8m0 bytes, as int8 `weight` and float8_e8m0fnu
     `scale`."""
@@ -133,6 +151,28 @@ SCHEMES = {
 }
 
 
+# DeepSeek-V4 as released (the dtype column of tests/data/hub_keys/deepseek_v4*.json): routed experts FP4, the
+# attention's and shared experts' linears and the MTP layer's e_proj / h_proj FP8, both with e8m0 `.scale`;
+# hyper-connection mixes, attention sinks and the router bias fp32; norms, the router weight, embed and head bf16;
+# the compressors' linears (trunk only) bf16.
+V4_FP4 = re.compile(r"\.ffn\.experts\.\d+\.w[123]\.weight$")
+V4_FP8 = re.compile(r"(\.attn\.w(q_a|q_b|kv|o_a|o_b)|\.indexer\.wq_b|\.shared_experts\.w[123]|\.[eh]_proj)\.weight$")
+V4_FP32 = re.compile(r"(hc_(attn|ffn|head)_(fn|base|scale)|\.attn_sink|\.gate\.bias)$")
+
+
+def deepseek_v4_release(tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """A bf16 DeepSeek-V4 checkpoint's tensors in the release's own quantisation (`V4_*` above)."""
+    out: dict[str, torch.Tensor] = {}
+    for key, tensor in tensors.items():
+        quantise = fp4_e8m0_deepseek_v4 if V4_FP4.search(key) else fp8_e8m0_blocks if V4_FP8.search(key) else None
+        if quantise is not None:
+            stem = key[: -len("weight")]
+            out.update({stem + part: t for part, t in quantise(tensor).items()})
+        else:
+            out[key] = tensor.float() if V4_FP32.search(key) else tensor
+    return out
+
+
 def requantise(source: Path, out: Path, scheme: str) -> Path:
     """A re-release of checkpoint `source` in `scheme` ("nvfp4", "mxfp4", "int4"): same config plus the tool's
     quantization_config, every `*_proj.weight` replaced by its parts (`<stem>weight`, `<stem>weight_scale`, ...)."""
@@ -148,3 +188,7 @@ def requantise(source: Path, out: Path, scheme: str) -> Path:
             else:
                 tensors[key] = tensor
     return write_checkpoint(out, config, tensors)
+
+
+# Fixture rows' `quantise` (tests/support/fixtures.py): the whole checkpoint in a release's own quantisation.
+RELEASE_QUANTISERS = {"deepseek_v4": deepseek_v4_release}

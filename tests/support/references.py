@@ -345,3 +345,47 @@ def nemotron_h_vllm(path: Path, nxt, hidden, pos, *, sublayers: tuple[str, str] 
     x = blocks[1](blocks[0](x, attention_mask=causal(x.shape[1])))
     normed = rms(x, w[m1 + "final_layernorm.weight"], eps)
     return normed @ w[lm + "lm_head.weight"].T, normed
+
+
+# vLLM 0.33 qwen3_5_mtp.py (Qwen3_5MTP.load_weights: mtp. -> model.) with qwen3_next.py's stacking: q/k/v into
+# qkv_proj, the shared expert's gate/up into gate_up_proj
+_QWEN_STACKED = {".q_proj": ".qkv_proj", ".k_proj": ".qkv_proj", ".v_proj": ".qkv_proj",
+                 "shared_expert.gate_proj": "shared_expert.gate_up_proj",
+                 "shared_expert.up_proj": "shared_expert.gate_up_proj"}  # fmt: skip
+
+
+def qwen3_5_vllm_loads(key: str) -> str:
+    for old, new in _QWEN_STACKED.items():
+        key = key.replace(old, new)
+    return "model." + key.removeprefix("mtp.")
+
+
+def qwen3_5_mtp(path: Path, nxt, hidden, pos, *, norm: str = "zero_centered", order: str = "embed_hidden"):
+    """vLLM's Qwen3.5 MTP (qwen3_5_mtp.py, Qwen3_5MultiTokenPredictor), flat text config: zero-centred RMSNorm(embed)
+    | RMSNorm(hidden) -> mtp.fc -> transformers' Qwen3_5MoeDecoderLayer built as a full-attention layer (eager, the
+    fused 3-D experts as the hub stores them, strict load of every mtp.layers.0.* tensor; text-only positions make the
+    interleaved M-RoPE a plain partial RoPE, written by hand) -> mtp.norm, handed on -> the target's lm_head.
+    norm="standard": x * w norms; order="hidden_embed": the projection's inputs swapped."""
+    from transformers.models.qwen3_5_moe.modeling_qwen3_5_moe import Qwen3_5MoeDecoderLayer
+
+    config, w = config_of(path), tensors(path)
+    eps = config["rms_norm_eps"]
+
+    def norm_(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+        return rms(x, 1 + weight if norm == "zero_centered" else weight, eps)
+
+    e = norm_(torch.nn.functional.embedding(nxt, w["model.embed_tokens.weight"]), w["mtp.pre_fc_norm_embedding.weight"])
+    h = norm_(hidden, w["mtp.pre_fc_norm_hidden.weight"])
+    x = torch.cat([e, h] if order == "embed_hidden" else [h, e], -1) @ w["mtp.fc.weight"].T
+    fields = {k: v for k, v in config.items() if k not in ("model_type", "architectures")}
+    cfg = transformers.AutoConfig.for_model("qwen3_5_moe_text", **fields)
+    cfg.layer_types, cfg._attn_implementation, cfg._experts_implementation = ["full_attention"], "eager", "eager"
+    block = Qwen3_5MoeDecoderLayer(cfg, 0)
+    block.load_state_dict({k[len("mtp.layers.0.") :]: v for k, v in w.items() if k.startswith("mtp.layers.0.")})
+    rd = int(config["head_dim"] * config["partial_rotary_factor"])
+    theta = float(config["rope_parameters"]["rope_theta"])
+    freqs = pos[..., None].float() / theta ** (torch.arange(0, rd, 2).float() / rd)
+    emb = torch.cat([freqs, freqs], -1)
+    out = block(x, position_embeddings=(emb.cos(), emb.sin()), attention_mask=causal(x.shape[1]), position_ids=pos)
+    normed = norm_(out, w["mtp.norm.weight"])
+    return normed @ w["lm_head.weight"].T, normed

@@ -141,7 +141,7 @@ def served(vllm: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, An
         for case, c in cases.items()
     }
     log(f"vLLM {version}: case -> (evaluate, vLLM) mean acceptance length at k={K}: {summary}")
-    if report_path := os.environ.get("MTP2DRAFT_ENGINE_REPORT"):  # the figures docs/benchmarks.md quotes
+    if report_path := os.environ.get("MTP2DRAFT_ENGINE_REPORT"):  # the figures docs/results.md quotes
         Path(report_path).write_text(json.dumps(_report(version, cases, results), indent=2))
     return {
         "cases": cases,
@@ -208,9 +208,9 @@ def _diverging(served: dict, target: str) -> list[int]:
 
 
 # vLLM 0.32.0's CPU build computed MLA targets (tiny-deepseek-v3) differently from transformers: its CPU rotary op
-# mishandles the strided q_pe / k_pe views DeepSeek's MLA passes (scripts/repro_vllm_cpu_rope.py). The drivers apply
+# mishandles the strided q_pe / k_pe views DeepSeek's MLA passes (benchmarks/vllm-repro/repro_vllm_cpu_rope.py). The drivers apply
 # the fix for MLA targets (target/vllm_side/cpu_fixes.py), after which vLLM's fp32 log-probabilities equal
-# transformers' to ~1e-5 (docs/benchmarks.md), so every comparison below is held for both targets.
+# transformers' to ~1e-5 (docs/engines.md), so every comparison below is held for both targets.
 
 
 @pytest.mark.parametrize("target", list(TARGETS))

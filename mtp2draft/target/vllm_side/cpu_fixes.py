@@ -6,15 +6,15 @@ applies only on the CPU platform, and is reported in the driver's reply, so a fi
 
 - `MTP2DRAFT_VLLM_NATIVE_ROPE=1`: vLLM 0.32.0's CPU rotary op (`RotaryEmbedding.forward_cpu`, `ops.rotary_embedding`)
   rotates a query shaped [T, H, R], and the strided q_pe / k_pe views DeepSeek's MLA passes it, wrongly, and writes
-  outside k_pe (scripts/repro_vllm_cpu_rope.py). The layer's own PyTorch code (`forward_native`) is used instead;
-  with it vLLM equals transformers on MLA targets to ~1e-5 in every log-probability (docs/benchmarks.md). Asked for
+  outside k_pe (benchmarks/vllm-repro/repro_vllm_cpu_rope.py). The layer's own PyTorch code (`forward_native`) is used instead;
+  with it vLLM equals transformers on MLA targets to ~1e-5 in every log-probability (docs/engines.md). Asked for
   for MLA targets only; other models keep vLLM's own op.
 - `MTP2DRAFT_VLLM_NATIVE_EXPAND=1`: vLLM 0.32.0's CPU stand-in for the rejection sampler's `expand_kernel`
   (`vllm/utils/cpu_triton_utils.py`, `_expand_kernel_impl`) converts the output tensor to int64 (`_ensure_int64`,
   a copy for a float32 one) and never copies the result back, so `expand_batch_to_tokens` returns uninitialised
   memory for the float temperature (and top_p) it expands per draft token; with temperature > 0 the target's
   probabilities in rejection sampling are then those of logits divided by garbage (0, negative or denormal numbers),
-  and argmax proposals are accepted ~0.001 of the time instead of with probability p(x) (scripts/repro_vllm_cpu_expand.py).
+  and argmax proposals are accepted ~0.001 of the time instead of with probability p(x) (benchmarks/vllm-repro/repro_vllm_cpu_expand.py).
   `rejection_sampler.expand_batch_to_tokens` is replaced by the same thing in PyTorch (`repeat_interleave`).
   Asked for on every target: it changes nothing at temperature 0 (that path never expands).
 
@@ -58,13 +58,15 @@ def apply() -> list[str]:
         from vllm.model_executor.layers.rotary_embedding.base import RotaryEmbedding
 
         RotaryEmbedding.forward_cpu = RotaryEmbedding.forward_native
-        applied.append("rotary embedding: forward_native instead of the CPU op (scripts/repro_vllm_cpu_rope.py)")
+        applied.append(
+            "rotary embedding: forward_native instead of the CPU op (benchmarks/vllm-repro/repro_vllm_cpu_rope.py)"
+        )
     if expand:
         from vllm.v1.sample import rejection_sampler
 
         rejection_sampler.expand_batch_to_tokens = expand_batch_to_tokens
         applied.append(
             "rejection sampler: expand_batch_to_tokens in PyTorch instead of the CPU expand op, which leaves float "
-            "outputs (temperature, top_p) unwritten (scripts/repro_vllm_cpu_expand.py)"
+            "outputs (temperature, top_p) unwritten (benchmarks/vllm-repro/repro_vllm_cpu_expand.py)"
         )
     return applied

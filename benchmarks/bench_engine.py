@@ -1,4 +1,4 @@
-"""Serving speed with and without the draft, from vLLM's own clock (issue 19 item 2).
+"""Serving speed with and without the draft, from vLLM's own clock.
 
 For each bundled target (examples/targets) the raw MTP head (`convert`, bf16 like the target) is served in vLLM the
 way `evaluate --engine vllm` serves it (stitched export over the target, `{"method": "mtp"}`, the checkpoint's own
@@ -10,7 +10,7 @@ shared machine spreads over all of them. Per round, from the engine core's per-r
 output token = mean over requests of (last - first token) / (tokens - 1). Reported: the median of the repeats and
 their range. The 1-minute load average is sampled every 5 s while it runs (the machine is shared).
 
-    python scripts/bench_engine.py [--k 3] [--new-tokens 64] [--repeats 3] [--json out.json]
+    python benchmarks/bench_engine.py [--k 3] [--new-tokens 64] [--repeats 3] [--json out.json]
 
 What it does not do: distill (the raw head is what `convert` gives), or measure acceptance against mtp2draft's own
 decoding (the engine tests do that).

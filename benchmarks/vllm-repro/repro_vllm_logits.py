@@ -3,7 +3,7 @@
 Runs in vLLM's venv (`mtp2draft engine install vllm` prints its python; it holds vLLM and the transformers it pins), with no
 mtp2draft import, so an engine maintainer can run it as it is:
 
-    $(mtp2draft engine install vllm) scripts/repro_vllm_logits.py CHECKPOINT_DIR [--variant KEY=JSON ...] [--prompts N]
+    $(mtp2draft engine install vllm) benchmarks/vllm-repro/repro_vllm_logits.py CHECKPOINT_DIR [--variant KEY=JSON ...] [--prompts N]
 
 For each prompt (token ids of the checkpoint's own tokenizer over lines of a JSONL file, or fixed ids) it compares
 vLLM's prompt log-probabilities (top 5 per position, fp32, eager) with transformers' log_softmax of the same
@@ -13,7 +13,7 @@ are links to the same files), to find which part of the computation differs: e.g
 routing without groups), `norm_topk_prob=false`, `num_experts_per_tok=8` (every expert).
 
 With REPRO_NATIVE_ROPE=1 in the environment, vLLM's CPU rotary op is replaced by the layer's own PyTorch code
-(`forward_native`) in every vLLM process: the check that the CPU op is what differs (scripts/repro_vllm_cpu_rope.py
+(`forward_native`) in every vLLM process: the check that the CPU op is what differs (benchmarks/vllm-repro/repro_vllm_cpu_rope.py
 shows it on one layer).
 
 Prints one JSON line per variant. What it does not do: change vLLM's files, or judge which side is right.
@@ -31,7 +31,7 @@ import tempfile
 from pathlib import Path
 
 if os.environ.get("REPRO_NATIVE_ROPE") == "1":  # at import: vLLM's spawned workers re-import this file
-    # the workaround for vLLM 0.32's CPU rotary op (scripts/repro_vllm_cpu_rope.py): rotate with the layer's own
+    # the workaround for vLLM 0.32's CPU rotary op (benchmarks/vllm-repro/repro_vllm_cpu_rope.py): rotate with the layer's own
     # PyTorch code instead of `ops.rotary_embedding`
     from vllm.model_executor.layers.rotary_embedding.base import RotaryEmbedding
 

@@ -2,7 +2,7 @@
 
 Run with the vLLM venv's Python (no model, no mtp2draft import):
     ~/.cache/mtp2draft/vllm-venv/bin/python repro.py
-(in mtp2draft: `$(mtp2draft engine install vllm) scripts/repro_vllm_cpu_expand.py`)
+(in mtp2draft: `$(mtp2draft engine install vllm) benchmarks/vllm-repro/repro_vllm_cpu_expand.py`)
 
 Cause. Without a Triton CPU backend (HAS_TRITON False), `CpuPlatform.register_triton_kernel_overrides`
 (vllm/platforms/cpu.py l. 670-720, called by vllm/v1/worker/worker_base.py l. 282) replaces

@@ -1,6 +1,6 @@
 """vLLM 0.32.0's CPU rotary-embedding op rotates a 3-D query wrongly: the minimal reproduction.
 
-Runs in vLLM's venv (`$(mtp2draft engine install vllm) scripts/repro_vllm_cpu_rope.py`; no model, no mtp2draft import). It
+Runs in vLLM's venv (`$(mtp2draft engine install vllm) benchmarks/vllm-repro/repro_vllm_cpu_rope.py`; no model, no mtp2draft import). It
 applies one `RotaryEmbedding` (DeepSeek's: 64 rotary dims, GPT-J style, theta 10000) three ways and compares each
 with the layer's own `forward_native`:
 

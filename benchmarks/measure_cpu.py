@@ -1,6 +1,6 @@
 """Measure this machine's memory bandwidth and bf16 / fp32 matmul throughput, as the speed model's accelerator facts.
 
-    python scripts/measure_cpu.py [--threads 2] [--seconds 3]
+    python benchmarks/measure_cpu.py [--threads 2] [--seconds 3]
 
 A CPU slot has no datasheet figure (a shared slot of 2 server cores least of all), so the speed model's `cpu-2core`
 entry (speed/accelerators.py) holds what this script measures on the project's CI machine: stream bandwidth as

@@ -1,6 +1,6 @@
 """Does distilling harm a good raw MTP head? The raw head against `distill`'s defaults and the demo's settings.
 
-    python scripts/bench_do_no_harm.py TARGET_DIR DATA_DIR WORK [--prompts 64] [--table-only]
+    python benchmarks/bench_do_no_harm.py TARGET_DIR DATA_DIR WORK [--prompts 64] [--table-only]
 
 TARGET_DIR is a runnable target (examples/targets/tiny-mimo), DATA_DIR holds train.jsonl and heldout.jsonl (prompts
 from packages the target never trained on). It converts the raw native head, distills it twice (the defaults; the
@@ -11,8 +11,7 @@ difference's 95 % paired bootstrap interval over prompts (`mtp2draft.evaluation.
 output present in WORK) are not redone; `--table-only` only prints.
 
 It calls the `mtp2draft` CLI, so it measures what a user runs. About 40 minutes on 2 shared cores for tiny-mimo.
-(The figures in docs/benchmarks.md came from these same CLI commands run from a shell into WORK, and this script's
-`--table-only` printed the table from them: its own measuring path has not been run end to end.)
+docs/results.md ("Do no harm") holds its figures for both bundled targets.
 """
 
 from __future__ import annotations

@@ -1,0 +1,90 @@
+"""Families mtp2draft knowingly does not convert, each with its reason: data files in `model_specs/not_supported/`.
+
+A row names the `architectures` / `model_types` it matches, a `reason` (one clause, shown to the user as it stands)
+and the `sources` the reason was read from. `mtp2draft specs` lists the rows beside the supported families, and a
+checkpoint of such a family is refused in one line carrying the reason instead of "no spec matches".
+
+What this module does not do: refuse checkpoints whose MTP-named tensors hold another drafter whatever the family
+(DSpark: `family.spec.NOT_MTP_FIELDS`), or decide anything about families that have a spec (a spec always wins, so a
+user spec in $MTP2DRAFT_SPEC_PATH can take a row's family on).
+"""
+
+from __future__ import annotations
+
+import tomllib
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass
+from functools import cache
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+from mtp2draft.errors import NotSupportedError, SpecError
+
+FOLDER = "not_supported"
+_FIELDS = ("name", "description", "architectures", "model_types", "reason", "sources")
+
+
+@dataclass(frozen=True)
+class NotSupported:
+    name: str
+    description: str
+    architectures: tuple[str, ...]
+    model_types: tuple[str, ...]
+    reason: str
+    """Why mtp2draft does not convert it: one clause, completing "<description>: not supported, because ..."."""
+    sources: str
+    """Where the reason was read (engine / transformers versions, issue threads)."""
+
+    def matches(self, config: Mapping[str, Any]) -> bool:
+        architectures = set(config.get("architectures") or [])
+        return bool(architectures & set(self.architectures)) or config.get("model_type") in self.model_types
+
+    def summary(self) -> dict[str, Any]:
+        """The row `specs --json` prints: `supported` false, the reason and its sources."""
+        row = asdict(self)
+        row.update(architectures=list(self.architectures), model_types=list(self.model_types), supported=False)
+        return row
+
+
+def parse(data: Mapping[str, Any], path: str) -> NotSupported:
+    """Validate one row: exactly the known keys, strings and lists of strings, something to match."""
+    unknown, missing = sorted(set(data) - set(_FIELDS)), sorted(set(_FIELDS) - set(data))
+    if unknown or missing:
+        raise SpecError(f"{path}: unknown key(s) {unknown} / missing key(s) {missing}; a row has {', '.join(_FIELDS)}")
+    for key in _FIELDS:
+        value = data[key]
+        listed = key in ("architectures", "model_types")
+        good = isinstance(value, list) and all(isinstance(v, str) for v in value) if listed else isinstance(value, str)
+        if not good or (not listed and not value):
+            raise SpecError(f"{path}: {key} must be {'a list of strings' if listed else 'a non-empty string'}")
+    if not data["architectures"] and not data["model_types"]:
+        raise SpecError(f"{path}: a row must match at least one architecture or model_type")
+    if data["name"] != Path(path).stem:
+        raise SpecError(f"{path}: name {data['name']!r} must equal the file name {Path(path).stem!r}")
+    return NotSupported(**{k: tuple(v) if isinstance(v, list) else v for k, v in data.items()})
+
+
+@cache
+def rows() -> dict[str, NotSupported]:
+    """Every shipped row by name."""
+    folder = resources.files("mtp2draft.model_specs") / FOLDER
+    out = {}
+    for file in sorted(Path(str(p)) for p in folder.iterdir() if p.name.endswith(".toml")):
+        try:
+            data = tomllib.loads(file.read_text())
+        except tomllib.TOMLDecodeError as exc:
+            raise SpecError(f"{file}: not valid TOML: {exc}") from exc
+        out[file.stem] = parse(data, str(file))
+    return out
+
+
+def refuse_not_supported(config: Mapping[str, Any]) -> None:
+    """NotSupportedError, in one line with the row's reason, when config.json is of a family listed here."""
+    for row in rows().values():
+        if row.matches(config):
+            found = ", ".join(config.get("architectures") or []) or config.get("model_type")
+            raise NotSupportedError(
+                f"{row.description} ({found}): not supported, because {row.reason} "
+                f"(see `mtp2draft specs`, model_specs/{FOLDER}/{row.name}.toml)"
+            )

@@ -1,0 +1,107 @@
+"""What a reader of docs/ and the repository's folders can rely on: pages short enough to read, the results page
+giving each figure's date and command, no private issue numbers, links that land, and scripts/ holding the user
+tools only, with every benchmark and reproduction described in its folder's README.
+
+What this module does not check: that a figure is right (the benchmarks measure, the tests of each stage prove), or
+the README's own length and sentences."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+DOCS = ROOT / "docs"
+PAGE_LINES, RESULTS_LINES, SCRIPTS = 450, 300, 8
+# another project's issue or PR may be cited by its project's name ("vLLM PR 45895"); this project's may not
+PROJECTS = {"vllm", "sglang", "speculators", "transformers", "tensorrt-llm", "huggingface_hub", "pytorch", "torch"}
+_REFERENCE = re.compile(r"(?:(\S+)\s+)?((?:issues?|PRs?|pull requests?)\s+#?\d+)", re.I)
+_HASH = re.compile(r"(?<![\w/&])#\d+\b")
+_LINK = re.compile(r"\]\(([^)\s]+)\)")
+
+
+def _pages() -> list[Path]:
+    return sorted(DOCS.rglob("*.md"))
+
+
+def _readable() -> list[Path]:
+    """Every markdown file a user reads: the README, docs/, and the folders' READMEs."""
+    return [ROOT / "README.md", *_pages(), *sorted((ROOT / "benchmarks").rglob("*.md"))]
+
+
+def private_references(text: str) -> list[str]:
+    """Issue / PR numbers in `text` not attributed to another project by name, and bare `#123`s."""
+    named = [((m.group(1) or "").strip("(").lower(), m.group(2)) for m in _REFERENCE.finditer(text)]
+    found = [ref for project, ref in named if project not in PROJECTS and "/" not in project]  # owner/repo names one
+    return found + _HASH.findall(text)
+
+
+def anchors(text: str) -> set[str]:
+    """GitHub's anchors of a page's headings: lower case, punctuation dropped, spaces as hyphens, repeats numbered."""
+    seen: dict[str, int] = {}
+    out = set()
+    for heading in re.findall(r"^#{1,6} (.+)$", re.sub(r"```.*?```", "", text, flags=re.S), flags=re.M):
+        slug = re.sub(r"[^\w\- ]", "", heading.strip().lower()).replace(" ", "-")
+        n = seen.get(slug, 0)
+        seen[slug] = n + 1
+        out.add(slug if n == 0 else f"{slug}-{n}")
+    return out
+
+
+def test_private_references_are_found_and_engine_ones_allowed() -> None:
+    assert private_references("as issue 17 asked, see #12 and issues 3") == ["issue 17", "issues 3", "#12"]
+    assert private_references("PR 7 at the start") == ["PR 7"]
+    assert private_references("since vLLM PR 45895 (vLLM issue 39680; SGLang\nPR 3582)") == []
+    assert private_references("(MiniMax-AI/MiniMax-M3 issue 13)") == []
+    assert private_references("[a](#section-2) top-1 &#39;") == []
+
+
+def test_no_page_in_docs_is_too_long_to_read() -> None:
+    lengths = {p.relative_to(ROOT).as_posix(): len(p.read_text().splitlines()) for p in _pages()}
+    assert {p: n for p, n in lengths.items() if n > PAGE_LINES} == {}
+    assert lengths["docs/results.md"] <= RESULTS_LINES
+
+
+def test_docs_hold_no_issue_numbers_of_this_project() -> None:
+    found = {p.relative_to(ROOT).as_posix(): private_references(p.read_text()) for p in _readable()[1:]}
+    assert {p: refs for p, refs in found.items() if refs} == {}
+
+
+def test_every_results_section_dates_its_figures_and_names_their_command() -> None:
+    text = (DOCS / "results.md").read_text()
+    sections = re.split(r"^## ", text, flags=re.M)[1:]
+    measured = [s for s in sections if "\n|---|" in s]  # a section with a table of figures
+    assert len(measured) >= 6
+    for section in measured:
+        title = section.splitlines()[0]
+        assert re.search(r"\b20\d\d-\d\d-\d\d\b", section), f"results.md, {title!r}: no date"
+        assert re.search(r"`(python |mtp2draft |pytest |CI=1 )", section), f"results.md, {title!r}: no command"
+
+
+def test_relative_links_land_on_a_file_and_a_heading() -> None:
+    broken = []
+    for page in _readable():
+        text = page.read_text()
+        for target in _LINK.findall(text):
+            if re.match(r"[a-z]+:", target):
+                continue
+            path, _, anchor = target.partition("#")
+            dest = (page.parent / path).resolve() if path else page
+            if not dest.exists():
+                broken.append(f"{page.relative_to(ROOT)}: {target}")
+            elif anchor and dest.suffix == ".md" and anchor not in anchors(dest.read_text()):
+                broken.append(f"{page.relative_to(ROOT)}: {target} (no such heading)")
+    assert broken == []
+
+
+def test_scripts_hold_the_user_tools_and_every_benchmark_is_described() -> None:
+    scripts = sorted(p.name for p in (ROOT / "scripts").iterdir() if p.is_file())
+    assert len(scripts) <= SCRIPTS, scripts
+    assert {"demo.sh", "test.sh", "train_target.py", "bench_gpu.sh"} <= set(scripts)
+    folders = [p for p in (ROOT / "benchmarks").iterdir() if p.is_dir() and not p.name.startswith(("_", "."))]
+    for folder in [ROOT / "benchmarks", *folders]:
+        readme = (folder / "README.md").read_text()
+        undescribed = [p.name for p in folder.glob("*.py") if f"`{p.name}`" not in readme]
+        assert undescribed == [], f"{folder.relative_to(ROOT)}/README.md does not describe {undescribed}"
+        for script in folder.glob("*.py"):
+            assert f"{script.relative_to(ROOT).as_posix()}" in readme, f"no command for {script.name}"
