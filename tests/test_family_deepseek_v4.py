@@ -17,6 +17,7 @@ table are made here on [B, T, hc_mult, H] hand-overs, one step and a chain of k 
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 import pytest
@@ -40,6 +41,8 @@ from mtp2draft.train.ttt import ttt_forward
 
 FIXTURE, SHIPPED, T, S, H = "deepseek_v4", "deepseek_v4_fp4", 10, 4, 64
 E2M1 = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0)
+ROOT = Path(__file__).resolve().parents[1]
+BUNDLED, DATA = ROOT / "examples" / "targets" / "tiny-deepseek-v4", ROOT / "examples" / "data"
 
 
 def _inputs(seed: int = 0, t: int = T):
@@ -237,7 +240,7 @@ def test_step0_reads_the_target_streams_before_hc_head(target) -> None:
 def test_a_dump_holds_the_streams_and_distill_reads_it(target, text_data, tmp_path: Path, capsys) -> None:
     """`dump-hidden` records what the MTP layer consumes, the target's last-layer streams [T, 4, H] before hc_head;
     `distill --hidden-states` trains on them; a dump whose `final` lost the streams is one `error:` line."""
-    from safetensors.torch import load_file, save_file
+    from safetensors.torch import save_file
 
     path = target(FIXTURE)
     raw, dump = tmp_path / "raw", tmp_path / "dump"
@@ -372,3 +375,58 @@ def test_over_the_hub_inspect_reads_headers_and_convert_the_mtp_layer(
     served = sum(hub.bytes_served_for(f) for f in shards)
     headers = sum(min(local.info(k).start for k in local.header(f)) for f in {local.weight_map[k] for k in needed})
     assert need_bytes <= served <= 1.05 * (need_bytes + headers)
+
+
+def _lines(src: Path, out: Path, first: int, count: int) -> Path:
+    out.write_text("".join(src.read_text().splitlines(keepends=True)[first : first + count]))
+    return out
+
+
+@pytest.mark.slow  # ~1-2 min on 2 cores: every stage once, on a few short sequences
+def test_the_whole_pipeline_on_the_bundled_target(tmp_path: Path, capsys) -> None:
+    """On examples/targets/tiny-deepseek-v4 (transformers' DeepSeek-V4 trunk, 4 streams, its MTP layer trained jointly
+    by scripts/train_target.py): convert -> distill, online and from a `dump-hidden` dump -> evaluate (the raw head
+    beside the distilled one, paired interval; greedy lossless, temperature 1 with its distribution check) -> export
+    --format stitched -> validate; the stitched layer read back is the distilled one to bf16 rounding."""
+    from mtp2draft.conversion import convert
+
+    train, prompts = _lines(DATA / "train.jsonl", tmp_path / "t.jsonl", 0, 4), tmp_path / "p.jsonl"
+    _lines(DATA / "heldout.jsonl", prompts, 100, 2)
+    raw, ft, ft_off, st = (tmp_path / n for n in ("raw", "ft", "ft-off", "st"))
+    assert main(["convert", str(BUNDLED), "--out", str(raw)]) == 0
+    small = ["--steps", "2", "--batch-size", "2", "--max-length", "32", "--lr", "1e-3"]
+    assert main(["distill", str(raw), "--target", str(BUNDLED), "--data", str(train), "--out", str(ft), *small]) == 0
+    assert main(["dump-hidden", "--target", str(BUNDLED), "--data", str(train), "--draft", str(raw),
+                 "--out", str(tmp_path / "dump"), "--max-length", "32"]) == 0  # fmt: skip
+    assert main(["distill", str(raw), "--hidden-states", str(tmp_path / "dump"), "--out", str(ft_off), *small]) == 0
+    before = load_file(str(raw / "model.safetensors"))
+    for trained in (ft, ft_off):
+        after = load_file(str(trained / "model.safetensors"))
+        assert after.keys() == before.keys() and any(not torch.equal(after[k].to(before[k].dtype), before[k])
+                                                     for k in before)  # fmt: skip
+    capsys.readouterr()
+    ev = ["evaluate", str(ft), "--target", str(BUNDLED), "--data", str(prompts), "--baseline", str(raw), "-k", "2"]
+    ev += ["--max-new-tokens", "8", "--max-prompt-length", "32", "--json"]
+    for extra in ([], ["--temperature", "1", "--seed", "0", "--draft-sampling", "sample"]):
+        assert main([*ev, *extra]) == 0
+        report = json.loads(capsys.readouterr().out)
+        assert len(report["results"]) == 2 and report["comparison"][0]["prompts"] == 2
+        diff = report["comparison"][0]["difference"]["mean_acceptance_length"]
+        assert diff["low"] <= diff["value"] <= diff["high"]
+        for result in report["results"]:
+            assert 1.0 <= result["mean_acceptance_length"] <= 3.0
+            if extra:
+                assert result["distribution_check"] is not None
+            else:
+                assert result["lossless"] is True
+    assert main(["export", str(ft), "--format", "stitched", "--target", str(BUNDLED), "--out", str(st)]) == 0
+    assert main(["validate", str(st)]) == 0
+    overlay = tmp_path / "overlay"
+    shutil.copytree(BUNDLED, overlay)
+    for name in json.loads((st / "provenance.json").read_text())["export"]["overlay_files"]:
+        shutil.copyfile(st / name, overlay / name)
+    convert(str(overlay), tmp_path / "back", to="mtp")
+    back, fine = load_file(str(tmp_path / "back" / "model.safetensors")), load_file(str(ft / "model.safetensors"))
+    assert back.keys() == fine.keys()
+    for key in fine:
+        assert torch.equal(back[key].float(), fine[key].to(back[key].dtype).float()), key
