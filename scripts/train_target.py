@@ -11,7 +11,8 @@ Python source that is on the machine anyway. For each family in `FAMILIES` it
    tokenizer.json: byte-level BPE, vocab 4096, `<|endoftext|>` as bos/eos/pad, ChatML `<|im_start|>` /
    `<|im_end|>`), reused unchanged so the data files and the tests keep their token ids;
 2. builds the trunk with transformers' own class from a config dict written with the family's real config.json
-   field names, and the MTP layer with `NativeMtpDraft(spec, config)`;
+   field names, and the MTP layer with `native_draft(spec, config)` (for DeepSeek-V4 the multi-stream layer, which
+   reads the trunk's last-layer residual streams [B, T, 4, H] before its `hc_head`);
 3. trains both at once: loss = next-token CE of the trunk + `--mtp-weight` (0.3, DeepSeek-V3's) * t+2 CE of the MTP
    layer, the MTP layer reading the trunk's hidden state at t (before or after the final norm, as the spec's
    `layer.hidden` says) and the embedding of token t+1, through the trunk's own (trainable) embedding and lm_head.
@@ -39,7 +40,7 @@ distillation), `heldout.jsonl` (prompts from the held-out packages only, for eva
 function's signature and docstring, assistant: its body; from train files). A few such chat-formatted functions from
 train files are mixed into the training stream so the targets know the chat tokens.
 
-What it does not do: use a GPU or train anything but these two tiny families (their configs are data in
+What it does not do: use a GPU or train anything but these tiny families (their configs are data in
 `FAMILIES`); it never prints tokens or decoded text. Runs are reproducible from the same installed packages and
 thread count, interrupted or not.
 """
@@ -70,6 +71,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from mtp2draft.draft.build import native_draft
 from mtp2draft.draft.layout import load_native, native_to_checkpoint
 from mtp2draft.draft.modules import NativeMtpDraft
 from mtp2draft.family.spec import Spec, get_spec
@@ -77,9 +79,9 @@ from mtp2draft.io import atomic_output_dir, check_output_dir, write_json
 
 # the targets' configs and the hub-layout writer are the test suite's support code (tests/support/), not the package's
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
-from support.fixtures import fixture_config, hub_tensors, write_checkpoint  # noqa: E402
+from support.fixtures import fixture_config, hub_tensors, v4_release_names, write_checkpoint  # noqa: E402
 
-# ---- the two targets --------------------------------------------------------------------------------------------
+# ---- the targets ------------------------------------------------------------------------------------------------
 VOCAB = 4096
 SPECIAL_TOKENS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>")  # ids 0, 1, 2
 EOS_ID, IM_END_ID = 0, 2
@@ -156,6 +158,41 @@ FAMILIES: dict[str, dict[str, Any]] = {
             "max_window_layers": 8,
             "sliding_window": 2048,
             "num_nextn_predict_layers": 3,
+        },
+    },
+    # DeepSeek-V4's trunk (transformers' DeepseekV4ForCausalLM: hc_mult 4 residual streams, MQA with sinks and
+    # grouped low-rank output, one hash-routed MoE layer then top-k MoE) and its MTP layer in the release's names
+    # (mtp.0.*, trunk keys renamed as the release's: embed, layers.{j}, norm, hc_head_*, head). Smaller than the
+    # others (hidden 128, 4 layers) so that it trains in under an hour on one shared thread. Every trunk layer is
+    # sliding-window (compress ratio 0) with a window past any sequence here: transformers' compressed-attention
+    # caches (CSA / HCA) and a filled sliding window cannot be cropped, and speculative decoding in `evaluate`
+    # crops the target's cache after each rejection. Eager attention (the sinks; transformers has no sdpa path).
+    "deepseek_v4": {
+        "dir": "tiny-deepseek-v4",
+        "tokenizer_dir": "tiny-mimo",
+        "trunk": ("deepseek_v4", "DeepseekV4ForCausalLM"),
+        "release_names": v4_release_names,
+        "fp32_keys": ("hc_", "attn_sink", "gate.bias"),  # fp32 as in the release: hc mixes, sinks, router bias
+        "attn_implementation": "eager",
+        "steps": 1000,
+        "autocast": False,
+        "config": {
+            **fixture_config("deepseek_v4"),
+            **COMMON,
+            "hidden_size": 128,
+            "num_hidden_layers": 4,
+            "head_dim": 32,
+            "qk_rope_head_dim": 8,
+            "q_lora_rank": 64,
+            "o_lora_rank": 32,
+            "o_groups": 2,
+            "moe_intermediate_size": 128,
+            "n_routed_experts": 8,
+            "num_experts_per_tok": 2,
+            "num_hash_layers": 1,
+            "sliding_window": 1024,
+            "compress_ratios": [0, 0, 0, 0, 0],
+            "rope_scaling": None,
         },
     },
 }
@@ -480,18 +517,31 @@ def build_trunk(family: str) -> nn.Module:
     row = FAMILIES[family]
     cfg_dict = {k: v for k, v in row["config"].items() if k not in ("architectures", "model_type")}
     cfg = AutoConfig.for_model(row["trunk"][0], **cfg_dict)
-    cfg._attn_implementation = "sdpa"
+    cfg._attn_implementation = row.get("attn_implementation", "sdpa")
     model = getattr(transformers, row["trunk"][1])(cfg)
     model.set_experts_implementation(EXPERTS)
+    init_hash_routes(model)
     return model
 
 
+def init_hash_routes(model: nn.Module) -> None:
+    """Hash-routed MoE layers (DeepSeek-V4's first layers) route token t to the fixed experts `tid2eid[t]` ([V, k]),
+    which transformers leaves zero (the release ships the table): k distinct experts per token from the seeded RNG."""
+    with torch.no_grad():
+        for m in model.modules():
+            table = getattr(m, "tid2eid", None)
+            if isinstance(table, torch.Tensor):
+                vocab, k = table.shape
+                table.copy_(torch.rand(vocab, m.num_experts).argsort(-1)[:, :k])
+
+
 def init_mtp(module: NativeMtpDraft, std: float) -> None:
-    """The trunk's init for the MTP layer: N(0, std) matrices (experts included), unit norms, zero biases/buffers."""
+    """The trunk's init for the MTP layer: N(0, std) matrices (experts included), unit norms and hyper-connection
+    scales, zero biases/buffers."""
     with torch.no_grad():
         for name, p in module.named_parameters():
             if p.dim() == 1:
-                p.fill_(1.0 if "norm" in name else 0.0)
+                p.fill_(1.0 if "norm" in name or name.rsplit(".", 1)[-1] in ("scale", "hc_scale") else 0.0)
             else:
                 p.normal_(0.0, std)
         for name, b in module.named_buffers():
@@ -500,18 +550,20 @@ def init_mtp(module: NativeMtpDraft, std: float) -> None:
 
 
 class PreNorm:
-    """Captures the trunk's last hidden state before the final norm ([B, T, H]) with a forward hook."""
+    """Captures the trunk's last decoder layer output with a forward hook, as `TargetModel.run` does for `pre_norm`:
+    the hidden before the final norm ([B, T, H]), or for a multi-stream trunk (DeepSeek-V4) the residual streams
+    before its `hc_head` ([B, T, S, H])."""
 
     def __init__(self, model: nn.Module) -> None:
         self.value: torch.Tensor | None = None
-        model.model.norm.register_forward_hook(self._hook)
+        model.model.layers[-1].register_forward_hook(self._hook)
 
-    def _hook(self, _module, args, _output) -> None:
-        self.value = args[0]
+    def _hook(self, _module, _args, output) -> None:
+        self.value = output[0] if isinstance(output, tuple) else output
 
 
 def trunk_forward(model: nn.Module, pre: PreNorm, spec: Spec, ids: torch.Tensor):
-    """ids [B, T] -> (post-norm hidden [B, T, H], the hidden the MTP layer reads [B, T, H])."""
+    """ids [B, T] -> (post-norm hidden [B, T, H], the hidden the MTP layer reads [B, T, H] or [B, T, S, H])."""
     post = model.model(input_ids=ids).last_hidden_state
     return post, (pre.value if spec.layer.hidden == "pre_norm" else post)
 
@@ -707,10 +759,16 @@ def greedy_agreement(model, mtp, spec, pre: PreNorm, held: torch.Tensor, probs: 
 
 # ---- one family -------------------------------------------------------------------------------------------------
 def hub_state(
-    model: nn.Module, mtps: list[NativeMtpDraft], spec: Spec, config: dict[str, Any]
+    model: nn.Module,
+    mtps: list[NativeMtpDraft],
+    spec: Spec,
+    config: dict[str, Any],
+    rename=None,
+    fp32_keys: tuple[str, ...] = (),
 ) -> dict[str, torch.Tensor]:
     """Trunk + MTP tensors (every MTP layer, layer i under the spec's keys for i) under the family's hub key names:
-    bf16, buffers (router biases) fp32."""
+    bf16, but fp32 for buffers (router biases) and keys containing one of `fp32_keys` (decided on the written
+    names); `rename` maps the trunk's saved names to the release's (DeepSeek-V4)."""
     keep = set()  # leaf names of persistent buffers, e.g. e_score_correction_bias
     for m in (model, *mtps):
         state = m.state_dict()
@@ -719,17 +777,19 @@ def hub_state(
     def cast(key: str, t: torch.Tensor) -> torch.Tensor:
         if not t.is_floating_point():
             return t
-        return t.float() if key.rsplit(".", 1)[-1] in keep else t.to(torch.bfloat16)
+        fp32 = key.rsplit(".", 1)[-1] in keep or any(part in key for part in fp32_keys)
+        return t.float() if fp32 else t.to(torch.bfloat16)
 
-    tensors = {k: cast(k, v) for k, v in hub_tensors(model).items()}
+    tensors = hub_tensors(model)
+    if rename is not None:
+        tensors = rename(tensors)
     for i, mtp in enumerate(mtps):
-        mtp_state = {k: cast(k, v.detach()) for k, v in mtp.state_dict().items()}
-        tensors.update(native_to_checkpoint(spec, config, i, mtp_state))
+        tensors.update(native_to_checkpoint(spec, config, i, {k: v.detach() for k, v in mtp.state_dict().items()}))
         comp = spec.component_keys(config, i)
         for name, target in (("embed", spec.keys.target_embed), ("head", spec.keys.target_head)):
             if name in comp:  # copies some releases keep inside the MTP layer (DeepSeek-V3 does)
                 tensors[comp[name]] = tensors[spec.key(target, config, i)].clone()
-    return tensors
+    return {k: cast(k, v) for k, v in tensors.items()}
 
 
 def chain_forward(
@@ -800,7 +860,7 @@ def train_family(family: str, args, state: Path, blob: dict[str, Any], provenanc
     torch.manual_seed(args.seed)
     model = build_trunk(family)  # transformers' init, from the seeded global RNG
     n_mtp = spec.num_mtp_layers(config)
-    mtps = nn.ModuleList([NativeMtpDraft(spec, config, layer=i) for i in range(n_mtp)])
+    mtps = nn.ModuleList([native_draft(spec, config, layer=i) for i in range(n_mtp)])
     for m in mtps:
         init_mtp(m, std=config["initializer_range"])
     mtp = mtps[0]
@@ -999,7 +1059,8 @@ def train_family(family: str, args, state: Path, blob: dict[str, Any], provenanc
     tail = st["losses"][-20:]
     joint_tail = [a for a, _ in st["losses"] if a == a][-20:]  # the last joint steps (MTP-only ones log NaN)
     with atomic_output_dir(out_dir, overwrite=args.overwrite) as tmp:
-        write_checkpoint(tmp, config, hub_state(model, list(mtps), spec, config), shards=2)
+        tensors = hub_state(model, list(mtps), spec, config, row.get("release_names"), row.get("fp32_keys", ()))
+        write_checkpoint(tmp, config, tensors, shards=2)
         save_tokenizer(tok_dir, tmp)
         write_json(
             tmp / "generation_config.json",

@@ -788,6 +788,8 @@ def test_qwen3_5_nextn_export_cuts_the_per_layer_lists(build, tmp_path: Path, fi
 
 V4_FIXTURE, V4_SHIPPED, V4_T, V4_S, V4_H = "deepseek_v4", "deepseek_v4_fp4", 10, 4, 64
 V4_E2M1 = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0)
+V4_ROOT = Path(__file__).resolve().parents[1]
+V4_BUNDLED, V4_DATA = V4_ROOT / "examples" / "targets" / "tiny-deepseek-v4", V4_ROOT / "examples" / "data"
 
 
 def _v4_inputs(seed: int = 0, t: int = V4_T):
@@ -1056,3 +1058,122 @@ def test_deepseek_v4_over_the_hub_inspect_reads_headers_and_convert_the_mtp_laye
     served = sum(hub.bytes_served_for(f) for f in shards)
     headers = sum(min(local.info(k).start for k in local.header(f)) for f in {local.weight_map[k] for k in needed})
     assert need_bytes <= served <= 1.05 * (need_bytes + headers)
+
+
+def test_deepseek_v4_converted_draft_hands_on_the_streams(build, tmp_path: Path) -> None:
+    """`convert` writes the layer kind's hand-over (the streams, pre_norm), so the draft loads and distill / evaluate
+    take it; a post_norm hand-over (the single-hidden layers' default) would be refused when loaded."""
+    out = tmp_path / "raw"
+    assert main(["convert", str(build(V4_FIXTURE)), "--out", str(out)]) == 0
+    cfg = json.loads((out / "config.json").read_text())
+    assert cfg["hidden_handover"] == cfg["input_hidden"] == "pre_norm"
+    draft = load_draft(out)
+    assert draft.hidden_handover == "pre_norm" and draft.hidden_shape == (V4_S, V4_H)
+    (out / "config.json").write_text(json.dumps({**cfg, "hidden_handover": "post_norm"}))
+    with pytest.raises(DraftError, match="hands on its hc_mult residual streams"):
+        load_draft(out)
+
+
+def test_deepseek_v4_step0_reads_the_target_streams_before_hc_head(target) -> None:
+    """What `TargetModel.run` hands step 0 of a V4 target is its last decoder layer's output, the hc_mult streams
+    before `hc_head` ([B, V4_T, 4, V4_H]), which is what the spec's engine table says both engines read (`hidden =
+    "pre_norm"`: vLLM 0.34's pre-hc_head residual, SGLang 0.5.23's hidden_states_before_norm): the target's own
+    logits are head(norm(hc_head(those streams)))."""
+    from mtp2draft.target.hidden import TargetModel
+
+    spec = get_spec(V4_FIXTURE)
+    assert spec.layer.hidden == "pre_norm" and spec.layer.streams == "hc_mult"
+    assert {e: spec.engine(e).hidden for e in ("vllm", "sglang")} == {"vllm": "pre_norm", "sglang": "pre_norm"}
+    model = TargetModel(str(target(V4_FIXTURE)))
+    ids = torch.randint(0, 256, (2, V4_T), generator=torch.Generator().manual_seed(7))
+    seen = {}
+    hook = model.model.model.hc_head.register_forward_hook(lambda _m, args, _out: seen.update(x=args[0]))
+    try:
+        feats = model.run(ids)
+    finally:
+        hook.remove()
+    assert feats.final.shape == (2, V4_T, V4_S, V4_H) and torch.equal(feats.final, seen["x"])
+    decoder = model.model.model
+    logits = model.model.lm_head(decoder.norm(decoder.hc_head(feats.final)))
+    assert torch.allclose(logits.float(), feats.logits, atol=1e-5)
+    assert (feats.final[:, :, 0] - feats.final[:, :, 1]).abs().max() > 1e-3  # four distinct streams, not copies
+
+
+def test_deepseek_v4_a_dump_holds_the_streams_and_distill_reads_it(target, text_data, tmp_path: Path, capsys) -> None:
+    """`dump-hidden` records what the MTP layer consumes, the target's last-layer streams [V4_T, 4, V4_H] before hc_head;
+    `distill --hidden-states` trains on them; a dump whose `final` lost the streams is one `error:` line."""
+    from safetensors.torch import save_file
+
+    path = target(V4_FIXTURE)
+    raw, dump = tmp_path / "raw", tmp_path / "dump"
+    assert main(["convert", str(path), "--out", str(raw)]) == 0
+    common = ["--max-length", "24"]
+    assert main(["dump-hidden", "--target", str(path), "--data", str(text_data), "--draft", str(raw),
+                 "--out", str(dump), *common]) == 0  # fmt: skip
+    shard = sorted(dump.glob("hidden-*.safetensors"))[0]
+    records = load_file(str(shard))
+    assert records["0.final"].shape[1:] == (V4_S, V4_H)
+    out = ["--steps", "2", "--batch-size", "2", *common]
+    assert main(["distill", str(raw), "--hidden-states", str(dump), "--out", str(tmp_path / "ft"), *out]) == 0
+    save_file({k: (v[:, 0].contiguous() if k.endswith(".final") else v) for k, v in records.items()}, str(shard))
+    capsys.readouterr()
+    assert main(["distill", str(raw), "--hidden-states", str(dump), "--out", str(tmp_path / "ft2"), *out]) == 2
+    err = capsys.readouterr().err
+    errors = [line for line in err.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1 and "Traceback" not in err
+    assert "expected [" in errors[0] and "4 residual streams" in errors[0]
+
+
+def _lines(src: Path, out: Path, first: int, count: int) -> Path:
+    out.write_text("".join(src.read_text().splitlines(keepends=True)[first : first + count]))
+    return out
+
+
+@pytest.mark.slow  # ~1-2 min on 2 cores: every stage once, on a few short sequences
+def test_deepseek_v4_the_whole_pipeline_on_the_bundled_target(tmp_path: Path, capsys) -> None:
+    """On examples/targets/tiny-deepseek-v4 (transformers' DeepSeek-V4 trunk, 4 streams, its MTP layer trained jointly
+    by scripts/train_target.py): convert -> distill, online and from a `dump-hidden` dump -> evaluate (the raw head
+    beside the distilled one, paired interval; greedy lossless, temperature 1 with its distribution check) -> export
+    --format stitched -> validate; the stitched layer read back is the distilled one to bf16 rounding."""
+    from mtp2draft.conversion import convert
+
+    train, prompts = _lines(V4_DATA / "train.jsonl", tmp_path / "t.jsonl", 0, 4), tmp_path / "p.jsonl"
+    _lines(V4_DATA / "heldout.jsonl", prompts, 100, 2)
+    raw, ft, ft_off, st = (tmp_path / n for n in ("raw", "ft", "ft-off", "st"))
+    assert main(["convert", str(V4_BUNDLED), "--out", str(raw)]) == 0
+    small = ["--steps", "2", "--batch-size", "2", "--max-length", "32", "--lr", "1e-3"]
+    assert main(["distill", str(raw), "--target", str(V4_BUNDLED), "--data", str(train), "--out", str(ft), *small]) == 0
+    assert main(["dump-hidden", "--target", str(V4_BUNDLED), "--data", str(train), "--draft", str(raw),
+                 "--out", str(tmp_path / "dump"), "--max-length", "32"]) == 0  # fmt: skip
+    assert main(["distill", str(raw), "--hidden-states", str(tmp_path / "dump"), "--out", str(ft_off), *small]) == 0
+    before = load_file(str(raw / "model.safetensors"))
+    for trained in (ft, ft_off):
+        after = load_file(str(trained / "model.safetensors"))
+        assert after.keys() == before.keys() and any(not torch.equal(after[k].to(before[k].dtype), before[k])
+                                                     for k in before)  # fmt: skip
+    capsys.readouterr()
+    ev = ["evaluate", str(ft), "--target", str(V4_BUNDLED), "--data", str(prompts), "--baseline", str(raw), "-k", "2"]
+    ev += ["--max-new-tokens", "8", "--max-prompt-length", "32", "--json"]
+    for extra in ([], ["--temperature", "1", "--seed", "0", "--draft-sampling", "sample"]):
+        assert main([*ev, *extra]) == 0
+        report = json.loads(capsys.readouterr().out)
+        assert len(report["results"]) == 2 and report["comparison"][0]["prompts"] == 2
+        diff = report["comparison"][0]["difference"]["mean_acceptance_length"]
+        assert diff["low"] <= diff["value"] <= diff["high"]
+        for result in report["results"]:
+            assert 1.0 <= result["mean_acceptance_length"] <= 3.0
+            if extra:
+                assert result["distribution_check"] is not None
+            else:
+                assert result["lossless"] is True
+    assert main(["export", str(ft), "--format", "stitched", "--target", str(V4_BUNDLED), "--out", str(st)]) == 0
+    assert main(["validate", str(st)]) == 0
+    overlay = tmp_path / "overlay"
+    shutil.copytree(V4_BUNDLED, overlay)
+    for name in json.loads((st / "provenance.json").read_text())["export"]["overlay_files"]:
+        shutil.copyfile(st / name, overlay / name)
+    convert(str(overlay), tmp_path / "back", to="mtp")
+    back, fine = load_file(str(tmp_path / "back" / "model.safetensors")), load_file(str(ft / "model.safetensors"))
+    assert back.keys() == fine.keys()
+    for key in fine:
+        assert torch.equal(back[key].float(), fine[key].to(back[key].dtype).float()), key

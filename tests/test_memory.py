@@ -63,22 +63,23 @@ def test_plan_cli(ds3: dict, tmp_path: Path) -> None:
     assert not (tmp_path / "o").exists()
 
 
-@pytest.mark.parametrize("kind", ["mtp", "eagle3"])
-def test_activation_estimate_tracks_what_autograd_keeps(build, tmp_path: Path, kind: str) -> None:
-    """Saved-tensor bytes of one TTT forward on a small dense draft vs the plan's activation line (which also
-    counts the target's features/logits the step reads): within a factor of 2."""
+@pytest.mark.parametrize(("fixture", "kind"), [("mimo", "mtp"), ("mimo", "eagle3"), ("deepseek_v4", "mtp")])
+def test_activation_estimate_tracks_what_autograd_keeps(build, tmp_path: Path, fixture: str, kind: str) -> None:
+    """Saved-tensor bytes of one TTT forward on a small draft vs the plan's activation line (which also counts the
+    target's features/logits the step reads): within a factor of 2. DeepSeek-V4's layer carries 4 residual streams
+    (its hidden is [B, T, 4, H]), which the plan must count where a single-hidden layer keeps one vector."""
     from mtp2draft.target.hidden import Features
     from mtp2draft.train.ttt import ttt_forward
 
-    convert(str(build("mimo", **eagle3_depth("mimo", kind))), tmp_path / "d", to=kind, dtype="float32")
+    convert(str(build(fixture, **eagle3_depth(fixture, kind))), tmp_path / "d", to=kind, dtype="float32")
     draft = load_draft(tmp_path / "d")
     cfg = json.loads((tmp_path / "d" / "config.json").read_text())
     v, h = draft.vocab_size, draft.hidden_size
     draft.attach_target(torch.randn(v, h), torch.randn(v, h))
     b, t, k = 4, 64, 3
     ids = torch.randint(0, v, (b, t))
-    width = draft.fc.in_features if kind == "eagle3" else h
-    feats = Features(final=torch.randn(b, t, h), aux=torch.randn(b, t, width), logits=torch.randn(b, t, v))
+    aux = torch.randn(b, t, draft.fc.in_features) if kind == "eagle3" else None
+    feats = Features(final=torch.randn(b, t, *draft.hidden_shape), aux=aux, logits=torch.randn(b, t, v))
     seen: dict[int, int] = {}
 
     def pack(x: torch.Tensor) -> torch.Tensor:
@@ -89,7 +90,8 @@ def test_activation_estimate_tracks_what_autograd_keeps(build, tmp_path: Path, k
     params = {p.untyped_storage().data_ptr() for p in [*draft.parameters(), *draft.buffers()]}
     with torch.autograd.graph.saved_tensors_hooks(pack, lambda x: x):
         ttt_forward(draft, feats, ids, torch.ones(b, t, dtype=torch.bool), k, [1.0] * k)
-    measured = sum(n for ptr, n in seen.items() if ptr not in params) + feats.logits.nbytes + feats.aux.nbytes
+    step0 = feats.step0_input(kind)
+    measured = sum(n for ptr, n in seen.items() if ptr not in params) + feats.logits.nbytes + step0.nbytes
     estimate = plan(cfg, 1, precision="fp32", batch=b, length=t, ttt_steps=k).bytes["activations"]
-    print(f"{kind}: activation estimate {estimate} B, autograd keeps {measured} B")
+    print(f"{fixture} {kind}: activation estimate {estimate} B, autograd keeps {measured} B")
     assert 0.5 <= estimate / measured <= 2.0, (estimate, measured)

@@ -35,6 +35,29 @@ def test_deepseek_v3_weights_add_up_to_its_published_671b_parameters() -> None:
     assert mtp_draft_cost(load_config(DS3)).weight_bytes() == pytest.approx(11.5e9 + 0.93e9 * 2, rel=0.1)
 
 
+@pytest.mark.parametrize("release", ["deepseek_v4", "deepseek_v4_pro"])
+def test_deepseek_v4_attention_is_priced_as_transformers_builds_it(release: str) -> None:
+    """DeepSeek-V4's attention (low-rank q, one shared key=value head, grouped low-rank output) on the stored
+    V4-Flash / V4-Pro configs: the cost model's weights equal the parameters of transformers 5.24's
+    DeepseekV4Attention for a sliding-window layer, built on the meta device (sinks and norms aside), where the
+    plain GQA formula would count 2.5x as many."""
+    import torch
+    from support import hub_keys
+    from transformers import AutoConfig
+    from transformers.models.deepseek_v4 import modeling_deepseek_v4 as v4
+
+    config = hub_keys.load(release)["config"]
+    fields = {k: v for k, v in config.items() if k not in ("architectures", "model_type")}
+    hf = AutoConfig.for_model("deepseek_v4", **{**fields, "compress_ratios": [0] * (config["num_hidden_layers"] + 1)})
+    with torch.device("meta"):
+        attn = v4.DeepseekV4Attention(hf, 0)
+    weights = sum(p.numel() for n, p in attn.named_parameters() if p.dim() == 2)
+    _, params, kv, *_ = cost._attention(cost.text_config(config), "full")
+    assert params == weights
+    assert kv == config["head_dim"] * cost.KV_BYTES  # one head, key = value
+    assert target_cost(config).weight_bytes() < target_cost({**config, "o_lora_rank": 0}).weight_bytes()
+
+
 def test_qwen35_08b_is_a_hybrid_of_18_linear_and_6_gated_attention_layers() -> None:
     t = target_cost(load_config(QWEN))
     assert [layer.kind for layer in t.layers].count("linear") == 18 and t.layers[3].kind == "gqa"

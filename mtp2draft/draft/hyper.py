@@ -45,11 +45,12 @@ class HyperMtpDraft(NativeMtpDraft):
         "hc_head.hc_scale": "hc_head_scale",
         "final_norm.weight": "final_norm",
     }
+    DEFAULT_HANDOVER = Hidden.PRE_NORM  # the block's output streams: the reduced, normed hidden has lost them
 
     def __init__(self, spec: Spec, target_config: Mapping[str, Any], layer: int = 0, **options: Any) -> None:
         """As `NativeMtpDraft`; the hand-over is the block's output streams (`pre_norm`): the reduced, normed hidden
         has lost the streams the next step needs, so `post_norm` is refused."""
-        options.setdefault("hidden_handover", Hidden.PRE_NORM)
+        options.setdefault("hidden_handover", self.DEFAULT_HANDOVER)
         if options["hidden_handover"] != Hidden.PRE_NORM:
             raise DraftError(
                 f"a {spec.name} layer hands on its {spec.layer.streams} residual streams (pre_norm), "

@@ -227,6 +227,8 @@ class NativeMtpDraft(DraftModule):
         "final_norm.weight": "final_norm",
     }
     """Module tensors outside the block -> the `[keys]` component each is stored under (`layout.py` maps by it)."""
+    DEFAULT_HANDOVER = Hidden.POST_NORM
+    """The hand-over a converted draft of this layer kind starts with (what `convert` writes into its config)."""
 
     def __init__(
         self,

@@ -7,7 +7,8 @@ A forward of `batch` sequences, each feeding `tokens` new tokens at `context` to
   top-k routing and n = batch x tokens tokens, the expected number of distinct experts is N (1 - (1 - k/N)^n)
   (uniform, independent routing: real routers are skewed, so this is an upper estimate of the bytes);
 - KV bytes read per device: per full-attention layer and sequence, context x (MLA: kv_lora_rank + qk_rope_head_dim
-  latent elements, replicated on every TP rank; GQA: 2 x kv heads x head_dim, split over min(tp, kv heads) ranks);
+  latent elements, replicated on every TP rank; GQA: 2 x kv heads x head_dim, split over min(tp, kv heads) ranks;
+  DeepSeek-V4's one key=value head: head_dim, over the whole context, an upper estimate for its windowed layers);
   a linear-attention (Gated DeltaNet) layer reads and writes its recurrent state instead (fp32, independent of
   context);
 - FLOPs per device: 2 x the parameters each token uses (its top-k experts, not all of them) plus attention over the
@@ -172,6 +173,14 @@ def _attention(cfg: Mapping[str, Any], kind: str) -> tuple[str, float, float, in
         return "mla", params, (rank + rope) * KV_BYTES, 0, 0.0, 2.0 * heads * (2 * rank + rope)
     kv = _int(cfg, "num_key_value_heads", default=heads)
     hd = _int(cfg, "head_dim", default=h // heads)
+    if cfg.get("o_lora_rank"):
+        # low-rank q (h -> q_lora_rank -> heads x hd), one shared key=value projection per kv head, and a grouped
+        # low-rank output (o_groups groups of heads x hd / g -> o_lora_rank, then g x o_lora_rank -> h): DeepSeek-V4.
+        # Its KV (one head, key = value) is counted over the whole context: an upper estimate for its sliding-window
+        # and compressed layers.
+        q_rank, o_rank, groups = _int(cfg, "q_lora_rank"), _int(cfg, "o_lora_rank"), _int(cfg, "o_groups", default=1)
+        params = h * q_rank + q_rank * heads * hd + h * kv * hd + heads * hd * o_rank + groups * o_rank * h
+        return "gqa", params, 1.0 * kv * hd * KV_BYTES, kv, 0.0, 4.0 * heads * hd
     gate = 2 if cfg.get("attn_output_gate") else 1
     params = h * heads * hd * gate + 2 * h * kv * hd + heads * hd * h
     return "gqa", params, 2.0 * kv * hd * KV_BYTES, kv, 0.0, 4.0 * heads * hd

@@ -282,6 +282,15 @@ def check_dump_fits_draft(manifest: dict[str, Any], draft: Any, draft_config: Ma
                 )
 
 
+def final_streams(manifest: dict[str, Any]) -> list[int]:
+    """[S] when a record's `final` holds S residual streams per token ([T, S, H]: a multi-stream target's last layer
+    before its stream-reducing head, what DeepSeek-V4's MTP layer reads, `final` = pre_norm), else [] ([T, H])."""
+    from mtp2draft.family.spec import get_spec  # imported here as the other checks do
+
+    streams = get_spec(manifest["spec"]).num_streams(manifest["target_config"])
+    return [streams] if streams and manifest["final"] == "pre_norm" else []
+
+
 # ---- shards: headers, then loss masks ---------------------------------------------------------------------------------
 def check_shards(root: Path, manifest: dict[str, Any], max_length: int | None = None) -> dict[int, str]:
     """Every record's tensors, from the shard headers: present, schema dtypes, consistent shapes; the shared
@@ -291,6 +300,7 @@ def check_shards(root: Path, manifest: dict[str, Any], max_length: int | None = 
     h, v = manifest["hidden_size"], manifest["vocab_size"]
     k = min(manifest["top_k"], v)  # the writer keeps at most the vocabulary
     n_aux = len(manifest["aux_layer_ids"])
+    streams = final_streams(manifest)
     where: dict[int, str] = {}
     masks: list[TensorInfo] = []
     for entry in manifest["shards"]:
@@ -314,13 +324,14 @@ def check_shards(root: Path, manifest: dict[str, Any], max_length: int | None = 
             if len(ids_shape) != 1 or ids_shape[0] < 1:
                 raise DataError(f"{root / file}: {n}.input_ids has shape {ids_shape}: a record holds [T] ids, T >= 1")
             t = ids_shape[0]
-            want = {"input_ids": [t], "loss_mask": [t], "final": [t, h], "aux": [t, n_aux * h]}
+            want = {"input_ids": [t], "loss_mask": [t], "final": [t, *streams, h], "aux": [t, n_aux * h]}
             want |= {"topk_logprobs": [t, k], "topk_ids": [t, k]}
             for name, info in infos.items():
                 if list(info.shape) != want[name]:
                     raise DataError(
                         f"{root / file}: {n}.{name} has shape {list(info.shape)}, expected {want[name]} "
-                        f"(T tokens, hidden_size {h}, top_k {k}{f', {n_aux} aux layers' if n_aux else ''})"
+                        f"(T tokens, {f'{streams[0]} residual streams, ' if streams else ''}hidden_size {h}, "
+                        f"top_k {k}{f', {n_aux} aux layers' if n_aux else ''})"
                     )
             masks.append(infos["loss_mask"])
     if (root / SHARED_FILE).exists():

@@ -19,8 +19,9 @@ frozen), as set up for `--serving-engine`, less those `--train-subset` freezes. 
   every linear map keeps its input and output (routed experts: for each of the top-k experts a token visits), every
   norm its input in fp32, the head its logits plus fp32 log-probs and teacher probabilities over the draft
   vocabulary, and step s's attention the keys/values of (s + 1) steps (the TTT cache); plus the target's features
-  and logits the step reads. Fused attention (no T x T scores kept) is assumed; with --activation-checkpointing the
-  MLP keeps only its input.
+  and logits the step reads. A multi-stream layer (DeepSeek-V4: S residual streams a token) also keeps its streams
+  where the others keep one vector (`_stream_bytes`). Fused attention (no T x T scores kept) is assumed; with
+  --activation-checkpointing the MLP keeps only its input.
 
 What it does not cover: an online target's own weights and activations (use `dump-hidden` files for large targets),
 allocator fragmentation and CUDA context (a 10 % margin is added when refusing), the host memory used to load the
@@ -30,6 +31,7 @@ really saves on a small draft.
 
 from __future__ import annotations
 
+import math
 import os
 from dataclasses import dataclass, field
 from fnmatch import fnmatch
@@ -113,7 +115,22 @@ def _per_token_activation_bytes(draft: nn.Module, a: int, top_k: int, checkpoint
                 per_token += p.shape[0] * (a + 4)  # a norm: input kept, fp32 statistics
     if checkpoint_mlp:
         per_token += draft.hidden_size * a  # the MLP's input, kept for the recompute
-    return per_token, kv
+    return per_token + _stream_bytes(draft, a), kv
+
+
+def _stream_bytes(draft: nn.Module, a: int) -> int:
+    """Bytes a multi-stream layer (`hyper.py`: its hidden is S residual streams [S, H] a token) keeps per token beyond
+    what the loop above counts for one vector: hnorm and h_proj run on each of the S streams, their sum is the
+    block's input, and each mixer that reads all streams flattened (a 2-D weight [m, S * H]: the block's two
+    hyper-connections and the stream-reducing head; fp32 modules) keeps that fp32 input, its normalised copy and the
+    Sinkhorn-mixed streams it writes back ([S, H] twice). 0 for a single-hidden layer."""
+    shape = tuple(getattr(draft, "hidden_shape", ()))
+    streams, h = (shape[0], shape[1]) if len(shape) == 2 else (1, 0)
+    if streams <= 1:
+        return 0
+    mixers = sum(1 for p in draft.parameters() if p.dim() == 2 and p.shape[1] == streams * h)
+    per_stream_h = (streams - 1) * h
+    return per_stream_h * (a + 4) + per_stream_h * 2 * a + streams * h * a + mixers * streams * h * (2 * 4 + 2 * a)
 
 
 def _unit_peak(n: int, trainable: int, a: int) -> int:
@@ -187,7 +204,11 @@ def plan(
     per_token, kv = _per_token_activation_bytes(draft, a, top_k, activation_checkpointing)
     head = vd * (a + 8)
     step_bytes = sum(per_token + head + (s + 1) * kv * a for s in range(ttt_steps))
-    width = getattr(draft, "fc", None).in_features if hasattr(draft, "fc") else h
+    width = (
+        getattr(draft, "fc", None).in_features
+        if hasattr(draft, "fc")
+        else math.prod(getattr(draft, "hidden_shape", (h,)))
+    )
     features = width * 4 + (vocab * 4 if online_logits else 0)
     activations = rows * length * (step_bytes + features) + sum(length * length * (s + 1) * 4 for s in range(ttt_steps))
     target_tensors = vocab * h * a * (2 if draft.kind == DraftKind.MTP else 1)

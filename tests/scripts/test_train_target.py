@@ -32,6 +32,7 @@ def trained(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
         ("tiny-deepseek-v3", "DeepseekV3ForCausalLM", "deepseek_v3", 1),
         ("tiny-mimo", "Qwen2ForCausalLM", "mimo", 1),
         ("tiny-mimo-3mtp", "Qwen2ForCausalLM", "mimo", 3),  # warm-started from tiny-mimo's run
+        ("tiny-deepseek-v4", "DeepseekV4ForCausalLM", "deepseek_v4", 1),  # 4 residual streams, release key names
     ],
 )
 def test_target_loads(trained: tuple[Path, Path], name: str, cls: str, spec: str, layers: int) -> None:
@@ -50,7 +51,9 @@ def test_target_loads(trained: tuple[Path, Path], name: str, cls: str, spec: str
     for shard in shards:
         with safe_open(str(target / shard), "pt") as fh:
             for key in sorted(fh.keys()):
-                want = "F32" if key.endswith("e_score_correction_bias") else "BF16"
+                # fp32 as the releases keep them: router biases; V4's hyper-connection mixes and sink logits
+                fp32 = key.endswith(("e_score_correction_bias", "gate.bias", "attn_sink")) or "hc_" in key
+                want = "I64" if key.endswith("tid2eid") else "F32" if fp32 else "BF16"
                 assert fh.get_slice(key).get_dtype() == want, key
 
     info = mtp2draft.inspect_checkpoint(str(target))
@@ -62,7 +65,7 @@ def test_target_loads(trained: tuple[Path, Path], name: str, cls: str, spec: str
     ids = torch.tensor([[5, 6, 7, 8]])
     logits = model(input_ids=ids).logits
     assert logits.shape == (1, 4, 4096) and torch.isfinite(logits).all()
-    logits, _ = mtp(ids[:, 1:], torch.randn(1, 3, mtp.hidden_size), torch.arange(3)[None])
+    logits, _ = mtp(ids[:, 1:], torch.randn(1, 3, *mtp.hidden_shape), torch.arange(3)[None])
     assert logits.shape == (1, 3, 4096)
 
     tok = AutoTokenizer.from_pretrained(str(target))

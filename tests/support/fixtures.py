@@ -313,16 +313,22 @@ _V4_TRUNK_NAMES = (
 )
 
 
+def v4_release_names(tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """A transformers-saved DeepseekV4ForCausalLM trunk under the release's names (`_V4_TRUNK_NAMES`)."""
+    out = {}
+    for key, tensor in tensors.items():
+        for pattern, name in _V4_TRUNK_NAMES:
+            key = re.sub(pattern, name, key)
+        out[key] = tensor
+    return out
+
+
 def deepseek_v4_tensors(
     config: dict[str, Any], seed: int, row: dict[str, Any] | None = None
 ) -> dict[str, torch.Tensor]:
     """DeepSeek-V4's checkpoint in the release's names: the trunk as transformers saves it, renamed
-    (`_V4_TRUNK_NAMES`), and the MTP layer through the spec's inverse mapping (bf16, no .scale siblings)."""
-    out = {}
-    for key, tensor in trunk_tensors(config, ("deepseek_v4", "DeepseekV4ForCausalLM"), seed).items():
-        for pattern, name in _V4_TRUNK_NAMES:
-            key = re.sub(pattern, name, key)
-        out[key] = tensor
+    (`v4_release_names`), and the MTP layer through the spec's inverse mapping (bf16, no .scale siblings)."""
+    out = v4_release_names(trunk_tensors(config, ("deepseek_v4", "DeepseekV4ForCausalLM"), seed))
     out.update(mtp_tensors("deepseek_v4", config, seed, False, out))
     return out
 

@@ -12,6 +12,12 @@ is within 5 % of `mtp2draft evaluate`'s; a distilled draft beats the undistilled
 
 Everything is built once per session and every vLLM configuration runs in ONE driver process (an engine start costs
 a minute or two on 2 CPU cores). Without vLLM's venv the tests skip, except under CI (`CI` set), where they fail.
+
+Not covered: DeepSeek-V4's MTP layer (examples/targets/tiny-deepseek-v4). vLLM 0.32.0's CPU build runs a DeepSeek-V4
+target (`vllm/models/deepseek_v4/cpu/model.py`) but its V4 MTP model is a stub that raises NotImplementedError
+(`vllm/models/deepseek_v4/cpu/mtp.py`: "DeepSeek-V4 speculative decoding (MTP) is not implemented on CPU"), and
+vLLM 0.34.0's CPU build keeps that stub (its `cpu/mtp.py`); only its GPU module serves the layer. The V4 draft is
+checked instead against a reference computation written from vLLM 0.34's GPU forward (tests/test_families.py, its DeepSeek-V4 section).
 """
 
 from __future__ import annotations
