@@ -394,7 +394,7 @@ FAMILIES = (
     Family("mimo", mtp="model.mtp_layers.0.", release_block=None, block="gqa + dense", verified=True,
         handover=_BOTH,
         hidden={"vllm": "pre_norm", "sglang": "post_norm"},
-        step_layers={"vllm": "first", "sglang": ""},
+        step_layers={"vllm": "first", "sglang": "neither"},  # SGLang 0.5.23 loads every MTP layer onto one
         support={"vllm": {"mtp": True, "eagle3": False}, "sglang": {"mtp": True, "eagle3": False}},
         sources={"vllm": ("eagle.py",), "sglang": ("mimo_mtp.py",)},
         module={"block:type": "Qwen2DecoderLayer", "block.mlp:type": "Qwen2MLP"},

@@ -139,6 +139,14 @@ def _unit_peak(n: int, trainable: int, a: int) -> int:
     return max(n * a + trainable * a, trainable * (a + 4) if a != 4 else 0)
 
 
+def _feature_width(draft) -> int:
+    """Numbers per position of the target features a draft reads: EAGLE-3's fused aux width, else its hand-over
+    (hidden_size, or streams x hidden_size for a multi-stream layer)."""
+    if hasattr(draft, "fc"):
+        return draft.fc.in_features
+    return math.prod(getattr(draft, "hidden_shape", (draft.hidden_size,)))
+
+
 def plan(
     draft_config: dict[str, Any],
     world: int = 1,
@@ -204,12 +212,7 @@ def plan(
     per_token, kv = _per_token_activation_bytes(draft, a, top_k, activation_checkpointing)
     head = vd * (a + 8)
     step_bytes = sum(per_token + head + (s + 1) * kv * a for s in range(ttt_steps))
-    width = (
-        getattr(draft, "fc", None).in_features
-        if hasattr(draft, "fc")
-        else math.prod(getattr(draft, "hidden_shape", (h,)))
-    )
-    features = width * 4 + (vocab * 4 if online_logits else 0)
+    features = _feature_width(draft) * 4 + (vocab * 4 if online_logits else 0)
     activations = rows * length * (step_bytes + features) + sum(length * length * (s + 1) * 4 for s in range(ttt_steps))
     target_tensors = vocab * h * a * (2 if draft.kind == DraftKind.MTP else 1)
 
