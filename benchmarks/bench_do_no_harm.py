@@ -1,13 +1,15 @@
 """Does distilling harm a good raw MTP head? The raw head against `distill`'s defaults and the demo's settings.
 
-    python benchmarks/bench_do_no_harm.py TARGET_DIR DATA_DIR WORK [--prompts 64] [--table-only]
+    python benchmarks/bench_do_no_harm.py TARGET_DIR DATA_DIR WORK [--prompts 64] [--settings NAME ...]
+        [--max-k 5] [--table-only]
 
 TARGET_DIR is a runnable target (examples/targets/tiny-mimo), DATA_DIR holds train.jsonl and heldout.jsonl (prompts
 from packages the target never trained on). It converts the raw native head, distills it twice (the defaults; the
 demo's 150 steps at lr 1e-3 and 4 TTT steps), and evaluates both beside the raw head on the same held-out prompts at
 k = 1..5 greedy and k = 4 at temperature 1, each `evaluate` run written to WORK/k*.eval.json. Then it prints, per k and
 setting, mean acceptance length and position-1 per-draft acceptance of the raw and the distilled head with the
-difference's 95 % paired bootstrap interval over prompts (`mtp2draft.evaluation.compare`). Steps already done (their
+difference's 95 % paired bootstrap interval over prompts (`mtp2draft.evaluation.compare`). `--settings "demo settings"`
+runs one setting only, `--max-k 4` stops the greedy runs at k = 4 (for a slower target). Steps already done (their
 output present in WORK) are not redone; `--table-only` only prints.
 
 It calls the `mtp2draft` CLI, so it measures what a user runs. About 40 minutes on 2 shared cores for tiny-mimo.
@@ -28,7 +30,11 @@ SETTINGS = {  # name: distill options
     "defaults": [],
     "demo settings": ["--steps", "150", "--ttt-steps", "4", "--lr", "1e-3", "--save-every", "150"],
 }
-RUNS = [(k, 0.0) for k in (1, 2, 3, 4, 5)] + [(4, 1.0)]
+
+
+def runs(max_k: int) -> list[tuple[int, float]]:
+    """(k, temperature) of every evaluate run: greedy at k = 1..max_k, then k = 4 at temperature 1."""
+    return [(k, 0.0) for k in range(1, max_k + 1)] + [(4, 1.0)]
 
 
 def cli(*args: str) -> None:
@@ -39,23 +45,26 @@ def run_file(work: Path, k: int, temperature: float) -> Path:
     return work / (f"k{k}.eval.json" if not temperature else f"k{k}-t{temperature:g}.eval.json")
 
 
-def measure(target: Path, data: Path, work: Path, prompts: int) -> None:
+def measure(target: Path, data: Path, work: Path, prompts: int, settings: list[str], max_k: int) -> None:
     raw = work / "raw"
     if not (raw / "config.json").is_file():
         cli("convert", str(target), "--out", str(raw), "--dtype", "float32")
     drafts = []
-    for name, options in SETTINGS.items():
+    for name in settings:
+        options = SETTINGS[name]
         out = work / name.replace(" ", "-")
         if not (out / "config.json").is_file():
             train = ["--data", str(data / "train.jsonl"), "--device", "cpu", *options]
             cli("distill", str(raw), "--target", str(target), *train, "--out", str(out))
         drafts.append(out)
-    for k, temperature in RUNS:
+    for k, temperature in runs(max_k):
         path = run_file(work, k, temperature)
         if path.is_file():
             continue
+        # results[0] is the first setting's draft, results[1] the raw head, results[2:] the other settings'
         args = ["evaluate", str(drafts[0]), "--target", str(target), "--data", str(data / "heldout.jsonl")]
-        args += ["--baseline", str(raw), "--baseline", str(drafts[1]), "-k", str(k), "--max-new-tokens", "64"]
+        args += ["--baseline", str(raw), *(a for d in drafts[1:] for a in ("--baseline", str(d)))]
+        args += ["-k", str(k), "--max-new-tokens", "64"]
         args += ["--max-prompts", str(prompts), "--device", "cpu", "--json"]
         if temperature:
             args += ["--temperature", f"{temperature:g}", "--seed", "0"]
@@ -64,15 +73,15 @@ def measure(target: Path, data: Path, work: Path, prompts: int) -> None:
         path.with_suffix(".tmp").rename(path)
 
 
-def table(work: Path) -> str:
+def table(work: Path, settings: list[str], max_k: int) -> str:
     lines = [
         "| k | T | setting | accept len: raw -> distilled (difference, 95 % CI) | position 1 per draft: raw -> "
         "distilled (difference, 95 % CI) |",
         "|---|---|---|---|---|",
     ]
-    for k, temperature in RUNS:
+    for k, temperature in runs(max_k):
         results = json.loads(run_file(work, k, temperature).read_text())["results"]
-        raw, by_name = results[1], {"defaults": results[0], "demo settings": results[2]}
+        raw, by_name = results[1], dict(zip(settings, [results[0], *results[2:]], strict=True))
         for name, draft in by_name.items():
             d = paired_bootstrap(draft, raw)["difference"]
             m, p = d["mean_acceptance_length"], d["per_draft_acceptance_1"]
@@ -91,12 +100,14 @@ def main() -> int:
     ap.add_argument("data", type=Path)
     ap.add_argument("work", type=Path)
     ap.add_argument("--prompts", type=int, default=64)
+    ap.add_argument("--settings", nargs="+", choices=list(SETTINGS), default=list(SETTINGS))
+    ap.add_argument("--max-k", type=int, default=5)
     ap.add_argument("--table-only", action="store_true")
     args = ap.parse_args()
     args.work.mkdir(parents=True, exist_ok=True)
     if not args.table_only:
-        measure(args.target, args.data, args.work, args.prompts)
-    print(table(args.work))
+        measure(args.target, args.data, args.work, args.prompts, args.settings, args.max_k)
+    print(table(args.work, args.settings, args.max_k))
     return 0
 
 
