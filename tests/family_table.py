@@ -436,5 +436,23 @@ FAMILIES = (
         same_names=(("model.layers.3.",), ("mtp.layers.0.",)),  # the trunk's full-attention MoE layer
         nextn="Qwen3_5ForCausalLMMTP",
     ),
+    # Nemotron-3.5 Lightning: nemotron_h's spec with no latent MoE (moe_latent_size null: the experts read hidden_size)
+    # and the MTP layer in model_mtp.safetensors, which the index does not list
+    Family("nemotron_h_lightning", mtp="mtp.", release_block="mtp.layers.", block="gqa_nope + moe", verified=True,
+        spec="nemotron_h", handover=_BOTH,
+        step_layers={"vllm": "first", "sglang": "first"},  # both assert exactly one MTP layer
+        support={"vllm": {"mtp": True, "eagle3": True}, "sglang": {"mtp": True, "eagle3": False}},
+        sources={"vllm": ("nemotron_h_mtp.py",), "sglang": ("nemotron_h_mtp.py",)},
+        module={"block.self_attn:type": "NemotronHAttention", "rotary_emb": None, "block.mlp:type": "NemotronHMoE",
+                "block.mlp.fc1_latent_proj:type": "Identity", "block.mlp.fc2_latent_proj:type": "Identity",
+                "block.mlp.experts.up_proj:shape": (8, 32, 64)},  # [E, I, hidden]: no latent space
+        reference=ref.nemotron_h_vllm,
+        wrong=({"sublayers": ("backbone.layers.2.", "backbone.layers.3.")},),
+        refuses_eagle3="nemotron_h has no EAGLE-3 conversion",
+        release_tensors=8 + 1 + 2 + 128 * 2 + 2 + 1,
+        experts="n_routed_experts",
+        same_names=(("backbone.layers.2.", "backbone.layers.3."), ("mtp.layers.0.", "mtp.layers.1.")),
+        nope=True,
+    ),
 )
 # fmt: on

@@ -531,6 +531,16 @@ _CONFIG_EDITS = {
         {"mtp_num_hidden_layers": 0},
         "mtp_num_hidden_layers is 0",
     ),  # Qwen3.8's flat config: the top-level mtp_num_hidden_layers counts (there is no text_config to read).
+    "nemotron_h_lightning_config_says_latent_moe": (
+        "nemotron_h_lightning",
+        {"moe_latent_size": 32},
+        "lacks tensors the nemotron_h block needs: block.mlp.fc1_latent_proj.weight",
+    ),  # Super's latent MoE declared over Lightning's latent-free MTP layer
+    "nemotron_h_super_config_says_no_latent_moe": (
+        "nemotron_h",
+        {"moe_latent_size": None},
+        "has tensors the nemotron_h block does not use: mtp.layers.1.mixer.fc1_latent_proj.weight",
+    ),  # Lightning's config over Super's weights: the latent projections are not dropped silently
 }
 
 
@@ -545,6 +555,14 @@ def _config_edit_case(family: str, edits: dict, needle: str) -> CaseFn:
 
 for _name, _row in _CONFIG_EDITS.items():
     CASES[_name] = _config_edit_case(*_row)
+
+
+@case
+def nemotron_h_lightning_mtp_file_missing(w, tmp, mp, stack):
+    """Lightning's MTP layer lives in model_mtp.safetensors, outside the index: without the file there is none."""
+    ck = _family(tmp, "nemotron_h_lightning")
+    (ck / "model_mtp.safetensors").unlink()
+    return Case(_convert(ck, tmp), "its index holds no MTP weights (looked for mtp.layers.0.eh_proj.weight)")
 
 
 @case

@@ -171,7 +171,7 @@ MTP_FILE = "model_mtp.safetensors"
 
 
 def _mtp_outside_the_index(src: Path, dst: Path) -> list[str]:
-    """A copy of the nemotron_h fixture (MTP layer under mtp.*) as MiMo-V2.5 / Nemotron-3 Nano releases ship it: the
+    """A copy of the nemotron_h fixture (MTP layer under mtp.*) as MiMo-V2.5 / Nemotron-3.5 Lightning ship it: the
     MTP tensors moved into model_mtp.safetensors, which the index does not name. Returns the moved keys."""
     from mtp2draft.io import save_tensors
 

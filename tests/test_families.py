@@ -358,6 +358,44 @@ def test_nemotron_h_omni_layouts_are_told_apart_by_architecture() -> None:
             find_spec({**config, "architectures": ["NemotronH_Nano_Omni_Reasoning_V3"]})
 
 
+def test_nemotron_h_lightning_layer_lives_outside_the_index_and_stitches_back_there(build, tmp_path: Path) -> None:
+    """Nemotron-3.5 Lightning ships its MTP layer (BF16, in the NVFP4 re-release too) in model_mtp.safetensors, which
+    the index does not list: inspect says so, and the stitched overlay of a changed layer (BF16, the layer's shipped
+    dtype) rewrites that file alone, reading back bit for bit; the trunk's shards are not part of the overlay."""
+    from mtp2draft.conversion import inspect_checkpoint
+    from mtp2draft.formats.export import export
+
+    path = build("nemotron_h_lightning")
+    indexed = json.loads((path / "model.safetensors.index.json").read_text())["weight_map"]
+    inside = sorted(k for k in load_file(str(path / "model_mtp.safetensors")))
+    assert not [k for k in indexed if k.startswith("mtp.")] and all(k.startswith("mtp.layers.") for k in inside)
+    info = inspect_checkpoint(str(path))
+    assert info["unindexed_files"] == {"model_mtp.safetensors": len(inside)}
+    assert {t["name"] for t in info["layers"][0]["tensors"]} == set(inside)
+    assert not [k for k in inside if "latent_proj" in k]  # moe_latent_size null: no latent projections
+    draft = tmp_path / "draft"
+    convert(str(path), draft, to="mtp")
+    gen = torch.Generator().manual_seed(1)
+    moved = {k: (v.float() * (1 + 0.05 * torch.randn(v.shape, generator=gen))).to(v.dtype)
+             for k, v in load_file(str(draft / "model.safetensors")).items()}  # fmt: skip
+    save_file(moved, str(draft / "model.safetensors"), {"format": "pt"})
+    st = tmp_path / "st"
+    export(draft, "stitched", st, target=str(path))
+    files = json.loads((st / "provenance.json").read_text())["export"]["overlay_files"]
+    assert "model_mtp.safetensors" in files and not [f for f in files if f.startswith("model-0")]
+    # the overlay's index names the file: vLLM 0.34's default loader reads only files an index names
+    # (weight_utils.filter_duplicate_safetensors_files)
+    stitched_index = json.loads((st / "model.safetensors.index.json").read_text())["weight_map"]
+    assert {k for k, f in stitched_index.items() if f == "model_mtp.safetensors"} == set(inside)
+    overlay = tmp_path / "overlay"
+    shutil.copytree(path, overlay)
+    for name in files:
+        shutil.copyfile(st / name, overlay / name)
+    convert(str(overlay), tmp_path / "back", to="mtp")
+    back = load_file(str(tmp_path / "back" / "model.safetensors"))
+    assert back.keys() == moved.keys() and all(torch.equal(back[k], moved[k]) for k in moved)
+
+
 def test_ling_2_5_is_not_taken_for_ling_3() -> None:
     """Ling 2.5 (vLLM: a bailing_hybrid config with BailingMoeV2_5ForCausalLM) has another MTP block: no spec."""
     ling25 = {**FIXTURES["bailing_hybrid"]["config"], "architectures": ["BailingMoeV2_5ForCausalLM"]}

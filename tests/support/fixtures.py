@@ -60,7 +60,8 @@ def _load_rows(folder: Path) -> dict[str, dict[str, Any]]:
     `store_embed_head` (copies inside the MTP layer), `fp8` (quantised as DeepSeek's release), `quantise` (a named
     release quantisation of a `tensors` layout, tests/support/quantised.py), `fused_experts` (the
     trunk's experts as the hub stores them, fused 3-D; save_pretrained writes per-expert keys), `tensors` (a named
-    writer of the whole layout, for a checkpoint no spec builds; `listed` writes the row's `keys`: name -> shape)."""
+    writer of the whole layout, for a checkpoint no spec builds; `listed` writes the row's `keys`: name -> shape),
+    `mtp_file` (the MTP tensors go into this file, which the index does not list, as some releases ship them)."""
     files = {f.stem: json.loads(f.read_text()) for f in sorted(folder.glob("*.json"))}
     rows: dict[str, dict[str, Any]] = {}
 
@@ -359,7 +360,12 @@ def build_fixture(
     tensors = trunk_tensors(config, row["trunk"], seed)
     if row.get("fused_experts"):
         tensors = fuse_expert_tensors(tensors)
-    tensors.update(mtp_tensors(row["spec"], config, seed, row.get("store_embed_head", False), tensors))
+    mtp = mtp_tensors(row["spec"], config, seed, row.get("store_embed_head", False), tensors)
+    if row.get("mtp_file"):  # outside the index: model_mtp.safetensors beside the indexed shards
+        write_checkpoint(out, config, tensors, shards=shards, decoy=decoy)
+        save_tensors(out / row["mtp_file"], {k: v.contiguous() for k, v in mtp.items()}, {"format": "pt"})
+        return out
+    tensors.update(mtp)
     if row.get("fp8"):
         block = tuple(config["quantization_config"]["weight_block_size"])
         tensors = quantize_checkpoint(tensors, block)  # type: ignore[arg-type]

@@ -31,7 +31,19 @@ def config_of(path: Path) -> dict:
 
 
 def weight_map(path: Path) -> dict[str, str]:
-    return json.loads((path / "model.safetensors.index.json").read_text())["weight_map"]
+    """Key -> file: the index's, plus the tensors of top-level `*mtp*.safetensors` files it does not list (where some
+    releases keep the MTP layer, as the reader finds them)."""
+    from safetensors import safe_open
+
+    out = json.loads((path / "model.safetensors.index.json").read_text())["weight_map"]
+    for file in _unindexed(path, set(out.values())):
+        with safe_open(str(file), "pt") as f:
+            out.update(dict.fromkeys(f.keys(), file.name))
+    return out
+
+
+def _unindexed(path: Path, indexed: set[str]) -> list[Path]:
+    return [f for f in sorted(path.glob("*mtp*.safetensors")) if f.name not in indexed]
 
 
 def tensors(path: Path) -> dict[str, torch.Tensor]:
@@ -49,7 +61,9 @@ def dequantised(path: Path, dequant: bool = True) -> dict[str, torch.Tensor]:
 
 def _files(path: Path) -> tuple[tuple[str, int, int], ...]:
     """The checkpoint's shards as they are on disk (name, mtime, size): what the cache of `_read` is keyed by."""
-    return tuple((str(f), f.stat().st_mtime_ns, f.stat().st_size) for f in sorted(path.glob("model-0*.safetensors")))
+    shards = sorted(path.glob("model-0*.safetensors"))
+    shards += _unindexed(path, {f.name for f in shards})  # MTP tensors outside the index (model_mtp.safetensors)
+    return tuple((str(f), f.stat().st_mtime_ns, f.stat().st_size) for f in shards)
 
 
 @functools.lru_cache(maxsize=8)
