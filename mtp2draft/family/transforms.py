@@ -218,6 +218,17 @@ class StackedGateUp(FusedExperts3d):
     def combine(self, group: Group, tensors: list[torch.Tensor]) -> torch.Tensor:
         return torch.cat(tensors, dim=1)  # [E, I, H] x 2 -> [E, 2I, H]
 
+    def combine_stream(
+        self, group: Group, shape: tuple[int, ...], stream: Iterator[tuple[str, torch.Tensor]], dtype: torch.dtype
+    ) -> torch.Tensor:
+        """`combine` into a preallocated [E, 2I, H]: gate into rows [0, I), up into [I, 2I), one at a time."""
+        out = torch.empty(shape, dtype=dtype)
+        rows = shape[1] // 2
+        for key, tensor in stream:
+            i = group.ckpt_keys.index(key)
+            out[:, i * rows : (i + 1) * rows] = tensor
+        return out
+
     def out_shape(self, group: Group, shapes: list[tuple[int, ...]]) -> tuple[int, ...]:
         experts, rows, cols = shapes[0]
         return (experts, 2 * rows, cols)
