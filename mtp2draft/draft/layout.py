@@ -125,7 +125,8 @@ def plan_mtp_layer(ckpt: Checkpoint, spec: Spec, layer: int) -> MtpLayerPlan:
                 f"{list(want) if not g.transform else f'{list(want)} after {g.transform}'}"
             )
     stored_embed = comp.get("embed") if comp.get("embed") and ckpt.has(comp["embed"]) else None
-    stored_head = comp.get("head") if comp.get("head") and ckpt.has(comp["head"]) else None
+    own = spec.layer.own_head  # the layer's own head is one of its weights, not a copy of the target's
+    stored_head = comp.get("head") if comp.get("head") and ckpt.has(comp["head"]) and not own else None
     return MtpLayerPlan(spec, layer, groups, expected, buffers, stored_embed, stored_head)
 
 

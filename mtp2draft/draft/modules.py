@@ -373,10 +373,10 @@ class NativeMtpDraft(DraftModule):
         additive [1, 1, T, past + T] mask (query i sits at past + i), limited to the block attention's sliding
         window when it has one (key j visible iff q - window < j <= q, as transformers' sliding-window masks)."""
         window = getattr(getattr(self.block, "self_attn", None), "sliding_window", None)
-        if self.config._attn_implementation == "sdpa" and not window:
-            return None
         t = x.shape[1]
         past = cache.get_seq_length() if cache is not None else 0
+        if self.config._attn_implementation == "sdpa" and not window and (past == 0 or t == 1):
+            return None  # SDPA's causal path aligns queries to the first keys: right only without a cached past
         q = torch.arange(past, past + t, device=x.device)[:, None]
         k = torch.arange(past + t, device=x.device)[None, :]
         allowed = (k <= q) & (k > q - int(window)) if window else k <= q

@@ -689,7 +689,9 @@ def _step3p7_oracle(path: Path):
             rel = key[len(p) :].replace("transformer.shared_head.norm.", "post_norm.")
             rel = rel if rel.split(".")[0] in ("enorm", "hnorm", "eh_proj", "post_norm") else "mtp_block." + rel
             rel = rel.replace("moe.router_bias", "mlp.gate.e_score_correction_bias").replace("moe.gate.", "mlp.gate.")
-            rel = rel.replace("share_expert.", "mlp.shared_experts.").replace("moe.down_proj.weight", "mlp.experts.down_proj")
+            rel = rel.replace("share_expert.", "mlp.shared_experts.").replace(
+                "moe.down_proj.weight", "mlp.experts.down_proj"
+            )
             state[f"layers.{i}.{rel}"] = t.float()
         if p + "moe.gate_proj.weight" in w:
             stacked = [state.pop(f"layers.{i}.mtp_block.moe.{g}_proj.weight") for g in ("gate", "up")]
@@ -718,7 +720,13 @@ def step3p7_keys(i: int) -> tuple[str, ...]:
     """A dense MTP layer of Step-3.5 / 3.7 as the release names it (every name one of vLLM 0.34's and SGLang 0.5.23's
     step3p5_mtp.py loaders maps; the head under the `.transformer.` sub-prefix both drop)."""
     p = f"model.layers.{i}."
-    glue = ["eh_proj.weight", "enorm.weight", "hnorm.weight", "input_layernorm.weight", "post_attention_layernorm.weight"]
+    glue = [
+        "eh_proj.weight",
+        "enorm.weight",
+        "hnorm.weight",
+        "input_layernorm.weight",
+        "post_attention_layernorm.weight",
+    ]
     block = [f"mlp.{n}_proj.weight" for n in ("down", "gate", "up")] + [f"self_attn.{n}.weight" for n in (
         "g_proj", "k_norm", "k_proj", "o_proj", "q_norm", "q_proj", "v_proj")]  # fmt: skip
     head = ["transformer.shared_head.norm.weight", "transformer.shared_head.output.weight"]
