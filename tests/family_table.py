@@ -454,5 +454,26 @@ FAMILIES = (
         same_names=(("backbone.layers.2.", "backbone.layers.3."), ("mtp.layers.0.", "mtp.layers.1.")),
         nope=True,
     ),
+    Family("step3p7", mtp="model.layers.4.", release_block=None, block="headgate_gqa + dense", verified=False,
+        handover={"vllm": "pre_norm", "sglang": "pre_norm"},  # both hand on the block output before shared_head.norm
+        hidden="pre_norm",  # vLLM's target returns the hidden before model.norm; SGLang prefers it when captured
+        step_layers={"vllm": "cycle", "sglang": "cycle"},  # vLLM: spec_step_idx % 3; SGLang: draft runner i, layer i
+        support={"vllm": {"mtp": True, "eagle3": False}, "sglang": {"mtp": True, "eagle3": False}},
+        sources={"vllm": ("step3p5_mtp.py", "step3p5.py"), "sglang": ("step3p5_mtp.py", "multi_layer_eagle_worker_v2.py")},
+        # layer 0 is full attention (the sliding layers' own kind: test_step3p7_every_layer_is_its_own_kind)
+        module={"block:type": "Step3p7DecoderLayer", "block.self_attn.num_heads": 4, "block.self_attn.sliding_window": None,
+                "block.mlp:type": "Step3p7MLP", "own_head.weight:shape": (256, 64), "own_head.weight.requires_grad": False},
+        reference=ref.step3p7,
+        wrong=({"layer": 1}, {"head": "target"}),  # the layer's own weights and its own head matter
+        refuses_eagle3="step3p7 has no EAGLE-3 conversion",
+        # no stored copy of the release's index: the names the engines' loaders map, which a stored test of the
+        # ATOM loader (search-index id 65856740998) lists as "every real checkpoint weight name for MTP layers"
+        stored=False, keys=ref.step3p7_keys(4), layers=3,
+        keys_present=("model.layers.1.moe.gate_proj.weight", "model.layers.1.share_expert.up_proj.weight"),
+        prefixes_present=("vision_model.",),
+        engines=((None, {"handover": "post_norm"}), ("vllm", {}), ("sglang", {})),
+        versions={"vllm": "0.34.0"},
+        cache_chunks=(3, 4, 6, T),
+    ),
 )
 # fmt: on

@@ -1203,6 +1203,40 @@ def push_without_a_token(w, tmp, mp, stack):
     return Case(["push", str(export), "--repo-id", "me/draft"], "no Hugging Face token")
 
 
+def _edit_text_config(ck: Path, **changes) -> Path:
+    cfg = json.loads((ck / "config.json").read_text())
+    cfg["text_config"].update(changes)
+    (ck / "config.json").write_text(json.dumps(cfg))
+    return ck
+
+
+@case
+def step3p7_own_head_missing(w, tmp, mp, stack):
+    ck = _drop_key(_family(tmp, "step3p7"), "model.layers.5.transformer.shared_head.output.weight")
+    return Case(
+        _convert(ck, tmp, "--layer", "1"), "MTP layer 1 is missing model.layers.5.transformer.shared_head.output"
+    )
+
+
+@case
+def step3p7_layer_list_without_mtp_entries(w, tmp, mp, stack):
+    ck = _family(tmp, "step3p7")
+    layer_types = json.loads((ck / "config.json").read_text())["text_config"]["layer_types"]
+    _edit_text_config(ck, layer_types=layer_types[:6])  # the trunk's 4 and 2 of the 3 MTP layers' entries
+    return Case(_convert(ck, tmp), "layer_types has 6 entries; MTP layer 0 needs 4 trunk + 3 MTP entries")
+
+
+@case
+def step3p7_sliding_heads_not_the_checkpoints(w, tmp, mp, stack):
+    ck = _family(tmp, "step3p7")
+    other = {"attention_type": "sliding_attention", "num_attention_heads": 4, "num_attention_groups": 2, "head_dim": 16}
+    _edit_text_config(ck, attention_other_setting=other)  # the sliding layers' heads said to be the full layers' 4
+    return Case(
+        _convert(ck, tmp, "--layer", "1"),
+        "tensor model.layers.5.self_attn.g_proj.weight has shape [8, 64] but the config implies [4, 64]",  # a gate per head
+    )
+
+
 def test_the_table_is_large_enough() -> None:
     assert len(CASES) >= 50
 

@@ -29,6 +29,7 @@ NO_EAGLE3 = {
         "bailing_hybrid",
         "nemotron_h_omni",
         "deepseek_v4",  # SGLang 0.5.23 captures V4's aux states for its DSpark drafter only
+        "step3p7",  # step3p5.py / step3p7.py set no eagle3 layers to capture
     },
     "vllm": {
         "glm4_moe",
@@ -41,9 +42,10 @@ NO_EAGLE3 = {
         "exaone4_5",
         "exaone_moe",
         "bailing_hybrid",
+        "step3p7",  # vLLM 0.34: Step3p7ForConditionalGeneration (step3_vl.py) is not SupportsEagle3
     },
 }
-VLLM_PRE_NORM_HANDOVER = {"glm4_moe", "ernie4_5_moe", "glm4_moe_lite", "glm_ocr", "deepseek_v4"}
+VLLM_PRE_NORM_HANDOVER = {"glm4_moe", "ernie4_5_moe", "glm4_moe_lite", "glm_ocr", "deepseek_v4", "step3p7"}
 # Families an engine serves with neither method (SGLang 0.5.23 has no EXAONE-4.5 MTP class and no MTP path for
 # NemotronH_Super_Omni_Reasoning_V3): no table for it.
 NOT_SERVED = {"sglang": {"exaone4_5", "nemotron_h_super_omni"}, "vllm": set()}
@@ -52,6 +54,7 @@ NOT_SERVED = {"sglang": {"exaone4_5", "nemotron_h_super_omni"}, "vllm": set()}
 # the engine versions the specs' facts were read from; a family only a later engine serves cites that one
 ENGINE_VERSIONS = {"vllm": "0.33.0", "sglang": "0.5.23"}
 READ_AT = {"deepseek_v4": {"vllm": "0.34.0", "sglang": "0.5.23"}}  # DeepSeekV4MTP first appears in vLLM 0.34
+READ_AT["step3p7"] = READ_AT["deepseek_v4"]  # read from vLLM 0.34's step3p5_mtp.py
 
 
 def test_support_table_matches_the_engines() -> None:
@@ -64,10 +67,11 @@ def test_support_table_matches_the_engines() -> None:
             assert spec.serves(engine, "eagle3") == (spec.name not in NO_EAGLE3[engine]), (spec.name, engine)
             assert spec.engine(engine).version == READ_AT.get(spec.name, ENGINE_VERSIONS)[engine], (spec.name, engine)
         # ERNIE applies no final norm: its hand-over is the block output (recorded as pre_norm) in both engines;
-        # DeepSeek-V4 hands on its residual streams before hc_head and the norm in both
+        # DeepSeek-V4 hands on its residual streams before hc_head and the norm in both; Step-3.7 its block output
+        # before shared_head.norm in both
         if spec.engine("sglang") is not None:
             pre_norm = spec.engine("sglang").handover == "pre_norm"
-            assert pre_norm == (spec.name in {"ernie4_5_moe", "deepseek_v4"}), spec.name
+            assert pre_norm == (spec.name in {"ernie4_5_moe", "deepseek_v4", "step3p7"}), spec.name
         assert (spec.engine("vllm").handover == "pre_norm") == (spec.name in VLLM_PRE_NORM_HANDOVER), spec.name
     ernie, mimo = get_spec("ernie4_5_moe"), get_spec("mimo")
     for engine in ("vllm", "sglang"):

@@ -1215,3 +1215,73 @@ def test_deepseek_v4_the_whole_pipeline_on_the_bundled_target(tmp_path: Path, ca
     assert back.keys() == fine.keys()
     for key in fine:
         assert torch.equal(back[key].float(), fine[key].to(back[key].dtype).float()), key
+
+
+# ---- Step-3.7-Flash: three layers of their own kinds, each with its own head, run as a chain ---------------------
+def test_step3p7_every_layer_is_its_own_kind(build) -> None:
+    """Layer i is built from the config's entries n + i (layer_lists / layer_sets): layer 0 full attention with the
+    full layers' heads, 1 and 2 sliding with attention_other_setting's, 2 the stacked-expert MoE; the per-layer swiglu
+    limits reach the module; each layer reads exactly its keys (its own head among them) and equals the reference at
+    that layer, not layer 0's."""
+    path = build("step3p7")
+    ckpt = open_checkpoint(str(path))
+    nxt, hidden, pos = _inputs(1)
+    outs = []
+    for i in range(3):
+        p = f"model.layers.{4 + i}."
+        plan = plan_mtp_layer(ckpt, find_spec(ckpt.config), i)
+        assert set(plan.checkpoint_keys) == {k for k in ckpt.weight_map if k.startswith(p)} and plan.stored_head is None
+        module = load_native(str(path), layer=i).eval()
+        attn = module.block.self_attn
+        assert (attn.num_heads, attn.sliding_window) == ((4, None) if i == 0 else (8, 4)), i
+        assert torch.equal(module.own_head.weight, tensors(path)[p + "transformer.shared_head.output.weight"].float())
+        with torch.no_grad():
+            outs.append(module(nxt, hidden, pos)[0])
+            right, _ = ref.step3p7(path, nxt, hidden, pos, layer=i, handover="post_norm")
+        assert (outs[i] - right).abs().max().item() <= 1e-4, i
+    assert type(module.block.mlp).__name__ == "Step3p7SparseMoeBlock"
+    assert tuple(module.block.mlp.experts.gate_up_proj.shape) == (4, 64, 64)  # [E, 2I, H] from two stacked [E, I, H]
+    assert module.block.mlp.experts.limit == 7  # swiglu_limits[4 + 2]
+    assert load_native(str(path), layer=1).block.mlp.limit == 16  # swiglu_limits_shared[4 + 1]
+    assert min((outs[a] - outs[b]).abs().max().item() for a, b in ((0, 1), (1, 2), (0, 2))) > 1e-2
+
+
+def test_step3p7_chain_stitched_round_trip(build, tmp_path: Path) -> None:
+    """The three layers as one chain draft (vLLM's and SGLang's rule: layer i at step i), every layer's weights
+    changed, stitched over the bf16 target: each layer back under the release's names, the experts in their stacked
+    [E, I, H] shapes, the own heads as read, the trunk untouched; the overlay converts back to the same draft."""
+    from mtp2draft.formats.export import export, validate
+    from mtp2draft.io import save_tensors
+
+    src = build("step3p7")
+    convert(str(src), tmp_path / "chain", all_layers=True, dtype="bfloat16")
+    draft = load_draft(tmp_path / "chain")
+    assert draft.step_layers == "cycle" and [draft.layer_at(s) for s in range(4)] == [0, 1, 2, 0]
+    with torch.no_grad():  # a "distilled" chain: every trained tensor of every layer moved
+        for j, m in enumerate(draft.layers):
+            for p in m.trainable_parameters():
+                p.add_(0.01 * (j + 1))
+    moved = tmp_path / "moved"
+    moved.mkdir()
+    for name in ("config.json", "provenance.json"):
+        shutil.copyfile(tmp_path / "chain" / name, moved / name)
+    save_tensors(moved / "model.safetensors", {k: v.contiguous() for k, v in draft.state_dict().items()})
+    export(moved, "stitched", tmp_path / "st", target=str(src))
+    assert validate(tmp_path / "st") == []
+    overlay = tmp_path / "overlay"
+    shutil.copytree(src, overlay)
+    for name in json.loads((tmp_path / "st" / "provenance.json").read_text())["export"]["overlay_files"]:
+        shutil.copyfile(tmp_path / "st" / name, overlay / name)
+    before, after = tensors(src), tensors(overlay)
+    assert before.keys() == after.keys()
+    for key, old in before.items():
+        assert after[key].dtype == old.dtype and after[key].shape == old.shape, key
+        changed = not torch.equal(after[key], old)
+        in_layers = key.startswith(tuple(f"model.layers.{4 + j}." for j in range(3)))
+        assert changed == (in_layers and "shared_head.output" not in key and "router_bias" not in key), key
+    assert after["model.layers.6.moe.gate_proj.weight"].shape == (4, 32, 64)
+    convert(str(overlay), tmp_path / "back", all_layers=True, dtype="bfloat16")
+    back = load_file(str(tmp_path / "back" / "model.safetensors"))
+    fine = load_file(str(moved / "model.safetensors"))
+    assert back.keys() == fine.keys()
+    assert [k for k in fine if not torch.equal(back[k], fine[k].to(back[k].dtype))] == []  # as rounded once to bf16

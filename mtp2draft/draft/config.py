@@ -277,13 +277,17 @@ def _check(cfg: Mapping[str, Any], fields: tuple[Field, ...], where: str, prefix
 
 
 def check_model_config(cfg: Mapping[str, Any], where: str, prefix: str = "") -> None:
-    """A model config's sizes and counts (`SIZE_FIELD`) whole numbers >= 1 and its epsilons / RoPE base positive,
+    """A model config's sizes and counts (`SIZE_FIELD`) whole numbers >= 1 and its epsilons / RoPE bases (one, or one
+    per layer) positive,
     where given. Types beyond these are checked by transformers' config classes when the module is built."""
     for key, value in cfg.items():
         if key in SIZE_FIELD_EXCEPTIONS or value is None:
             continue
         if SIZE_FIELD.search(key):
             _check(cfg, (Field(key, whole(1)),), where, prefix)
+        elif key in POSITIVE_FLOATS and isinstance(value, list):  # one per layer (Step-3.5's rope_theta)
+            for i, entry in enumerate(value):
+                _check({f"{key}[{i}]": entry}, (Field(f"{key}[{i}]", positive_number),), where, prefix)
         elif key in POSITIVE_FLOATS:
             _check(cfg, (Field(key, positive_number),), where, prefix)
 

@@ -67,9 +67,9 @@ def resolve_layer(ckpt: Checkpoint, spec: Spec, layer: int | None) -> tuple[int,
     return layer, count
 
 
-def _meta_module(spec: Spec, config: dict[str, Any]) -> NativeMtpDraft:
+def _meta_module(spec: Spec, config: dict[str, Any], layer: int = 0) -> NativeMtpDraft:
     with torch.device("meta"):
-        return native_draft(spec, config)
+        return native_draft(spec, config, layer)
 
 
 def plan_mtp_layer(ckpt: Checkpoint, spec: Spec, layer: int) -> MtpLayerPlan:
@@ -78,7 +78,7 @@ def plan_mtp_layer(ckpt: Checkpoint, spec: Spec, layer: int) -> MtpLayerPlan:
     check_spec_transforms(spec)
     cfg = ckpt.config
     comp = spec.component_keys(cfg, layer)
-    glue = native_class(spec).GLUE
+    glue = native_class(spec).glue(spec)
     missing = [name for name in glue.values() if name not in comp]
     if missing:
         raise SpecError(f"spec {spec.name} names no key for {', '.join(missing)} (its layer kind needs them)")
@@ -98,7 +98,7 @@ def plan_mtp_layer(ckpt: Checkpoint, spec: Spec, layer: int) -> MtpLayerPlan:
         ckpt.check_readable(prefix + k)
     for g in group_block_keys(block_keys, dict(spec.block.rename), spec.block.load):
         groups.append(Group("block." + g.module_key, tuple(prefix + k for k in g.ckpt_keys), g.transform))
-    module = _meta_module(spec, cfg)
+    module = _meta_module(spec, cfg, layer)
     expected = {k: tuple(v.shape) for k, v in module.state_dict().items()}
     buffers = frozenset(k for k, _ in module.named_buffers() if k in expected)
     have = {g.module_key for g in groups}
@@ -125,7 +125,8 @@ def plan_mtp_layer(ckpt: Checkpoint, spec: Spec, layer: int) -> MtpLayerPlan:
                 f"{list(want) if not g.transform else f'{list(want)} after {g.transform}'}"
             )
     stored_embed = comp.get("embed") if comp.get("embed") and ckpt.has(comp["embed"]) else None
-    stored_head = comp.get("head") if comp.get("head") and ckpt.has(comp["head"]) else None
+    own = spec.layer.own_head  # the layer's own head is one of its weights, not a copy of the target's
+    stored_head = comp.get("head") if comp.get("head") and ckpt.has(comp["head"]) and not own else None
     return MtpLayerPlan(spec, layer, groups, expected, buffers, stored_embed, stored_head)
 
 
@@ -175,7 +176,7 @@ def native_to_checkpoint(
     Used to write MTP layers into tiny hub-layout checkpoints and to stitch a fine-tuned layer back."""
     check_spec_transforms(spec)
     comp = spec.component_keys(config, layer)
-    named = native_class(spec).GLUE
+    named = native_class(spec).glue(spec)
     prefix = spec.key(spec.keys.block, config, layer)
     inverse_rename = {new: old for old, new in spec.block.rename.items()}
     out: dict[str, torch.Tensor] = {}

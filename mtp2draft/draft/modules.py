@@ -45,6 +45,7 @@ from torch import nn
 
 from mtp2draft.draft.eagle3_config import LLAMA_FIELDS, aux_ids
 from mtp2draft.errors import CheckpointError, DraftError
+from mtp2draft.family.layer_config import layer_text_config
 from mtp2draft.family.spec import Spec
 from mtp2draft.kinds import (
     HIDDEN_PLACES,
@@ -100,9 +101,10 @@ def hf_config(model_type: str, fields: Mapping[str, Any], where: str = "config.j
         raise CheckpointError(f"{where} does not describe a valid {model_type} model: {text}") from None
 
 
-def block_config(spec: Spec, target_config: Mapping[str, Any]):
-    """The transformers config the MTP block is built from: the target's (text) config plus the spec's overrides."""
-    text = spec.text_config(target_config)
+def block_config(spec: Spec, target_config: Mapping[str, Any], layer: int = 0):
+    """The transformers config MTP layer `layer`'s block is built from: the target's (text) config (its per-layer
+    fields cut to that layer's, `layer_config.py`) plus the spec's overrides."""
+    text = layer_text_config(spec, target_config, layer)
     text.pop("model_type", None)
     text.pop("architectures", None)
     cfg = hf_config(spec.config.transformers_model_type, text)
@@ -227,6 +229,8 @@ class NativeMtpDraft(DraftModule):
         "final_norm.weight": "final_norm",
     }
     """Module tensors outside the block -> the `[keys]` component each is stored under (`layout.py` maps by it)."""
+    OWN_HEAD = {"own_head.weight": "head"}
+    """The layer's own lm_head [V, H], where the family has one (`[layer] own_head`): frozen, written back as read."""
     DEFAULT_HANDOVER = Hidden.POST_NORM
     """The hand-over a converted draft of this layer kind starts with (what `convert` writes into its config)."""
 
@@ -255,7 +259,7 @@ class NativeMtpDraft(DraftModule):
         output."""
         self.engine = dict(engine) if engine else None
         """{"name", "version"} of the engine whose computation this draft is trained for; None: the checkpoint's."""
-        self.config = cfg = block_config(spec, target_config)
+        self.config = cfg = block_config(spec, target_config, layer)
         norm = spec.import_class(spec.block.norm)
         h = cfg.hidden_size
         eps = norm_eps(cfg)
@@ -264,6 +268,8 @@ class NativeMtpDraft(DraftModule):
         self.build_projection(cfg)
         self.block = spec.block_class()(cfg, 0) if spec.block.decoder_layer else ComposedBlock(spec, cfg)
         self.final_norm = norm(h, eps=eps)
+        if spec.layer.own_head:  # [V, H], never trained: the engines' logits of this layer read it
+            self.own_head = nn.Linear(h, cfg.vocab_size, bias=False).requires_grad_(False)
         # No rotary (`[block] rotary = ""`): the block's attention uses no positional encoding (Nemotron-H's NoPE).
         self.rotary_emb = spec.import_class(spec.block.rotary)(config=cfg) if spec.block.rotary else None
         # Rotaries with per-layer-type frequencies (MiMo-V2-Flash) take the layer type the block was built as.
@@ -274,6 +280,11 @@ class NativeMtpDraft(DraftModule):
         self._rotary_kwargs = {"layer_type": layer_types[0]} if layer_types and takes_type else {}
         _attach(self, "embed_weight", None)
         _attach(self, "head_weight", None)
+
+    @classmethod
+    def glue(cls, spec: Spec) -> dict[str, str]:
+        """`GLUE`, plus the layer's own lm_head where the family has one."""
+        return {**cls.GLUE, **(cls.OWN_HEAD if spec.layer.own_head else {})}
 
     def build_projection(self, cfg) -> None:
         """The projection of the two normalised inputs: one bias-free Linear(2H -> H) of their concatenation."""
@@ -325,7 +336,8 @@ class NativeMtpDraft(DraftModule):
         return None
 
     def logits(self, normed: torch.Tensor) -> torch.Tensor:
-        return F.linear(normed, self.head_weight.to(normed.dtype))  # [B, T, V]: the target's head
+        own = getattr(self, "own_head", None)  # the layer's own head, else the target's
+        return F.linear(normed, (self.head_weight if own is None else own.weight).to(normed.dtype))  # [B, T, V]
 
     def layer_forward(
         self,
@@ -361,10 +373,10 @@ class NativeMtpDraft(DraftModule):
         additive [1, 1, T, past + T] mask (query i sits at past + i), limited to the block attention's sliding
         window when it has one (key j visible iff q - window < j <= q, as transformers' sliding-window masks)."""
         window = getattr(getattr(self.block, "self_attn", None), "sliding_window", None)
-        if self.config._attn_implementation == "sdpa" and not window:
-            return None
         t = x.shape[1]
         past = cache.get_seq_length() if cache is not None else 0
+        if self.config._attn_implementation == "sdpa" and not window and (past == 0 or t == 1):
+            return None  # SDPA's causal path aligns queries to the first keys: right only without a cached past
         q = torch.arange(past, past + t, device=x.device)[:, None]
         k = torch.arange(past + t, device=x.device)[None, :]
         allowed = (k <= q) & (k > q - int(window)) if window else k <= q

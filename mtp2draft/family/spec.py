@@ -75,6 +75,13 @@ class ConfigSpec:
     block_unset: tuple[str, ...] = ()
     """Config fields set to None on the block's copy (TOML has no null): K-EXAONE's MTP layer is full attention with
     RoPE, which transformers' ExaoneMoeAttention computes only when `sliding_window` is None."""
+    layer_lists: tuple[str, ...] = ()
+    """Per-layer list fields of the (text) config that go on past the trunk with one entry per MTP layer (Step-3.5's
+    layer_types, rope_theta, ...: num_hidden_layers + MTP count entries; a config saved by transformers keeps them
+    as `mtp_<field>`): MTP layer i's block config holds only its own entry, so each layer is built as its kind."""
+    layer_sets: tuple[str, ...] = ()
+    """Layer-index set fields (comma-separated, e.g. Step-3.5's moe_layers_enum): MTP layer i's block config holds
+    index 0 when trunk layers + i is in the set, else none."""
 
 
 @dataclass(frozen=True)
@@ -112,6 +119,9 @@ class LayerSpec:
     """Which target hidden state feeds step 0: after (`post_norm`) or before (`pre_norm`) the final norm."""
     norm: str = "standard"
     """`standard` RMSNorm (x * w) or `zero_centered` (x * (1 + w))."""
+    own_head: bool = False
+    """Each MTP layer has its own lm_head (`[keys] head`) and the engines compute its logits with it (Step-3.5 /
+    3.7); false: the layer shares the target's lm_head (a stored `head` is then a copy, never read)."""
     streams: str = ""
     """Config field holding the number of residual streams (hyper-connections, DeepSeek-V4's `hc_mult`) the layer reads
     and hands on: its hidden state is [B, T, streams, H], reduced by the layer's own head (`[block] head_mixer`)
@@ -467,6 +477,8 @@ def _check_values(spec: Spec) -> None:
         spec.keys.hc_head_fn
     ):
         raise SpecError(f"{where}: a multi-stream layer needs [layer] streams, [block] head_mixer and keys.hc_head_fn")
+    if spec.layer.own_head and not spec.keys.head:
+        raise SpecError(f"{where}: [layer] own_head needs keys.head (the layer's own lm_head)")
     for name in (*COMPONENTS, "block"):
         template = getattr(spec.keys, name)
         try:

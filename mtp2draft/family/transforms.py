@@ -190,8 +190,59 @@ class FuseExpertsW13(FuseExperts):
         return None
 
 
+class StackedGateUp(FusedExperts3d):
+    """Experts stacked per projection, as Step-3.5 / 3.7 store them (`moe.gate_proj.weight` / `moe.up_proj.weight`
+    [E, I, H], `moe.down_proj.weight` [E, H, I]; the spec renames them to `experts.gate_proj` / `experts.up_proj` /
+    `experts.down_proj`) <-> transformers' `experts.gate_up_proj` [E, 2I, H]: gate and up concatenated on dim 1
+    (transformers 5.24 conversion_mapping "step3p7": Concatenate(dim=1)); `experts.down_proj` maps 1:1. The inverse
+    writes the stacked shapes back."""
+
+    name = "stacked_gate_up"
+    pattern = re.compile(r"^(?P<p>(?:.*\.)?)experts\.(?P<w>gate|up)_proj$")
+
+    def group(self, keys: list[str]) -> tuple[list[Group], list[str]]:
+        found: dict[str, dict[str, str]] = {}
+        rest = []
+        for key in keys:
+            m = self.pattern.match(key)
+            if m:
+                found.setdefault(m["p"], {})[m["w"]] = key
+            else:
+                rest.append(key)
+        for prefix, pair in found.items():
+            if set(pair) != {"gate", "up"}:
+                raise CheckpointError(f"{prefix}experts: stacked gate_proj and up_proj must come together")
+        groups = [Group(f"{p}experts.gate_up_proj", (w["gate"], w["up"]), self.name) for p, w in found.items()]
+        return groups, rest
+
+    def combine(self, group: Group, tensors: list[torch.Tensor]) -> torch.Tensor:
+        return torch.cat(tensors, dim=1)  # [E, I, H] x 2 -> [E, 2I, H]
+
+    def combine_stream(
+        self, group: Group, shape: tuple[int, ...], stream: Iterator[tuple[str, torch.Tensor]], dtype: torch.dtype
+    ) -> torch.Tensor:
+        """`combine` into a preallocated [E, 2I, H]: gate into rows [0, I), up into [I, 2I), one at a time."""
+        out = torch.empty(shape, dtype=dtype)
+        rows = shape[1] // 2
+        for key, tensor in stream:
+            i = group.ckpt_keys.index(key)
+            out[:, i * rows : (i + 1) * rows] = tensor
+        return out
+
+    def out_shape(self, group: Group, shapes: list[tuple[int, ...]]) -> tuple[int, ...]:
+        experts, rows, cols = shapes[0]
+        return (experts, 2 * rows, cols)
+
+    def to_checkpoint(self, module_key: str, tensor: torch.Tensor) -> dict[str, torch.Tensor] | None:
+        if module_key.endswith("experts.gate_up_proj"):
+            prefix = module_key[: -len("gate_up_proj")]
+            gate, up = tensor.chunk(2, dim=1)
+            return {prefix + "gate_proj": gate, prefix + "up_proj": up}
+        return None
+
+
 LOAD_TRANSFORMS: dict[str, Any] = {
-    t.name: t for t in (FuseExperts(), FusedExperts3d(), FuseUpDownExperts(), FuseExpertsW13())
+    t.name: t for t in (FuseExperts(), FusedExperts3d(), FuseUpDownExperts(), FuseExpertsW13(), StackedGateUp())
 }
 
 

@@ -674,3 +674,74 @@ def qwen3_hybrid(path: Path, nxt, hidden, pos, *, norm: str = "zero_centered", o
         y = block(x, position_embeddings=(emb.cos(), emb.sin()), attention_mask=causal(x.shape[1]), position_ids=pos)
     normed = norm_(y, w["mtp.norm.weight"])
     return normed @ head.T, normed
+
+
+# ---- Step-3.5 / 3.7: transformers' own MtpModel, with the sliding head count and the heads the engines use --------
+def _step3p7_oracle(path: Path):
+    """transformers 5.24's MtpModel (modeling_layers.py) over the fixture's Step3p7ForConditionalGeneration trunk,
+    MTP weights loaded by the renames of its conversion_mapping "MtpModel" and "step3p7" (layers.{n + i}. ->
+    layers.{i}.mtp_block., enorm / hnorm / eh_proj at the layer, shared_head.norm -> post_norm; moe.gate_proj | up_proj
+    concatenated on dim 1), the `.transformer.` sub-prefix of the head dropped as both engines drop it. One change to
+    the config it reads: get_mtp_config() copies `mtp_per_layer_config`, which transformers never sets, so its
+    sliding MTP layers get num_attention_heads; here it holds num_sliding_attention_heads for them, as vLLM 0.34's
+    step3p5.py `_get_num_attention_heads` and SGLang 0.5.23 give every sliding layer (the fixture's sliding layers
+    have twice the heads, so without it the weights do not load)."""
+    from transformers.modeling_layers import MtpModel
+
+    target = transformers.Step3p7ForConditionalGeneration.from_pretrained(str(path), dtype=torch.float32).eval()
+    text = target.config.text_config
+    sliding = {i: {"num_attention_heads": text.num_sliding_attention_heads}
+               for i, t in enumerate(text.mtp_layer_types) if t == "sliding_attention"}  # fmt: skip
+    text.mtp_per_layer_config = sliding
+    oracle = MtpModel(target, text.num_mtp_layers).float().eval()
+    n, w, state = text.num_hidden_layers, tensors(path), {}
+    for i in range(text.num_mtp_layers):
+        p = f"model.layers.{n + i}."
+        for key, t in w.items():
+            if not key.startswith(p) or "shared_head.output" in key:
+                continue
+            rel = key[len(p) :].replace("transformer.shared_head.norm.", "post_norm.")
+            rel = rel if rel.split(".")[0] in ("enorm", "hnorm", "eh_proj", "post_norm") else "mtp_block." + rel
+            rel = rel.replace("moe.router_bias", "mlp.gate.e_score_correction_bias").replace("moe.gate.", "mlp.gate.")
+            rel = rel.replace("share_expert.", "mlp.shared_experts.").replace(
+                "moe.down_proj.weight", "mlp.experts.down_proj"
+            )
+            state[f"layers.{i}.{rel}"] = t.float()
+        if p + "moe.gate_proj.weight" in w:
+            stacked = [state.pop(f"layers.{i}.mtp_block.moe.{g}_proj.weight") for g in ("gate", "up")]
+            state[f"layers.{i}.mtp_block.mlp.experts.gate_up_proj"] = torch.cat(stacked, dim=1)  # [E, 2I, H]
+    missing, unexpected = oracle.load_state_dict(state, strict=False)
+    assert not unexpected and all(k.startswith(("embed_tokens", "shared_head")) for k in missing), (missing, unexpected)
+    return oracle, w, n
+
+
+def step3p7(path: Path, nxt, hidden, pos, *, layer: int = 0, handover: str = "pre_norm", head: str = "own"):
+    """MTP layer `layer` of Step-3.7: transformers' MtpModel.forward_layer (`_step3p7_oracle`) for the block, then
+    what the engines do after it (vLLM 0.34 step3p5_mtp.py, SGLang 0.5.23 step3p5_mtp.py): shared_head.norm and the
+    layer's own shared_head.output for the logits, the block output before that norm handed on (MtpModel hands on
+    the normed hidden: handover="post_norm"). head="target": the trunk's lm_head, as MtpModel computes logits."""
+    oracle, w, n = _step3p7_oracle(path)
+    mtp = oracle.layers[layer]
+    mtp.use_post_norm = False  # the block output before shared_head.norm
+    out = oracle.forward_layer(layer, hidden, pos, None, input_ids=nxt)
+    normed = mtp.post_norm(out)
+    own = w[f"model.layers.{n + layer}.transformer.shared_head.output.weight"].float()
+    logits = normed @ (own if head == "own" else w["lm_head.weight"].float()).T
+    return logits, (out if handover == "pre_norm" else normed)
+
+
+def step3p7_keys(i: int) -> tuple[str, ...]:
+    """A dense MTP layer of Step-3.5 / 3.7 as the release names it (every name one of vLLM 0.34's and SGLang 0.5.23's
+    step3p5_mtp.py loaders maps; the head under the `.transformer.` sub-prefix both drop)."""
+    p = f"model.layers.{i}."
+    glue = [
+        "eh_proj.weight",
+        "enorm.weight",
+        "hnorm.weight",
+        "input_layernorm.weight",
+        "post_attention_layernorm.weight",
+    ]
+    block = [f"mlp.{n}_proj.weight" for n in ("down", "gate", "up")] + [f"self_attn.{n}.weight" for n in (
+        "g_proj", "k_norm", "k_proj", "o_proj", "q_norm", "q_proj", "v_proj")]  # fmt: skip
+    head = ["transformer.shared_head.norm.weight", "transformer.shared_head.output.weight"]
+    return tuple(sorted(p + k for k in glue + block + head))
