@@ -436,5 +436,21 @@ FAMILIES = (
         same_names=(("model.layers.3.",), ("mtp.layers.0.",)),  # the trunk's full-attention MoE layer
         nextn="Qwen3_5ForCausalLMMTP",
     ),
+    Family("mimo_v2", mtp="model.mtp.layers.0.", release_block=None, block="swa + dense", verified=False,
+        handover=_BOTH,
+        step_layers={"vllm": "first", "sglang": "cycle"},  # vLLM: n_predict 1; SGLang: one draft model per layer
+        support={"vllm": {"mtp": True, "eagle3": True}, "sglang": {"mtp": True, "eagle3": False}},
+        sources={"vllm": ("mimo_v2_mtp.py", "_shard_fp8_qkv_proj"), "sglang": ("mimo_v2_nextn.py", "_filter_mtp_weights")},
+        # translated config: 4 SWA kv heads (transformers: num_key_value_heads x 2), the release's epsilon
+        module={"block:type": "MiMoV2FlashDecoderLayer", "block.self_attn.k_proj.weight:shape": (4 * 24, 64),
+                "block.input_layernorm.variance_epsilon": 1e-6},
+        reference=ref.mimo_v2,
+        # the pre-sharded interleave, the window and the layer matter (the per-chunk scale grid:
+        # test_mimo_v2_qkv_matches_vllms_read, where the chunks' scales differ more than random init makes them)
+        wrong=({"interleaved": False}, {"window": False}, {"layer": 1}),
+        stored=False, keys=ref.mimo_v2_keys(0), layers=3, fp8_weights=4,
+        cache_chunks=(6, 7, 8, 9, T),
+        versions={"vllm": "0.34.0"},
+    ),
 )
 # fmt: on

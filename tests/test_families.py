@@ -26,6 +26,7 @@ from pathlib import Path
 import pytest
 import torch
 from family_table import ENGINE_VERSIONS, FAMILIES, NESTED, Family, T
+from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 from support import hub_keys
 from support import reference_v4 as v4
@@ -60,7 +61,12 @@ def _spec_name(family: Family) -> str:
 
 
 def _mtp_keys(path: Path, family: Family) -> list[str]:
-    return [k for k in weight_map(path) if k.startswith(family.mtp)]
+    """The fixture's MTP keys: the index's, and those of a `*mtp*.safetensors` file it does not list."""
+    keys = list(weight_map(path))
+    for file in sorted(set(path.glob("*mtp*.safetensors")) - {path / f for f in weight_map(path).values()}):
+        with safe_open(str(file), "pt") as fh:
+            keys += list(fh.keys())  # noqa: SIM118
+    return [k for k in keys if k.startswith(family.mtp)]
 
 
 def _names(keys, prefixes: tuple[str, ...]) -> set[str]:
