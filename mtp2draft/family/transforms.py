@@ -319,6 +319,13 @@ class DeinterleaveQkv:
         return {module_key: tensor} if module_key.endswith("qkv_proj.weight") else None
 
 
+def fp8_row_chunks(spec: Any, config: dict[str, Any], key: str) -> int:
+    """The row chunks a checkpoint weight of `spec` is pre-sharded in (its fused qkv's chunk count; 1 otherwise)."""
+    if DeinterleaveQkv.name not in spec.block.load or not DeinterleaveQkv.pattern.match(key):
+        return 1
+    return qkv_geometry(spec, config).chunks
+
+
 LOAD_TRANSFORMS: dict[str, Any] = {
     t.name: t for t in (FuseExperts(), FusedExperts3d(), FuseUpDownExperts(), FuseExpertsW13(), DeinterleaveQkv())
 }
