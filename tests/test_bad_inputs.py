@@ -551,6 +551,11 @@ _CONFIG_EDITS = {
         {"num_key_value_heads": 1},
         "qkv_proj.weight_scale_inv has shape [4, 1], expected [3, 1]",
     ),  # one chunk would split the rows evenly, but the per-chunk scale grid (2 chunks of 2 block rows) says no.
+    "mimo_v2_odd_swa_kv_heads": (
+        "mimo_v2",
+        {"swa_num_key_value_heads": 3},
+        "swa_num_key_value_heads is 3, which 'swa_num_key_value_heads / 2' does not divide",
+    ),  # transformers doubles num_key_value_heads on SWA layers: an odd SWA count has no transformers config.
 }
 
 

@@ -106,8 +106,8 @@ def block_config(spec: Spec, target_config: Mapping[str, Any]):
     text.pop("model_type", None)
     text.pop("architectures", None)
     cfg = hf_config(spec.config.transformers_model_type, text)
-    for target, expr in spec.config.block_from.items():
-        _set_path(cfg, target, config_value(text, expr))
+    for target, value in spec.block_from_values(text).items():
+        _set_path(cfg, target, value)
     for key, value in spec.config.block_overrides.items():
         setattr(cfg, key, copy.deepcopy(value))
     for key in spec.config.block_unset:
@@ -117,24 +117,6 @@ def block_config(spec: Spec, target_config: Mapping[str, Any]):
     cfg._attn_implementation = spec.block.attn_implementation
     cfg._experts_implementation = "eager"  # the modules are used standalone, outside a PreTrainedModel
     return cfg
-
-
-def config_value(text: Mapping[str, Any], expr: str) -> Any:
-    """`field`, `field / n` or `field * n` of a (text) config (`[config] block_from`); one line when the field is
-    absent or the division is not exact."""
-    name, op, n = (expr.split() + ["", ""])[:3]
-    if name not in text:
-        raise CheckpointError(f"config.json has no {name} field, which the MTP block's {expr!r} reads")
-    value = text[name]
-    if not op:
-        return copy.deepcopy(value)
-    if not isinstance(value, int) or isinstance(value, bool) or op not in "*/" or not n.isdigit():
-        raise CheckpointError(f"config.json field {name} is {value!r}: {expr!r} needs a count")
-    if op == "*":
-        return value * int(n)
-    if value % int(n):
-        raise CheckpointError(f"config.json field {name} is {value}, which {expr!r} does not divide")
-    return value // int(n)
 
 
 def _set_path(cfg: Any, path: str, value: Any) -> None:

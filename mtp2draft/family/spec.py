@@ -265,6 +265,22 @@ class Spec:
             return template.format(i=layer)
         return template.format(i=layer, n=self.num_layers(config) + layer)
 
+    def block_from_values(self, text: Mapping[str, Any]) -> dict[str, Any]:
+        """`[config] block_from` evaluated on a (text) config: target -> `field`, `field / n` or `field * n`; one line
+        when a field is absent or the division is not exact."""
+        out = {}
+        for target, expr in self.config.block_from.items():
+            name, op, n = (expr.split() + ["", ""])[:3]
+            if name not in text:
+                raise CheckpointError(f"config.json has no {name} field, which the MTP block's {expr!r} reads")
+            value = text[name]
+            if op and (not isinstance(value, int) or isinstance(value, bool) or op not in "*/" or not n.isdigit()):
+                raise CheckpointError(f"config.json field {name} is {value!r}: {expr!r} needs a count")
+            if op == "/" and value % int(n):
+                raise CheckpointError(f"config.json field {name} is {value}, which {expr!r} does not divide")
+            out[target] = value * int(n) if op == "*" else value // int(n) if op == "/" else copy.deepcopy(value)
+        return out
+
     def component_keys(self, config: Mapping[str, Any], layer: int) -> dict[str, str]:
         """Resolved keys of the named (non-block) components of MTP layer `layer`."""
         return {
