@@ -29,6 +29,7 @@ NO_EAGLE3 = {
         "bailing_hybrid",
         "nemotron_h_omni",
         "deepseek_v4",  # SGLang 0.5.23 captures V4's aux states for its DSpark drafter only
+        "mimo_v2",  # as MiMo-V2-Flash: MiMoV2ForCausalLM has no set_eagle3_layers_to_capture
     },
     "vllm": {
         "glm4_moe",
@@ -51,7 +52,10 @@ NOT_SERVED = {"sglang": {"exaone4_5", "nemotron_h_super_omni"}, "vllm": set()}
 
 # the engine versions the specs' facts were read from; a family only a later engine serves cites that one
 ENGINE_VERSIONS = {"vllm": "0.33.0", "sglang": "0.5.23"}
-READ_AT = {"deepseek_v4": {"vllm": "0.34.0", "sglang": "0.5.23"}}  # DeepSeekV4MTP first appears in vLLM 0.34
+READ_AT = {
+    "deepseek_v4": {"vllm": "0.34.0", "sglang": "0.5.23"},  # DeepSeekV4MTP first appears in vLLM 0.34
+    "mimo_v2": {"vllm": "0.34.0", "sglang": "0.5.23"},  # the per-chunk qkv scales: vLLM 0.34's MTP loader
+}
 
 
 def test_support_table_matches_the_engines() -> None:
