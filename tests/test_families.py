@@ -1301,3 +1301,39 @@ def test_mimo_v2_stitched_is_written_back_interleaved_on_the_shipped_grid(build,
     assert back.keys() == fine.keys()
     for k, want in fine.items():
         assert ((back[k].float() - want.float()).abs() <= want.float().abs() / 16 + 2e-3).all(), k
+
+
+# MiMo-V2.5's MTP layer 0 as its model file's header has it (dtype, shape), quoted by a public MLX fixture script
+# pinned to the release's revision 63651580 (search-index id 61426630426): the only header of a release found.
+_MIMO_V25_MTP_HEADER = {
+    "input_layernorm.weight": ("BF16", [4096]),
+    "self_attn.qkv_proj.weight": ("F8_E4M3", [14848, 4096]),
+    "self_attn.qkv_proj.weight_scale_inv": ("F32", [116, 32]),
+    "self_attn.attention_sink_bias": ("BF16", [64]),
+    "self_attn.o_proj.weight": ("BF16", [4096, 8192]),
+}
+
+
+def test_mimo_v2_fixture_stores_what_the_release_header_stores(build) -> None:
+    """The fixture's MTP tensors have the release header's dtypes, and the release's shapes follow from its geometry
+    as the fixture's follow from the fixture's: qkv rows = chunks x (Q + K + V rows of a chunk), scale rows = chunks x
+    ceil(rows a chunk / 128), o_proj [hidden, heads x v_head_dim], one sink per query head."""
+    from safetensors import safe_open
+
+    path = build("mimo_v2")
+    release, rows, scale_rows = _MIMO_RELEASES["v2.5"]
+    g = _mimo_geometry(release)
+    q, k, v = g.per_chunk()
+    assert (g.chunks * (q + k + v), g.chunks * -(-(q + k + v) // 128)) == (rows, scale_rows)
+    assert _MIMO_V25_MTP_HEADER["self_attn.qkv_proj.weight"][1][0] == rows
+    assert _MIMO_V25_MTP_HEADER["self_attn.o_proj.weight"][1][1] == g.heads * g.v_head_dim
+    assert _MIMO_V25_MTP_HEADER["self_attn.attention_sink_bias"][1] == [g.heads]
+    config = config_of(path)
+    fg = _mimo_geometry(config)
+    fq, fk, fv = fg.per_chunk()
+    with safe_open(str(path / "model_mtp.safetensors"), "pt") as fh:
+        for name, (dtype, _) in _MIMO_V25_MTP_HEADER.items():
+            assert fh.get_slice("model.mtp.layers.0." + name).get_dtype() == dtype, name
+        qkv = fh.get_slice("model.mtp.layers.0.self_attn.qkv_proj.weight").get_shape()
+        scale = fh.get_slice("model.mtp.layers.0.self_attn.qkv_proj.weight_scale_inv").get_shape()
+    assert qkv[0] == fg.chunks * (fq + fk + fv) and scale[0] == fg.chunks * -(-(fq + fk + fv) // 128)
