@@ -475,5 +475,32 @@ FAMILIES = (
         versions={"vllm": "0.34.0"},
         cache_chunks=(3, 4, 6, T),
     ),
+    Family("mimo_v2", mtp="model.mtp.layers.0.", release_block=None, block="swa + dense", verified=False,
+        handover=_BOTH,
+        step_layers={"vllm": "first", "sglang": "cycle"},  # vLLM: n_predict 1; SGLang: one draft model per layer
+        support={"vllm": {"mtp": True, "eagle3": True}, "sglang": {"mtp": True, "eagle3": False}},
+        sources={"vllm": ("mimo_v2_mtp.py", "_shard_fp8_qkv_proj"), "sglang": ("mimo_v2_nextn.py", "_filter_mtp_weights")},
+        # translated config: 4 SWA kv heads (transformers: num_key_value_heads x 2), the release's epsilon
+        module={"block:type": "MiMoV2FlashDecoderLayer", "block.self_attn.k_proj.weight:shape": (4 * 24, 64),
+                "block.input_layernorm.variance_epsilon": 1e-6},
+        reference=ref.mimo_v2,
+        # the pre-sharded interleave, the window and the layer matter (the per-chunk scale grid:
+        # test_mimo_v2_qkv_matches_vllms_read, where the chunks' scales differ more than random init makes them)
+        wrong=({"interleaved": False}, {"window": False}, {"layer": 1}),
+        stored=False, keys=ref.mimo_v2_keys(0), layers=3, fp8_weights=4,
+        cache_chunks=(6, 7, 8, 9, T),
+        versions={"vllm": "0.34.0"},
+    ),
+    # MiMo-V2.5-Pro's relation: as many SWA key-value heads as num_key_value_heads (one per chunk)
+    Family("mimo_v2_pro", mtp="model.mtp.layers.0.", release_block=None, block="swa + dense", verified=False,
+        spec="mimo_v2", handover=_BOTH, step_layers={"vllm": "first", "sglang": "cycle"},
+        support={"vllm": {"mtp": True, "eagle3": True}, "sglang": {"mtp": True, "eagle3": False}},
+        sources={"vllm": ("mimo_v2_mtp.py", "_shard_fp8_qkv_proj"), "sglang": ("mimo_v2_nextn.py", "_filter_mtp_weights")},
+        module={"block:type": "MiMoV2FlashDecoderLayer", "block.self_attn.k_proj.weight:shape": (2 * 24, 64),
+                "block.self_attn.num_key_value_groups": 4},
+        reference=ref.mimo_v2, wrong=({"interleaved": False}, {"window": False}, {"layer": 2}),
+        stored=False, keys=ref.mimo_v2_keys(0), layers=3, fp8_weights=4,
+        versions={"vllm": "0.34.0"},
+    ),
 )
 # fmt: on

@@ -482,6 +482,16 @@ def _drop_key(ck: Path, key: str) -> Path:
 
 
 @case
+def mimo_v2_qkv_scale_missing(w, tmp, mp, stack):
+    """MiMo-V2.5's fused FP8 qkv_proj without its scale, in model_mtp.safetensors (which the index does not list)."""
+    ck = _family(tmp, "mimo_v2")
+    key = "model.mtp.layers.0.self_attn.qkv_proj.weight"
+    kept = {k: v for k, v in load_file(str(ck / "model_mtp.safetensors")).items() if k != key + "_scale_inv"}
+    save_file(kept, str(ck / "model_mtp.safetensors"), {"format": "pt"})
+    return Case(_convert(ck, tmp), f"FP8 weight {key} has no {key}_scale_inv")
+
+
+@case
 def glm4_moe_lite_mtp_key_missing(w, tmp, mp, stack):
     ck = _drop_key(_family(tmp, "glm4_moe_lite"), "model.layers.2.hnorm.weight")
     return Case(_convert(ck, tmp), "MTP layer 0 is missing model.layers.2.hnorm.weight (spec glm4_moe_lite)")
@@ -541,6 +551,21 @@ _CONFIG_EDITS = {
         {"moe_latent_size": None},
         "has tensors the nemotron_h block does not use: mtp.layers.1.mixer.fc1_latent_proj.weight",
     ),  # Lightning's config over Super's weights: the latent projections are not dropped silently
+    "mimo_v2_qkv_shard_count_not_dividing_the_heads": (
+        "mimo_v2",
+        {"num_key_value_heads": 3},
+        "is pre-sharded at 3 chunks, which do not divide 8 query / 4 key-value heads",
+    ),  # MiMo-V2.5's fused qkv is pre-sharded for num_key_value_heads ranks: 3 cannot split it.
+    "mimo_v2_qkv_shard_count_disagreeing_with_the_scales": (
+        "mimo_v2",
+        {"num_key_value_heads": 1},
+        "qkv_proj.weight_scale_inv has shape [4, 1], expected [3, 1]",
+    ),  # one chunk would split the rows evenly, but the per-chunk scale grid (2 chunks of 2 block rows) says no.
+    "mimo_v2_odd_swa_kv_heads": (
+        "mimo_v2",
+        {"swa_num_key_value_heads": 3},
+        "swa_num_key_value_heads is 3, which 'swa_num_key_value_heads / 2' does not divide",
+    ),  # transformers doubles num_key_value_heads on SWA layers: an odd SWA count has no transformers config.
 }
 
 

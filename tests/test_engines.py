@@ -30,6 +30,7 @@ NO_EAGLE3 = {
         "nemotron_h_omni",
         "deepseek_v4",  # SGLang 0.5.23 captures V4's aux states for its DSpark drafter only
         "step3p7",  # step3p5.py / step3p7.py set no eagle3 layers to capture
+        "mimo_v2",  # as MiMo-V2-Flash: MiMoV2ForCausalLM has no set_eagle3_layers_to_capture
     },
     "vllm": {
         "glm4_moe",
@@ -53,8 +54,11 @@ NOT_SERVED = {"sglang": {"exaone4_5", "nemotron_h_super_omni"}, "vllm": set()}
 
 # the engine versions the specs' facts were read from; a family only a later engine serves cites that one
 ENGINE_VERSIONS = {"vllm": "0.33.0", "sglang": "0.5.23"}
-READ_AT = {"deepseek_v4": {"vllm": "0.34.0", "sglang": "0.5.23"}}  # DeepSeekV4MTP first appears in vLLM 0.34
-READ_AT["step3p7"] = READ_AT["deepseek_v4"]  # read from vLLM 0.34's step3p5_mtp.py
+READ_AT = {
+    "step3p7": {"vllm": "0.34.0", "sglang": "0.5.23"},  # read from vLLM 0.34's step3p5_mtp.py
+    "deepseek_v4": {"vllm": "0.34.0", "sglang": "0.5.23"},  # DeepSeekV4MTP first appears in vLLM 0.34
+    "mimo_v2": {"vllm": "0.34.0", "sglang": "0.5.23"},  # the per-chunk qkv scales: vLLM 0.34's MTP loader
+}
 
 
 def test_support_table_matches_the_engines() -> None:

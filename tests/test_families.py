@@ -26,6 +26,7 @@ from pathlib import Path
 import pytest
 import torch
 from family_table import ENGINE_VERSIONS, FAMILIES, NESTED, Family, T
+from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 from support import hub_keys
 from support import reference_v4 as v4
@@ -60,7 +61,12 @@ def _spec_name(family: Family) -> str:
 
 
 def _mtp_keys(path: Path, family: Family) -> list[str]:
-    return [k for k in weight_map(path) if k.startswith(family.mtp)]
+    """The fixture's MTP keys: the index's, and those of a `*mtp*.safetensors` file it does not list."""
+    keys = list(weight_map(path))
+    for file in sorted(set(path.glob("*mtp*.safetensors")) - {path / f for f in weight_map(path).values()}):
+        with safe_open(str(file), "pt") as fh:
+            keys += list(fh.keys())  # noqa: SIM118
+    return [k for k in keys if k.startswith(family.mtp)]
 
 
 def _names(keys, prefixes: tuple[str, ...]) -> set[str]:
@@ -1285,3 +1291,157 @@ def test_step3p7_chain_stitched_round_trip(build, tmp_path: Path) -> None:
     fine = load_file(str(moved / "model.safetensors"))
     assert back.keys() == fine.keys()
     assert [k for k in fine if not torch.equal(back[k], fine[k].to(back[k].dtype))] == []  # as rounded once to bf16
+
+
+# ---- MiMo-V2.5 / V2.5-Pro: the fused, pre-sharded FP8 qkv_proj ------------------------------------------------------
+# The releases' MTP qkv_proj shapes (MiMo-V2.5's MTP header: [14848, 4096] F8_E4M3, [116, 32] F32 scales;
+# V2.5-Pro's model_mtp.safetensors: [27136, 6144], [216, 48]) with the SWA geometry vLLM 0.34 builds the MTP
+# attention from; 128 columns stand in for the hidden size (the interleave is along rows).
+_MIMO_RELEASES = {
+    "v2.5": ({"num_key_value_heads": 4, "swa_num_attention_heads": 64, "swa_num_key_value_heads": 8,
+              "swa_head_dim": 192, "swa_v_head_dim": 128}, 14848, 116),
+    "v2.5-pro": ({"num_key_value_heads": 8, "swa_num_attention_heads": 128, "swa_num_key_value_heads": 8,
+                  "swa_head_dim": 192, "swa_v_head_dim": 128}, 27136, 216),
+}  # fmt: skip
+
+
+def _mimo_geometry(config: dict):
+    from mtp2draft.family.transforms import QkvGeometry
+
+    return QkvGeometry(config["num_key_value_heads"], config["swa_num_attention_heads"],
+                       config["swa_num_key_value_heads"], config["swa_head_dim"], config["swa_v_head_dim"])  # fmt: skip
+
+
+@pytest.mark.parametrize("release", sorted(_MIMO_RELEASES))
+def test_mimo_v2_qkv_matches_vllms_read(release: str) -> None:
+    """The releases' fused FP8 qkv_proj (their row and scale-row counts), per-chunk scales drawn over three decades so
+    a chunk read with another's scales shows: dequantised per chunk and de-interleaved it is exactly what vLLM 0.34's
+    _shard_fp8_qkv_proj gathers (references.mimo_v2_qkv_vllm); vLLM's other accepted layout, one continuous grid, is
+    read too; a reader taking the per-chunk grid as continuous differs where the chunks are not whole blocks
+    (V2.5-Pro: 3392 rows a chunk), and cannot where they are (V2.5: 3712 = 29 x 128)."""
+    from mtp2draft.checkpoint.fp8 import dequantize_fp8
+    from mtp2draft.family.transforms import deinterleave_qkv
+
+    config, rows, scale_rows = _MIMO_RELEASES[release]
+    gen = torch.Generator().manual_seed(0)
+    w = (torch.randn(rows, 128, generator=gen) * 100).to(torch.float8_e4m3fn)
+    s = 10 ** (-3 * torch.rand(scale_rows, 1, generator=gen))
+    g, chunks = _mimo_geometry(config), config["num_key_value_heads"]
+    ours = deinterleave_qkv(dequantize_fp8(w, s, chunks=chunks), g)
+    for mine, theirs in zip(ours, ref.mimo_v2_qkv_vllm(w, s, config), strict=True):
+        assert torch.equal(mine, theirs)
+    continuous = 10 ** (-3 * torch.rand(-(-rows // 128), 1, generator=gen))
+    ours = deinterleave_qkv(dequantize_fp8(w, continuous, chunks=chunks), g)
+    assert all(torch.equal(a, b) for a, b in zip(ours, ref.mimo_v2_qkv_vllm(w, continuous, config), strict=True))
+    misread = ref.mimo_v2_qkv_vllm(w, s, config, per_chunk_scales=False)
+    same = all(torch.equal(a, b) for a, b in zip(misread, ref.mimo_v2_qkv_vllm(w, s, config), strict=True))
+    assert same == (release == "v2.5")
+    with pytest.raises(CheckpointError, match=r"expected \[.*\] \(8 chunks of 27 block rows\) or \[212, 1\]"):
+        dequantize_fp8(w, s[:-1], chunks=chunks) if release == "v2.5-pro" else dequantize_fp8(
+            *(torch.zeros(27136, 128).to(torch.float8_e4m3fn), torch.ones(215, 1)), chunks=8
+        )
+
+
+def test_mimo_v2_qkv_interleave_round_trips_and_requantises_on_the_shipped_grid() -> None:
+    """interleave(deinterleave(W)) is W bit for bit; the stitched writer's per-chunk FP8 (`requantize_fp8` with
+    chunks) gives the shipped scale-grid shape and reads back within e4m3 rounding; a chunk count that does not divide
+    the heads is one line."""
+    from mtp2draft.checkpoint.fp8 import dequantize_fp8
+    from mtp2draft.family.transforms import QkvGeometry, deinterleave_qkv, interleave_qkv
+    from mtp2draft.formats.native import requantize_fp8
+
+    config, rows, scale_rows = _MIMO_RELEASES["v2.5-pro"]
+    g = _mimo_geometry(config)
+    fused = torch.randn(rows, 64, generator=torch.Generator().manual_seed(1))
+    assert torch.equal(interleave_qkv(*deinterleave_qkv(fused, g), g), fused)
+    q, scale = requantize_fp8(fused, (128, 128), chunks=g.chunks)
+    assert q.dtype == torch.float8_e4m3fn and tuple(scale.shape) == (scale_rows, 1)
+    back = dequantize_fp8(q, scale, chunks=g.chunks)
+    assert ((back - fused).abs() <= fused.abs() / 16 + scale.max() * 2**-9).all()
+    with pytest.raises(CheckpointError, match="pre-sharded at 3 chunks, which do not divide 128 query / 8 key-value"):
+        deinterleave_qkv(fused, QkvGeometry(3, 128, 8, 192, 128))
+
+
+def test_mimo_v2_inspect_names_the_file_outside_the_index(build, capsys) -> None:
+    """The MTP layers live in model_mtp.safetensors, which the index does not list (as V2.5-Pro ships them: 48 tensors
+    for three layers); inspect finds them by listing the directory and says so, and the fused qkv is listed once with
+    its scale (the three q / k / v groups read one tensor)."""
+    path = build("mimo_v2")
+    assert main(["inspect", str(path), "--json"]) == 0
+    info = json.loads(capsys.readouterr().out)
+    assert info["unindexed_files"] == {"model_mtp.safetensors": 48} and info["num_mtp_layers"] == 3
+    names = [t["name"] for t in info["layers"][0]["tensors"]]
+    assert len(names) == len(set(names)) == 16
+    assert names.count("model.mtp.layers.0.self_attn.qkv_proj.weight_scale_inv") == 1
+
+
+def test_mimo_v2_stitched_is_written_back_interleaved_on_the_shipped_grid(build, tmp_path: Path) -> None:
+    """convert -> a layer moved by a few % (a stand-in for fine-tuning) -> export stitched -> laid over the target: the
+    qkv_proj is again one fused FP8 tensor with per-chunk scales (the shipped [4, 1], not one grid's [3, 1]), and read
+    as vLLM 0.34 reads it (references.mimo_v2_qkv_vllm) it is the fine-tuned q / k / v within e4m3 rounding; convert
+    on the overlay gives the fine-tuned layer back within the same rounding."""
+    from mtp2draft.formats.export import export, validate
+
+    target, draft = build("mimo_v2"), tmp_path / "draft"
+    convert(str(target), draft, to="mtp")
+    gen = torch.Generator().manual_seed(1)
+    fine = {k: (v.float() * (1 + 0.05 * torch.randn(v.shape, generator=gen))).to(v.dtype)
+            for k, v in load_file(str(draft / "model.safetensors")).items()}  # fmt: skip
+    save_file(fine, str(draft / "model.safetensors"), {"format": "pt"})
+    st = tmp_path / "st"
+    export(draft, "stitched", st, target=str(target))
+    assert validate(st) == []
+    overlay = tmp_path / "overlay"
+    shutil.copytree(target, overlay)
+    for name in json.loads((st / "provenance.json").read_text())["export"]["overlay_files"]:
+        shutil.copyfile(st / name, overlay / name)
+    key = "model.mtp.layers.0.self_attn.qkv_proj.weight"
+    ckpt = open_checkpoint(str(overlay))
+    raw = ckpt.read_raw([key, key + "_scale_inv"])
+    assert raw[key].dtype == torch.float8_e4m3fn and tuple(raw[key + "_scale_inv"].shape) == (4, 1)
+    got = ref.mimo_v2_qkv_vllm(raw[key], raw[key + "_scale_inv"], config_of(target))
+    bound = raw[key + "_scale_inv"].max() * 2**-9
+    for part, mine in zip("qkv", got, strict=True):
+        want = fine[f"block.self_attn.{part}_proj.weight"].float()
+        assert ((mine - want).abs() <= want.abs() / 16 + bound).all(), part
+    convert(str(overlay), tmp_path / "back", to="mtp")
+    back = load_file(str(tmp_path / "back" / "model.safetensors"))
+    assert back.keys() == fine.keys()
+    for k, want in fine.items():
+        assert ((back[k].float() - want.float()).abs() <= want.float().abs() / 16 + 2e-3).all(), k
+
+
+# MiMo-V2.5's MTP layer 0 as its model file's header has it (dtype, shape), quoted by a public MLX fixture script
+# pinned to the release's revision 63651580 (search-index id 61426630426): the only header of a release found.
+_MIMO_V25_MTP_HEADER = {
+    "input_layernorm.weight": ("BF16", [4096]),
+    "self_attn.qkv_proj.weight": ("F8_E4M3", [14848, 4096]),
+    "self_attn.qkv_proj.weight_scale_inv": ("F32", [116, 32]),
+    "self_attn.attention_sink_bias": ("BF16", [64]),
+    "self_attn.o_proj.weight": ("BF16", [4096, 8192]),
+}
+
+
+def test_mimo_v2_fixture_stores_what_the_release_header_stores(build) -> None:
+    """The fixture's MTP tensors have the release header's dtypes, and the release's shapes follow from its geometry
+    as the fixture's follow from the fixture's: qkv rows = chunks x (Q + K + V rows of a chunk), scale rows = chunks x
+    ceil(rows a chunk / 128), o_proj [hidden, heads x v_head_dim], one sink per query head."""
+    from safetensors import safe_open
+
+    path = build("mimo_v2")
+    release, rows, scale_rows = _MIMO_RELEASES["v2.5"]
+    g = _mimo_geometry(release)
+    q, k, v = g.per_chunk()
+    assert (g.chunks * (q + k + v), g.chunks * -(-(q + k + v) // 128)) == (rows, scale_rows)
+    assert _MIMO_V25_MTP_HEADER["self_attn.qkv_proj.weight"][1][0] == rows
+    assert _MIMO_V25_MTP_HEADER["self_attn.o_proj.weight"][1][1] == g.heads * g.v_head_dim
+    assert _MIMO_V25_MTP_HEADER["self_attn.attention_sink_bias"][1] == [g.heads]
+    config = config_of(path)
+    fg = _mimo_geometry(config)
+    fq, fk, fv = fg.per_chunk()
+    with safe_open(str(path / "model_mtp.safetensors"), "pt") as fh:
+        for name, (dtype, _) in _MIMO_V25_MTP_HEADER.items():
+            assert fh.get_slice("model.mtp.layers.0." + name).get_dtype() == dtype, name
+        qkv = fh.get_slice("model.mtp.layers.0.self_attn.qkv_proj.weight").get_shape()
+        scale = fh.get_slice("model.mtp.layers.0.self_attn.qkv_proj.weight_scale_inv").get_shape()
+    assert qkv[0] == fg.chunks * (fq + fk + fv) and scale[0] == fg.chunks * -(-(fq + fk + fv) // 128)

@@ -1,6 +1,11 @@
 """FP8 block quantisation as DeepSeek-style checkpoints store it: a `float8_e4m3fn` weight [M, N] with an fp32
 `<name>_scale_inv` sibling of shape [ceil(M/b), ceil(N/b)], W = W_fp8[i, j] * scale_inv[i // b, j // b].
 
+A weight stored pre-sharded in `chunks` row chunks (MiMo-V2.5's fused `qkv_proj`, one chunk per tensor-parallel
+rank) may tile its scales per chunk: chunk c's rows [c*M/chunks, (c+1)*M/chunks) have their own
+ceil(M/chunks/b) scale rows, so the grid has chunks * ceil(M/chunks/b) rows (vLLM 0.34 `mimo_v2.py`
+`_shard_fp8_qkv_proj` reads either that or the one continuous grid; both are read and written here).
+
 The one place the block size default lives (`fp8_block_size`): config.json's `quantization_config.weight_block_size`,
 else 128 x 128 as the releases use.
 
@@ -34,15 +39,31 @@ def dequantize_fp8(
     block: tuple[int, int] = DEFAULT_FP8_BLOCK,
     key: str = "weight",
     scale_key: str | None = None,
+    chunks: int = 1,
 ) -> torch.Tensor:
     """`W[i, j] * scale_inv[i // bm, j // bn]` in fp32, ragged edge blocks included.
 
-    weight: [M, N] float8; scale_inv: [ceil(M/bm), ceil(N/bn)] (fp32, or e8m0 power-of-two scales).
+    weight: [M, N] float8; scale_inv: [ceil(M/bm), ceil(N/bn)] (fp32, or e8m0 power-of-two scales), or with
+    `chunks` > 1 the per-chunk grid [chunks * ceil(M/chunks/bm), ceil(N/bn)] (see the module docstring).
     """
     if weight.dim() != 2:
         raise CheckpointError(f"FP8 weight {key} has {weight.dim()} dimensions; block scales need 2")
     m, n = weight.shape
     bm, bn = block
+    if chunks > 1 and tuple(scale_inv.shape) != (math.ceil(m / bm), math.ceil(n / bn)):
+        rows = chunk_rows(m, chunks, key)
+        per = math.ceil(rows / bm)
+        if tuple(scale_inv.shape) != (chunks * per, math.ceil(n / bn)):
+            raise CheckpointError(
+                f"{scale_key or key + SCALE_SUFFIX} has shape {list(scale_inv.shape)}, expected "
+                f"{[chunks * per, math.ceil(n / bn)]} ({chunks} chunks of {per} block rows) or "
+                f"{[math.ceil(m / bm), math.ceil(n / bn)]} (one grid) for a [{m}, {n}] weight"
+            )
+        parts = [
+            dequantize_fp8(weight[c * rows : (c + 1) * rows], scale_inv[c * per : (c + 1) * per], block, key)
+            for c in range(chunks)
+        ]
+        return torch.cat(parts)
     want = (math.ceil(m / bm), math.ceil(n / bn))
     if tuple(scale_inv.shape) != want:
         raise CheckpointError(
@@ -59,8 +80,22 @@ def dequantize_fp8(
     return out
 
 
-def quantize_fp8(weight: torch.Tensor, block: tuple[int, int] = DEFAULT_FP8_BLOCK) -> tuple[torch.Tensor, torch.Tensor]:
-    """Inverse of `dequantize_fp8`: per block scale = amax / 448, W_fp8 = W / scale, scale_inv = scale."""
+def chunk_rows(m: int, chunks: int, key: str) -> int:
+    """Rows of each of `chunks` row chunks of a weight with `m` rows; one line when they do not divide it."""
+    if chunks < 1 or m % chunks:
+        raise CheckpointError(f"{key} has {m} rows, which {chunks} pre-sharded chunks do not divide")
+    return m // chunks
+
+
+def quantize_fp8(
+    weight: torch.Tensor, block: tuple[int, int] = DEFAULT_FP8_BLOCK, chunks: int = 1
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Inverse of `dequantize_fp8`: per block scale = amax / 448, W_fp8 = W / scale, scale_inv = scale; with
+    `chunks` > 1 each row chunk is quantised on its own grid and the grids stacked (the per-chunk tiling)."""
+    if chunks > 1:
+        rows = chunk_rows(weight.shape[0], chunks, "weight")
+        pairs = [quantize_fp8(weight[c * rows : (c + 1) * rows], block) for c in range(chunks)]
+        return torch.cat([q for q, _ in pairs]), torch.cat([s for _, s in pairs])
     m, n = weight.shape
     bm, bn = block
     rows, cols = math.ceil(m / bm), math.ceil(n / bn)

@@ -114,6 +114,9 @@ class Checkpoint:
 
     unindexed: dict[str, int] = field(default_factory=dict)
     """Files the index does not name whose tensors were added to `weight_map` (`UNINDEXED_MTP_FILES`): file -> count."""
+    fp8_row_chunks: dict[str, int] = field(default_factory=dict)
+    """FP8 weights stored pre-sharded in row chunks, whose scales may be tiled per chunk (`fp8.py`): key -> chunks;
+    set by the layer plan from the spec (a fused qkv_proj's geometry)."""
 
     @property
     def is_local(self) -> bool:
@@ -314,7 +317,9 @@ class Checkpoint:
             return check_finite(key, tensor).to(dtype)
         scale = self.scale_key(key)
         if scale is not None:
-            return check_finite(key, dequantize_fp8(got[key], got[scale], self.fp8_block_size(), key=key)).to(dtype)
+            chunks = self.fp8_row_chunks.get(key, 1)
+            tensor = dequantize_fp8(got[key], got[scale], self.fp8_block_size(), key=key, chunks=chunks)
+            return check_finite(key, tensor).to(dtype)
         tensor = got[key]
         return check_finite(key, tensor).to(dtype) if tensor.is_floating_point() else tensor
 

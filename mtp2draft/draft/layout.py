@@ -43,7 +43,7 @@ class MtpLayerPlan:
 
     @property
     def checkpoint_keys(self) -> list[str]:
-        return [k for g in self.groups for k in g.ckpt_keys]
+        return list(dict.fromkeys(k for g in self.groups for k in g.ckpt_keys))  # a fused qkv feeds three groups
 
 
 def resolve_layer(ckpt: Checkpoint, spec: Spec, layer: int | None) -> tuple[int, int]:
@@ -97,7 +97,13 @@ def plan_mtp_layer(ckpt: Checkpoint, spec: Spec, layer: int) -> MtpLayerPlan:
     for k in block_keys:  # a quantised tensor that cannot be read is named before it looks like a stray block key
         ckpt.check_readable(prefix + k)
     for g in group_block_keys(block_keys, dict(spec.block.rename), spec.block.load):
-        groups.append(Group("block." + g.module_key, tuple(prefix + k for k in g.ckpt_keys), g.transform))
+        g = Group("block." + g.module_key, tuple(prefix + k for k in g.ckpt_keys), g.transform)
+        transform = LOAD_TRANSFORMS.get(g.transform)
+        if hasattr(transform, "bind"):  # e.g. the fused qkv's geometry, from the config
+            g = transform.bind(g, spec, cfg)
+            if getattr(g.params, "chunks", 1) > 1:  # FP8 scales may be tiled per pre-sharded chunk
+                ckpt.fp8_row_chunks[g.ckpt_keys[0]] = g.params.chunks
+        groups.append(g)
     module = _meta_module(spec, cfg, layer)
     expected = {k: tuple(v.shape) for k, v in module.state_dict().items()}
     buffers = frozenset(k for k, _ in module.named_buffers() if k in expected)
@@ -180,13 +186,19 @@ def native_to_checkpoint(
     prefix = spec.key(spec.keys.block, config, layer)
     inverse_rename = {new: old for old, new in spec.block.rename.items()}
     out: dict[str, torch.Tensor] = {}
+    block: dict[str, torch.Tensor] = {}
     for key, tensor in state.items():
         if key in named:
             out[comp[named[key]]] = tensor
             continue
         if not key.startswith("block."):
             raise CheckpointError(f"{key} is not a tensor of the native MTP module")
-        parts = {key[len("block.") :]: tensor}
+        block[key[len("block.") :]] = tensor
+    for name in reversed(spec.block.load):  # transforms whose inverse needs several module tensors at once
+        if hasattr(LOAD_TRANSFORMS[name], "gather"):
+            block = LOAD_TRANSFORMS[name].gather(block, spec, config)
+    for rel_key, tensor in block.items():
+        parts = {rel_key: tensor}
         for name in reversed(spec.block.load):
             split = {}
             for rel, t in parts.items():

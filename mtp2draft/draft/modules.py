@@ -108,6 +108,8 @@ def block_config(spec: Spec, target_config: Mapping[str, Any], layer: int = 0):
     text.pop("model_type", None)
     text.pop("architectures", None)
     cfg = hf_config(spec.config.transformers_model_type, text)
+    for target, value in spec.block_from_values(text).items():
+        _set_path(cfg, target, value)
     for key, value in spec.config.block_overrides.items():
         setattr(cfg, key, copy.deepcopy(value))
     for key in spec.config.block_unset:
@@ -117,6 +119,18 @@ def block_config(spec: Spec, target_config: Mapping[str, Any], layer: int = 0):
     cfg._attn_implementation = spec.block.attn_implementation
     cfg._experts_implementation = "eager"  # the modules are used standalone, outside a PreTrainedModel
     return cfg
+
+
+def _set_path(cfg: Any, path: str, value: Any) -> None:
+    """Set `a.b.c` on a config: attribute `a`, then keys `b`, `c` of the dict it holds."""
+    head, *rest = path.split(".")
+    if not rest:
+        setattr(cfg, head, value)
+        return
+    node = getattr(cfg, head)
+    for key in rest[:-1]:
+        node = node.setdefault(key, {})
+    node[rest[-1]] = value
 
 
 def norm_eps(config) -> float:

@@ -72,6 +72,11 @@ class ConfigSpec:
     block_overrides: Mapping[str, Any] = field(default_factory=dict)
     """Config fields set on the block's copy of the config so the decoder-layer class builds the MTP block's kind
     at layer index 0 (e.g. `first_k_dense_replace = 0`, `layer_types = ["full_attention"]`)."""
+    block_from: Mapping[str, str] = field(default_factory=dict)
+    """Fields of the block's config copy set from the release's own fields, where transformers' class reads other
+    names: target (a dotted path into a dict field, e.g. `rope_parameters.sliding_attention.rope_theta`) ->
+    `field`, or `field / n` / `field * n` (MiMo-V2.5 has no transformers class: its SWA fields are mapped onto
+    `mimo_v2_flash`'s, which derives the SWA key-value heads as num_key_value_heads * 2)."""
     block_unset: tuple[str, ...] = ()
     """Config fields set to None on the block's copy (TOML has no null): K-EXAONE's MTP layer is full attention with
     RoPE, which transformers' ExaoneMoeAttention computes only when `sliding_window` is None."""
@@ -150,6 +155,9 @@ class BlockSpec:
     """Plain prefix renames of block keys, checkpoint -> module, applied before `load`."""
     head_mixer: str = ""
     """Class reducing a multi-stream layer's streams to one hidden before the final norm (`[layer] streams`)."""
+    qkv: Mapping[str, str] = field(default_factory=dict)
+    """Where a fused, pre-sharded `qkv_proj` (`load = ["deinterleave_qkv"]`) takes its geometry: config fields for
+    `chunks` (the tensor-parallel shards it is stored in), `heads`, `kv_heads`, `head_dim`, `v_head_dim`."""
     attn_implementation: str = "sdpa"
     """transformers attention kernel the block runs with: `sdpa`, or `eager` where the family's attention has a term
     SDPA cannot express (MiMo-V2-Flash's attention-sink bias, which its SDPA path would silently drop)."""
@@ -266,6 +274,22 @@ class Spec:
         if "{n}" not in template:  # only `{n}` needs the trunk's layer count
             return template.format(i=layer)
         return template.format(i=layer, n=self.num_layers(config) + layer)
+
+    def block_from_values(self, text: Mapping[str, Any]) -> dict[str, Any]:
+        """`[config] block_from` evaluated on a (text) config: target -> `field`, `field / n` or `field * n`; one line
+        when a field is absent or the division is not exact."""
+        out = {}
+        for target, expr in self.config.block_from.items():
+            name, op, n = (expr.split() + ["", ""])[:3]
+            if name not in text:
+                raise CheckpointError(f"config.json has no {name} field, which the MTP block's {expr!r} reads")
+            value = text[name]
+            if op and (not isinstance(value, int) or isinstance(value, bool) or op not in "*/" or not n.isdigit()):
+                raise CheckpointError(f"config.json field {name} is {value!r}: {expr!r} needs a count")
+            if op == "/" and value % int(n):
+                raise CheckpointError(f"config.json field {name} is {value}, which {expr!r} does not divide")
+            out[target] = value * int(n) if op == "*" else value // int(n) if op == "/" else copy.deepcopy(value)
+        return out
 
     def component_keys(self, config: Mapping[str, Any], layer: int) -> dict[str, str]:
         """Resolved keys of the named (non-block) components of MTP layer `layer`."""

@@ -3,6 +3,9 @@
 - `LOAD_TRANSFORMS` map a block's checkpoint layout onto the transformers module layout and back (e.g. per-expert
   `experts.{e}.gate_proj.weight` <-> fused 3-D `experts.gate_up_proj`). Each is exact and invertible; the inverse is
   what the `stitched` exporter uses to write a fine-tuned layer back under the original key names. They live here.
+- `deinterleave_qkv` / `interleave_qkv`: a fused `qkv_proj` stored pre-sharded for `chunks` tensor-parallel ranks,
+  [Q_0 | K_0 | V_0 | Q_1 | K_1 | V_1 | ...] (MiMo-V2.5 / V2.5-Pro), <-> the module's separate q / k / v weights, as
+  vLLM 0.34's `_shard_fp8_qkv_proj` and SGLang 0.5.23's `load_mimo_v2_qkv_proj_weight` read it.
 
 What this module does not do: read checkpoints or write files (it works on tensors handed to it), or initialise an
 EAGLE-3 layer (`eagle3.transforms.EAGLE3_TRANSFORMS`).
@@ -29,6 +32,7 @@ class Group:
     module_key: str
     ckpt_keys: tuple[str, ...]
     transform: str = ""
+    params: Any = None  # what a transform needs beyond the keys (the fused qkv's geometry), bound at plan time
 
 
 def per_expert_keys(
@@ -241,8 +245,148 @@ class StackedGateUp(FusedExperts3d):
         return None
 
 
+@dataclass(frozen=True)
+class QkvGeometry:
+    """A fused qkv_proj pre-sharded in `chunks` row chunks: chunk c holds query heads [c*heads/chunks, ...), then its
+    share of the key heads (head_dim rows each), then of the value heads (v_head_dim rows each)."""
+
+    chunks: int
+    heads: int
+    kv_heads: int
+    head_dim: int
+    v_head_dim: int
+
+    def per_chunk(self, key: str = "qkv_proj") -> tuple[int, int, int]:
+        """(q, k, v) rows of one chunk; one line when the chunk count does not divide the heads."""
+        if self.chunks < 1 or self.heads % self.chunks or self.kv_heads % self.chunks:
+            raise CheckpointError(
+                f"{key} is pre-sharded at {self.chunks} chunks, which do not divide {self.heads} query / "
+                f"{self.kv_heads} key-value heads (num_key_value_heads in config.json?)"
+            )
+        c = self.chunks
+        return self.heads // c * self.head_dim, self.kv_heads // c * self.head_dim, self.kv_heads // c * self.v_head_dim
+
+
+QKV_FIELDS = ("chunks", "heads", "kv_heads", "head_dim", "v_head_dim")
+
+
+def qkv_geometry(spec: Any, config: dict[str, Any]) -> QkvGeometry:
+    """The fused qkv's geometry from the config fields the spec names (`[block] qkv`); one line for a field that is
+    missing or not a positive count."""
+    where = spec.path or spec.name
+    missing = [f for f in QKV_FIELDS if f not in spec.block.qkv]
+    if missing:
+        raise SpecError(f"{where}: block.qkv names no config field for {', '.join(missing)}")
+    text = spec.text_config(config)
+    values = {}
+    for name in QKV_FIELDS:
+        value = text.get(spec.block.qkv[name])
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise CheckpointError(
+                f"config.json field {spec.block.qkv[name]} is {value!r}: the fused qkv_proj's {name} must be a "
+                "positive count"
+            )
+        values[name] = value
+    return QkvGeometry(**values)
+
+
+def deinterleave_qkv(fused: torch.Tensor, g: QkvGeometry, key: str = "qkv_proj") -> tuple[torch.Tensor, ...]:
+    """[chunks * (q + k + v), H] -> (q [heads * d, H], k [kv_heads * d, H], v [kv_heads * dv, H]), heads in order."""
+    q, k, v = g.per_chunk(key)
+    if fused.shape[0] != g.chunks * (q + k + v):
+        raise CheckpointError(f"{key} has {fused.shape[0]} rows, not {g.chunks} chunks of {q} Q + {k} K + {v} V rows")
+    per = fused.reshape(g.chunks, q + k + v, *fused.shape[1:])  # [chunks, q + k + v, H]
+    return tuple(per[:, a:b].reshape(-1, *fused.shape[1:]).clone() for a, b in ((0, q), (q, q + k), (q + k, q + k + v)))
+
+
+def interleave_qkv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: QkvGeometry) -> torch.Tensor:
+    """Inverse of `deinterleave_qkv`: the fused, pre-sharded layout as the release ships it."""
+    g.per_chunk()
+    parts = [t.reshape(g.chunks, -1, *t.shape[1:]) for t in (q, k, v)]  # [chunks, rows / chunks, H] each
+    return torch.cat(parts, dim=1).reshape(-1, *q.shape[1:])
+
+
+class DeinterleaveQkv:
+    """Fused `self_attn.qkv_proj.weight` (pre-sharded, see `QkvGeometry`) -> the module's `q_proj` / `k_proj` /
+    `v_proj` weights: one group per part, each reading the one fused tensor. The geometry is bound at plan time
+    (`bind`) from the module's heads and the config field the spec names for the chunk count."""
+
+    name = "deinterleave_qkv"
+    pattern = re.compile(r"^(?P<p>(?:.*\.)?)qkv_proj\.weight$")
+    PARTS = ("q", "k", "v")
+
+    def group(self, keys: list[str]) -> tuple[list[Group], list[str]]:
+        groups, rest = [], []
+        for key in keys:
+            m = self.pattern.match(key)
+            if not m:
+                rest.append(key)
+                continue
+            groups += [Group(f"{m['p']}{p}_proj.weight", (key,), self.name) for p in self.PARTS]
+        return groups, rest
+
+    def bind(self, group: Group, spec: Any, config: dict[str, Any]) -> Group:
+        return Group(group.module_key, group.ckpt_keys, group.transform, qkv_geometry(spec, config))
+
+    def _part(self, group: Group) -> int:
+        if not isinstance(group.params, QkvGeometry):
+            raise SpecError(f"{group.ckpt_keys[0]}: {self.name} needs the fused qkv's geometry bound")
+        return self.PARTS.index(group.module_key.rsplit(".", 2)[-2][0])
+
+    def out_shape(self, group: Group, shapes: list[tuple[int, ...]]) -> tuple[int, ...]:
+        i = self._part(group)
+        rows = group.params.per_chunk(group.ckpt_keys[0])[i] * group.params.chunks
+        return (rows, *shapes[0][1:])
+
+    def combine(self, group: Group, tensors: list[torch.Tensor]) -> torch.Tensor:
+        return deinterleave_qkv(tensors[0], group.params, group.ckpt_keys[0])[self._part(group)]
+
+    def gather(self, state: dict[str, torch.Tensor], spec: Any, config: dict[str, Any]) -> dict[str, torch.Tensor]:
+        """The inverse, on block-relative module tensors: q / k / v weights of one attention -> its fused,
+        interleaved `qkv_proj.weight`. Meta tensors (key and shape listings) may come one at a time and give the
+        fused shape; real ones must come together."""
+        out, parts = {}, {}
+        for key, tensor in state.items():
+            m = re.match(r"^(?P<p>(?:.*\.)?)(?P<w>[qkv])_proj\.weight$", key)
+            if m is None:
+                out[key] = tensor
+                continue
+            parts.setdefault(m["p"], {})[m["w"]] = tensor
+        for prefix, got in parts.items():
+            g = qkv_geometry(spec, config)
+            q, k, v = g.per_chunk(prefix + "qkv_proj.weight")
+            any_part = next(iter(got.values()))
+            if any_part.is_meta:
+                out[f"{prefix}qkv_proj.weight"] = torch.empty(
+                    (g.chunks * (q + k + v), *any_part.shape[1:]), dtype=any_part.dtype, device="meta"
+                )
+            elif set(got) != set(self.PARTS):
+                raise CheckpointError(f"{prefix}qkv_proj.weight needs q, k and v together (got {sorted(got)})")
+            else:
+                out[f"{prefix}qkv_proj.weight"] = interleave_qkv(got["q"], got["k"], got["v"], g)
+        return out
+
+    def to_checkpoint(self, module_key: str, tensor: torch.Tensor) -> dict[str, torch.Tensor] | None:
+        return {module_key: tensor} if module_key.endswith("qkv_proj.weight") else None
+
+
+def fp8_row_chunks(spec: Any, config: dict[str, Any], key: str) -> int:
+    """The row chunks a checkpoint weight of `spec` is pre-sharded in (its fused qkv's chunk count; 1 otherwise)."""
+    if DeinterleaveQkv.name not in spec.block.load or not DeinterleaveQkv.pattern.match(key):
+        return 1
+    return qkv_geometry(spec, config).chunks
+
+
 LOAD_TRANSFORMS: dict[str, Any] = {
-    t.name: t for t in (FuseExperts(), FusedExperts3d(), FuseUpDownExperts(), FuseExpertsW13(), StackedGateUp())
+    t.name: t
+    for t in (
+        FuseExperts(),
+        FusedExperts3d(),
+        FuseUpDownExperts(),
+        FuseExpertsW13(),
+        StackedGateUp(),
+        DeinterleaveQkv(),
+    )
 }
 
 

@@ -51,14 +51,18 @@ def nonfinite(name: str, tensor: torch.Tensor) -> str | None:
     return tensor_problem(name, tensor)
 
 
-def fp8_problems(name: str, tensor_dtype: str, shape, headers: Mapping[str, Any], block) -> list[str]:
-    """An FP8 weight needs its `_scale_inv` sibling of shape [ceil(M/bm), ceil(N/bn)]."""
+def fp8_problems(name: str, tensor_dtype: str, shape, headers: Mapping[str, Any], block, chunks: int = 1) -> list[str]:
+    """An FP8 weight needs its `_scale_inv` sibling of shape [ceil(M/bm), ceil(N/bn)], or for a weight pre-sharded in
+    `chunks` row chunks [chunks * ceil(M/chunks/bm), ceil(N/bn)] (`checkpoint/fp8.py`)."""
     if tensor_dtype not in ("F8_E4M3", "F8_E5M2"):
         return []
     scale = headers.get(name + SCALE_SUFFIX)
     if scale is None:
         return [f"{name} is FP8 but {name + SCALE_SUFFIX} is missing"]
     want = [math.ceil(shape[0] / block[0]), math.ceil(shape[1] / block[1])] if len(shape) == 2 else None
+    if want is not None and chunks > 1 and shape[0] % chunks == 0:
+        tiled = [chunks * math.ceil(shape[0] // chunks / block[0]), want[1]]
+        want = tiled if list(scale[1]) == tiled else want
     if want is None or list(scale[1]) != want:
         return [f"{name + SCALE_SUFFIX} has shape {list(scale[1])}, expected {want} for a {list(shape)} weight"]
     return []

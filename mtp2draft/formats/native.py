@@ -20,7 +20,7 @@ from typing import Any
 
 import torch
 
-from mtp2draft.checkpoint.fp8 import SCALE_SUFFIX, fp8_block_size, quantize_fp8
+from mtp2draft.checkpoint.fp8 import SCALE_SUFFIX, chunk_rows, fp8_block_size, quantize_fp8
 from mtp2draft.checkpoint.reader import ST_DTYPES, Checkpoint, open_checkpoint
 from mtp2draft.checkpoint.tensor_checks import check_tensors
 from mtp2draft.draft.build import native_draft
@@ -62,31 +62,35 @@ class NativeLayer:
         self._to_checkpoint = native_to_checkpoint
         self._fh = safe_open(str(weights), framework="pt")
         self.module_of: dict[str, str] = {}
+        self.modules_of: dict[str, list[str]] = {}  # a checkpoint tensor made of several module tensors (fused qkv)
         self.shapes: dict[str, tuple[int, ...]] = {}
         # a chain draft's file holds every layer, layer j under `layers.{j}.` (`prefix`): only this one's keys
         keys = [k[len(prefix) :] for k in self._fh.keys() if k.startswith(prefix)]  # noqa: SIM118
         for module_key in keys:
             meta = torch.empty(self._fh.get_slice(prefix + module_key).get_shape(), device="meta")
             for ckpt_key, t in native_to_checkpoint(spec, self.config, layer, {module_key: meta}).items():
-                self.module_of[ckpt_key] = module_key
+                self.module_of.setdefault(ckpt_key, module_key)
+                self.modules_of.setdefault(ckpt_key, []).append(module_key)
                 self.shapes[ckpt_key] = tuple(t.shape)
-        self._cache: OrderedDict[str, dict[str, torch.Tensor]] = OrderedDict()
+        self._cache: OrderedDict[tuple[str, ...], dict[str, torch.Tensor]] = OrderedDict()
 
     def checkpoint_keys(self) -> list[str]:
         return list(self.module_of)
 
     def get(self, ckpt_key: str) -> torch.Tensor:
         """The tensor stored under `ckpt_key` (fp32 for floating tensors)."""
-        module_key = self.module_of[ckpt_key]
-        if module_key not in self._cache:
-            tensor = self._fh.get_tensor(self.prefix + module_key)
-            check_tensors(self.weights, {self.prefix + module_key: tensor})
-            tensor = tensor.float()
-            self._cache[module_key] = self._to_checkpoint(self.spec, self.config, self.layer, {module_key: tensor})
+        module_keys = tuple(self.modules_of[ckpt_key])
+        if module_keys not in self._cache:
+            state = {}
+            for module_key in module_keys:
+                tensor = self._fh.get_tensor(self.prefix + module_key)
+                check_tensors(self.weights, {self.prefix + module_key: tensor})
+                state[module_key] = tensor.float()
+            self._cache[module_keys] = self._to_checkpoint(self.spec, self.config, self.layer, state)
             while len(self._cache) > 2:
                 self._cache.popitem(last=False)
-        self._cache.move_to_end(module_key)
-        return self._cache[module_key][ckpt_key]
+        self._cache.move_to_end(module_keys)
+        return self._cache[module_keys][ckpt_key]
 
 
 class ChainLayers:
@@ -155,6 +159,7 @@ class _Stored:
     scale_dtype: torch.dtype = torch.float32
     scheme: str | None = None
     parts: Mapping[str, str] | None = None
+    chunks: int = 1  # block FP8 pre-sharded in row chunks with per-chunk scale grids, as the target stores it
 
 
 def fp8_block(config: Mapping[str, Any], provenance: Mapping[str, Any]) -> tuple[tuple[int, int], bool]:
@@ -165,10 +170,15 @@ def fp8_block(config: Mapping[str, Any], provenance: Mapping[str, Any]) -> tuple
 
 
 def requantize_fp8(
-    weight: torch.Tensor, block: tuple[int, int], ue8m0: bool = False
+    weight: torch.Tensor, block: tuple[int, int], ue8m0: bool = False, chunks: int = 1
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """fp32 weight -> (float8_e4m3fn weight, fp32 `_scale_inv`) per block, scale = amax / 448 (`quantize_fp8`);
-    with `ue8m0` the scale is rounded up to a power of two (so no value clips) and the weight requantised with it."""
+    with `ue8m0` the scale is rounded up to a power of two (so no value clips) and the weight requantised with it;
+    with `chunks` > 1 each row chunk on its own grid, the grids stacked (`fp8.py`)."""
+    if chunks > 1:
+        rows = chunk_rows(weight.shape[0], chunks, "weight")
+        pairs = [requantize_fp8(weight[c * rows : (c + 1) * rows], block, ue8m0) for c in range(chunks)]
+        return torch.cat([q for q, _ in pairs]), torch.cat([s for _, s in pairs])
     q, scale = quantize_fp8(weight, block)
     if not ue8m0:
         return q, scale
@@ -210,7 +220,8 @@ class NativeWriter:
         if key in self.scale_of:
             weight = self.scale_of[key]
             m, n = self.native.shapes[weight]
-            return self.stored[weight].scale_dtype, (math.ceil(m / self.block[0]), math.ceil(n / self.block[1]))
+            c = self.stored[weight].chunks
+            return self.stored[weight].scale_dtype, (c * math.ceil(m / c / self.block[0]), math.ceil(n / self.block[1]))
         return self.stored[key].dtype, self.native.shapes[key]
 
     def get(self, key: str) -> torch.Tensor:
@@ -223,7 +234,7 @@ class NativeWriter:
         tensor = self.native.get(weight)
         if stored.scale_key is None:
             return tensor.to(stored.dtype) if tensor.is_floating_point() else tensor
-        q, scale = requantize_fp8(tensor, self.block, self.ue8m0)
+        q, scale = requantize_fp8(tensor, self.block, self.ue8m0, stored.chunks)
         self.requantised.append(weight)
         scale = scale.to(stored.scale_dtype)
         if key == weight:
@@ -264,8 +275,17 @@ def stored_from_target(ckpt: Checkpoint, keys: Iterable[str]) -> dict[str, _Stor
         dtype = ST_DTYPES[ckpt.info(key).dtype][0]
         scale = ckpt.scale_key(key)
         scale_dtype = ST_DTYPES[ckpt.info(scale).dtype][0] if scale else torch.float32
-        out[key] = _Stored(dtype, scale, scale_dtype)
+        out[key] = _Stored(dtype, scale, scale_dtype, chunks=_stored_chunks(ckpt, key, scale))
     return out
+
+
+def _stored_chunks(ckpt: Checkpoint, key: str, scale: str | None) -> int:
+    """The row chunks whose per-chunk scale grids the target stores `key` with (1: one grid)."""
+    chunks = ckpt.fp8_row_chunks.get(key, 1)
+    if scale is None or chunks == 1:
+        return 1
+    m, bm = ckpt.info(key).shape[0], ckpt.fp8_block_size()[0]
+    return chunks if ckpt.info(scale).shape[0] == chunks * math.ceil(m / chunks / bm) else 1
 
 
 def stored_from_provenance(

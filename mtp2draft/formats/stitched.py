@@ -23,6 +23,7 @@ from mtp2draft.checkpoint.reader import INDEX_FILE, ST_DTYPES, Checkpoint
 from mtp2draft.draft.layout import plan_mtp_layer
 from mtp2draft.errors import DraftError
 from mtp2draft.family.spec import Spec, find_spec
+from mtp2draft.family.transforms import fp8_row_chunks
 from mtp2draft.formats import ExportJob, Format
 from mtp2draft.formats.common import (
     README_FILE,
@@ -329,7 +330,8 @@ def _validate_stitched(path: Path, cfg: dict[str, Any]) -> list[str]:
             if list(headers[key][1]) != list(expected[key]):
                 problems.append(f"{key} has shape {headers[key][1]}, the config implies {list(expected[key])}")
             else:
-                problems += fp8_problems(key, headers[key][0], expected[key], headers, block)
+                chunks = fp8_row_chunks(spec, cfg, key)
+                problems += fp8_problems(key, headers[key][0], expected[key], headers, block, chunks)
         mtp_here = [
             k
             for k in headers

@@ -340,7 +340,47 @@ def listed_tensors(config: dict[str, Any], seed: int, row: dict[str, Any]) -> di
     return {key: (torch.randn(shape, generator=gen) * 0.05).to(torch.bfloat16) for key, shape in row["keys"].items()}
 
 
-_TENSOR_WRITERS = {"dspark": dspark_tensors, "deepseek_v4": deepseek_v4_tensors, "listed": listed_tensors}
+def _fused_qkv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, chunks: int) -> torch.Tensor:
+    """MiMo-V2.5's fused qkv_proj, written from its rule (vLLM 0.34 mimo_v2.py `_shard_fp8_qkv_proj`'s docstring):
+    chunk c = [Q_c | K_c | V_c], the heads split evenly over `chunks`."""
+    return torch.cat([torch.cat([t.chunk(chunks)[c] for t in (q, k, v)]) for c in range(chunks)])
+
+
+def _fp8_per_chunk(weight: torch.Tensor, chunks: int, block: tuple[int, int]) -> tuple[torch.Tensor, torch.Tensor]:
+    """Block FP8 with the scale grid tiled per row chunk: each chunk quantised on its own grid, the grids stacked."""
+    pairs = [quantize_fp8(part, block) for part in weight.chunk(chunks)]
+    return torch.cat([q for q, _ in pairs]), torch.cat([s for _, s in pairs])
+
+
+def mimo_v2_tensors(config: dict[str, Any], seed: int, row: dict[str, Any] | None = None) -> dict[str, torch.Tensor]:
+    """MiMo-V2.5's checkpoint as released: the trunk as transformers' MiMoV2Flash saves it with each layer's q / k /
+    v fused (`_fused_qkv`, chunks = num_key_value_heads), the MTP layers through the spec's inverse mapping (fused
+    the same way); block FP8 (qkv scales tiled per chunk) except embeddings, head, norms, router, eh_proj and the MTP
+    layers' o_proj, as MiMo-V2.5's MTP header stores them."""
+    chunks, block = config["num_key_value_heads"], tuple(config["quantization_config"]["weight_block_size"])
+    out = trunk_tensors(config, ("mimo_v2_flash", "MiMoV2FlashForCausalLM"), seed)
+    for prefix in sorted({k[: -len("q_proj.weight")] for k in out if k.endswith("self_attn.q_proj.weight")}):
+        q, k, v = (out.pop(f"{prefix}{p}_proj.weight") for p in "qkv")
+        out[f"{prefix}qkv_proj.weight"] = _fused_qkv(q, k, v, chunks)
+    out.update(mtp_tensors("mimo_v2", config, seed, False, out))
+    stored = {}
+    for key, tensor in out.items():
+        bf16 = _NOT_FP8.search(key) or tensor.dim() != 2 or (key.startswith("model.mtp.") and "o_proj" in key)
+        if bf16:
+            stored[key] = tensor
+        elif key.endswith("qkv_proj.weight"):
+            stored[key], stored[key + "_scale_inv"] = _fp8_per_chunk(tensor.float(), chunks, block)  # type: ignore[arg-type]
+        else:
+            stored[key], stored[key + "_scale_inv"] = quantize_fp8(tensor.float(), block)  # type: ignore[arg-type]
+    return stored
+
+
+_TENSOR_WRITERS = {
+    "dspark": dspark_tensors,
+    "deepseek_v4": deepseek_v4_tensors,
+    "listed": listed_tensors,
+    "mimo_v2": mimo_v2_tensors,
+}
 
 
 def build_fixture(
@@ -356,6 +396,12 @@ def build_fixture(
             from support.quantised import RELEASE_QUANTISERS
 
             tensors = RELEASE_QUANTISERS[row["quantise"]](tensors)
+        if row.get("unindexed"):  # (file, key prefix): tensors kept in a file the index does not list
+            file, prefix = row["unindexed"]
+            apart = {k: tensors.pop(k) for k in [k for k in tensors if k.startswith(prefix)]}
+            write_checkpoint(out, config, tensors, shards=shards, decoy=decoy)
+            save_tensors(out / file, apart, {"format": "pt"})
+            return out
         return write_checkpoint(out, config, tensors, shards=shards, decoy=decoy)
     tensors = trunk_tensors(config, row["trunk"], seed)
     if row.get("fused_experts"):

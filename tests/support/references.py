@@ -170,6 +170,18 @@ def mimo_v2_flash_keys(i: int) -> tuple[str, ...]:
     return tuple(sorted(p + k for k in plain + fp8 + [f + "_scale_inv" for f in fp8]))
 
 
+def mimo_v2_keys(i: int) -> tuple[str, ...]:
+    """MTP layer i of MiMo-V2.5 (vLLM 0.34 mimo_v2_mtp.py and SGLang 0.5.23 mimo_v2_nextn.py loaders; 16 tensors a
+    layer, 48 in V2.5-Pro's model_mtp.safetensors for three layers): the fused FP8 qkv_proj and the MLP's FP8
+    projections with their scales; o_proj, glue, norms and sink bias bf16 (MiMo-V2.5's MTP header: o_proj BF16
+    [4096, 8192], qkv_proj F8_E4M3 [14848, 4096] with F32 [116, 32] scales)."""
+    p = f"model.mtp.layers.{i}."
+    plain = ["enorm.weight", "hnorm.weight", "eh_proj.weight", "final_layernorm.weight", "input_layernorm.weight"]
+    plain += ["self_attn.attention_sink_bias", "pre_mlp_layernorm.weight", "self_attn.o_proj.weight"]
+    fp8 = ["self_attn.qkv_proj.weight"] + [f"mlp.{n}_proj.weight" for n in ("gate", "up", "down")]
+    return tuple(sorted(p + k for k in plain + fp8 + [f + "_scale_inv" for f in fp8]))
+
+
 # ---- transformers' own MtpModel where it covers the block ---------------------------------------------------------
 def glm4_moe_lite_mtp_model(path: Path, nxt, hidden, pos):
     """transformers 5.24 has no MTP model for glm4_moe_lite (its config has no num_mtp_layers), but
@@ -571,10 +583,14 @@ def mimo_v2_flash(path: Path, nxt, hidden, pos, *, layer: int = 0, window: bool 
     hnorm(hidden) -> eh_proj -> SWA attention with sink bias (window sliding_window_size + 1) + dense MLP ->
     final_layernorm -> lm_head, the normed hidden handed on. window=False: full causal attention; dequant=False: the
     FP8 weights without their scales; layer: another MTP layer's weights."""
+    return _mimo_v2_mtp(config_of(path), dequantised(path, dequant), nxt, hidden, pos, layer=layer, window=window)
+
+
+def _mimo_v2_mtp(config: dict, w: dict, nxt, hidden, pos, *, layer: int, window: bool, eps: float | None = None):
+    """The MiMo-V2 MTP computation on fp32 tensors `w` by hub name, q / k / v separate (see `mimo_v2_flash`)."""
     from transformers.models.mimo_v2_flash import modeling_mimo_v2_flash as mimo
 
-    config, w = config_of(path), dequantised(path, dequant)
-    eps, p = config["layernorm_epsilon"], f"model.mtp.layers.{layer}."
+    eps, p = config["layernorm_epsilon"] if eps is None else eps, f"model.mtp.layers.{layer}."
     x = _glue(w, "model.embed_tokens.weight", hidden, nxt, (p + "enorm.weight", p + "hnorm.weight"),
               p + "eh_proj.weight", eps)  # fmt: skip
     cfg = _mimo_v2_block_config(config)
@@ -588,6 +604,81 @@ def mimo_v2_flash(path: Path, nxt, hidden, pos, *, layer: int = 0, window: bool 
     y = h + mlp(rms(h, w[p + "pre_mlp_layernorm.weight"], eps))
     normed = rms(y, w[p + "final_layernorm.weight"], eps)
     return normed @ w["lm_head.weight"].T, normed
+
+
+def mimo_v2_qkv_vllm(w_full: torch.Tensor, s_full: torch.Tensor, config: dict, *, per_chunk_scales: bool = True):
+    """A fused MiMo-V2.5 qkv_proj read as vLLM 0.34 `mimo_v2.py` `_shard_fp8_qkv_proj` reads it at tp_size 1 (its
+    general path: each query head's rows, then each key head's, then each value head's, gathered from the chunk that
+    holds them, ckpt_tp = config.num_key_value_heads, dequantised with the scale rows of their own chunk, or of one
+    continuous grid), stopping before its requantisation: fp32 (q, k, v). The MTP layer's geometry is the SWA one
+    (vLLM 0.34 mimo_v2_mtp.py builds MiMoV2Attention from swa_* fields). per_chunk_scales=False: the scale rows read
+    as one continuous grid whatever their count (a reader that ignores the tiling)."""
+    block, ckpt_tp = 128, config["num_key_value_heads"]
+    heads, kv_heads = config["swa_num_attention_heads"], config["swa_num_key_value_heads"]
+    head_dim, v_head_dim = config["swa_head_dim"], config["swa_v_head_dim"]
+    rows_per_chunk = w_full.shape[0] // ckpt_tp
+    q_per_chunk, k_per_chunk = (heads // ckpt_tp) * head_dim, (kv_heads // ckpt_tp) * head_dim
+    chunk_scale_rows = -(-rows_per_chunk // block)
+    rows = torch.arange(w_full.shape[0])
+    if per_chunk_scales and s_full.shape[0] == ckpt_tp * chunk_scale_rows:
+        scale_index = (rows // rows_per_chunk) * chunk_scale_rows + (rows % rows_per_chunk) // block
+    else:
+        scale_index = (rows // block).clamp(max=s_full.shape[0] - 1)
+    qh, kvh = heads // ckpt_tp, kv_heads // ckpt_tp
+    index = [(h // qh) * rows_per_chunk + (h % qh) * head_dim + torch.arange(head_dim) for h in range(heads)]
+    index += [
+        (h // kvh) * rows_per_chunk + q_per_chunk + (h % kvh) * head_dim + torch.arange(head_dim)
+        for h in range(kv_heads)
+    ]
+    index += [
+        (h // kvh) * rows_per_chunk + q_per_chunk + k_per_chunk + (h % kvh) * v_head_dim + torch.arange(v_head_dim)
+        for h in range(kv_heads)
+    ]
+    idx = torch.cat(index)
+    n = w_full.shape[1]
+    grouped = w_full[idx].float() * s_full[scale_index[idx]].float().repeat_interleave(block, dim=1)[:, :n]
+    return grouped.split([heads * head_dim, kv_heads * head_dim, kv_heads * v_head_dim])
+
+
+def mimo_v2_release_tensors(path: Path, *, interleaved: bool = True, per_chunk_scales: bool = True) -> dict:
+    """fp32 tensors of a MiMo-V2.5 checkpoint by hub name from every safetensors file in `path` (model_mtp.safetensors
+    too, which the index does not list), FP8 dequantised, each fused qkv_proj split into q / k / v by
+    `mimo_v2_qkv_vllm`. interleaved=False: the fused rows read as one [Q | K | V] block (a reader that ignores the
+    pre-sharding)."""
+    raw: dict[str, torch.Tensor] = {}
+    for file in sorted(path.glob("*.safetensors")):
+        raw.update(load_file(str(file)))
+    config, out = config_of(path), {}
+    for key, tensor in raw.items():
+        if key.endswith("_scale_inv") or (key.endswith("qkv_proj.weight") and not key.startswith("model.mtp.")):
+            continue  # the trunk's attention (full-attention layers have another geometry) is not read
+        scale = raw.get(key + "_scale_inv")
+        if key.endswith("qkv_proj.weight") and interleaved:
+            parts = mimo_v2_qkv_vllm(tensor, scale, config, per_chunk_scales=per_chunk_scales)
+            out.update({key.replace("qkv_proj", f"{n}_proj"): t for n, t in zip("qkv", parts, strict=True)})
+            continue
+        if scale is not None:
+            m, n = tensor.shape
+            tensor = tensor.float() * scale.float().repeat_interleave(128, 0)[:m].repeat_interleave(128, 1)[:, :n]
+        if key.endswith("qkv_proj.weight"):
+            h, kv = config["swa_num_attention_heads"], config["swa_num_key_value_heads"]
+            sizes = [h * config["swa_head_dim"], kv * config["swa_head_dim"], kv * config["swa_v_head_dim"]]
+            out.update(
+                {key.replace("qkv_proj", f"{n}_proj"): t for n, t in zip("qkv", tensor.split(sizes), strict=True)}
+            )
+            continue
+        out[key] = tensor.float()
+    return out
+
+
+def mimo_v2(path: Path, nxt, hidden, pos, *, layer: int = 0, window: bool = True, interleaved: bool = True,
+            per_chunk_scales: bool = True, eps: float | None = None):  # fmt: skip
+    """MiMo-V2.5's MTP layer `layer` (vLLM 0.34 mimo_v2_mtp.py MiMoV2MTPLayer: MiMo-V2-Flash's computation, the
+    attention's q / k / v from the fused, pre-sharded qkv_proj as `mimo_v2_qkv_vllm` reads it; SGLang 0.5.23
+    mimo_v2_nextn.py the same). Variants: interleaved=False / per_chunk_scales=False read the fused tensor wrongly;
+    eps: another RMSNorm epsilon than the release's layernorm_epsilon (transformers' default is 1e-5)."""
+    w = mimo_v2_release_tensors(path, interleaved=interleaved, per_chunk_scales=per_chunk_scales)
+    return _mimo_v2_mtp(config_of(path), w, nxt, hidden, pos, layer=layer, window=window, eps=eps)
 
 
 def ernie4_5_moe(path: Path, nxt, hidden, pos, *, final_norm: str | None = "model.norm.weight", dense: bool = True):
