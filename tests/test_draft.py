@@ -17,6 +17,7 @@ from mtp2draft.draft.build import converted_config, native_class, native_draft
 from mtp2draft.draft.disk import build_draft, load_draft
 from mtp2draft.draft.modules import Eagle3Draft, native_config, vocab_maps
 from mtp2draft.family.spec import get_spec, registry
+from mtp2draft.formats.native import computation_record
 
 LAYER_KINDS = ("deepseek_v3", "deepseek_v4")  # one family per native layer class: one hidden, several streams
 
@@ -47,13 +48,14 @@ def test_every_native_layer_class_is_checked_for_its_hand_over() -> None:
 @pytest.mark.parametrize("family", LAYER_KINDS)
 def test_convert_a_default_module_and_a_read_back_agree_on_the_hand_over(family: str) -> None:
     """The hand-over `convert` writes, the one a module built without options takes, and the one a draft config
-    without the field reads back as are all the layer class's `DEFAULT_HANDOVER`."""
+    without the field reads back as (built, and recorded by export) are all the layer class's `DEFAULT_HANDOVER`."""
     spec, target = get_spec(family), fixture_config(family)
     written = converted_config(spec, target)
     assert written["hidden_handover"] == native_class(spec).DEFAULT_HANDOVER
     assert native_draft(spec, target).draft_config() == written
     unrecorded = {k: v for k, v in written.items() if k != "hidden_handover"}
     assert build_draft(unrecorded).hidden_handover == written["hidden_handover"]
+    assert computation_record(spec, unrecorded)["hidden_handover"] == written["hidden_handover"]
 
 
 @pytest.mark.parametrize("fixture", ["deepseek_v3", "glm4_moe", "mimo"])
