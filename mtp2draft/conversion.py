@@ -25,7 +25,7 @@ import torch
 
 from mtp2draft._version import __version__
 from mtp2draft.checkpoint.reader import Checkpoint, check_finite, open_checkpoint
-from mtp2draft.draft.build import native_class
+from mtp2draft.draft.build import converted_config
 from mtp2draft.draft.eagle3_config import TOKEN_FIELDS, sglang_config
 from mtp2draft.draft.layout import (
     EXPERTS_DOWN,
@@ -40,7 +40,6 @@ from mtp2draft.draft.layout import (
 from mtp2draft.draft.modules import (
     Eagle3Draft,
     block_config,
-    native_config,
     vocab_maps,
     without_identity_maps,
 )
@@ -359,8 +358,7 @@ def _write_native_draft(
         for g in plan.groups
     }
     first = plans[0]
-    # the layer kind's hand-over: a multi-stream layer (DeepSeek-V4) hands on its streams, pre_norm
-    draft_cfg = native_config(first.spec, ckpt.config, first.layer, native_class(first.spec).DEFAULT_HANDOVER)
+    draft_cfg = converted_config(first.spec, ckpt.config, first.layer)  # the layer kind's own hand-over
     if chain:
         draft_cfg = chain_config(draft_cfg, [p.layer for p in plans])
     draft_cfg["torch_dtype"] = dtype

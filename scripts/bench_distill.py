@@ -38,8 +38,8 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from mtp2draft.draft.build import converted_config  # noqa: E402
 from mtp2draft.draft.disk import build_draft, load_draft, read_draft_config
-from mtp2draft.draft.modules import native_config  # noqa: E402  # noqa: E402
 from mtp2draft.family.spec import find_spec  # noqa: E402
 from mtp2draft.target.hidden import Features  # noqa: E402
 from mtp2draft.train.memory import plan as memory_plan  # noqa: E402
@@ -95,7 +95,7 @@ def config_draft(path: Path, override: str | None, device: str) -> tuple[dict, t
     (normal(0, 0.02) matrices, unit norms, zero biases): no checkpoint is read or written."""
     target = json.loads(path.read_text())
     target.update(json.loads(override) if override else {})
-    cfg = native_config(find_spec(target), target, 0)
+    cfg = converted_config(find_spec(target), target, 0)
     with torch.device(device):
         draft = build_draft(cfg)
     with torch.no_grad():

@@ -408,9 +408,10 @@ FAMILIES = (
         support={"vllm": {"mtp": True, "eagle3": True}, "sglang": {"mtp": True, "eagle3": False}},
         sources={"vllm": ("deepseek_v4/nvidia/mtp.py",), "sglang": ("deepseek_v4_nextn.py",)},
         module={"block:type": "DeepseekV4DecoderLayer", "hc_head:type": "DeepseekV4HyperHead",
-                "block.self_attn.compressor": None, "attention_window": 4},
+                "block.self_attn.compressor": None, "attention_window": 4, "block.mlp.is_hash": False,
+                "hidden_shape": (4, 64)},
         reference=rv4.deepseek_v4_vllm,
-        wrong=({"window": None}, {"hc_reduce": False}),
+        wrong=({"window": None}, {"hc_reduce": False}, {"zero_first": True}),  # position 0's embedding kept
         refuses_eagle3="deepseek_v4 has no EAGLE-3 conversion",  # vLLM 0.34 captures aux states; no transfer yet
         release_tensors=1575,
         experts="n_routed_experts",

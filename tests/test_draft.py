@@ -3,17 +3,23 @@ maps. Each family's native layer against its reference computation: tests/test_f
 
 from __future__ import annotations
 
+import inspect
 import json
 from pathlib import Path
 
 import pytest
 import torch
 from safetensors.torch import load_file
-from support.fixtures import eagle3_depth
+from support.fixtures import eagle3_depth, fixture_config
 
 from mtp2draft.conversion import convert
-from mtp2draft.draft.disk import load_draft
-from mtp2draft.draft.modules import Eagle3Draft, vocab_maps
+from mtp2draft.draft.build import converted_config, native_class, native_draft
+from mtp2draft.draft.disk import build_draft, load_draft
+from mtp2draft.draft.modules import Eagle3Draft, native_config, vocab_maps
+from mtp2draft.family.spec import get_spec, registry
+from mtp2draft.formats.native import computation_record
+
+LAYER_KINDS = ("deepseek_v3", "deepseek_v4")  # one family per native layer class: one hidden, several streams
 
 
 def _checkpoint_tensors(path: Path) -> dict[str, torch.Tensor]:
@@ -31,6 +37,25 @@ def test_native_draft_in_bf16_keeps_the_router_bias_in_fp32(build, tmp_path: Pat
     stored = load_file(str(tmp_path / "b" / "model.safetensors"))
     assert stored["eh_proj.weight"].dtype == torch.bfloat16
     assert stored["block.mlp.gate.e_score_correction_bias"].dtype == torch.float32
+
+
+def test_every_native_layer_class_is_checked_for_its_hand_over() -> None:
+    assert {native_class(get_spec(f)) for f in LAYER_KINDS} == {native_class(s) for s in registry().values()}
+    # `native_config` has no default of its own that could disagree with a class's `DEFAULT_HANDOVER`
+    assert inspect.signature(native_config).parameters["hidden_handover"].default is inspect.Parameter.empty
+
+
+@pytest.mark.parametrize("family", LAYER_KINDS)
+def test_convert_a_default_module_and_a_read_back_agree_on_the_hand_over(family: str) -> None:
+    """The hand-over `convert` writes, the one a module built without options takes, and the one a draft config
+    without the field reads back as (built, and recorded by export) are all the layer class's `DEFAULT_HANDOVER`."""
+    spec, target = get_spec(family), fixture_config(family)
+    written = converted_config(spec, target)
+    assert written["hidden_handover"] == native_class(spec).DEFAULT_HANDOVER
+    assert native_draft(spec, target).draft_config() == written
+    unrecorded = {k: v for k, v in written.items() if k != "hidden_handover"}
+    assert build_draft(unrecorded).hidden_handover == written["hidden_handover"]
+    assert computation_record(spec, unrecorded)["hidden_handover"] == written["hidden_handover"]
 
 
 @pytest.mark.parametrize("fixture", ["deepseek_v3", "glm4_moe", "mimo"])

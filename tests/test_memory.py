@@ -11,8 +11,8 @@ import torch
 from support.fixtures import eagle3_depth
 
 from mtp2draft.conversion import convert
+from mtp2draft.draft.build import converted_config
 from mtp2draft.draft.disk import load_draft
-from mtp2draft.draft.modules import native_config
 from mtp2draft.family.spec import get_spec
 from mtp2draft.train.memory import check_fits, plan
 
@@ -23,7 +23,7 @@ ROOT = Path(__file__).resolve().parents[1]
 def ds3() -> dict:
     """The native draft config of DeepSeek-V3's MTP layer (examples/configs/deepseek-v3.json: the release's config)."""
     target = json.loads((ROOT / "examples" / "configs" / "deepseek-v3.json").read_text())
-    return native_config(get_spec("deepseek_v3"), target, 0)
+    return converted_config(get_spec("deepseek_v3"), target, 0)
 
 
 def test_deepseek_v3_mtp_layer_counts(ds3: dict) -> None:

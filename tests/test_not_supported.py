@@ -17,7 +17,8 @@ from support.fixtures import FIXTURES
 from mtp2draft.cli.app import main
 from mtp2draft.errors import NotSupportedError, SpecError, UnknownFamilyError
 from mtp2draft.family import not_supported
-from mtp2draft.family.spec import find_spec, registry
+from mtp2draft.family.identity import FamilyIdentity
+from mtp2draft.family.spec import Spec, find_spec, registry
 
 # row -> words its reason must carry (what a user is told, checked against the sources the row cites)
 ROWS = {
@@ -49,6 +50,21 @@ def test_specs_lists_them_as_not_supported(capsys) -> None:
     for name, row in not_supported.rows().items():
         (line,) = [line for line in text.splitlines() if line.startswith(name + " ")]
         assert row.reason in line and row.architectures[0] in line
+
+
+def test_a_row_and_a_spec_share_one_identity_and_one_matching_rule() -> None:
+    """`NotSupported` and `Spec` are both a `FamilyIdentity` (name, description, architectures, model_types), matched
+    by its one rule: the same identity as a row and as a spec matches the same configs and prints the same fields."""
+    for cls in (not_supported.NotSupported, Spec):
+        assert issubclass(cls, FamilyIdentity)
+        assert cls.matches is FamilyIdentity.matches and cls.by_architecture is FamilyIdentity.by_architecture
+    spec = registry()["deepseek_v3"]
+    identity = {f: getattr(spec, f) for f in ("name", "description", "architectures", "model_types")}
+    row = not_supported.NotSupported(**identity, reason="a reason", sources="a source")
+    configs = [FIXTURES[name]["config"] for name in sorted(FIXTURES)]
+    assert [row.matches(c) for c in configs] == [spec.matches(c) for c in configs]
+    assert any(spec.matches(c) for c in configs) and not all(spec.matches(c) for c in configs)  # it can tell
+    assert {k: v for k, v in row.summary().items() if k in identity} == {k: spec.summary()[k] for k in identity}
 
 
 @pytest.mark.parametrize("name", sorted(ROWS))

@@ -23,7 +23,7 @@ from mtp2draft.draft.eagle3_config import speculators_to_eagle3_config, speculat
 from mtp2draft.draft.modules import VOCAB_MAPS, Draft, Eagle3Draft
 from mtp2draft.errors import DraftError
 from mtp2draft.family.spec import get_spec
-from mtp2draft.kinds import WEIGHTS_FILE, DraftKind, Hidden, detect_kind
+from mtp2draft.kinds import WEIGHTS_FILE, DraftKind, detect_kind
 
 AnyDraft = Draft | MtpChainDraft
 
@@ -42,7 +42,7 @@ def build_draft(cfg: Mapping[str, Any]) -> AnyDraft:
         return Eagle3Draft(cfg)
     spec, target_config = get_spec(cfg["spec"]), cfg["target_config"]
     options = {  # what a native layer computes; every layer of a chain computes the same
-        "hidden_handover": cfg.get("hidden_handover", Hidden.POST_NORM),
+        "hidden_handover": cfg.get("hidden_handover"),  # absent: the layer kind's own (`DEFAULT_HANDOVER`)
         "input_hidden": cfg.get("input_hidden"),
         "final_norm": cfg.get("final_norm", True),
         "engine": cfg.get("engine"),

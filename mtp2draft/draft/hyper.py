@@ -50,7 +50,7 @@ class HyperMtpDraft(NativeMtpDraft):
     def __init__(self, spec: Spec, target_config: Mapping[str, Any], layer: int = 0, **options: Any) -> None:
         """As `NativeMtpDraft`; the hand-over is the block's output streams (`pre_norm`): the reduced, normed hidden
         has lost the streams the next step needs, so `post_norm` is refused."""
-        options.setdefault("hidden_handover", self.DEFAULT_HANDOVER)
+        options["hidden_handover"] = options.get("hidden_handover") or self.DEFAULT_HANDOVER
         if options["hidden_handover"] != Hidden.PRE_NORM:
             raise DraftError(
                 f"a {spec.name} layer hands on its {spec.layer.streams} residual streams (pre_norm), "

@@ -246,19 +246,21 @@ class NativeMtpDraft(DraftModule):
     OWN_HEAD = {"own_head.weight": "head"}
     """The layer's own lm_head [V, H], where the family has one (`[layer] own_head`): frozen, written back as read."""
     DEFAULT_HANDOVER = Hidden.POST_NORM
-    """The hand-over a converted draft of this layer kind starts with (what `convert` writes into its config)."""
+    """The hand-over of this layer kind when none is asked for: the only place it is decided (`convert` writes it
+    through `build.converted_config`, a module built without one takes it)."""
 
     def __init__(
         self,
         spec: Spec,
         target_config: Mapping[str, Any],
         layer: int = 0,
-        hidden_handover: str = Hidden.POST_NORM,
+        hidden_handover: str | None = None,
         input_hidden: str | None = None,
         final_norm: bool = True,
         engine: Mapping[str, str] | None = None,
     ) -> None:
         super().__init__()
+        hidden_handover = hidden_handover or self.DEFAULT_HANDOVER  # the layer kind's own, decided by its class
         for name, value in (("hidden_handover", hidden_handover), ("input_hidden", input_hidden or Hidden.POST_NORM)):
             if value not in HIDDEN_PLACES:
                 raise DraftError(f"{name} must be post_norm or pre_norm, got {value!r}")
@@ -402,10 +404,10 @@ class NativeMtpDraft(DraftModule):
             self.spec,
             self.target_config,
             self.layer,
-            self.hidden_handover,
-            self.input_hidden,
-            self.apply_final_norm,
-            self.engine,
+            hidden_handover=self.hidden_handover,
+            input_hidden=self.input_hidden,
+            final_norm=self.apply_final_norm,
+            engine=self.engine,
         )
 
     def computation(self) -> dict[str, Any]:
@@ -421,15 +423,16 @@ def native_config(
     spec: Spec,
     target_config: Mapping[str, Any],
     layer: int,
-    hidden_handover: str | None = None,
+    *,
+    hidden_handover: str,
     input_hidden: str | None = None,
     final_norm: bool = True,
     engine: Mapping[str, str] | None = None,
 ) -> dict[str, Any]:
     """config.json of a native MTP draft directory: enough to rebuild the module without the target checkpoint.
-    hidden_handover: default the layer's own (a multi-stream layer hands on its streams, pre_norm)."""
+    hidden_handover has no default here: the layer kind's own is its class's `DEFAULT_HANDOVER`
+    (`build.converted_config`)."""
     text = spec.text_config(target_config)
-    hidden_handover = hidden_handover or (Hidden.PRE_NORM if spec.layer.streams else Hidden.POST_NORM)
     return {
         "architectures": ["Mtp2DraftNativeMtp"],
         "draft_kind": DraftKind.MTP,

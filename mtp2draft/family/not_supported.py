@@ -13,38 +13,29 @@ from __future__ import annotations
 
 import tomllib
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from functools import cache
 from importlib import resources
 from pathlib import Path
 from typing import Any
 
 from mtp2draft.errors import NotSupportedError, SpecError
+from mtp2draft.family.identity import FamilyIdentity, named_in
 
 FOLDER = "not_supported"
 _FIELDS = ("name", "description", "architectures", "model_types", "reason", "sources")
 
 
 @dataclass(frozen=True)
-class NotSupported:
-    name: str
-    description: str
-    architectures: tuple[str, ...]
-    model_types: tuple[str, ...]
+class NotSupported(FamilyIdentity):
     reason: str
     """Why mtp2draft does not convert it: one clause, completing "<description>: not supported, because ..."."""
     sources: str
     """Where the reason was read (engine / transformers versions, issue threads)."""
 
-    def matches(self, config: Mapping[str, Any]) -> bool:
-        architectures = set(config.get("architectures") or [])
-        return bool(architectures & set(self.architectures)) or config.get("model_type") in self.model_types
-
     def summary(self) -> dict[str, Any]:
         """The row `specs --json` prints: `supported` false, the reason and its sources."""
-        row = asdict(self)
-        row.update(architectures=list(self.architectures), model_types=list(self.model_types), supported=False)
-        return row
+        return {**self.identity_row(), "reason": self.reason, "sources": self.sources, "supported": False}
 
 
 def parse(data: Mapping[str, Any], path: str) -> NotSupported:
@@ -83,8 +74,7 @@ def refuse_not_supported(config: Mapping[str, Any]) -> None:
     """NotSupportedError, in one line with the row's reason, when config.json is of a family listed here."""
     for row in rows().values():
         if row.matches(config):
-            found = ", ".join(config.get("architectures") or []) or config.get("model_type")
             raise NotSupportedError(
-                f"{row.description} ({found}): not supported, because {row.reason} "
+                f"{row.description} ({named_in(config)}): not supported, because {row.reason} "
                 f"(see `mtp2draft specs`, model_specs/{FOLDER}/{row.name}.toml)"
             )

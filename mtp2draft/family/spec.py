@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from mtp2draft.errors import CheckpointError, NotMtpError, SpecError, UnknownFamilyError
+from mtp2draft.family.identity import FamilyIdentity, named_in
 from mtp2draft.family.not_supported import refuse_not_supported
 from mtp2draft.kinds import DRAFT_KINDS, HIDDEN_PLACES, DraftKind, Hidden
 
@@ -224,11 +225,7 @@ class EngineSpec:
 
 
 @dataclass(frozen=True)
-class Spec:
-    name: str
-    description: str
-    architectures: tuple[str, ...]
-    model_types: tuple[str, ...]
+class Spec(FamilyIdentity):
     config: ConfigSpec
     keys: KeySpec
     layer: LayerSpec
@@ -356,10 +353,7 @@ class Spec:
 
     def summary(self) -> dict[str, Any]:
         return {
-            "name": self.name,
-            "description": self.description,
-            "architectures": list(self.architectures),
-            "model_types": list(self.model_types),
+            **self.identity_row(),
             "block": f"{self.block.attention} + {self.block.mlp}",
             "concat": self.layer.concat,
             "hidden": self.layer.hidden,
@@ -581,15 +575,13 @@ def find_spec(config: Mapping[str, Any]) -> Spec:
     tensors as another drafter (`NOT_MTP_FIELDS`) is refused first, whatever its family; one of a family listed as
     not supported (`family.not_supported`) is refused with its reason when no spec matches."""
     refuse_non_mtp(config)
-    architectures = list(config.get("architectures") or [])
-    model_type = config.get("model_type")
     for spec in registry().values():
-        if any(a in spec.architectures for a in architectures):
+        if spec.by_architecture(config):
             return spec
     for spec in registry().values():
-        if model_type and model_type in spec.model_types:
+        if spec.by_model_type(config):
             return spec
     refuse_not_supported(config)
-    found = ", ".join(architectures) or model_type or "no architectures / model_type"
+    found = named_in(config)
     supported = "; ".join(f"{s.name} ({', '.join(s.architectures or s.model_types)})" for s in registry().values())
     raise UnknownFamilyError(f"no spec matches this checkpoint ({found}). Supported: {supported}")

@@ -23,14 +23,14 @@ import torch
 from mtp2draft.checkpoint.fp8 import SCALE_SUFFIX, chunk_rows, fp8_block_size, quantize_fp8
 from mtp2draft.checkpoint.reader import ST_DTYPES, Checkpoint, open_checkpoint
 from mtp2draft.checkpoint.tensor_checks import check_tensors
-from mtp2draft.draft.build import native_draft
+from mtp2draft.draft.build import native_class, native_draft
 from mtp2draft.draft.layout import native_to_checkpoint
 from mtp2draft.errors import DraftError
 from mtp2draft.family.spec import Spec, get_spec
 from mtp2draft.formats import Format
 from mtp2draft.formats.common import load_weights, nonfinite
 from mtp2draft.io import TORCH_DTYPES
-from mtp2draft.kinds import CONFIG_FILE, WEIGHTS_FILE, DraftKind, Hidden
+from mtp2draft.kinds import CONFIG_FILE, WEIGHTS_FILE, DraftKind
 
 # Tensors of a shard being rewritten are copied in runs of about this many bytes (peak memory per run).
 COPY_RUN_BYTES = 256 * 2**20
@@ -323,7 +323,7 @@ def _float_dtype(config: Mapping[str, Any], spec: Spec | None = None) -> torch.d
 
 def computation_record(spec: Spec, cfg: Mapping[str, Any]) -> dict[str, Any]:
     return {
-        "hidden_handover": cfg.get("hidden_handover", Hidden.POST_NORM),
+        "hidden_handover": cfg.get("hidden_handover") or native_class(spec).DEFAULT_HANDOVER,
         "input_hidden": cfg.get("input_hidden") or spec.layer.hidden,
         "final_norm": cfg.get("final_norm", True),
         "engine": cfg.get("engine"),
