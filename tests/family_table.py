@@ -436,5 +436,27 @@ FAMILIES = (
         same_names=(("model.layers.3.",), ("mtp.layers.0.",)),  # the trunk's full-attention MoE layer
         nextn="Qwen3_5ForCausalLMMTP",
     ),
+    Family("glm5_next", mtp="model.language_model.layers.4.", release_block="model.language_model.layers.45.",
+        block="mla_dsa + moe", verified=True,
+        handover=_BOTH, step_layers=_CYCLE_FIRST,
+        support={"vllm": {"mtp": True, "eagle3": False}, "sglang": {"mtp": True, "eagle3": False}},
+        sources={"vllm": ("glm5next/common/mtp.py", "skip_rope"), "sglang": ("glm5_next_nextn.py", "skip_rope")},
+        # composed from transformers' attention and MoE (its decoder layer always mixes 4 hyper-connection streams)
+        module={"block:type": "ComposedBlock", "block.self_attn:type": "Glm5NextTextAttention",
+                "block.mlp:type": "Glm5NextTextMoE", "block.self_attn.indexer.index_kpool": 2, "rotary_emb": None},
+        reference=ref.glm5_next_vllm,
+        wrong=({"index_topk": T},),  # the indexer's k-pool selection is applied and matters
+        refuses_eagle3="glm5_next has no EAGLE-3 conversion",
+        release_tensors=889,
+        experts="n_routed_experts",
+        variants=("glm5_next_fp8",),
+        fp8_dtypes={"self_attn.q_a_proj.weight": "F8_E4M3", "self_attn.kv_b_proj.weight": "",
+                    "self_attn.indexer.wq_b.weight": "", "mlp.experts.0.up_proj.weight": "F8_E4M3",
+                    "eh_proj.weight": ""},
+        cache_chunks=(3, 4, 6, T),
+        masked=True,
+        nope=True,
+        versions={"vllm": "0.34.0"},
+    ),
 )
 # fmt: on

@@ -281,7 +281,7 @@ def test_fp8_variant_dequantises(build, family: Family) -> None:
         if not torch.equal(a, b):
             quantised += 1
             assert (a - b).abs().max() <= 0.07 * b.abs().max(), key  # e4m3: 3 mantissa bits
-    assert quantised > 10
+    assert quantised > 8  # GLM-5.3-Flash has the fewest: 4 attention, 2 fused expert, 3 shared-expert tensors
 
 
 @each_family
