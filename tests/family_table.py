@@ -437,7 +437,7 @@ FAMILIES = (
         nextn="Qwen3_5ForCausalLMMTP",
     ),
     Family("glm5_next", mtp="model.language_model.layers.4.", release_block="model.language_model.layers.45.",
-        block="mla_dsa + moe", verified=True,
+        block="mla_dsa + moe", verified=False,
         handover=_BOTH, step_layers=_CYCLE_FIRST,
         support={"vllm": {"mtp": True, "eagle3": False}, "sglang": {"mtp": True, "eagle3": False}},
         sources={"vllm": ("glm5next/common/mtp.py", "skip_rope"), "sglang": ("glm5_next_nextn.py", "skip_rope")},
