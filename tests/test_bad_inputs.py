@@ -876,6 +876,49 @@ def deepseek_v4_config_with_dspark_fields(w, tmp, mp, stack):
     return Case(["inspect", str(ck)], "are a DSpark block drafter")
 
 
+_GLM5 = "model.language_model.layers.4."  # glm5_next's MTP layer in the fixture (4 trunk layers; 45 on the release)
+
+
+@case
+def glm5_next_mtp_key_missing(w, tmp, mp, stack):
+    ck = _drop_key(_family(tmp, "glm5_next"), _GLM5 + "hnorm.weight")
+    return Case(_convert(ck, tmp), f"MTP layer 0 is missing {_GLM5}hnorm.weight (spec glm5_next)")
+
+
+@case
+def glm5_next_indexer_kpool_gate_missing(w, tmp, mp, stack):
+    """The k-pool indexer's compression gate (GLM-5.3's own, not GLM-5's) absent: named by its module key."""
+    ck = _drop_key(_family(tmp, "glm5_next"), _GLM5 + "self_attn.indexer.index_kpool_compress_gate")
+    return Case(
+        _convert(ck, tmp), "lacks tensors the glm5_next block needs: block.self_attn.indexer.index_kpool_compress_gate"
+    )
+
+
+@case
+def glm5_next_count_field_at_the_top_level_only(w, tmp, mp, stack):
+    """The count lives in text_config; a config that moved it to the top level declares no MTP layer."""
+    ck = _family(tmp, "glm5_next")
+    cfg = json.loads((ck / "config.json").read_text())
+    text = {k: v for k, v in cfg["text_config"].items() if k != "num_nextn_predict_layers"}
+    _edit_config(ck, text_config=text, num_nextn_predict_layers=1)
+    return Case(_convert(ck, tmp), "has no MTP layer (num_nextn_predict_layers is absent)")
+
+
+@case
+def glm5_next_count_field_says_two(w, tmp, mp, stack):
+    ck = _family(tmp, "glm5_next")
+    cfg = json.loads((ck / "config.json").read_text())
+    _edit_config(ck, text_config={**cfg["text_config"], "num_nextn_predict_layers": 2})  # one layer in the weights
+    return Case(["inspect", str(ck)], "MTP layer 1 is missing model.language_model.layers.5.enorm.weight")
+
+
+@case
+def glm5_next_fp8_weight_without_scale(w, tmp, mp, stack):
+    """The FP8 release's q_a_proj (an FP8 block) with its `_scale_inv` gone from the index: not dequantised blind."""
+    ck = _drop_key(_family(tmp, "glm5_next_fp8"), _GLM5 + "self_attn.q_a_proj.weight_scale_inv")
+    return Case(_convert(ck, tmp), f"FP8 weight {_GLM5}self_attn.q_a_proj.weight has no {_GLM5}self_attn.q_a_proj")
+
+
 @case
 def unindexed_mtp_file_holds_an_indexed_tensor(w, tmp, mp, stack):
     """model_mtp.safetensors (not in the index) holding a tensor the index also places: which copy counts is unknown."""
