@@ -88,6 +88,7 @@ class Family:
     versions: dict[str, str] = field(default_factory=dict)  # engine -> the version its facts were read from, where
     # it is not ENGINE_VERSIONS'
     scales_absent: bool = False  # the bf16 fixture leaves out the release's `.scale` siblings (FP8 / FP4 e8m0)
+    variant_fp8_weights: int = 0  # FP8 weights (each with its `_scale_inv`) of MTP layer 0 in the FP8 variant
 
 
 _BOTH = {"vllm": "post_norm", "sglang": "post_norm"}
@@ -285,7 +286,7 @@ FAMILIES = (
         wrong=({"index_topk": T}, {"decoder": "v32"}),
         release_tensors=791,
         experts="n_routed_experts",
-        variants=("glm_moe_dsa_fp8",),
+        variants=("glm_moe_dsa_fp8",), variant_fp8_weights=34,
         eagle3_how={"midlayer.self_attn.q_proj.weight": ("DSA indexer dropped", "same up to 4 tokens")},
         nextn="GlmMoeDsaForCausalLMNextN",
         fp8_dtypes={"self_attn.indexer.wq_b.weight": "F8_E4M3", "eh_proj.weight": ""},
@@ -310,7 +311,7 @@ FAMILIES = (
         module={"block.mlp:type": "DeepseekV32MoE"},  # block_overrides: index 0 is the sparse MoE block
         reference=ref.deepseek_v32,
         wrong=({"index_topk": T},),  # the indexer's top-k sparse mask is applied (T > index_topk) and matters
-        variants=("deepseek_v32_fp8",),
+        variants=("deepseek_v32_fp8",), variant_fp8_weights=34,
         eagle3_how={f"midlayer.self_attn.{p}_proj.weight": ("DSA indexer dropped", "same up to 4 tokens") for p in "qkvo"},
         eagle3_exact={f"midlayer.self_attn.{p}_proj.weight": False for p in "qkvo"},
         # FP8 release: the indexer's wq_b / wk are FP8 blocks, weights_proj and k_norm are not
@@ -381,7 +382,7 @@ FAMILIES = (
         **_DEEPSEEK, sources={"vllm": ("deepseek_mtp.py",), "sglang": ("deepseek_nextn.py",)},
         module={"block:type": "DeepseekV3DecoderLayer", "block.mlp:type": "DeepseekV3MoE",
                 "block.mlp.gate.e_score_correction_bias:dtype": torch.float32},
-        reference=ref.transformers_mtp_model, variants=("deepseek_v3_fp8",),
+        reference=ref.transformers_mtp_model, variants=("deepseek_v3_fp8",), variant_fp8_weights=32,
     ),
     Family("glm4_moe", mtp="model.layers.2.", release_block=None, block="gqa + moe", verified=True, **_GLM4_MOE,
         stored_embed="model.layers.2.embed_tokens.weight",
@@ -449,7 +450,7 @@ FAMILIES = (
         refuses_eagle3="glm5_next has no EAGLE-3 conversion",
         release_tensors=889,
         experts="n_routed_experts",
-        variants=("glm5_next_fp8",),
+        variants=("glm5_next_fp8",), variant_fp8_weights=31,  # the fewest: kv_b_proj and the indexer stay bf16
         fp8_dtypes={"self_attn.q_a_proj.weight": "F8_E4M3", "self_attn.kv_b_proj.weight": "",
                     "self_attn.indexer.wq_b.weight": "", "mlp.experts.0.up_proj.weight": "F8_E4M3",
                     "eh_proj.weight": ""},
