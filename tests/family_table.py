@@ -440,8 +440,11 @@ FAMILIES = (
     Family("glm5_next", mtp="model.language_model.layers.4.", release_block="model.language_model.layers.45.",
         block="mla_dsa + moe", verified=False,
         handover=_BOTH, step_layers=_CYCLE_FIRST,
-        support={"vllm": {"mtp": True, "eagle3": False}, "sglang": {"mtp": True, "eagle3": False}},
-        sources={"vllm": ("glm5next/common/mtp.py", "skip_rope"), "sglang": ("glm5_next_nextn.py", "skip_rope")},
+        # both engines capture EAGLE-3 aux states of this target; no transfer fits (refuses_eagle3)
+        support={"vllm": {"mtp": True, "eagle3": True}, "sglang": {"mtp": True, "eagle3": True}},
+        sources={"vllm": ("glm5next/common/mtp.py", "skip_rope", "SupportsEagle3"),
+                 "sglang": ("glm5_next_nextn.py", "skip_rope", "set_eagle3_layers_to_capture")},
+        aux_ids={"sglang": "plus_one"},
         # composed from transformers' attention and MoE (its decoder layer always mixes 4 hyper-connection streams)
         module={"block:type": "ComposedBlock", "block.self_attn:type": "Glm5NextTextAttention",
                 "block.mlp:type": "Glm5NextTextMoE", "block.self_attn.indexer.index_kpool": 2, "rotary_emb": None},
