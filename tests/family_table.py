@@ -462,5 +462,21 @@ FAMILIES = (
         nope=True,
         versions={"vllm": "0.34.0"},
     ),
+    Family("qwen3_5_flat", mtp="mtp.", release_block="mtp.layers.0.", block="gated_gqa + dense", verified=False,
+        handover=_BOTH, step_layers=_CYCLE_FIRST,
+        support={"vllm": {"mtp": True, "eagle3": True}, "sglang": {"mtp": True, "eagle3": True}},
+        sources={"vllm": ("qwen3_5/nvidia/mtp.py", "qwen3_5_text"), "sglang": ("Qwen3_5ForCausalLMMTP", "qwen3_5_text.py")},
+        aux_ids={"sglang": "plus_one"},
+        module={**_QWEN3_5_MODULE, "block.mlp.gate_proj.weight:shape": (128, 64)},  # dense SwiGLU [I, H]
+        reference=ref.qwen3_hybrid,
+        wrong=({"norm": "standard"}, {"order": "hidden_embed"}, {"gate": False}),
+        exact_keys=True,
+        vllm_loads=ref.qwen3_5_dense_vllm_loads,
+        keys_present=("model.layers.3.self_attn.q_proj.weight", "model.layers.0.linear_attn.A_log"),
+        prefixes_absent=("model.language_model.", "model.visual.", "lm_head."),  # flat, no tower, head tied
+        same_names=(("model.layers.3.",), ("mtp.layers.0.",)),  # the trunk's full-attention layer
+        nextn="Qwen3_5ForCausalLMMTP",
+        versions={"vllm": "0.34.0"},
+    ),
 )
 # fmt: on

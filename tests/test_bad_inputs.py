@@ -531,6 +531,11 @@ _CONFIG_EDITS = {
         {"mtp_num_hidden_layers": 0},
         "mtp_num_hidden_layers is 0",
     ),  # Qwen3.8's flat config: the top-level mtp_num_hidden_layers counts (there is no text_config to read).
+    "qwen3_5_flat_declares_no_mtp_layer": (
+        "qwen3_5_flat",
+        {"mtp_num_hidden_layers": 0},
+        "mtp_num_hidden_layers is 0",
+    ),  # the dense flat config: its own top-level count as well
 }
 
 
@@ -917,6 +922,30 @@ def glm5_next_fp8_weight_without_scale(w, tmp, mp, stack):
     """The FP8 release's q_a_proj (an FP8 block) with its `_scale_inv` gone from the index: not dequantised blind."""
     ck = _drop_key(_family(tmp, "glm5_next_fp8"), _GLM5 + "self_attn.q_a_proj.weight_scale_inv")
     return Case(_convert(ck, tmp), f"FP8 weight {_GLM5}self_attn.q_a_proj.weight has no {_GLM5}self_attn.q_a_proj")
+
+
+@case
+def qwen3_5_flat_mlp_key_missing(w, tmp, mp, stack):
+    ck = _drop_key(_family(tmp, "qwen3_5_flat"), "mtp.layers.0.mlp.up_proj.weight")
+    return Case(_convert(ck, tmp), "lacks tensors the qwen3_5_flat block needs: block.mlp.up_proj.weight")
+
+
+@case
+def qwen3_5_flat_tied_with_the_vl_prefix(w, tmp, mp, stack):
+    """A tied text-only export whose trunk keeps the VL prefix (model.language_model.*, no lm_head.weight): the spec
+    names the clean embedding key, so the head EAGLE-3 copies (the embedding) is not found; refused, not guessed.
+    (The native draft converts: it reads only mtp.*.)"""
+    ck = _family(tmp, "qwen3_5_flat")
+    index = _index(ck)
+    for shard in set(index["weight_map"].values()):
+        tensors = load_file(str(ck / shard))
+        renamed = {("model.language_model." + k[6:] if k.startswith("model.") else k): v for k, v in tensors.items()}
+        save_file(renamed, str(ck / shard), metadata={"format": "pt"})
+    index["weight_map"] = {
+        ("model.language_model." + k[6:] if k.startswith("model.") else k): v for k, v in index["weight_map"].items()
+    }
+    _write_index(ck, index)
+    return Case(_convert(ck, tmp, "--to", "eagle3"), "the checkpoint has no embedding (model.embed_tokens.weight)")
 
 
 @case

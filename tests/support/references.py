@@ -698,3 +698,11 @@ def glm5_next_vllm(path: Path, nxt, hidden, pos, *, index_topk: int | None = Non
     y = x + moe(rms(x, w[p + "post_attention_layernorm.weight"], eps))
     normed = rms(y, w[p + "shared_head.norm.weight"], eps)
     return normed @ w["lm_head.weight"].T, normed
+
+
+def qwen3_5_dense_vllm_loads(key: str) -> str:
+    """A dense Qwen3.5 MTP key as vLLM 0.34's Qwen3_5MTP loads it (models/qwen3_5/nvidia/mtp.py: mtp. -> model.;
+    packed_modules_mapping stacks q/k/v into qkv_proj and the dense MLP's gate/up into gate_up_proj)."""
+    return qwen3_5_vllm_loads(
+        key.replace("mlp.gate_proj", "mlp.gate_up_proj").replace("mlp.up_proj", "mlp.gate_up_proj")
+    )
