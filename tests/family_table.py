@@ -88,6 +88,7 @@ class Family:
     versions: dict[str, str] = field(default_factory=dict)  # engine -> the version its facts were read from, where
     # it is not ENGINE_VERSIONS'
     scales_absent: bool = False  # the bf16 fixture leaves out the release's `.scale` siblings (FP8 / FP4 e8m0)
+    variant_fp8_weights: int = 0  # FP8 weights (each with its `_scale_inv`) of MTP layer 0 in the FP8 variant
 
 
 _BOTH = {"vllm": "post_norm", "sglang": "post_norm"}
@@ -285,7 +286,7 @@ FAMILIES = (
         wrong=({"index_topk": T}, {"decoder": "v32"}),
         release_tensors=791,
         experts="n_routed_experts",
-        variants=("glm_moe_dsa_fp8",),
+        variants=("glm_moe_dsa_fp8",), variant_fp8_weights=34,
         eagle3_how={"midlayer.self_attn.q_proj.weight": ("DSA indexer dropped", "same up to 4 tokens")},
         nextn="GlmMoeDsaForCausalLMNextN",
         fp8_dtypes={"self_attn.indexer.wq_b.weight": "F8_E4M3", "eh_proj.weight": ""},
@@ -310,7 +311,7 @@ FAMILIES = (
         module={"block.mlp:type": "DeepseekV32MoE"},  # block_overrides: index 0 is the sparse MoE block
         reference=ref.deepseek_v32,
         wrong=({"index_topk": T},),  # the indexer's top-k sparse mask is applied (T > index_topk) and matters
-        variants=("deepseek_v32_fp8",),
+        variants=("deepseek_v32_fp8",), variant_fp8_weights=34,
         eagle3_how={f"midlayer.self_attn.{p}_proj.weight": ("DSA indexer dropped", "same up to 4 tokens") for p in "qkvo"},
         eagle3_exact={f"midlayer.self_attn.{p}_proj.weight": False for p in "qkvo"},
         # FP8 release: the indexer's wq_b / wk are FP8 blocks, weights_proj and k_norm are not
@@ -381,7 +382,7 @@ FAMILIES = (
         **_DEEPSEEK, sources={"vllm": ("deepseek_mtp.py",), "sglang": ("deepseek_nextn.py",)},
         module={"block:type": "DeepseekV3DecoderLayer", "block.mlp:type": "DeepseekV3MoE",
                 "block.mlp.gate.e_score_correction_bias:dtype": torch.float32},
-        reference=ref.transformers_mtp_model, variants=("deepseek_v3_fp8",),
+        reference=ref.transformers_mtp_model, variants=("deepseek_v3_fp8",), variant_fp8_weights=32,
     ),
     Family("glm4_moe", mtp="model.layers.2.", release_block=None, block="gqa + moe", verified=True, **_GLM4_MOE,
         stored_embed="model.layers.2.embed_tokens.weight",
@@ -501,6 +502,47 @@ FAMILIES = (
                 "block.self_attn.num_key_value_groups": 4},
         reference=ref.mimo_v2, wrong=({"interleaved": False}, {"window": False}, {"layer": 2}),
         stored=False, keys=ref.mimo_v2_keys(0), layers=3, fp8_weights=4,
+        versions={"vllm": "0.34.0"},
+    ),
+    Family("glm5_next", mtp="model.language_model.layers.4.", release_block="model.language_model.layers.45.",
+        block="mla_dsa + moe", verified=False,
+        handover=_BOTH, step_layers=_CYCLE_FIRST,
+        # both engines capture EAGLE-3 aux states of this target; no transfer fits (refuses_eagle3)
+        support={"vllm": {"mtp": True, "eagle3": True}, "sglang": {"mtp": True, "eagle3": True}},
+        sources={"vllm": ("glm5next/common/mtp.py", "skip_rope", "SupportsEagle3"),
+                 "sglang": ("glm5_next_nextn.py", "skip_rope", "set_eagle3_layers_to_capture")},
+        aux_ids={"sglang": "plus_one"},
+        # composed from transformers' attention and MoE (its decoder layer always mixes 4 hyper-connection streams)
+        module={"block:type": "ComposedBlock", "block.self_attn:type": "Glm5NextTextAttention",
+                "block.mlp:type": "Glm5NextTextMoE", "block.self_attn.indexer.index_kpool": 2, "rotary_emb": None},
+        reference=ref.glm5_next_vllm,
+        wrong=({"index_topk": T},),  # the indexer's k-pool selection is applied and matters
+        refuses_eagle3="glm5_next has no EAGLE-3 conversion",
+        release_tensors=889,
+        experts="n_routed_experts",
+        variants=("glm5_next_fp8",), variant_fp8_weights=31,  # the fewest: kv_b_proj and the indexer stay bf16
+        fp8_dtypes={"self_attn.q_a_proj.weight": "F8_E4M3", "self_attn.kv_b_proj.weight": "",
+                    "self_attn.indexer.wq_b.weight": "", "mlp.experts.0.up_proj.weight": "F8_E4M3",
+                    "eh_proj.weight": ""},
+        cache_chunks=(3, 4, 6, T),
+        masked=True,
+        nope=True,
+        versions={"vllm": "0.34.0"},
+    ),
+    Family("qwen3_5_flat", mtp="mtp.", release_block="mtp.layers.0.", block="gated_gqa + dense", verified=False,
+        handover=_BOTH, step_layers=_CYCLE_FIRST,
+        support={"vllm": {"mtp": True, "eagle3": True}, "sglang": {"mtp": True, "eagle3": True}},
+        sources={"vllm": ("qwen3_5/nvidia/mtp.py", "qwen3_5_text"), "sglang": ("Qwen3_5ForCausalLMMTP", "qwen3_5_text.py")},
+        aux_ids={"sglang": "plus_one"},
+        module={**_QWEN3_5_MODULE, "block.mlp.gate_proj.weight:shape": (128, 64)},  # dense SwiGLU [I, H]
+        reference=ref.qwen3_hybrid,
+        wrong=({"norm": "standard"}, {"order": "hidden_embed"}, {"gate": False}),
+        exact_keys=True,
+        vllm_loads=ref.qwen3_5_dense_vllm_loads,
+        keys_present=("model.layers.3.self_attn.q_proj.weight", "model.layers.0.linear_attn.A_log"),
+        prefixes_absent=("model.language_model.", "model.visual.", "lm_head."),  # flat, no tower, head tied
+        same_names=(("model.layers.3.",), ("mtp.layers.0.",)),  # the trunk's full-attention layer
+        nextn="Qwen3_5ForCausalLMMTP",
         versions={"vllm": "0.34.0"},
     ),
 )

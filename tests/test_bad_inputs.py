@@ -566,6 +566,11 @@ _CONFIG_EDITS = {
         {"swa_num_key_value_heads": 3},
         "swa_num_key_value_heads is 3, which 'swa_num_key_value_heads / 2' does not divide",
     ),  # transformers doubles num_key_value_heads on SWA layers: an odd SWA count has no transformers config.
+    "qwen3_5_flat_declares_no_mtp_layer": (
+        "qwen3_5_flat",
+        {"mtp_num_hidden_layers": 0},
+        "mtp_num_hidden_layers is 0",
+    ),  # the dense flat config: its own top-level count as well
 }
 
 
@@ -917,6 +922,73 @@ def deepseek_v4_config_with_dspark_fields(w, tmp, mp, stack):
     dspark = hub_keys.load("deepseek_v4_0731_dspark")["config"]
     _edit_config(ck, **{k: v for k, v in dspark.items() if k.startswith("dspark_")})
     return Case(["inspect", str(ck)], "are a DSpark block drafter")
+
+
+_GLM5 = "model.language_model.layers.4."  # glm5_next's MTP layer in the fixture (4 trunk layers; 45 on the release)
+
+
+@case
+def glm5_next_mtp_key_missing(w, tmp, mp, stack):
+    ck = _drop_key(_family(tmp, "glm5_next"), _GLM5 + "hnorm.weight")
+    return Case(_convert(ck, tmp), f"MTP layer 0 is missing {_GLM5}hnorm.weight (spec glm5_next)")
+
+
+@case
+def glm5_next_indexer_kpool_gate_missing(w, tmp, mp, stack):
+    """The k-pool indexer's compression gate (GLM-5.3's own, not GLM-5's) absent: named by its module key."""
+    ck = _drop_key(_family(tmp, "glm5_next"), _GLM5 + "self_attn.indexer.index_kpool_compress_gate")
+    return Case(
+        _convert(ck, tmp), "lacks tensors the glm5_next block needs: block.self_attn.indexer.index_kpool_compress_gate"
+    )
+
+
+@case
+def glm5_next_count_field_at_the_top_level_only(w, tmp, mp, stack):
+    """The count lives in text_config; a config that moved it to the top level declares no MTP layer."""
+    ck = _family(tmp, "glm5_next")
+    cfg = json.loads((ck / "config.json").read_text())
+    text = {k: v for k, v in cfg["text_config"].items() if k != "num_nextn_predict_layers"}
+    _edit_config(ck, text_config=text, num_nextn_predict_layers=1)
+    return Case(_convert(ck, tmp), "has no MTP layer (num_nextn_predict_layers is absent)")
+
+
+@case
+def glm5_next_count_field_says_two(w, tmp, mp, stack):
+    ck = _family(tmp, "glm5_next")
+    cfg = json.loads((ck / "config.json").read_text())
+    _edit_config(ck, text_config={**cfg["text_config"], "num_nextn_predict_layers": 2})  # one layer in the weights
+    return Case(["inspect", str(ck)], "MTP layer 1 is missing model.language_model.layers.5.enorm.weight")
+
+
+@case
+def glm5_next_fp8_weight_without_scale(w, tmp, mp, stack):
+    """The FP8 release's q_a_proj (an FP8 block) with its `_scale_inv` gone from the index: not dequantised blind."""
+    ck = _drop_key(_family(tmp, "glm5_next_fp8"), _GLM5 + "self_attn.q_a_proj.weight_scale_inv")
+    return Case(_convert(ck, tmp), f"FP8 weight {_GLM5}self_attn.q_a_proj.weight has no {_GLM5}self_attn.q_a_proj")
+
+
+@case
+def qwen3_5_flat_mlp_key_missing(w, tmp, mp, stack):
+    ck = _drop_key(_family(tmp, "qwen3_5_flat"), "mtp.layers.0.mlp.up_proj.weight")
+    return Case(_convert(ck, tmp), "lacks tensors the qwen3_5_flat block needs: block.mlp.up_proj.weight")
+
+
+@case
+def qwen3_5_flat_tied_with_the_vl_prefix(w, tmp, mp, stack):
+    """A tied text-only export whose trunk keeps the VL prefix (model.language_model.*, no lm_head.weight): the spec
+    names the clean embedding key, so the head EAGLE-3 copies (the embedding) is not found; refused, not guessed.
+    (The native draft converts: it reads only mtp.*.)"""
+    ck = _family(tmp, "qwen3_5_flat")
+    index = _index(ck)
+    for shard in set(index["weight_map"].values()):
+        tensors = load_file(str(ck / shard))
+        renamed = {("model.language_model." + k[6:] if k.startswith("model.") else k): v for k, v in tensors.items()}
+        save_file(renamed, str(ck / shard), metadata={"format": "pt"})
+    index["weight_map"] = {
+        ("model.language_model." + k[6:] if k.startswith("model.") else k): v for k, v in index["weight_map"].items()
+    }
+    _write_index(ck, index)
+    return Case(_convert(ck, tmp, "--to", "eagle3"), "the checkpoint has no embedding (model.embed_tokens.weight)")
 
 
 @case

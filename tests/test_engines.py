@@ -52,12 +52,15 @@ VLLM_PRE_NORM_HANDOVER = {"glm4_moe", "ernie4_5_moe", "glm4_moe_lite", "glm_ocr"
 NOT_SERVED = {"sglang": {"exaone4_5", "nemotron_h_super_omni"}, "vllm": set()}
 
 
-# the engine versions the specs' facts were read from; a family only a later engine serves cites that one
+# the engine versions the specs' facts were read from; a family only a later engine serves, or read from a later one,
+# cites that one
 ENGINE_VERSIONS = {"vllm": "0.33.0", "sglang": "0.5.23"}
 READ_AT = {
     "step3p7": {"vllm": "0.34.0", "sglang": "0.5.23"},  # read from vLLM 0.34's step3p5_mtp.py
     "deepseek_v4": {"vllm": "0.34.0", "sglang": "0.5.23"},  # DeepSeekV4MTP first appears in vLLM 0.34
     "mimo_v2": {"vllm": "0.34.0", "sglang": "0.5.23"},  # the per-chunk qkv scales: vLLM 0.34's MTP loader
+    "glm5_next": {"vllm": "0.34.0", "sglang": "0.5.23"},  # vllm/models/glm5next/ (0.34's layout)
+    "qwen3_5_flat": {"vllm": "0.34.0", "sglang": "0.5.23"},  # read from vllm/models/qwen3_5/nvidia/ (0.34)
 }
 
 

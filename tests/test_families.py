@@ -38,7 +38,7 @@ from mtp2draft.checkpoint.reader import open_checkpoint
 from mtp2draft.cli.app import main
 from mtp2draft.conversion import convert, plan_mtp_layer, resolve_layer
 from mtp2draft.draft.disk import load_draft
-from mtp2draft.draft.layout import load_native
+from mtp2draft.draft.layout import load_native, native_to_checkpoint
 from mtp2draft.draft.modules import DraftCache, Eagle3Draft, NativeMtpDraft
 from mtp2draft.errors import CheckpointError, DraftError, NoMtpLayerError, NotMtpError, OptionError, UnknownFamilyError
 from mtp2draft.evaluation.decode import draft_chain
@@ -269,10 +269,11 @@ def test_cached_steps_equal_one_pass(build, family: Family) -> None:
     assert cache.indexer is None or cache.indexer.shape[-2] == T
 
 
-@pytest.mark.parametrize("family", [f for f in FAMILIES if f.fp8_dtypes], ids=lambda f: f.fixture)
+@pytest.mark.parametrize("family", [f for f in FAMILIES if f.variants], ids=lambda f: f.fixture)
 def test_fp8_variant_dequantises(build, family: Family) -> None:
-    """The FP8 release's layout (which MTP weights are FP8 blocks, which are unscaled) and its weights dequantised
-    to within e4m3's precision of the plain fixture's."""
+    """The FP8 release's layout (which MTP weights are FP8 blocks, which are unscaled; how many are FP8) and its
+    weights dequantised to within e4m3's precision of the plain fixture's: exactly the module tensors read from an
+    FP8 weight differ, every other one is bit for bit the plain fixture's."""
     (variant,) = family.variants
     fp8 = open_checkpoint(str(build(variant)))
     for key, dtype in family.fp8_dtypes.items():
@@ -280,14 +281,21 @@ def test_fp8_variant_dequantises(build, family: Family) -> None:
             assert fp8.info(family.mtp + key).dtype == dtype, key
         else:
             assert fp8.scale_key(family.mtp + key) is None, key
+    spec = find_spec(fp8.config)
+    scaled = {k for k in plan_mtp_layer(fp8, spec, 0).checkpoint_keys if fp8.scale_key(k)}
+    assert len(scaled) == family.variant_fp8_weights
     ours = load_native(fp8, attach_target=False)
     plain = load_native(str(build(family.fixture)), attach_target=False)
-    quantised = 0
+    quantised = set()
     for (key, a), (_, b) in zip(ours.state_dict().items(), plain.state_dict().items(), strict=True):
         if not torch.equal(a, b):
-            quantised += 1
+            quantised.add(key)
             assert (a - b).abs().max() <= 0.07 * b.abs().max(), key  # e4m3: 3 mantissa bits
-    assert quantised > 10
+    # the module tensors an FP8 weight feeds (a fused expert tensor: each expert's)
+    from_fp8 = {
+        k for k, t in ours.state_dict().items() if set(native_to_checkpoint(spec, fp8.config, 0, {k: t})) & scaled
+    }
+    assert quantised == from_fp8 and quantised
 
 
 @each_family
@@ -313,20 +321,26 @@ def test_engine_rows(family: Family) -> None:
         assert spec.eagle3.transforms == ()
 
 
-@each_family
-def test_inspect_json_row(build, capsys, family: Family) -> None:
-    path = build(family.fixture)
+@pytest.mark.parametrize(("family", "fixture"), [p for f in FAMILIES for p in _fixtures(f)])
+def test_inspect_json_row(build, capsys, family: Family, fixture: str) -> None:
+    """`inspect --json` names exactly the MTP layer's tensors (an FP8 weight with its `_scale_inv`, no stored embedding
+    or head copy), their bytes as the shard headers give them, and the FP8 weights among them."""
+    path = build(fixture)
     assert main(["inspect", str(path), "--json"]) == 0
     info = json.loads(capsys.readouterr().out)
     assert info["spec"] == _spec_name(family) and info["block"] == family.block
     assert info["num_mtp_layers"] == family.layers
     layer = info["layers"][0]
     assert layer["stored_embed"] == family.stored_embed and layer["stored_head"] == family.stored_head
-    assert layer["fp8_weights"] == family.fp8_weights
-    plan = plan_mtp_layer(open_checkpoint(str(path)), get_spec(_spec_name(family)), 0)
+    assert layer["fp8_weights"] == (family.variant_fp8_weights if fixture != family.fixture else family.fp8_weights)
+    ckpt = open_checkpoint(str(path))
+    plan = plan_mtp_layer(ckpt, get_spec(_spec_name(family)), 0)
+    stored = {k for k in (family.stored_embed, family.stored_head) if k}
     names = {t["name"] for t in layer["tensors"]}
-    assert names == set(_mtp_keys(path, family)) - {family.stored_embed, family.stored_head} | set(family.trunk_reads)
+    assert names == set(_mtp_keys(path, family)) - stored - {k + "_scale_inv" for k in stored} | set(family.trunk_reads)
     assert set(plan.checkpoint_keys) == {n for n in names if not n.endswith("_scale_inv")}
+    assert all(t["bytes"] == ckpt.info(t["name"]).nbytes for t in layer["tensors"])
+    assert info["convert_bytes"] == layer["bytes"] == sum(ckpt.info(n).nbytes for n in names)
 
 
 # ---- checks that fit no column ----------------------------------------------------------------------------------------

@@ -228,6 +228,9 @@ SIZE_FIELD = re.compile(
 # Named like sizes, but 0 or null is meaningful (no LoRA rank, no dense-only layers, no window).
 SIZE_FIELD_EXCEPTIONS = frozenset({"q_lora_rank", "kv_lora_rank", "sliding_window", "n_shared_experts"})
 POSITIVE_FLOATS = ("rms_norm_eps", "rope_theta", "layer_norm_epsilon")
+ZERO_SIZES = frozenset({"head_dim", "qk_rope_head_dim"})
+"""Sizes that may be 0: an MLA without RoPE (GLM-5.3-Flash: qk_rope_head_dim 0, and head_dim, which its config
+defines as the RoPE width, 0 too)."""
 
 
 # ---- the parsed object --------------------------------------------------------------------------------------------
@@ -284,7 +287,7 @@ def check_model_config(cfg: Mapping[str, Any], where: str, prefix: str = "") -> 
         if key in SIZE_FIELD_EXCEPTIONS or value is None:
             continue
         if SIZE_FIELD.search(key):
-            _check(cfg, (Field(key, whole(1)),), where, prefix)
+            _check(cfg, (Field(key, whole(0 if key in ZERO_SIZES else 1)),), where, prefix)
         elif key in POSITIVE_FLOATS and isinstance(value, list):  # one per layer (Step-3.5's rope_theta)
             for i, entry in enumerate(value):
                 _check({f"{key}[{i}]": entry}, (Field(f"{key}[{i}]", positive_number),), where, prefix)

@@ -44,6 +44,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from mtp2draft.draft.eagle3_config import LLAMA_FIELDS, aux_ids
+from mtp2draft.draft.selection import with_draft_mask
 from mtp2draft.errors import CheckpointError, DraftError
 from mtp2draft.family.layer_config import layer_text_config
 from mtp2draft.family.spec import Spec
@@ -75,6 +76,11 @@ class DraftCache:
     def update_indexer(self, key: torch.Tensor, layer_idx: int = 0, **_: Any) -> torch.Tensor:
         self.indexer = key if self.indexer is None else torch.cat([self.indexer, key], dim=-2)
         return self.indexer
+
+    @property
+    def layers(self) -> tuple[DraftCache]:
+        """The per-layer view attentions read their own length from (GLM-5.3's indexer): one layer, this cache."""
+        return (self,)
 
     def get_seq_length(self, layer_idx: int = 0) -> int:
         return 0 if self.keys is None else self.keys.shape[-2]
@@ -154,12 +160,19 @@ class ComposedBlock(nn.Module):
         super().__init__()
         norm = spec.import_class(spec.block.norm)
         self.input_layernorm = norm(config.hidden_size, eps=norm_eps(config))
-        self.self_attn = spec.import_class(spec.block.attention_class)(config, 0)
+        attention = spec.import_class(spec.block.attention_class)
+        self.selects = bool(spec.block.selection_mask)  # the attention reads valid queries, the mask goes to the hook
+        if self.selects:
+            attention = with_draft_mask(attention, spec.block.selection_mask)
+        self.self_attn = attention(config, 0)
         self.post_attention_layernorm = norm(config.hidden_size, eps=norm_eps(config))
         self.mlp = spec.import_class(spec.block.mlp_class)(config)
 
     def forward(self, hidden_states, attention_mask=None, position_ids=None, cache=None, position_embeddings=None):
         residual = hidden_states
+        if self.selects:  # all B x T queries valid; the draft's mask hides keys through the selection hook
+            self.self_attn.draft_mask = attention_mask
+            attention_mask = torch.ones(hidden_states.shape[:2], dtype=torch.bool, device=hidden_states.device)
         out = self.self_attn(
             hidden_states=self.input_layernorm(hidden_states),
             attention_mask=attention_mask,
@@ -167,6 +180,8 @@ class ComposedBlock(nn.Module):
             cache=cache,
             position_embeddings=position_embeddings,
         )
+        if self.selects:
+            self.self_attn.draft_mask = None
         hidden_states = residual + (out[0] if isinstance(out, tuple) else out)
         return hidden_states + self.mlp(self.post_attention_layernorm(hidden_states))
 

@@ -154,6 +154,11 @@ class BlockSpec:
     """Named key transforms (checkpoint -> module layout) applied in order to the block's tensors."""
     rename: Mapping[str, str] = field(default_factory=dict)
     """Plain prefix renames of block keys, checkpoint -> module, applied before `load`."""
+    selection_mask: str = ""
+    """Method of `attention_class` that turns the attention's own sparse selection (a DSA indexer's top-k) into its
+    attention mask, for an attention that reads a bool [B, T] of valid queries instead of a mask and builds causality
+    from its cache (GLM-5.3-Flash). Set: the composed block hands it all-valid queries and adds the draft's own
+    additive mask to what this method returns. Empty: the attention reads the draft's mask."""
     head_mixer: str = ""
     """Class reducing a multi-stream layer's streams to one hidden before the final norm (`[layer] streams`)."""
     qkv: Mapping[str, str] = field(default_factory=dict)

@@ -205,11 +205,16 @@ def write_checkpoint(
     return out
 
 
-def quantize_checkpoint(tensors: dict[str, torch.Tensor], block: tuple[int, int]) -> dict[str, torch.Tensor]:
-    """FP8-quantise every 2-D weight DeepSeek ships in FP8, adding `<name>_scale_inv` siblings."""
+def quantize_checkpoint(
+    tensors: dict[str, torch.Tensor], block: tuple[int, int], not_fp8: str = ""
+) -> dict[str, torch.Tensor]:
+    """FP8-quantise every 2-D weight DeepSeek ships in FP8, adding `<name>_scale_inv` siblings; `not_fp8`: a pattern
+    of further keys the release keeps unquantised (GLM-5.3-Flash's kv_b_proj and indexer)."""
     out = {}
+    keep = re.compile(not_fp8) if not_fp8 else None
     for key, tensor in tensors.items():
-        if tensor.dim() == 2 and key.endswith(".weight") and not _NOT_FP8.search(key):
+        kept = _NOT_FP8.search(key) or (keep is not None and keep.search(key))
+        if tensor.dim() == 2 and key.endswith(".weight") and not kept:
             q, scale = quantize_fp8(tensor, block)
             out[key], out[key + "_scale_inv"] = q, scale
         else:
@@ -414,7 +419,7 @@ def build_fixture(
     tensors.update(mtp)
     if row.get("fp8"):
         block = tuple(config["quantization_config"]["weight_block_size"])
-        tensors = quantize_checkpoint(tensors, block)  # type: ignore[arg-type]
+        tensors = quantize_checkpoint(tensors, block, row.get("not_fp8", ""))  # type: ignore[arg-type]
     return write_checkpoint(out, config, tensors, shards=shards, decoy=decoy)
 
 

@@ -836,3 +836,49 @@ def step3p7_keys(i: int) -> tuple[str, ...]:
         "g_proj", "k_norm", "k_proj", "o_proj", "q_norm", "q_proj", "v_proj")]  # fmt: skip
     head = ["transformer.shared_head.norm.weight", "transformer.shared_head.output.weight"]
     return tuple(sorted(p + k for k in glue + block + head))
+
+
+def glm5_next_vllm(path: Path, nxt, hidden, pos, *, index_topk: int | None = None):
+    """vLLM 0.34's GLM-5.3-Flash MTP (glm5next/common/mtp.py, Glm5NextMultiTokenPredictorLayer): enorm(embed) |
+    hnorm(hidden) -> eh_proj -> Glm5NextDecoderLayer(is_mtp_layer=True), its non-mHC path: x + attention(
+    input_layernorm(x)), + MoE(post_attention_layernorm(.)) -> shared_head.norm -> the target's lm_head, the normed
+    hidden handed on. No RoPE anywhere (skip_rope=mla_use_nope). The attention and the MoE are transformers'
+    Glm5NextTextAttention (its own k-pool indexer, all queries valid, causality from the indexer) and Glm5NextTextMoE,
+    loaded by hub names; vLLM's indexer scores in FP8, this one in fp32. index_topk=T: the indexer keeps every token."""
+    from transformers.models.glm5_next import modeling_glm5_next as g5
+
+    config, w = config_of(path), tensors(path)
+    text = config["text_config"]
+    p, eps = f"model.language_model.layers.{text['num_hidden_layers']}.", text["rms_norm_eps"]
+    fields = {k: v for k, v in text.items() if k not in ("architectures", "model_type", "index_topk")}
+    cfg = transformers.Glm5NextTextConfig(**fields, index_topk=index_topk or text["index_topk"])
+    cfg.indexer_types, cfg.mlp_layer_types, cfg.layer_types = ["full"], ["sparse"], ["indexed_attention"]
+    cfg._attn_implementation, cfg._experts_implementation = "eager", "eager"
+    attn, moe = g5.Glm5NextTextAttention(cfg, 0), g5.Glm5NextTextMoE(cfg)
+    attn.load_state_dict({k: w[p + "self_attn." + k] for k in attn.state_dict()})
+    experts = range(text["n_routed_experts"])
+    state = {}
+    for name in moe.state_dict():
+        if name == "experts.gate_up_proj":
+            gu = [torch.cat([w[f"{p}mlp.experts.{e}.{g}_proj.weight"] for g in ("gate", "up")]) for e in experts]
+            state[name] = torch.stack(gu)
+        elif name == "experts.down_proj":
+            state[name] = torch.stack([w[f"{p}mlp.experts.{e}.down_proj.weight"] for e in experts])
+        else:
+            state[name] = w[p + "mlp." + name]
+    moe.load_state_dict(state)
+    x = _glue(w, "model.language_model.embed_tokens.weight", hidden, nxt, (p + "enorm.weight", p + "hnorm.weight"),
+              p + "eh_proj.weight", eps)  # fmt: skip
+    valid = torch.ones(x.shape[:2], dtype=torch.bool)  # every query valid: the indexer makes the causal selection
+    x = x + attn(rms(x, w[p + "input_layernorm.weight"], eps), valid)[0]
+    y = x + moe(rms(x, w[p + "post_attention_layernorm.weight"], eps))
+    normed = rms(y, w[p + "shared_head.norm.weight"], eps)
+    return normed @ w["lm_head.weight"].T, normed
+
+
+def qwen3_5_dense_vllm_loads(key: str) -> str:
+    """A dense Qwen3.5 MTP key as vLLM 0.34's Qwen3_5MTP loads it (models/qwen3_5/nvidia/mtp.py: mtp. -> model.;
+    packed_modules_mapping stacks q/k/v into qkv_proj and the dense MLP's gate/up into gate_up_proj)."""
+    return qwen3_5_vllm_loads(
+        key.replace("mlp.gate_proj", "mlp.gate_up_proj").replace("mlp.up_proj", "mlp.gate_up_proj")
+    )
