@@ -309,6 +309,44 @@ def push_evaluation_results_a_string(w, tmp, mp, stack):
 _add("push_evaluation_results_a_string", push_evaluation_results_a_string)
 
 
+# ---- a directory one command reads, replaced under it by another: never carried over or mixed ------------------------
+def _own_draft(w: World, tmp: Path) -> Path:
+    """A copy of the draft the case may see replaced (the shared one is never touched)."""
+    import shutil
+
+    shutil.copytree(w.ds_mtp, tmp / "draft")
+    return tmp / "draft"
+
+
+def _small_dump(w: World, tmp: Path, name: str = "dump", *extra: str) -> Path:
+    argv = ["dump-hidden", "--target", str(w.ds), "--data", str(w.data), "--out", str(tmp / name)]
+    assert main([*argv, "--max-length", "32", "--shard-size", "4", *extra]) == 0
+    return tmp / name
+
+
+def evaluate_save_while_another_run_replaces_the_draft(w, tmp, mp, stack):
+    """`convert --overwrite` holds the draft's claim: evaluate refuses before reading, so no figures can land in the
+    draft that replaces it."""
+    from test_bad_commands import _claimed_elsewhere
+
+    draft = _own_draft(w, tmp)
+    _claimed_elsewhere(draft, stack)
+    return Case(_evaluate(w, "--save", draft=draft), "is being replaced by another mtp2draft run")
+
+
+def distill_hidden_states_while_dump_hidden_overwrites_them(w, tmp, mp, stack):
+    from test_bad_commands import _claimed_elsewhere
+
+    dump = _small_dump(w, tmp)
+    _claimed_elsewhere(dump, stack)
+    argv = ["distill", str(w.ds_mtp), "--hidden-states", str(dump), "--out", str(tmp / "out"), "--steps", "2"]
+    return Case([*argv, "--batch-size", "2", "--max-length", "32"], "is being written by another mtp2draft run")
+
+
+_add("evaluate_save_while_another_run_replaces_the_draft", evaluate_save_while_another_run_replaces_the_draft)
+_add("distill_hidden_states_while_dump_hidden_overwrites_them", distill_hidden_states_while_dump_hidden_overwrites_them)
+
+
 # ---- the test ---------------------------------------------------------------------------------------------------------
 @pytest.mark.parametrize("name", sorted(CASES))
 def test_mistake_fails_in_one_line_and_writes_nothing(
@@ -406,3 +444,67 @@ def test_outputs_are_as_readable_as_the_umask_allows(target, tmp_path: Path, uma
     assert out.stat().st_mode & 0o777 == 0o777 & ~umask
     for file in out.iterdir():
         assert file.stat().st_mode & 0o777 == 0o666 & ~umask, file
+
+
+# ---- races: the other command runs in the middle of this one (a patched reader runs it; no sleeps) -------------------
+def _one_error(err: str, needle: str) -> None:
+    lines = [line for line in err.splitlines() if line.startswith("error:")]
+    assert len(lines) == 1 and needle in lines[0] and "Traceback" not in err, err
+
+
+def test_evaluate_save_never_gives_its_figures_to_the_draft_that_replaced_it(
+    request: pytest.FixtureRequest, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys
+) -> None:
+    """`convert --overwrite` puts a new draft at the evaluated directory after evaluate read the old one: the save is
+    refused in one line and the new draft carries no evaluation.json (push and speedup would trust it)."""
+    import mtp2draft.evaluation.backend as backend
+
+    w: World = request.getfixturevalue("world")
+    draft = _own_draft(w, tmp_path)
+    real = backend.evaluate
+
+    def evaluate_then_replaced(*args, **kwargs):
+        report = real(*args, **kwargs)  # the old draft measured
+        argv = ["convert", str(w.ds), "--out", str(draft), "--overwrite", "--to", "eagle3"]
+        assert main(argv) == 0
+        return report
+
+    monkeypatch.setattr(backend, "evaluate", evaluate_then_replaced)
+    capsys.readouterr()
+    assert main(_evaluate(w, "--save", "--max-prompts", "1", draft=draft)) == 2
+    _one_error(capsys.readouterr().err, "was replaced by another draft while it was evaluated")
+    assert "draft_vocab_size" in json.loads((draft / "config.json").read_text())  # the new (EAGLE-3) draft, whole
+    assert not (draft / "evaluation.json").exists()
+    assert not list(tmp_path.glob(".*lock")), list(tmp_path.iterdir())
+    monkeypatch.setattr(backend, "evaluate", real)  # unraced, the same command saves
+    assert main(_evaluate(w, "--save", "--max-prompts", "1", draft=draft)) == 0
+    assert (draft / "evaluation.json").is_file()
+
+
+def test_distill_never_mixes_records_of_two_dumps(request, tmp_path: Path, monkeypatch, capsys) -> None:
+    """`dump-hidden --out D --overwrite` (other data) replaces D after distill read its first record: the next record
+    read is refused in one line, nothing of the run is written, and the new dump is whole."""
+    from mtp2draft.target.dumps import OfflineHiddenStates
+
+    w: World = request.getfixturevalue("world")
+    dump = _small_dump(w, tmp_path)
+    other = tmp_path / "other.jsonl"
+    other.write_text("".join(json.dumps({"text": f"other text {i} " * 8}) + "\n" for i in range(6)))
+    real, reads = OfflineHiddenStates.sequence, []
+
+    def sequence_then_replaced(self, n):
+        record = real(self, n)
+        reads.append(n)
+        if len(reads) == 1:
+            argv = ["dump-hidden", "--target", str(w.ds), "--data", str(other), "--out", str(dump)]
+            assert main([*argv, "--max-length", "32", "--shard-size", "4", "--overwrite"]) == 0
+        return record
+
+    monkeypatch.setattr(OfflineHiddenStates, "sequence", sequence_then_replaced)
+    argv = ["distill", str(w.ds_mtp), "--hidden-states", str(dump), "--out", str(tmp_path / "out")]
+    capsys.readouterr()
+    assert main([*argv, "--steps", "2", "--batch-size", "2", "--max-length", "32", "--device", "cpu"]) == 2
+    _one_error(capsys.readouterr().err, f"the dump {dump} was replaced while this run read it")
+    assert len(reads) == 1 and not (tmp_path / "out").exists()
+    assert not (tmp_path / "out.checkpoints").exists()
+    assert json.loads((dump / "manifest.json").read_text())["num_sequences"] == 6
