@@ -98,6 +98,50 @@ for _kind in ("html", "empty", "truncated"):
     _add(f"push_hub_answers_{_kind}", _push)
 
 
+# ---- a Hub that answers well at first and breaks on a later call (a proxy's session ends mid-run) -------------------
+def _breaking_hub(w: World, mp: pytest.MonkeyPatch, stack: contextlib.ExitStack, n: int, kind: str):
+    """A loopback Hub holding the target as `org/repo` that answers its n-th request and every later one with
+    hub_impostor.ANSWERS[kind]; the HF and range caches live outside the case's directory (and start empty)."""
+    import tempfile
+
+    from huggingface_hub import constants
+    from support.hub_server import HubServer
+
+    cache = Path(stack.enter_context(tempfile.TemporaryDirectory()))
+    mp.setattr(constants, "HF_HUB_CACHE", str(cache / "hub"))
+    mp.setattr(constants, "HF_HOME", str(cache))
+    mp.setenv("MTP2DRAFT_CACHE", str(cache / "ranges"))
+    mp.setenv("MTP2DRAFT_HUB_RETRIES", "0")
+    server = stack.enter_context(HubServer())
+    server.add_repo("org/repo", w.ds)
+    stack.enter_context(server.activate())
+    server.broken_from = (n, kind)
+    return server
+
+
+NOT_THE_HUB = "not the Hub's answer"
+# Which call breaks: the first file download after model_info, the index or a shard header, a later read. Every
+# command here makes at least five requests when the Hub works (validate --target the fewest).
+LATER_CALLS = {2: "html", 3: "empty", 5: "truncated"}
+for _command, _argv in WITH_SOURCE.items():
+    for _n, _kind in LATER_CALLS.items():
+
+        def _fn(w, tmp, mp, stack, a=_argv, n=_n, k=_kind):
+            _breaking_hub(w, mp, stack, n, k)
+            return Case(a(w, tmp, "org/repo"), NOT_THE_HUB)
+
+        _add(f"{_command}_hub_breaks_at_call_{_n}_{_kind}", _fn)
+
+for _n, _kind in ((3, "empty"), (8, "html")):  # preupload; the commit, once the weights' LFS upload went through
+
+    def _push_later(w, tmp, mp, stack, n=_n, k=_kind):
+        draft = _export_dir(w, tmp)
+        _breaking_hub(w, mp, stack, n, k)
+        return Case(["push", str(draft), "--repo-id", "tester/draft"], NOT_THE_HUB)
+
+    _add(f"push_hub_breaks_at_call_{_n}_{_kind}", _push_later)
+
+
 def push_link_leading_out_before_any_request(w, tmp, mp, stack):
     """Refused before the repo is created: under an endpoint that answers nothing usable, the line is the link's."""
     draft = _export_dir(w, tmp)
