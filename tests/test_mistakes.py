@@ -223,6 +223,89 @@ for _name, _make, _needle in (
     _add(_name, lambda w, tmp, mp, stack, m=_make, n=_needle: Case(m(w, tmp), n))
 
 
+# ---- chats the target's template cannot render: one line naming the record, or skipped and counted ------------------
+# The target's own ChatML template, made strict as real ones are: it knows `KNOWN` roles, wants a tool turn's
+# `tool_call_id`, and raises on a content of "boom" (a template whose own code fails).
+STRICT_TEMPLATE = (
+    "{%- for m in messages -%}"
+    "{%- if m['role'] not in KNOWN -%}{{ raise_exception('unknown role ' + m['role']) }}{%- endif -%}"
+    "{%- if m['role'] == 'tool' and m['tool_call_id'] is not defined -%}"
+    "{{ raise_exception('a tool message needs its tool_call_id') }}{%- endif -%}"
+    "{%- if m['content'] == 'boom' -%}{{ m['content'] + 1 }}{%- endif -%}"
+    "<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n"
+    "{%- endfor -%}{%- if add_generation_prompt -%}<|im_start|>assistant\n{%- endif -%}"
+)
+
+
+def _strict_target(w: World, tmp: Path, known: tuple[str, ...] = ("system", "user", "assistant", "tool")) -> Path:
+    """A copy of the target whose chat template is STRICT_TEMPLATE (knowing `known` roles)."""
+    import shutil
+
+    target = tmp / "strict-target"
+    shutil.copytree(w.ds, target)
+    (target / "chat_template.jinja").write_text(STRICT_TEMPLATE.replace("KNOWN", repr(list(known))))
+    return target
+
+
+def _chat(*turns: tuple[str, object], **extra: object) -> dict:
+    return {"messages": [{"role": r, "content": c, **extra} for r, c in turns]}
+
+
+HI, ANSWER = ("user", "hi"), ("assistant", "hello there, how are you")
+TOOL_TURN = _chat(HI, ("assistant", "calling"), ("tool", "42"), ANSWER)
+BOOM = _chat(("user", "boom"), ANSWER)
+CANNOT_RENDER = "the target's chat template cannot render this chat"
+NO_TOOL = ("system", "user", "assistant")  # a template that knows no tool role
+
+for _name, _record, _known, _needle in (
+    ("role_the_template_does_not_know", TOOL_TURN, NO_TOOL, "unknown role tool"),
+    ("tool_message_without_its_fields", TOOL_TURN, None, "a tool message needs its tool_call_id"),
+    ("template_that_raises", BOOM, None, CANNOT_RENDER),
+    (
+        "content_a_list",
+        _chat(("user", [{"type": "text", "text": "hi"}]), ANSWER),
+        None,
+        "message 0's 'content' is a list",
+    ),
+    ("content_null", _chat(("user", None), ANSWER), None, "message 0's 'content' is null"),
+    ("system_only", _chat(("system", "be brief")), None, "the chat holds system messages only"),
+):
+
+    def _target_for(w, tmp, known=_known):
+        return _strict_target(w, tmp, known or ("system", "user", "assistant", "tool"))
+
+    def _distill_chat(w, tmp, mp, stack, r=_record, n=_needle, t=_target_for):
+        data = _records(tmp, "d.jsonl", {"text": "plain text is fine"}, r)
+        argv = _replaced(_distill(w, tmp, target=t(w, tmp)), "--data", data)
+        by_template = n == CANNOT_RENDER or r in (TOOL_TURN, BOOM)  # else refused as it is read, before the template
+        return Case(argv, f"d.jsonl:2: {CANNOT_RENDER if by_template else n}")
+
+    def _distill_chat_skipped(w, tmp, mp, stack, r=_record, t=_target_for):
+        argv = _replaced(_distill(w, tmp, "--skip-bad", target=t(w, tmp)), "--data", _records(tmp, "d.jsonl", r, r))
+        return Case(argv, "holds no usable records")  # every line skipped and counted
+
+    def _dump_chat(w, tmp, mp, stack, r=_record, n=_needle, t=_target_for):
+        argv = _dump(w, tmp)
+        argv[argv.index("--target") + 1] = str(t(w, tmp))
+        return Case(_replaced(argv, "--data", _records(tmp, "d.jsonl", r)), n)
+
+    def _run_chat(w, tmp, mp, stack, r=_record, n=_needle, t=_target_for):
+        return Case(_replaced(_run(w, tmp, source=t(w, tmp)), "--data", _records(tmp, "d.jsonl", r)), n)
+
+    _add(f"distill_chat_{_name}", _distill_chat)
+    _add(f"distill_chat_{_name}_skip_bad", _distill_chat_skipped)
+    _add(f"dump_hidden_chat_{_name}", _dump_chat)
+    _add(f"run_chat_{_name}", _run_chat)
+
+
+def evaluate_chat_template_that_raises(w, tmp, mp, stack):
+    return Case(_replaced(_evaluate(w, target=_strict_target(w, tmp)), "--data", _records(tmp, "e.jsonl", BOOM)),
+                CANNOT_RENDER)  # fmt: skip
+
+
+_add("evaluate_chat_template_that_raises", evaluate_chat_template_that_raises)
+
+
 # ---- options past what runs: refused, saying the bound ---------------------------------------------------------------
 SEED_2_64 = str(2**64)
 SEED_BOUND = "--seed must be a whole number in [0, 2**63 - 1]"
@@ -552,3 +635,15 @@ def test_distill_never_mixes_records_of_two_dumps(request, tmp_path: Path, monke
     assert len(reads) == 1 and not (tmp_path / "out").exists()
     assert not (tmp_path / "out.checkpoints").exists()
     assert json.loads((dump / "manifest.json").read_text())["num_sequences"] == 6
+
+
+def test_a_chat_the_template_cannot_render_is_skipped_and_counted(request, tmp_path: Path) -> None:
+    """With --skip-bad, each chat the template refuses is one skipped line; the others are kept, in order."""
+    from mtp2draft.data import load_tokenizer, read_examples
+
+    w: World = request.getfixturevalue("world")
+    tokenizer = load_tokenizer(_strict_target(w, tmp_path, NO_TOOL))
+    good = _chat(HI, ANSWER)
+    data = _records(tmp_path, "d.jsonl", good, TOOL_TURN, BOOM, good, _chat(("system", "x")))
+    examples, skipped = read_examples(data, tokenizer, 64, skip_bad=True)
+    assert skipped == 3 and len(examples) == 2 and [e.record for e in examples] == [good, good]

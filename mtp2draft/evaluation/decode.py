@@ -39,7 +39,7 @@ from typing import Any
 
 import torch
 
-from mtp2draft.data import load_tokenizer, prompt_ids, read_records
+from mtp2draft.data import load_tokenizer, prompt_ids, rendered
 from mtp2draft.draft.chain import MtpChainDraft
 from mtp2draft.draft.disk import check_draft_weights, load_draft
 from mtp2draft.draft.modules import DraftCache
@@ -367,8 +367,7 @@ def emitted_pit(
 def load_prompts(
     path: str | Path, tokenizer, max_prompts: int | None, max_prompt_length: int, skip_bad: bool = False
 ) -> list[list[int]]:
-    records, _ = read_records(path, skip_bad)
-    prompts = [prompt_ids(r, tokenizer, max_prompt_length) for r in records]
+    prompts, _ = rendered(path, lambda r: prompt_ids(r, tokenizer, max_prompt_length), skip_bad)
     prompts = [p for p in prompts if len(p) >= 2]
     if not prompts:
         raise DataError(f"{path}: no prompt of at least two tokens")
