@@ -647,3 +647,53 @@ def test_a_chat_the_template_cannot_render_is_skipped_and_counted(request, tmp_p
     data = _records(tmp_path, "d.jsonl", good, TOOL_TURN, BOOM, good, _chat(("system", "x")))
     examples, skipped = read_examples(data, tokenizer, 64, skip_bad=True)
     assert skipped == 3 and len(examples) == 2 and [e.record for e in examples] == [good, good]
+
+
+# ---- a real full filesystem: a tmpfs of a few KiB, mounted in a private mount namespace (no root needed) -------------
+def _private_tmpfs_works() -> bool:
+    import shutil
+    import subprocess
+
+    if shutil.which("unshare") is None:
+        return False
+    probe = subprocess.run(["unshare", "-rm", "true"], capture_output=True, timeout=30)
+    return probe.returncode == 0
+
+
+def _on_a_small_filesystem(mount: Path, size: str, argv: list[str]) -> tuple[int, str, list[str]]:
+    """Run `mtp2draft argv` with a `size` tmpfs mounted at `mount`, seen by that process only (`unshare -rm`: a user
+    and mount namespace of its own, so nothing any other process uses fills up): (exit code, stderr, what was left
+    on the filesystem afterwards)."""
+    import subprocess
+    import sys
+
+    mount.mkdir()
+    script = (
+        'mount -t tmpfs -o size="$1" tmpfs "$2" || exit 99; shift 2; "$@"; rc=$?; find "$MNT" -mindepth 1; exit $rc'
+    )
+    env = {**os.environ, "MNT": str(mount), "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
+    cmd = ["unshare", "-rm", "sh", "-c", script, "sh", size, str(mount), sys.executable, "-m", "mtp2draft", *argv]
+    done = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=600)
+    assert done.returncode != 99, done.stderr
+    return done.returncode, done.stderr, done.stdout.split()
+
+
+@pytest.mark.skipif(not _private_tmpfs_works(), reason="no unprivileged user + mount namespaces here")
+def test_a_real_full_filesystem_leaves_one_line_and_nothing_half_written(request, tmp_path: Path) -> None:
+    """The ENOSPC rows above patch the writer; here the filesystem is really full. convert into 128 KiB (the draft
+    is ~320 KiB), and distill into 1 MiB (its draft fits, a checkpoint with the optimizer's state does not): each is
+    one `error:` line naming what did not fit, exit 1, no traceback, and the filesystem is left empty."""
+    w: World = request.getfixturevalue("world")
+    code, err, left = _on_a_small_filesystem(
+        tmp_path / "small",
+        "128k",
+        ["convert", str(w.ds), "--out", str(tmp_path / "small" / "draft"), "--dtype", "float32"],
+    )
+    _one_error(err, "No space left on device")
+    assert code == 1 and left == [], (code, left)
+    argv = _distill(w, tmp_path, "--save-every", "1")
+    argv[argv.index("--out") + 1] = str(tmp_path / "fs" / "out")
+    code, err, left = _on_a_small_filesystem(tmp_path / "fs", "1m", argv)
+    _one_error(err, "No space left on device: ")
+    assert "step-0000001" in err, err  # the checkpoint that did not fit
+    assert code == 1 and left == [], (code, left)
