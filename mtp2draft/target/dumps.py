@@ -11,6 +11,7 @@ What this module does not do: load or run a target (`hidden.py`, `backend.py`), 
 from __future__ import annotations
 
 import math
+import os
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
@@ -144,7 +145,7 @@ class OfflineHiddenStates:
                 same = dir_identity(self.path) == self.identity
             else:
                 d, f = self.path.stat(), (self.path / file).stat()
-                entry = (file, f.st_ino, f.st_size, f.st_mtime_ns)
+                entry = (os.path.normpath(file), f.st_ino, f.st_size, f.st_mtime_ns)
                 same = self.identity is not None and (d.st_dev, d.st_ino) == self.identity[:2]
                 same = same and entry in self.identity[2]
         except OSError:
