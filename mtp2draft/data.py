@@ -15,15 +15,17 @@ What this module does not do: batching or hidden states (`train/recipe.py`, `tar
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import torch
 
 from mtp2draft.errors import DataError
 from mtp2draft.settings import derived_seed
+
+T = TypeVar("T")
 
 # A JSONL line longer than this is malformed (read in pieces and skipped, never held whole).
 MAX_LINE_BYTES = 64 << 20
@@ -81,6 +83,12 @@ def _file_kind(path: Path) -> str:
 
 def read_records(path: str | Path, skip_bad: bool = False) -> tuple[list[dict[str, Any]], int]:
     """Parsed and checked records, and how many malformed lines were skipped."""
+    numbered, skipped = _numbered_records(path, skip_bad)
+    return [record for _, record in numbered], skipped
+
+
+def _numbered_records(path: str | Path, skip_bad: bool) -> tuple[list[tuple[int, dict[str, Any]]], int]:
+    """(line number, record) of each usable line, and how many malformed lines were skipped."""
     path = check_data_file(path)
     records, skipped = [], 0
     for lineno, raw in enumerate(_lines(path), 1):
@@ -102,12 +110,31 @@ def read_records(path: str | Path, skip_bad: bool = False) -> tuple[list[dict[st
             else:
                 reason = str(exc)
             raise DataError(f"{path}:{lineno}: {reason} (pass --skip-bad to skip such lines)") from None
-        records.append(record)
+        records.append((lineno, record))
     if not records:
         raise DataError(
             f"{path} holds no usable records" + (f" ({skipped} malformed lines skipped)" if skipped else "")
         )
     return records, skipped
+
+
+def rendered(path: str | Path, render: Callable[[dict[str, Any]], T], skip_bad: bool = False) -> tuple[list[T], int]:
+    """`render(record)` of each record of `path` (`encode`, `prompt_ids`), and how many lines were skipped: a chat
+    the target's template cannot render (a role it does not know, a tool turn without the fields it reads, a template
+    that raises) is one line naming the file and line, or with `skip_bad` skipped and counted like a malformed one."""
+    numbered, skipped = _numbered_records(path, skip_bad)
+    out = []
+    for lineno, record in numbered:
+        try:
+            out.append(render(record))
+        except DataError as exc:
+            if skip_bad:
+                skipped += 1
+                continue
+            raise DataError(f"{path}:{lineno}: {exc} (pass --skip-bad to skip such lines)") from None
+    if not out:
+        raise DataError(f"{path} holds no usable records ({skipped} lines skipped)")
+    return out, skipped
 
 
 def _lines(path: Path):
@@ -145,18 +172,35 @@ def _check(record: Any) -> None:
         raise ValueError("a record needs 'text' or 'messages'")
     if not isinstance(messages, list) or not messages:
         raise ValueError("'messages' must be a non-empty list")
-    for m in messages:
-        if not isinstance(m, dict) or not isinstance(m.get("role"), str) or not isinstance(m.get("content"), str):
-            raise ValueError("each message needs string 'role' and 'content'")
+    for i, m in enumerate(messages):
+        if not isinstance(m, dict) or not isinstance(m.get("role"), str):
+            raise ValueError(f"message {i} needs a string 'role' (and a string 'content')")
+        if not isinstance(m.get("content"), str):
+            got = "missing" if "content" not in m else f"{_json_kind(m['content'])}, not a string"
+            raise ValueError(f"message {i}'s 'content' is {got}: give its text as one string")
         if m["role"] not in ("system", "user", "assistant", "tool"):
             raise ValueError(f"unknown role {m['role']!r}")
     opening = next((m["role"] for m in messages if m["role"] != "system"), None)
+    if opening is None:
+        raise ValueError("the chat holds system messages only: it needs a user turn")
     if opening == "assistant":  # no prompt to answer: templates render nothing (or fail) before its first turn
         raise ValueError("the chat opens with the assistant's turn: it needs a user turn before it")
 
 
+def _json_kind(value: Any) -> str:
+    """How JSON names `value`'s type: null, a list, an object, a number."""
+    kinds = {type(None): "null", list: "a list", dict: "an object", bool: "a boolean"}
+    return kinds.get(type(value), "a number")
+
+
 def _render(tokenizer, messages: list[dict[str, str]], generation_prompt: bool) -> list[int]:
-    out = tokenizer.apply_chat_template(messages, tokenize=True, add_generation_prompt=generation_prompt)
+    """The chat rendered by the target's template; a template that raises on it (jinja2's `raise_exception`, a field
+    it reads and the message lacks) is a `DataError` with the template's first line."""
+    try:
+        out = tokenizer.apply_chat_template(messages, tokenize=True, add_generation_prompt=generation_prompt)
+    except Exception as exc:  # jinja2's TemplateError (`raise_exception`), or whatever the template's code raised
+        first = str(exc).strip().splitlines()[0][:200] if str(exc).strip() else type(exc).__name__
+        raise DataError(f"the target's chat template cannot render this chat ({type(exc).__name__}: {first})") from None
     if isinstance(out, dict) or hasattr(out, "input_ids"):
         out = out["input_ids"]
     return list(out)
@@ -192,8 +236,7 @@ def encode(record: dict[str, Any], tokenizer, max_length: int) -> Example:
 def read_examples(
     path: str | Path, tokenizer, max_length: int = 512, skip_bad: bool = False
 ) -> tuple[list[Example], int]:
-    records, skipped = read_records(path, skip_bad)
-    examples = [encode(r, tokenizer, max_length) for r in records]
+    examples, skipped = rendered(path, lambda r: encode(r, tokenizer, max_length), skip_bad)
     examples = [e for e in examples if sum(e.loss_mask) >= 3]
     if not examples:
         raise DataError(f"{path}: no record has enough loss tokens after truncation to {max_length}")

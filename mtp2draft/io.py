@@ -290,6 +290,28 @@ def claim_output(out: str | Path) -> Iterator[Path]:
         _remove_empty(made)
 
 
+def being_written(path: str | Path) -> Path | None:
+    """The claim (`lock_path`) of a live mtp2draft run writing `path` at this moment, or None (no claim, or one left
+    by a killed run). Readers do not claim what they read (two runs may read one draft); they check this instead."""
+    lock = lock_path(path)
+    return lock if lock.is_file() and not _stale(lock) else None
+
+
+# What a directory's identity is made of: the files whose change would make an earlier read of it stale.
+_IDENTITY_FILES = ("*.safetensors", "config.json", "manifest.json")
+
+
+def dir_identity(path: str | Path) -> tuple:
+    """The identity of the directory `path` as read now: its own inode and, for each weights, config or manifest
+    file in it (at any depth), its name, inode, size and mtime. `--overwrite` puts a new directory in place by a
+    rename, so a directory replaced after a read never has the identity recorded at that read."""
+    root = Path(path)
+    info = root.stat()
+    files = sorted({p for pattern in _IDENTITY_FILES for p in root.rglob(pattern) if p.is_file()})
+    stats = [(str(p.relative_to(root)), p.stat()) for p in files]
+    return (info.st_dev, info.st_ino, tuple((n, s.st_ino, s.st_size, s.st_mtime_ns) for n, s in stats))
+
+
 def _retake(lock: Path) -> bool:
     """Replace a stale claim: the stale file is moved away under a unique name first, so of several runs taking it
     over at once exactly one moves it (the others find it gone) and only then competes for a new one with O_EXCL."""

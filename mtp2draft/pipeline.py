@@ -114,6 +114,31 @@ def run_inputs(source: str, config: RunConfig) -> list:
     return [source, config.target, config.training.data, config.eval_data, config.training.heldout]
 
 
+def check_chats_render(source: str, config: RunConfig, stages: Stages) -> None:
+    """Every chat of --data, --heldout and --eval-data rendered by the target's template as distill and evaluate
+    will render it, so a chat the template cannot render stops run before anything is converted. Done where the
+    tokenizer is on disk (a local target); a Hub target's tokenizer comes with its download, in the stage."""
+    from mtp2draft.data import encode, load_tokenizer, prompt_ids, rendered
+
+    where = Path(str(config.target or source)).expanduser()
+    data = [p for p in (config.training.data, config.training.heldout, config.eval_data) if p is not None]
+    if not where.is_dir() or not any(_has_chats(p) for p in data):
+        return
+    tokenizer = load_tokenizer(where)
+    length, prompt = stages.distill.max_length, stages.evaluate.max_prompt_length
+    for path in (config.training.data, config.training.heldout):
+        if path is not None:
+            rendered(path, lambda r: encode(r, tokenizer, length))
+    if config.eval_data is not None:
+        rendered(config.eval_data, lambda r: prompt_ids(r, tokenizer, prompt), stages.evaluate.skip_bad)
+
+
+def _has_chats(path: str | Path) -> bool:
+    from mtp2draft.data import read_records
+
+    return any("messages" in r for r in read_records(path, skip_bad=True)[0])
+
+
 def preflight(source: str, config: RunConfig, stages: Stages, hub: HubAccess) -> tuple[Spec, Stages]:
     """Everything `run` can check before the first byte of a tensor is fetched, each by the stage that owns the check:
     the output rules, the data files, the source's family and MTP layer (convert's), the format against the draft kind
@@ -140,6 +165,7 @@ def preflight(source: str, config: RunConfig, stages: Stages, hub: HubAccess) ->
     ):
         if path is not None:  # every line read as the stage will read it: an empty or non-UTF-8 file stops run here
             read_records(check_data_file(path, option), skip_bad)
+    check_chats_render(source, config, stages)
     ckpt = open_checkpoint(source, hub.revision, hub.token)
     convert = stages.convert
     if convert.to is None and config.format is not None:  # --format alone implies its kind

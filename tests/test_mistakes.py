@@ -98,6 +98,50 @@ for _kind in ("html", "empty", "truncated"):
     _add(f"push_hub_answers_{_kind}", _push)
 
 
+# ---- a Hub that answers well at first and breaks on a later call (a proxy's session ends mid-run) -------------------
+def _breaking_hub(w: World, mp: pytest.MonkeyPatch, stack: contextlib.ExitStack, n: int, kind: str):
+    """A loopback Hub holding the target as `org/repo` that answers its n-th request and every later one with
+    hub_impostor.ANSWERS[kind]; the HF and range caches live outside the case's directory (and start empty)."""
+    import tempfile
+
+    from huggingface_hub import constants
+    from support.hub_server import HubServer
+
+    cache = Path(stack.enter_context(tempfile.TemporaryDirectory()))
+    mp.setattr(constants, "HF_HUB_CACHE", str(cache / "hub"))
+    mp.setattr(constants, "HF_HOME", str(cache))
+    mp.setenv("MTP2DRAFT_CACHE", str(cache / "ranges"))
+    mp.setenv("MTP2DRAFT_HUB_RETRIES", "0")
+    server = stack.enter_context(HubServer())
+    server.add_repo("org/repo", w.ds)
+    stack.enter_context(server.activate())
+    server.broken_from = (n, kind)
+    return server
+
+
+NOT_THE_HUB = "not the Hub's answer"
+# Which call breaks: the first file download after model_info, the index or a shard header, a later read. Every
+# command here makes at least five requests when the Hub works (validate --target the fewest).
+LATER_CALLS = {2: "html", 3: "empty", 5: "truncated"}
+for _command, _argv in WITH_SOURCE.items():
+    for _n, _kind in LATER_CALLS.items():
+
+        def _fn(w, tmp, mp, stack, a=_argv, n=_n, k=_kind):
+            _breaking_hub(w, mp, stack, n, k)
+            return Case(a(w, tmp, "org/repo"), NOT_THE_HUB)
+
+        _add(f"{_command}_hub_breaks_at_call_{_n}_{_kind}", _fn)
+
+for _n, _kind in ((3, "empty"), (8, "html")):  # preupload; the commit, once the weights' LFS upload went through
+
+    def _push_later(w, tmp, mp, stack, n=_n, k=_kind):
+        draft = _export_dir(w, tmp)
+        _breaking_hub(w, mp, stack, n, k)
+        return Case(["push", str(draft), "--repo-id", "tester/draft"], NOT_THE_HUB)
+
+    _add(f"push_hub_breaks_at_call_{_n}_{_kind}", _push_later)
+
+
 def push_link_leading_out_before_any_request(w, tmp, mp, stack):
     """Refused before the repo is created: under an endpoint that answers nothing usable, the line is the link's."""
     draft = _export_dir(w, tmp)
@@ -177,6 +221,89 @@ for _name, _make, _needle in (
      lambda w, tmp: _run(w, tmp, "--heldout", _records(tmp, "h.jsonl", raw=b'{"text": "caf\xe9"}\n')), "not UTF-8"),
 ):  # fmt: skip
     _add(_name, lambda w, tmp, mp, stack, m=_make, n=_needle: Case(m(w, tmp), n))
+
+
+# ---- chats the target's template cannot render: one line naming the record, or skipped and counted ------------------
+# The target's own ChatML template, made strict as real ones are: it knows `KNOWN` roles, wants a tool turn's
+# `tool_call_id`, and raises on a content of "boom" (a template whose own code fails).
+STRICT_TEMPLATE = (
+    "{%- for m in messages -%}"
+    "{%- if m['role'] not in KNOWN -%}{{ raise_exception('unknown role ' + m['role']) }}{%- endif -%}"
+    "{%- if m['role'] == 'tool' and m['tool_call_id'] is not defined -%}"
+    "{{ raise_exception('a tool message needs its tool_call_id') }}{%- endif -%}"
+    "{%- if m['content'] == 'boom' -%}{{ m['content'] + 1 }}{%- endif -%}"
+    "<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n"
+    "{%- endfor -%}{%- if add_generation_prompt -%}<|im_start|>assistant\n{%- endif -%}"
+)
+
+
+def _strict_target(w: World, tmp: Path, known: tuple[str, ...] = ("system", "user", "assistant", "tool")) -> Path:
+    """A copy of the target whose chat template is STRICT_TEMPLATE (knowing `known` roles)."""
+    import shutil
+
+    target = tmp / "strict-target"
+    shutil.copytree(w.ds, target)
+    (target / "chat_template.jinja").write_text(STRICT_TEMPLATE.replace("KNOWN", repr(list(known))))
+    return target
+
+
+def _chat(*turns: tuple[str, object], **extra: object) -> dict:
+    return {"messages": [{"role": r, "content": c, **extra} for r, c in turns]}
+
+
+HI, ANSWER = ("user", "hi"), ("assistant", "hello there, how are you")
+TOOL_TURN = _chat(HI, ("assistant", "calling"), ("tool", "42"), ANSWER)
+BOOM = _chat(("user", "boom"), ANSWER)
+CANNOT_RENDER = "the target's chat template cannot render this chat"
+NO_TOOL = ("system", "user", "assistant")  # a template that knows no tool role
+
+for _name, _record, _known, _needle in (
+    ("role_the_template_does_not_know", TOOL_TURN, NO_TOOL, "unknown role tool"),
+    ("tool_message_without_its_fields", TOOL_TURN, None, "a tool message needs its tool_call_id"),
+    ("template_that_raises", BOOM, None, CANNOT_RENDER),
+    (
+        "content_a_list",
+        _chat(("user", [{"type": "text", "text": "hi"}]), ANSWER),
+        None,
+        "message 0's 'content' is a list",
+    ),
+    ("content_null", _chat(("user", None), ANSWER), None, "message 0's 'content' is null"),
+    ("system_only", _chat(("system", "be brief")), None, "the chat holds system messages only"),
+):
+
+    def _target_for(w, tmp, known=_known):
+        return _strict_target(w, tmp, known or ("system", "user", "assistant", "tool"))
+
+    def _distill_chat(w, tmp, mp, stack, r=_record, n=_needle, t=_target_for):
+        data = _records(tmp, "d.jsonl", {"text": "plain text is fine"}, r)
+        argv = _replaced(_distill(w, tmp, target=t(w, tmp)), "--data", data)
+        by_template = n == CANNOT_RENDER or r in (TOOL_TURN, BOOM)  # else refused as it is read, before the template
+        return Case(argv, f"d.jsonl:2: {CANNOT_RENDER if by_template else n}")
+
+    def _distill_chat_skipped(w, tmp, mp, stack, r=_record, t=_target_for):
+        argv = _replaced(_distill(w, tmp, "--skip-bad", target=t(w, tmp)), "--data", _records(tmp, "d.jsonl", r, r))
+        return Case(argv, "holds no usable records")  # every line skipped and counted
+
+    def _dump_chat(w, tmp, mp, stack, r=_record, n=_needle, t=_target_for):
+        argv = _dump(w, tmp)
+        argv[argv.index("--target") + 1] = str(t(w, tmp))
+        return Case(_replaced(argv, "--data", _records(tmp, "d.jsonl", r)), n)
+
+    def _run_chat(w, tmp, mp, stack, r=_record, n=_needle, t=_target_for):
+        return Case(_replaced(_run(w, tmp, source=t(w, tmp)), "--data", _records(tmp, "d.jsonl", r)), n)
+
+    _add(f"distill_chat_{_name}", _distill_chat)
+    _add(f"distill_chat_{_name}_skip_bad", _distill_chat_skipped)
+    _add(f"dump_hidden_chat_{_name}", _dump_chat)
+    _add(f"run_chat_{_name}", _run_chat)
+
+
+def evaluate_chat_template_that_raises(w, tmp, mp, stack):
+    return Case(_replaced(_evaluate(w, target=_strict_target(w, tmp)), "--data", _records(tmp, "e.jsonl", BOOM)),
+                CANNOT_RENDER)  # fmt: skip
+
+
+_add("evaluate_chat_template_that_raises", evaluate_chat_template_that_raises)
 
 
 # ---- options past what runs: refused, saying the bound ---------------------------------------------------------------
@@ -309,6 +436,44 @@ def push_evaluation_results_a_string(w, tmp, mp, stack):
 _add("push_evaluation_results_a_string", push_evaluation_results_a_string)
 
 
+# ---- a directory one command reads, replaced under it by another: never carried over or mixed ------------------------
+def _own_draft(w: World, tmp: Path) -> Path:
+    """A copy of the draft the case may see replaced (the shared one is never touched)."""
+    import shutil
+
+    shutil.copytree(w.ds_mtp, tmp / "draft")
+    return tmp / "draft"
+
+
+def _small_dump(w: World, tmp: Path, name: str = "dump", *extra: str) -> Path:
+    argv = ["dump-hidden", "--target", str(w.ds), "--data", str(w.data), "--out", str(tmp / name)]
+    assert main([*argv, "--max-length", "32", "--shard-size", "4", *extra]) == 0
+    return tmp / name
+
+
+def evaluate_save_while_another_run_replaces_the_draft(w, tmp, mp, stack):
+    """`convert --overwrite` holds the draft's claim: evaluate refuses before reading, so no figures can land in the
+    draft that replaces it."""
+    from test_bad_commands import _claimed_elsewhere
+
+    draft = _own_draft(w, tmp)
+    _claimed_elsewhere(draft, stack)
+    return Case(_evaluate(w, "--save", draft=draft), "is being replaced by another mtp2draft run")
+
+
+def distill_hidden_states_while_dump_hidden_overwrites_them(w, tmp, mp, stack):
+    from test_bad_commands import _claimed_elsewhere
+
+    dump = _small_dump(w, tmp)
+    _claimed_elsewhere(dump, stack)
+    argv = ["distill", str(w.ds_mtp), "--hidden-states", str(dump), "--out", str(tmp / "out"), "--steps", "2"]
+    return Case([*argv, "--batch-size", "2", "--max-length", "32"], "is being written by another mtp2draft run")
+
+
+_add("evaluate_save_while_another_run_replaces_the_draft", evaluate_save_while_another_run_replaces_the_draft)
+_add("distill_hidden_states_while_dump_hidden_overwrites_them", distill_hidden_states_while_dump_hidden_overwrites_them)
+
+
 # ---- the test ---------------------------------------------------------------------------------------------------------
 @pytest.mark.parametrize("name", sorted(CASES))
 def test_mistake_fails_in_one_line_and_writes_nothing(
@@ -406,3 +571,129 @@ def test_outputs_are_as_readable_as_the_umask_allows(target, tmp_path: Path, uma
     assert out.stat().st_mode & 0o777 == 0o777 & ~umask
     for file in out.iterdir():
         assert file.stat().st_mode & 0o777 == 0o666 & ~umask, file
+
+
+# ---- races: the other command runs in the middle of this one (a patched reader runs it; no sleeps) -------------------
+def _one_error(err: str, needle: str) -> None:
+    lines = [line for line in err.splitlines() if line.startswith("error:")]
+    assert len(lines) == 1 and needle in lines[0] and "Traceback" not in err, err
+
+
+def test_evaluate_save_never_gives_its_figures_to_the_draft_that_replaced_it(
+    request: pytest.FixtureRequest, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys
+) -> None:
+    """`convert --overwrite` puts a new draft at the evaluated directory after evaluate read the old one: the save is
+    refused in one line and the new draft carries no evaluation.json (push and speedup would trust it)."""
+    import mtp2draft.evaluation.backend as backend
+
+    w: World = request.getfixturevalue("world")
+    draft = _own_draft(w, tmp_path)
+    real = backend.evaluate
+
+    def evaluate_then_replaced(*args, **kwargs):
+        report = real(*args, **kwargs)  # the old draft measured
+        argv = ["convert", str(w.ds), "--out", str(draft), "--overwrite", "--to", "eagle3"]
+        assert main(argv) == 0
+        return report
+
+    monkeypatch.setattr(backend, "evaluate", evaluate_then_replaced)
+    capsys.readouterr()
+    assert main(_evaluate(w, "--save", "--max-prompts", "1", draft=draft)) == 2
+    _one_error(capsys.readouterr().err, "was replaced by another draft while it was evaluated")
+    assert "draft_vocab_size" in json.loads((draft / "config.json").read_text())  # the new (EAGLE-3) draft, whole
+    assert not (draft / "evaluation.json").exists()
+    assert not list(tmp_path.glob(".*lock")), list(tmp_path.iterdir())
+    monkeypatch.setattr(backend, "evaluate", real)  # unraced, the same command saves
+    assert main(_evaluate(w, "--save", "--max-prompts", "1", draft=draft)) == 0
+    assert (draft / "evaluation.json").is_file()
+
+
+def test_distill_never_mixes_records_of_two_dumps(request, tmp_path: Path, monkeypatch, capsys) -> None:
+    """`dump-hidden --out D --overwrite` (other data) replaces D after distill read its first record: the next record
+    read is refused in one line, nothing of the run is written, and the new dump is whole."""
+    from mtp2draft.target.dumps import OfflineHiddenStates
+
+    w: World = request.getfixturevalue("world")
+    dump = _small_dump(w, tmp_path)
+    other = tmp_path / "other.jsonl"
+    other.write_text("".join(json.dumps({"text": f"other text {i} " * 8}) + "\n" for i in range(6)))
+    real, reads = OfflineHiddenStates.sequence, []
+
+    def sequence_then_replaced(self, n):
+        record = real(self, n)
+        reads.append(n)
+        if len(reads) == 1:
+            argv = ["dump-hidden", "--target", str(w.ds), "--data", str(other), "--out", str(dump)]
+            assert main([*argv, "--max-length", "32", "--shard-size", "4", "--overwrite"]) == 0
+        return record
+
+    monkeypatch.setattr(OfflineHiddenStates, "sequence", sequence_then_replaced)
+    argv = ["distill", str(w.ds_mtp), "--hidden-states", str(dump), "--out", str(tmp_path / "out")]
+    capsys.readouterr()
+    assert main([*argv, "--steps", "2", "--batch-size", "2", "--max-length", "32", "--device", "cpu"]) == 2
+    _one_error(capsys.readouterr().err, f"the dump {dump} was replaced while this run read it")
+    assert len(reads) == 1 and not (tmp_path / "out").exists()
+    assert not (tmp_path / "out.checkpoints").exists()
+    assert json.loads((dump / "manifest.json").read_text())["num_sequences"] == 6
+
+
+def test_a_chat_the_template_cannot_render_is_skipped_and_counted(request, tmp_path: Path) -> None:
+    """With --skip-bad, each chat the template refuses is one skipped line; the others are kept, in order."""
+    from mtp2draft.data import load_tokenizer, read_examples
+
+    w: World = request.getfixturevalue("world")
+    tokenizer = load_tokenizer(_strict_target(w, tmp_path, NO_TOOL))
+    good = _chat(HI, ANSWER)
+    data = _records(tmp_path, "d.jsonl", good, TOOL_TURN, BOOM, good, _chat(("system", "x")))
+    examples, skipped = read_examples(data, tokenizer, 64, skip_bad=True)
+    assert skipped == 3 and len(examples) == 2 and [e.record for e in examples] == [good, good]
+
+
+# ---- a real full filesystem: a tmpfs of a few KiB, mounted in a private mount namespace (no root needed) -------------
+def _private_tmpfs_works() -> bool:
+    import shutil
+    import subprocess
+
+    if shutil.which("unshare") is None:
+        return False
+    probe = subprocess.run(["unshare", "-rm", "true"], capture_output=True, timeout=30)
+    return probe.returncode == 0
+
+
+def _on_a_small_filesystem(mount: Path, size: str, argv: list[str]) -> tuple[int, str, list[str]]:
+    """Run `mtp2draft argv` with a `size` tmpfs mounted at `mount`, seen by that process only (`unshare -rm`: a user
+    and mount namespace of its own, so nothing any other process uses fills up): (exit code, stderr, what was left
+    on the filesystem afterwards)."""
+    import subprocess
+    import sys
+
+    mount.mkdir()
+    script = (
+        'mount -t tmpfs -o size="$1" tmpfs "$2" || exit 99; shift 2; "$@"; rc=$?; find "$MNT" -mindepth 1; exit $rc'
+    )
+    env = {**os.environ, "MNT": str(mount), "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
+    cmd = ["unshare", "-rm", "sh", "-c", script, "sh", size, str(mount), sys.executable, "-m", "mtp2draft", *argv]
+    done = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=600)
+    assert done.returncode != 99, done.stderr
+    return done.returncode, done.stderr, done.stdout.split()
+
+
+@pytest.mark.skipif(not _private_tmpfs_works(), reason="no unprivileged user + mount namespaces here")
+def test_a_real_full_filesystem_leaves_one_line_and_nothing_half_written(request, tmp_path: Path) -> None:
+    """The ENOSPC rows above patch the writer; here the filesystem is really full. convert into 128 KiB (the draft
+    is ~320 KiB), and distill into 1 MiB (its draft fits, a checkpoint with the optimizer's state does not): each is
+    one `error:` line naming what did not fit, exit 1, no traceback, and the filesystem is left empty."""
+    w: World = request.getfixturevalue("world")
+    code, err, left = _on_a_small_filesystem(
+        tmp_path / "small",
+        "128k",
+        ["convert", str(w.ds), "--out", str(tmp_path / "small" / "draft"), "--dtype", "float32"],
+    )
+    _one_error(err, "No space left on device")
+    assert code == 1 and left == [], (code, left)
+    argv = _distill(w, tmp_path, "--save-every", "1")
+    argv[argv.index("--out") + 1] = str(tmp_path / "fs" / "out")
+    code, err, left = _on_a_small_filesystem(tmp_path / "fs", "1m", argv)
+    _one_error(err, "No space left on device: ")
+    assert "step-0000001" in err, err  # the checkpoint that did not fit
+    assert code == 1 and left == [], (code, left)

@@ -119,6 +119,53 @@ def describe_answer(call: str, exc: BaseException) -> str:
     )
 
 
+def not_the_hubs_download(exc: BaseException) -> str | None:
+    """One line when a download failed because the answer was not a Hub's (no `X-Repo-Commit` / ETag / size headers,
+    or a body of another size than the Hub announced: an HTML page or `{}` served for a file), else None."""
+    from huggingface_hub import constants
+    from huggingface_hub.errors import FileMetadataError
+
+    seen = set()
+    while exc is not None and id(exc) not in seen:
+        seen.add(id(exc))
+        text = str(exc).strip()
+        if isinstance(exc, FileMetadataError) or text.startswith("Consistency check failed"):
+            first = text.splitlines()[0] if text else type(exc).__name__
+            return (
+                f"the Hub at {constants.ENDPOINT} answered a file download with something that is not the Hub's "
+                f"answer ({first[:300]}): check HF_ENDPOINT and proxies"
+            )
+        exc = exc.__cause__ or exc.__context__
+    return None
+
+
+def range_answer_problem(response, start: int, end: int, size: int | None = None) -> str | None:
+    """Why `response` to a request for bytes [start, end) of a file of `size` bytes (None: unknown) is not a Hub's
+    answer to it, or None. A Hub answers 206 with a `Content-Range` starting at `start`, or 200 with the whole file
+    (a server that ignores ranges): a 200 of another length is a page or a JSON body standing in for the file."""
+    if response.status_code == 206:
+        given = response.headers.get("Content-Range", "")
+        return None if given.startswith(f"bytes {start}-") else f"206 with Content-Range {given!r}"
+    length = response.headers.get("Content-Length")
+    if response.status_code != 200 or length is None or not length.isdigit():
+        return None
+    if int(length) < end or (size is not None and int(length) != size):
+        kind = response.headers.get("Content-Type", "no type")
+        whole = f" of a {size}-byte file" if size is not None else ""
+        return f"200 with {length} bytes of {kind} for bytes {start}-{end - 1}{whole}"
+    return None
+
+
+def describe_range_answer(url: str, problem: str, first: bytes) -> str:
+    """One line for a range read answered by something that is not the Hub."""
+    from huggingface_hub import constants
+
+    return (
+        f"the Hub at {constants.ENDPOINT} answered a range read (GET {url}) with something that is not the Hub's "
+        f"answer ({problem}); it began {first[:FIRST_BYTES]!r}: check HF_ENDPOINT and proxies"
+    )
+
+
 def is_network_error(exc: BaseException) -> bool:
     """Whether `exc` (or what caused it) is a connection failure or a timeout rather than an HTTP answer."""
     import httpx2

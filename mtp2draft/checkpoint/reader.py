@@ -39,7 +39,7 @@ from mtp2draft.checkpoint.fp8 import (
 )
 from mtp2draft.checkpoint.quant import QuantMethod, QuantView, QuantWeight, TensorScheme, quant_method
 from mtp2draft.checkpoint.sources import HubFiles, LocalFiles, range_cache_dir
-from mtp2draft.errors import CheckpointError, SourceError, read_json_object
+from mtp2draft.errors import CheckpointError, Mtp2DraftError, SourceError, read_json_object
 
 INDEX_FILE = "model.safetensors.index.json"
 SINGLE_FILE = "model.safetensors"
@@ -483,14 +483,6 @@ def read_config(root: Path) -> dict[str, Any]:
 
 def _open_hub(repo_id: str, revision: str | None, token: str | bool | None) -> Checkpoint:
     from huggingface_hub import HfApi, constants, hf_hub_download
-    from huggingface_hub.errors import (
-        EntryNotFoundError,
-        GatedRepoError,
-        HfHubHTTPError,
-        OfflineModeIsEnabled,
-        RepositoryNotFoundError,
-        RevisionNotFoundError,
-    )
 
     where = f"{repo_id}" + (f"@{revision}" if revision else "")
     network.configure()
@@ -521,27 +513,11 @@ def _open_hub(repo_id: str, revision: str | None, token: str | bool | None) -> C
             weight_map = {k: SINGLE_FILE for k in probe.header(SINGLE_FILE)}
         else:
             raise CheckpointError(f"hub repo {where} has neither {INDEX_FILE} nor {SINGLE_FILE}")
-    except RevisionNotFoundError as exc:
-        raise SourceError(f"revision {revision!r} does not exist in hub repo {repo_id}") from exc
-    except GatedRepoError as exc:
-        raise SourceError(f"hub repo {repo_id} is gated: accept its terms on the Hub, then log in") from exc
-    except RepositoryNotFoundError as exc:
-        raise SourceError(
-            f"hub repo {repo_id} not found (or private: log in with `hf auth login` or pass --token)"
-        ) from exc
-    except EntryNotFoundError as exc:
-        raise SourceError(f"hub repo {where} is missing a file: {exc}") from exc
-    except OfflineModeIsEnabled as exc:
-        raise SourceError(f"{where} is not in the local cache and HF_HUB_OFFLINE is set") from exc
-    except HfHubHTTPError as exc:
-        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        raise SourceError(f"hub request for {where} failed: {first}") from exc
     except Exception as exc:
-        if network.is_network_error(exc):
-            raise SourceError(network.describe(exc)) from exc
-        if isinstance(exc, OSError):
-            raise SourceError(f"could not reach the hub for {where}: {exc}") from exc
-        raise
+        mapped = _hub_failure(exc, repo_id, revision, where)
+        if mapped is exc:
+            raise
+        raise mapped from exc
     if not constants.HF_HUB_OFFLINE and revision != commit:
         _record_ref(repo_id, revision or "main", commit)
     ckpt = Checkpoint(repo_id, files, config, weight_map, revision=revision, commit=commit, file_sizes=sizes)
@@ -552,6 +528,41 @@ def _open_hub(repo_id: str, revision: str | None, token: str | bool | None) -> C
         meta.parent.mkdir(parents=True, exist_ok=True)
         meta.write_text(json.dumps(sizes))
     return ckpt
+
+
+def _hub_failure(exc: Exception, repo_id: str, revision: str | None, where: str) -> Exception:
+    """The one-line error for a failure while opening hub repo `repo_id`; `exc` itself when it is not one (a bug)."""
+    from huggingface_hub.errors import (
+        EntryNotFoundError,
+        GatedRepoError,
+        HfHubHTTPError,
+        OfflineModeIsEnabled,
+        RepositoryNotFoundError,
+        RevisionNotFoundError,
+    )
+
+    if isinstance(exc, Mtp2DraftError):
+        return exc
+    if line := network.not_the_hubs_download(exc):  # before EntryNotFound: a page served for a file says so
+        return SourceError(line)
+    if isinstance(exc, RevisionNotFoundError):
+        return SourceError(f"revision {revision!r} does not exist in hub repo {repo_id}")
+    if isinstance(exc, GatedRepoError):
+        return SourceError(f"hub repo {repo_id} is gated: accept its terms on the Hub, then log in")
+    if isinstance(exc, RepositoryNotFoundError):
+        return SourceError(f"hub repo {repo_id} not found (or private: log in with `hf auth login` or pass --token)")
+    if isinstance(exc, EntryNotFoundError):
+        return SourceError(f"hub repo {where} is missing a file: {exc}")
+    if isinstance(exc, OfflineModeIsEnabled):
+        return SourceError(f"{where} is not in the local cache and HF_HUB_OFFLINE is set")
+    if isinstance(exc, HfHubHTTPError):
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        return SourceError(f"hub request for {where} failed: {first}")
+    if network.is_network_error(exc):
+        return SourceError(network.describe(exc))
+    if isinstance(exc, OSError):
+        return SourceError(f"could not reach the hub for {where}: {exc}")
+    return exc
 
 
 def _record_ref(repo_id: str, ref: str, commit: str) -> None:

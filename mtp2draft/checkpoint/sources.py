@@ -91,7 +91,7 @@ class HubFiles:
             return cached
         if file not in self.sizes:
             raise CheckpointError(f"shard {file} is named in the index but is not in {self.repo_id}@{self.commit[:12]}")
-        data = _range_get(self.repo_id, self.commit, file, start, end, self.token)
+        data = _range_get(self.repo_id, self.commit, file, start, end, self.token, self.sizes.get(file))
         self.bytes_fetched += len(data)
         self.requests += 1
         folder = self.cache / file
@@ -112,9 +112,11 @@ def range_cache_dir(repo_id: str, commit: str) -> Path:
     return root / ("models--" + repo_id.replace("/", "--")) / commit
 
 
-def _range_get(repo_id: str, commit: str, file: str, start: int, end: int, token: str | bool | None) -> bytearray:
-    """Bytes [start, end) of `file`, streamed straight into the buffer the tensors will view (no second copy of a
-    range that can be a whole lm_head)."""
+def _range_get(
+    repo_id: str, commit: str, file: str, start: int, end: int, token: str | bool | None, size: int | None = None
+) -> bytearray:
+    """Bytes [start, end) of `file` (`size` bytes in all, as the repo's listing says; None: unknown), streamed
+    straight into the buffer the tensors will view (no second copy of a range that can be a whole lm_head)."""
     from huggingface_hub import hf_hub_url
     from huggingface_hub.utils import build_hf_headers, http_stream_backoff
 
@@ -131,8 +133,14 @@ def _range_get(repo_id: str, commit: str, file: str, start: int, end: int, token
             retry_on_status_codes=(429, 500, 502, 503, 504),
         ) as response:
             response.raise_for_status()
+            problem = network.range_answer_problem(response, start, end, size)
+            if problem:  # a page or `{}` standing in for the file: said so, never read as the file's bytes
+                first = next(response.iter_bytes(), b"")
+                raise SourceError(network.describe_range_answer(url, problem, first))
             # 200: the server ignored the range and sends the whole file (the bytes are spent anyway): keep the slice
             data, got = fill_range(response.iter_bytes(), end - start, skip=start if response.status_code == 200 else 0)
+    except SourceError:
+        raise
     except Exception as exc:  # network errors after huggingface_hub's retries
         if network.is_network_error(exc):
             raise SourceError(network.describe(exc)) from exc

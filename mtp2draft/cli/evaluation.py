@@ -54,12 +54,13 @@ def evaluate(
     """
     from mtp2draft.evaluation import charts
     from mtp2draft.evaluation.backend import evaluate as run
-    from mtp2draft.evaluation.decode import save_evaluation
+    from mtp2draft.evaluation.decode import save_evaluation, saving_into
 
     drafts = [("draft", str(draft))] + [(f"baseline: {b}", str(b)) for b in (baseline or [])]
+    measured = saving_into(draft) if save else None  # the draft's identity, before it is read
     report = run(engine, drafts, target, data=data, config=config, where=where, hub=hub, progress=log)
     if save:
-        saved, chart = save_evaluation(draft, report)
+        saved, chart = save_evaluation(draft, report, measured)
         log(f"saved {saved}" + (f" and {chart}" if chart else f" (for the acceptance chart: {charts.EXTRA})"))
     print(output.to_json(report) if as_json else output.evaluate_text(report))
 

@@ -39,17 +39,17 @@ from typing import Any
 
 import torch
 
-from mtp2draft.data import load_tokenizer, prompt_ids, read_records
+from mtp2draft.data import load_tokenizer, prompt_ids, rendered
 from mtp2draft.draft.chain import MtpChainDraft
 from mtp2draft.draft.disk import check_draft_weights, load_draft
 from mtp2draft.draft.modules import DraftCache
-from mtp2draft.errors import DataError
+from mtp2draft.errors import DataError, DraftError, OutputExistsError
 from mtp2draft.evaluation import charts
 from mtp2draft.evaluation.compare import compare_to_baselines
 from mtp2draft.evaluation.report import parse_report
 from mtp2draft.evaluation.sampling import Greedy, Sampling, Speculative, ks_uniform, make_sampler, pit, warp
 from mtp2draft.evaluation.settings import EvaluateConfig
-from mtp2draft.io import Progress, meter, write_json
+from mtp2draft.io import Progress, being_written, claim_output, dir_identity, meter, write_json
 from mtp2draft.kinds import EVALUATION_FILE, DraftKind
 from mtp2draft.settings import derived_seed
 from mtp2draft.target.device import resolve_device
@@ -367,8 +367,7 @@ def emitted_pit(
 def load_prompts(
     path: str | Path, tokenizer, max_prompts: int | None, max_prompt_length: int, skip_bad: bool = False
 ) -> list[list[int]]:
-    records, _ = read_records(path, skip_bad)
-    prompts = [prompt_ids(r, tokenizer, max_prompt_length) for r in records]
+    prompts, _ = rendered(path, lambda r: prompt_ids(r, tokenizer, max_prompt_length), skip_bad)
     prompts = [p for p in prompts if len(p) >= 2]
     if not prompts:
         raise DataError(f"{path}: no prompt of at least two tokens")
@@ -508,14 +507,45 @@ def _tie_position(runner: TargetRunner, name: str, n: int, prompt: list[int], to
     return at
 
 
-def save_evaluation(draft_dir: str | Path, report: dict[str, Any]) -> tuple[Path, Path | None]:
+def saving_into(draft_dir: str | Path) -> tuple | None:
+    """Before `evaluate --save` reads the draft: refuse a draft another run is writing now, and give the identity
+    `save_evaluation` checks the directory against (None when `draft_dir` is no directory: loading it refuses)."""
+    if not Path(draft_dir).is_dir():
+        return None
+    if being_written(draft_dir):
+        raise DraftError(
+            f"{draft_dir} is being replaced by another mtp2draft run: its figures could not be saved with it; "
+            "evaluate it when that run ends"
+        )
+    return dir_identity(draft_dir)
+
+
+def save_evaluation(
+    draft_dir: str | Path, report: dict[str, Any], measured: tuple | None = None
+) -> tuple[Path, Path | None]:
     """evaluation.json in `draft_dir`, and its chart (`charts.ACCEPTANCE_CHART`) where matplotlib is installed: (the
     json's path, the chart's or None). A chart left from an earlier evaluation is removed, never shown beside another
-    evaluation's numbers."""
+    evaluation's numbers.
+
+    measured: the draft's `io.dir_identity` taken before it was read. The write holds the draft's claim (so a
+    `convert --overwrite` cannot replace it meanwhile) and is refused when the directory is no longer the draft that
+    was measured: another draft never carries this one's figures."""
     path = Path(draft_dir) / EVALUATION_FILE
     parse_report(report, str(path))  # written by the rules its readers read it with (`report.py`)
-    write_json(path, report)
-    chart = charts.save_acceptance_chart(report, draft_dir)
-    if chart is None:
-        (Path(draft_dir) / charts.ACCEPTANCE_CHART).unlink(missing_ok=True)
+    try:
+        with claim_output(draft_dir):
+            if measured is not None and (not Path(draft_dir).is_dir() or dir_identity(draft_dir) != measured):
+                raise DraftError(
+                    f"{draft_dir} was replaced by another draft while it was evaluated: {EVALUATION_FILE} not saved "
+                    "(the figures belong to the draft that was there); evaluate the new draft"
+                )
+            write_json(path, report)
+            chart = charts.save_acceptance_chart(report, draft_dir)
+            if chart is None:
+                (Path(draft_dir) / charts.ACCEPTANCE_CHART).unlink(missing_ok=True)
+    except OutputExistsError:  # the claim is held: a run is writing a draft there now
+        raise DraftError(
+            f"{draft_dir} is being replaced by another mtp2draft run: {EVALUATION_FILE} not saved (the figures "
+            "belong to the draft that was there); evaluate the new draft when that run ends"
+        ) from None
     return path, chart

@@ -11,6 +11,7 @@ What this module does not do: load or run a target (`hidden.py`, `backend.py`), 
 from __future__ import annotations
 
 import math
+import os
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
@@ -19,7 +20,7 @@ import torch
 from safetensors import safe_open
 
 from mtp2draft.errors import DataError
-from mtp2draft.io import atomic_output_dir, meter, save_tensors, write_json
+from mtp2draft.io import atomic_output_dir, being_written, dir_identity, meter, save_tensors, write_json
 from mtp2draft.target import dump_checks
 from mtp2draft.target.hidden import HIDDEN_SCHEMA_VERSION, MANIFEST, SHARED_FILE, Features, TargetModel
 
@@ -115,6 +116,12 @@ class OfflineHiddenStates:
 
     def __init__(self, path: str | Path, max_length: int | None = None) -> None:
         self.path = Path(path)
+        if being_written(self.path):
+            raise DataError(
+                f"the dump {self.path} is being written by another mtp2draft run (`dump-hidden --overwrite`?): "
+                "train on it when that run ends"
+            )
+        self.identity = dir_identity(self.path) if self.path.is_dir() else None  # as first read (`_check_same`)
         self.manifest = dump_checks.read_manifest(self.path)
         self.where = dump_checks.check_shards(self.path, self.manifest, max_length)
         self.raw_config = self.manifest["target_config"]
@@ -127,6 +134,27 @@ class OfflineHiddenStates:
             self._embed, self._head = fh.get_tensor("embed"), fh.get_tensor("lm_head")
         shared = {"embed": self._embed, "lm_head": self._head}
         dump_checks.check_finite_state(shared, str(self.path / SHARED_FILE), "the dump is damaged")
+        self._check_same(None)
+
+    def _check_same(self, file: str | None) -> None:
+        """Refuse a dump replaced since it was opened (`dump-hidden --out D --overwrite` while this run reads D):
+        shards are reopened per batch, and records of two dumps are never mixed. file: one shard (the directory's
+        inode and the shard's inode, size and mtime are compared), or None for the whole directory."""
+        try:
+            if file is None:
+                same = dir_identity(self.path) == self.identity
+            else:
+                d, f = self.path.stat(), (self.path / file).stat()
+                entry = (os.path.normpath(file), f.st_ino, f.st_size, f.st_mtime_ns)
+                same = self.identity is not None and (d.st_dev, d.st_ino) == self.identity[:2]
+                same = same and entry in self.identity[2]
+        except OSError:
+            same = False
+        if not same:
+            raise DataError(
+                f"the dump {self.path} was replaced while this run read it (by `dump-hidden --overwrite`?): "
+                "stopped before mixing records of two dumps; train again on the new dump"
+            )
 
     def __len__(self) -> int:
         return int(self.manifest["num_sequences"])
@@ -138,9 +166,13 @@ class OfflineHiddenStates:
         return self._head
 
     def sequence(self, n: int) -> dict[str, torch.Tensor]:
+        """Record n, read from its shard; the shard is checked to be the one opened, before and after the read."""
+        self._check_same(self.where[n])
         with safe_open(str(self.path / self.where[n]), "pt") as fh:
             names = list(fh.keys())  # noqa: SIM118 - safe_open handles are not iterable
-            return {k.split(".", 1)[1]: fh.get_tensor(k) for k in names if k.split(".")[0] == str(n)}
+            record = {k.split(".", 1)[1]: fh.get_tensor(k) for k in names if k.split(".")[0] == str(n)}
+        self._check_same(self.where[n])
+        return record
 
     def iter_sequences(self) -> Iterator[dict[str, torch.Tensor]]:
         for n in range(len(self)):

@@ -72,21 +72,29 @@ def local_path(source: str, revision: str | None, token: str | bool | None) -> P
         if revision:
             raise SourceError(f"--revision applies to hub repos; {path} is a local directory")
         return check_target_dir(path)
-    open_checkpoint(source, revision, token)  # clear errors for missing repos / revisions first (and the index)
+    listed = open_checkpoint(
+        source, revision, token
+    )  # clear errors for missing repos / revisions first (and the index)
     from huggingface_hub import snapshot_download
 
     try:
-        return check_target_dir(
-            Path(
-                snapshot_download(
-                    source,
-                    revision=revision,
-                    token=token,
-                    allow_patterns=["*.json", "*.safetensors", "*.model", "*.txt", "*.jinja", "tokenizer*"],
-                )
+        with network.checked_answer("snapshot_download", SourceError):  # `{}` or a page for the file listing
+            local = snapshot_download(
+                source,
+                revision=revision,
+                token=token,
+                allow_patterns=["*.json", "*.safetensors", "*.model", "*.txt", "*.jinja", "tokenizer*"],
             )
-        )
+        missing = sorted(f for f in set(listed.weight_map.values()) if not (Path(local) / f).is_file())
+        if missing:  # the listing snapshot_download read left out what model_info listed
+            raise SourceError(
+                f"the download of {source} lacks {missing[0]}, which the Hub listed a moment before: its listing "
+                "was not the Hub's answer; check HF_ENDPOINT and proxies"
+            )
+        return check_target_dir(Path(local))
     except Exception as exc:  # network / auth after huggingface_hub's retries
+        if line := network.not_the_hubs_download(exc):
+            raise SourceError(line) from exc
         if network.is_network_error(exc):
             raise SourceError(network.describe(exc)) from exc
         if isinstance(exc, SourceError | CheckpointError):

@@ -273,8 +273,10 @@ def write_failure(exc: BaseException, where: Path) -> OSError | None:
             todo += [f[0] if isinstance(f, tuple) else f for f in failures.values()]
         todo += [e.__cause__, e.__context__]
     for e in seen:
-        if isinstance(e, OSError) and e.errno is not None:  # the writer's own error, as it would read unwrapped
-            return e if e is exc else OSError(e.errno, e.strerror, e.filename)
+        if (
+            isinstance(e, OSError) and e.errno is not None
+        ):  # the writer's own error, naming the checkpoint if it did not
+            return e if e is exc and e.filename else OSError(e.errno, e.strerror, e.filename or str(where))
     for e in seen:
         text = str(e)
         if isinstance(e, RuntimeError) and ("inline_container" in text or "file write failed" in text):

@@ -71,6 +71,10 @@ class HubHandler(BaseHTTPRequestHandler):
             body = self._read_body()
             with hub._lock:
                 inject, hub.fail_next = hub.fail_next > 0, max(hub.fail_next - 1, 0)
+                hub.answered += 1
+                broken = hub.broken_from is not None and hub.answered >= hub.broken_from[0]
+            if broken:
+                return self._impostor(hub.broken_from[1])
             if inject:
                 raise HubError(500, "Injected failure (HubServer.fail_next)")
             self._route(url.path.split("/")[1:], parse_qs(url.query), body)
@@ -80,6 +84,13 @@ class HubHandler(BaseHTTPRequestHandler):
         except Exception as e:  # a malformed request or a bug: answer rather than drop the connection
             status = 400 if isinstance(e, (ValueError, LookupError, TypeError)) else 500
             self._send(status, {"error": repr(e)}, {"X-Error-Message": repr(e)[:500]})
+
+    def _impostor(self, kind: str) -> None:
+        """Answer 200 with what hub_impostor's server answers for `kind` (logged as a request like any other)."""
+        from support.hub_impostor import ANSWERS
+
+        content_type, body = ANSWERS[kind]
+        self._send(200, raw=body, headers={"Content-Type": content_type})
 
     def _send(
         self, status: int, payload: object = None, headers: dict | None = None, raw: bytes | memoryview | None = None

@@ -47,6 +47,10 @@ class HubServer:
             self.users.setdefault(token, "tester")
         self.endpoint = ""
         self.fail_next = 0
+        # (n, kind): the n-th request (1-based) and every later one is answered 200 with hub_impostor.ANSWERS[kind]
+        # (HTML, `{}`, JSON cut short): a Hub that works at first and breaks on a later call (a proxy's session ends)
+        self.broken_from: tuple[int, str] | None = None
+        self.answered = 0
         self.bytes_served = 0
         self.requests: list[dict] = []
         self._repos: dict[tuple[str, str], Repo] = {}
