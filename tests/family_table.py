@@ -545,5 +545,24 @@ FAMILIES = (
         nextn="Qwen3_5ForCausalLMMTP",
         versions={"vllm": "0.34.0"},
     ),
+    Family("hy_v4", mtp="model.mtp_layers.0.", release_block=None, block="mla_dsa + moe", verified=False,
+        handover=_BOTH, step_layers=_CYCLE_FIRST,
+        support={"vllm": {"mtp": True, "eagle3": False}, "sglang": {"mtp": True, "eagle3": False}},
+        sources={"vllm": ("hy_v4/nvidia/mtp.py", "enable_ihc = False"),
+                 "sglang": ("hunyuan_v4_nextn.py", "from_mtp_carry")},
+        notes={"vllm": ("set_skip_topk",), "sglang": ("from_mtp_carry",)},
+        # composed from transformers' attention and MoE (its decoder layer always mixes the hyper-connection streams)
+        module={"block:type": "ComposedBlock", "block.self_attn:type": "HYV4Attention", "block.mlp:type": "HYV4MoE",
+                "block.self_attn.sinks:dtype": torch.float32},
+        reference=ref.hy_v4_vllm,
+        # the indexer's selection and the attention sinks are applied and matter
+        wrong=({"index_topk": T}, {"sinks": False}),
+        refuses_eagle3="hy_v4 has no EAGLE-3 conversion",
+        experts="n_routed_experts",
+        stored=False, keys=ref.hy_v4_mtp_keys(),
+        cache_chunks=(3, 4, 6, T),
+        masked=True,
+        versions={"vllm": "0.34.0"},
+    ),
 )
 # fmt: on

@@ -31,6 +31,7 @@ NO_EAGLE3 = {
         "deepseek_v4",  # SGLang 0.5.23 captures V4's aux states for its DSpark drafter only
         "step3p7",  # step3p5.py / step3p7.py set no eagle3 layers to capture
         "mimo_v2",  # as MiMo-V2-Flash: MiMoV2ForCausalLM has no set_eagle3_layers_to_capture
+        "hy_v4",  # hunyuan_v4.py: HYV4ForCausalLM has no set_eagle3_layers_to_capture
     },
     "vllm": {
         "glm4_moe",
@@ -44,6 +45,7 @@ NO_EAGLE3 = {
         "exaone_moe",
         "bailing_hybrid",
         "step3p7",  # vLLM 0.34: Step3p7ForConditionalGeneration (step3_vl.py) is not SupportsEagle3
+        "hy_v4",  # vLLM 0.34: hy_v4/nvidia/model.py's HYV4ForCausalLM is not SupportsEagle3
     },
 }
 VLLM_PRE_NORM_HANDOVER = {"glm4_moe", "ernie4_5_moe", "glm4_moe_lite", "glm_ocr", "deepseek_v4", "step3p7"}
@@ -61,6 +63,7 @@ READ_AT = {
     "mimo_v2": {"vllm": "0.34.0", "sglang": "0.5.23"},  # the per-chunk qkv scales: vLLM 0.34's MTP loader
     "glm5_next": {"vllm": "0.34.0", "sglang": "0.5.23"},  # vllm/models/glm5next/ (0.34's layout)
     "qwen3_5_flat": {"vllm": "0.34.0", "sglang": "0.5.23"},  # read from vllm/models/qwen3_5/nvidia/ (0.34)
+    "hy_v4": {"vllm": "0.34.0", "sglang": "0.5.23"},  # HYV4MTP first appears in vLLM 0.34 (models/hy_v4/nvidia/mtp.py)
 }
 
 

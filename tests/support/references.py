@@ -882,3 +882,65 @@ def qwen3_5_dense_vllm_loads(key: str) -> str:
     return qwen3_5_vllm_loads(
         key.replace("mlp.gate_proj", "mlp.gate_up_proj").replace("mlp.up_proj", "mlp.gate_up_proj")
     )
+
+
+def hy_v4_mtp_keys(experts: int = 8) -> tuple[str, ...]:
+    """HY-V4's MTP layer 0 keys as vLLM 0.34 (models/hy_v4/nvidia/mtp.py load_weights: model.mtp_layers.{i}, enorm /
+    hnorm / eh_proj / final_layernorm outside mtp_block, linear_gate, indexer wk / weights_proj, fused or per-expert
+    mlp.experts, mlp.gate.e_score_correction_bias) and SGLang 0.5.23 (hunyuan_v4_nextn.py: final_layernorm ->
+    shared_head.norm) map them, per-expert; no stored key list of a release was found."""
+    p = "model.mtp_layers.0."
+    attn = ("kv_a_layernorm", "kv_a_proj_with_mqa", "kv_b_proj", "linear_gate", "o_proj", "q_a_layernorm", "q_a_proj",
+            "q_b_proj", "indexer.wq_b", "indexer.wk", "indexer.k_norm", "indexer.weights_proj")  # fmt: skip
+    out = [p + n + ".weight" for n in ("eh_proj", "enorm", "hnorm", "final_layernorm", "input_layernorm",
+                                       "post_attention_layernorm", "mlp.gate")]  # fmt: skip
+    out += [f"{p}self_attn.{n}.weight" for n in attn]
+    out += [
+        p + "self_attn.indexer.k_norm.bias",
+        p + "self_attn.learnable_sink_param",
+        p + "mlp.gate.e_score_correction_bias",
+    ]
+    out += [f"{p}mlp.shared_experts.{g}_proj.weight" for g in ("gate", "up", "down")]
+    out += [f"{p}mlp.experts.{e}.{g}_proj.weight" for e in range(experts) for g in ("gate", "up", "down")]
+    return tuple(out)
+
+
+def hy_v4_vllm(path: Path, nxt, hidden, pos, *, index_topk: int | None = None, sinks: bool = True):
+    """vLLM 0.34's HY-V4 MTP (models/hy_v4/nvidia/mtp.py, HYV4MultiTokenPredictorLayer): enorm(embed) | hnorm(hidden)
+    -> eh_proj -> HYV4DecoderLayer built with enable_ihc = False, its _forward_normal path: x + attention(
+    input_layernorm(x)), + MoE(post_attention_layernorm(.)) -> final_layernorm -> the target's lm_head, the normed
+    hidden handed on. The attention (MLA, interleaved RoPE, its own DSA indexer, sigmoid output gate, attention sinks)
+    and the MoE are transformers' HYV4Attention and HYV4MoE loaded by hub names (linear_gate, learnable_sink_param);
+    vLLM's indexer scores in FP8, this one in fp32; no position-0 zeroing (vLLM's; left to the engine).
+    index_topk=T: the indexer keeps every token; sinks=False: the sink logits dropped."""
+    from transformers.models.hy_v4 import modeling_hy_v4 as h4
+
+    config, w = config_of(path), tensors(path)
+    p, eps = "model.mtp_layers.0.", config["rms_norm_eps"]
+    fields = {k: v for k, v in config.items() if k not in ("architectures", "model_type", "index_topk")}
+    cfg = transformers.HYV4Config(**fields, index_topk=index_topk or config["index_topk"])
+    cfg.indexer_types, cfg.mlp_layer_types, cfg.layer_types = ["full"], ["sparse"], ["indexed_attention"]
+    cfg._attn_implementation, cfg._experts_implementation = "eager", "eager"
+    attn, moe = h4.HYV4Attention(cfg, 0), h4.HYV4MoE(cfg)
+    hub = {"gate_proj.weight": "linear_gate.weight", "sinks": "learnable_sink_param"}
+    attn.load_state_dict({k: w[p + "self_attn." + hub.get(k, k)] for k in attn.state_dict()})
+    if not sinks:
+        attn.sinks.data.fill_(float("-inf"))  # exp(-inf) = 0: the softmax without a sink column
+    experts = range(config["n_routed_experts"])
+    state = {}
+    for name in moe.state_dict():
+        if name == "experts.gate_up_proj":
+            gu = [torch.cat([w[f"{p}mlp.experts.{e}.{g}_proj.weight"] for g in ("gate", "up")]) for e in experts]
+            state[name] = torch.stack(gu)
+        elif name == "experts.down_proj":
+            state[name] = torch.stack([w[f"{p}mlp.experts.{e}.down_proj.weight"] for e in experts])
+        else:
+            state[name] = w[p + "mlp." + name]
+    moe.load_state_dict(state)
+    x = _glue(w, "model.embed_tokens.weight", hidden, nxt, (p + "enorm.weight", p + "hnorm.weight"), p + "eh_proj.weight",
+              eps)  # fmt: skip
+    rope = h4.HYV4RotaryEmbedding(cfg)(x, pos)
+    x = x + attn(rms(x, w[p + "input_layernorm.weight"], eps), rope, causal(x.shape[1]), position_ids=pos)[0]
+    y = x + moe(rms(x, w[p + "post_attention_layernorm.weight"], eps))
+    normed = rms(y, w[p + "final_layernorm.weight"], eps)
+    return normed @ w["lm_head.weight"].T, normed
