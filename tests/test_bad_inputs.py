@@ -1334,6 +1334,29 @@ def step3p7_sliding_heads_not_the_checkpoints(w, tmp, mp, stack):
     )
 
 
+_HY4 = "model.mtp_layers.0."  # hy_v4's MTP layer (outside model.layers, at any trunk depth)
+
+
+@case
+def hy_v4_mtp_key_missing(w, tmp, mp, stack):
+    ck = _drop_key(_family(tmp, "hy_v4"), _HY4 + "final_layernorm.weight")
+    return Case(_convert(ck, tmp), f"MTP layer 0 is missing {_HY4}final_layernorm.weight (spec hy_v4)")
+
+
+@case
+def hy_v4_attention_sinks_missing(w, tmp, mp, stack):
+    """The attention sinks (learnable_sink_param on the hub) absent: named by their module key, never left at init."""
+    ck = _drop_key(_family(tmp, "hy_v4"), _HY4 + "self_attn.learnable_sink_param")
+    return Case(_convert(ck, tmp), "lacks tensors the hy_v4 block needs: block.self_attn.sinks")
+
+
+@case
+def hy_v4_count_field_says_two(w, tmp, mp, stack):
+    ck = _family(tmp, "hy_v4")
+    _edit_config(ck, num_nextn_predict_layers=2)  # one layer in the weights
+    return Case(["inspect", str(ck)], "MTP layer 1 is missing model.mtp_layers.1.enorm.weight")
+
+
 def test_the_table_is_large_enough() -> None:
     assert len(CASES) >= 50
 
