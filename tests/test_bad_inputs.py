@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import importlib
 import json
 import os
 import shutil
@@ -1355,6 +1356,14 @@ def hy_v4_count_field_says_two(w, tmp, mp, stack):
     ck = _family(tmp, "hy_v4")
     _edit_config(ck, num_nextn_predict_layers=2)  # one layer in the weights
     return Case(["inspect", str(ck)], "MTP layer 1 is missing model.mtp_layers.1.enorm.weight")
+
+
+@case
+def hy_v4_transformers_too_old(w, tmp, mp, stack):
+    """transformers 5.24 rotates HY-V4's RoPE slice NeoX-style, not interleaved as vLLM 0.34: refused, not converted."""
+    ck = _family(tmp, "hy_v4")
+    mp.setattr(importlib.import_module("transformers"), "__version__", "5.24.0")
+    return Case(_convert(ck, tmp), "hy_v4 needs transformers >= 5.25, not 5.24.0")
 
 
 def test_the_table_is_large_enough() -> None:

@@ -17,6 +17,7 @@ row in tests/family_table.py and the spec in model_specs/ do).
 
 from __future__ import annotations
 
+import importlib
 import itertools
 import json
 import operator
@@ -40,7 +41,15 @@ from mtp2draft.conversion import convert, plan_mtp_layer, resolve_layer
 from mtp2draft.draft.disk import load_draft
 from mtp2draft.draft.layout import load_native, native_to_checkpoint
 from mtp2draft.draft.modules import DraftCache, Eagle3Draft, NativeMtpDraft
-from mtp2draft.errors import CheckpointError, DraftError, NoMtpLayerError, NotMtpError, OptionError, UnknownFamilyError
+from mtp2draft.errors import (
+    CheckpointError,
+    DraftError,
+    NoMtpLayerError,
+    NotMtpError,
+    OptionError,
+    SpecError,
+    UnknownFamilyError,
+)
 from mtp2draft.evaluation.decode import draft_chain
 from mtp2draft.family.spec import find_spec, get_spec
 from mtp2draft.target.hidden import Features
@@ -1435,3 +1444,45 @@ def test_mimo_v2_fixture_stores_what_the_release_header_stores(build) -> None:
         qkv = fh.get_slice("model.mtp.layers.0.self_attn.qkv_proj.weight").get_shape()
         scale = fh.get_slice("model.mtp.layers.0.self_attn.qkv_proj.weight_scale_inv").get_shape()
     assert qkv[0] == fg.chunks * (fq + fk + fv) and scale[0] == fg.chunks * -(-(fq + fk + fv) // 128)
+
+
+# ---- HY-V4: which RoPE transformers' attention applies ----------------------------------------------------------
+def test_hy_v4_rope_is_vllms_interleaved_rotation() -> None:
+    """vLLM 0.34 rotates HY-V4's RoPE slice in interleaved pairs (hy_v4/nvidia/attention.py: get_rope with
+    is_neox_style=False; pair (x[2i], x[2i+1]) turned by pos * theta^(-2i/d)). transformers >= 5.25 (the spec's
+    [block] min_transformers) lays the turned pairs out in another order, the same for q and k, so q.k agrees at
+    every pair of positions; 5.24's rotate_half (NeoX halves) does not, and an older transformers is refused."""
+    import transformers
+    from transformers.models.hy_v4 import modeling_hy_v4 as h4
+
+    config = FIXTURES["hy_v4"]["config"]
+    cfg = transformers.HYV4Config(**{k: v for k, v in config.items() if k not in ("architectures", "model_type")})
+    d, theta = cfg.qk_rope_head_dim, config["rope_parameters"]["rope_theta"]
+
+    def vllm(x: torch.Tensor, p: int) -> torch.Tensor:  # x [..., d]
+        angle = p * theta ** (-torch.arange(0, d, 2).double() / d)  # [d / 2]
+        x1, x2 = x[..., 0::2], x[..., 1::2]
+        return torch.stack([x1 * angle.cos() - x2 * angle.sin(), x2 * angle.cos() + x1 * angle.sin()], -1).flatten(-2)
+
+    def neox(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:  # 5.24's rotate_half
+        return x * cos + torch.cat([-x[..., d // 2 :], x[..., : d // 2]], -1) * sin
+
+    gen = torch.Generator().manual_seed(0)
+    q, k = torch.randn(1, 1, 1, d, generator=gen).double(), torch.randn(1, 1, 1, d, generator=gen).double()
+    rope = h4.HYV4RotaryEmbedding(cfg)
+    for m, n in ((3, 1), (7, 2), (9, 9)):
+        cm, sm = (t.double() for t in rope(q, torch.tensor([[m]])))
+        cn, sn = (t.double() for t in rope(q, torch.tensor([[n]])))
+        qm, _ = h4.apply_rotary_pos_emb_interleave(q, q, cm, sm)
+        kn, _ = h4.apply_rotary_pos_emb_interleave(k, k, cn, sn)
+        want = (vllm(q, m) * vllm(k, n)).sum()
+        assert torch.allclose((qm * kn).sum(), want, atol=1e-9)
+        if m != n:  # the check can fail: the NeoX rotation gives another score
+            assert abs((neox(q, cm[:, None], sm[:, None]) * neox(k, cn[:, None], sn[:, None])).sum() - want) > 1e-3
+    spec = get_spec("hy_v4")
+    assert spec.block.min_transformers == "5.25"
+    with pytest.MonkeyPatch.context() as mp:
+        # the module the package reads through importlib (sys.modules'; here not the object bound to `transformers`)
+        mp.setattr(importlib.import_module("transformers"), "__version__", "5.24.0")
+        with pytest.raises(SpecError, match=r"hy_v4 needs transformers >= 5.25, not 5\.24\.0"):
+            spec.import_class("HYV4Attention")

@@ -22,6 +22,8 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
+from packaging.version import Version
+
 from mtp2draft.errors import CheckpointError, NotMtpError, SpecError, UnknownFamilyError
 from mtp2draft.family.identity import FamilyIdentity, named_in
 from mtp2draft.family.not_supported import refuse_not_supported
@@ -164,6 +166,8 @@ class BlockSpec:
     qkv: Mapping[str, str] = field(default_factory=dict)
     """Where a fused, pre-sharded `qkv_proj` (`load = ["deinterleave_qkv"]`) takes its geometry: config fields for
     `chunks` (the tensor-parallel shards it is stored in), `heads`, `kv_heads`, `head_dim`, `v_head_dim`."""
+    min_transformers: str = ""
+    """Lowest transformers version whose classes compute this block as the engines do (HY-V4: 5.25, interleaved RoPE)."""
     attn_implementation: str = "sdpa"
     """transformers attention kernel the block runs with: `sdpa`, or `eager` where the family's attention has a term
     SDPA cannot express (MiMo-V2-Flash's attention-sink bias, which its SDPA path would silently drop)."""
@@ -354,6 +358,9 @@ class Spec(FamilyIdentity):
         return _import(self.block.module, self.block.decoder_layer)
 
     def import_class(self, name: str) -> type:
+        need, have = self.block.min_transformers, importlib.import_module("transformers").__version__
+        if need and Version(have) < Version(need):
+            raise SpecError(f"{self.name} needs transformers >= {need}, not {have}: older ones build another block")
         return _import(self.block.module, name)
 
     def summary(self) -> dict[str, Any]:
