@@ -23,6 +23,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -142,14 +143,37 @@ def build(out: Path, hidden: int, experts: int, layers: int) -> dict:
 
 def build_v4(out: Path, hidden: int, experts: int) -> dict:
     """DeepSeek-V4 as shipped (tests/support's `deepseek_v4_fp4` fixture row: the release's names and quantisation)
-    widened so the routed experts dominate: `experts` experts of hidden x hidden, one trunk layer."""
-    from support.fixtures import build_fixture
+    widened so the routed experts dominate: `experts` experts of hidden x hidden, one trunk layer.
 
-    build_fixture("deepseek_v4_fp4", out, shards=4, hidden_size=hidden, moe_intermediate_size=hidden,
-                  n_routed_experts=experts, num_hidden_layers=1, num_hash_layers=0, compress_ratios=[0, 0],
+    The fixture is built with 2 routed experts per layer (its FP4 quantiser rounds value by value, minutes per expert
+    at these sizes on a busy CPU); experts 2.. are then random FP4 bytes (int8 [I, H/2]) with e8m0 `.scale`s
+    (2^-8 .. 2^-4, [I, H/32]) in the release's layout, and the router (`ffn.gate.weight` [E, H], `.bias` [E]) is
+    resized. Values are random anyway: the benchmark measures bytes and memory."""
+    from safetensors.torch import load_file
+    from support.fixtures import build_fixture, write_checkpoint
+
+    small = out.parent / f"{out.name}-2-experts"
+    build_fixture("deepseek_v4_fp4", small, shards=1, hidden_size=hidden, moe_intermediate_size=hidden,
+                  n_routed_experts=2, num_hidden_layers=1, num_hash_layers=0, compress_ratios=[0, 0],
                   q_lora_rank=hidden // 2, o_lora_rank=hidden // 4, head_dim=128, qk_rope_head_dim=64,
                   num_attention_heads=8, vocab_size=16384)  # fmt: skip
-    return json.loads((out / "config.json").read_text())
+    config = {**json.loads((small / "config.json").read_text()), "n_routed_experts": experts}
+    tensors = {k: v for f in sorted(small.glob("*.safetensors")) for k, v in load_file(str(f)).items()}
+    shutil.rmtree(small)
+    gen = torch.Generator().manual_seed(0)
+    first = re.compile(r"^(?P<p>.*\.ffn\.experts\.)0\.(?P<rest>w[123]\.(?P<part>weight|scale))$")
+    for key, t in list(tensors.items()):
+        if m := first.match(key):
+            for e in range(2, experts):
+                if m["part"] == "weight":  # two e2m1 codes per byte: every byte is a valid pair
+                    new = torch.randint(-128, 128, t.shape, dtype=torch.int8, generator=gen)
+                else:
+                    new = torch.randint(119, 124, t.shape, dtype=torch.uint8, generator=gen).view(t.dtype)
+                tensors[f"{m['p']}{e}.{m['rest']}"] = new
+        elif key.endswith((".ffn.gate.weight", ".ffn.gate.bias")):
+            tensors[key] = (torch.randn((experts, *t.shape[1:]), generator=gen) * 0.02).to(t.dtype)
+    write_checkpoint(out, config, tensors, shards=4)
+    return config
 
 
 CHILD = """
