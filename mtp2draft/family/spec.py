@@ -179,6 +179,16 @@ class Eagle3Spec:
 class NextNSpec:
     architecture: str = ""
     """`architectures` entry SGLang's NextN loader expects for this family; empty: no NextN export."""
+    layers: str = "one"
+    """How the engine finds the layer in a standalone checkpoint: "one" (`num_hidden_layers: 1`, the layer renumbered
+    to trunk layer 0: SGLang's `export_deepseek_nextn.py` layout) or "target" (the target's layer count kept and the
+    layer under its own key names as MTP layer 0: a loader that maps the MTP keys past the trunk's last layer)."""
+    sources: str = ""
+    """Where the engines' NextN loading was read, with their versions."""
+
+    def __post_init__(self) -> None:
+        if self.layers not in ("one", "target"):
+            raise SpecError(f"[nextn] layers must be 'one' or 'target', got {self.layers!r}")
 
 
 @dataclass(frozen=True)
