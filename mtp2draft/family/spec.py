@@ -5,9 +5,8 @@ target hidden it reads, norm style), which transformers classes build its decode
 map it onto each draft kind. Everything family-specific that stage code needs comes from here, so stage code never
 branches on an architecture name.
 
-What this module does not do: read checkpoints (see `checkpoint/reader.py`) or apply transforms (see `family/transforms.py`). It
-only validates that the transforms a spec names exist in the registry.
-"""
+What this module does not do: read checkpoints (`checkpoint/reader.py`) or apply transforms (`family/transforms.py`);
+it only checks that the transforms a spec names are registered."""
 
 from __future__ import annotations
 
@@ -565,9 +564,8 @@ def get_spec(name: str) -> Spec:
         raise UnknownFamilyError(f"no spec named {name!r}; supported: {', '.join(spec_names())}") from None
 
 
-# config.json fields that say the checkpoint's MTP-named tensors are another drafter: field -> what it is. DeepSeek-V4-0731
-# / V4.1 keep a DSpark block drafter (Markov head, no enorm / hnorm / projection) under `mtp.*`; vLLM 0.33 serves it
-# with method "dspark" and refuses "mtp" for V4.1 (vllm/config/speculative.py).
+# config.json fields saying the MTP-named tensors are another drafter. DeepSeek-V4-0731 / V4.1 keep a DSpark block
+# drafter (no enorm / hnorm / projection) under `mtp.*`; vLLM 0.33 serves it as "dspark", refuses "mtp" for V4.1.
 NOT_MTP_FIELDS = {
     "dspark_block_size": "a DSpark block drafter (served by vLLM's speculative method 'dspark')",
 }
