@@ -1,5 +1,8 @@
 #!/usr/bin/env python3
-"""Benchmark `convert` on a synthetic DeepSeek-V3-style FP8 checkpoint served by the loopback Hub.
+"""Benchmark `convert` on a synthetic DeepSeek-V3-style FP8 checkpoint served by the loopback Hub, or
+(`--family deepseek_v4`) on a hub-layout DeepSeek-V4 checkpoint in the release's own quantisation: routed experts FP4
+(int8 pairs, e8m0 `.scale` per 32 inputs), the other linears FP8 e4m3 with e8m0 `.scale` per 128 x 128 block, at a
+size where the experts dominate the MTP layer (each group is dequantised as it streams in).
 
 The checkpoint's MTP layer shares its shards with large trunk tensors (as DeepSeek-V3's last shards do), so a
 converter that downloads whole shards, or reads more than it needs, shows up in the figures. Prints:
@@ -10,8 +13,10 @@ converter that downloads whole shards, or reads more than it needs, shows up in 
 - wall time; and the same for a second run (should fetch nothing: the range cache).
 Ends with one line per draft kind giving that ratio.
 
-Usage: `python scripts/bench_convert.py [--experts 32] [--hidden 1024] [--to mtp|eagle3|both] [--keep DIR]`.
-Runs on CPU in about two minutes with the defaults. What it does not do: train or evaluate anything.
+Usage: `python benchmarks/bench_convert.py [--family deepseek_v3|deepseek_v4] [--experts 32] [--hidden 1024]
+[--to mtp|eagle3|both] [--keep DIR]` (DeepSeek-V4 converts `--to mtp` only: it has no EAGLE-3 conversion).
+Runs on CPU in about two minutes with the defaults (docs/results.md records `--family deepseek_v4 --hidden 1024
+--experts 128`, where the expert group is 1.5x the import baseline). What it does not do: train or evaluate anything.
 """
 
 from __future__ import annotations
@@ -19,6 +24,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -136,14 +142,49 @@ def build(out: Path, hidden: int, experts: int, layers: int) -> dict:
     return cfg
 
 
+def build_v4(out: Path, hidden: int, experts: int) -> dict:
+    """DeepSeek-V4 as shipped (tests/support's `deepseek_v4_fp4` fixture row: the release's names and quantisation)
+    widened so the routed experts dominate: `experts` experts of hidden x hidden, one trunk layer.
+
+    The fixture is built with 2 routed experts per layer (its FP4 quantiser rounds value by value, minutes per expert
+    at these sizes on a busy CPU); experts 2.. are then random FP4 bytes (int8 [I, H/2]) with e8m0 `.scale`s
+    (2^-8 .. 2^-4, [I, H/32]) in the release's layout, and the router (`ffn.gate.weight` [E, H], `.bias` [E]) is
+    resized. Values are random anyway: the benchmark measures bytes and memory."""
+    from safetensors.torch import load_file
+    from support.fixtures import build_fixture, write_checkpoint
+
+    small = out.parent / f"{out.name}-2-experts"
+    build_fixture("deepseek_v4_fp4", small, shards=1, hidden_size=hidden, moe_intermediate_size=hidden,
+                  n_routed_experts=2, num_hidden_layers=1, num_hash_layers=0, compress_ratios=[0, 0],
+                  q_lora_rank=hidden // 2, o_lora_rank=hidden // 4, head_dim=128, qk_rope_head_dim=64,
+                  num_attention_heads=8, vocab_size=16384)  # fmt: skip
+    config = {**json.loads((small / "config.json").read_text()), "n_routed_experts": experts}
+    tensors = {k: v for f in sorted(small.glob("*.safetensors")) for k, v in load_file(str(f)).items()}
+    shutil.rmtree(small)
+    gen = torch.Generator().manual_seed(0)
+    first = re.compile(r"^(?P<p>.*\.ffn\.experts\.)0\.(?P<rest>w[123]\.(?P<part>weight|scale))$")
+    for key, t in list(tensors.items()):
+        if m := first.match(key):
+            for e in range(2, experts):
+                if m["part"] == "weight":  # two e2m1 codes per byte: every byte is a valid pair
+                    new = torch.randint(-128, 128, t.shape, dtype=torch.int8, generator=gen)
+                else:
+                    new = torch.randint(119, 124, t.shape, dtype=torch.uint8, generator=gen).view(t.dtype)
+                tensors[f"{m['p']}{e}.{m['rest']}"] = new
+        elif key.endswith((".ffn.gate.weight", ".ffn.gate.bias")):
+            tensors[key] = (torch.randn((experts, *t.shape[1:]), generator=gen) * 0.02).to(t.dtype)
+    write_checkpoint(out, config, tensors, shards=4)
+    return config
+
+
 CHILD = """
-import json, sys, time
+import importlib, json, sys, time
 from mtp2draft.conversion import convert
 t = time.perf_counter()
-if len(sys.argv) > 1:
+if sys.argv[1] != "--baseline":
     r = convert(sys.argv[1], sys.argv[2], to=sys.argv[3])
 else:  # baseline: the same imports (mtp2draft, torch, the family's transformers modules), no data
-    import transformers.models.deepseek_v3.modeling_deepseek_v3
+    importlib.import_module(sys.argv[2])
 # VmHWM, not ru_maxrss: Linux carries the parent's high-water mark into a forked child's ru_maxrss
 hwm = next(line for line in open("/proc/self/status") if line.startswith("VmHWM"))
 print(json.dumps({"seconds": time.perf_counter() - t, "peak_mb": int(hwm.split()[1]) / 1024}))
@@ -160,6 +201,7 @@ def run_child(args: list[str], env: dict) -> dict:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--family", choices=["deepseek_v3", "deepseek_v4"], default="deepseek_v3")
     parser.add_argument("--hidden", type=int, default=1024)
     parser.add_argument("--experts", type=int, default=32)
     parser.add_argument(
@@ -175,9 +217,13 @@ def main() -> None:
     work = Path(tempfile.mkdtemp(prefix="bench-convert-"))
     ckpt = args.keep or work / "ckpt"
     t = time.perf_counter()
-    build(ckpt, args.hidden, args.experts, args.layers)
+    v4 = args.family == "deepseek_v4"
+    if v4:
+        build_v4(ckpt, args.hidden, args.experts)
+    else:
+        build(ckpt, args.hidden, args.experts, args.layers)
     local = open_checkpoint(str(ckpt))
-    spec = get_spec("deepseek_v3")
+    spec = get_spec(args.family)
     plan = plan_mtp_layer(local, spec, 0)
     needed = local.needed_keys(plan.checkpoint_keys)
     need_bytes = sum(local.info(k).nbytes for k in needed)
@@ -188,12 +234,14 @@ def main() -> None:
     shard_files = sorted(set(local.weight_map.values()))
     print(
         f"synthetic checkpoint: {local.total_bytes() / MB:.0f} MB in {len(shard_files)} shards, MTP layer "
-        f"{need_bytes / MB:.0f} MB (FP8) in {len({local.weight_map[k] for k in needed})} of them; "
+        f"{need_bytes / MB:.0f} MB ({'FP4 experts + FP8' if v4 else 'FP8'}) in "
+        f"{len({local.weight_map[k] for k in needed})} of them; "
         f"built in {time.perf_counter() - t:.0f} s"
     )
 
     with HubServer() as hub:
-        hub.add_repo("bench/synthetic-v3", ckpt)
+        repo = f"bench/synthetic-{args.family}"
+        hub.add_repo(repo, ckpt)
         env = {
             **os.environ,
             "HF_ENDPOINT": hub.endpoint,
@@ -204,18 +252,16 @@ def main() -> None:
             "MTP2DRAFT_CACHE": str(work / "ranges"),
             "PYTHONPATH": str(Path(__file__).resolve().parents[1]),
         }
-        baseline = run_child([], env)["peak_mb"]
-        print(
-            f"baseline RSS of a process that imports mtp2draft, torch and transformers' DeepSeek-V3 module: "
-            f"{baseline:.0f} MB"
-        )
-        kinds = ["mtp", "eagle3"] if args.to == "both" else [args.to]
+        module = f"transformers.models.{args.family}.modeling_{args.family}"
+        baseline = run_child(["--baseline", module], env)["peak_mb"]
+        print(f"baseline RSS of a process that imports mtp2draft, torch and {module}: {baseline:.0f} MB")
+        kinds = ["mtp"] if v4 else ["mtp", "eagle3"] if args.to == "both" else [args.to]
         ratios: dict[str, float] = {}
         for kind in kinds:
             for attempt in ("first run", "second run (cached)"):
                 hub.reset_counters()
                 out = work / f"out-{kind}-{attempt[:5]}"
-                result = run_child(["bench/synthetic-v3", str(out), kind], env)
+                result = run_child([repo, str(out), kind], env)
                 peak = result["peak_mb"]
                 served = sum(hub.bytes_served_for(f) for f in shard_files)
                 ratio = served / need_bytes

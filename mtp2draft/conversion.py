@@ -276,6 +276,8 @@ def convert(
         provenance["mtp_layers"] = list(range(count))
         provenance["dequantised_fp8"] = [k for p in plans for k in p.checkpoint_keys if ckpt.scale_key(k)]
         provenance["dequantised"] = _dequantised(ckpt, [k for p in plans for k in p.checkpoint_keys])
+        provenance["stored_float32"] = [k for p in plans for k in p.checkpoint_keys
+                                        if k in ckpt.weight_map and ckpt.info(k).dtype == "F32"]  # fmt: skip
     with atomic_output_dir(out, overwrite, inputs=[source]) as tmp:
         if to == DraftKind.MTP:
             draft_cfg = _write_native_draft(ckpt, plans, tmp, dtype, provenance, progress, chain=all_layers)
@@ -324,6 +326,8 @@ def _provenance(
         "fp8_block_size": list(ckpt.fp8_block_size()) if dequantised else None,
         "quantization": ckpt.quant_method.name,
         "dequantised": _dequantised(ckpt, plan.checkpoint_keys),  # scheme -> keys (other than `_scale_inv` FP8)
+        # stored fp32 (V4's hc_* mixes, sinks, router bias): an export without --target writes them back so
+        "stored_float32": [k for k in plan.checkpoint_keys if k in ckpt.weight_map and ckpt.info(k).dtype == "F32"],
         "unindexed_files": dict(ckpt.unindexed),
     }
 

@@ -828,6 +828,15 @@ def dspark_under_mtp_inspect(w, tmp, mp, stack):
 
 
 @case
+def dspark_of_v4_1_convert(w, tmp, mp, stack):
+    """DeepSeek-V4.1: model_type deepseek_v41 (vLLM 0.34 config/speculative.py: "V4.1 has no classic-MTP draft: its
+    checkpoints ship DSpark stages under mtp.*"), the same DSpark fields: refused in one line, not as an unknown family."""
+    ck = _family(tmp, "deepseek_v4_0731_dspark")
+    _edit_config(ck, model_type="deepseek_v41")
+    return Case(_convert(ck, tmp), "DSpark block drafter")
+
+
+@case
 def dspark_target_for_distill(w, tmp, mp, stack):
     return Case(_distill(w, tmp, target=_family(tmp, "deepseek_v4_0731_dspark")), "DSpark block drafter")
 

@@ -532,6 +532,13 @@ def test_v4_stitched_is_written_in_the_release_quantisation_and_read_back_as_vll
     stored = {
         k: v for f in {overlay.weight_map[k] for k in layer} for k, v in load_file(str(work / "v4-overlay" / f)).items()
     }
+    _assert_vllm_reads_the_distilled_layer(stored, fine, n)
+
+
+def _assert_vllm_reads_the_distilled_layer(stored: dict, fine: dict, n: int) -> None:
+    """`stored` (a V4 layer's tensors as written) read as vLLM 0.34 loads them (`vllm_v4_mtp_reads`) equals the
+    distilled weights `fine` (checkpoint names) within e2m1 / e4m3 rounding, and exactly where the release keeps
+    floats (cast to its dtype)."""
     reads = vllm_v4_mtp_reads(stored, n)
     by_key = {}
     for (name, shard), value in reads.items():
@@ -551,6 +558,106 @@ def test_v4_stitched_is_written_in_the_release_quantisation_and_read_back_as_vll
         else:
             _assert_within_e4m3(got, want, scale.float())
     assert any(not torch.equal(_v4_read(reads, k, n), v) for k, v in fine.items() if stored[k].dtype == torch.int8)
+
+
+def sglang_v4_nextn_loads(key: str, num_hidden_layers: int) -> str | None:
+    """A key of a standalone DeepSeek-V4 NextN checkpoint as SGLang 0.5.23's `DeepseekV4ForCausalLMNextN` names the
+    parameter it loads, None where it skips the tensor; written from its source (srt/models/deepseek_v4.py
+    `remap_weight_name_to_dpsk_hf_format` with is_nextn, then `load_weights`' is_nextn branch: the NextN layer is
+    `num_hidden_layers`, or 0 when num_hidden_layers is 1; embedding and head skipped; the glue tensors to `model.*`,
+    the decoder's to `model.decoder.*`)."""
+    nextn_layer = 0 if num_hidden_layers == 1 else num_hidden_layers
+    name = key
+    if name.startswith("mtp."):
+        rest = name.split(".", 2)[2]
+        if rest.startswith(("e_proj", "h_proj", "emb", "enorm", "hnorm", "norm", "head", "hc_head")):
+            renames = {"norm.weight": "shared_head.norm.weight", "e_proj.scale": "e_proj.weight_scale_inv",
+                       "h_proj.scale": "h_proj.weight_scale_inv"}  # fmt: skip
+            rest = "shared_head.head.weight" if rest.startswith("head.") else renames.get(rest, rest)
+        name = f"model.layers.{num_hidden_layers}." + rest
+    name = "model." + name if name.startswith("layers.") else name
+    for old, new in ((".attn.", ".self_attn."), (".ffn.", ".mlp."), (".attn_norm.", ".input_layernorm."),
+                     (".ffn_norm.", ".post_attention_layernorm.")):  # fmt: skip
+        name = name.replace(old, new)
+    if ("self_attn" in name or "mlp" in name) and name.endswith(".scale"):
+        name = name.removesuffix(".scale") + ".weight_scale_inv"
+    name = name.replace(".gate.bias", ".gate.e_score_correction_bias")
+    for old, new in ((".w1.", ".gate_proj."), (".w2.", ".down_proj."), (".w3.", ".up_proj.")):
+        name = name.replace(old, new)
+    prefix = f"model.layers.{nextn_layer}"
+    if "shared_head.head" in name or "embed_tokens" in name or not name.startswith(prefix):
+        return None
+    glue = ("shared_head.norm", ".e_proj", "h_proj", "enorm", "hnorm", "hc_head_base", "hc_head_fn", "hc_head_scale")
+    return name.replace(prefix, "model" if any(g in name for g in glue) else "model.decoder")
+
+
+def test_v4_nextn_is_the_layer_in_the_release_quantisation_as_both_engines_load_it(build, work: Path) -> None:
+    """`export --format nextn` of a DeepSeek-V4 draft: the layer under the release's own names (`mtp.0.*`) and
+    quantisation (FP4 + e8m0 experts, FP8 + e8m0 linears), the target's config with num_hidden_layers kept and the
+    NextN architecture. SGLang 0.5.23 (`sglang_v4_nextn_loads`, written from its loader) loads every tensor into the
+    NextN model, where a renumbered one-layer checkpoint would have every tensor skipped; read as vLLM 0.34 loads it
+    (`vllm_v4_mtp_reads`) it equals the distilled weights within the formats' rounding. Without --target, convert's
+    provenance gives the same bytes."""
+    from mtp2draft.draft.layout import native_to_checkpoint
+    from mtp2draft.family.spec import get_spec
+
+    target, draft = _perturbed_native(build, work, "deepseek_v4_fp4", "v4-ft")
+    nx, nx_prov = work / "v4-nextn", work / "v4-nextn-prov"
+    export(draft, "nextn", nx, target=str(target))
+    export(draft, "nextn", nx_prov)
+    assert validate(nx) == [] and validate(nx_prov) == []
+    cfg, tcfg = (json.loads((d / "config.json").read_text()) for d in (nx, target))
+    assert cfg == {**tcfg, "architectures": ["DeepseekV4ForCausalLMNextN"], "num_nextn_predict_layers": 1}
+    record = json.loads((nx / "provenance.json").read_text())["export"]
+    assert {k: len(v) for k, v in record["requantised"].items()} == {"fp4-e8m0": 24, "fp8-e8m0": 10}
+    stored, orig = load_file(str(nx / "model.safetensors")), open_checkpoint(str(target))
+    layer = [k for k in orig.weight_map if k.startswith("mtp.")]
+    assert sorted(stored) == sorted(layer) and all(str(stored[k].dtype).endswith(
+        {"F8_E4M3": "float8_e4m3fn", "F8_E8M0": "float8_e8m0fnu", "I8": "int8", "BF16": "bfloat16",
+         "F32": "float32"}[orig.info(k).dtype]) for k in layer)  # fmt: skip
+    prov = load_file(str(nx_prov / "model.safetensors"))
+    assert prov.keys() == stored.keys() and all(torch.equal(prov[k].view(torch.uint8), stored[k].view(torch.uint8))
+                                                for k in stored if stored[k].dim())  # fmt: skip
+    n = cfg["num_hidden_layers"]
+    sglang = {k: sglang_v4_nextn_loads(k, n) for k in stored}
+    assert None not in sglang.values()
+    assert sglang["mtp.0.e_proj.scale"] == "model.e_proj.weight_scale_inv"
+    assert sglang["mtp.0.norm.weight"] == "model.shared_head.norm.weight"
+    assert sglang["mtp.0.ffn.experts.1.w1.scale"] == "model.decoder.mlp.experts.1.gate_proj.weight_scale_inv"
+    assert all(sglang_v4_nextn_loads(k, 1) is None for k in stored)  # why num_hidden_layers is not set to 1
+    spec, fine = get_spec("deepseek_v4"), {}
+    for module_key, value in load_file(str(draft / "model.safetensors")).items():
+        fine.update(native_to_checkpoint(spec, tcfg, 0, {module_key: value.float()}))
+    _assert_vllm_reads_the_distilled_layer(stored, fine, n)
+
+
+@pytest.mark.parametrize(
+    ("edit", "needle"),
+    [
+        ({"mtp.0.ffn.experts.1.w1.scale": "nan"}, "mtp.0.ffn.experts.1.w1.weight holds non-finite values"),
+        ({"mtp.0.e_proj.scale": "double"}, "mtp.0.e_proj.scale has shape [2, 1], expected [1, 1]"),
+        ({"mtp.0.hc_head_scale": None}, "mtp.0.hc_head_scale is missing"),
+        ({"mtp.0.ffn.experts.2.w3.scale": None}, "mtp.0.ffn.experts.2.w3.weight"),
+    ],
+)
+def test_v4_nextn_with_a_tampered_scale_or_a_missing_stream_tensor_is_one_error_line(
+    build, work: Path, tmp_path: Path, capsys, edit: dict, needle: str
+) -> None:
+    target, draft = _perturbed_native(build, work, "deepseek_v4_fp4", "v4-ft")
+    nx = tmp_path / "nx"
+    export(draft, "nextn", nx, target=str(target))
+    clean = load_file(str(nx / "model.safetensors"))
+    tensors = {k: v for k, v in clean.items() if edit.get(k, "") is not None}
+    for key, how in edit.items():
+        if how == "nan":
+            tensors[key] = torch.full_like(clean[key].view(torch.uint8), 255).view(clean[key].dtype)
+        elif how == "double":
+            tensors[key] = torch.cat([clean[key], clean[key]])
+    save_file(tensors, str(nx / "model.safetensors"), {"format": "pt"})
+    code, out, err = run_cli(capsys, "validate", str(nx))
+    errors = [line for line in err.splitlines() if line.startswith("error:")]
+    assert code != 0 and len(errors) == 1 and "Traceback" not in err
+    assert needle in out, out
 
 
 def test_validate_reads_a_v4_overlay_as_its_scales_say(build, work: Path, tmp_path: Path) -> None:

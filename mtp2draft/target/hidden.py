@@ -169,7 +169,7 @@ class TargetModel:
     ) -> None:
         from transformers import AutoModelForCausalLM
 
-        from mtp2draft.draft.modules import hf_config as build_hf_config
+        from mtp2draft.draft.block_config import hf_config as build_hf_config
         from mtp2draft.target.device import check_device
 
         dtype = target_dtype(dtype)

@@ -13,11 +13,17 @@ is within 5 % of `mtp2draft evaluate`'s; a distilled draft beats the undistilled
 Everything is built once per session and every vLLM configuration runs in ONE driver process (an engine start costs
 a minute or two on 2 CPU cores). Without vLLM's venv the tests skip, except under CI (`CI` set), where they fail.
 
-Not covered: DeepSeek-V4's MTP layer (examples/targets/tiny-deepseek-v4). vLLM 0.32.0's CPU build runs a DeepSeek-V4
-target (`vllm/models/deepseek_v4/cpu/model.py`) but its V4 MTP model is a stub that raises NotImplementedError
+Not covered: DeepSeek-V4's MTP layer (examples/targets/tiny-deepseek-v4). vLLM 0.32.0's CPU build has a DeepSeek-V4
+trunk (`vllm/models/deepseek_v4/cpu/model.py`) but its V4 MTP model is a stub that raises NotImplementedError
 (`vllm/models/deepseek_v4/cpu/mtp.py`: "DeepSeek-V4 speculative decoding (MTP) is not implemented on CPU"), and
 vLLM 0.34.0's CPU build keeps that stub (its `cpu/mtp.py`); only its GPU module serves the layer. The V4 draft is
 checked instead against a reference computation written from vLLM 0.34's GPU forward (tests/test_families.py, its DeepSeek-V4 section).
+Nor does the CPU build run the trunk on a CPU without AVX512-BF16 (the CI's): its V4 kernels are only in
+`vllm/_C.abi3.so`, which `CpuPlatform.import_kernels` loads on AVX512-BF16 CPUs only, so the model load stops at
+`models/deepseek_v4/cpu/cpu_sparse.py:322` (`torch.ops._C.convert_weight_packed` missing); the test below runs that
+load and checks the one-line refusal of `dump-hidden --engine vllm` says so (`backend.cpu_streams_refusal`).
+The stream capture for that command (its 4 residual streams before hc_head, vllm_side/stream_capture.py) has a
+test for vLLM 0.34's GPU build, skipped without CUDA.
 """
 
 from __future__ import annotations
@@ -359,6 +365,58 @@ def test_vllm_dump_equals_the_transformers_dump(vllm_dump: dict) -> None:
 def test_distill_from_the_vllm_dump_reaches_the_online_distill(vllm_dump: dict) -> None:
     online, offline = vllm_dump["acceptance"]["online"], vllm_dump["acceptance"]["offline-vllm"]
     assert relative_gap(online, offline) <= TOLERANCE, f"offline from vLLM {offline:.3f} vs online {online:.3f}"
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="vLLM 0.34's GPU build only: no DeepSeek-V4 MTP on CPU")
+def test_deepseek_v4_vllm_dump_holds_the_streams_transformers_dumps(vllm: Path, tmp_path: Path) -> None:
+    """tiny-deepseek-v4 dumped by vLLM (the pre-hc_head residual streams through vllm_side/stream_capture.py) and by
+    transformers: the same [T, 4, H] finals and top-k within the tolerances of the MiMo comparison above."""
+    from mtp2draft.data import read_examples
+    from mtp2draft.target.backend import dump_hidden
+    from mtp2draft.target.dumps import OfflineHiddenStates
+
+    target = ROOT / "examples" / "targets" / "tiny-deepseek-v4"
+    data = tmp_path / "train.jsonl"
+    data.write_text("".join(TRAIN.read_text().splitlines(keepends=True)[:4]))
+    examples, _ = read_examples(data, load_tokenizer(target), 64, False)
+    seqs = [{"input_ids": e.input_ids, "loss_mask": e.loss_mask} for e in examples]
+    dumps = {e: OfflineHiddenStates(dump_hidden(e, str(target), seqs, tmp_path / e, top_k=8, progress=log))
+             for e in ("vllm", "transformers")}  # fmt: skip
+    for n in range(len(seqs)):
+        a, b = dumps["transformers"].sequence(n), dumps["vllm"].sequence(n)
+        assert a["final"].shape[-2:] == b["final"].shape[-2:] == (4, 128), a["final"].shape
+        assert float((a["final"] - b["final"]).abs().max() / a["final"].abs().max()) <= STATE_RTOL, n
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="a fact of vLLM's CPU build")
+def test_deepseek_v4_on_the_cpu_build_fails_where_the_refusal_says(
+    vllm: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capfd: pytest.CaptureFixture
+) -> None:
+    """`dump-hidden --engine vllm` refuses tiny-deepseek-v4 on vLLM 0.32.0's CPU build without AVX512-BF16, naming
+    the model load that fails (backend.cpu_streams_refusal); with the refusal lifted, vLLM itself is run on the target
+    and fails there: the missing kernel, at that source line, before any hidden state is extracted."""
+    from mtp2draft.data import read_examples
+    from mtp2draft.target import backend
+    from mtp2draft.target.environments import EngineUnavailable
+
+    if backend.has_vllm_cpu_v4_kernels():
+        pytest.skip("this CPU has AVX512-BF16: vLLM loads its DeepSeek-V4 kernels (the refusal gives another reason)")
+    target = ROOT / "examples" / "targets" / "tiny-deepseek-v4"
+    data = tmp_path / "train.jsonl"
+    data.write_text("".join(TRAIN.read_text().splitlines(keepends=True)[:2]))
+    examples, _ = read_examples(data, load_tokenizer(target), 64, False)
+    seqs = [{"input_ids": e.input_ids, "loss_mask": e.loss_mask} for e in examples]
+    with pytest.raises(EngineUnavailable, match=r"cpu_sparse\.py:322 \(no torch\.ops\._C\.convert_weight_packed\)"):
+        backend.dump_hidden("vllm", str(target), seqs, tmp_path / "refused", top_k=8, progress=log)
+    capfd.readouterr()
+    monkeypatch.setattr(backend, "cpu_streams_refusal", lambda _: None)
+    with pytest.raises(EngineUnavailable, match="hidden-state extraction failed"):
+        backend.dump_hidden("vllm", str(target), seqs, tmp_path / "run", top_k=8, progress=log)
+    engine_log = capfd.readouterr().err
+    assert "Resolved architecture: DeepseekV4ForCausalLM" in engine_log  # vLLM took it as the V4 trunk
+    assert 'models/deepseek_v4/cpu/cpu_sparse.py", line 322' in engine_log, engine_log[-4000:]
+    assert "object has no attribute 'convert_weight_packed'" in engine_log, engine_log[-4000:]
+    assert not any((tmp_path / "run").glob("hidden-*"))
 
 
 # ---- dump-hidden --engine vllm --regenerate: the target's own responses, written by vLLM --------------------------

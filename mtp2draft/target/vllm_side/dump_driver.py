@@ -33,11 +33,13 @@ import time
 
 try:  # run by vLLM's Python: beside this file (vllm_side/, on PYTHONPATH)
     from cpu_fixes import apply as apply_cpu_fixes
+    from stream_capture import apply as apply_stream_capture
 except ImportError:  # imported as part of mtp2draft (its unit tests)
     from mtp2draft.target.vllm_side.cpu_fixes import apply as apply_cpu_fixes
+    from mtp2draft.target.vllm_side.stream_capture import apply as apply_stream_capture
 
 # at import, so vLLM's spawned workers, which re-import this file, apply them too (what mtp2draft's side asked for)
-CPU_FIXES = apply_cpu_fixes()
+CPU_FIXES = apply_cpu_fixes() + apply_stream_capture()
 
 PUMP_TRIES = 20
 
