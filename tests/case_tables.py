@@ -41,7 +41,10 @@ _NAMED = re.compile(r'\[\s*"([a-z][a-z-]*)"|_(convert|distill|evaluate|dump_hidd
 
 def command_of(name: str, fn: Callable) -> str:
     """The command case `name` runs; "(none)" for a command line that names no command mtp2draft has. Cases made
-    in a loop (one source for many) are named after their command: `validate_...`, `dump_...`."""
+    in a loop (one source for many) are named after their command (`validate_...`, `dump_...`) or carry it as
+    `fn.command` where the row decides it."""
+    if (command := getattr(fn, "command", None)) is not None:
+        return command
     source = inspect.getsource(fn)
     head, _, tail = source.partition("return Case(")
     found = _NAMED.search(tail) or ([*_NAMED.finditer(head)] or [None])[-1]

@@ -498,13 +498,6 @@ def glm4_moe_lite_mtp_key_missing(w, tmp, mp, stack):
     return Case(_convert(ck, tmp), "MTP layer 0 is missing model.layers.2.hnorm.weight (spec glm4_moe_lite)")
 
 
-@case
-def glm4_moe_lite_count_field_says_two(w, tmp, mp, stack):
-    ck = _family(tmp, "glm4_moe_lite")
-    _edit_config(ck, num_nextn_predict_layers=2)  # one layer in the weights
-    return Case(["inspect", str(ck)], "MTP layer 1 is missing model.layers.3.enorm.weight")
-
-
 # a family's fixture whose config.json says one thing wrong -> convert's refusal: (family, fields set, refusal)
 _CONFIG_EDITS = {
     "glm4_moe_lite_count_field_not_a_number": (
@@ -587,6 +580,93 @@ def _config_edit_case(family: str, edits: dict, needle: str) -> CaseFn:
 for _name, _row in _CONFIG_EDITS.items():
     CASES[_name] = _config_edit_case(*_row)
 
+# a fixture whose MTP count (in `section`, or at the top level) declares more layers than its weights hold -> the
+# refusal of `inspect` (layer None) or of `convert --layer N`: (family, section, count, layer, refusal)
+_COUNT_SAYS_MORE = {
+    "glm4_moe_lite_count_field_says_two": (
+        "glm4_moe_lite",
+        None,
+        2,
+        None,
+        "MTP layer 1 is missing model.layers.3.enorm.weight",
+    ),
+    "glm_moe_dsa_count_field_says_two": (
+        "glm_moe_dsa",
+        None,
+        2,
+        1,
+        "MTP layer 1 is missing model.layers.5.enorm.weight",
+    ),
+    "hy_v3_count_field_says_two": ("hy_v3", None, 2, None, "MTP layer 1 is missing model.layers.3.enorm.weight"),
+    "glm_ocr_count_field_says_two": (
+        "glm_ocr",
+        "text_config",
+        2,
+        1,
+        "MTP layer 1 is missing model.language_model.layers.3.enorm.weight",
+    ),
+    # exaone: layer 1's block keys are absent (its glue is shared)
+    "exaone4_5_count_field_says_two": ("exaone4_5", "text_config", 2, 1, "lacks tensors the exaone4_5 block needs"),
+    "exaone_moe_count_field_says_two": ("exaone_moe", None, 2, 1, "lacks tensors the exaone_moe block needs"),
+    "bailing_hybrid_count_field_says_two": (
+        "bailing_hybrid",
+        None,
+        2,
+        None,
+        "MTP layer 1 is missing model.layers.5.enorm.weight",
+    ),
+    # two declared in llm_config, a layer asked for past them: the count is read from llm_config
+    "nemotron_h_super_omni_count_field_says_two": (
+        "nemotron_h_super_omni",
+        "llm_config",
+        2,
+        2,
+        "--layer 2 is out of range",
+    ),
+    "glm5_next_count_field_says_two": (
+        "glm5_next",
+        "text_config",
+        2,
+        None,
+        "MTP layer 1 is missing model.language_model.layers.5.enorm.weight",
+    ),
+    "hy_v4_count_field_says_two": ("hy_v4", None, 2, None, "MTP layer 1 is missing model.mtp_layers.1.enorm.weight"),
+}
+
+
+def _count_case(family: str, section: str | None, count: int, layer: int | None, needle: str) -> CaseFn:
+    def run(w, tmp, mp, stack):
+        ck = _family(tmp, family)
+        if section:
+            cfg = json.loads((ck / "config.json").read_text())
+            _edit_config(ck, **{section: {**cfg[section], "num_nextn_predict_layers": count}})
+        else:
+            _edit_config(ck, num_nextn_predict_layers=count)
+        argv = ["inspect", str(ck)] if layer is None else _convert(ck, tmp, "--layer", str(layer))
+        return Case(argv, needle)
+
+    run.command = "inspect" if layer is None else "convert"  # for the case table (case_tables.command_of)
+    return run
+
+
+def _count_moved_case(family: str) -> CaseFn:
+    """The count lives in text_config; a config that moved it to the top level declares no MTP layer."""
+
+    def run(w, tmp, mp, stack):
+        ck = _family(tmp, family)
+        cfg = json.loads((ck / "config.json").read_text())
+        text = {k: v for k, v in cfg["text_config"].items() if k != "num_nextn_predict_layers"}
+        _edit_config(ck, text_config=text, num_nextn_predict_layers=1)
+        return Case(_convert(ck, tmp), "has no MTP layer (num_nextn_predict_layers is absent)")
+
+    return run
+
+
+for _name, _row in _COUNT_SAYS_MORE.items():
+    CASES[_name] = _count_case(*_row)
+for _family_name in ("glm_ocr", "glm5_next"):
+    CASES[f"{_family_name}_count_field_at_the_top_level_only"] = _count_moved_case(_family_name)
+
 
 @case
 def nemotron_h_lightning_mtp_file_missing(w, tmp, mp, stack):
@@ -603,13 +683,6 @@ def glm_moe_dsa_indexer_key_missing(w, tmp, mp, stack):
 
 
 @case
-def glm_moe_dsa_count_field_says_two(w, tmp, mp, stack):
-    ck = _family(tmp, "glm_moe_dsa")
-    _edit_config(ck, num_nextn_predict_layers=2)
-    return Case(_convert(ck, tmp, "--layer", "1"), "MTP layer 1 is missing model.layers.5.enorm.weight")
-
-
-@case
 def hy_v3_mtp_key_missing(w, tmp, mp, stack):
     ck = _drop_key(_family(tmp, "hy_v3"), "model.layers.2.final_layernorm.weight")
     return Case(_convert(ck, tmp), "MTP layer 0 is missing model.layers.2.final_layernorm.weight (spec hy_v3)")
@@ -622,34 +695,9 @@ def hy_v3_router_bias_missing(w, tmp, mp, stack):
 
 
 @case
-def hy_v3_count_field_says_two(w, tmp, mp, stack):
-    ck = _family(tmp, "hy_v3")
-    _edit_config(ck, num_nextn_predict_layers=2)  # one layer in the weights
-    return Case(["inspect", str(ck)], "MTP layer 1 is missing model.layers.3.enorm.weight")
-
-
-@case
 def glm_ocr_mtp_key_missing(w, tmp, mp, stack):
     ck = _drop_key(_family(tmp, "glm_ocr"), "model.language_model.layers.2.post_mlp_layernorm.weight")
     return Case(_convert(ck, tmp), "lacks tensors the glm_ocr block needs: block.post_mlp_layernorm.weight")
-
-
-@case
-def glm_ocr_count_field_says_two(w, tmp, mp, stack):
-    ck = _family(tmp, "glm_ocr")
-    cfg = json.loads((ck / "config.json").read_text())
-    _edit_config(ck, text_config={**cfg["text_config"], "num_nextn_predict_layers": 2})  # one layer in the weights
-    return Case(_convert(ck, tmp, "--layer", "1"), "MTP layer 1 is missing model.language_model.layers.3.enorm.weight")
-
-
-@case
-def glm_ocr_count_field_at_the_top_level_only(w, tmp, mp, stack):
-    """The count lives in text_config; a config that moved it to the top level declares no MTP layer."""
-    ck = _family(tmp, "glm_ocr")
-    cfg = json.loads((ck / "config.json").read_text())
-    text = {k: v for k, v in cfg["text_config"].items() if k != "num_nextn_predict_layers"}
-    _edit_config(ck, text_config=text, num_nextn_predict_layers=1)
-    return Case(_convert(ck, tmp), "has no MTP layer (num_nextn_predict_layers is absent)")
 
 
 @case
@@ -668,15 +716,6 @@ def exaone4_5_mtp_key_missing(w, tmp, mp, stack):
 def exaone4_5_block_key_missing(w, tmp, mp, stack):
     ck = _drop_key(_family(tmp, "exaone4_5"), "mtp.layers.0.post_feedforward_layernorm.weight")
     return Case(_convert(ck, tmp), "lacks tensors the exaone4_5 block needs: block.post_feedforward_layernorm.weight")
-
-
-@case
-def exaone4_5_count_field_says_two(w, tmp, mp, stack):
-    """Two MTP layers declared, one in the weights: layer 1's block keys are absent (its glue is shared)."""
-    ck = _family(tmp, "exaone4_5")
-    cfg = json.loads((ck / "config.json").read_text())
-    _edit_config(ck, text_config={**cfg["text_config"], "num_nextn_predict_layers": 2})
-    return Case(_convert(ck, tmp, "--layer", "1"), "lacks tensors the exaone4_5 block needs")
 
 
 @case
@@ -712,14 +751,6 @@ def exaone_moe_block_key_missing(w, tmp, mp, stack):
 
 
 @case
-def exaone_moe_count_field_says_two(w, tmp, mp, stack):
-    """Two MTP layers declared, one in the weights: layer 1's block keys are absent (its glue is shared)."""
-    ck = _family(tmp, "exaone_moe")
-    _edit_config(ck, num_nextn_predict_layers=2)
-    return Case(_convert(ck, tmp, "--layer", "1"), "lacks tensors the exaone_moe block needs")
-
-
-@case
 def exaone_moe_count_field_not_a_number(w, tmp, mp, stack):
     ck = _family(tmp, "exaone_moe")
     _edit_config(ck, num_nextn_predict_layers=[1])
@@ -737,13 +768,6 @@ def bailing_hybrid_gate_missing(w, tmp, mp, stack):
     """The MLA layer's head-wise output gate (attention.g_proj) absent: named by its module key, not ignored."""
     ck = _drop_key(_family(tmp, "bailing_hybrid"), "model.layers.4.attention.g_proj.weight")
     return Case(_convert(ck, tmp), "lacks tensors the bailing_hybrid block needs: block.self_attn.g_proj.weight")
-
-
-@case
-def bailing_hybrid_count_field_says_two(w, tmp, mp, stack):
-    ck = _family(tmp, "bailing_hybrid")
-    _edit_config(ck, num_nextn_predict_layers=2)  # one layer in the weights
-    return Case(["inspect", str(ck)], "MTP layer 1 is missing model.layers.5.enorm.weight")
 
 
 @case
@@ -797,15 +821,6 @@ def nemotron_h_super_omni_mtp_under_language_model(w, tmp, mp, stack):
     }
     _write_index(ck, index)
     return Case(_convert(ck, tmp), "holds no MTP weights (looked for mtp.layers.0.eh_proj.weight)")
-
-
-@case
-def nemotron_h_super_omni_count_field_says_two(w, tmp, mp, stack):
-    """Two declared in llm_config, a layer asked for past them: the count is read from llm_config."""
-    ck = _family(tmp, "nemotron_h_super_omni")
-    cfg = json.loads((ck / "config.json").read_text())
-    _edit_config(ck, llm_config={**cfg["llm_config"], "num_nextn_predict_layers": 2})
-    return Case(_convert(ck, tmp, "--layer", "2"), "--layer 2 is out of range")
 
 
 @case
@@ -950,24 +965,6 @@ def glm5_next_indexer_kpool_gate_missing(w, tmp, mp, stack):
     return Case(
         _convert(ck, tmp), "lacks tensors the glm5_next block needs: block.self_attn.indexer.index_kpool_compress_gate"
     )
-
-
-@case
-def glm5_next_count_field_at_the_top_level_only(w, tmp, mp, stack):
-    """The count lives in text_config; a config that moved it to the top level declares no MTP layer."""
-    ck = _family(tmp, "glm5_next")
-    cfg = json.loads((ck / "config.json").read_text())
-    text = {k: v for k, v in cfg["text_config"].items() if k != "num_nextn_predict_layers"}
-    _edit_config(ck, text_config=text, num_nextn_predict_layers=1)
-    return Case(_convert(ck, tmp), "has no MTP layer (num_nextn_predict_layers is absent)")
-
-
-@case
-def glm5_next_count_field_says_two(w, tmp, mp, stack):
-    ck = _family(tmp, "glm5_next")
-    cfg = json.loads((ck / "config.json").read_text())
-    _edit_config(ck, text_config={**cfg["text_config"], "num_nextn_predict_layers": 2})  # one layer in the weights
-    return Case(["inspect", str(ck)], "MTP layer 1 is missing model.language_model.layers.5.enorm.weight")
 
 
 @case
@@ -1358,13 +1355,6 @@ def hy_v4_attention_sinks_missing(w, tmp, mp, stack):
     """The attention sinks (learnable_sink_param on the hub) absent: named by their module key, never left at init."""
     ck = _drop_key(_family(tmp, "hy_v4"), _HY4 + "self_attn.learnable_sink_param")
     return Case(_convert(ck, tmp), "lacks tensors the hy_v4 block needs: block.self_attn.sinks")
-
-
-@case
-def hy_v4_count_field_says_two(w, tmp, mp, stack):
-    ck = _family(tmp, "hy_v4")
-    _edit_config(ck, num_nextn_predict_layers=2)  # one layer in the weights
-    return Case(["inspect", str(ck)], "MTP layer 1 is missing model.mtp_layers.1.enorm.weight")
 
 
 @case

@@ -16,7 +16,7 @@ import torch
 from family_table import FAMILIES
 from safetensors import safe_open
 from safetensors.torch import load_file, save_file
-from support.fixtures import FIXTURES
+from support.fixtures import FIXTURES, perturb_draft
 
 from mtp2draft.checkpoint.reader import dequantize_fp8, open_checkpoint
 from mtp2draft.cli.app import main
@@ -89,15 +89,7 @@ def _perturbed_native(build, work: Path, fixture: str, name: str) -> tuple[Path,
     if not draft.exists():
         convert(str(target), draft, to="mtp")
         shutil.copyfile(draft / "model.safetensors", work / f"{name}-src.safetensors")  # the unperturbed layer
-        w = load_file(str(draft / "model.safetensors"))
-        gen = torch.Generator().manual_seed(1)
-        w = {
-            k: (v.float() * (1 + 0.05 * torch.randn(v.shape, generator=gen))).to(v.dtype)
-            if v.is_floating_point()
-            else v
-            for k, v in w.items()
-        }
-        save_file(w, str(draft / "model.safetensors"), {"format": "pt"})
+        perturb_draft(draft)
     return target, draft
 
 
@@ -746,10 +738,7 @@ def test_stitched_over_a_quantised_release_writes_the_layer_unquantised_and_excl
     release = requantise(BUNDLED_TARGET, work / f"{scheme}-release", scheme)
     draft = work / f"{scheme}-ft"
     convert(str(release), draft, to="mtp")
-    w = load_file(str(draft / "model.safetensors"))
-    gen = torch.Generator().manual_seed(2)
-    w = {k: (v.float() * (1 + 0.05 * torch.randn(v.shape, generator=gen))).to(v.dtype) for k, v in w.items()}
-    save_file(w, str(draft / "model.safetensors"), {"format": "pt"})
+    w = perturb_draft(draft, seed=2)
     st = work / f"{scheme}-st"
     export(draft, "stitched", st, target=str(release))
     assert validate(st) == []

@@ -32,7 +32,7 @@ from safetensors.torch import load_file, save_file
 from support import hub_keys
 from support import reference_v4 as v4
 from support import references as ref
-from support.fixtures import FIXTURES, build_fixture, eagle3_depth, write_checkpoint
+from support.fixtures import FIXTURES, build_fixture, eagle3_depth, perturb_draft, write_checkpoint
 from support.references import GLUE, config_of, tensors, weight_map
 
 from mtp2draft.checkpoint.reader import open_checkpoint
@@ -405,10 +405,7 @@ def test_nemotron_h_lightning_layer_lives_outside_the_index_and_stitches_back_th
     assert not [k for k in inside if "latent_proj" in k]  # moe_latent_size null: no latent projections
     draft = tmp_path / "draft"
     convert(str(path), draft, to="mtp")
-    gen = torch.Generator().manual_seed(1)
-    moved = {k: (v.float() * (1 + 0.05 * torch.randn(v.shape, generator=gen))).to(v.dtype)
-             for k, v in load_file(str(draft / "model.safetensors")).items()}  # fmt: skip
-    save_file(moved, str(draft / "model.safetensors"), {"format": "pt"})
+    moved = perturb_draft(draft)
     st = tmp_path / "st"
     export(draft, "stitched", st, target=str(path))
     files = json.loads((st / "provenance.json").read_text())["export"]["overlay_files"]
@@ -1437,10 +1434,7 @@ def test_mimo_v2_stitched_is_written_back_interleaved_on_the_shipped_grid(build,
 
     target, draft = build("mimo_v2"), tmp_path / "draft"
     convert(str(target), draft, to="mtp")
-    gen = torch.Generator().manual_seed(1)
-    fine = {k: (v.float() * (1 + 0.05 * torch.randn(v.shape, generator=gen))).to(v.dtype)
-            for k, v in load_file(str(draft / "model.safetensors")).items()}  # fmt: skip
-    save_file(fine, str(draft / "model.safetensors"), {"format": "pt"})
+    fine = perturb_draft(draft)
     st = tmp_path / "st"
     export(draft, "stitched", st, target=str(target))
     assert validate(st) == []

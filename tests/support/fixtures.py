@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from safetensors.torch import load_file
+from safetensors.torch import load_file, save_file
 
 from mtp2draft.checkpoint.fp8 import quantize_fp8
 from mtp2draft.draft.build import native_draft
@@ -464,3 +464,15 @@ def eagle3_depth(name: str, kind: str = "eagle3") -> dict[str, int]:
     if spec.config.text_config:  # nested text config: override the whole section
         return {spec.config.text_config: {**config[spec.config.text_config], field: 4}}  # type: ignore[dict-item]
     return {field: 4}
+
+
+def perturb_draft(draft: Path, seed: int = 1) -> dict[str, torch.Tensor]:
+    """Move every floating tensor of `draft`'s model.safetensors by a few % (x (1 + 0.05 N(0, 1)), in place): a
+    stand-in for a fine-tuned layer. Returns the moved tensors."""
+    gen = torch.Generator().manual_seed(seed)
+    moved = {
+        k: (v.float() * (1 + 0.05 * torch.randn(v.shape, generator=gen))).to(v.dtype) if v.is_floating_point() else v
+        for k, v in load_file(str(draft / "model.safetensors")).items()
+    }
+    save_file(moved, str(draft / "model.safetensors"), {"format": "pt"})
+    return moved

@@ -407,6 +407,21 @@ _MLA_MOE_BLOCKS = {
 }  # fmt: skip
 
 
+def _state_from_experts(module: torch.nn.Module, w: dict, prefix: str, experts: int) -> dict[str, torch.Tensor]:
+    """`module`'s state read from checkpoint tensors under `prefix`: `experts.gate_up_proj` [E, 2I, H] stacked from
+    each expert's gate and up, `experts.down_proj` [E, H, I] from each one's down, everything else by its own name."""
+    state = {}
+    for name in module.state_dict():
+        head, _, leaf = name.rpartition("experts.")
+        if leaf in ("gate_up_proj", "down_proj") and (not head or head.endswith(".")):
+            parts = ("gate", "up") if leaf == "gate_up_proj" else ("down",)
+            per = [torch.cat([w[f"{prefix}{head}experts.{e}.{g}_proj.weight"] for g in parts]) for e in range(experts)]
+            state[name] = torch.stack(per)
+        else:
+            state[name] = w[prefix + name]
+    return state
+
+
 def _mla_moe_mtp(path: Path, nxt, hidden, pos, *, decoder: str, index_topk: int | None = None):
     """DeepSeek's MTP layer from checkpoint tensors by hub name: RMSNorm(embed) | RMSNorm(hidden) -> eh_proj -> the
     decoder block (transformers' `decoder` layer class, experts stacked here from per-expert tensors, causal mask) ->
@@ -421,18 +436,8 @@ def _mla_moe_mtp(path: Path, nxt, hidden, pos, *, decoder: str, index_topk: int 
         setattr(cfg, name, value)
     cfg._attn_implementation, cfg._experts_implementation = "eager", "eager"
     block = getattr(modeling, f"{cls}DecoderLayer")(cfg, 0)
-    experts = range(config["n_routed_experts"])
-    state = {}
-    for name in block.state_dict():  # V3's block has no indexer: the indexer's tensors are not read
-        if name == "mlp.experts.gate_up_proj":
-            state[name] = torch.stack(
-                [torch.cat([w[f"{p}mlp.experts.{e}.{g}_proj.weight"] for g in ("gate", "up")]) for e in experts]
-            )
-        elif name == "mlp.experts.down_proj":
-            state[name] = torch.stack([w[f"{p}mlp.experts.{e}.down_proj.weight"] for e in experts])
-        else:
-            state[name] = w[p + name]
-    block.load_state_dict(state)
+    # V3's block has no indexer: the indexer's tensors are not read
+    block.load_state_dict(_state_from_experts(block, w, p, config["n_routed_experts"]))
     x = _glue(
         w, "model.embed_tokens.weight", hidden, nxt, (p + "enorm.weight", p + "hnorm.weight"), p + "eh_proj.weight", eps
     )
@@ -856,17 +861,7 @@ def glm5_next_vllm(path: Path, nxt, hidden, pos, *, index_topk: int | None = Non
     cfg._attn_implementation, cfg._experts_implementation = "eager", "eager"
     attn, moe = g5.Glm5NextTextAttention(cfg, 0), g5.Glm5NextTextMoE(cfg)
     attn.load_state_dict({k: w[p + "self_attn." + k] for k in attn.state_dict()})
-    experts = range(text["n_routed_experts"])
-    state = {}
-    for name in moe.state_dict():
-        if name == "experts.gate_up_proj":
-            gu = [torch.cat([w[f"{p}mlp.experts.{e}.{g}_proj.weight"] for g in ("gate", "up")]) for e in experts]
-            state[name] = torch.stack(gu)
-        elif name == "experts.down_proj":
-            state[name] = torch.stack([w[f"{p}mlp.experts.{e}.down_proj.weight"] for e in experts])
-        else:
-            state[name] = w[p + "mlp." + name]
-    moe.load_state_dict(state)
+    moe.load_state_dict(_state_from_experts(moe, w, p + "mlp.", text["n_routed_experts"]))
     x = _glue(w, "model.language_model.embed_tokens.weight", hidden, nxt, (p + "enorm.weight", p + "hnorm.weight"),
               p + "eh_proj.weight", eps)  # fmt: skip
     valid = torch.ones(x.shape[:2], dtype=torch.bool)  # every query valid: the indexer makes the causal selection
@@ -926,17 +921,7 @@ def hy_v4_vllm(path: Path, nxt, hidden, pos, *, index_topk: int | None = None, s
     attn.load_state_dict({k: w[p + "self_attn." + hub.get(k, k)] for k in attn.state_dict()})
     if not sinks:
         attn.sinks.data.fill_(float("-inf"))  # exp(-inf) = 0: the softmax without a sink column
-    experts = range(config["n_routed_experts"])
-    state = {}
-    for name in moe.state_dict():
-        if name == "experts.gate_up_proj":
-            gu = [torch.cat([w[f"{p}mlp.experts.{e}.{g}_proj.weight"] for g in ("gate", "up")]) for e in experts]
-            state[name] = torch.stack(gu)
-        elif name == "experts.down_proj":
-            state[name] = torch.stack([w[f"{p}mlp.experts.{e}.down_proj.weight"] for e in experts])
-        else:
-            state[name] = w[p + "mlp." + name]
-    moe.load_state_dict(state)
+    moe.load_state_dict(_state_from_experts(moe, w, p + "mlp.", config["n_routed_experts"]))
     x = _glue(w, "model.embed_tokens.weight", hidden, nxt, (p + "enorm.weight", p + "hnorm.weight"), p + "eh_proj.weight",
               eps)  # fmt: skip
     rope = h4.HYV4RotaryEmbedding(cfg)(x, pos)
