@@ -1,6 +1,7 @@
 """What a reader of docs/ and the repository's folders can rely on: pages short enough to read, the results page
 giving each figure's date and command, no private issue numbers, links that land, and scripts/ holding the user
-tools only, with every benchmark and reproduction described in its folder's README.
+tools only, with every benchmark and reproduction described in its folder's README, and no tracked file pointing
+outside the repository (a path no user has).
 
 What this module does not check: that a figure is right (the benchmarks measure, the tests of each stage prove), or
 the README's own length and sentences."""
@@ -8,6 +9,7 @@ the README's own length and sentences."""
 from __future__ import annotations
 
 import re
+import subprocess
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -18,6 +20,8 @@ PROJECTS = {"vllm", "sglang", "speculators", "transformers", "tensorrt-llm", "hu
 _REFERENCE = re.compile(r"(?:(\S+)\s+)?((?:issues?|PRs?|pull requests?)\s+#?\d+)", re.I)
 _HASH = re.compile(r"(?<![\w/&])#\d+\b")
 _LINK = re.compile(r"\]\(([^)\s]+)\)")
+# a path outside the repository: a sibling `shared` folder, or the machine's work tree (pieced so this file is clean)
+_OUTSIDE = re.compile("|".join([r"\.\./" + "shared\\b", r"(?<![\w.~-])/" + "work/"]))
 
 
 def _pages() -> list[Path]:
@@ -92,6 +96,35 @@ def test_relative_links_land_on_a_file_and_a_heading() -> None:
             elif anchor and dest.suffix == ".md" and anchor not in anchors(dest.read_text()):
                 broken.append(f"{page.relative_to(ROOT)}: {target} (no such heading)")
     assert broken == []
+
+
+def outside_references(text: str) -> list[str]:
+    """The paths in `text` that point outside the repository."""
+    return _OUTSIDE.findall(text)
+
+
+def _tracked() -> list[Path]:
+    """The repository's tracked files (what a clone holds)."""
+    listed = subprocess.run(["git", "ls-files", "-z"], cwd=ROOT, capture_output=True, check=True).stdout
+    return [ROOT / name for name in listed.decode().split("\0") if name]
+
+
+def test_outside_references_are_found() -> None:
+    planted = "see `../" + "shared/reference/x.md` and --out /" + "work/train-out"
+    assert outside_references(planted) == ["../" + "shared", "/" + "work/"]
+    assert outside_references("../shared_head, https://example.org/work/x, docs/work/x, ~/work/x") == []
+
+
+def test_no_tracked_file_points_outside_the_repository() -> None:
+    found = {}
+    for path in _tracked():
+        data = path.read_bytes() if path.is_file() else b""
+        if b"\0" in data[:8192]:  # weights and other binary files
+            continue
+        refs = outside_references(data.decode("utf-8", "replace"))
+        if refs:
+            found[path.relative_to(ROOT).as_posix()] = refs
+    assert found == {}, "cite the public source (engine file + version, repo#PR, paper), not a local path"
 
 
 def test_scripts_hold_the_user_tools_and_every_benchmark_is_described() -> None:
