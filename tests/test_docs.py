@@ -138,3 +138,78 @@ def test_scripts_hold_the_user_tools_and_every_benchmark_is_described() -> None:
         assert undescribed == [], f"{folder.relative_to(ROOT)}/README.md does not describe {undescribed}"
         for script in folder.glob("*.py"):
             assert f"{script.relative_to(ROOT).as_posix()}" in readme, f"no command for {script.name}"
+
+
+# ---- the generated tables and the module names a page gives -------------------------------------------------------
+_TOP = sorted(p.stem for p in (ROOT / "mtp2draft").iterdir() if p.suffix == ".py" or (p / "__init__.py").is_file())
+_NAMED = re.compile(rf"(?<![\w./-])(?:mtp2draft[./])?((?:{'|'.join(_TOP)})(?:[./][A-Za-z_]\w*)+)")
+_SUFFIXES = {"py", "json", "jsonl", "md", "toml", "png", "safetensors", "txt"}  # a file's: `data.jsonl` is `data`
+
+
+def _defined(module: Path, name: str) -> bool:
+    """Whether `module` defines or imports `name` at its top level."""
+    import ast
+
+    for node in ast.parse(module.read_text()).body:
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)) and node.name == name:
+            return True
+        targets = (
+            node.targets if isinstance(node, ast.Assign) else [node.target] if isinstance(node, ast.AnnAssign) else []
+        )
+        if any(isinstance(t, ast.Name) and t.id == name for t in targets):
+            return True
+        if isinstance(node, (ast.Import, ast.ImportFrom)) and any((a.asname or a.name) == name for a in node.names):
+            return True
+    return False
+
+
+def unknown_names(text: str) -> list[str]:
+    """The dotted or slashed package names in `text` (`train.recipe.distill`, `formats/export.py`) that name no module
+    of the package, or no top-level name of the module they point into."""
+    package = ROOT / "mtp2draft"
+    unknown = []
+    for named in _NAMED.findall(text):
+        parts = re.split(r"[./]", named)
+        if parts[-1] in _SUFFIXES:
+            parts = parts[:-1]
+        path, rest = package, list(parts)
+        while rest and ((path / rest[0]).is_dir() or (path / f"{rest[0]}.py").is_file()):
+            path = path / rest.pop(0)
+        module = path / "__init__.py" if path.is_dir() else path.with_suffix(".py")
+        if path == package or (rest and not _defined(module, rest[0])):
+            unknown.append(named)
+    return unknown
+
+
+def test_unknown_module_names_are_found() -> None:
+    assert unknown_names("`train.recipe.distill`, `formats/export.py`, `family.spec.ENGINES`, data.jsonl") == []
+    assert unknown_names("target.engine_dump --> train.recipe.no_such, `cli/nothing.py`") == [
+        "target.engine_dump",
+        "train.recipe.no_such",
+        "cli/nothing.py",
+    ]
+
+
+def test_architecture_lists_every_module_and_names_only_real_ones() -> None:
+    from doc_tables import MODULE_MAP, descriptions, expected
+
+    text = MODULE_MAP.page.read_text()
+    block = expected(MODULE_MAP, text)
+    assert MODULE_MAP.block(text) == block, (
+        "docs/architecture.md's module map is not the package's modules; `PYTHONPATH=tests python -m doc_tables "
+        f"--write` writes:\n{block}"
+    )
+    assert [m for m, said in descriptions(block).items() if not said] == [], "describe each new module in one line"
+    assert unknown_names(text) == []
+
+
+def test_the_format_table_is_the_registry() -> None:
+    from doc_tables import FORMAT_TABLE, expected
+
+    from mtp2draft.formats import REGISTRY
+
+    text = FORMAT_TABLE.page.read_text()
+    assert FORMAT_TABLE.block(text) == expected(FORMAT_TABLE, text), (
+        "run `PYTHONPATH=tests python -m doc_tables --write`"
+    )
+    assert all(f"| `{name}` |" in text for name in REGISTRY)
