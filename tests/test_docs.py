@@ -190,7 +190,7 @@ def test_unknown_module_names_are_found() -> None:
     ]
 
 
-def test_architecture_lists_every_module_and_names_only_real_ones() -> None:
+def test_architecture_lists_every_module() -> None:
     from doc_tables import MODULE_MAP, descriptions, expected
 
     text = MODULE_MAP.page.read_text()
@@ -200,7 +200,14 @@ def test_architecture_lists_every_module_and_names_only_real_ones() -> None:
         f"--write` writes:\n{block}"
     )
     assert [m for m, said in descriptions(block).items() if not said] == [], "describe each new module in one line"
-    assert unknown_names(text) == []
+
+
+def test_the_docs_name_only_modules_that_exist() -> None:
+    """A module or function a page names (`train.recipe.distill`, `formats/export.py`) exists: a rename or a move that
+    leaves a page behind fails here. formats.md's worked example of a new format is the one name not yet written."""
+    unknown = {p.relative_to(ROOT).as_posix(): unknown_names(p.read_text()) for p in _readable()}
+    unknown["docs/formats.md"].remove("formats/myfmt.py")
+    assert {page: names for page, names in unknown.items() if names} == {}
 
 
 def test_the_format_table_is_the_registry() -> None:
