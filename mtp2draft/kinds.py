@@ -41,7 +41,8 @@ class Hidden(StrEnum):
 
 
 HIDDEN_PLACES = tuple(h.value for h in Hidden)
-# The weight dtypes mtp2draft writes (`convert --dtype`, `export --dtype`); their torch dtypes: `io.TORCH_DTYPES`.
+# The weight dtypes mtp2draft writes (`convert --dtype`, `export --dtype`, a draft config.json's `torch_dtype`); their torch
+# dtypes: `io.TORCH_DTYPES`.
 DTYPE_NAMES = ("bfloat16", "float16", "float32")
 
 # How a draft proposes at a temperature (`evaluate --draft-sampling`, vLLM's draft_sample_method; see evaluation/sampling.py)

@@ -215,8 +215,8 @@ CHAT_TEMPLATE = (
 
 EXAMPLES = """examples:
   # the bundled targets (each about 95 minutes on one thread), resumable; outputs checked before copying in
-  python scripts/train_target.py --family mimo --threads 1 --state-dir /work/train-state --out /work/train-out/targets \\
-      --data-out /work/train-out/data --mtp-only-steps 1000 --eval-every 250
+  python scripts/train_target.py --family mimo --threads 1 --state-dir train-state --out train-out/targets \\
+      --data-out train-out/data --mtp-only-steps 1000 --eval-every 250
   # the same command plus --resume continues a stopped run where its last checkpoint left it
   # a smoke run in seconds
   python scripts/train_target.py --family all --out /tmp/t --data-out /tmp/d --steps 3 --max-files 12 \\

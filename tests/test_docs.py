@@ -1,6 +1,7 @@
 """What a reader of docs/ and the repository's folders can rely on: pages short enough to read, the results page
 giving each figure's date and command, no private issue numbers, links that land, and scripts/ holding the user
-tools only, with every benchmark and reproduction described in its folder's README.
+tools only, with every benchmark and reproduction described in its folder's README, and no tracked file pointing
+outside the repository (a path no user has).
 
 What this module does not check: that a figure is right (the benchmarks measure, the tests of each stage prove), or
 the README's own length and sentences."""
@@ -8,6 +9,7 @@ the README's own length and sentences."""
 from __future__ import annotations
 
 import re
+import subprocess
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -18,6 +20,8 @@ PROJECTS = {"vllm", "sglang", "speculators", "transformers", "tensorrt-llm", "hu
 _REFERENCE = re.compile(r"(?:(\S+)\s+)?((?:issues?|PRs?|pull requests?)\s+#?\d+)", re.I)
 _HASH = re.compile(r"(?<![\w/&])#\d+\b")
 _LINK = re.compile(r"\]\(([^)\s]+)\)")
+# a path outside the repository: a sibling `shared` folder, or the machine's work tree (pieced so this file is clean)
+_OUTSIDE = re.compile("|".join([r"\.\./" + "shared\\b", r"(?<![\w.~-])/" + "work/"]))
 
 
 def _pages() -> list[Path]:
@@ -94,6 +98,35 @@ def test_relative_links_land_on_a_file_and_a_heading() -> None:
     assert broken == []
 
 
+def outside_references(text: str) -> list[str]:
+    """The paths in `text` that point outside the repository."""
+    return _OUTSIDE.findall(text)
+
+
+def _tracked() -> list[Path]:
+    """The repository's tracked files (what a clone holds)."""
+    listed = subprocess.run(["git", "ls-files", "-z"], cwd=ROOT, capture_output=True, check=True).stdout
+    return [ROOT / name for name in listed.decode().split("\0") if name]
+
+
+def test_outside_references_are_found() -> None:
+    planted = "see `../" + "shared/reference/x.md` and --out /" + "work/train-out"
+    assert outside_references(planted) == ["../" + "shared", "/" + "work/"]
+    assert outside_references("../shared_head, https://example.org/work/x, docs/work/x, ~/work/x") == []
+
+
+def test_no_tracked_file_points_outside_the_repository() -> None:
+    found = {}
+    for path in _tracked():
+        data = path.read_bytes() if path.is_file() else b""
+        if b"\0" in data[:8192]:  # weights and other binary files
+            continue
+        refs = outside_references(data.decode("utf-8", "replace"))
+        if refs:
+            found[path.relative_to(ROOT).as_posix()] = refs
+    assert found == {}, "cite the public source (engine file + version, repo#PR, paper), not a local path"
+
+
 def test_scripts_hold_the_user_tools_and_every_benchmark_is_described() -> None:
     scripts = sorted(p.name for p in (ROOT / "scripts").iterdir() if p.is_file())
     assert len(scripts) <= SCRIPTS, scripts
@@ -105,3 +138,85 @@ def test_scripts_hold_the_user_tools_and_every_benchmark_is_described() -> None:
         assert undescribed == [], f"{folder.relative_to(ROOT)}/README.md does not describe {undescribed}"
         for script in folder.glob("*.py"):
             assert f"{script.relative_to(ROOT).as_posix()}" in readme, f"no command for {script.name}"
+
+
+# ---- the generated tables and the module names a page gives -------------------------------------------------------
+_TOP = sorted(p.stem for p in (ROOT / "mtp2draft").iterdir() if p.suffix == ".py" or (p / "__init__.py").is_file())
+_NAMED = re.compile(rf"(?<![\w./-])(?:mtp2draft[./])?((?:{'|'.join(_TOP)})(?:[./][A-Za-z_]\w*)+)")
+_SUFFIXES = {"py", "json", "jsonl", "md", "toml", "png", "safetensors", "txt"}  # a file's: `data.jsonl` is `data`
+
+
+def _defined(module: Path, name: str) -> bool:
+    """Whether `module` defines or imports `name` at its top level."""
+    import ast
+
+    for node in ast.parse(module.read_text()).body:
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)) and node.name == name:
+            return True
+        targets = (
+            node.targets if isinstance(node, ast.Assign) else [node.target] if isinstance(node, ast.AnnAssign) else []
+        )
+        if any(isinstance(t, ast.Name) and t.id == name for t in targets):
+            return True
+        if isinstance(node, (ast.Import, ast.ImportFrom)) and any((a.asname or a.name) == name for a in node.names):
+            return True
+    return False
+
+
+def unknown_names(text: str) -> list[str]:
+    """The dotted or slashed package names in `text` (`train.recipe.distill`, `formats/export.py`) that name no module
+    of the package, or no top-level name of the module they point into."""
+    package = ROOT / "mtp2draft"
+    unknown = []
+    for named in _NAMED.findall(text):
+        parts = re.split(r"[./]", named)
+        if parts[-1] in _SUFFIXES:
+            parts = parts[:-1]
+        path, rest = package, list(parts)
+        while rest and ((path / rest[0]).is_dir() or (path / f"{rest[0]}.py").is_file()):
+            path = path / rest.pop(0)
+        module = path / "__init__.py" if path.is_dir() else path.with_suffix(".py")
+        if path == package or (rest and not _defined(module, rest[0])):
+            unknown.append(named)
+    return unknown
+
+
+def test_unknown_module_names_are_found() -> None:
+    assert unknown_names("`train.recipe.distill`, `formats/export.py`, `family.spec.ENGINES`, data.jsonl") == []
+    assert unknown_names("target.engine_dump --> train.recipe.no_such, `cli/nothing.py`") == [
+        "target.engine_dump",
+        "train.recipe.no_such",
+        "cli/nothing.py",
+    ]
+
+
+def test_architecture_lists_every_module() -> None:
+    from doc_tables import MODULE_MAP, descriptions, expected
+
+    text = MODULE_MAP.page.read_text()
+    block = expected(MODULE_MAP, text)
+    assert MODULE_MAP.block(text) == block, (
+        "docs/architecture.md's module map is not the package's modules; `PYTHONPATH=tests python -m doc_tables "
+        f"--write` writes:\n{block}"
+    )
+    assert [m for m, said in descriptions(block).items() if not said] == [], "describe each new module in one line"
+
+
+def test_the_docs_name_only_modules_that_exist() -> None:
+    """A module or function a page names (`train.recipe.distill`, `formats/export.py`) exists: a rename or a move that
+    leaves a page behind fails here. formats.md's worked example of a new format is the one name not yet written."""
+    unknown = {p.relative_to(ROOT).as_posix(): unknown_names(p.read_text()) for p in _readable()}
+    unknown["docs/formats.md"].remove("formats/myfmt.py")
+    assert {page: names for page, names in unknown.items() if names} == {}
+
+
+def test_the_format_table_is_the_registry() -> None:
+    from doc_tables import FORMAT_TABLE, expected
+
+    from mtp2draft.formats import REGISTRY
+
+    text = FORMAT_TABLE.page.read_text()
+    assert FORMAT_TABLE.block(text) == expected(FORMAT_TABLE, text), (
+        "run `PYTHONPATH=tests python -m doc_tables --write`"
+    )
+    assert all(f"| `{name}` |" in text for name in REGISTRY)

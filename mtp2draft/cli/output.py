@@ -4,7 +4,7 @@ Every function takes a stage's result (a dataclass or the dict it returns) and g
 dict; the command modules decide where it goes (data on stdout). Imports neither typer nor torch, so `mtp2draft --help` stays
 fast and the texts can be tested without running a stage.
 
-What this module does not do: parse options, call the stages, print, or format errors (`cli.main` has the one error
+What this module does not do: parse options, call the stages, print, or format errors (`cli/app.py`'s `main` has the one error
 formatter).
 """
 

@@ -1,6 +1,6 @@
-"""The draft: its kinds and directory file names (`kinds`, torch-free), the native MTP and EAGLE-3 modules and their
-on-disk form (`modules`), the checkpoint <-> module key mapping of an MTP layer (`layout`) and the EAGLE-3 config
-codec (`eagle3_config`) and the typed, self-validating config.json of every draft layout (`config`).
+"""The draft: the native MTP modules (`modules`, `chain`, `hyper`, built through `build`) and the EAGLE-3 module
+(`modules`), their configs (`config`, `block_config`, `eagle3_config`) and directories (`disk`), and the checkpoint <->
+module key mapping of an MTP layer (`layout`). docs/architecture.md has one line per module.
 
-This package's `__init__` imports nothing, so `mtp2draft.kinds` stays torch-free.
+This package's `__init__` imports nothing, so its torch-free modules (`eagle3_config`) stay torch-free.
 """

@@ -26,11 +26,10 @@ from pathlib import Path
 from typing import Any
 
 from mtp2draft.errors import DraftError, Mtp2DraftError, read_json_file
-from mtp2draft.kinds import CONFIG_FILE, DraftKind, detect_kind
+from mtp2draft.kinds import CONFIG_FILE, DTYPE_NAMES, DraftKind, detect_kind
 
 HANDOVERS = ("post_norm", "pre_norm")  # which hidden a draft step hands on / step 0 reads
 DRAFT_FORMAT_VERSIONS = (1, 2)  # the native draft layouts this version reads (draft.DRAFT_FORMAT_VERSION writes)
-WEIGHT_DTYPES = ("bfloat16", "float16", "float32")
 HIDDEN_ACTS = ("silu",)  # the EAGLE-3 layer's MLP is SwiGLU
 
 FIX = "fix config.json or convert the draft again"
@@ -178,7 +177,7 @@ LLAMA_LAYER_FIELDS = (
     Field("rope_scaling", obj_or_null),
     Field("hidden_act", one_of(*HIDDEN_ACTS)),
     Field("tie_word_embeddings", boolean),
-    Field("torch_dtype", one_of(*WEIGHT_DTYPES)),
+    Field("torch_dtype", one_of(*DTYPE_NAMES)),
     Field("bos_token_id", token_id),
     Field("eos_token_id", token_id),
     Field("pad_token_id", token_id),
@@ -205,7 +204,7 @@ SPECULATORS_FIELDS = (
     Field("norm_before_fc", boolean),
     Field("fc_norm", boolean),
     Field("norm_output", boolean),
-    Field("torch_dtype", one_of(*WEIGHT_DTYPES)),
+    Field("torch_dtype", one_of(*DTYPE_NAMES)),
     *MTP2DRAFT_RECORD_FIELDS,
 )
 EAGLE_CONFIG_FIELDS = (

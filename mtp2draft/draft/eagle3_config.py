@@ -1,6 +1,8 @@
 """EAGLE-3 config codecs: mtp2draft's EAGLE-3 draft config <-> SGLang's `LlamaForCausalLMEagle3` config.json and
 vLLM's speculators `Eagle3Speculator` config.json, the weight-name mapping between the two layouts, and how each
-engine reads the aux layer ids (`../shared/reference/draft-formats.md` is the contract).
+engine reads the aux layer ids (the engines' readers are the contract: SGLang 0.5.23
+`python/sglang/srt/models/llama_eagle3.py`, vLLM 0.33 `vllm/model_executor/models/llama_eagle3.py` and
+`vllm/transformers_utils/configs/speculators/`; docs/formats.md).
 
 Torch-free (a dtype is only named). `draft/modules.py` loads either layout through these; `conversion.py` writes the aux ids
 with them; the `sglang` / `speculators` formats (`eagle3.py`) write and check the files.

@@ -18,17 +18,15 @@ and hands on [B, T, S, H] instead: `draft.hidden_shape` is what follows [B, T]. 
 
 `draft.hidden_handover` says which hidden a step hands on: EAGLE-3 engines feed back the pre-norm output. A native MTP
 draft computes what ONE engine computes, and its config records which (`engine`): the target hidden step 0 reads
-(`input_hidden`), whether the final norm is applied (`final_norm`) and the hidden handed on (`hidden_handover`).
-Engines differ per family (the spec's `[engines.*]` tables): vLLM 0.33 hands on the post-norm hidden for DeepSeek
-V3/V3.2, Qwen3-Next/3.5, MiMo, MiMo-V2 and LongCat but the pre-norm one for GLM-4.5; SGLang 0.5.23 hands on the
-post-norm one; for ERNIE-4.5 both apply no final norm; for MiMo vLLM feeds step 0 the pre-norm target hidden, SGLang
-the post-norm one. Without an engine, a draft computes the checkpoint's own layer (`[layer]`) and hands on the
+(`input_hidden`), whether the final norm is applied (`final_norm`) and the hidden handed on (`hidden_handover`). The
+values per engine and family are data (the spec's `[engines.*]` tables; docs/engines.md, "How each engine computes a
+native MTP layer"). Without an engine, a draft computes the checkpoint's own layer (`[layer]`) and hands on the
 post-norm hidden.
 
 The target's embedding (and, for the native draft, its lm_head) are attached as non-persistent buffers: the draft
 reads them, no optimizer sees them, and they are never written into a draft directory.
 
-What this module does not do: read hub checkpoints (`checkpoint/reader.py`), map MTP weights to EAGLE-3 (`family/transforms.py`),
+What this module does not do: read hub checkpoints (`checkpoint/reader.py`), initialise EAGLE-3 from an MTP layer (`eagle3/`),
 or train (`train/recipe.py`).
 """
 

@@ -1,3 +1,5 @@
 """Stage 3, evaluation: real speculative decoding against the target (`decode`: chain drafting, acceptance per
-position, the lossless check, `evaluate`) and the acceptance rule at a temperature with its distribution check
-(`sampling`)."""
+position, the lossless check, `evaluate`), the acceptance rule at a temperature with its distribution check
+(`sampling`), `evaluate --engine vllm` (`backend`), its settings (`settings`), the report file (`report`), a draft
+against a baseline (`compare`), the lossless verdict in words (`verdict`) and the charts (`charts`).
+docs/architecture.md has one line per module."""

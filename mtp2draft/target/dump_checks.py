@@ -4,9 +4,9 @@ Before training starts, once, from small reads only:
 - `manifest.json`: a JSON object with every field of the schema (docs/formats.md, "hidden states") of the right type,
   consistent with itself (sizes against its own `target_config`, sequences 0..N-1 each stored once, `top_k` >= 1)
   and with the draft it is meant to train (family, sizes, layers, the target's whole config for native drafts);
-- shard names: plain relative names (the checkpoint index rule, `checkpoint.check_shard_name`) that stay inside the
+- shard names: plain relative names (the checkpoint index rule, `checkpoint.reader.check_shard_name`) that stay inside the
   dump once links are followed;
-- shard headers (8 bytes + the JSON header each, through `checkpoint.Checkpoint`'s header reader): every record's
+- shard headers (8 bytes + the JSON header each, through `checkpoint.reader.Checkpoint`'s header reader): every record's
   tensors present with the schema's dtype and shapes ([T], [T, H], [T, 3H], [T, k]); `shared.safetensors` [V, H];
 - loss masks (one byte per token): a dump with no loss token within --max-length trains nothing and is refused.
 Then, per batch as it is consumed (the dump is read once): finiteness of the features and log-probs, log-probs <= 0

@@ -68,7 +68,7 @@ def dump_hidden_states(
             if feats.logits is not None:
                 logprobs = torch.log_softmax(feats.logits[0], dim=-1)  # [T, V]
                 values, indices = logprobs.topk(min(top_k, logprobs.shape[-1]), dim=-1)  # [T, k]
-            else:  # an engine that returns its top-k log-probs only (engine_dump.VllmTarget)
+            else:  # an engine that returns its top-k log-probs only (target.backend.VllmTarget)
                 values, indices = feats.topk_logprobs[0][:, :top_k], feats.topk_ids[0][:, :top_k]  # [T, k]
             buffer[f"{n}.input_ids"] = ids[0]
             buffer[f"{n}.loss_mask"] = torch.as_tensor(seq["loss_mask"], dtype=torch.bool)
