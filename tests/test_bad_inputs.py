@@ -838,8 +838,11 @@ def dspark_under_mtp_convert(w, tmp, mp, stack):
 
 
 @case
-def dspark_under_mtp_inspect(w, tmp, mp, stack):
-    return Case(["inspect", str(_family(tmp, "deepseek_v4_0731_dspark"))], "not an MTP layer (config.json: dspark")
+def dspark_target_layers_disagree_with_main_proj(w, tmp, mp, stack):
+    """Two target layers in config.json, a context projection fed three: inspect names both."""
+    ck = _family(tmp, "deepseek_v4_0731_dspark")
+    _edit_config(ck, dspark_target_layer_ids=[1, 2])
+    return Case(["inspect", str(ck)], "mtp.0.main_proj.weight is [64, 192], but 2 target layers")
 
 
 @case
@@ -940,13 +943,13 @@ def deepseek_v4_hc_mult_not_a_count(w, tmp, mp, stack):
 
 @case
 def deepseek_v4_config_with_dspark_fields(w, tmp, mp, stack):
-    """A V4 checkpoint whose config.json carries V4-0731's DSpark fields: refused before any spec, MTP keys or not."""
+    """A V4 checkpoint whose config.json carries V4-0731's DSpark fields over an MTP layer: the tensors disagree."""
     from support import hub_keys
 
     ck = _family(tmp, "deepseek_v4")
     dspark = hub_keys.load("deepseek_v4_0731_dspark")["config"]
     _edit_config(ck, **{k: v for k, v in dspark.items() if k.startswith("dspark_")})
-    return Case(["inspect", str(ck)], "are a DSpark block drafter")
+    return Case(["inspect", str(ck)], "declares a DSpark drafter (dspark_block_size = 5) but mtp.* is not one")
 
 
 _GLM5 = "model.language_model.layers.4."  # glm5_next's MTP layer in the fixture (4 trunk layers; 45 on the release)

@@ -1,7 +1,8 @@
 """DSpark is not MTP. DeepSeek-V4-0731 / V4.1 keep a DSpark block drafter (three stages, a Markov head, no enorm /
 hnorm / projection) under the same `mtp.*` prefix as DeepSeek-V4's MTP layer, and config.json says
 `num_nextn_predict_layers: 1` all the same. Loading it as MTP would half-load it (vLLM 0.33 refuses `mtp` for V4.1 for
-that reason), so every command that reads a source refuses it in one line naming what it is.
+that reason). `inspect` reports it as a DSpark drafter, found by its `dspark_*` keys; every other command refuses it
+in one line naming what it is and what is supported so far.
 
 The fixture is DeepSeek-V4-Flash-0731's layout; its MTP keys are diffed against the key list of the release
 committed as test data (tests/data/hub_keys/deepseek_v4_0731_dspark.json, sources cited there).
@@ -10,6 +11,7 @@ committed as test data (tests/data/hub_keys/deepseek_v4_0731_dspark.json, source
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 import pytest
@@ -65,12 +67,65 @@ def test_find_spec_refuses_a_dspark_config_of_any_family(build) -> None:
     assert find_spec(FIXTURES["deepseek_v3"]["config"]).name == "deepseek_v3"
 
 
-@pytest.mark.parametrize("command", ["inspect", "convert"])
-def test_every_command_refuses_in_one_line(build, tmp_path: Path, capsys, command: str) -> None:
+@pytest.mark.parametrize("to", ["eagle3", "mtp"])
+def test_convert_refuses_in_one_line_saying_what_is_supported(build, tmp_path: Path, capsys, to: str) -> None:
     path = build(FIXTURE)
-    argv = [command, str(path)] + (["--out", str(tmp_path / "out"), "--to", "eagle3"] if command == "convert" else [])
-    assert main(argv) == 2
+    assert main(["convert", str(path), "--out", str(tmp_path / "out"), "--to", to]) == 2
     out, err = capsys.readouterr()
     lines = [line for line in err.splitlines() if line.startswith("error:")]
     assert len(lines) == 1 and "DSpark block drafter" in lines[0] and "not an MTP layer" in lines[0], err
+    assert "`inspect` only so far" in lines[0] and "convert, distill, evaluate and export" in lines[0]
     assert "Traceback" not in err and not (tmp_path / "out").exists()
+
+
+def _stored_mtp_tensors(path: Path) -> dict[str, tuple[str, int]]:
+    """mtp.* name -> (dtype, bytes), from the shards' safetensors headers as the format defines them."""
+    out = {}
+    for shard in sorted(set(_weight_map(path).values())):
+        raw = (path / shard).read_bytes()
+        header = json.loads(raw[8 : 8 + int.from_bytes(raw[:8], "little")])
+        for name, meta in header.items():
+            if name.startswith("mtp."):
+                start, end = meta["data_offsets"]
+                out[name] = (meta["dtype"], end - start)
+    return out
+
+
+@pytest.mark.parametrize("nextn", [1, 0, 3])
+def test_inspect_reports_the_dspark_drafter(build, tmp_path: Path, capsys, nextn: int) -> None:
+    """Stages come from the tensors and detection from dspark_* keys: num_nextn_predict_layers changes nothing."""
+    path = build(FIXTURE, num_nextn_predict_layers=nextn)
+    assert main(["inspect", str(path), "--json"]) == 0
+    info = json.loads(capsys.readouterr().out)
+    stored = _stored_mtp_tensors(path)
+    config = FIXTURES[FIXTURE]["config"]
+    assert info["draft_kind"] == "dspark" and info["num_stages"] == 3 and info["num_nextn_predict_layers"] == nextn
+    assert {k: info["dspark"][k] for k in ("block_size", "target_layer_ids", "noise_token_id", "markov_rank")} == {
+        "block_size": 5,
+        "target_layer_ids": config["dspark_target_layer_ids"],
+        "noise_token_id": config["dspark_noise_token_id"],
+        "markov_rank": config["dspark_markov_rank"],
+    }
+    for row in info["stages"]:
+        mine = {k: v for k, v in stored.items() if k.startswith(f"mtp.{row['stage']}.")}
+        assert row["tensors"] == len(mine) and row["bytes"] == sum(b for _, b in mine.values())
+    assert info["drafter_bytes"] == sum(b for _, b in stored.values())
+    heads = {t["name"]: t for t in info["head_tensors"]}
+    assert heads["mtp.0.main_proj.weight"]["shape"] == [config["hidden_size"], 3 * config["hidden_size"]]
+    assert heads["mtp.0.main_proj.weight"]["dtype"] == stored["mtp.0.main_proj.weight"][0] == "F8_E4M3"
+    assert heads["mtp.2.confidence_head.proj.weight"]["shape"] == [1, config["hidden_size"] + 8]
+    assert main(["inspect", str(path)]) == 0
+    text = capsys.readouterr().out
+    assert "DSpark block drafter" in text and "block size    5" in text and "`inspect` only so far" in text
+
+
+def test_inspect_refuses_dspark_fields_over_tensors_that_are_not_dspark(build, tmp_path: Path, capsys) -> None:
+    """The config's keys say DSpark; the tensors must agree, or inspect says which are missing."""
+    path = Path(shutil.copytree(build("deepseek_v4"), tmp_path / "v4"))  # a copy: the built fixture is shared
+    config = json.loads((path / "config.json").read_text())
+    dspark = hub_keys.load(FIXTURE)["config"]
+    config.update({k: v for k, v in dspark.items() if k.startswith("dspark_")})
+    (path / "config.json").write_text(json.dumps(config))
+    assert main(["inspect", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert "declares a DSpark drafter (dspark_block_size = 5) but mtp.* is not one: no mtp.0.main_proj.weight" in err
