@@ -15,6 +15,8 @@ import shutil
 from pathlib import Path
 
 import pytest
+import torch
+from safetensors.torch import load_file
 from support import hub_keys
 from support.fixtures import FIXTURES
 
@@ -67,14 +69,14 @@ def test_find_spec_refuses_a_dspark_config_of_any_family(build) -> None:
     assert find_spec(FIXTURES["deepseek_v3"]["config"]).name == "deepseek_v3"
 
 
-@pytest.mark.parametrize("to", ["eagle3", "mtp"])
-def test_convert_refuses_in_one_line_saying_what_is_supported(build, tmp_path: Path, capsys, to: str) -> None:
+@pytest.mark.parametrize("extra", [["--to", "eagle3"], ["--to", "mtp"], ["--layer", "1"], ["--all-layers"]])
+def test_convert_refuses_mtp_layer_options_in_one_line(build, tmp_path: Path, capsys, extra: list[str]) -> None:
     path = build(FIXTURE)
-    assert main(["convert", str(path), "--out", str(tmp_path / "out"), "--to", to]) == 2
+    assert main(["convert", str(path), "--out", str(tmp_path / "out"), *extra]) == 2
     out, err = capsys.readouterr()
     lines = [line for line in err.splitlines() if line.startswith("error:")]
     assert len(lines) == 1 and "DSpark block drafter" in lines[0] and "not an MTP layer" in lines[0], err
-    assert "`inspect` only so far" in lines[0] and "convert, distill, evaluate and export" in lines[0]
+    assert extra[0] in lines[0] and "one dspark draft directory" in lines[0]
     assert "Traceback" not in err and not (tmp_path / "out").exists()
 
 
@@ -116,7 +118,7 @@ def test_inspect_reports_the_dspark_drafter(build, tmp_path: Path, capsys, nextn
     assert heads["mtp.2.confidence_head.proj.weight"]["shape"] == [1, config["hidden_size"] + 8]
     assert main(["inspect", str(path)]) == 0
     text = capsys.readouterr().out
-    assert "DSpark block drafter" in text and "block size    5" in text and "`inspect` only so far" in text
+    assert "DSpark block drafter" in text and "block size    5" in text and "distill, evaluate and export do" in text
 
 
 def test_inspect_refuses_dspark_fields_over_tensors_that_are_not_dspark(build, tmp_path: Path, capsys) -> None:
@@ -129,3 +131,71 @@ def test_inspect_refuses_dspark_fields_over_tensors_that_are_not_dspark(build, t
     assert main(["inspect", str(path)]) == 2
     err = capsys.readouterr().err
     assert "declares a DSpark drafter (dspark_block_size = 5) but mtp.* is not one: no mtp.0.main_proj.weight" in err
+
+
+def _dequantised_release(path: Path) -> dict[str, torch.Tensor]:
+    """The shipped mtp.* tensors in float32, dequantised here by the formats' definitions: FP8 e4m3 times its e8m0
+    scale per 128 x 128 block; packed e2m1 (element 2i in the low nibble) times its e8m0 scale per 32 inputs."""
+    raw: dict[str, torch.Tensor] = {}
+    for shard in sorted(set(_weight_map(path).values())):
+        raw.update({k: v for k, v in load_file(path / shard).items() if k.startswith("mtp.")})
+    e2m1 = torch.tensor([0, 0.5, 1, 1.5, 2, 3, 4, 6, -0.0, -0.5, -1, -1.5, -2, -3, -4, -6])
+    out = {}
+    for key, t in raw.items():
+        if key.endswith(".scale"):
+            continue
+        scale = raw.get(key.removesuffix(".weight") + ".scale")
+        if scale is None:
+            out[key] = t.float()
+        elif t.dtype == torch.int8:  # FP4 routed expert: [N, K/2] bytes, scale [N, K/32]
+            u8 = t.view(torch.uint8).long()
+            values = torch.stack([e2m1[u8 & 0xF], e2m1[u8 >> 4]], dim=-1).flatten(-2)
+            out[key] = values * scale.float().repeat_interleave(32, dim=1)
+        else:  # FP8 block: [N, K], scale [ceil(N/128), ceil(K/128)]
+            grid = scale.float().repeat_interleave(128, 0).repeat_interleave(128, 1)
+            out[key] = t.float() * grid[: t.shape[0], : t.shape[1]]
+    return out
+
+
+def test_convert_writes_the_stages_equal_to_the_shipped_tensors_dequantised(build, tmp_path: Path, capsys) -> None:
+    path = build(FIXTURE)
+    out = tmp_path / "dspark"
+    assert main(["convert", str(path), "--out", str(out), "--dtype", "float32"]) == 0
+    assert "wrote dspark draft" in capsys.readouterr().out
+    got, want = load_file(out / "model.safetensors"), _dequantised_release(path)
+    assert set(got) == set(want) and len({k.split(".")[1] for k in got}) == 3
+    for key in want:
+        assert torch.equal(got[key], want[key]), key
+    assert any(
+        t.dtype == torch.int8 for t in load_file(path / _weight_map(path)["mtp.0.ffn.experts.0.w1.weight"]).values()
+    )
+    config = json.loads((out / "config.json").read_text())
+    assert config["draft_kind"] == "dspark" and config["num_stages"] == 3 and config["dspark"]["block_size"] == 5
+    # bf16 by default; the tensors stored as float32 (hyper-connection mixers) stay float32
+    assert main(["convert", str(path), "--out", str(tmp_path / "bf16")]) == 0
+    bf16 = load_file(tmp_path / "bf16" / "model.safetensors")
+    assert bf16["mtp.0.hc_attn_fn"].dtype == torch.float32 and bf16["mtp.0.attn.wq_a.weight"].dtype == torch.bfloat16
+    torch.testing.assert_close(
+        bf16["mtp.0.main_proj.weight"].float(), want["mtp.0.main_proj.weight"], rtol=1e-2, atol=0
+    )
+
+
+@pytest.mark.parametrize("command", ["distill", "evaluate", "export"])
+def test_stages_refuse_a_dspark_draft_directory_saying_what_is_supported(
+    build, tmp_path: Path, capsys, command
+) -> None:
+    path, draft = build(FIXTURE), tmp_path / "dspark"
+    assert main(["convert", str(path), "--out", str(draft)]) == 0
+    data = tmp_path / "data.jsonl"
+    data.write_text('{"text": "hello there"}\n')
+    argv = {
+        "distill": ["--target", str(path), "--data", str(data), "--out", str(tmp_path / "o"), "--steps", "1"],
+        "evaluate": ["--target", str(path), "--data", str(data)],
+        "export": ["--format", "speculators", "--out", str(tmp_path / "o")],
+    }[command]
+    capsys.readouterr()
+    assert main([command, str(draft), *argv]) == 2
+    err = capsys.readouterr().err
+    lines = [line for line in err.splitlines() if line.startswith("error:")]
+    assert len(lines) == 1 and "describes a DSpark draft directory" in lines[0], err
+    assert "distill, evaluate and export do not take them yet" in lines[0] and not (tmp_path / "o").exists()

@@ -136,6 +136,12 @@ def convert_summary(result: Any) -> dict[str, Any]:
 
 
 def convert_text(result: Any) -> str:
+    if result.kind == "dspark":
+        return (
+            f"wrote dspark draft to {result.out} ({result.spec}, {result.num_mtp_layers} DSpark stages)\n"
+            f"fetched {human_bytes(result.bytes_fetched)} of a {human_bytes(result.checkpoint_bytes)} checkpoint "
+            f"in {result.seconds:.1f} s; dequantised: {', '.join(result.provenance['dequantised']) or 'nothing'}"
+        )
     tensors = result.provenance.get("tensors", {})
     exact = sum(1 for t in tensors.values() if t["exact"])
     chain = result.provenance.get("mtp_layers")

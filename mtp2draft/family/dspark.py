@@ -20,8 +20,8 @@ from mtp2draft.errors import CheckpointError
 DETECT_KEY = "dspark_block_size"
 # what the commands do with a DSpark drafter today, said by every refusal of one
 SUPPORTED_SO_FAR = (
-    "mtp2draft reads DSpark drafters with `inspect` only so far; convert, distill, evaluate and export do not take "
-    "them yet"
+    "so far mtp2draft reads DSpark drafters with `inspect` and `convert` (into a dspark draft directory); distill, "
+    "evaluate and export do not take them yet"
 )
 
 
