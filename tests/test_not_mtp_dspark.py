@@ -199,3 +199,29 @@ def test_stages_refuse_a_dspark_draft_directory_saying_what_is_supported(
     lines = [line for line in err.splitlines() if line.startswith("error:")]
     assert len(lines) == 1 and "describes a DSpark draft directory" in lines[0], err
     assert "distill, evaluate and export do not take them yet" in lines[0] and not (tmp_path / "o").exists()
+
+
+@pytest.mark.hub
+def test_over_the_hub_inspect_reads_headers_and_convert_fetches_the_drafter_only(
+    build, hub, capsys, tmp_path: Path
+) -> None:
+    """Byte ranges as for an MTP layer: `inspect` reads shard headers only; `convert` fetches the stages' stored
+    bytes and no more than 1.05x of them with the headers of the shards holding them. The trunk is never fetched."""
+    from mtp2draft.checkpoint.reader import open_checkpoint
+
+    path = build(FIXTURE)
+    hub.add_repo("deepseek-ai/tiny-v4-dspark", path)
+    local = open_checkpoint(str(path))
+    stored = _stored_mtp_tensors(path)
+    need = sum(b for _, b in stored.values())
+    shards = set(local.weight_map.values())
+    assert main(["inspect", "deepseek-ai/tiny-v4-dspark", "--json"]) == 0
+    info = json.loads(capsys.readouterr().out)
+    assert info["bytes_read_by_inspect"] == sum(hub.bytes_served_for(f) for f in shards)
+    assert info["drafter_bytes"] == need and info["bytes_read_by_inspect"] < need
+    hub.reset_counters()
+    assert main(["convert", "deepseek-ai/tiny-v4-dspark", "--out", str(tmp_path / "o")]) == 0
+    served = sum(hub.bytes_served_for(f) for f in shards)
+    holding = {local.weight_map[k] for k in stored}
+    headers = sum(min(local.info(k).start for k in local.header(f)) for f in holding)
+    assert need <= served <= 1.05 * (need + headers)
