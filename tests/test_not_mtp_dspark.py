@@ -225,3 +225,25 @@ def test_over_the_hub_inspect_reads_headers_and_convert_fetches_the_drafter_only
     holding = {local.weight_map[k] for k in stored}
     headers = sum(min(local.info(k).start for k in local.header(f)) for f in holding)
     assert need <= served <= 1.05 * (need + headers)
+
+
+def test_dspark_fields_read_either_section_and_refuse_malformed_ones() -> None:
+    from mtp2draft.errors import CheckpointError
+    from mtp2draft.family.dspark import dspark_fields
+
+    release = hub_keys.load(FIXTURE)["config"]
+    dspark = {k: v for k, v in release.items() if k.startswith("dspark_")}
+    assert dspark_fields({k: v for k, v in release.items() if not k.startswith("dspark_")}) is None
+    top = dspark_fields(release)
+    nested = dspark_fields({"architectures": ["X"], "text_config": {**dspark, "num_nextn_predict_layers": 3}})
+    assert top is not None and nested is not None and top.summary() == nested.summary()
+    assert (top.block_size, top.target_layer_ids, top.noise_token_id, top.markov_rank) == (5, (40, 41, 42), 128799, 256)
+    assert nested.section == "config.json text_config"
+    for bad, message in (
+        ({"dspark_block_size": 0}, "dspark_block_size = 0 is not a whole number"),
+        ({"dspark_target_layer_ids": [41, 40, 42]}, "is not strictly increasing"),
+        ({"dspark_target_layer_ids": []}, "is not a list of target layers"),
+        ({"dspark_markov_rank": "256"}, "dspark_markov_rank = '256'"),
+    ):
+        with pytest.raises(CheckpointError, match=message):
+            dspark_fields({**release, **bad})
