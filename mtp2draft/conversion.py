@@ -24,6 +24,7 @@ from typing import Any
 import torch
 
 from mtp2draft._version import __version__
+from mtp2draft.checkpoint.dspark import inspect_dspark
 from mtp2draft.checkpoint.reader import Checkpoint, check_finite, open_checkpoint
 from mtp2draft.draft.build import converted_config
 from mtp2draft.draft.eagle3_config import TOKEN_FIELDS, sglang_config
@@ -43,9 +44,11 @@ from mtp2draft.draft.modules import (
     vocab_maps,
     without_identity_maps,
 )
+from mtp2draft.dspark_conversion import convert_dspark
 from mtp2draft.eagle3.transfer import Eagle3Build
 from mtp2draft.eagle3.transforms import EAGLE3_TRANSFORMS, check_eagle3_transforms
 from mtp2draft.errors import CheckpointError, OptionError, ShallowTargetError
+from mtp2draft.family.dspark import dspark_fields
 from mtp2draft.family.spec import ENGINES, Spec, find_spec
 from mtp2draft.family.transforms import LOAD_TRANSFORMS
 from mtp2draft.io import (
@@ -59,7 +62,7 @@ from mtp2draft.io import (
     save_tensors,
     write_json,
 )
-from mtp2draft.kinds import CONFIG_FILE, PROVENANCE_FILE, WEIGHTS_FILE, DraftKind
+from mtp2draft.kinds import CONFIG_FILE, DSPARK_KIND, PROVENANCE_FILE, WEIGHTS_FILE, DraftKind
 from mtp2draft.redact import command_line
 from mtp2draft.settings import ConvertConfig
 
@@ -264,6 +267,12 @@ def convert(
     started = time.perf_counter()
     progress(f"resolving {source}")
     ckpt = open_checkpoint(source, revision, token)
+    dspark = dspark_fields(ckpt.config)
+    if dspark is not None:  # the config's dspark_* keys: all the stages, as a dspark draft directory
+        got = convert_dspark(ckpt, dspark, out, config, source=source, revision=revision, overwrite=overwrite,
+                             progress=progress)  # fmt: skip
+        return ConvertResult(Path(out), DSPARK_KIND, got["model_type"], 0, got["num_stages"], ckpt.bytes_fetched,
+                             got["drafter_bytes"], got["checkpoint_bytes"], got["seconds"], got["provenance"])  # fmt: skip
     spec, config, layer, count = check_conversion(ckpt, config)
     to, dtype, all_layers, aux_layers = DraftKind(config.to), config.dtype, config.all_layers, config.aux_layers
     progress(f"{spec.name}: MTP layer {layer} of {count}; reading shard headers")
@@ -429,8 +438,12 @@ def _write_native(
 def inspect_checkpoint(source: str, revision: str | None = None, token: str | bool | None = None) -> dict[str, Any]:
     """Family, MTP layers and their tensors, and the bytes a conversion fetches vs the whole checkpoint.
 
-    Reads config, index and the headers of the shards holding MTP tensors; no tensor bytes."""
+    Reads config, index and the headers of the shards holding MTP tensors; no tensor bytes. A DSpark drafter (the
+    config's `dspark_*` keys, `family.dspark`) is described by `checkpoint.dspark` instead."""
     ckpt = open_checkpoint(source, revision, token)
+    dspark = dspark_fields(ckpt.config)
+    if dspark is not None:
+        return inspect_dspark(ckpt, dspark)
     spec = find_spec(ckpt.config)
     count = spec.num_mtp_layers(ckpt.config)
     layers = []

@@ -833,22 +833,29 @@ def nemotron_h_super_omni_count_field_negative(w, tmp, mp, stack):
 
 @case
 def dspark_under_mtp_convert(w, tmp, mp, stack):
-    """DeepSeek-V4-0731: a DSpark block drafter under mtp.*, num_nextn_predict_layers 1 all the same."""
-    return Case(_convert(_family(tmp, "deepseek_v4_0731_dspark"), tmp), "are a DSpark block drafter")
+    """DeepSeek-V4-0731: a DSpark block drafter under mtp.*, num_nextn_predict_layers 1 all the same; --to asks for a
+    draft made from an MTP layer, which it is not."""
+    return Case(_convert(_family(tmp, "deepseek_v4_0731_dspark"), tmp, "--to", "eagle3"), "are a DSpark block drafter")
 
 
 @case
-def dspark_under_mtp_inspect(w, tmp, mp, stack):
-    return Case(["inspect", str(_family(tmp, "deepseek_v4_0731_dspark"))], "not an MTP layer (config.json: dspark")
+def dspark_target_layers_disagree_with_main_proj(w, tmp, mp, stack):
+    """Two target layers in config.json, a context projection fed three: inspect names both."""
+    ck = _family(tmp, "deepseek_v4_0731_dspark")
+    _edit_config(ck, dspark_target_layer_ids=[1, 2])
+    return Case(["inspect", str(ck)], "mtp.0.main_proj.weight is [64, 192], but 2 target layers")
 
 
 @case
-def dspark_of_v4_1_convert(w, tmp, mp, stack):
-    """DeepSeek-V4.1: model_type deepseek_v41 (vLLM 0.34 config/speculative.py: "V4.1 has no classic-MTP draft: its
-    checkpoints ship DSpark stages under mtp.*"), the same DSpark fields: refused in one line, not as an unknown family."""
+def dspark_without_markov_head_convert(w, tmp, mp, stack):
+    """DeepSeek-V4.1 naming (model_type deepseek_v41), the DSpark fields, and a last stage that lost its Markov head
+    (a partial download): the tensors are not the drafter the config declares."""
     ck = _family(tmp, "deepseek_v4_0731_dspark")
     _edit_config(ck, model_type="deepseek_v41")
-    return Case(_convert(ck, tmp), "DSpark block drafter")
+    index = json.loads((ck / "model.safetensors.index.json").read_text())
+    index["weight_map"] = {k: v for k, v in index["weight_map"].items() if ".markov_head." not in k}
+    _write_index(ck, index)
+    return Case(_convert(ck, tmp), "mtp.* is not one: no mtp.2.markov_head.markov_w1.weight")
 
 
 @case
@@ -940,13 +947,13 @@ def deepseek_v4_hc_mult_not_a_count(w, tmp, mp, stack):
 
 @case
 def deepseek_v4_config_with_dspark_fields(w, tmp, mp, stack):
-    """A V4 checkpoint whose config.json carries V4-0731's DSpark fields: refused before any spec, MTP keys or not."""
+    """A V4 checkpoint whose config.json carries V4-0731's DSpark fields over an MTP layer: the tensors disagree."""
     from support import hub_keys
 
     ck = _family(tmp, "deepseek_v4")
     dspark = hub_keys.load("deepseek_v4_0731_dspark")["config"]
     _edit_config(ck, **{k: v for k, v in dspark.items() if k.startswith("dspark_")})
-    return Case(["inspect", str(ck)], "are a DSpark block drafter")
+    return Case(["inspect", str(ck)], "declares a DSpark drafter (dspark_block_size = 5) but mtp.* is not one")
 
 
 _GLM5 = "model.language_model.layers.4."  # glm5_next's MTP layer in the fixture (4 trunk layers; 45 on the release)

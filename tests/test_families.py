@@ -1072,15 +1072,21 @@ def test_deepseek_v4_inspect_names_exactly_the_mtp_layer(build, capsys) -> None:
 
 
 def test_deepseek_v4_dspark_is_told_apart_on_the_real_configs(build, capsys) -> None:
-    """V4-0731's config (DSpark stages under mtp.*) is refused in one line; V4-Flash's and V4-Pro's are this spec."""
+    """V4-0731's config (DSpark stages under mtp.*) is refused as MTP; `inspect` reports it as a DSpark drafter and
+    `convert --to mtp` refuses it in one line. V4-Flash's and V4-Pro's are this spec."""
     for release in ("deepseek_v4", "deepseek_v4_pro"):
         assert find_spec(hub_keys.load(release)["config"]).name == V4_FIXTURE
     dspark = hub_keys.load("deepseek_v4_0731_dspark")["config"]
     with pytest.raises(NotMtpError, match="DSpark block drafter"):
         find_spec({**hub_keys.load("deepseek_v4")["config"], **dspark})
-    assert main(["inspect", str(build("deepseek_v4_0731_dspark"))]) == 2
+    path = build("deepseek_v4_0731_dspark")
+    assert main(["inspect", str(path)]) == 0
+    assert "DSpark block drafter" in capsys.readouterr().out
+    never = path.parent / "never"
+    assert main(["convert", str(path), "--out", str(never), "--to", "mtp"]) == 2  # not as an MTP layer
     err = capsys.readouterr().err
     assert len([line for line in err.splitlines() if line.startswith("error:")]) == 1 and "DSpark" in err
+    assert not never.exists()
 
 
 @pytest.mark.hub

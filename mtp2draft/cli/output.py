@@ -60,8 +60,39 @@ def _engine_version(rows: list[dict], engine: str) -> str:
     return "/".join(versions)
 
 
+def dspark_text(info: dict[str, Any]) -> str:
+    """A checkpoint's DSpark drafter: its settings, stages and head tensors, and what is supported so far."""
+    d = info["dspark"]
+    lines = [
+        f"source        {info['source']}" + (f"  (commit {info['commit'][:12]})" if info["commit"] else ""),
+        f"drafter       DSpark block drafter ({info['model_type']}; {d['found_in']})",
+        f"stages        {info['num_stages']} (config.json num_nextn_predict_layers = {info['num_nextn_predict_layers']})",
+        f"block size    {d['block_size']}",
+        f"target layers {d['target_layer_ids']}",
+        f"noise token   {d['noise_token_id']}",
+        f"Markov rank   {d['markov_rank']}",
+    ]
+    if d["n_routed_experts"] is not None:
+        lines.append(f"experts       {d['n_routed_experts']} routed, {d['num_experts_per_tok']} per token")
+    for row in info["stages"]:
+        lines.append(
+            f"stage {row['stage']}: {row['tensors']} tensors, {row['parameters']:,} parameters, "
+            f"{human_bytes(row['bytes'])}" + (f", {row['fp8_weights']} FP8 weights" if row["fp8_weights"] else "")
+        )
+    lines.append("")
+    for t in info["head_tensors"]:
+        lines.append(f"  {t['name']:<64} {str(t['shape']):<18} {t['dtype']}")
+    total = info["checkpoint_bytes"]
+    share = f" ({100 * info['drafter_bytes'] / total:.2f} % of the checkpoint)" if total else ""
+    lines.append(f"\ndrafter bytes {human_bytes(info['drafter_bytes'])} of {human_bytes(total)}{share}")
+    lines.append(info["supported"])
+    return "\n".join(lines)
+
+
 def inspect_text(info: dict[str, Any]) -> str:
     """A checkpoint's family, MTP layers with their tensors, and what `convert` would fetch."""
+    if info.get("draft_kind") == "dspark":
+        return dspark_text(info)
     lines = [
         f"source        {info['source']}" + (f"  (commit {info['commit'][:12]})" if info["commit"] else ""),
         f"family        {info['spec']}: {info['family']}",
@@ -105,6 +136,12 @@ def convert_summary(result: Any) -> dict[str, Any]:
 
 
 def convert_text(result: Any) -> str:
+    if result.kind == "dspark":
+        return (
+            f"wrote dspark draft to {result.out} ({result.spec}, {result.num_mtp_layers} DSpark stages)\n"
+            f"fetched {human_bytes(result.bytes_fetched)} of a {human_bytes(result.checkpoint_bytes)} checkpoint "
+            f"in {result.seconds:.1f} s; dequantised: {', '.join(result.provenance['dequantised']) or 'nothing'}"
+        )
     tensors = result.provenance.get("tensors", {})
     exact = sum(1 for t in tensors.values() if t["exact"])
     chain = result.provenance.get("mtp_layers")

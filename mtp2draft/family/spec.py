@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from mtp2draft.errors import CheckpointError, NotMtpError, SpecError, UnknownFamilyError
+from mtp2draft.family.dspark import SUPPORTED_SO_FAR
 from mtp2draft.family.identity import FamilyIdentity, named_in
 from mtp2draft.family.not_supported import refuse_not_supported
 from mtp2draft.kinds import DRAFT_KINDS, HIDDEN_PLACES, DraftKind, Hidden
@@ -566,9 +567,7 @@ def get_spec(name: str) -> Spec:
 
 # config.json fields saying the MTP-named tensors are another drafter. DeepSeek-V4-0731 / V4.1 keep a DSpark block
 # drafter (no enorm / hnorm / projection) under `mtp.*`; vLLM 0.33 serves it as "dspark", refuses "mtp" for V4.1.
-NOT_MTP_FIELDS = {
-    "dspark_block_size": "a DSpark block drafter (served by vLLM's speculative method 'dspark')",
-}
+NOT_MTP_FIELDS = {"dspark_block_size": "a DSpark block drafter (served by vLLM's speculative method 'dspark')"}
 
 
 def refuse_non_mtp(config: Mapping[str, Any]) -> None:
@@ -579,7 +578,7 @@ def refuse_non_mtp(config: Mapping[str, Any]) -> None:
             if section.get(name) is not None:
                 raise NotMtpError(
                     f"this checkpoint's MTP tensors are {what}, not an MTP layer (config.json: {name} = "
-                    f"{section[name]!r}); mtp2draft converts MTP layers only and will not half-load it"
+                    f"{section[name]!r}), which mtp2draft will not half-load as one: {SUPPORTED_SO_FAR}"
                 )
 
 
