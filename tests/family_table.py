@@ -477,6 +477,22 @@ FAMILIES = (
         versions={"vllm": "0.34.0"},
         cache_chunks=(3, 4, 6, T),
     ),
+    # Step-5-Preview: the Step-3.7 MTP layer (dense, sliding, own head) at model.layers.{92..94}; no engine lists it
+    Family("step3p5v", mtp="model.layers.4.", release_block="model.layers.92.", block="headgate_gqa + dense",
+        verified=True, handover={}, hidden="pre_norm", step_layers={},
+        support={"vllm": {"mtp": False, "eagle3": False}, "sglang": {"mtp": False, "eagle3": False}}, sources={},
+        # every depth sliding, with the sliding layers' own head count (8 where full layers have 4)
+        module={"block:type": "Step3p7DecoderLayer", "block.self_attn.num_heads": 8, "block.self_attn.sliding_window": 4,
+                "block.mlp:type": "Step3p7MLP", "own_head.weight:shape": (256, 64)},
+        reference=ref.step3p7,
+        wrong=({"layer": 1}, {"head": "target"}),  # the layer's own weights and its own head matter
+        refuses_eagle3="step3p5v has no EAGLE-3 conversion",
+        release_tensors=17, exact_keys=False, layers=3,
+        keys_present=("model.layers.1.moe.gate_proj.weight", "model.layers.1.share_expert.up_proj.weight"),
+        prefixes_present=("vision_model.",),
+        engines=((None, {"handover": "post_norm"}),),
+        cache_chunks=(3, 4, 6, T),
+    ),
     Family("mimo_v2", mtp="model.mtp.layers.0.", release_block=None, block="swa + dense", verified=False,
         handover=_BOTH,
         step_layers={"vllm": "first", "sglang": "cycle"},  # vLLM: n_predict 1; SGLang: one draft model per layer
