@@ -367,8 +367,11 @@ FAMILIES = (
                 "block.mlp:type": "Qwen3NextSparseMoeBlock"},  # full attention although the trunk's layer 0 is linear
         nextn="Qwen3NextForCausalLMMTP",
     ),
+    # Qwen3.5 / 3.6 and Qwen3.8-27B as released: the vision-language layout, text model under model.language_model.,
+    # MTP at mtp.*, tower at model.visual.
     Family("qwen3_5", mtp="mtp.", release_block=None, block="gated_gqa + dense", verified=True, **_QWEN3,
         spec="qwen3_5_text", module=_QWEN3_5_MODULE, nextn="Qwen3_5ForCausalLMMTP",
+        prefixes_present=("model.language_model.layers.", "model.visual.", "mtp.layers.0."),
     ),
     Family("qwen3_5_tied", mtp="mtp.", release_block=None, block="gated_gqa + dense", verified=True, **_QWEN3,
         spec="qwen3_5_text", module=_QWEN3_5_MODULE, nextn="Qwen3_5ForCausalLMMTP",
