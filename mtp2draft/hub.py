@@ -557,10 +557,17 @@ def _chain_note(n: int, cfg: Mapping[str, Any], prov: Mapping[str, Any], spec: S
         if facts is not None and facts.step_layers:
             engines.append(f"{engine} {facts.version} runs {rules[facts.step_layers]}")
     said = "; ".join(engines) if engines else "the family's engine table states no engine's rule"
+    bugs = [f" Known bug, {e} {f.version}: {f.known_bug}" for e, f in _engine_facts(spec) if f.known_bug]
     return (
         f"This draft chains {n} MTP layers, trained to run {rules.get(rule, rule)} (`step_layers: {rule}`); the "
         f"launch lines draft {n} or more tokens so that every layer runs. Engines differ: {said} (`mtp2draft specs`)."
-    )
+    ) + "".join(bugs)
+
+
+def _engine_facts(spec: Spec | None) -> list[tuple[str, Any]]:
+    """(engine, its facts) of every engine the family's table lists."""
+    found = [(e, spec.engine(e)) for e in ENGINES] if spec is not None else []
+    return [(e, f) for e, f in found if f is not None]
 
 
 def _cell(value: Any) -> str:

@@ -367,8 +367,11 @@ FAMILIES = (
                 "block.mlp:type": "Qwen3NextSparseMoeBlock"},  # full attention although the trunk's layer 0 is linear
         nextn="Qwen3NextForCausalLMMTP",
     ),
+    # Qwen3.5 / 3.6 and Qwen3.8-27B as released: the vision-language layout, text model under model.language_model.,
+    # MTP at mtp.*, tower at model.visual.
     Family("qwen3_5", mtp="mtp.", release_block=None, block="gated_gqa + dense", verified=True, **_QWEN3,
         spec="qwen3_5_text", module=_QWEN3_5_MODULE, nextn="Qwen3_5ForCausalLMMTP",
+        prefixes_present=("model.language_model.layers.", "model.visual.", "mtp.layers.0."),
     ),
     Family("qwen3_5_tied", mtp="mtp.", release_block=None, block="gated_gqa + dense", verified=True, **_QWEN3,
         spec="qwen3_5_text", module=_QWEN3_5_MODULE, nextn="Qwen3_5ForCausalLMMTP",
@@ -475,6 +478,22 @@ FAMILIES = (
         prefixes_present=("vision_model.",),
         engines=((None, {"handover": "post_norm"}), ("vllm", {}), ("sglang", {})),
         versions={"vllm": "0.34.0"},
+        cache_chunks=(3, 4, 6, T),
+    ),
+    # Step-5-Preview: the Step-3.7 MTP layer (dense, sliding, own head) at model.layers.{92..94}; no engine lists it
+    Family("step3p5v", mtp="model.layers.4.", release_block="model.layers.92.", block="headgate_gqa + dense",
+        verified=True, handover={}, hidden="pre_norm", step_layers={},
+        support={"vllm": {"mtp": False, "eagle3": False}, "sglang": {"mtp": False, "eagle3": False}}, sources={},
+        # every depth sliding, with the sliding layers' own head count (8 where full layers have 4)
+        module={"block:type": "Step3p7DecoderLayer", "block.self_attn.num_heads": 8, "block.self_attn.sliding_window": 4,
+                "block.mlp:type": "Step3p7MLP", "own_head.weight:shape": (256, 64)},
+        reference=ref.step3p7,
+        wrong=({"layer": 1}, {"head": "target"}),  # the layer's own weights and its own head matter
+        refuses_eagle3="step3p5v has no EAGLE-3 conversion",
+        release_tensors=17, exact_keys=False, layers=3,
+        keys_present=("model.layers.1.moe.gate_proj.weight", "model.layers.1.share_expert.up_proj.weight"),
+        prefixes_present=("vision_model.",),
+        engines=((None, {"handover": "post_norm"}),),
         cache_chunks=(3, 4, 6, T),
     ),
     Family("mimo_v2", mtp="model.mtp.layers.0.", release_block=None, block="swa + dense", verified=False,

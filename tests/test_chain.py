@@ -239,6 +239,24 @@ def test_card_of_a_stitched_chain_drafts_every_layer_and_names_the_rules(build, 
     assert DEFAULT_K < 5 and '"num_speculative_tokens": 5' in text  # the launch line drafts every layer
 
 
+def test_a_known_engine_bug_reaches_the_card_and_evaluate(build, tmp_path: Path) -> None:
+    """The spec's `[engines.vllm] known_bug` (vLLM runs layer 0 of a multi-layer qwen3_5_mtp at every step,
+    vllm-project/vllm#52688) is on a chain draft's card and in `evaluate --engine vllm`'s note and row; a family whose
+    table records none gets neither."""
+    from mtp2draft.evaluation.backend import chain_rule
+    from mtp2draft.family.spec import get_spec
+    from mtp2draft.hub import model_card
+
+    for fixture, layers, bug in (("qwen3_5_flat", {"mtp_num_hidden_layers": 2}, True),
+                                 ("mimo", {"num_nextn_predict_layers": 2}, False)):  # fmt: skip
+        convert(str(build(fixture, **layers)), tmp_path / fixture, all_layers=True)
+        notes: list[str] = []
+        row = chain_rule(tmp_path / fixture, get_spec(fixture), notes.append, "0.34.0")
+        card = str(model_card(tmp_path / fixture))
+        assert ("vllm-project/vllm#52688" in card) == bug and ("known_bug" in row) == bug
+        assert any("#52688" in n and n.startswith("note: known bug of vllm") for n in notes) == bug
+
+
 def test_inspect_offers_all_layers(chain_dir) -> None:
     from mtp2draft.cli.output import inspect_text
     from mtp2draft.conversion import inspect_checkpoint

@@ -52,6 +52,25 @@ def test_specs_json_lists_the_registry(capsys) -> None:
     assert code == 0 and names == list(registry()) and "engine support" in out
 
 
+def test_specs_say_whose_key_list_is_verified_by_what_and_the_engines_known_bugs(capsys) -> None:
+    """`specs --json`: per family, `verified` and `key_source`, and per engine `known_bug`; the text shows both."""
+    code, out, _ = run_cli(capsys, "specs", "--json")
+    rows = {r["name"]: r for r in json.loads(out) if r["supported"]}
+    assert code == 0 and all(isinstance(r["key_source"], str) for r in rows.values())
+    assert all(isinstance(f["known_bug"], str) for r in rows.values() for f in r["engines"].values())
+    assert "#52688" in rows["qwen3_5_moe_text"]["engines"]["vllm"]["known_bug"]
+    assert not rows["qwen3_5_moe_text"]["engines"]["sglang"]["known_bug"]  # the bug is in vLLM's proposer
+    code, out, _ = run_cli(capsys, "specs")
+    bugs = out.split("known engine bugs\n")[1].split("\n\n")[0].splitlines()
+    assert sorted(line.split()[0] for line in bugs) == sorted(
+        name for name, r in rows.items() if any(f["known_bug"] for f in r["engines"].values())
+    )
+    said = out.split("\nkey list")[1].split("\n\n")[0].splitlines()[1:]
+    assert {line.split()[0]: line.split()[1] for line in said} == {
+        name: "verified:" if r["verified"] else "unverified:" for name, r in rows.items()
+    }
+
+
 def test_cli_export_and_validate(build, tmp_path: Path, capsys) -> None:
     """export --json, validate's text / JSON / exit status on a good, a broken and a missing directory."""
     eagle3 = tmp_path / "e3"

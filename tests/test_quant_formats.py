@@ -165,6 +165,21 @@ def test_modelopt_nvfp4_equals_the_spec() -> None:
     assert torch.allclose(got, torch.tensor(want), rtol=1e-6, atol=0)
 
 
+def test_modelopt_mxfp8_equals_the_ocp_mx_spec() -> None:
+    """MXFP8 (OCP MX v1.0; ModelOpt quant_algo MXFP8): W[r, j] = e4m3[r, j] x 2^(s[r, j // 32] - 127), e8m0 bytes
+    stored as uint8; the block runs along the inputs only (a [1, 32] tile, not a 2-D block)."""
+    gen = torch.Generator().manual_seed(8)
+    data = (torch.randn(3, 64, generator=gen) * 4).to(torch.float8_e4m3fn)
+    scale = torch.randint(120, 134, (3, 2), generator=gen, dtype=torch.int32).to(torch.uint8)
+    want = [[float(data[r, j]) * 2.0 ** (int(scale[r, j // 32]) - 127) for j in range(64)] for r in range(3)]
+    got = _dequant("modelopt-mxfp8", {"data": data, "scale": scale})
+    assert torch.equal(got, torch.tensor(want))
+    fused = _dequant("modelopt-mxfp8", {"data": data.reshape(3, 1, 64), "scale": scale.reshape(3, 1, 2)})
+    assert torch.equal(fused, got.reshape(3, 1, 64))  # fused 3-D experts [E, N, K]: the same rule per row
+    mxfp8 = {"quant_method": "modelopt", "quant_algo": "MXFP8"}
+    assert quant_method({"quantization_config": mxfp8}).schemes == ("modelopt-mxfp8",)
+
+
 def test_gpt_oss_mxfp4_blocks_equal_the_spec() -> None:
     gen = torch.Generator().manual_seed(8)
     blocks = torch.randint(0, 256, (2, 3, 2, 16), generator=gen, dtype=torch.int32).to(torch.uint8)  # [E, N, K/32, 16]

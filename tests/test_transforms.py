@@ -169,3 +169,49 @@ def test_up_down_experts_transform_round_trips() -> None:
     assert torch.equal(back["mlp.experts.1.up_proj.weight"], parts[1])
     with pytest.raises(CheckpointError, match="incomplete expert weights"):
         t.group(["experts.0.up_proj.weight", "experts.1.down_proj.weight"])
+
+
+def test_experts_as_stored_reads_either_layout_and_writes_back_the_one_it_finds() -> None:
+    """Fused 3-D experts (with or without `.weight`) map 1:1 onto the module's [E, 2I, H] / [E, H, I]; per-expert keys
+    are fused; the inverse writes the layout the checkpoint written over has, and the spec's first one without it.
+    Both layouts under one prefix are refused."""
+    t = LOAD_TRANSFORMS["experts_as_stored"]
+    per_expert = [f"mlp.experts.{e}.{w}_proj.weight" for e in range(2) for w in ("gate", "up", "down")]
+    for fused in (["mlp.experts.gate_up_proj", "mlp.experts.down_proj"],
+                  ["mlp.experts.gate_up_proj.weight", "mlp.experts.down_proj.weight"]):  # fmt: skip
+        groups = group_block_keys([*fused, "mlp.shared_experts.down_proj.weight"], {}, ("experts_as_stored",))
+        got = {g.module_key: (g.ckpt_keys, g.transform) for g in groups}
+        assert got == {
+            "mlp.experts.gate_up_proj": ((fused[0],), ""),  # no transform: the stored tensor is the module's
+            "mlp.experts.down_proj": ((fused[1],), ""),
+            "mlp.shared_experts.down_proj.weight": (("mlp.shared_experts.down_proj.weight",), ""),
+        }
+        tensor = torch.randn(2, 8, 6)
+        assert t.to_checkpoint("mlp.experts.gate_up_proj", tensor, set(fused).__contains__) == {fused[0]: tensor}
+        with pytest.raises(CheckpointError, match="both fused and per expert"):
+            group_block_keys([*fused, *per_expert], {}, ("experts_as_stored",))
+    tensor = torch.randn(2, 8, 6)
+    back = t.to_checkpoint("mlp.experts.gate_up_proj", tensor, set(per_expert).__contains__)
+    assert sorted(back) == sorted(k for k in per_expert if "down" not in k)
+    assert torch.equal(back["mlp.experts.1.up_proj.weight"], tensor[1, 4:])
+    assert sorted(t.to_checkpoint("mlp.experts.gate_up_proj", tensor)) == sorted(back)  # the default: per expert
+    fused3d = LOAD_TRANSFORMS["fused_experts_3d"]  # Qwen3.5-MoE's default is fused, per-expert where stored so
+    assert list(fused3d.to_checkpoint("mlp.experts.down_proj", tensor)) == ["mlp.experts.down_proj"]
+    assert len(fused3d.to_checkpoint("mlp.experts.down_proj", tensor, set(per_expert).__contains__)) == 2
+    with pytest.raises(CheckpointError, match="none of the layouts"):
+        t.to_checkpoint("mlp.experts.gate_up_proj", tensor, lambda key: False)
+
+
+@pytest.mark.parametrize("fixture", ["hy_v4_fused", "hy_v4_fused_bare"])
+def test_hy_v4_fused_experts_convert_to_the_per_expert_layers_module(build, fixture: str) -> None:
+    """The same weights stored fused (as RTP-LLM's HY V4 loader reads Hy4 releases) or per expert convert to the same
+    native module, bit for bit; the plan reads the fused tensors as they are."""
+    fused = open_checkpoint(str(build(fixture)))
+    plan = plan_mtp_layer(fused, find_spec(fused.config), 0)
+    suffix = ".weight" if fixture == "hy_v4_fused" else ""
+    gate_up = "model.mtp_layers.0.mlp.experts.gate_up_proj" + suffix
+    assert gate_up in plan.checkpoint_keys and not [k for k in plan.checkpoint_keys if ".experts.0." in k]
+    assert fused.shape_of(gate_up) == (8, 64, 64)  # [E, 2I, H]
+    ours = load_native(fused, attach_target=False).state_dict()
+    theirs = load_native(str(build("hy_v4")), attach_target=False).state_dict()
+    assert list(ours) == list(theirs) and all(torch.equal(ours[k], theirs[k]) for k in ours)

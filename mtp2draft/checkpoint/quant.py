@@ -11,6 +11,8 @@ fetched, one fp32 weight out per logical key. Schemes, each by its format's publ
 - `modelopt-nvfp4`: ModelOpt NVFP4 (`quant_method: modelopt`, `quant_algo: NVFP4`): `{}weight` uint8 packed e2m1
   [N, K/2], `{}weight_scale` F8_E4M3 [N, K/16], `{}weight_scale_2` fp32 scalar; W = e2m1 * scale * scale_2
   (vLLM 0.34 `model_executor/layers/quantization/modelopt.py`, `ModelOptNvFp4Config`).
+- `modelopt-mxfp8`: ModelOpt MXFP8 (`quant_algo: MXFP8`, the HY-V4 / Hy4-preview FP8 release): `{}weight` F8_E4M3
+  [N, K], `{}weight_scale` uint8 e8m0 [N, K/32]; W = e4m3 * 2^(s - 127) per 32 inputs (OCP MX v1.0).
 - `ct-nvfp4`: compressed-tensors `nvfp4-pack-quantized`: `{}weight_packed`, `{}weight_scale` (F8_E4M3 per 16),
   `{}weight_global_scale`; W = e2m1 * scale / global_scale (compressed-tensors 0.20 `forward_helpers.py`: the
   effective scale is `scale / global_scale`, the reciprocal of ModelOpt's `weight_scale_2`).
@@ -240,6 +242,20 @@ SCHEMES["modelopt-fp8"] = TensorScheme(
 )
 
 
+def _modelopt_mxfp8(parts: Parts, p: Mapping[str, Any], key: str) -> torch.Tensor:
+    """MXFP8 (OCP MX v1.0): e4m3 [..., N, K] sharing one e8m0 scale per 32 consecutive inputs, [..., N, K/32]; fused
+    3-D experts [E, N, K] are read as E * N rows (the block runs along K only)."""
+    data, scale = parts["data"], parts["scale"]
+    flat, flat_scale = data.reshape(-1, data.shape[-1]), scale.reshape(-1, scale.shape[-1])
+    out = dequantize_fp8_e8m0(flat, flat_scale, (1, MX_BLOCK), key=key, scale_key=p.get("scale_key"))
+    return out.reshape(data.shape)
+
+
+SCHEMES["modelopt-mxfp8"] = TensorScheme(
+    "modelopt-mxfp8", "{}weight", (("data", "{}weight"), ("scale", "{}weight_scale")), _FP8, _same, _modelopt_mxfp8
+)
+
+
 # ---- the method a checkpoint uses, from its config.json ---------------------------------------------------------------
 @dataclass(frozen=True)
 class QuantMethod:
@@ -269,7 +285,7 @@ class QuantMethod:
 UNQUANTISED = QuantMethod("none")
 SUPPORTED = (
     "fp8 (block scales, fp32 or e8m0; DeepSeek-V4's FP4 experts)",
-    "modelopt NVFP4 / FP8",
+    "modelopt NVFP4 / FP8 / MXFP8",
     "mxfp4",
     "compressed-tensors pack-quantized int4/int8, nvfp4-pack-quantized, mxfp4-pack-quantized",
 )
@@ -289,7 +305,7 @@ def _fp8_method(q: Mapping[str, Any]) -> QuantMethod:
 def _modelopt_method(q: Mapping[str, Any]) -> QuantMethod:
     inner = q.get("quantization") if isinstance(q.get("quantization"), Mapping) else q
     algo = str(inner.get("quant_algo") or "").upper()
-    schemes = {"NVFP4": ("modelopt-nvfp4",), "FP8": ("modelopt-fp8",)}.get(algo)
+    schemes = {"NVFP4": ("modelopt-nvfp4",), "FP8": ("modelopt-fp8",), "MXFP8": ("modelopt-mxfp8",)}.get(algo)
     if schemes is None:
         raise _refuse(f"modelopt quant_algo {algo or 'absent'!r}")
     return QuantMethod(f"modelopt {algo}", schemes)

@@ -26,8 +26,9 @@ def to_json(data: Any) -> str:
 
 # ---- specs / inspect ---------------------------------------------------------------------------------------------
 def specs_text(rows: list[dict[str, Any]]) -> str:
-    """The spec registry as a table, then family x engine x method (MTP hand-over in brackets) from the specs'
-    [engines.*] tables, then the families not supported (rows with `supported` false) with their reasons."""
+    """The spec registry as a table, whether each key list is verified and from what source, then family x engine x
+    method (MTP hand-over in brackets) from the specs' [engines.*] tables, the engines' known bugs, then the families
+    not supported (rows with `supported` false) with their reasons."""
     refused = [r for r in rows if r.get("supported") is False]
     rows = [r for r in rows if r.get("supported") is not False]
     width = max(len(r["name"]) for r in rows)
@@ -35,6 +36,10 @@ def specs_text(rows: list[dict[str, Any]]) -> str:
     for r in rows:
         flag = "" if r["verified"] else "  (layout unverified)"
         lines.append(f"{r['name']:<{width}}  {', '.join(r['architectures'] or r['model_types'])}  [{r['block']}]{flag}")
+    lines.append(f"\n{'key list':<{width}}  verified against a release (or a loader test reading one), and the source")
+    for r in rows:
+        said = "verified" if r["verified"] else "unverified"
+        lines.append(f"{r['name']:<{width}}  {said}: {r.get('key_source') or 'source not recorded (see the notes)'}")
     engines = sorted({e for r in rows for e in r["engines"]})
     heads = "  ".join(f"{e + ' ' + _engine_version(rows, e):<28}" for e in engines)
     lines.append(f"\n{'engine support':<{width}}  " + heads)
@@ -48,6 +53,10 @@ def specs_text(rows: list[dict[str, Any]]) -> str:
             )
             cells.append(f"{text or '-':<28}")
         lines.append(f"{r['name']:<{width}}  " + "  ".join(cells))
+    bugs = [(r["name"], e, f) for r in rows for e, f in sorted(r["engines"].items()) if f.get("known_bug")]
+    if bugs:
+        lines.append("\nknown engine bugs")
+        lines += [f"{name:<{width}}  {e} {f['version']}: {f['known_bug']}" for name, e, f in bugs]
     if refused:
         lines.append("\nnot supported")
         for r in refused:

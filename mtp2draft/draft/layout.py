@@ -9,7 +9,7 @@ choose a layer or output format (`conversion.py`, `formats/export.py`).
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -175,16 +175,32 @@ def expert_keys(plan: MtpLayerPlan, e: int) -> tuple[str, str, str] | None:
 
 
 def native_to_checkpoint(
-    spec: Spec, config: dict[str, Any], layer: int, state: dict[str, torch.Tensor]
+    spec: Spec,
+    config: dict[str, Any],
+    layer: int,
+    state: dict[str, torch.Tensor],
+    stored: Callable[[str], bool] | None = None,
 ) -> dict[str, torch.Tensor]:
     """Native module tensors -> checkpoint tensors under the family's real key names (the inverse of the plan).
 
-    Used to write MTP layers into tiny hub-layout checkpoints and to stitch a fine-tuned layer back."""
+    Used to write MTP layers into tiny hub-layout checkpoints and to stitch a fine-tuned layer back. stored: whether
+    the checkpoint written over holds a key; a transform that reads the layout as stored (`reads_stored`, e.g. fused
+    or per-expert experts) writes the one it finds there. None: each transform's default layout."""
     check_spec_transforms(spec)
     comp = spec.component_keys(config, layer)
     named = native_class(spec).glue(spec)
     prefix = spec.key(spec.keys.block, config, layer)
     inverse_rename = {new: old for old, new in spec.block.rename.items()}
+
+    def original(rel: str) -> str:  # a block-relative module-side key under the checkpoint's own name
+        for new, old in inverse_rename.items():
+            if rel.startswith(new):
+                return old + rel[len(new) :]
+        return rel
+
+    def has(rel: str) -> bool:
+        return stored is not None and stored(prefix + original(rel))
+
     out: dict[str, torch.Tensor] = {}
     block: dict[str, torch.Tensor] = {}
     for key, tensor in state.items():
@@ -200,17 +216,16 @@ def native_to_checkpoint(
     for rel_key, tensor in block.items():
         parts = {rel_key: tensor}
         for name in reversed(spec.block.load):
-            split = {}
+            transform, split = LOAD_TRANSFORMS[name], {}
             for rel, t in parts.items():
-                mapped = LOAD_TRANSFORMS[name].to_checkpoint(rel, t)
+                if stored is not None and getattr(transform, "reads_stored", False):
+                    mapped = transform.to_checkpoint(rel, t, has)
+                else:
+                    mapped = transform.to_checkpoint(rel, t)
                 split.update(mapped if mapped is not None else {rel: t})
             parts = split
         for rel, t in parts.items():
-            for new, old in inverse_rename.items():
-                if rel.startswith(new):
-                    rel = old + rel[len(new) :]
-                    break
-            out[prefix + rel] = t
+            out[prefix + original(rel)] = t
     return out
 
 

@@ -432,7 +432,10 @@ def chain_rule(path: str | Path, spec: Any, progress: Progress, version: str) ->
             f"{spec.name} drafts under '{rule}' (the family's facts, read from vllm {facts.version}: `mtp2draft "
             "specs`): this measures that rule"
         )
-    return {"num_layers": len(cfg["mtp_layers"]), "step_layers": rule, "trained_for": trained}
+    if facts is not None and facts.known_bug:  # e.g. a proposer that runs layer 0 at every step
+        progress(f"note: known bug of vllm {facts.version} for {spec.name} chains: {facts.known_bug}")
+    bug = {"known_bug": facts.known_bug} if facts is not None and facts.known_bug else {}
+    return {"num_layers": len(cfg["mtp_layers"]), "step_layers": rule, "trained_for": trained, **bug}
 
 
 def check_runs(version: str, results: dict[str, Any]) -> None:

@@ -61,8 +61,7 @@ class ConfigSpec:
 
     transformers_model_type: str
     """`model_type` whose transformers config class parses the (text) config, e.g. `qwen2` for MiMo."""
-    mtp_count: str = "num_nextn_predict_layers"
-    """Field holding the number of MTP layers."""
+    mtp_count: str = "num_nextn_predict_layers"  # field holding the number of MTP layers
     mtp_count_default: int | None = None
     """Used when the field is absent (Qwen3-Next releases omit it; engines assume 1). None: absent means none."""
     num_layers: str = "num_hidden_layers"
@@ -106,8 +105,7 @@ class KeySpec:
     target_norm: str
     embed: str = ""
     """Optional copy of the embedding stored inside the MTP layer (engines ignore it and share the target's)."""
-    head: str = ""
-    """Optional copy of the lm_head stored inside the MTP layer."""
+    head: str = ""  # optional copy of the lm_head stored inside the MTP layer
     e_proj: str = ""
     """The embedding's own projection where the layer keeps two (DeepSeek-V4: `e_proj` beside `h_proj`, which is then
     `proj`); empty: one projection of the concatenation."""
@@ -144,8 +142,7 @@ class BlockSpec:
     """Rotary-embedding class; empty where the block's attention has no positional encoding (Nemotron-H)."""
     attention: str
     """Block kind, as words for people and for `inspect`: mla, gqa, gated_gqa, swa, ..."""
-    mlp: str
-    """dense or moe."""
+    mlp: str  # dense or moe
     decoder_layer: str = ""
     """Decoder-layer class instantiated as-is. Leave empty to compose `attention_class` + `mlp_class`."""
     attention_class: str = ""
@@ -202,8 +199,7 @@ class SpeculatorsSpec:
     """The key of speculators' `mtp_model_classes` (`speculators/models/mtp/model_definitions.py`) that builds this
     family's MTP layer: the `model_type` of the (text) config it reads as `transformer_layer_config`; empty: the `mtp`
     speculator type has no class for the family."""
-    sources: str = ""
-    """speculators source files the facts were read from."""
+    sources: str = ""  # speculators source files the facts were read from
 
 
 @dataclass(frozen=True)
@@ -234,6 +230,9 @@ class EngineSpec:
     sources: str = ""
     """Engine source files the facts were read from."""
     notes: str = ""
+    known_bug: str = ""
+    """A bug of this engine release that changes what a user gets from a draft of this family (its issue and fix PR):
+    `specs`, the model card and `evaluate --engine` say it. Empty: none known."""
 
     def serves(self, method: str) -> bool:
         return method in self.methods
@@ -253,6 +252,9 @@ class Spec(FamilyIdentity):
     """Engine name (`ENGINES`) -> what that engine does with this family; an engine absent serves nothing."""
     verified: bool = True
     """False when the layout comes from an engine loader we could not check against a released checkpoint."""
+    key_source: str = ""
+    """Where the MTP key list the layout follows was read (repo + path, engine version): a release's index or a loader
+    test reading the real files where `verified`; else the loaders' names. Empty: not recorded beyond the notes."""
     notes: str = ""
     path: str = ""
 
@@ -387,10 +389,12 @@ class Spec(FamilyIdentity):
                     "aux_ids": facts.aux_ids,
                     "step_layers": facts.step_layers,
                     "sources": facts.sources,
+                    "known_bug": facts.known_bug,
                 }
                 for name, facts in self.engines.items()
             },
             "verified": self.verified,
+            "key_source": self.key_source,
         }
 
 
@@ -410,11 +414,7 @@ def _build(cls: type, data: Any, where: str) -> Any:
     unknown = sorted(set(data) - set(known) - {"path"})
     if unknown:
         raise SpecError(f"{where}: unknown key(s) {', '.join(unknown)}; allowed: {', '.join(sorted(known))}")
-    kwargs: dict[str, Any] = {}
-    for name, value in data.items():
-        if name == "path":
-            continue
-        kwargs[name] = value
+    kwargs = {name: value for name, value in data.items() if name != "path"}
     try:
         obj = cls(**kwargs)
     except TypeError as exc:  # missing required keys

@@ -130,19 +130,69 @@ class FuseExperts:
         return None
 
 
-class FusedExperts3d(FuseExperts):
+class ExpertsAsStored(FuseExperts):
+    """Routed experts in whichever layout the release stores them, read and written back in that layout: per-expert
+    `experts.{e}.{gate,up,down}_proj.weight` (fused as `fuse_experts` does), or already fused 3-D
+    `experts.gate_up_proj` [E, 2I, H] (gate rows first, then up) and `experts.down_proj` [E, H, I], with or without a
+    `.weight` suffix. The fused layout is the transformers module layout itself, so those keys map 1:1 (the suffix
+    dropped) and need no combining. Loaders of HY-V4 / Hy4-preview read both (RTP-LLM's HY V4 weight info probes
+    `mlp.experts.gate_up_proj[.weight]`, llama.cpp's hyv4 conversion splits `experts.gate_up_proj`).
+
+    The inverse takes the layout from the checkpoint written over (`LAYOUTS`, tried in order against the keys it
+    stores); with no checkpoint to ask (tiny fixtures, NextN files) it writes `LAYOUTS[0]`."""
+
+    name = "experts_as_stored"
+    fused = re.compile(r"^(?P<p>(?:.*\.)?)experts\.(?P<w>gate_up|down)_proj(?:\.weight)?$")
+    # the layouts, tried in this order against the checkpoint written over (`_layout_keys` names each one's keys)
+    LAYOUTS: tuple[str, ...] = ("per_expert", "fused", "fused_weight")
+    reads_stored = True  # `to_checkpoint` takes `has`, a predicate on block-relative checkpoint keys
+
+    def group(self, keys: list[str]) -> tuple[list[Group], list[str]]:
+        groups, rest = super().group(keys)
+        taken = {g.module_key for g in groups}
+        remaining = []
+        for key in rest:
+            m = self.fused.match(key)
+            if m is None:
+                remaining.append(key)
+                continue
+            module_key = f"{m['p']}experts.{m['w']}_proj"
+            if module_key in taken:
+                raise CheckpointError(f"{key}: the experts are stored both fused and per expert (or twice)")
+            taken.add(module_key)
+            groups.append(Group(module_key, (key,)))  # 1:1, no transform: the stored tensor is the module's
+        return groups, remaining
+
+    def _layout_keys(self, layout: str, module_key: str, experts: int) -> tuple[str, ...]:
+        if layout == "fused":
+            return (module_key,)
+        if layout == "fused_weight":
+            return (module_key + ".weight",)
+        prefix, _, which = module_key.rpartition("experts.")
+        names = ("gate", "up") if which == "gate_up_proj" else ("down",)
+        return tuple(f"{prefix}experts.{e}.{n}_proj.weight" for e in range(experts) for n in names)
+
+    def to_checkpoint(self, module_key: str, tensor: torch.Tensor, has: Any = None) -> dict[str, torch.Tensor] | None:
+        if not module_key.endswith(("experts.gate_up_proj", "experts.down_proj")):
+            return None
+        layouts = [lay for lay in self.LAYOUTS if has is None or has(self._layout_keys(lay, module_key, 1)[0])]
+        if not layouts:
+            raise CheckpointError(f"the checkpoint stores {module_key} in none of the layouts {self.LAYOUTS}")
+        keys = self._layout_keys(layouts[0], module_key, tensor.shape[0])
+        if len(keys) == 1:
+            return {keys[0]: tensor}
+        return self.split(Group(module_key, keys, self.name), tensor)
+
+
+class FusedExperts3d(ExpertsAsStored):
     """Checkpoints that store experts already fused, as Qwen3.5-MoE's BF16 release does: `experts.gate_up_proj`
     [E, 2I, H] (gate rows first, then up) and `experts.down_proj` [E, H, I], no `.weight` suffix. That is the
     transformers module layout itself (vLLM and SGLang split gate_up with `chunk(2, dim=-2)`, no transpose), so
     those keys map 1:1. Per-expert keys (some quantised re-releases ship them) are fused as `fuse_experts` does.
-    The inverse writes the fused 3-D layout."""
+    The inverse writes the layout the checkpoint written over has; with none to ask, the fused 3-D one."""
 
     name = "fused_experts_3d"
-
-    def to_checkpoint(self, module_key: str, tensor: torch.Tensor) -> dict[str, torch.Tensor] | None:
-        if module_key.endswith(("experts.gate_up_proj", "experts.down_proj")):
-            return {module_key: tensor}
-        return None
+    LAYOUTS = ("fused", "fused_weight", "per_expert")
 
 
 class FuseUpDownExperts(FuseExperts):
@@ -194,7 +244,7 @@ class FuseExpertsW13(FuseExperts):
         return None
 
 
-class StackedGateUp(FusedExperts3d):
+class StackedGateUp(FuseExperts):
     """Experts stacked per projection, as Step-3.5 / 3.7 store them (`moe.gate_proj.weight` / `moe.up_proj.weight`
     [E, I, H], `moe.down_proj.weight` [E, H, I]; the spec renames them to `experts.gate_proj` / `experts.up_proj` /
     `experts.down_proj`) <-> transformers' `experts.gate_up_proj` [E, 2I, H]: gate and up concatenated on dim 1
@@ -381,6 +431,7 @@ LOAD_TRANSFORMS: dict[str, Any] = {
     t.name: t
     for t in (
         FuseExperts(),
+        ExpertsAsStored(),
         FusedExperts3d(),
         FuseUpDownExperts(),
         FuseExpertsW13(),

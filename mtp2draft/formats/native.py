@@ -13,7 +13,7 @@ from __future__ import annotations
 import copy
 import math
 from collections import OrderedDict
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -55,10 +55,20 @@ class NativeLayer:
     tensor is read and split (e.g. fused experts -> per-expert keys) when first asked for, and the last two module
     tensors are kept (a shard interleaves the gate_up and down pieces of consecutive experts)."""
 
-    def __init__(self, weights: Path, spec: Spec, config: Mapping[str, Any], layer: int, prefix: str = "") -> None:
+    def __init__(
+        self,
+        weights: Path,
+        spec: Spec,
+        config: Mapping[str, Any],
+        layer: int,
+        prefix: str = "",
+        stored: Callable[[str], bool] | None = None,
+    ) -> None:
+        """stored: whether the checkpoint written over holds a key (its layout is written back); None: the spec's."""
         from safetensors import safe_open
 
         self.spec, self.config, self.layer, self.prefix, self.weights = spec, dict(config), layer, prefix, weights
+        self.stored = stored
         self._to_checkpoint = native_to_checkpoint
         self._fh = safe_open(str(weights), framework="pt")
         self.module_of: dict[str, str] = {}
@@ -68,7 +78,7 @@ class NativeLayer:
         keys = [k[len(prefix) :] for k in self._fh.keys() if k.startswith(prefix)]  # noqa: SIM118
         for module_key in keys:
             meta = torch.empty(self._fh.get_slice(prefix + module_key).get_shape(), device="meta")
-            for ckpt_key, t in native_to_checkpoint(spec, self.config, layer, {module_key: meta}).items():
+            for ckpt_key, t in native_to_checkpoint(spec, self.config, layer, {module_key: meta}, stored).items():
                 self.module_of.setdefault(ckpt_key, module_key)
                 self.modules_of.setdefault(ckpt_key, []).append(module_key)
                 self.shapes[ckpt_key] = tuple(t.shape)
@@ -86,7 +96,7 @@ class NativeLayer:
                 tensor = self._fh.get_tensor(self.prefix + module_key)
                 check_tensors(self.weights, {self.prefix + module_key: tensor})
                 state[module_key] = tensor.float()
-            self._cache[module_keys] = self._to_checkpoint(self.spec, self.config, self.layer, state)
+            self._cache[module_keys] = self._to_checkpoint(self.spec, self.config, self.layer, state, self.stored)
             while len(self._cache) > 2:
                 self._cache.popitem(last=False)
         self._cache.move_to_end(module_keys)
@@ -380,8 +390,15 @@ def natural_order(key: str) -> list[Any]:
     return [int(t) if t.isdigit() else t for t in re.split(r"(\d+)", key)]
 
 
-def meta_checkpoint(spec: Spec, target_config: Mapping[str, Any], key_config: Mapping[str, Any], layer: int):
-    """(checkpoint key -> shape, module-buffer checkpoint keys) of one MTP layer, from meta tensors."""
+def meta_checkpoint(
+    spec: Spec,
+    target_config: Mapping[str, Any],
+    key_config: Mapping[str, Any],
+    layer: int,
+    stored: Callable[[str], bool] | None = None,
+):
+    """(checkpoint key -> shape, module-buffer checkpoint keys) of one MTP layer, from meta tensors; `stored`: the
+    keys of the checkpoint whose layout it takes (`native_to_checkpoint`)."""
     with torch.device("meta"):
         module = native_draft(spec, target_config, layer)
     state = module.state_dict()
@@ -389,7 +406,7 @@ def meta_checkpoint(spec: Spec, target_config: Mapping[str, Any], key_config: Ma
     shapes: dict[str, tuple[int, ...]] = {}
     buffer_keys: set[str] = set()
     for module_key, t in state.items():
-        for key, out in native_to_checkpoint(spec, dict(key_config), layer, {module_key: t}).items():
+        for key, out in native_to_checkpoint(spec, dict(key_config), layer, {module_key: t}, stored).items():
             shapes[key] = tuple(out.shape)
             if module_key in buffers:
                 buffer_keys.add(key)

@@ -86,7 +86,8 @@ def _export_stitched(job: ExportJob) -> None:
     spec, target_config, layer = native_input(src, cfg)
     ckpt = open_target(target, cfg, revision, token)
     layers = draft_layers(src, cfg)  # one, or every layer of a chain draft: each written back where it came from
-    parts = [NativeLayer(src / WEIGHTS_FILE, spec, ckpt.config, i, prefix) for prefix, i in layers]
+    # each layer written back in the layout the target stores it in (e.g. its experts fused or one by one)
+    parts = [NativeLayer(src / WEIGHTS_FILE, spec, ckpt.config, i, prefix, ckpt.has) for prefix, i in layers]
     native = ChainLayers(parts)
     shared: set[str] = set()
     for part in parts:
@@ -306,7 +307,7 @@ def _validate_stitched(path: Path, cfg: dict[str, Any]) -> list[str]:
     expected: dict[str, tuple[int, ...]] = {}
     for i in range(count):
         try:
-            shapes, _ = meta_checkpoint(spec, cfg, cfg, i)
+            shapes, _ = meta_checkpoint(spec, cfg, cfg, i, weight_map.__contains__)  # in the overlay's layout
         except Exception as exc:
             problems.append(f"cannot build the {spec.name} MTP block from config.json: {exc}")
             break

@@ -61,7 +61,9 @@ def _load_rows(folder: Path) -> dict[str, dict[str, Any]]:
     release quantisation of a `tensors` layout, tests/support/quantised.py), `fused_experts` (the
     trunk's experts as the hub stores them, fused 3-D; save_pretrained writes per-expert keys), `tensors` (a named
     writer of the whole layout, for a checkpoint no spec builds; `listed` writes the row's `keys`: name -> shape),
-    `mtp_file` (the MTP tensors go into this file, which the index does not list, as some releases ship them)."""
+    `mtp_file` (the MTP tensors go into this file, which the index does not list, as some releases ship them),
+    `mtp_fused_experts` (the MTP layer's routed experts fused 3-D, the value the suffix of their keys: "" or
+    ".weight", as Hy4-preview releases store them)."""
     files = {f.stem: json.loads(f.read_text()) for f in sorted(folder.glob("*.json"))}
     rows: dict[str, dict[str, Any]] = {}
 
@@ -220,6 +222,9 @@ def quantize_checkpoint(
         else:
             out[key] = tensor
     return out
+
+
+FUSED_EXPERTS = ("experts.gate_up_proj", "experts.down_proj")
 
 
 def fuse_expert_tensors(tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
@@ -412,6 +417,9 @@ def build_fixture(
     if row.get("fused_experts"):
         tensors = fuse_expert_tensors(tensors)
     mtp = mtp_tensors(row["spec"], config, seed, row.get("store_embed_head", False), tensors)
+    if "mtp_fused_experts" in row:  # the same weights, the experts fused: [E, 2I, H] and [E, H, I]
+        suffix = row["mtp_fused_experts"]
+        mtp = {k + suffix if k.endswith(FUSED_EXPERTS) else k: v for k, v in fuse_expert_tensors(mtp).items()}
     if row.get("mtp_file"):  # outside the index: model_mtp.safetensors beside the indexed shards
         write_checkpoint(out, config, tensors, shards=shards, decoy=decoy)
         save_tensors(out / row["mtp_file"], {k: v.contiguous() for k, v in mtp.items()}, {"format": "pt"})

@@ -773,6 +773,23 @@ def qwen3_hybrid(path: Path, nxt, hidden, pos, *, norm: str = "zero_centered", o
 
 
 # ---- Step-3.5 / 3.7: transformers' own MtpModel, with the sliding head count and the heads the engines use --------
+def _as_step3p7(path: Path) -> Path:
+    """`path`, or for another model_type of the same model (Step-5-Preview's step3p5v) a sibling directory whose
+    config.json says step3p7, its shards linked: transformers applies its "step3p7" key renames by model_type."""
+    config = config_of(path)
+    if config.get("model_type") == "step3p7":
+        return path
+    out = path.parent / (path.name + "-as-step3p7")
+    if not out.exists():
+        out.mkdir()
+        for f in path.iterdir():
+            if f.name != "config.json":
+                (out / f.name).symlink_to(f.resolve())
+        as_step3p7 = {**config, "model_type": "step3p7", "architectures": ["Step3p7ForConditionalGeneration"]}
+        (out / "config.json").write_text(json.dumps(as_step3p7))
+    return out
+
+
 def _step3p7_oracle(path: Path):
     """transformers 5.24's MtpModel (modeling_layers.py) over the fixture's Step3p7ForConditionalGeneration trunk,
     MTP weights loaded by the renames of its conversion_mapping "MtpModel" and "step3p7" (layers.{n + i}. ->
@@ -784,7 +801,8 @@ def _step3p7_oracle(path: Path):
     have twice the heads, so without it the weights do not load)."""
     from transformers.modeling_layers import MtpModel
 
-    target = transformers.Step3p7ForConditionalGeneration.from_pretrained(str(path), dtype=torch.float32).eval()
+    target = transformers.Step3p7ForConditionalGeneration.from_pretrained(str(_as_step3p7(path)), dtype=torch.float32)
+    target = target.eval()
     text = target.config.text_config
     sliding = {i: {"num_attention_heads": text.num_sliding_attention_heads}
                for i, t in enumerate(text.mtp_layer_types) if t == "sliding_attention"}  # fmt: skip
