@@ -51,7 +51,12 @@ DRAFT_SAMPLING = ("greedy", "sample")
 CONFIG_FILE = "config.json"
 WEIGHTS_FILE = "model.safetensors"
 PROVENANCE_FILE = "provenance.json"
-DSPARK_KIND = "dspark"  # a DSpark drafter's directory (`dspark_conversion`); no stage takes one yet
+# what the commands do with a DSpark drafter today, said by every refusal of one
+SUPPORTED_SO_FAR = (
+    "so far mtp2draft reads DSpark drafters with `inspect` and `convert` (into a dspark draft directory); distill, "
+    "evaluate and export do not take them yet"
+)
+DSPARK_KIND = "dspark"  # a DSpark drafter's directory (`conversion.dspark`); no stage takes one yet
 EVALUATION_FILE = "evaluation.json"  # `evaluate --save`: the measured acceptance `push` puts on the model card
 ACCEPTANCE_CHART = "acceptance.png"  # drawn from evaluation.json beside it (evaluation/charts.py); the card links it
 TRAINING_CHART = "training.png"  # distill's loss and per-step top-1 curves, beside the distilled draft
@@ -75,8 +80,6 @@ def detect_kind(cfg: Mapping[str, Any], hint: str = "") -> DraftKind:
     with `hint` (e.g. which commands write draft directories) appended."""
     kind = kind_of(cfg)
     if kind is None and cfg.get("draft_kind") == DSPARK_KIND:
-        from mtp2draft.family.dspark import SUPPORTED_SO_FAR
-
         raise DraftError(f"config.json describes a DSpark draft directory: {SUPPORTED_SO_FAR}")
     if kind is None:
         raise DraftError(

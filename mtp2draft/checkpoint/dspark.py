@@ -20,7 +20,8 @@ from typing import Any
 
 from mtp2draft.checkpoint.reader import Checkpoint
 from mtp2draft.errors import CheckpointError
-from mtp2draft.family.dspark import DETECT_KEY, SUPPORTED_SO_FAR, DSparkFields
+from mtp2draft.family.dspark import DETECT_KEY, DSparkFields
+from mtp2draft.kinds import SUPPORTED_SO_FAR
 
 PREFIX = "mtp."
 _STAGE = re.compile(r"^mtp\.(\d+)\.")

@@ -18,11 +18,6 @@ from mtp2draft.errors import CheckpointError
 
 # the key whose presence makes a config a DSpark drafter's (`family.spec.NOT_MTP_FIELDS` refuses it as MTP)
 DETECT_KEY = "dspark_block_size"
-# what the commands do with a DSpark drafter today, said by every refusal of one
-SUPPORTED_SO_FAR = (
-    "so far mtp2draft reads DSpark drafters with `inspect` and `convert` (into a dspark draft directory); distill, "
-    "evaluate and export do not take them yet"
-)
 
 
 @dataclass(frozen=True)

@@ -22,10 +22,9 @@ from pathlib import Path
 from typing import Any
 
 from mtp2draft.errors import CheckpointError, NotMtpError, SpecError, UnknownFamilyError
-from mtp2draft.family.dspark import SUPPORTED_SO_FAR
 from mtp2draft.family.identity import FamilyIdentity, named_in
 from mtp2draft.family.not_supported import refuse_not_supported
-from mtp2draft.kinds import DRAFT_KINDS, HIDDEN_PLACES, DraftKind, Hidden
+from mtp2draft.kinds import DRAFT_KINDS, HIDDEN_PLACES, SUPPORTED_SO_FAR, DraftKind, Hidden
 
 CONCAT_ORDERS = ("embed_hidden", "hidden_embed")
 HIDDEN_SOURCES = HIDDEN_PLACES

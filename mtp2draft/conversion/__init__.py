@@ -26,6 +26,7 @@ import torch
 from mtp2draft._version import __version__
 from mtp2draft.checkpoint.dspark import inspect_dspark
 from mtp2draft.checkpoint.reader import Checkpoint, check_finite, open_checkpoint
+from mtp2draft.conversion.dspark import convert_dspark
 from mtp2draft.draft.build import converted_config
 from mtp2draft.draft.eagle3_config import TOKEN_FIELDS, sglang_config
 from mtp2draft.draft.layout import (
@@ -44,7 +45,6 @@ from mtp2draft.draft.modules import (
     vocab_maps,
     without_identity_maps,
 )
-from mtp2draft.dspark_conversion import convert_dspark
 from mtp2draft.eagle3.transfer import Eagle3Build
 from mtp2draft.eagle3.transforms import EAGLE3_TRANSFORMS, check_eagle3_transforms
 from mtp2draft.errors import CheckpointError, OptionError, ShallowTargetError
