@@ -17,6 +17,11 @@ applies only on the CPU platform, and is reported in the driver's reply, so a fi
   and argmax proposals are accepted ~0.001 of the time instead of with probability p(x) (benchmarks/vllm-repro/repro_vllm_cpu_expand.py).
   `rejection_sampler.expand_batch_to_tokens` is replaced by the same thing in PyTorch (`repeat_interleave`).
   Asked for on every target: it changes nothing at temperature 0 (that path never expands).
+- The MLA attention backend (asked for with the rotary fix, MLA targets only): on an x86 CPU with AMX tiles vLLM 0.32
+  picks `AMX_MLA` (`platforms/cpu.py`, `get_attn_backend_cls`), whose weight packing refuses float32
+  (`amx_mla.py:303`, "expect weight to be bfloat16, float16, int8, fp8_e4m3 or uint8"), so a float32 MLA target
+  does not start there. `engine_options()` asks for the reference `CPU_MLA` backend, the one a CPU without AMX gets,
+  so a figure does not depend on which CPU ran it.
 
 What it does not do: change vLLM's files, or anything on a GPU build.
 """
@@ -42,6 +47,18 @@ def expand_batch_to_tokens(x, cu_num_tokens, num_tokens: int, replace_from: int 
     n = min(num_tokens, expanded.shape[0])
     out[:n] = expanded[:n]
     return out
+
+
+def engine_options() -> dict:
+    """Extra `vllm.LLM` arguments the environment asks for (the drivers pass them): the reference MLA backend on
+    the CPU platform for an MLA target, else nothing."""
+    if os.environ.get(NATIVE_ROPE) != "1":
+        return {}
+    from vllm.platforms import current_platform
+
+    if not current_platform.is_cpu():
+        return {}
+    return {"attention_config": {"backend": "CPU_MLA"}}
 
 
 def apply() -> list[str]:

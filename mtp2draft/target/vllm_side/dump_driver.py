@@ -33,9 +33,11 @@ import time
 
 try:  # run by vLLM's Python: beside this file (vllm_side/, on PYTHONPATH)
     from cpu_fixes import apply as apply_cpu_fixes
+    from cpu_fixes import engine_options
     from stream_capture import apply as apply_stream_capture
 except ImportError:  # imported as part of mtp2draft (its unit tests)
     from mtp2draft.target.vllm_side.cpu_fixes import apply as apply_cpu_fixes
+    from mtp2draft.target.vllm_side.cpu_fixes import engine_options
     from mtp2draft.target.vllm_side.stream_capture import apply as apply_stream_capture
 
 # at import, so vLLM's spawned workers, which re-import this file, apply them too (what mtp2draft's side asked for)
@@ -85,6 +87,7 @@ def start_engine(req: dict):
         enforce_eager=True,
         generation_config="vllm",
         trust_remote_code=False,
+        **engine_options(),  # the reference MLA backend on CPU for an MLA target (cpu_fixes)
         max_logprobs=int(req["top_k"]),
         speculative_config={
             "method": "extract_hidden_states",

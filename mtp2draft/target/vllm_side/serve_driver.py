@@ -44,8 +44,10 @@ import traceback
 
 try:  # run by vLLM's Python: beside this file (vllm_side/, on PYTHONPATH)
     from cpu_fixes import apply as apply_cpu_fixes
+    from cpu_fixes import engine_options
 except ImportError:  # imported as part of mtp2draft (its unit tests)
     from mtp2draft.target.vllm_side.cpu_fixes import apply as apply_cpu_fixes
+    from mtp2draft.target.vllm_side.cpu_fixes import engine_options
 
 # at import, so vLLM's spawned workers, which re-import this file, apply them too (what mtp2draft's side asked for)
 CPU_FIXES = apply_cpu_fixes()
@@ -199,6 +201,7 @@ def _run_one(run: dict, request: dict) -> dict:
             generation_config="vllm",
             speculative_config=spec,
             trust_remote_code=False,
+        **engine_options(),  # the reference MLA backend on CPU for an MLA target (cpu_fixes)
             disable_log_stats=False,  # get_metrics() asserts "Stat logging disabled" otherwise (vLLM 0.32)
             **({"per_request_spec_decode_metrics": "summary"} if spec else {}),
         )
