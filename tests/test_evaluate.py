@@ -16,7 +16,14 @@ from mtp2draft.conversion import convert
 from mtp2draft.data import load_tokenizer
 from mtp2draft.draft.disk import load_draft
 from mtp2draft.draft.modules import DraftCache
-from mtp2draft.evaluation.decode import TargetRunner, draft_chain, greedy_reference, speculative_decode, summarise
+from mtp2draft.evaluation.decode import (
+    TargetRunner,
+    draft_chain,
+    greedy_reference,
+    speculative_decode,
+    summarise,
+    tie_tolerance,
+)
 from mtp2draft.target.hidden import TargetModel
 
 PROMPTS = [[5, 17, 42, 9, 88, 23], [70, 71, 72, 3, 9], [40, 41]]
@@ -339,3 +346,59 @@ def test_evaluate_text_prints_the_comparison_line() -> None:
         }
     )
     assert line.startswith("draft - baseline: raw: accept len +0.123 [+0.050, +0.200]") and "64 prompts" in line
+
+
+# ---- the lossless check can fail ---------------------------------------------------------------------------------
+class TiedRunner(TargetRunner):
+    """The target with its top two logits made exactly equal where it predicts absolute position `at`: a real tie,
+    as bf16 rounding makes them (greedy argmax then takes the lower id)."""
+
+    def __init__(self, target, at: int) -> None:
+        super().__init__(target)
+        self.at = at
+
+    def forward(self, ids: list[int], cache):
+        past = cache.get_seq_length()
+        logits, feats = super().forward(ids, cache)
+        row = self.at - 1 - past  # row i predicts position past + i + 1
+        if 0 <= row < len(ids):
+            logits = logits.clone()
+            first, second = logits[row].topk(2).indices.tolist()
+            logits[row, second] = logits[row, first]
+        return logits, feats
+
+
+def _evaluate_one(runner, prompt: list[int], ref: list[int]):
+    from mtp2draft.evaluation.decode import evaluate_draft
+    from mtp2draft.evaluation.sampling import Sampling
+
+    draft = OracleDraft(prompt + greedy_reference(runner, prompt, 16, None), runner.target.vocab_size, 0)
+    return evaluate_draft(runner, draft, "d", "d", [prompt], [ref], k=3, max_new=16, eos=None, sampling=Sampling(),
+                          seed=0, progress=lambda *_: None)  # fmt: skip
+
+
+def test_a_greedy_difference_without_a_tie_raises_and_one_at_a_real_tie_passes(ds_target) -> None:
+    """The product's first promise can fail. A reference that parts from the output where the target's top two logits
+    are far apart (checked here by hand against the fp32 tolerance) raises `LosslessError`; the same parting at a
+    real tie (the two logits made equal) is recorded as one tie, not raised."""
+    from mtp2draft.evaluation.decode import LosslessError
+
+    prompt, at = PROMPTS[0], 5
+    runner = TargetRunner(ds_target)
+    ref = greedy_reference(runner, prompt, 16, None)
+    logits, _ = runner.forward(prompt + ref[:at], runner.start())
+    top = logits[-1].topk(2)
+    assert float(top.values[0] - top.values[1]) > 1e3 * tie_tolerance(torch.float32) * max(1, abs(top.values[0]))
+    forced = ref[:at] + [int(top.indices[1])] + ref[at + 1 :]  # the target's second choice: no tie there
+    assert _evaluate_one(runner, prompt, ref).lossless is True
+    with pytest.raises(LosslessError, match=f"at generated token {at} of prompt 1 \\(no logit tie there\\)"):
+        _evaluate_one(runner, prompt, forced)
+
+    tied = TiedRunner(ds_target, len(prompt) + at)
+    out = greedy_reference(tied, prompt, 16, None)
+    logits, _ = tied.forward(prompt + out[:at], tied.start())
+    first, second = logits[-1].topk(2).indices.tolist()
+    assert logits[-1, first] == logits[-1, second] and out[at] == min(first, second)
+    other = out[:at] + [max(first, second)] + out[at + 1 :]  # the other side of the tie
+    result = _evaluate_one(tied, prompt, other)
+    assert result.lossless is False and result.ties == 1
