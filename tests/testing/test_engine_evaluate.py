@@ -193,7 +193,10 @@ def test_evaluate_in_vllm_at_a_temperature(measured: dict) -> None:
     row = report["results"][0]
     assert report["temperature"] == 1.0 and report["draft_sampling"] == "sample" and row["lossless"] is None
     assert row["tokens_drafted"] == K * row["target_forwards"] > 0
-    assert 0 <= row["per_draft_acceptance"][0] <= 1 and len(row["acceptance_per_position"]) == K
+    # position 1: conditional and per-draft acceptance are one number, the accepted share of first drafts
+    assert row["per_draft_acceptance"][0] == pytest.approx(row["acceptance_per_position"][0], abs=1e-3)
+    assert len(row["acceptance_per_position"]) == K
+    assert row["mean_acceptance_length"] == pytest.approx(1 + row["tokens_accepted"] / row["target_forwards"])
 
 
 @pytest.mark.xfail(strict=True, raises=EngineRunError, reason=f"vLLM 0.32 CPU: {CPU_BLOCK_SIZE_LIMIT} (EAGLE-3 + MLA)")
