@@ -33,7 +33,10 @@ ROOT = Path(__file__).resolve().parents[1]
 # name -> (module path, the test files (and -k selection) that guard it)
 MODULES: dict[str, tuple[str, str]] = {
     "compare": ("mtp2draft/evaluation/compare.py", "tests/test_evaluate.py -k bootstrap"),
-    "redact": ("mtp2draft/redact.py", "tests/test_io.py tests/test_cli.py -k 'redact or secret or token'"),
+    "redact": (
+        "mtp2draft/redact.py",
+        "tests/test_io.py tests/test_safety.py tests/test_cli.py -k 'redact or secret or token or command_line'",
+    ),
     "fp8": ("mtp2draft/checkpoint/fp8.py", "tests/test_checkpoint.py tests/test_quant_formats.py"),
     "fp4": ("mtp2draft/checkpoint/fp4.py", "tests/test_quant_formats.py"),
     "sampling": ("mtp2draft/evaluation/sampling.py", "tests/test_sampling.py"),
@@ -60,7 +63,7 @@ def survivors(session: Path) -> tuple[int, int, list[str]]:
         "FROM mutation_specs m JOIN work_results r ON m.job_id = r.job_id"
     ).fetchall()
     db.close()
-    alive = [f"{path}:{row} {op} #{occ}" for path, row, op, occ, outcome in rows if outcome == "survived"]
+    alive = [f"{path}:{row} {op} #{occ}" for path, row, op, occ, outcome in rows if str(outcome).lower() == "survived"]
     return len(rows), len(alive), sorted(alive)
 
 

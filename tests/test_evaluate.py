@@ -444,3 +444,25 @@ def test_paired_bootstrap_bounds_are_the_percentiles_of_its_level() -> None:
     for report, (low, high) in ((default, ref95), (ninety, ref90)):
         d = report["difference"]["mean_acceptance_length"]
         assert d["low"] == pytest.approx(low, abs=0.1 * sd) and d["high"] == pytest.approx(high, abs=0.1 * sd)
+
+
+@pytest.mark.parametrize("n", [2, 7, 10, 2000])
+def test_bootstrap_percentiles_equal_numpys(n: int) -> None:
+    """The interpolated percentiles the bounds are read at, against numpy's default (linear) percentile."""
+    import numpy as np
+
+    from mtp2draft.evaluation.compare import _percentiles
+
+    values = sorted(random.Random(n).gauss(0, 1) for _ in range(n))
+    for lo, hi in ((0.025, 0.975), (0.05, 0.95), (0.0, 1.0)):
+        assert _percentiles(values, lo, hi) == pytest.approx(tuple(np.percentile(values, [100 * lo, 100 * hi])))
+
+
+def test_bootstrap_compare_to_baselines_puts_the_first_draft_against_each_other() -> None:
+    from mtp2draft.evaluation.compare import compare_to_baselines, paired_bootstrap
+
+    rng = random.Random(3)
+    a, b, c = ([[rng.choice([0, 1, 2]) for _ in range(6)] for _ in range(5)] for _ in range(3))
+    got = compare_to_baselines([_result("a", a), _result("b", b), _result("c", c)], seed=4)
+    assert [(g["draft"], g["baseline"]) for g in got] == [("a", "b"), ("a", "c")]
+    assert got[1] == paired_bootstrap(_result("a", a), _result("c", c), seed=4)
