@@ -124,6 +124,28 @@ def test_the_token_hf_auth_login_stored_is_redacted_everywhere(tmp_path: Path, m
     assert find_secret(f"x{stored}x".encode()) and not find_secret(b"nothing here")
 
 
+def test_redact_masks_the_longest_secret_first() -> None:
+    """One secret inside another (a token and the URL-style string holding it): the longer is masked whole, leaving
+    no tail of it behind (masking the shorter first would leave `***-long`)."""
+    from mtp2draft.redact import redact
+
+    assert redact("x s3cret-value-long y", {"s3cret-value", "s3cret-value-long"}) == "x *** y"
+
+
+def test_redact_helpers_use_the_secrets_they_are_given_and_register_only_strings() -> None:
+    """scrub with an explicit set masks that set; register_secret ignores None, True (`--token` without a value) and
+    strings too short to be secrets."""
+    from mtp2draft.redact import known_secrets, register_secret, scrub
+
+    given = "given-only-Zq81xw"
+    assert given not in known_secrets()
+    assert scrub({"a": [f"x {given}"]}, {given}) == {"a": ["x ***"]}
+    before = known_secrets()
+    for value in (None, True, "short"):
+        register_secret(value)
+    assert known_secrets() == before
+
+
 # ---- the streaming safetensors writer ----------------------------------------------------------------------------
 def test_streamed_file_reads_back_exactly_with_its_metadata(tmp_path: Path) -> None:
     gen = torch.Generator().manual_seed(0)
