@@ -96,7 +96,7 @@ def run(name: str, work: Path, timeout: float, sample: int | None) -> tuple[int,
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("modules", nargs="*", help=f"default: all of {', '.join(MODULES)}")
-    parser.add_argument("--work", type=Path, default=ROOT / "benchmarks" / "mutation-work")
+    parser.add_argument("--work", type=Path, default=ROOT / "benchmarks" / ".mutation-work")
     parser.add_argument("--timeout", type=float, default=300.0, help="seconds per mutant's test run")
     parser.add_argument("--sample", type=int, help="run a seeded random N of each module's mutants (default: all)")
     args = parser.parse_args()
