@@ -4,6 +4,7 @@ DeepSeek MTP head cross-checked against transformers' own generate(use_mtp=True)
 from __future__ import annotations
 
 import json
+import math
 import random
 from pathlib import Path
 
@@ -16,7 +17,14 @@ from mtp2draft.conversion import convert
 from mtp2draft.data import load_tokenizer
 from mtp2draft.draft.disk import load_draft
 from mtp2draft.draft.modules import DraftCache
-from mtp2draft.evaluation.decode import TargetRunner, draft_chain, greedy_reference, speculative_decode, summarise
+from mtp2draft.evaluation.decode import (
+    TargetRunner,
+    draft_chain,
+    greedy_reference,
+    speculative_decode,
+    summarise,
+    tie_tolerance,
+)
 from mtp2draft.target.hidden import TargetModel
 
 PROMPTS = [[5, 17, 42, 9, 88, 23], [70, 71, 72, 3, 9], [40, 41]]
@@ -280,7 +288,12 @@ def test_evaluate_cli_at_a_temperature(target, text_data, tmp_path: Path, capsys
     result = first["results"][0]
     assert result["lossless"] is None and first["lossless"] is None
     check = result["distribution_check"]
-    assert check["tokens"] == 3 * 12 and 0 <= check["pit_ks_p_value"] <= 1
+    assert check["tokens"] == 3 * 12
+    # the p-value belongs to the reported D at n = 36 (Stephens: t = (sqrt n + 0.12 + 0.11 / sqrt n) D, then
+    # P(K > t) = 2 sum_j (-1)^(j-1) exp(-2 j^2 t^2)), not merely to [0, 1]
+    t = (6 + 0.12 + 0.11 / 6) * check["pit_ks_statistic"]
+    by_hand = 2 * sum((-1) ** (j - 1) * math.exp(-2 * j * j * t * t) for j in range(1, 50))
+    assert 0 < check["pit_ks_statistic"] < 1 and check["pit_ks_p_value"] == pytest.approx(min(1.0, by_hand))
     assert len(result["per_draft_acceptance"]) == 3 == len(first["per_draft_acceptance"])
     assert result["per_draft_acceptance"][0] == pytest.approx(result["acceptance_per_position"][0])
     assert main([*args, "--seed", "7"]) == 0  # argmax proposals, the table
@@ -339,3 +352,117 @@ def test_evaluate_text_prints_the_comparison_line() -> None:
         }
     )
     assert line.startswith("draft - baseline: raw: accept len +0.123 [+0.050, +0.200]") and "64 prompts" in line
+
+
+# ---- the lossless check can fail ---------------------------------------------------------------------------------
+class TiedRunner(TargetRunner):
+    """The target with its top two logits made exactly equal where it predicts absolute position `at`: a real tie,
+    as bf16 rounding makes them (greedy argmax then takes the lower id)."""
+
+    def __init__(self, target, at: int) -> None:
+        super().__init__(target)
+        self.at = at
+
+    def forward(self, ids: list[int], cache):
+        past = cache.get_seq_length()
+        logits, feats = super().forward(ids, cache)
+        row = self.at - 1 - past  # row i predicts position past + i + 1
+        if 0 <= row < len(ids):
+            logits = logits.clone()
+            first, second = logits[row].topk(2).indices.tolist()
+            logits[row, second] = logits[row, first]
+        return logits, feats
+
+
+def _evaluate_one(runner, prompt: list[int], ref: list[int]):
+    from mtp2draft.evaluation.decode import evaluate_draft
+    from mtp2draft.evaluation.sampling import Sampling
+
+    draft = OracleDraft(prompt + greedy_reference(runner, prompt, 16, None), runner.target.vocab_size, 0)
+    return evaluate_draft(runner, draft, "d", "d", [prompt], [ref], k=3, max_new=16, eos=None, sampling=Sampling(),
+                          seed=0, progress=lambda *_: None)  # fmt: skip
+
+
+def test_a_greedy_difference_without_a_tie_raises_and_one_at_a_real_tie_passes(ds_target) -> None:
+    """The product's first promise can fail. A reference that parts from the output where the target's top two logits
+    are far apart (checked here by hand against the fp32 tolerance) raises `LosslessError`; the same parting at a
+    real tie (the two logits made equal) is recorded as one tie, not raised."""
+    from mtp2draft.evaluation.decode import LosslessError
+
+    prompt, at = PROMPTS[0], 5
+    runner = TargetRunner(ds_target)
+    ref = greedy_reference(runner, prompt, 16, None)
+    logits, _ = runner.forward(prompt + ref[:at], runner.start())
+    top = logits[-1].topk(2)
+    assert float(top.values[0] - top.values[1]) > 1e3 * tie_tolerance(torch.float32) * max(1, abs(top.values[0]))
+    forced = ref[:at] + [int(top.indices[1])] + ref[at + 1 :]  # the target's second choice: no tie there
+    assert _evaluate_one(runner, prompt, ref).lossless is True
+    with pytest.raises(LosslessError, match=f"at generated token {at} of prompt 1 \\(no logit tie there\\)"):
+        _evaluate_one(runner, prompt, forced)
+
+    tied = TiedRunner(ds_target, len(prompt) + at)
+    out = greedy_reference(tied, prompt, 16, None)
+    logits, _ = tied.forward(prompt + out[:at], tied.start())
+    first, second = logits[-1].topk(2).indices.tolist()
+    assert logits[-1, first] == logits[-1, second] and out[at] == min(first, second)
+    other = out[:at] + [max(first, second)] + out[at + 1 :]  # the other side of the tie
+    result = _evaluate_one(tied, prompt, other)
+    assert result.lossless is False and result.ties == 1
+
+
+def _bootstrap_percentiles(a: list[list[int]], b: list[list[int]], levels: list[float]) -> tuple[list, float]:
+    """The paired bootstrap from its definition, with numpy's own resampling (200,000 draws) and percentiles:
+    resample prompts with replacement, the same for both drafts; pooled mean acceptance length = sum (a + 1) / steps
+    on the resample; the level-L interval is the ((1 - L) / 2, (1 + L) / 2) quantiles of the difference.
+    Returns ([(low, high) per level], the difference's bootstrap standard deviation)."""
+    import numpy as np
+
+    steps_a, sum_a = np.array([len(p) for p in a]), np.array([sum(x + 1 for x in p) for p in a])
+    steps_b, sum_b = np.array([len(p) for p in b]), np.array([sum(x + 1 for x in p) for p in b])
+    pick = np.random.default_rng(123).integers(0, len(a), size=(200_000, len(a)))
+    diff = sum_a[pick].sum(1) / steps_a[pick].sum(1) - sum_b[pick].sum(1) / steps_b[pick].sum(1)
+    bounds = [tuple(np.percentile(diff, [50 * (1 - lv), 50 * (1 + lv)])) for lv in levels]
+    return bounds, float(diff.std())
+
+
+def test_paired_bootstrap_bounds_are_the_percentiles_of_its_level() -> None:
+    """The reported 95 % interval is the 2.5th and 97.5th percentiles of the resampled difference, against an
+    independent bootstrap (numpy's generator and percentiles); level=0.9 gives the 5th and 95th. The tolerance,
+    0.1 bootstrap standard deviations, is ~4 standard errors of a percentile estimated from 10,000 resamples
+    (sqrt(0.025 * 0.975 / 10,000) / phi(1.96) = 0.027 sd), while a 90 % interval reported as 95 % moves each bound
+    by (1.96 - 1.645) = 0.31 sd."""
+    from mtp2draft.evaluation.compare import paired_bootstrap
+
+    rng = random.Random(7)
+    base = [[rng.choice([0, 0, 1, 2]) for _ in range(rng.randrange(4, 16))] for _ in range(14)]
+    ft = [[min(x + rng.choice([0, 0, 1]), 2) for x in p] for p in base]  # better on some forwards, by chance
+    (ref95, ref90), sd = _bootstrap_percentiles(ft, base, [0.95, 0.90])
+    assert ref95[1] - ref90[1] > 0.25 * sd  # the data tell the two levels apart
+    default = paired_bootstrap(_result("ft", ft, 2), _result("raw", base, 2), samples=10_000)
+    ninety = paired_bootstrap(_result("ft", ft, 2), _result("raw", base, 2), samples=10_000, level=0.9)
+    assert default["level"] == 0.95 and ninety["level"] == 0.9
+    for report, (low, high) in ((default, ref95), (ninety, ref90)):
+        d = report["difference"]["mean_acceptance_length"]
+        assert d["low"] == pytest.approx(low, abs=0.1 * sd) and d["high"] == pytest.approx(high, abs=0.1 * sd)
+
+
+@pytest.mark.parametrize("n", [2, 7, 10, 2000])
+def test_bootstrap_percentiles_equal_numpys(n: int) -> None:
+    """The interpolated percentiles the bounds are read at, against numpy's default (linear) percentile."""
+    import numpy as np
+
+    from mtp2draft.evaluation.compare import _percentiles
+
+    values = sorted(random.Random(n).gauss(0, 1) for _ in range(n))
+    for lo, hi in ((0.025, 0.975), (0.05, 0.95), (0.0, 1.0)):
+        assert _percentiles(values, lo, hi) == pytest.approx(tuple(np.percentile(values, [100 * lo, 100 * hi])))
+
+
+def test_bootstrap_compare_to_baselines_puts_the_first_draft_against_each_other() -> None:
+    from mtp2draft.evaluation.compare import compare_to_baselines, paired_bootstrap
+
+    rng = random.Random(3)
+    a, b, c = ([[rng.choice([0, 1, 2]) for _ in range(6)] for _ in range(5)] for _ in range(3))
+    got = compare_to_baselines([_result("a", a), _result("b", b), _result("c", c)], seed=4)
+    assert [(g["draft"], g["baseline"]) for g in got] == [("a", "b"), ("a", "c")]
+    assert got[1] == paired_bootstrap(_result("a", a), _result("c", c), seed=4)

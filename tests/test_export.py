@@ -362,6 +362,21 @@ def _assert_within_e4m3(
     assert bool(((got.float() - want.float()).abs() <= bound + 1e-12).all())
 
 
+def _tensor_bytes(root: Path, weight_map: dict[str, str]) -> int:
+    """Bytes of every tensor in the shards `weight_map` names, read from their safetensors headers (8-byte length,
+    then JSON with each tensor's data_offsets), each tensor counted once and each one the map names present."""
+    total, seen = 0, set()
+    for file in sorted(set(weight_map.values())):
+        with open(root / file, "rb") as f:
+            header = json.loads(f.read(int.from_bytes(f.read(8), "little")))
+        for name, info in header.items():
+            if name != "__metadata__":
+                total += info["data_offsets"][1] - info["data_offsets"][0]
+                seen.add(name)
+    assert seen == set(weight_map)
+    return total
+
+
 def _overlay(target: Path, stitched: Path, out: Path) -> Path:
     """What the README tells a user to do: a copy of the target with the overlay's shards and index on top."""
     shutil.copytree(target, out)
@@ -756,6 +771,9 @@ def test_stitched_over_a_quantised_release_writes_the_layer_unquantised_and_excl
     assert "UnquantizedFusedMoEMethod" in record["unquantised_why"] and "config.json" in record["overlay_files"]
     assert "written in bfloat16" in (st / "README.md").read_text()
     overlay = open_checkpoint(str(_overlay(release, st, work / f"{scheme}-overlay")))
+    # the layer's bytes changed (bf16 in place of packed data and scales): the index's total_size follows them
+    index = json.loads((work / f"{scheme}-overlay" / "model.safetensors.index.json").read_text())
+    assert index["metadata"]["total_size"] == _tensor_bytes(work / f"{scheme}-overlay", index["weight_map"])
     qconfig = overlay.config["quantization_config"]
     layer_modules = {k.rsplit(".", 1)[0] for k in quantised}
     assert all(_vllm_excludes(qconfig, m) for m in layer_modules)

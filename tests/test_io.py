@@ -98,6 +98,54 @@ def test_write_json_redacts_known_secrets_and_leaves_no_temporary(tmp_path: Path
     assert [p.name for p in tmp_path.iterdir()] == ["p.json"]
 
 
+def test_the_token_hf_auth_login_stored_is_redacted_everywhere(tmp_path: Path, monkeypatch) -> None:
+    """`hf auth login` writes the token to HF_TOKEN_PATH (huggingface_hub's `constants.HF_TOKEN_PATH`, which
+    `get_token` reads when no variable is set). A stored token that is not shaped like `hf_...` (an org or OAuth
+    token, a custom endpoint's) is only caught by its value: known, redacted in text, JSON and the stdout stream,
+    found in upload bytes."""
+    import io as text_io
+
+    from huggingface_hub import constants
+
+    from mtp2draft.redact import RedactedStream, find_secret, known_secrets, redact
+
+    stored = "stored-login-Q7vX2mZk9pL4"  # no hf_ prefix: the shape rule cannot mask it
+    (tmp_path / "token").write_text(stored + "\n")
+    for var in ("HF_TOKEN", "HUGGING_FACE_HUB_TOKEN", "HF_OIDC_RESOURCE"):
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.setattr(constants, "HF_TOKEN_PATH", str(tmp_path / "token"))
+    assert stored in known_secrets()
+    assert redact(f"pulled with {stored}.") == "pulled with ***."
+    write_json(tmp_path / "p.json", {"source": f"https://u:{stored}@host/repo"})
+    assert stored not in (tmp_path / "p.json").read_text() and "***" in (tmp_path / "p.json").read_text()
+    out = text_io.StringIO()
+    RedactedStream(out).write(f"token {stored}\n")
+    assert out.getvalue() == "token ***\n"
+    assert find_secret(f"x{stored}x".encode()) and not find_secret(b"nothing here")
+
+
+def test_redact_masks_the_longest_secret_first() -> None:
+    """One secret inside another (a token and the URL-style string holding it): the longer is masked whole, leaving
+    no tail of it behind (masking the shorter first would leave `***-long`)."""
+    from mtp2draft.redact import redact
+
+    assert redact("x s3cret-value-long y", {"s3cret-value", "s3cret-value-long"}) == "x *** y"
+
+
+def test_redact_helpers_use_the_secrets_they_are_given_and_register_only_strings() -> None:
+    """scrub with an explicit set masks that set; register_secret ignores None, True (`--token` without a value) and
+    strings too short to be secrets."""
+    from mtp2draft.redact import known_secrets, register_secret, scrub
+
+    given = "given-only-Zq81xw"
+    assert given not in known_secrets()
+    assert scrub({"a": [f"x {given}"]}, {given}) == {"a": ["x ***"]}
+    before = known_secrets()
+    for value in (None, True, "short"):
+        register_secret(value)
+    assert known_secrets() == before
+
+
 # ---- the streaming safetensors writer ----------------------------------------------------------------------------
 def test_streamed_file_reads_back_exactly_with_its_metadata(tmp_path: Path) -> None:
     gen = torch.Generator().manual_seed(0)

@@ -98,6 +98,59 @@ def test_fp8_e8m0_dequantisation_equals_transformers_own() -> None:
     assert torch.equal(dequantize_fp8_e8m0(w, scale), theirs)
 
 
+# (rows, columns, block): non-square weights and blocks, both orientations, ragged edges, DeepSeek-V4.1's 32 x 32
+FP8_BLOCK_CASES = [(96, 64, (32, 32)), (40, 72, (8, 16)), (72, 40, (16, 8)), (50, 70, (16, 32)), (64, 33, (32, 32))]
+
+
+def _ct_block_dequant(w: torch.Tensor, scale: torch.Tensor, block: tuple[int, int]) -> torch.Tensor:
+    """compressed-tensors' own block dequantiser (`quantization.lifecycle.forward.dequantize`, strategy "block",
+    `block_structure` [rows, columns]: it pads, reshapes into [R, bm, C, bn] blocks and multiplies each by its scale)."""
+    from compressed_tensors.quantization import QuantizationArgs
+    from compressed_tensors.quantization.lifecycle.forward import dequantize
+
+    args = QuantizationArgs(num_bits=8, type="float", strategy="block", block_structure=list(block))
+    return dequantize(w.float(), scale.float(), args=args, dtype=torch.float32)
+
+
+@pytest.mark.parametrize("rows,cols,block", FP8_BLOCK_CASES)
+def test_fp8_block_dequantisation_equals_compressed_tensors_own(rows: int, cols: int, block: tuple) -> None:
+    """W[i, j] * scale[i // bm, j // bn] with bm rows and bn columns per block, fp32 or e8m0 scales, and through the
+    `fp8` scheme a config's `weight_block_size` picks: equal to compressed-tensors' block dequantiser. Square 128 x 128
+    blocks cannot tell a block's rows from its columns; these can."""
+    from mtp2draft.checkpoint.fp8 import dequantize_fp8, fp8_block_size
+
+    gen = torch.Generator().manual_seed(rows * cols)
+    w = (torch.randn(rows, cols, generator=gen) * 40).to(torch.float8_e4m3fn)
+    grid = (math.ceil(rows / block[0]), math.ceil(cols / block[1]))
+    scale = torch.rand(grid, generator=gen) + 0.01 * torch.arange(grid[0] * grid[1]).reshape(grid)  # all distinct
+    theirs = _ct_block_dequant(w, scale, block)
+    assert torch.equal(dequantize_fp8(w, scale, block), theirs)
+    exps = torch.randint(115, 140, grid, generator=gen, dtype=torch.int32).to(torch.uint8)
+    e8m0 = exps.view(torch.float8_e8m0fnu)
+    theirs = _ct_block_dequant(w, torch.exp2(exps.float() - 127), block)
+    assert torch.equal(dequantize_fp8_e8m0(w, e8m0, block), theirs)
+    config = {"quantization_config": {"quant_method": "fp8", "weight_block_size": list(block)}}
+    assert fp8_block_size(config) == block
+    params = quant_method(config).params_for("model.layers.0.mlp.down_proj.weight")
+    assert torch.equal(_dequant("fp8-e8m0", {"data": w, "scale": e8m0}, **params), theirs)
+
+
+@pytest.mark.parametrize("rows,cols,block", FP8_BLOCK_CASES)
+def test_fp8_block_quantisers_write_the_grid_compressed_tensors_reads(rows: int, cols: int, block: tuple) -> None:
+    """What the exporters write back (fp32 `_scale_inv` and e8m0 grids) read by compressed-tensors' dequantiser is
+    the weight within e4m3 rounding (half a step: 2^-4 relative) of each block's scale."""
+    from mtp2draft.checkpoint.fp8 import quantize_fp8
+
+    w = torch.randn(rows, cols, generator=torch.Generator().manual_seed(rows + cols))
+    w[: block[0], : block[1]] *= 100  # one block far larger than the rest: a grid read the wrong way round is off
+    for q, scale in (quantize_fp8(w, block), quantize_fp8_e8m0(w, block)):
+        s = scale.float()
+        assert s.shape == (math.ceil(rows / block[0]), math.ceil(cols / block[1]))
+        back = _ct_block_dequant(q, s, block)
+        full = s.repeat_interleave(block[0], 0)[:rows].repeat_interleave(block[1], 1)[:, :cols]
+        assert ((back - w).abs() <= full * 448 * 2**-4 + 1e-12).all()
+
+
 def test_e2m1_packing_inverts_unpacking_on_every_byte() -> None:
     every = torch.arange(256, dtype=torch.int32).to(torch.uint8).reshape(16, 16)
     assert torch.equal(pack_e2m1(unpack_e2m1(every)), every)

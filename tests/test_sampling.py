@@ -413,3 +413,19 @@ def test_pit_rejects_wrong_rules(mimo, sample_sizes: dict[str, int], name: str) 
     rule, mode = WRONG_RULES[name]
     _, p_value = ks_uniform(sampled_pit(runner, draft, prompts, rule(), stat_sampling(mode), sample_sizes[name]))
     assert p_value < ALPHA, (name, p_value, sample_sizes[name])
+
+
+@pytest.mark.parametrize("temperature,top_p", [(1.0, 1.0), (0.7, 1.0), (1.3, 0.9), (0.5, 0.6), (2.0, 0.3)])
+def test_warp_equals_transformers_own_logits_processors(temperature: float, top_p: float) -> None:
+    """The sampling distribution against an independent implementation: transformers' TemperatureLogitsWarper then
+    TopPLogitsWarper (min_tokens_to_keep 1), the order its generate() applies them, then softmax."""
+    from transformers import TemperatureLogitsWarper, TopPLogitsWarper
+
+    logits = torch.randn(6, 50, generator=torch.Generator().manual_seed(int(temperature * 10 + top_p * 100))) * 3
+    scores = TemperatureLogitsWarper(temperature)(None, logits.double())
+    if top_p < 1:
+        scores = TopPLogitsWarper(top_p)(None, scores)
+    theirs = torch.softmax(scores, dim=-1)
+    ours = warp(logits, temperature, top_p)
+    assert torch.equal(ours > 0, theirs > 0)  # the same tokens kept
+    assert torch.allclose(ours, theirs, rtol=1e-9, atol=1e-12)

@@ -144,3 +144,57 @@ def test_teacher_temperature_sharpens_the_online_teacher_and_refuses_a_top_k_one
     offline = Features(None, None, topk_logprobs=torch.zeros(1, 3, 1), topk_ids=torch.zeros(1, 3, 1, dtype=torch.long))
     with pytest.raises(OptionError, match="needs the online target"):
         step_kl(draft, offline, 1, None, 3, temperature=0.5)
+
+
+def _kl_by_hand(target_logits: torch.Tensor, draft_logits: torch.Tensor) -> float:
+    """KL(softmax(target) || softmax(draft)) of two [V] logit vectors, in float64, from the definition."""
+    p = torch.softmax(target_logits.double(), -1)
+    return float((p * (p.log() - torch.log_softmax(draft_logits.double(), -1))).sum())
+
+
+@pytest.mark.parametrize("kind", ["mtp", "eagle3"])
+def test_ttt_loss_by_hand_from_per_step_logits_and_a_masked_prompt(build, tmp_path: Path, kind: str) -> None:
+    """The TTT loss, its per-step counts and top-1 agreement, recomputed from the definition on the step logits.
+
+    Step s at origin p predicts token x[p + s + 2]; the teacher is the target's distribution for that token, i.e.
+    the target's logits at position p + s + 1; the pair counts only where p + s + 2 < T and the loss mask holds at
+    p + s + 2. The mask here is not a suffix (a masked prompt, a masked token inside the answer), so a mask or a
+    teacher read one position off changes the counts and the losses. Loss = sum_s w_s * mean over counted p."""
+    convert(str(build("mimo", **eagle3_depth("mimo", kind))), tmp_path / "d", to=kind, dtype="float32")
+    draft = load_draft(tmp_path / "d").eval()
+    v, h = draft.vocab_size, draft.hidden_size
+    gen = torch.Generator().manual_seed(1)
+    draft.attach_target(torch.randn(v, h, generator=gen), torch.randn(v, h, generator=gen) * 0.1)
+    t, k, weights = 11, 3, [1.0, 0.5, 0.25]
+    ids = torch.randint(0, v, (1, t), generator=gen)
+    mask = torch.tensor([[0, 0, 0, 1, 1, 0, 1, 1, 1, 0, 1]], dtype=torch.bool)
+    width = draft.fc.in_features if kind == "eagle3" else h
+    target_logits = torch.randn(1, t, v, generator=gen) * 3
+    feats = Features(torch.randn(1, t, h, generator=gen), torch.randn(1, t, width, generator=gen), target_logits)
+    vocab_ids = None
+    if kind == "eagle3":
+        from mtp2draft.train.ttt import draft_target_ids
+
+        vocab_ids = draft_target_ids(draft)
+    with torch.no_grad():
+        step_logits = ttt_forward(draft, feats, ids, mask, k, weights, vocab_ids, return_logits=True)
+        stats = ttt_forward(draft, feats, ids, mask, k, weights, vocab_ids)
+    total = 0.0
+    for s in range(k):
+        kls, correct = [], 0
+        for p in range(t):
+            predicted = p + s + 2
+            if predicted >= t or not mask[0, predicted]:
+                continue
+            teacher = target_logits[0, predicted - 1]  # the target's logits for token x[predicted]
+            mine = step_logits[s][0, p]
+            restricted = teacher if vocab_ids is None else teacher[vocab_ids]
+            kls.append(_kl_by_hand(restricted, mine))
+            guess = int(mine.argmax()) if vocab_ids is None else int(vocab_ids[mine.argmax()])
+            correct += guess == int(teacher.argmax())
+        assert stats.per_step_count[s] == len(kls), s
+        assert stats.per_step_loss[s] == pytest.approx(sum(kls) / len(kls), rel=1e-5), s
+        assert stats.per_step_correct[s] == correct, s
+        total += weights[s] * sum(kls) / len(kls)
+    assert stats.per_step_count == [6, 6, 5]  # mask holds at 3, 4, 6, 7, 8, 10; step s predicts s + 2 .. 10
+    assert float(stats.loss) == pytest.approx(total, rel=1e-5)
