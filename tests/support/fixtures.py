@@ -105,7 +105,12 @@ def trunk_tensors(config: dict[str, Any], trunk: tuple[str, str], seed: int) -> 
     import transformers
     from transformers import AutoConfig
 
-    cfg_dict = {k: v for k, v in config.items() if k not in ("architectures", "model_type", "quantization_config")}
+    # a deep copy: transformers rewrites the RoPE dict it is given in place, which would reach config.json
+    cfg_dict = {
+        k: copy.deepcopy(v)
+        for k, v in config.items()
+        if k not in ("architectures", "model_type", "quantization_config")
+    }
     cfg = AutoConfig.for_model(trunk[0], **cfg_dict)
     torch.manual_seed(seed)
     model = getattr(transformers, trunk[1])(cfg).to(torch.bfloat16)
