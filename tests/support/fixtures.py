@@ -394,11 +394,19 @@ _TENSOR_WRITERS = {
 
 
 def build_fixture(
-    name: str, out: str | Path, seed: int = 0, shards: int = 2, decoy: str | None = None, **overrides: Any
+    name: str,
+    out: str | Path,
+    seed: int = 0,
+    shards: int = 2,
+    decoy: str | None = None,
+    config: dict[str, Any] | None = None,
+    **overrides: Any,
 ) -> Path:
-    """Write fixture `name` into `out` and return the directory. `overrides` change config.json fields."""
+    """Write fixture `name` into `out` and return the directory. `overrides` change config.json fields; `config`
+    replaces the row's config.json whole (a release's own, tests/support/releases.py), the row still choosing how
+    the hub layout is written (trunk class, FP8, stored embed / head)."""
     row = FIXTURES[name]
-    config = with_fields(row["config"], **overrides)
+    config = with_fields(row["config"] if config is None else config, **overrides)
     out = Path(out)
     if row.get("tensors"):
         tensors = _TENSOR_WRITERS[row["tensors"]](config, seed, row)
