@@ -124,6 +124,18 @@ FAMILIES: dict[str, dict[str, Any]] = {
             "qk_rope_head_dim": 64,
             "v_head_dim": 32,
             "rope_theta": 10000,
+            # DeepSeek-V3's published YaRN block and context (the bundled target was re-derived to it after
+            # training: scripts/rederive_yarn.py); a fresh run trains with it
+            "max_position_embeddings": 163840,
+            "rope_scaling": {
+                "beta_fast": 32,
+                "beta_slow": 1,
+                "factor": 40,
+                "mscale": 1.0,
+                "mscale_all_dim": 1.0,
+                "original_max_position_embeddings": 4096,
+                "type": "yarn",
+            },
         },
     },
     "mimo": {
