@@ -186,3 +186,31 @@ def test_an_fp8_release_without_accelerate_is_one_line(tmp_path: Path, monkeypat
     monkeypatch.setattr(quantizer_finegrained_fp8, "is_accelerate_available", lambda: False)
     with pytest.raises(OptionError, match=r"is quantised \(fp8\).*mtp2draft\[device-map\]"):
         TargetModel(str(target))
+
+
+@pytest.mark.parametrize(
+    "release", [r for r in RELEASES if r.chat_template()], ids=[r.id for r in RELEASES if r.chat_template()]
+)
+def test_chats_render_through_the_release_template(release: Release, tmp_path: Path) -> None:
+    """`--data` chats (system prompt, two turns) through the release's own chat template: the ids `encode` builds
+    turn by turn are transformers' apply_chat_template of the whole chat, and the loss covers each assistant reply."""
+    from transformers import AutoTokenizer
+
+    from mtp2draft.data import encode
+
+    write_char_tokenizer(tmp_path)
+    tok = AutoTokenizer.from_pretrained(str(tmp_path))
+    tok.chat_template = release.chat_template()
+    for chat in CHATS:
+        example = encode({"messages": chat}, tok, 10_000)
+        whole = tok.apply_chat_template(chat, tokenize=True, add_generation_prompt=False)
+        whole = whole["input_ids"] if hasattr(whole, "keys") else whole
+        assert example.input_ids == list(whole)
+        text = lambda ids: "".join(tok.convert_ids_to_tokens(ids))  # noqa: E731 (the char tokenizer: one token a char)
+        trained = text([i for i, m in zip(example.input_ids, example.loss_mask, strict=True) if m])
+        for message in chat:
+            if message["role"] == "assistant":
+                assert message["content"] in trained, (message["content"], trained)
+        prompt = text(example.input_ids[: example.prompt_length])
+        assert all(m["content"] not in trained for m in chat if m["role"] != "assistant")
+        assert chat[0]["content"] in prompt
