@@ -2,8 +2,8 @@
 tokenizer_config.json / generation_config.json where a public copy was found; SOURCES.md cites each), and the one
 function that makes a tiny checkpoint's config of one: `shrink`.
 
-`shrink` edits size fields only (widths, layer / head / expert counts, LoRA ranks, head and RoPE dims, vocabulary,
-the indexer's sizes), wherever they appear (top level or a nested text config), to fixed tiny values; every other
+`shrink` edits size fields only (widths, layer / head / expert counts, LoRA ranks, head and RoPE dims including
+mrope_section, vocabulary, the indexer's sizes, per-layer lists cut to the layer count), wherever they appear (top level or a nested text config), to fixed tiny values; every other
 key, RoPE scaling, quantization_config, token ids, flags, keeps the release's value and type. The tiny values keep
 the relations a release's shapes obey (kv heads dividing heads, expert groups dividing experts, a vocabulary holding
 every token id the config names, dense layers fewer than layers).
@@ -40,7 +40,12 @@ TINY = {
     "n_routed_experts": 8,
     "num_experts": 8,
     "num_experts_per_tok": 2,
+    "linear_key_head_dim": 16,
+    "linear_value_head_dim": 16,
+    "linear_num_key_heads": 2,
 }
+HEAD_DIM = 32  # attention head width where it is its own field (not MLA's RoPE dim)
+PER_LAYER = ("layer_types",)  # one entry per trunk layer: cut with the layer count
 TINY_LAYERS = 5  # trunk layers (`num_hidden_layers`): an EAGLE-3 draft fuses three, numbered from 1 for SGLang
 MIN_VOCAB = 256  # the character tokenizer's vocabulary (tests/support/fixtures.write_char_tokenizer)
 TOKEN_ID_FIELDS = ("bos_token_id", "eos_token_id", "pad_token_id")
@@ -77,9 +82,29 @@ def _shrunk_section(section: dict[str, Any]) -> dict[str, Any]:
     if "head_dim" in section and "qk_rope_head_dim" in section:  # MLA releases name the RoPE dim head_dim too
         out["head_dim"] = out["qk_rope_head_dim"] if section["head_dim"] == section["qk_rope_head_dim"] else 16
     elif "head_dim" in section:
-        out["head_dim"] = min(section["head_dim"], 16)
+        out["head_dim"] = min(section["head_dim"], HEAD_DIM)
+    if isinstance(section.get("linear_num_value_heads"), int):  # value heads a multiple of key heads, as published
+        ratio = section["linear_num_value_heads"] // max(section.get("linear_num_key_heads", 1), 1)
+        out["linear_num_value_heads"] = out.get("linear_num_key_heads", 1) * max(ratio, 1)
+    for key in PER_LAYER:
+        if isinstance(section.get(key), list) and "num_hidden_layers" in out:
+            out[key] = section[key][: out["num_hidden_layers"]]
+    for key in ("rope_parameters", "rope_scaling"):
+        if isinstance(section.get(key), dict) and "mrope_section" in section[key]:
+            out[key] = {**section[key], "mrope_section": _mrope(section[key], out)}
     if isinstance(section.get("vocab_size"), int):  # every token id the config names stays inside the vocabulary
         out["vocab_size"] = min(section["vocab_size"], max(MIN_VOCAB, 1 + max(_token_ids(section), default=0)))
+    return out
+
+
+def _mrope(rope: dict[str, Any], section: dict[str, Any]) -> list[int]:
+    """mrope_section (rotary pairs per axis: temporal, height, width) rescaled to the tiny head's rotary pairs,
+    head_dim x partial_rotary_factor / 2, in the published proportions (the remainder to the first axis)."""
+    published = rope["mrope_section"]
+    prf = rope.get("partial_rotary_factor", section.get("partial_rotary_factor", 1.0))
+    pairs = int(section["head_dim"] * prf) // 2
+    out = [v * pairs // sum(published) for v in published]
+    out[0] += pairs - sum(out)
     return out
 
 
