@@ -69,6 +69,8 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
+from safetensors import safe_open
+from safetensors.torch import save_file
 from torch import nn
 
 from mtp2draft.draft.build import native_draft
@@ -82,6 +84,83 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 from support.fixtures import fixture_config, hub_tensors, v4_release_names, write_checkpoint  # noqa: E402
 
 # ---- the targets ------------------------------------------------------------------------------------------------
+# ---- --rederive-yarn: a trained DeepSeek-V3-family target given its release's YaRN block, not retrained ----------
+# With a YaRN block, transformers' DeepseekV3Attention (and vLLM's / SGLang's MLA) multiply the softmax scale by
+# yarn_get_mscale(factor, mscale_all_dim) ** 2 (transformers' `yarn_apply_mscale`); YaRN's cos/sin factor is
+# mscale(factor, mscale) / mscale(factor, mscale_all_dim), 1 for DeepSeek's block. Dividing every `q_b_proj` weight
+# (every layer's query, the MTP layer's included) by that square leaves q . k and so every attention score as
+# trained; what remains is YaRN's change to the RoPE frequencies: pairs whose wavelength exceeds
+# original_max_position_embeddings / beta_fast rotate more slowly (by up to `factor`). max_position_embeddings becomes
+# factor x original_max_position_embeddings, as the release has it (transformers warns when they disagree).
+# DeepSeek-V3's published rope_scaling (deepseek-ai/DeepSeek-V3 config.json; V3.1, V3.2, R1 and Kimi-K2 alike)
+DEEPSEEK_V3_YARN = {
+    "beta_fast": 32,
+    "beta_slow": 1,
+    "factor": 40,
+    "mscale": 1.0,
+    "mscale_all_dim": 1.0,
+    "original_max_position_embeddings": 4096,
+    "type": "yarn",
+}
+
+
+def _logits(target: Path, prompts: list[list[int]]) -> list[torch.Tensor]:
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(str(target), dtype=torch.float32).eval()
+    with torch.no_grad():
+        return [model(torch.tensor([p])).logits[0] for p in prompts]
+
+
+def _prompts(target: Path, path: Path, count: int = 8, length: int = 256) -> list[list[int]]:
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(str(target))
+    lines = path.read_text().splitlines()[:count]
+    return [tok(json.loads(line)["text"])["input_ids"][:length] for line in lines]
+
+
+def rederive_yarn(target: Path) -> float:
+    """Rewrite `target` in place; returns the query scale applied (1 / mscale ** 2)."""
+    from transformers.modeling_rope_utils import yarn_get_mscale
+
+    config = json.loads((target / "config.json").read_text())
+    if config.get("rope_scaling"):
+        raise SystemExit(f"{target} already has a rope_scaling: {config['rope_scaling']}")
+    scale = 1.0 / yarn_get_mscale(DEEPSEEK_V3_YARN["factor"], DEEPSEEK_V3_YARN["mscale_all_dim"]) ** 2
+    for shard in sorted(target.glob("model-*.safetensors")):
+        with safe_open(str(shard), "pt") as f:
+            metadata = f.metadata()
+            tensors = {k: f.get_tensor(k) for k in f.keys()}  # noqa: SIM118 (safe_open has no __iter__)
+        for key in [k for k in tensors if k.endswith("self_attn.q_b_proj.weight")]:
+            stored = tensors[key].dtype  # scaled in fp32, stored back in the shard's dtype
+            tensors[key] = (tensors[key].float() * scale).to(stored)
+        save_file(tensors, str(shard), metadata)
+    config["rope_scaling"] = dict(DEEPSEEK_V3_YARN)
+    # the release's context: factor x the pretraining length (163840, as DeepSeek-V3 states it); transformers warns
+    # when the two disagree, and nothing computes with it at these lengths
+    config["max_position_embeddings"] = (
+        DEEPSEEK_V3_YARN["factor"] * DEEPSEEK_V3_YARN["original_max_position_embeddings"]
+    )
+    (target / "config.json").write_text(json.dumps(config, indent=2) + "\n")
+    return scale
+
+
+def rederive_main(target: Path, check: Path | None) -> None:
+    """--rederive-yarn: rewrite `target` in place; with `check`, print the logit change on its first prompts."""
+    prompts = _prompts(target, check) if check else []
+    before = _logits(target, prompts) if prompts else []
+    scale = rederive_yarn(target)
+    print(f"q_b_proj scaled by {scale:.6f}; rope_scaling = DeepSeek-V3's", file=sys.stderr)
+    if prompts:
+        after = _logits(target, prompts)
+        diff = max(float((a - b).abs().max()) for a, b in zip(after, before, strict=True))
+        same = sum(int((a.argmax(-1) == b.argmax(-1)).sum()) for a, b in zip(after, before, strict=True))
+        total = sum(len(p) for p in prompts)
+        print(json.dumps({"prompts": len(prompts), "tokens": total, "max_abs_logit_change": diff,
+                          "top1_agreement": same / total}))  # fmt: skip
+
+
 VOCAB = 4096
 SPECIAL_TOKENS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>")  # ids 0, 1, 2
 EOS_ID, IM_END_ID = 0, 2
@@ -124,6 +203,10 @@ FAMILIES: dict[str, dict[str, Any]] = {
             "qk_rope_head_dim": 64,
             "v_head_dim": 32,
             "rope_theta": 10000,
+            # DeepSeek-V3's published YaRN block and context (the bundled target was re-derived to it after
+            # training: --rederive-yarn); a fresh run trains with it
+            "max_position_embeddings": 163840,
+            "rope_scaling": dict(DEEPSEEK_V3_YARN),
         },
     },
     "mimo": {
@@ -1215,6 +1298,14 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         action="store_true",
         help="train no further: write the target from the last checkpoint (training.json says complete: false)",
     )
+    ap.add_argument(
+        "--rederive-yarn",
+        type=Path,
+        metavar="TARGET",
+        help="train nothing: give a trained DeepSeek-V3-family TARGET DeepSeek-V3's YaRN rope_scaling in place, "
+        "every q_b_proj divided by the softmax-scale factor it brings (with --check PROMPTS.jsonl: the logit change)",
+    )
+    ap.add_argument("--check", type=Path, help="with --rederive-yarn: {'text': ...} records to measure the change on")
     args = ap.parse_args(argv)
     if args.gen_prompts > args.eval_windows:
         ap.error("--gen-prompts must not exceed --eval-windows")
@@ -1225,6 +1316,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    if args.rederive_yarn:
+        rederive_main(args.rederive_yarn, args.check)
+        return 0
     import tokenizers
     import transformers
 

@@ -1209,29 +1209,30 @@ def dump_with_the_other_final_hidden(w, tmp, mp):
     return Case(_distill(w, tmp, dump), "holds the pre_norm final hidden, the draft reads the post_norm one")
 
 
-def _config_edited(key: str, value) -> CaseFn:
+def _config_edited(key: str, value, named: str) -> CaseFn:
     def fn(w, tmp, mp):
         cfg = {**_manifest(w.dump)["target_config"], key: value}
         dump = _edited(w, tmp, target_config=cfg)
-        return Case(_distill(w, tmp, dump), f"its target_config has {key}={value!r}")
+        return Case(_distill(w, tmp, dump), f"its target_config has {named}={value!r}")
 
     return fn
 
 
-# one key of the target's config.json edited in the manifest: each changes what the target computed
-for _key, _value in (
-    ("rope_theta", 12345.0),
-    ("rms_norm_eps", 1e-3),
-    ("num_attention_heads", 8),
-    ("max_position_embeddings", 77),
+# one key of the target's config.json edited in the manifest: each changes what the target computed (the message
+# names RoPE fields as the comparison reads them, gathered under `rope.`)
+for _key, _value, _named in (
+    ("rope_theta", 12345.0, "rope.rope_theta"),
+    ("rms_norm_eps", 1e-3, "rms_norm_eps"),
+    ("num_attention_heads", 8, "num_attention_heads"),
+    ("max_position_embeddings", 77, "max_position_embeddings"),
 ):
-    CASES[f"dump_target_config_{_key}_differs"] = _config_edited(_key, _value)
+    CASES[f"dump_target_config_{_key}_differs"] = _config_edited(_key, _value, _named)
 
 
 @case
 def dump_target_config_gains_a_key(w, tmp, mp):
     cfg = {**_manifest(w.dump)["target_config"], "rope_scaling": {"type": "yarn", "factor": 4.0}}
-    return Case(_distill(w, tmp, _edited(w, tmp, target_config=cfg)), "its target_config has rope_scaling=")
+    return Case(_distill(w, tmp, _edited(w, tmp, target_config=cfg)), "its target_config has rope.beta_fast=None")
 
 
 @case

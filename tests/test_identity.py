@@ -15,7 +15,7 @@ import pytest
 
 from mtp2draft.cli.app import main
 from mtp2draft.conversion import convert
-from mtp2draft.target.identity import INERT_FIELDS
+from mtp2draft.target.identity import INERT_FIELDS, config_differences
 
 REPO = Path(__file__).resolve().parents[1]
 TARGETS = ["tiny-mimo", "tiny-deepseek-v3"]
@@ -162,3 +162,72 @@ def test_rope_theta_and_rms_norm_eps_are_named(bundle, tmp_path: Path, capsys) -
                 assert not (tmp_path / "out").exists()
     finally:
         (target / "config.json").write_text(original)
+
+
+# DeepSeek-V3's published rope_scaling, verbatim (deepseek-ai/DeepSeek-V3 config.json; R1, V3.1, V3.2 and Kimi-K2
+# publish the same legacy `type` form).
+DEEPSEEK_V3_ROPE = {
+    "beta_fast": 32,
+    "beta_slow": 1,
+    "factor": 40,
+    "mscale": 1.0,
+    "mscale_all_dim": 1.0,
+    "original_max_position_embeddings": 4096,
+    "type": "yarn",
+}
+
+
+def test_a_release_rope_block_passes_every_stage_verbatim(tmp_path: Path, capsys) -> None:
+    """The release's legacy rope_scaling (the bundled tiny-deepseek-v3 carries it): the draft records it as published
+    (transformers' in-place rewrite of the dict must not reach the record) and every later stage accepts the draft
+    against its own target."""
+    target = tmp_path / "target"
+    shutil.copytree(REPO / "examples" / "targets" / "tiny-deepseek-v3", target)
+    cfg = json.loads((target / "config.json").read_text())
+    assert cfg["rope_scaling"] == DEEPSEEK_V3_ROPE
+    draft = tmp_path / "draft"
+    convert(str(target), draft, dtype="float32")
+    recorded = json.loads((draft / "config.json").read_text())["target_config"]
+    assert recorded == cfg and recorded["rope_scaling"] == DEEPSEEK_V3_ROPE
+    data = tmp_path / "prompts.jsonl"
+    data.write_text(json.dumps({"text": "def f(x):\n    return x + 1\n"}) + "\n")
+    for name, argv in _commands(draft, target, data, tmp_path / "out").items():
+        code, _, err = _run(argv, capsys)
+        assert code == 0, (name, err)
+        shutil.rmtree(tmp_path / "out", ignore_errors=True)
+    assert json.loads((target / "config.json").read_text()) == cfg  # the target is never written
+
+
+def _as_transformers_rewrites(config: dict) -> dict:
+    """`config` with its rope_scaling as transformers' config class leaves the dict it was given (rope_theta and
+    rope_type added): what drafts converted before the fix recorded."""
+    out = copy.deepcopy(config)
+    out["rope_scaling"] = {**out["rope_scaling"], "rope_theta": out["rope_theta"], "rope_type": "yarn"}
+    return out
+
+
+def test_identity_compares_both_sides_after_one_normalisation() -> None:
+    target = {"model_type": "deepseek_v3", "rope_theta": 10000, "max_position_embeddings": 163840}
+    target["rope_scaling"] = copy.deepcopy(DEEPSEEK_V3_ROPE)
+    assert config_differences("deepseek_v3", _as_transformers_rewrites(target), target) == []
+    modern = {k: v for k, v in target.items() if k not in ("rope_scaling", "rope_theta")}
+    modern["rope_parameters"] = {**_as_transformers_rewrites(target)["rope_scaling"]}
+    del modern["rope_parameters"]["type"]
+    assert config_differences("deepseek_v3", modern, target) == []  # transformers 5's spelling of the same RoPE
+    for change in ({"factor": 32}, {"type": "linear"}, {"mscale_all_dim": 0.707}, {"extra": 1}):
+        other = copy.deepcopy(target)
+        other["rope_scaling"].update(change)
+        assert config_differences("deepseek_v3", target, other), change
+    assert config_differences("deepseek_v3", target, {**target, "rope_theta": 50000})
+    glm = {"model_type": "glm4_moe", "partial_rotary_factor": 0.5, "rope_theta": 1000000}
+    assert config_differences("glm4_moe", glm, {**glm, "partial_rotary_factor": 1.0}) == [
+        "rope.partial_rotary_factor 0.5 (draft) vs 1.0 (target)"
+    ]
+
+
+def test_building_a_transformers_config_leaves_the_record_alone() -> None:
+    from mtp2draft.draft.block_config import hf_config
+
+    fields = {"hidden_size": 64, "rope_theta": 10000, "rope_scaling": copy.deepcopy(DEEPSEEK_V3_ROPE)}
+    hf_config("deepseek_v3", fields)
+    assert fields["rope_scaling"] == DEEPSEEK_V3_ROPE

@@ -22,8 +22,10 @@ def hf_config(model_type: str, fields: Mapping[str, Any], where: str = "config.j
     from huggingface_hub.errors import StrictDataclassError  # transformers validates config fields through it
     from transformers import AutoConfig
 
+    # a deep copy: transformers standardises RoPE in place (it adds `rope_theta` and `rope_type` to the very
+    # `rope_scaling` dict it is given), which would edit the caller's config.json record behind its back
     try:
-        return AutoConfig.for_model(model_type, **fields)
+        return AutoConfig.for_model(model_type, **copy.deepcopy(dict(fields)))
     except (ValueError, TypeError, AttributeError, StrictDataclassError) as exc:  # AttributeError: torch_dtype
         text = " ".join(line.strip() for line in str(exc).splitlines() if line.strip())
         raise CheckpointError(f"{where} does not describe a valid {model_type} model: {text}") from None

@@ -125,8 +125,17 @@ class TargetRunner:
         """Where the target's outputs come back (a device map's first device): the draft runs there too."""
         return self.target.device
 
-    def start(self):
-        return self.target.new_cache()
+    def start(self, rollback: int = 0):
+        """An empty target cache that verification can roll back by up to `rollback` tokens (`_crop`): a
+        linear-attention layer (Qwen3.5's gated delta net) keeps only its latest state, so it is told to record the
+        last rollback + 1 recurrent states (one [heads, d_k, d_v] each); attention layers keep every token already."""
+        from transformers.cache_utils import LinearAttentionCacheLayerMixin
+
+        cache = self.target.new_cache()
+        for layer in getattr(cache, "layers", []) if rollback else []:
+            if isinstance(layer, LinearAttentionCacheLayerMixin):
+                layer.activate_past_recording(recurrent_states_to_keep=rollback + 1)
+        return cache
 
     def forward(self, ids: list[int], cache) -> tuple[torch.Tensor, torch.Tensor]:
         """logits [n, V] and step-0 features [1, n, *] for `ids`, appended after the cache's tokens."""
@@ -273,7 +282,7 @@ def speculative_decode(
     and verifies tokens (`sampling.py`); None is greedy verification. The draft's caches are `forced_caches` (a chain
     draft's step j runs layer `draft.layer_at(j)`, `draft/chain.py`)."""
     sampler = sampler or Greedy()
-    tcache, dev = runner.start(), runner.device  # the draft runs where the target's outputs come back
+    tcache, dev = runner.start(rollback=k), runner.device  # the draft runs where the target's outputs come back
     logits, feats = runner.forward(prompt, tcache)  # [L, V], [1, L, *]
     out = [sampler.first(logits[-1])]
     forced = forced_caches(draft, k)

@@ -30,6 +30,7 @@ from mtp2draft.checkpoint.reader import Checkpoint, TensorInfo, check_shard_name
 from mtp2draft.checkpoint.sources import LocalFiles
 from mtp2draft.checkpoint.tensor_checks import check_tensors
 from mtp2draft.errors import CheckpointError, DataError, OptionError, SpecError, UnknownFamilyError, read_json_object
+from mtp2draft.target.identity import normalised
 
 MANIFEST = "manifest.json"
 SHARED_FILE = "shared.safetensors"
@@ -260,16 +261,17 @@ def check_dump_fits_draft(manifest: dict[str, Any], draft: Any, draft_config: Ma
             f"from {commit}"
         )
     if draft.kind == DraftKind.MTP:
-        mine = getattr(draft, "target_config", None) or draft_config.get("target_config") or {}
+        # both records read through the same normalisation as the draft/target check (a release's legacy RoPE
+        # spelling and the one transformers writes back are one setting)
+        mine = normalised(getattr(draft, "target_config", None) or draft_config.get("target_config") or {})
+        theirs = normalised(target_config)
         differ = sorted(
-            k
-            for k in set(mine) | set(target_config)
-            if k not in IGNORED_CONFIG_KEYS and mine.get(k) != target_config.get(k)
+            k for k in set(mine) | set(theirs) if k not in IGNORED_CONFIG_KEYS and mine.get(k) != theirs.get(k)
         )
         if differ:
             k = differ[0]
             raise DataError(
-                f"{where} was dumped from another target: its target_config has {k}={target_config.get(k)!r}, the "
+                f"{where} was dumped from another target: its target_config has {k}={theirs.get(k)!r}, the "
                 f"draft's target {mine.get(k)!r}"
                 + (f" ({len(differ) - 1} more key(s) differ)" if len(differ) > 1 else "")
             )

@@ -196,6 +196,12 @@ class TargetModel:
                     use_safetensors=True,  # never fall back to pickles
                 )
         except (ImportError, ValueError) as exc:
+            if device_map is None and isinstance(exc, ImportError) and "accelerate" in str(exc):
+                # transformers loads an FP8 release (DeepSeek-V3's quantization_config) only through accelerate
+                raise OptionError(
+                    f"{source} is quantised ({config.get('quantization_config', {}).get('quant_method', '?')}): "
+                    "transformers loads it only with accelerate: pip install 'mtp2draft[device-map]'"
+                ) from None
             if device_map is None:
                 raise
             first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__

@@ -107,7 +107,12 @@ def trunk_tensors(config: dict[str, Any], trunk: tuple[str, str], seed: int) -> 
     import transformers
     from transformers import AutoConfig
 
-    cfg_dict = {k: v for k, v in config.items() if k not in ("architectures", "model_type", "quantization_config")}
+    # a deep copy: transformers rewrites the RoPE dict it is given in place, which would reach config.json
+    cfg_dict = {
+        k: copy.deepcopy(v)
+        for k, v in config.items()
+        if k not in ("architectures", "model_type", "quantization_config")
+    }
     cfg = AutoConfig.for_model(trunk[0], **cfg_dict)
     torch.manual_seed(seed)
     model = getattr(transformers, trunk[1])(cfg).to(torch.bfloat16)
@@ -394,11 +399,19 @@ _TENSOR_WRITERS = {
 
 
 def build_fixture(
-    name: str, out: str | Path, seed: int = 0, shards: int = 2, decoy: str | None = None, **overrides: Any
+    name: str,
+    out: str | Path,
+    seed: int = 0,
+    shards: int = 2,
+    decoy: str | None = None,
+    config: dict[str, Any] | None = None,
+    **overrides: Any,
 ) -> Path:
-    """Write fixture `name` into `out` and return the directory. `overrides` change config.json fields."""
+    """Write fixture `name` into `out` and return the directory. `overrides` change config.json fields; `config`
+    replaces the row's config.json whole (a release's own, tests/support/releases.py), the row still choosing how
+    the hub layout is written (trunk class, FP8, stored embed / head)."""
     row = FIXTURES[name]
-    config = with_fields(row["config"], **overrides)
+    config = with_fields(row["config"] if config is None else config, **overrides)
     out = Path(out)
     if row.get("tensors"):
         tensors = _TENSOR_WRITERS[row["tensors"]](config, seed, row)
