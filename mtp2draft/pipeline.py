@@ -215,7 +215,7 @@ def _run(
     export_config = stages.export or ExportConfig(speculative_tokens=k)
     times: dict[str, float] = {}
     work.mkdir(parents=True, exist_ok=True)
-    mark(work)  # a later `run --overwrite` may replace it
+    mark(work, files=())  # its stages mark their own directories; a later `run --overwrite` may replace it
     source_access = {"revision": hub.revision, "token": hub.token}
     target_access = {"revision": target_hub.revision, "token": target_hub.token}
     inside = {"overwrite": True, "progress": progress}  # the stages write inside `work`, checked above
@@ -242,7 +242,7 @@ def _run(
         drafts = [("distilled " + kind, str(distilled)), ("raw MTP head (baseline)", str(raw))]
         placed = {"device": device, "dtype": placement.torch_dtype, "device_map": placement.device_map}
         report = evaluate(drafts, target, eval_data, config=evaluation, **target_access, progress=progress, **placed)
-        save_evaluation(distilled, report)
+        save_evaluation(distilled, report, progress=progress)
     with _stage(times, "export", progress, f"[4/5] export --format {fmt}"):
         reads = target if REGISTRY[fmt].reads_target else None
         export(distilled, fmt, exported, target=reads, config=export_config, **target_access, **inside)

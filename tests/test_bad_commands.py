@@ -13,6 +13,7 @@ from __future__ import annotations
 import collections
 import contextlib
 import json
+import os
 import shutil
 import threading
 from collections.abc import Callable
@@ -1024,6 +1025,57 @@ def demo_work_is_a_file(w, tmp, mp, stack):
 def demo_work_is_the_working_directory(w, tmp, mp, stack):
     mp.chdir(tmp)
     return Case(["demo", "--work", "."], "working directory")
+
+
+# ---- what mtp2draft wrote, what the user named ------------------------------------------------------------------
+@case
+def convert_overwrite_a_draft_holding_a_users_file(w, tmp, mp, stack):
+    convert(str(w.mimo), tmp / "out")  # a draft mtp2draft wrote, then a file of the user's put in it
+    (tmp / "out" / "notes.txt").write_text("mine")
+    return Case(["convert", str(w.mimo), "--out", str(tmp / "out"), "--overwrite"], "did not write (notes.txt)")
+
+
+@case
+def export_overwrite_a_subfolder_the_user_added(w, tmp, mp, stack):
+    export(w.ds_e3, "sglang", tmp / "out")
+    (tmp / "out" / "mine").mkdir()
+    (tmp / "out" / "mine" / "a.safetensors").write_bytes(b"x")
+    return Case(_export(w.ds_e3, tmp, "sglang", "--overwrite"), "did not write (mine/a.safetensors)")
+
+
+def _linked_out(name: str) -> CaseFn:
+    def fn(w, tmp, mp, stack):
+        draft = _copy(w.ds_e3, tmp, "draft")
+        (tmp / "outside").write_text('{"results": []}')
+        (draft / "evaluation.json").write_text(json.dumps({"results": []}))
+        (draft / name).unlink(missing_ok=True)
+        (draft / name).symlink_to(tmp / "outside")
+        return Case(_export(draft, tmp, "sglang"), f"{name} leads outside")
+
+    return fn
+
+
+_add("export_evaluation_json_links_outside_the_draft", _linked_out("evaluation.json"))
+_add("export_acceptance_chart_links_outside_the_draft", _linked_out("acceptance.png"))
+
+
+@case
+def export_draft_replaced_while_it_is_read(w, tmp, mp, stack):
+    import mtp2draft.formats.export as stage
+
+    draft = _copy(w.ds_e3, tmp, "draft")
+    refuse = stage._refuse_violations
+
+    def swapped(*args):  # config.json replaced by another file (a new inode) while the export reads the draft
+        cfg = draft / "config.json"
+        info = cfg.stat()
+        shutil.copyfile(cfg, tmp / "cfg")
+        os.replace(tmp / "cfg", cfg)
+        os.utime(cfg, ns=(info.st_atime_ns, info.st_mtime_ns))
+        return refuse(*args)
+
+    mp.setattr(stage, "_refuse_violations", swapped)
+    return Case(_export(draft, tmp, "sglang"), "changed while it was exported")
 
 
 # ---- the test ---------------------------------------------------------------------------------------------------------

@@ -5,6 +5,7 @@ inputs used as outputs are rows of tests/test_bad_inputs.py.)"""
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -12,9 +13,13 @@ from huggingface_hub import constants
 from support.hub_server import HubServer
 
 from mtp2draft.cli.app import main
+from mtp2draft.evaluation.decode import save_evaluation
+from mtp2draft.io import atomic_output_dir
 from mtp2draft.redact import command_line, redact, register_secret, scrub
 
 TOKEN = "hf_" + "Q7xK" * 9  # shaped like a real user access token
+REPORT = {"results": [{"name": "d", "num_draft_tokens": 2, "mean_acceptance_length": 1.5,
+                       "acceptance_per_position": [0.4, 0.2], "per_draft_acceptance": [0.4, 0.1]}]}  # fmt: skip
 OTHER = "not-shaped-like-a-token-but-secret"
 
 
@@ -107,6 +112,43 @@ def test_overwrite_replaces_only_what_mtp2draft_wrote(build, tmp_path: Path, cap
     (mine / "a.txt").write_text("keep")
     assert main(["convert", src, "--out", str(mine), "--overwrite"]) == 2
     assert (mine / "a.txt").read_text() == "keep" and sorted(p.name for p in mine.iterdir()) == ["a.txt"]
+    # a file the user put inside a draft mtp2draft wrote makes it theirs too: refused, the file named, nothing lost
+    (tmp_path / "d" / "notes.txt").write_text("mine")
+    capsys.readouterr()
+    assert main(["convert", src, "--out", str(tmp_path / "d"), "--overwrite"]) == 2
+    assert "(notes.txt)" in capsys.readouterr().err and (tmp_path / "d" / "notes.txt").read_text() == "mine"
+    (tmp_path / "d" / "notes.txt").unlink()
+    # what evaluate --save adds is on the manifest: the draft stays replaceable
+    save_evaluation(tmp_path / "d", REPORT)
+    assert main(["convert", src, "--out", str(tmp_path / "d"), "--overwrite"]) == 0
+
+
+def test_a_planted_temporary_link_is_never_followed(tmp_path: Path) -> None:
+    """evaluate --save writes evaluation.json and its chart through fresh temporary names: links planted at the
+    names an older mtp2draft used (`evaluation.json.tmp`, `.acceptance.png.tmp`) leave their targets untouched."""
+    draft = tmp_path / "draft"
+    draft.mkdir()
+    for name in ("evaluation.json.tmp", ".acceptance.png.tmp", ".evaluation.json.tmp"):
+        (tmp_path / f"outside-{name}").write_text("private")
+        (draft / name).symlink_to(tmp_path / f"outside-{name}")
+    report = REPORT
+    save_evaluation(draft, report)
+    assert all(p.read_text() == "private" for p in tmp_path.glob("outside-*"))
+    assert json.loads((draft / "evaluation.json").read_text()) == report
+
+
+def test_a_killed_writes_temporary_directory_is_removed_by_the_next_run(build, tmp_path: Path) -> None:
+    """A run killed while writing leaves `.OUT.tmp-*` (marked partial); the next run into OUT removes it. A
+    directory of the user's with a similar name is left alone."""
+    src = str(build("mimo"))
+    with pytest.raises(KeyboardInterrupt), atomic_output_dir(tmp_path / "o") as tmp:
+        (tmp / "model.safetensors").write_bytes(b"half")
+        os.rename(tmp, tmp_path / ".o.tmp-killed")  # what a kill -9 leaves (the cleanup never runs)
+        tmp.mkdir()
+        raise KeyboardInterrupt
+    (tmp_path / ".o.tmp-mine").mkdir()
+    assert main(["convert", src, "--out", str(tmp_path / "o")]) == 0
+    assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith(".o.")) == [".o.tmp-mine"]
 
 
 def test_the_safety_page_counts_every_hostile_case() -> None:

@@ -32,8 +32,17 @@ from mtp2draft.errors import DraftError, SourceError, ValidationError
 from mtp2draft.family.spec import find_spec
 from mtp2draft.formats import REGISTRY, ExportConfig, ExportJob, check_format, get_format
 from mtp2draft.formats.common import read_json
-from mtp2draft.io import Progress, atomic_output_dir, check_output_dir, quiet, write_json
+from mtp2draft.io import (
+    Progress,
+    atomic_output_dir,
+    check_output_dir,
+    check_unchanged,
+    draft_identity,
+    quiet,
+    write_json,
+)
 from mtp2draft.kinds import ACCEPTANCE_CHART, CONFIG_FILE, EVALUATION_FILE, PROVENANCE_FILE, kind_of
+from mtp2draft.manifest import file_inside
 from mtp2draft.redact import command_line
 from mtp2draft.target.identity import check_target_identity
 
@@ -70,6 +79,7 @@ def export(
     cfg = _checked_request(src, format, target, revision, token)
     check_output_dir(out, overwrite, inputs=[draft, target])
     started = time.perf_counter()
+    read = draft_identity(src)  # what this export reads; checked again before the export appears
     provenance = read_json(src / PROVENANCE_FILE) or {}
     record: dict[str, Any] = {
         "format": format,
@@ -92,14 +102,15 @@ def export(
             progress=progress,
         )
         get_format(format).write(job)  # type: ignore[misc]
-        if (src / EVALUATION_FILE).is_file():  # `push` puts the measured acceptance on the model card
-            shutil.copyfile(src / EVALUATION_FILE, tmp / EVALUATION_FILE)
-            if (src / ACCEPTANCE_CHART).is_file():  # drawn from that evaluation, linked by the card
-                shutil.copyfile(src / ACCEPTANCE_CHART, tmp / ACCEPTANCE_CHART)
+        if evaluation := file_inside(src, EVALUATION_FILE):  # `push` puts the measured acceptance on the card
+            shutil.copyfile(evaluation, tmp / EVALUATION_FILE)
+            if chart := file_inside(src, ACCEPTANCE_CHART):  # drawn from that evaluation, linked by the card
+                shutil.copyfile(chart, tmp / ACCEPTANCE_CHART)
         provenance = {**provenance, "export": record}
         write_json(tmp / PROVENANCE_FILE, provenance)
         progress(f"validating the {format} export")
         _refuse_violations(validate(tmp, format), format, src)
+        check_unchanged(src, read, "exported")
         files = sorted(p.name for p in tmp.iterdir())
     return ExportResult(Path(out), format, files, time.perf_counter() - started, provenance)
 
