@@ -56,3 +56,23 @@ def test_fp32_tensors_stay_fp32_and_exact_is_measured(build, tmp_path: Path) -> 
     rounded = json.loads((tmp_path / "b" / "provenance.json").read_text())["tensors"]
     assert all(named[k].dtype == torch.bfloat16 for k in kept if not k.endswith("e_score_correction_bias"))
     assert all(not rounded[k]["exact"] for k in kept if named[k].dtype == torch.bfloat16)
+
+
+def test_validate_names_a_dtype_the_config_does_not_and_an_impossible_figure(build, tmp_path: Path) -> None:
+    from mtp2draft.formats.export import validate
+
+    convert(str(build("mimo")), tmp_path / "d")  # bf16
+    assert validate(tmp_path / "d") == []
+    weights = tmp_path / "d" / "model.safetensors"
+    tensors = load_file(str(weights))
+    tensors["eh_proj.weight"] = tensors["eh_proj.weight"].to(torch.float16)
+    save_file(tensors, str(weights), {"format": "pt"})
+    (problem,) = validate(tmp_path / "d")
+    assert "stored as float16 under config torch_dtype bfloat16 (first: eh_proj.weight)" in problem
+    tensors["eh_proj.weight"] = tensors["eh_proj.weight"].to(torch.bfloat16)
+    save_file(tensors, str(weights), {"format": "pt"})
+    for mean, fine in ((0.5, False), (1.0, True), (4.0, True), (9, False)):
+        figures = {"acceptance_per_position": [0.5, 0.4, 0.3], "mean_acceptance_length": mean}
+        (tmp_path / "d" / "evaluation.json").write_text(json.dumps({"results": [figures]}))
+        problems = validate(tmp_path / "d")
+        assert (problems == []) == fine and all("impossible at k = 3" in p for p in problems), (mean, problems)

@@ -111,7 +111,7 @@ def export(
         progress(f"validating the {format} export")
         _refuse_violations(validate(tmp, format), format, src)
         check_unchanged(src, read, "exported")
-        files = sorted(p.name for p in tmp.iterdir())
+        files = sorted(p.name for p in tmp.iterdir() if not p.name.startswith("."))
     return ExportResult(Path(out), format, files, time.perf_counter() - started, provenance)
 
 
@@ -201,7 +201,56 @@ def validate(
             check_target_identity(parsed, target_cfg, f"--target {target}")
         except DraftError as exc:
             problems.append(str(exc))
-    return problems + _target_problems(cfg, target_cfg)
+    problems += _target_problems(cfg, target_cfg)
+    # a format that checks its tensors' dtypes itself (speculators-mtp) has named them already: reported once
+    problems += [p for p in _dtype_problems(found) if not any(p.split("(first: ")[-1][:-1] in q for q in problems)]
+    return problems + _evaluation_problems(found.path)
+
+
+# A half-precision or fp64 tensor under a config that names another dtype loads converted, or not at all: fp32 is
+# allowed anywhere (router buffers, a checkpoint's own fp32 tensors), quantised and integer parts are the formats'.
+_HALF = {"BF16": "bfloat16", "F16": "float16", "F64": "float64"}
+
+
+def _dtype_problems(found: DraftDirectory) -> list[str]:
+    """Each weights file tensor whose floating dtype is neither the config's `torch_dtype` nor fp32."""
+    from safetensors import safe_open
+
+    want = found.config.get("torch_dtype") or found.config.get("dtype")
+    text = found.config.get("text_config")
+    if want is None and isinstance(text, Mapping):
+        want = text.get("torch_dtype") or text.get("dtype")
+    if not isinstance(want, str) or want not in _HALF.values() and want != "float32":
+        return []
+    problems = []
+    for weights in sorted(found.path.glob("*.safetensors")):
+        try:
+            with safe_open(str(weights), framework="pt") as fh:
+                wrong = [(k, d) for k in fh.keys() if (d := fh.get_slice(k).get_dtype()) in _HALF and _HALF[d] != want]  # noqa: SIM118
+        except Exception as exc:  # the format's own checks name an unreadable file
+            problems.append(f"{weights.name}: unreadable safetensors header ({exc})")
+            continue
+        if wrong:
+            key, dtype = wrong[0]
+            problems.append(
+                f"{weights.name}: {len(wrong)} tensor(s) stored as {_HALF[dtype]} under config torch_dtype {want} "
+                f"(first: {key})"
+            )
+    return problems
+
+
+def _evaluation_problems(path: Path) -> list[str]:
+    """evaluation.json beside a draft (it goes on the model card) read by the report's rules, ranges included."""
+    from mtp2draft.errors import DataError
+    from mtp2draft.evaluation.report import read_report
+
+    if not (path / EVALUATION_FILE).is_file():
+        return []
+    try:
+        read_report(path)
+    except DataError as exc:
+        return [str(exc)]
+    return []
 
 
 def _target_problems(cfg: Mapping[str, Any], target_cfg: Mapping[str, Any] | None) -> list[str]:
