@@ -1078,6 +1078,42 @@ def export_draft_replaced_while_it_is_read(w, tmp, mp, stack):
     return Case(_export(draft, tmp, "sglang"), "changed while it was exported")
 
 
+# ---- what validate checks that would go out wrong: dtypes against the config, figures against their range ----------
+@case
+def validate_fp16_tensor_under_a_bf16_config(w, tmp, mp, stack):
+    draft = _poked(w.mimo_mtp, tmp, "eh_proj.weight", lambda t: t.to(torch.float16))
+    return Case(["validate", str(draft)], "1 violation(s) of the mtp format")
+
+
+def _evaluated(mean: float) -> CaseFn:
+    def fn(w, tmp, mp, stack):
+        draft = _copy(w.mimo_mtp, tmp, "draft")
+        figures = {"name": "d", "acceptance_per_position": [0.5, 0.4, 0.3], "mean_acceptance_length": mean}
+        (draft / "evaluation.json").write_text(json.dumps({"results": [figures]}))
+        return Case(["validate", str(draft)], "1 violation(s) of the mtp format")
+
+    return fn
+
+
+_add("validate_mean_acceptance_length_below_one", _evaluated(0.5))
+_add("validate_mean_acceptance_length_beyond_k_plus_one", _evaluated(9))
+_add("push_mean_acceptance_length_beyond_k_plus_one", lambda *a: _push_of(_evaluated(9)(*a)))
+
+
+def _push_of(case: Case) -> Case:
+    return Case(["push", case.argv[1], "--repo-id", "me/d"], "mean_acceptance_length 9 is impossible at k = 3")
+
+
+# ---- refused in run's checks, before any work, as the stage would refuse it later ------------------------------------
+@case
+def run_speculators_mtp_for_a_family_speculators_does_not_build(w, tmp, mp, stack):
+    from support.fixtures import build_fixture, write_char_tokenizer
+
+    v4 = build_fixture("deepseek_v4", tmp / "v4")
+    write_char_tokenizer(v4)
+    return Case(_run(w, tmp, "--format", "speculators-mtp", source=v4), "no mtp speculator type for deepseek_v4")
+
+
 # ---- the test ---------------------------------------------------------------------------------------------------------
 
 
