@@ -273,8 +273,11 @@ def convert(
     to, all_layers, aux_layers = DraftKind(config.to), config.all_layers, config.aux_layers
     dtype = config.dtype or DEFAULT_DTYPE  # not named: fp32 tensors of the checkpoint stay fp32 (native drafts)
     progress(f"{spec.name}: MTP layer {layer} of {count}; reading shard headers")
-    plan = plan_mtp_layer(ckpt, spec, layer)
-    plans = [plan_mtp_layer(ckpt, spec, j) for j in range(count)] if all_layers else [plan]
+    # every declared layer planned (headers only), as `inspect` does: a checkpoint declaring more MTP layers than it
+    # ships is refused whichever layer is asked for, not converted as if its config were whole
+    every = [plan_mtp_layer(ckpt, spec, j) for j in range(count)]
+    plan = every[layer]
+    plans = every if all_layers else [plan]
     for p in plans:
         check_weight_dtypes(ckpt, p.checkpoint_keys)
     provenance = _provenance(ckpt, spec, plan, source, revision, to, dtype)

@@ -631,6 +631,21 @@ _COUNT_SAYS_MORE = {
         "MTP layer 1 is missing model.language_model.layers.5.enorm.weight",
     ),
     "hy_v4_count_field_says_two": ("hy_v4", None, 2, None, "MTP layer 1 is missing model.mtp_layers.1.enorm.weight"),
+    # convert of the layer that is there refuses the checkpoint as inspect does: its config is not whole
+    "hy_v3_count_field_says_two_convert_layer_0": (
+        "hy_v3",
+        None,
+        2,
+        0,
+        "MTP layer 1 is missing model.layers.3.enorm.weight",
+    ),
+    "glm4_moe_lite_count_field_says_two_convert_layer_0": (
+        "glm4_moe_lite",
+        None,
+        2,
+        0,
+        "MTP layer 1 is missing model.layers.3.enorm.weight",
+    ),
 }
 
 
