@@ -165,3 +165,14 @@ def test_the_safety_page_counts_every_hostile_case() -> None:
     assert not empty, f"describe what {PAGE.name} refuses for {empty}"
     assert set(descriptions(expected)) == set(table())
     assert sum(sum(c.values()) for c in table().values()) > 150
+
+
+def test_only_token_shapes_and_the_token_itself_are_masked(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A path a person named is recorded as named, even with `hf_` and many letters in it; a string shaped like a
+    Hub token (30+ random letters and digits, both cases) or the token this process holds is masked."""
+    monkeypatch.delenv("HF_TOKEN", raising=False)
+    monkeypatch.setattr("mtp2draft.redact.known_secrets", lambda: set())
+    for path in ("/data/hf_abcdefghijklmnopqrstuvwxyz/model", "/srv/hf_models_cache_for_the_team_2026/x", "api_key"):
+        assert redact(path, set()) == path
+    assert redact(f"--token {TOKEN}", set()) == "--token ***"
+    assert redact("x/hf_abcdefghijklmnopqrstuvwxyz/y", {"hf_abcdefghijklmnopqrstuvwxyz"}) == "x/***/y"
