@@ -901,6 +901,33 @@ def engine_install_unknown_platform(w, tmp, mp, stack):
     return Case(["engine", "install", "vllm", "--platform", "tpu"], "platform 'tpu' is not one of cpu, cuda")
 
 
+def _no_shell(mp: pytest.MonkeyPatch) -> None:
+    """No venv is ever made by a row: a command that got past its refusal fails loudly instead of building one."""
+    from mtp2draft.target import environments
+
+    def refuse(*args, **kwargs):
+        raise AssertionError(f"engine install ran {args[0] if args else kwargs}")
+
+    mp.setattr(environments.subprocess, "run", refuse)
+
+
+@case
+def engine_install_into_a_directory_it_did_not_make(w, tmp, mp, stack):
+    _no_shell(mp)
+    (tmp / "venv").mkdir()
+    (tmp / "venv" / "thesis.tex").write_text("mine")
+    mp.setenv("MTP2DRAFT_VLLM_VENV", str(tmp / "venv"))
+    return Case(["engine", "install", "vllm", "--platform", "cpu"], "did not put there (thesis.tex)")
+
+
+@case
+def engine_install_while_another_install_builds_it(w, tmp, mp, stack):
+    _no_shell(mp)
+    mp.setenv("MTP2DRAFT_VLLM_VENV", str(tmp / "venv"))
+    _claimed_elsewhere(tmp / "venv", stack)
+    return Case(["engine", "install", "vllm", "--platform", "cpu"], "is building")
+
+
 @case
 def speedup_evaluation_missing(w, tmp, mp, stack):
     return Case(["speedup", str(tmp / "nowhere"), "--target", DS3, "--gpu", "h200"], "no evaluation")
