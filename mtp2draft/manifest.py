@@ -50,7 +50,7 @@ def _files(root: Path) -> list[str]:
         here = Path(folder)
         found += [(here / n).relative_to(root).as_posix() for n in names]
         found += [(here / d).relative_to(root).as_posix() for d in dirs if (here / d).is_symlink()]
-    return sorted(f for f in found if f not in (MARKER, PARTIAL))
+    return sorted(f for f in found if Path(f).name not in (MARKER, PARTIAL))  # markers, nested ones too
 
 
 def listed(path: Path) -> set[str] | None:

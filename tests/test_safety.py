@@ -176,3 +176,16 @@ def test_only_token_shapes_and_the_token_itself_are_masked(monkeypatch: pytest.M
         assert redact(path, set()) == path
     assert redact(f"--token {TOKEN}", set()) == "--token ***"
     assert redact("x/hf_abcdefghijklmnopqrstuvwxyz/y", {"hf_abcdefghijklmnopqrstuvwxyz"}) == "x/***/y"
+
+
+def test_a_work_directory_of_marked_stages_is_judged_by_their_manifests(tmp_path: Path) -> None:
+    from mtp2draft.manifest import foreign_file, mark
+
+    work = tmp_path / "work"
+    (work / "raw-mtp").mkdir(parents=True)
+    (work / "raw-mtp" / "model.safetensors").write_bytes(b"")
+    mark(work / "raw-mtp")
+    mark(work, files=())  # `run --work`: its stages mark their own directories
+    assert foreign_file(work) is None
+    (work / "raw-mtp" / "notes.txt").write_text("mine")
+    assert foreign_file(work) == work / "raw-mtp" / "notes.txt"
