@@ -402,6 +402,24 @@ def _release(w, tmp: Path, scheme: str) -> Path:
     return requantise(w.ds, tmp / "ck", scheme)
 
 
+def _targets_miss(scheme: str) -> CaseFn:
+    """compressed-tensors config groups whose `re:` targets match no packed weight: its bits are unknown."""
+
+    def run(w, tmp, mp, stack):
+        ck = _release(w, tmp, scheme)
+        q = json.loads((ck / "config.json").read_text())["quantization_config"]
+        for group in q["config_groups"].values():
+            group["targets"] = ["re:.*never_a_module_name$"]
+        _edit_config(ck, quantization_config=q)
+        return Case(_convert(ck, tmp), "no quantization_config config group targets")
+
+    run.command = "convert"
+    return run
+
+
+CASES["compressed_tensors_int4_re_targets_miss_a_packed_weight"] = _targets_miss("int4")
+
+
 # a quantised re-release of the bundled target whose index lost one part of a quantised weight -> convert's refusal:
 # (scheme, the part dropped from the index, the refusal)
 _PART_MISSING = {
@@ -916,6 +934,13 @@ def deepseek_v4_fp8_scale_nan(w, tmp, mp, stack):
     """An e8m0 scale byte 255 is NaN: the dequantised weight is refused as damaged."""
     ck = _v4_shipped(tmp, "mtp.0.h_proj.scale", lambda t: torch.full_like(t.view(torch.uint8), 255).view(t.dtype))
     return Case(_convert(ck, tmp), "mtp.0.h_proj.weight holds non-finite values")
+
+
+@case
+def deepseek_v4_fp8_scale_stored_as_bf16(w, tmp, mp, stack):
+    """An e8m0 `.scale` rewritten as bf16 (the same powers of two): the refusal names the tensor."""
+    ck = _v4_shipped(tmp, "mtp.0.h_proj.scale", lambda t: t.float().to(torch.bfloat16))
+    return Case(_convert(ck, tmp), "mtp.0.h_proj.scale is stored as torch.bfloat16: an e8m0 scale must be")
 
 
 # `export --format stitched` of a V4 draft over a damaged target: the tensor damaged (how; None: removed) -> the refusal
