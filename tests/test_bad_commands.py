@@ -1093,16 +1093,39 @@ def export_draft_replaced_while_it_is_read(w, tmp, mp, stack):
     draft = _copy(w.ds_e3, tmp, "draft")
     refuse = stage._refuse_violations
 
-    def swapped(*args):  # config.json replaced by another file (a new inode) while the export reads the draft
-        cfg = draft / "config.json"
-        info = cfg.stat()
-        shutil.copyfile(cfg, tmp / "cfg")
-        os.replace(tmp / "cfg", cfg)
-        os.utime(cfg, ns=(info.st_atime_ns, info.st_mtime_ns))
+    def swapped(*args):  # config.json replaced by another file while the export reads the draft
+        _swap_config(draft, tmp)
         return refuse(*args)
 
     mp.setattr(stage, "_refuse_violations", swapped)
     return Case(_export(draft, tmp, "sglang"), "changed while it was exported")
+
+
+def _swap_config(draft: Path, tmp: Path) -> None:
+    """config.json replaced by a copy (a new inode; same bytes, size and mtime, so the case's snapshot holds)."""
+    cfg = draft / "config.json"
+    info = cfg.stat()
+    shutil.copyfile(cfg, tmp / "cfg")
+    os.replace(tmp / "cfg", cfg)
+    os.utime(cfg, ns=(info.st_atime_ns, info.st_mtime_ns))
+
+
+@case
+def push_draft_replaced_while_it_is_staged(w, tmp, mp, stack):
+    """Refused before any request (no Hub is reachable here): the staged files are not the draft validated."""
+    from mtp2draft import hub
+
+    draft = _copy(w.ds_e3, tmp, "draft")
+    stage = hub._stage
+
+    def swapped(*args):
+        files = stage(*args)
+        _swap_config(draft, tmp)
+        return files
+
+    mp.setattr(hub, "_stage", swapped)
+    mp.setenv("HF_TOKEN", "hf_" + "x" * 34)
+    return Case(["push", str(draft), "--repo-id", "me/d"], "changed while it was pushed")
 
 
 # ---- what validate checks that would go out wrong: dtypes against the config, figures against their range ----------
