@@ -420,6 +420,25 @@ def _targets_miss(scheme: str) -> CaseFn:
 CASES["compressed_tensors_int4_re_targets_miss_a_packed_weight"] = _targets_miss("int4")
 
 
+def _linked_out(name: str) -> CaseFn:
+    """A local checkpoint whose `name` is a link to a copy outside it: not read (no Hub cache snapshot either)."""
+
+    def run(w, tmp, mp, stack):
+        ck = _copy(w.ds, tmp)
+        elsewhere = _copy(w.ds, tmp, "elsewhere")
+        file = name if name != "shard" else sorted(p.name for p in ck.glob("*.safetensors"))[-1]
+        (ck / file).unlink()
+        (ck / file).symlink_to(elsewhere / file)
+        return Case(_convert(ck, tmp), "is a link that leads outside the checkpoint")
+
+    run.command = "convert"
+    return run
+
+
+CASES["shard_is_a_link_out_of_the_checkpoint"] = _linked_out("shard")
+CASES["config_is_a_link_out_of_the_checkpoint"] = _linked_out("config.json")
+
+
 # a quantised re-release of the bundled target whose index lost one part of a quantised weight -> convert's refusal:
 # (scheme, the part dropped from the index, the refusal)
 _PART_MISSING = {

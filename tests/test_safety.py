@@ -189,3 +189,22 @@ def test_a_work_directory_of_marked_stages_is_judged_by_their_manifests(tmp_path
     assert foreign_file(work) is None
     (work / "raw-mtp" / "notes.txt").write_text("mine")
     assert foreign_file(work) == work / "raw-mtp" / "notes.txt"
+
+
+def test_a_hub_cache_snapshot_of_links_into_its_blobs_is_read(build, tmp_path: Path) -> None:
+    """What "nothing outside the named directory is read" allows: a Hub cache snapshot, whose files are links into
+    the repo's own `blobs/`. A link from a snapshot to anywhere else is refused like any other."""
+    src = build("mimo")
+    repo = tmp_path / "hub" / "models--org--tiny"
+    snapshot = repo / "snapshots" / "abc123"
+    (repo / "blobs").mkdir(parents=True)
+    snapshot.mkdir(parents=True)
+    for n, file in enumerate(sorted(src.iterdir())):
+        (repo / "blobs" / f"blob{n}").write_bytes(file.read_bytes())
+        (snapshot / file.name).symlink_to(Path("../../blobs") / f"blob{n}")
+    assert main(["convert", str(snapshot), "--out", str(tmp_path / "d")]) == 0
+    shard = sorted(snapshot.glob("*.safetensors"))[-1]  # the shard holding the MTP layer
+    (tmp_path / "outside.safetensors").write_bytes(shard.read_bytes())
+    shard.unlink()
+    shard.symlink_to(tmp_path / "outside.safetensors")
+    assert main(["convert", str(snapshot), "--out", str(tmp_path / "e")]) == 2

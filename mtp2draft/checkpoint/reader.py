@@ -38,7 +38,7 @@ from mtp2draft.checkpoint.fp8 import (
     fp8_block_size,
 )
 from mtp2draft.checkpoint.quant import QuantMethod, QuantView, QuantWeight, TensorScheme, quant_method
-from mtp2draft.checkpoint.sources import HubFiles, LocalFiles, range_cache_dir
+from mtp2draft.checkpoint.sources import HubFiles, LocalFiles, check_inside, range_cache_dir
 from mtp2draft.errors import CheckpointError, Mtp2DraftError, SourceError, read_json_object
 
 INDEX_FILE = "model.safetensors.index.json"
@@ -478,6 +478,8 @@ def check_shard_name(file: str, where: str, inside: str = "the checkpoint") -> N
 
 def read_config(root: Path) -> dict[str, Any]:
     """config.json of a checkpoint directory: a JSON object, or one line saying why not."""
+    if (root / "config.json").is_file():
+        check_inside(root, root / "config.json")
     return read_json_object(root / "config.json", CheckpointError, f"{root} has no config.json")
 
 
