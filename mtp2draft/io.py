@@ -37,6 +37,7 @@ from mtp2draft.manifest import (
     is_ours,
     mark,
     temporary_beside,
+    umask,
 )
 from mtp2draft.redact import scrub
 
@@ -374,21 +375,10 @@ def _remove_leftovers(out: Path) -> None:
             shutil.rmtree(leftover, ignore_errors=True)
 
 
-def _umask() -> int:
-    """The process umask (read by setting it and putting it back: no other way exists)."""
-    with _UMASK_LOCK:
-        mask = os.umask(0o022)
-        os.umask(mask)
-    return mask
-
-
-_UMASK_LOCK = threading.Lock()
-
-
 def as_umask_allows(folder: Path) -> None:
     """Give a directory `tempfile.mkdtemp` made (mode 0700, private) the mode `mkdir` would have given it: an output
     that a serving process run as another user of the group must read is not left readable by its owner alone."""
-    os.chmod(folder, 0o777 & ~_umask())
+    os.chmod(folder, 0o777 & ~umask())
 
 
 def _replace(tmp: Path, out: Path, overwrite: bool) -> None:

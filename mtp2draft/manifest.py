@@ -19,6 +19,7 @@ import json
 import os
 import re
 import tempfile
+import threading
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import IO
@@ -66,7 +67,10 @@ def listed(path: Path) -> set[str] | None:
 def mark(path: Path, files: Iterable[str] | None = None) -> None:
     """Mark directory `path` as written by mtp2draft, listing `files` (default: every file under it now, for a
     directory only this run filled) beside those an earlier manifest listed."""
-    names = set(_files(path) if files is None else files) | (listed(path) or set())
+    before = listed(path)
+    if before is None and is_ours(path):  # an older marker lists nothing: what it vouched for, by kind
+        before = {f for f in _files(path) if _LEGACY.match(Path(f).name)}
+    names = set(_files(path) if files is None else files) | (before or set())
     (path / PARTIAL).unlink(missing_ok=True)
     text = json.dumps({_MANIFEST_KEY: sorted(names), "note": "`--overwrite` may replace these files"}, indent=1)
     write_text_safely(path / MARKER, text + "\n")
@@ -113,6 +117,17 @@ def _nearest_marked(root: Path, entry: Path) -> Path | None:
     return None
 
 
+_UMASK_LOCK = threading.Lock()
+
+
+def umask() -> int:
+    """The process umask (read by setting it and putting it back: no other way exists)."""
+    with _UMASK_LOCK:
+        mask = os.umask(0o022)
+        os.umask(mask)
+    return mask
+
+
 @contextlib.contextmanager
 def temporary_beside(path: Path, mode: str = "w") -> Iterator[tuple[IO, Path]]:
     """An open file with a fresh hidden name beside `path`, created with O_EXCL (a link planted there is never
@@ -120,6 +135,7 @@ def temporary_beside(path: Path, mode: str = "w") -> Iterator[tuple[IO, Path]]:
     fd, name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     tmp = Path(name)
     try:
+        os.fchmod(fd, 0o666 & ~umask())  # mkstemp's 0600 is private; the file gets what `open` would have given it
         with os.fdopen(fd, mode) as fh:
             yield fh, tmp
         os.replace(tmp, path)

@@ -208,3 +208,17 @@ def test_a_hub_cache_snapshot_of_links_into_its_blobs_is_read(build, tmp_path: P
     shard.unlink()
     shard.symlink_to(tmp_path / "outside.safetensors")
     assert main(["convert", str(snapshot), "--out", str(tmp_path / "e")]) == 2
+
+
+def test_a_marker_of_an_older_mtp2draft_still_vouches_for_its_files(build, tmp_path: Path) -> None:
+    """An older marker (plain text, no list) covers the kinds of file mtp2draft writes; evaluate --save turning it
+    into a manifest keeps them covered, and a user's file is still refused."""
+    from mtp2draft.manifest import MARKER, foreign_file
+
+    src = str(build("mimo"))
+    assert main(["convert", src, "--out", str(tmp_path / "d")]) == 0
+    (tmp_path / "d" / MARKER).write_text("written by mtp2draft; `--overwrite` may replace this directory\n")
+    save_evaluation(tmp_path / "d", REPORT)
+    assert foreign_file(tmp_path / "d") is None
+    (tmp_path / "d" / "notes.txt").write_text("mine")
+    assert foreign_file(tmp_path / "d") == tmp_path / "d" / "notes.txt"
