@@ -13,6 +13,7 @@ from pathlib import Path
 
 from mtp2draft.checkpoint import network
 from mtp2draft.errors import CheckpointError, SourceError
+from mtp2draft.manifest import temporary_beside
 
 
 def readable_roots(root: Path) -> tuple[Path, ...]:
@@ -118,9 +119,8 @@ class HubFiles:
         self.requests += 1
         folder = self.cache / file
         folder.mkdir(parents=True, exist_ok=True)
-        tmp = folder / f".{start}-{end}.{os.getpid()}.tmp"
-        tmp.write_bytes(data)
-        os.replace(tmp, folder / f"{start}-{end}")
+        with temporary_beside(folder / f"{start}-{end}", "wb") as (fh, _):  # a fresh name: no planted link followed
+            fh.write(data)
         return data
 
     def describe(self) -> str:
