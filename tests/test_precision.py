@@ -50,6 +50,10 @@ def test_fp32_tensors_stay_fp32_and_exact_is_measured(build, tmp_path: Path) -> 
     export(tmp_path / "d", "stitched", tmp_path / "st", target=str(target))
     back = _stored(tmp_path / "st")
     assert all(torch.equal(back[k], stored[k]) for k in fp32 if k in back) and fp32 & back.keys()
+    # and so does the nextn export, which without --target takes the dtypes from provenance
+    export(tmp_path / "d", "nextn", tmp_path / "nx")
+    nextn = [t for t in _stored(tmp_path / "nx").values() if t.dtype == torch.float32]
+    assert all(any(t.shape == stored[k].shape and torch.equal(t, stored[k]) for t in nextn) for k in fp32)
     # a dtype the user names is honoured, and provenance says which tensors it rounded
     convert(str(target), tmp_path / "b", dtype="bfloat16")
     named = load_file(str(tmp_path / "b" / "model.safetensors"))
