@@ -47,7 +47,7 @@ from mtp2draft.family.spec import ENGINES, NO_CHAIN, Spec, find_spec, get_spec
 from mtp2draft.formats import REGISTRY, format_kind, get_format
 from mtp2draft.formats.common import README_FILE, read_json
 from mtp2draft.formats.export import DraftDirectory, read_draft_directory, validate
-from mtp2draft.io import Progress, quiet
+from mtp2draft.io import Progress, check_unchanged, draft_identity, quiet
 from mtp2draft.kinds import ACCEPTANCE_CHART, EVALUATION_FILE, PROVENANCE_FILE, DraftKind
 from mtp2draft.redact import find_secret, known_secrets, redact, register_secret
 
@@ -109,6 +109,7 @@ def push(
     from huggingface_hub import HfApi, constants
 
     path = Path(path)
+    read = draft_identity(path) if path.is_dir() else None  # what is validated and staged; checked before upload
     found = read_draft_directory(path)  # DraftError when it is not a draft directory at all
     problems = validate(found)
     if problems:
@@ -124,6 +125,7 @@ def push(
     api = HfApi(token=token)
     with tempfile.TemporaryDirectory(prefix="mtp2draft-push-") as stage:
         files = _stage(path, Path(stage), str(card))  # every file checked (links out, tokens) before any request
+        check_unchanged(path, read, "pushed")  # the staged files are those of the draft validated and carded
         try:
             progress(f"creating {repo_id} on {constants.ENDPOINT} (if needed)")
             with network.checked_answer("create_repo", HubError):
@@ -132,6 +134,7 @@ def push(
             if revision:
                 with network.checked_answer("create_branch", HubError):
                     api.create_branch(repo_id, branch=revision, exist_ok=True)
+            check_unchanged(path, read, "pushed")
             progress(f"uploading {len(files)} files to {repo_id}" + (f"@{revision}" if revision else ""))
             with network.checked_answer("upload_folder", HubError):
                 info = api.upload_folder(

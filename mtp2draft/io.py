@@ -10,10 +10,10 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import glob
 import json
 import math
 import os
-import re
 import shutil
 import socket
 import struct
@@ -26,8 +26,19 @@ from typing import Any
 import torch
 
 from mtp2draft.checkpoint.reader import ST_DTYPES, TORCH_TO_ST
-from mtp2draft.errors import OutputExistsError
+from mtp2draft.errors import DraftError, OutputExistsError
 from mtp2draft.kinds import DTYPE_NAMES
+from mtp2draft.manifest import (
+    CHECKPOINT_ENTRY,
+    CHECKPOINTS_MARKER,
+    MARKER,
+    PARTIAL,
+    foreign_file,
+    is_ours,
+    mark,
+    temporary_beside,
+    umask,
+)
 from mtp2draft.redact import scrub
 
 # The weight dtypes mtp2draft writes (`kinds.DTYPE_NAMES`) as torch dtypes: the one map from name to dtype.
@@ -81,28 +92,9 @@ def meter(progress: Progress, desc: str, total: int, unit: str = "it", initial: 
     return make(desc, total, unit, initial) if make else LineMeter(progress, desc, total, unit, initial)
 
 
-# Every directory mtp2draft writes carries this file; --overwrite replaces only such directories (or empty ones), so
-# a mistyped --out can never delete a user's files.
-MARKER = ".mtp2draft"
-
-
-def is_ours(path: Path) -> bool:
-    """Whether `path` is a directory mtp2draft wrote (it carries the marker)."""
-    return (path / MARKER).is_file()
-
-
-def mark(path: Path) -> None:
-    """Mark a directory as written by mtp2draft (see `MARKER`)."""
-    (path / MARKER).write_text("written by mtp2draft; `--overwrite` may replace this directory\n")
-
-
-# A distill run's checkpoint folder (`<out>.checkpoints`, or --checkpoint-dir) carries this file as well: it tells the
-# folder apart from a draft mtp2draft wrote there (`convert --out foo.checkpoints`), which a later `distill --out foo`
-# must never fill with checkpoints nor delete when it finishes.
-CHECKPOINTS_MARKER = ".mtp2draft-checkpoints"
-# What a run writes inside its checkpoint folder: finished steps and best weights, and their temporary twins that a
-# killed run leaves behind (`.step-0000010.tmp`, `.best-0000010.tmp`, `.best-0000010.old`).
-_CHECKPOINT_ENTRY = re.compile(r"^(\.?(step|best)-\d+(\.tmp|\.old)?|best|\.mtp2draft|\.mtp2draft-checkpoints)$")
+# A distill run's checkpoint folder (`<out>.checkpoints`, or --checkpoint-dir) carries CHECKPOINTS_MARKER as well: it
+# tells the folder apart from a draft mtp2draft wrote there (`convert --out foo.checkpoints`), which a later
+# `distill --out foo` must never fill with checkpoints nor delete when it finishes.
 _OLD_BEST_FILES = {"best.json", "best.json.tmp", "model.safetensors"}
 
 
@@ -113,7 +105,7 @@ def is_checkpoint_folder(folder: Path) -> bool:
     if (folder / CHECKPOINTS_MARKER).is_file():
         return True
     entries = list(folder.iterdir())
-    if not all(_CHECKPOINT_ENTRY.match(p.name) for p in entries):
+    if not all(CHECKPOINT_ENTRY.match(p.name) for p in entries):
         return False
     if is_ours(folder):
         return True
@@ -153,7 +145,7 @@ def remove_checkpoint_folder(folder: Path) -> None:
     if not folder.is_dir() or not is_checkpoint_folder(folder):
         return
     for entry in folder.iterdir():
-        if _CHECKPOINT_ENTRY.match(entry.name) and entry.name not in (MARKER, CHECKPOINTS_MARKER):
+        if CHECKPOINT_ENTRY.match(entry.name) and entry.name not in (MARKER, CHECKPOINTS_MARKER):
             if entry.is_dir() and not entry.is_symlink():
                 shutil.rmtree(entry, ignore_errors=True)
             else:
@@ -206,10 +198,11 @@ def check_output_dir(out: str | Path, overwrite: bool, inputs: Iterable[str | Pa
     if out.is_dir() and any(out.iterdir()):
         if not overwrite:
             raise OutputExistsError(f"--out {out} exists and is not empty (pass --overwrite to replace it)")
-        if not is_ours(out):
+        if not is_ours(out) or (foreign := foreign_file(out)) is not None:
+            named = "" if not is_ours(out) else f" ({foreign.relative_to(out)})"
             raise OutputExistsError(
-                f"--out {out} holds files mtp2draft did not write: --overwrite only replaces directories mtp2draft "
-                "wrote (or empty ones); remove it yourself or choose another --out"
+                f"--out {out} holds files mtp2draft did not write{named}: --overwrite only replaces what mtp2draft "
+                "wrote (or an empty directory); move them away or choose another --out"
             )
     return out
 
@@ -299,15 +292,32 @@ def being_written(path: str | Path) -> Path | None:
 
 # What a directory's identity is made of: the files whose change would make an earlier read of it stale.
 _IDENTITY_FILES = ("*.safetensors", "config.json", "manifest.json")
+# A draft's identity for a command that carries more of it along (export, push): its records and chart too.
+_DRAFT_FILES = (*_IDENTITY_FILES, "provenance.json", "evaluation.json", "acceptance.png")
 
 
-def dir_identity(path: str | Path) -> tuple:
+def draft_identity(path: str | Path) -> tuple:
+    """`dir_identity` over every file export and push carry from a draft (weights, configs, records, chart)."""
+    return dir_identity(path, _DRAFT_FILES)
+
+
+def check_unchanged(path: str | Path, identity: tuple, what: str) -> None:
+    """Refuse when draft `path` is no longer the one whose `draft_identity` was taken before it was read: a
+    result would otherwise carry one draft's records and another's weights."""
+    if not Path(path).is_dir() or draft_identity(path) != identity:
+        raise DraftError(
+            f"{path} changed while it was {what} (another run replaced or rewrote it): nothing was {what}; "
+            "run again once it is settled"
+        )
+
+
+def dir_identity(path: str | Path, patterns: Iterable[str] = _IDENTITY_FILES) -> tuple:
     """The identity of the directory `path` as read now: its own inode and, for each weights, config or manifest
     file in it (at any depth), its name, inode, size and mtime. `--overwrite` puts a new directory in place by a
     rename, so a directory replaced after a read never has the identity recorded at that read."""
     root = Path(path)
     info = root.stat()
-    files = sorted({p for pattern in _IDENTITY_FILES for p in root.rglob(pattern) if p.is_file()})
+    files = sorted({p for pattern in patterns for p in root.rglob(pattern) if p.is_file()})
     stats = [(str(p.relative_to(root)), p.stat()) for p in files]
     return (info.st_dev, info.st_ino, tuple((n, s.st_ino, s.st_size, s.st_mtime_ns) for n, s in stats))
 
@@ -344,8 +354,10 @@ def atomic_output_dir(
     out = Path(os.path.abspath(out))  # '.', '..' and trailing slashes resolved, symlinks kept
     with claim_output(out):
         check_output_dir(out, overwrite, inputs)  # again, now that no other mtp2draft run can write here
+        _remove_leftovers(out)
         tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
         try:
+            (tmp / PARTIAL).write_text("being written by mtp2draft; a run that is killed leaves this behind\n")
             as_umask_allows(tmp)
             yield tmp
             mark(tmp)
@@ -355,21 +367,18 @@ def atomic_output_dir(
             raise
 
 
-def _umask() -> int:
-    """The process umask (read by setting it and putting it back: no other way exists)."""
-    with _UMASK_LOCK:
-        mask = os.umask(0o022)
-        os.umask(mask)
-    return mask
-
-
-_UMASK_LOCK = threading.Lock()
+def _remove_leftovers(out: Path) -> None:
+    """Delete the temporary directories that runs into `out` killed before they finished left beside it. Called
+    under `out`'s claim, so no live run is writing any of them; only directories carrying `PARTIAL` are touched."""
+    for leftover in out.parent.glob(f".{glob.escape(out.name)}.tmp-*"):
+        if leftover.is_dir() and not leftover.is_symlink() and (leftover / PARTIAL).is_file():
+            shutil.rmtree(leftover, ignore_errors=True)
 
 
 def as_umask_allows(folder: Path) -> None:
     """Give a directory `tempfile.mkdtemp` made (mode 0700, private) the mode `mkdir` would have given it: an output
     that a serving process run as another user of the group must read is not left readable by its owner alone."""
-    os.chmod(folder, 0o777 & ~_umask())
+    os.chmod(folder, 0o777 & ~umask())
 
 
 def _replace(tmp: Path, out: Path, overwrite: bool) -> None:
@@ -394,7 +403,7 @@ def _replace(tmp: Path, out: Path, overwrite: bool) -> None:
         aside.rmdir()
         return
     empty = old.is_dir() and not any(old.iterdir())
-    if not old.is_dir() or not (empty or (overwrite and is_ours(old))):
+    if not old.is_dir() or not (empty or (overwrite and is_ours(old) and foreign_file(old) is None)):
         os.rename(old, out)  # not ours to delete: back where it was
         aside.rmdir()
         raise OutputExistsError(
@@ -408,13 +417,9 @@ def _replace(tmp: Path, out: Path, overwrite: bool) -> None:
 def write_json(path: Path, data: Mapping[str, Any]) -> None:
     """Atomically write `data` as JSON, with every known secret (Hub token) redacted: no file mtp2draft writes can
     carry one, whatever a caller put in `data`."""
-    tmp = path.with_name(path.name + ".tmp")
-    try:
-        tmp.write_text(json.dumps(scrub(data), indent=2, sort_keys=False, default=str) + "\n")
-        os.replace(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
+    text = json.dumps(scrub(data), indent=2, sort_keys=False, default=str) + "\n"
+    with temporary_beside(path) as (fh, _):  # a fresh name: a link planted at `path.tmp` is never followed
+        fh.write(text)
 
 
 class SafetensorsWriter:

@@ -126,9 +126,9 @@ def check_chats_render(source: str, config: RunConfig, stages: Stages) -> None:
         return
     tokenizer = load_tokenizer(where)
     length, prompt = stages.distill.max_length, stages.evaluate.max_prompt_length
-    for path in (config.training.data, config.training.heldout):
+    for path, skip_bad in ((config.training.data, stages.evaluate.skip_bad), (config.training.heldout, False)):
         if path is not None:
-            rendered(path, lambda r: encode(r, tokenizer, length))
+            rendered(path, lambda r: encode(r, tokenizer, length), skip_bad)
     if config.eval_data is not None:
         rendered(config.eval_data, lambda r: prompt_ids(r, tokenizer, prompt), stages.evaluate.skip_bad)
 
@@ -148,7 +148,7 @@ def preflight(source: str, config: RunConfig, stages: Stages, hub: HubAccess) ->
     from mtp2draft.checkpoint.reader import open_checkpoint
     from mtp2draft.conversion import check_conversion
     from mtp2draft.data import check_data_file, read_records
-    from mtp2draft.formats import check_format
+    from mtp2draft.formats import check_format, get_format
     from mtp2draft.target.identity import check_same_checkpoint
     from mtp2draft.train.calibrate import check_draft_vocab_size
     from mtp2draft.train.recipe import check_heldout_options, check_training_settings, refuse_untrained
@@ -158,9 +158,10 @@ def preflight(source: str, config: RunConfig, stages: Stages, hub: HubAccess) ->
     if training.data is None or training.hidden_states is not None:
         raise OptionError("run distills on --data against the online target (dump-hidden data: run distill itself)")
     check_heldout_options(stages.distill, training.heldout, None)
+    skip = stages.evaluate.skip_bad  # run's one --skip-bad: --data and --eval-data (held-out lines are never skipped)
     for option, path, skip_bad in (
-        ("--data", training.data, False),
-        ("--eval-data", config.eval_data, stages.evaluate.skip_bad),
+        ("--data", training.data, skip),
+        ("--eval-data", config.eval_data, skip),
         ("--heldout", training.heldout, False),
     ):
         if path is not None:  # every line read as the stage will read it: an empty or non-UTF-8 file stops run here
@@ -174,6 +175,8 @@ def preflight(source: str, config: RunConfig, stages: Stages, hub: HubAccess) ->
     kind = DraftKind(convert.to)
     fmt = config.format or default_format(spec, kind)
     check_format(fmt, kind, f"--to {kind}")
+    if (check_family := get_format(fmt).check_family) is not None:  # a format no engine builds for this family
+        check_family(spec)
     if convert.all_layers and fmt != "stitched":  # run's own rule: only the stitched overlay holds every layer
         raise OptionError(f"--all-layers makes a native chain draft, which only --format stitched holds, not {fmt}")
     layers = spec.num_mtp_layers(ckpt.config) if convert.all_layers else 1
@@ -215,7 +218,7 @@ def _run(
     export_config = stages.export or ExportConfig(speculative_tokens=k)
     times: dict[str, float] = {}
     work.mkdir(parents=True, exist_ok=True)
-    mark(work)  # a later `run --overwrite` may replace it
+    mark(work, files=())  # its stages mark their own directories; a later `run --overwrite` may replace it
     source_access = {"revision": hub.revision, "token": hub.token}
     target_access = {"revision": target_hub.revision, "token": target_hub.token}
     inside = {"overwrite": True, "progress": progress}  # the stages write inside `work`, checked above
@@ -226,7 +229,8 @@ def _run(
         raw, start = _convert(source, work, stages.convert, {**source_access, **inside})
     with _stage(times, "distill", progress, f"[2/5] distill against {target}"):
         placed = {"device": device, "target_dtype": placement.torch_dtype, "device_map": placement.device_map}
-        job = {"regenerate_data": training.regenerate, "sample": training.sample, "heldout": training.heldout}
+        job = {"regenerate_data": training.regenerate, "sample": training.sample, "heldout": training.heldout,
+               "skip_bad": evaluation.skip_bad}  # fmt: skip
         distill(
             start,
             distilled,
@@ -242,7 +246,7 @@ def _run(
         drafts = [("distilled " + kind, str(distilled)), ("raw MTP head (baseline)", str(raw))]
         placed = {"device": device, "dtype": placement.torch_dtype, "device_map": placement.device_map}
         report = evaluate(drafts, target, eval_data, config=evaluation, **target_access, progress=progress, **placed)
-        save_evaluation(distilled, report)
+        save_evaluation(distilled, report, progress=progress)
     with _stage(times, "export", progress, f"[4/5] export --format {fmt}"):
         reads = target if REGISTRY[fmt].reads_target else None
         export(distilled, fmt, exported, target=reads, config=export_config, **target_access, **inside)

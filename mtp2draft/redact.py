@@ -25,8 +25,10 @@ from typing import Any
 MASK = "***"
 # Options whose value is a secret, in every command that takes them.
 SECRET_OPTIONS = ("--token",)
-# Hugging Face user access tokens: "hf_" then 30+ letters/digits (older "api_" org tokens too).
-TOKEN_PATTERN = re.compile(r"\b(?:hf|api)_[A-Za-z0-9]{20,}\b")
+# Hugging Face user access tokens: "hf_" then 30+ random letters and digits, upper and lower case mixed (34 in
+# today's tokens; older "api_" org tokens alike). A name a person chose (`hf_models_cache`, `hf_` + 20 lowercase
+# letters in a path) is not that shape and is recorded as named; the token this process holds is redacted by value.
+TOKEN_PATTERN = re.compile(r"\b(?:hf|api)_(?=[A-Za-z0-9]*[A-Z])(?=[A-Za-z0-9]*[a-z])[A-Za-z0-9]{30,}\b")
 # Shortest string treated as a secret: a one-character "token" would turn every write into asterisks.
 MIN_SECRET_LENGTH = 8
 

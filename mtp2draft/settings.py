@@ -146,7 +146,12 @@ class ConvertConfig:
     all_layers: bool = setting(
         False, "Every MTP layer the checkpoint ships, as one chain draft (layer i at step i; native only)."
     )
-    dtype: str = setting("bfloat16", "Weights dtype of the draft:", choices="dtypes")
+    dtype: str | None = setting(
+        None,
+        "Weights dtype of the draft (default: bfloat16, and a tensor the checkpoint stores in float32 stays float32; "
+        "named, every floating tensor but router buffers):",
+        choices="dtypes",
+    )
     aux_layers: list[int] | None = setting(
         None, "eagle3: three target layer ids 'low,mid,high' (output of).", parse=ints
     )
@@ -156,7 +161,7 @@ class ConvertConfig:
 
         if self.to is not None and self.to not in DRAFT_KINDS:
             raise OptionError(f"--to must be one of {', '.join(DRAFT_KINDS)}, got {self.to!r}")
-        if self.dtype not in DTYPE_NAMES:
+        if self.dtype is not None and self.dtype not in DTYPE_NAMES:
             raise OptionError(f"--dtype must be one of {', '.join(DTYPE_NAMES)}, got {self.dtype!r}")
         if self.aux_layers and self.to not in (None, DraftKind.EAGLE3):
             raise OptionError(

@@ -13,6 +13,7 @@ from __future__ import annotations
 import collections
 import contextlib
 import json
+import os
 import shutil
 import threading
 from collections.abc import Callable
@@ -900,6 +901,33 @@ def engine_install_unknown_platform(w, tmp, mp, stack):
     return Case(["engine", "install", "vllm", "--platform", "tpu"], "platform 'tpu' is not one of cpu, cuda")
 
 
+def _no_shell(mp: pytest.MonkeyPatch) -> None:
+    """No venv is ever made by a row: a command that got past its refusal fails loudly instead of building one."""
+    from mtp2draft.target import environments
+
+    def refuse(*args, **kwargs):
+        raise AssertionError(f"engine install ran {args[0] if args else kwargs}")
+
+    mp.setattr(environments.subprocess, "run", refuse)
+
+
+@case
+def engine_install_into_a_directory_it_did_not_make(w, tmp, mp, stack):
+    _no_shell(mp)
+    (tmp / "venv").mkdir()
+    (tmp / "venv" / "thesis.tex").write_text("mine")
+    mp.setenv("MTP2DRAFT_VLLM_VENV", str(tmp / "venv"))
+    return Case(["engine", "install", "vllm", "--platform", "cpu"], "did not put there (thesis.tex)")
+
+
+@case
+def engine_install_while_another_install_builds_it(w, tmp, mp, stack):
+    _no_shell(mp)
+    mp.setenv("MTP2DRAFT_VLLM_VENV", str(tmp / "venv"))
+    _claimed_elsewhere(tmp / "venv", stack)
+    return Case(["engine", "install", "vllm", "--platform", "cpu"], "is building")
+
+
 @case
 def speedup_evaluation_missing(w, tmp, mp, stack):
     return Case(["speedup", str(tmp / "nowhere"), "--target", DS3, "--gpu", "h200"], "no evaluation")
@@ -1024,6 +1052,116 @@ def demo_work_is_a_file(w, tmp, mp, stack):
 def demo_work_is_the_working_directory(w, tmp, mp, stack):
     mp.chdir(tmp)
     return Case(["demo", "--work", "."], "working directory")
+
+
+# ---- what mtp2draft wrote, what the user named ------------------------------------------------------------------
+@case
+def convert_overwrite_a_draft_holding_a_users_file(w, tmp, mp, stack):
+    convert(str(w.mimo), tmp / "out")  # a draft mtp2draft wrote, then a file of the user's put in it
+    (tmp / "out" / "notes.txt").write_text("mine")
+    return Case(["convert", str(w.mimo), "--out", str(tmp / "out"), "--overwrite"], "did not write (notes.txt)")
+
+
+@case
+def export_overwrite_a_subfolder_the_user_added(w, tmp, mp, stack):
+    export(w.ds_e3, "sglang", tmp / "out")
+    (tmp / "out" / "mine").mkdir()
+    (tmp / "out" / "mine" / "a.safetensors").write_bytes(b"x")
+    return Case(_export(w.ds_e3, tmp, "sglang", "--overwrite"), "did not write (mine/a.safetensors)")
+
+
+def _linked_out(name: str) -> CaseFn:
+    def fn(w, tmp, mp, stack):
+        draft = _copy(w.ds_e3, tmp, "draft")
+        (tmp / "outside").write_text('{"results": []}')
+        (draft / "evaluation.json").write_text(json.dumps({"results": []}))
+        (draft / name).unlink(missing_ok=True)
+        (draft / name).symlink_to(tmp / "outside")
+        return Case(_export(draft, tmp, "sglang"), f"{name} leads outside")
+
+    return fn
+
+
+_add("export_evaluation_json_links_outside_the_draft", _linked_out("evaluation.json"))
+_add("export_acceptance_chart_links_outside_the_draft", _linked_out("acceptance.png"))
+
+
+@case
+def export_draft_replaced_while_it_is_read(w, tmp, mp, stack):
+    import mtp2draft.formats.export as stage
+
+    draft = _copy(w.ds_e3, tmp, "draft")
+    refuse = stage._refuse_violations
+
+    def swapped(*args):  # config.json replaced by another file while the export reads the draft
+        _swap_config(draft, tmp)
+        return refuse(*args)
+
+    mp.setattr(stage, "_refuse_violations", swapped)
+    return Case(_export(draft, tmp, "sglang"), "changed while it was exported")
+
+
+def _swap_config(draft: Path, tmp: Path) -> None:
+    """config.json replaced by a copy (a new inode; same bytes, size and mtime, so the case's snapshot holds)."""
+    cfg = draft / "config.json"
+    info = cfg.stat()
+    shutil.copyfile(cfg, tmp / "cfg")
+    os.replace(tmp / "cfg", cfg)
+    os.utime(cfg, ns=(info.st_atime_ns, info.st_mtime_ns))
+
+
+@case
+def push_draft_replaced_while_it_is_staged(w, tmp, mp, stack):
+    """Refused before any request (no Hub is reachable here): the staged files are not the draft validated."""
+    from mtp2draft import hub
+
+    draft = _copy(w.ds_e3, tmp, "draft")
+    stage = hub._stage
+
+    def swapped(*args):
+        files = stage(*args)
+        _swap_config(draft, tmp)
+        return files
+
+    mp.setattr(hub, "_stage", swapped)
+    mp.setenv("HF_TOKEN", "hf_" + "x" * 34)
+    return Case(["push", str(draft), "--repo-id", "me/d"], "changed while it was pushed")
+
+
+# ---- what validate checks that would go out wrong: dtypes against the config, figures against their range ----------
+@case
+def validate_fp16_tensor_under_a_bf16_config(w, tmp, mp, stack):
+    draft = _poked(w.mimo_mtp, tmp, "eh_proj.weight", lambda t: t.to(torch.float16))
+    return Case(["validate", str(draft)], "1 violation(s) of the mtp format")
+
+
+def _evaluated(mean: float) -> CaseFn:
+    def fn(w, tmp, mp, stack):
+        draft = _copy(w.mimo_mtp, tmp, "draft")
+        figures = {"name": "d", "acceptance_per_position": [0.5, 0.4, 0.3], "mean_acceptance_length": mean}
+        (draft / "evaluation.json").write_text(json.dumps({"results": [figures]}))
+        return Case(["validate", str(draft)], "1 violation(s) of the mtp format")
+
+    return fn
+
+
+_add("validate_mean_acceptance_length_below_one", _evaluated(0.5))
+_add("validate_mean_acceptance_length_beyond_k_plus_one", _evaluated(9))
+_add("push_mean_acceptance_length_beyond_k_plus_one", lambda *a: _push_of(_evaluated(9)(*a)))
+
+
+def _push_of(case: Case) -> Case:
+    return Case(["push", case.argv[1], "--repo-id", "me/d"], "mean_acceptance_length 9 is impossible at k = 3")
+
+
+# ---- refused in run's checks, before any work, as the stage would refuse it later ------------------------------------
+@case
+def run_speculators_mtp_for_a_family_speculators_does_not_build(w, tmp, mp, stack):
+    from support.fixtures import build_fixture, write_char_tokenizer
+
+    v4 = build_fixture("deepseek_v4", tmp / "v4")
+    write_char_tokenizer(v4)
+    return Case(_run(w, tmp, "--format", "speculators-mtp", source=v4), "no mtp speculator type for deepseek_v4")
 
 
 # ---- the test ---------------------------------------------------------------------------------------------------------

@@ -402,6 +402,43 @@ def _release(w, tmp: Path, scheme: str) -> Path:
     return requantise(w.ds, tmp / "ck", scheme)
 
 
+def _targets_miss(scheme: str) -> CaseFn:
+    """compressed-tensors config groups whose `re:` targets match no packed weight: its bits are unknown."""
+
+    def run(w, tmp, mp, stack):
+        ck = _release(w, tmp, scheme)
+        q = json.loads((ck / "config.json").read_text())["quantization_config"]
+        for group in q["config_groups"].values():
+            group["targets"] = ["re:.*never_a_module_name$"]
+        _edit_config(ck, quantization_config=q)
+        return Case(_convert(ck, tmp), "no quantization_config config group targets")
+
+    run.command = "convert"
+    return run
+
+
+CASES["compressed_tensors_int4_re_targets_miss_a_packed_weight"] = _targets_miss("int4")
+
+
+def _linked_out(name: str) -> CaseFn:
+    """A local checkpoint whose `name` is a link to a copy outside it: not read (no Hub cache snapshot either)."""
+
+    def run(w, tmp, mp, stack):
+        ck = _copy(w.ds, tmp)
+        elsewhere = _copy(w.ds, tmp, "elsewhere")
+        file = name if name != "shard" else sorted(p.name for p in ck.glob("*.safetensors"))[-1]
+        (ck / file).unlink()
+        (ck / file).symlink_to(elsewhere / file)
+        return Case(_convert(ck, tmp), "is a link that leads outside the checkpoint")
+
+    run.command = "convert"
+    return run
+
+
+CASES["shard_is_a_link_out_of_the_checkpoint"] = _linked_out("shard")
+CASES["config_is_a_link_out_of_the_checkpoint"] = _linked_out("config.json")
+
+
 # a quantised re-release of the bundled target whose index lost one part of a quantised weight -> convert's refusal:
 # (scheme, the part dropped from the index, the refusal)
 _PART_MISSING = {
@@ -631,6 +668,21 @@ _COUNT_SAYS_MORE = {
         "MTP layer 1 is missing model.language_model.layers.5.enorm.weight",
     ),
     "hy_v4_count_field_says_two": ("hy_v4", None, 2, None, "MTP layer 1 is missing model.mtp_layers.1.enorm.weight"),
+    # convert of the layer that is there refuses the checkpoint as inspect does: its config is not whole
+    "hy_v3_count_field_says_two_convert_layer_0": (
+        "hy_v3",
+        None,
+        2,
+        0,
+        "MTP layer 1 is missing model.layers.3.enorm.weight",
+    ),
+    "glm4_moe_lite_count_field_says_two_convert_layer_0": (
+        "glm4_moe_lite",
+        None,
+        2,
+        0,
+        "MTP layer 1 is missing model.layers.3.enorm.weight",
+    ),
 }
 
 
@@ -908,6 +960,13 @@ def deepseek_v4_fp8_scale_nan(w, tmp, mp, stack):
     """An e8m0 scale byte 255 is NaN: the dequantised weight is refused as damaged."""
     ck = _v4_shipped(tmp, "mtp.0.h_proj.scale", lambda t: torch.full_like(t.view(torch.uint8), 255).view(t.dtype))
     return Case(_convert(ck, tmp), "mtp.0.h_proj.weight holds non-finite values")
+
+
+@case
+def deepseek_v4_fp8_scale_stored_as_bf16(w, tmp, mp, stack):
+    """An e8m0 `.scale` rewritten as bf16 (the same powers of two): the refusal names the tensor."""
+    ck = _v4_shipped(tmp, "mtp.0.h_proj.scale", lambda t: t.float().to(torch.bfloat16))
+    return Case(_convert(ck, tmp), "mtp.0.h_proj.scale is stored as torch.bfloat16: an e8m0 scale must be")
 
 
 # `export --format stitched` of a V4 draft over a damaged target: the tensor damaged (how; None: removed) -> the refusal

@@ -4,6 +4,7 @@ commands promise, linked by the model card, and never left beside another evalua
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 
 import pytest
@@ -91,3 +92,44 @@ def test_card_links_the_chart_and_export_carries_it(build, tmp_path: Path) -> No
         tmp_path / "mtp" / charts.ACCEPTANCE_CHART
     ).read_bytes()
     assert link in str(model_card(tmp_path / "out"))
+
+
+def _broken(*_: object) -> None:
+    raise OSError("cannot write the PNG: a damaged font cache")
+
+
+def test_a_chart_that_fails_keeps_the_figures_and_never_the_old_chart(tmp_path: Path, monkeypatch) -> None:
+    """evaluate --save draws before it writes: a drawing that fails still saves the new figures, removes the chart
+    of the earlier evaluation (push would publish it beside numbers it does not show) and says why."""
+    save_evaluation(tmp_path, REPORT)
+    monkeypatch.setattr(charts, "acceptance_figure", _broken)
+    said: list[str] = []
+    saved, chart = save_evaluation(tmp_path, {**REPORT, "data": "other.jsonl"}, progress=said.append)
+    assert chart is None and json.loads(saved.read_text())["data"] == "other.jsonl"
+    assert not (tmp_path / charts.ACCEPTANCE_CHART).exists()
+    assert len(said) == 1 and "damaged font cache" in said[0]
+
+
+def test_a_failing_training_chart_keeps_the_distilled_draft(target, text_data, tmp_path: Path, monkeypatch, capsys):
+    from mtp2draft.cli.app import main
+    from mtp2draft.conversion import convert
+
+    convert(str(target("mimo")), tmp_path / "d")
+    monkeypatch.setattr(charts, "training_figure", _broken)
+    argv = ["distill", str(tmp_path / "d"), "--target", str(target("mimo")), "--data", str(text_data), "--out",
+            str(tmp_path / "ft"), "--steps", "2", "--batch-size", "2", "--max-length", "32", "--device", "cpu"]  # fmt: skip
+    assert main(argv) == 0
+    err = capsys.readouterr().err
+    assert "training chart could not be drawn" in err and "Traceback" not in err
+    assert (tmp_path / "ft" / "model.safetensors").is_file() and not (tmp_path / "ft" / charts.TRAINING_CHART).exists()
+
+
+def test_a_broken_chart_install_is_named_not_sent_to_install(monkeypatch) -> None:
+    """A matplotlib whose drawing backend (or Pillow under it) fails to import is reported as broken, with the
+    error; only a missing matplotlib asks for the extra."""
+    monkeypatch.setitem(sys.modules, "matplotlib.backends.backend_agg", None)
+    why = charts.unavailable()
+    assert why is not None and "installed but does not import" in why and "backend_agg" in why
+    monkeypatch.setitem(sys.modules, "matplotlib", None)
+    monkeypatch.setitem(sys.modules, "matplotlib.backends", None)
+    assert charts.EXTRA in (charts.unavailable() or "")

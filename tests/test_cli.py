@@ -383,3 +383,28 @@ def test_demo_prints_how_good_the_bundled_target_is() -> None:
     assert f"held-out next-token top-1 {held['next_token_top1']:.3f}" in text
     assert f"repeat {held['greedy_repeat_rate']:.3f} of their 4-grams" in text
     assert target_figures(Path("/nonexistent")) is None
+
+
+def test_ctrl_c_is_one_line_and_exit_130(build, tmp_path: Path, monkeypatch, capsys) -> None:
+    """Ctrl-C inside a command (typer turns it into a silent Exit(130)) and a real SIGINT to a running process:
+    one `error:` line, exit 130, no traceback, and nothing half-written at --out."""
+    import signal
+    import subprocess
+
+    import mtp2draft.conversion as conversion
+
+    def stop(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(conversion, "plan_mtp_layer", stop)
+    assert main(["convert", str(build("mimo")), "--out", str(tmp_path / "o")]) == 130
+    err = capsys.readouterr().err
+    assert [line for line in err.splitlines() if line.startswith("error:")] == [err.strip().splitlines()[-1]]
+    assert "interrupted (Ctrl-C)" in err and "Traceback" not in err and not (tmp_path / "o").exists()
+    argv = [sys.executable, "-m", "mtp2draft", "convert", str(build("mimo")), "--out", str(tmp_path / "p")]
+    with subprocess.Popen(argv, stderr=subprocess.PIPE, text=True) as proc:
+        assert proc.stderr is not None and "resolving" in proc.stderr.readline()  # the command is running
+        proc.send_signal(signal.SIGINT)
+        rest = proc.stderr.read()
+    assert proc.returncode == 130 and "Traceback" not in rest
+    assert rest.strip().splitlines()[-1].startswith("error: interrupted (Ctrl-C)"), rest

@@ -87,12 +87,14 @@ def test_out_not_empty_without_overwrite(build, tmp_path: Path, capsys) -> None:
     # --overwrite never deletes files mtp2draft did not write ...
     code, out, err = run_cli(capsys, "convert", str(build("mimo")), "--out", str(out_dir), "--overwrite")
     assert code == 2 and "did not write" in err and (out_dir / "keep.txt").read_text() == "mine"
-    # ... and replaces a directory it did write
+    # ... and replaces a directory it did write, unless a file it did not write was put in it since
     ours = tmp_path / "ours"
     assert run_cli(capsys, "convert", str(build("mimo")), "--out", str(ours))[0] == 0
-    (ours / "stale.txt").write_text("left by an earlier run")
     code, out, err = run_cli(capsys, "convert", str(build("mimo")), "--out", str(ours), "--overwrite")
-    assert code == 0 and not (ours / "stale.txt").exists() and (ours / "model.safetensors").is_file()
+    assert code == 0 and (ours / "model.safetensors").is_file()
+    (ours / "added.txt").write_text("put there since")
+    code, out, err = run_cli(capsys, "convert", str(build("mimo")), "--out", str(ours), "--overwrite")
+    assert code == 2 and "(added.txt)" in err and (ours / "added.txt").is_file()
 
 
 def test_failure_midway_leaves_nothing(build, tmp_path: Path, capsys) -> None:

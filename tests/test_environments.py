@@ -87,3 +87,83 @@ def test_cli_install_prints_the_python_and_list_says_what_is_complete(shell: Fak
     assert main(["engine", "list"]) == 0
     out = capsys.readouterr().out
     assert "vllm" in out and "speculators" in out
+
+
+def test_install_refuses_a_directory_it_did_not_make(shell: FakeShell, tmp_path: Path, capsys) -> None:
+    venv = tmp_path / "vllm-venv"
+    venv.mkdir()
+    (venv / "thesis.tex").write_text("mine")
+    assert main(["engine", "install", "vllm", "--platform", "cpu"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("error:") == 1 and "did not put there (thesis.tex)" in err and "MTP2DRAFT_VLLM_VENV" in err
+    assert shell.commands == [] and sorted(p.name for p in venv.iterdir()) == ["thesis.tex"]
+
+
+def test_a_venv_killed_while_being_created_is_made_again(shell: FakeShell, tmp_path: Path) -> None:
+    venv = tmp_path / "vllm-venv"
+    with pytest.raises(KeyboardInterrupt):  # Ctrl-C while `python -m venv` runs: bin/python there, no pip
+        shell.fail = None
+        environments.subprocess.run = lambda command, **k: (_ for _ in ()).throw(KeyboardInterrupt)
+        install("vllm", platform="cpu")
+    environments.subprocess.run = shell
+    (venv / "bin").mkdir(parents=True, exist_ok=True)
+    (venv / "bin" / "python").write_text("")  # what the killed `python -m venv` left
+    assert (venv / environments.CREATING).is_file()
+    python, built = install("vllm", platform="cpu")
+    assert built and (venv / MARKER).is_file() and not (venv / environments.CREATING).exists()
+    assert any(c[1:3] == ["-m", "venv"] for c in shell.commands)  # made again, not reused half-made
+
+
+def test_a_venv_without_pip_is_made_again(shell: FakeShell, tmp_path: Path, monkeypatch) -> None:
+    install("vllm", platform="cpu")
+    (tmp_path / "vllm-venv" / MARKER).unlink()  # an install that stopped after the venv was made
+    monkeypatch.setattr(environments, "_has_pip", lambda interpreter: False)  # "No module named pip"
+    shell.commands.clear()
+    install("vllm", platform="cpu")
+    assert shell.commands[0][1:3] == ["-m", "venv"]
+
+
+def test_a_second_install_at_once_is_refused(shell: FakeShell, tmp_path: Path, capsys) -> None:
+    import threading
+
+    from mtp2draft.io import claim_output
+
+    held, done = threading.Event(), threading.Event()
+
+    def other_install() -> None:  # another install (a claim is re-entrant within one thread) holds the venv
+        with claim_output(tmp_path / "vllm-venv"):
+            held.set()
+            done.wait(30)
+
+    thread = threading.Thread(target=other_install)
+    thread.start()
+    held.wait(30)
+    try:
+        assert main(["engine", "install", "vllm", "--platform", "cpu"]) == 2
+    finally:
+        done.set()
+        thread.join()
+    err = capsys.readouterr().err
+    assert err.count("error:") == 1 and "is building" in err and shell.commands == []
+
+
+def test_list_says_complete_only_with_an_interpreter(shell: FakeShell, tmp_path: Path, capsys) -> None:
+    install("vllm", platform="cpu")
+    assert environments.is_complete("vllm", "cpu")
+    (tmp_path / "vllm-venv" / "bin" / "python").unlink()
+    assert not environments.is_complete("vllm", "cpu")
+    monkeypatch_platform = environments.detect_platform
+    environments.detect_platform = lambda: "cpu"
+    try:
+        assert main(["engine", "list"]) == 0
+    finally:
+        environments.detect_platform = monkeypatch_platform
+    assert "vllm         not installed" in capsys.readouterr().out
+
+
+def test_a_venv_that_cannot_be_made_is_one_plain_line(tmp_path: Path, monkeypatch, capsys) -> None:
+    monkeypatch.setattr(environments.subprocess, "run", FakeShell(fail="venv"))
+    monkeypatch.setenv("MTP2DRAFT_VLLM_VENV", str(tmp_path / "v"))
+    assert main(["engine", "install", "vllm", "--platform", "cpu"]) == 2
+    line = capsys.readouterr().err.strip()
+    assert line.endswith("ImportError: no vllm") and "['" not in line and "[]" not in line

@@ -192,3 +192,24 @@ def test_run_refuses_before_any_work(target, text_data, tmp_path: Path, monkeypa
     lines = [line for line in err.splitlines() if line.startswith("error:")]
     assert len(lines) == 1 and needle in lines[0] and "Traceback" not in err, err
     assert list(tmp_path.iterdir()) == []
+
+
+def test_run_skip_bad_reaches_the_training_data(target, text_data, tmp_path: Path, monkeypatch, capsys) -> None:
+    """`run --skip-bad` skips (and counts) malformed lines of --data, as distill --skip-bad does: the pre-checks
+    let them through and distill is handed the flag. Held-out lines are never skipped."""
+    from mtp2draft import pipeline
+    from mtp2draft.errors import Mtp2DraftError
+
+    data = tmp_path / "d.jsonl"
+    data.write_text(text_data.read_text() + "{not json\n")
+    seen = {}
+
+    def stop(*args, **kwargs):
+        seen.update(kwargs)
+        raise Mtp2DraftError("stopped after the checks")
+
+    monkeypatch.setattr(pipeline, "distill", stop)
+    argv = ["run", str(target("mimo")), "--data", str(data), "--work", str(tmp_path / "w"), "--steps", "2"]
+    assert main(argv) == 2 and "pass --skip-bad" in capsys.readouterr().err and not seen
+    assert main([*argv, "--skip-bad"]) == 2 and "stopped after the checks" in capsys.readouterr().err
+    assert seen["skip_bad"] is True

@@ -37,14 +37,15 @@ _E2M1_MIDPOINTS = (0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5.0)
 _ROW_CHUNK = 1024
 
 
-def e8m0_to_float(scale: torch.Tensor) -> torch.Tensor:
-    """fp32 2^(b - 127) of e8m0 scales stored as `float8_e8m0fnu` or as their raw uint8 bytes (255 -> NaN)."""
+def e8m0_to_float(scale: torch.Tensor, name: str = "an e8m0 scale") -> torch.Tensor:
+    """fp32 2^(b - 127) of e8m0 scales stored as `float8_e8m0fnu` or as their raw uint8 bytes (255 -> NaN).
+    name: the stored tensor, named by the refusal of any other dtype."""
     if scale.dtype == torch.uint8:
         out = torch.exp2(scale.float() - 127.0)
         return out.masked_fill(scale == 255, float("nan"))
     if scale.dtype == getattr(torch, "float8_e8m0fnu", None):
         return scale.float()
-    raise CheckpointError(f"an e8m0 scale must be float8_e8m0fnu or uint8, not {scale.dtype}")
+    raise CheckpointError(f"{name} is stored as {scale.dtype}: an e8m0 scale must be float8_e8m0fnu or uint8")
 
 
 def float_to_e8m0(scale: torch.Tensor) -> torch.Tensor:
@@ -112,7 +113,8 @@ def dequantize_fp4_e8m0(
 
     packed: [..., K/2] int8/uint8 (low nibble first); scale: [..., ceil(K/block)] float8_e8m0fnu or uint8;
     W[..., j] = e2m1(packed)[..., j] * 2^(scale[..., j // block] - 127)."""
-    return dequantize_fp4_grouped(packed, e8m0_to_float(scale), block, key, scale_key or f"{key}'s e8m0 scale")
+    name = scale_key or f"{key}'s e8m0 scale"
+    return dequantize_fp4_grouped(packed, e8m0_to_float(scale, name), block, key, name)
 
 
 def quantize_fp4_e8m0(weight: torch.Tensor, block: int = MX_BLOCK) -> tuple[torch.Tensor, torch.Tensor]:
@@ -140,7 +142,8 @@ def dequantize_fp8_e8m0(
     W[i, j] * 2^(scale[i // bm, j // bn] - 127)."""
     from mtp2draft.checkpoint.fp8 import dequantize_fp8
 
-    return dequantize_fp8(weight, e8m0_to_float(scale), block, key=key, scale_key=scale_key)
+    scales = e8m0_to_float(scale, scale_key or f"{key}'s e8m0 scale")
+    return dequantize_fp8(weight, scales, block, key=key, scale_key=scale_key)
 
 
 def quantize_fp8_e8m0(weight: torch.Tensor, block: tuple[int, int] = (128, 128)) -> tuple[torch.Tensor, torch.Tensor]:

@@ -279,6 +279,12 @@ class QuantMethod:
                     return {**self.params, **args}
                 elif fallback is None:  # a class name ("Linear"): every linear the checkpoint quantised
                     fallback = args
+        if self.groups and fallback is None:  # stored packed, yet no group says with how many bits, in what groups
+            targets = sorted({t for targets, _ in self.groups for t in targets})
+            raise CheckpointError(
+                f"{logical} is stored quantised but no quantization_config config group targets {module} (targets: "
+                f"{', '.join(targets) or 'none'}): its bits and group size are unknown, so it cannot be dequantised"
+            )
         return {**self.params, **(fallback or {})}
 
 

@@ -38,8 +38,9 @@ from mtp2draft.checkpoint.fp8 import (
     fp8_block_size,
 )
 from mtp2draft.checkpoint.quant import QuantMethod, QuantView, QuantWeight, TensorScheme, quant_method
-from mtp2draft.checkpoint.sources import HubFiles, LocalFiles, range_cache_dir
+from mtp2draft.checkpoint.sources import HubFiles, LocalFiles, check_inside, range_cache_dir
 from mtp2draft.errors import CheckpointError, Mtp2DraftError, SourceError, read_json_object
+from mtp2draft.manifest import write_text_safely
 
 INDEX_FILE = "model.safetensors.index.json"
 SINGLE_FILE = "model.safetensors"
@@ -478,6 +479,8 @@ def check_shard_name(file: str, where: str, inside: str = "the checkpoint") -> N
 
 def read_config(root: Path) -> dict[str, Any]:
     """config.json of a checkpoint directory: a JSON object, or one line saying why not."""
+    if (root / "config.json").is_file():
+        check_inside(root, root / "config.json")
     return read_json_object(root / "config.json", CheckpointError, f"{root} has no config.json")
 
 
@@ -574,9 +577,7 @@ def _record_ref(repo_id: str, ref: str, commit: str) -> None:
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         if not path.is_file() or path.read_text().strip() != commit:
-            tmp = path.with_name(path.name + f".{os.getpid()}.tmp")
-            tmp.write_text(commit)
-            os.replace(tmp, path)
+            write_text_safely(path, commit)  # a fresh temporary name: a planted link is never followed
     except OSError:  # a read-only cache only costs offline reuse
         pass
 

@@ -13,10 +13,32 @@ from pathlib import Path
 
 from mtp2draft.checkpoint import network
 from mtp2draft.errors import CheckpointError, SourceError
+from mtp2draft.manifest import temporary_beside
+
+
+def readable_roots(root: Path) -> tuple[Path, ...]:
+    """Where the files of checkpoint directory `root` may lead: `root` itself and, for a Hub cache snapshot
+    (`models--ORG--NAME/snapshots/REV`, whose files are links into the repo's blob store), that repo's `blobs/`."""
+    real = root.resolve()
+    if real.parent.name == "snapshots" and real.parent.parent.name.startswith("models--"):
+        return real, real.parent.parent / "blobs"
+    return (real,)
+
+
+def check_inside(root: Path, path: Path, what: str = "the checkpoint") -> None:
+    """Refuse a file of `root` that is a link leading anywhere but `readable_roots(root)`: nothing outside the
+    directory the user named is read, save a Hub cache snapshot's own blobs."""
+    real = path.resolve()
+    if path.is_symlink() and not any(r == real or r in real.parents for r in readable_roots(root)):
+        raise CheckpointError(
+            f"{path} is a link that leads outside {what} ({real}): refusing to read it; copy the file in, or name "
+            "the directory it lies in"
+        )
 
 
 class LocalFiles:
-    """Reads byte ranges from files of a local directory; records which files it opened."""
+    """Reads byte ranges from files of a local directory; records which files it opened. A file that is a link
+    leading outside the directory (or, in a Hub cache snapshot, outside its blob store) is refused."""
 
     def __init__(self, root: Path):
         self.root = root
@@ -34,6 +56,7 @@ class LocalFiles:
         path = self.root / file
         if not path.is_file():
             raise CheckpointError(f"shard {file} is named in the index but does not exist in {self.root}")
+        check_inside(self.root, path)
         self.opened.add(file)
         data = bytearray(end - start)  # writable: tensors view it without a copy
         with open(path, "rb") as fh:
@@ -96,9 +119,8 @@ class HubFiles:
         self.requests += 1
         folder = self.cache / file
         folder.mkdir(parents=True, exist_ok=True)
-        tmp = folder / f".{start}-{end}.{os.getpid()}.tmp"
-        tmp.write_bytes(data)
-        os.replace(tmp, folder / f"{start}-{end}")
+        with temporary_beside(folder / f"{start}-{end}", "wb") as (fh, _):  # a fresh name: no planted link followed
+            fh.write(data)
         return data
 
     def describe(self) -> str:

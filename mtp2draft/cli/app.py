@@ -69,8 +69,16 @@ def main(argv: list[str] | None = None) -> int:
     args = list(sys.argv[1:] if argv is None else argv)
     _register_secrets(args)
     set_command(["mtp2draft", *args])
-    with redacted_output():  # every line printed passes the one redactor, as every file written does
-        return _main(args)
+    try:
+        with redacted_output():  # every line printed passes the one redactor, as every file written does
+            return _main(args)
+    except KeyboardInterrupt:  # Ctrl-C before a command ran (while the CLI was being set up) or after its line
+        print(INTERRUPTED, file=sys.stderr)
+        return 130
+
+
+# Ctrl-C, as the one line every stop gets (typer turns it into Exit(130), which would otherwise exit silently).
+INTERRUPTED = "error: interrupted (Ctrl-C); an output not finished was not put in place"
 
 
 def _main(args: list[str]) -> int:
@@ -82,12 +90,14 @@ def _main(args: list[str]) -> int:
     try:
         code = command.main(args=args, prog_name="mtp2draft", standalone_mode=False)
     except click_exit as exc:
+        if isinstance(exc.__cause__, KeyboardInterrupt):
+            print(INTERRUPTED, file=sys.stderr)
         return exc.exit_code
     except click_error as exc:
         exc.show()
         return exc.exit_code
     except click_abort:
-        print("aborted", file=sys.stderr)
+        print(INTERRUPTED, file=sys.stderr)
         return 130
     except Mtp2DraftError as exc:
         if debug:
@@ -100,8 +110,10 @@ def _main(args: list[str]) -> int:
         print(f"error: {_one_line(redact(_os_error_line(exc)))}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
-        print("interrupted", file=sys.stderr)
+        print(INTERRUPTED, file=sys.stderr)
         return 130
+    if code == 130:  # typer's answer to Ctrl-C inside a command (`Exit(130)`, returned here): no command returns it
+        print(INTERRUPTED, file=sys.stderr)
     return code if isinstance(code, int) else 0
 
 

@@ -60,8 +60,9 @@ def evaluate(
     measured = saving_into(draft) if save else None  # the draft's identity, before it is read
     report = run(engine, drafts, target, data=data, config=config, where=where, hub=hub, progress=log)
     if save:
-        saved, chart = save_evaluation(draft, report, measured)
-        log(f"saved {saved}" + (f" and {chart}" if chart else f" (for the acceptance chart: {charts.EXTRA})"))
+        saved, chart = save_evaluation(draft, report, measured, progress=log)
+        why = charts.unavailable()
+        log(f"saved {saved}" + (f" and {chart}" if chart else f" (no acceptance chart: {why})" if why else ""))
     print(output.to_json(report) if as_json else output.evaluate_text(report))
 
 

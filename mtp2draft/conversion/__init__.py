@@ -17,6 +17,7 @@ import functools
 import math
 import time
 from collections import Counter
+from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -65,6 +66,10 @@ from mtp2draft.io import (
 from mtp2draft.kinds import CONFIG_FILE, DSPARK_KIND, PROVENANCE_FILE, WEIGHTS_FILE, DraftKind
 from mtp2draft.redact import command_line
 from mtp2draft.settings import ConvertConfig
+
+DEFAULT_DTYPE = (
+    "bfloat16"  # a draft's weights when --dtype is not named (a stored fp32 tensor of a native draft stays fp32)
+)
 
 # ---- EAGLE-3 --------------------------------------------------------------------------------------------------------
 # fc fuses three distinct target layers, and engines capture layer inputs only (the outputs of layers 0..N-2).
@@ -274,10 +279,14 @@ def convert(
         return ConvertResult(Path(out), DSPARK_KIND, got["model_type"], 0, got["num_stages"], ckpt.bytes_fetched,
                              got["drafter_bytes"], got["checkpoint_bytes"], got["seconds"], got["provenance"])  # fmt: skip
     spec, config, layer, count = check_conversion(ckpt, config)
-    to, dtype, all_layers, aux_layers = DraftKind(config.to), config.dtype, config.all_layers, config.aux_layers
+    to, all_layers, aux_layers = DraftKind(config.to), config.all_layers, config.aux_layers
+    dtype = config.dtype or DEFAULT_DTYPE  # not named: fp32 tensors of the checkpoint stay fp32 (native drafts)
     progress(f"{spec.name}: MTP layer {layer} of {count}; reading shard headers")
-    plan = plan_mtp_layer(ckpt, spec, layer)
-    plans = [plan_mtp_layer(ckpt, spec, j) for j in range(count)] if all_layers else [plan]
+    # every declared layer planned (headers only), as `inspect` does: a checkpoint declaring more MTP layers than it
+    # ships is refused whichever layer is asked for, not converted as if its config were whole
+    every = [plan_mtp_layer(ckpt, spec, j) for j in range(count)]
+    plan = every[layer]
+    plans = every if all_layers else [plan]
     for p in plans:
         check_weight_dtypes(ckpt, p.checkpoint_keys)
     provenance = _provenance(ckpt, spec, plan, source, revision, to, dtype)
@@ -289,7 +298,8 @@ def convert(
                                         if k in ckpt.weight_map and ckpt.info(k).dtype == "F32"]  # fmt: skip
     with atomic_output_dir(out, overwrite, inputs=[source]) as tmp:
         if to == DraftKind.MTP:
-            draft_cfg = _write_native_draft(ckpt, plans, tmp, dtype, provenance, progress, chain=all_layers)
+            keep = config.dtype is None
+            draft_cfg = _write_native_draft(ckpt, plans, tmp, dtype, provenance, progress, all_layers, keep)
         else:
             draft_cfg = _write_eagle3_draft(ckpt, plan, tmp, dtype, aux_layers, provenance, progress)
         draft_cfg["mtp2draft"] = {
@@ -358,15 +368,22 @@ def _write_native_draft(
     provenance: dict[str, Any],
     progress: Progress,
     chain: bool = False,
+    keep_float32: bool = False,
 ) -> dict[str, Any]:
     """`--to mtp`: the layer's tensors streamed into out/model.safetensors; with `chain` (`--all-layers`) every
-    layer's, layer j under `layers.{j}.` (`draft/chain.py`). Returns the draft's config."""
+    layer's, layer j under `layers.{j}.` (`draft/chain.py`). With `keep_float32` (no --dtype named), a tensor the
+    checkpoint stores in fp32 stays fp32. Returns the draft's config; provenance's `exact` is what the write
+    measured (`iter_native_tensors`), never assumed."""
     from mtp2draft.draft.chain import chain_config
 
     prefixed = [(f"layers.{j}." if chain else "", plan) for j, plan in enumerate(plans)]
-    _write_native(ckpt, prefixed, out, TORCH_DTYPES[dtype], progress)
+    exact = _write_native(ckpt, prefixed, out, TORCH_DTYPES[dtype], progress, keep_float32)
     provenance["tensors"] = {
-        prefix + g.module_key: {"exact": True, "from": list(g.ckpt_keys), "how": g.transform or "copied"}
+        prefix + g.module_key: {
+            "exact": exact[prefix + g.module_key],
+            "from": list(g.ckpt_keys),
+            "how": g.transform or "copied",
+        }
         for prefix, plan in prefixed
         for g in plan.groups
     }
@@ -412,26 +429,43 @@ def check_weight_dtypes(ckpt: Checkpoint, keys: list[str]) -> None:
 
 
 def _write_native(
-    ckpt: Checkpoint, plans: list[tuple[str, MtpLayerPlan]], out: Path, dtype: torch.dtype, progress: Progress
-) -> None:
+    ckpt: Checkpoint,
+    plans: list[tuple[str, MtpLayerPlan]],
+    out: Path,
+    dtype: torch.dtype,
+    progress: Progress,
+    keep_float32: bool = False,
+) -> dict[str, bool]:
     """Stream the layers' tensors into out/model.safetensors, each under its (prefix, plan): one layer with prefix
-    "" for a one-layer draft, `layers.{j}.` for each of a chain's. One tensor group in memory at a time."""
+    "" for a one-layer draft, `layers.{j}.` for each of a chain's. One tensor group in memory at a time. Returns,
+    per written key, whether it holds the checkpoint's values unrounded."""
     # dtypes come from the header (integer tensors stay as stored), shapes from the module the config implies
-    tensor_plan = []
+    tensor_plan, kept = [], {}
     for prefix, plan in plans:
+        kept[prefix] = {g.module_key for g in plan.groups if keep_float32 and _all_float32(ckpt, g.ckpt_keys)}
         for g in plan.groups:
             stored = ckpt.weight_dtype(g.ckpt_keys[0])
-            want = stored if not stored.is_floating_point else torch.float32 if g.module_key in plan.buffers else dtype
+            fp32 = g.module_key in plan.buffers or g.module_key in kept[prefix]
+            want = stored if not stored.is_floating_point else torch.float32 if fp32 else dtype
             tensor_plan.append((prefix + g.module_key, want, plan.expected[g.module_key]))
     total = sum(math.prod(shape) * want.itemsize for _, want, shape in tensor_plan)
     bar = meter(progress, "convert", total, "B")
+    measured: dict[str, bool] = {}
     with SafetensorsWriter(out / WEIGHTS_FILE, tensor_plan, {"format": "pt"}) as writer:
         for prefix, plan in plans:
-            for key, tensor in iter_native_tensors(ckpt, plan, dtype=dtype):
+            exact: dict[str, bool] = {}
+            for key, tensor in iter_native_tensors(ckpt, plan, dtype, kept[prefix], exact):
                 writer.write(prefix + key, tensor)
                 bar.update(tensor.numel() * tensor.element_size())
                 del tensor  # let the group go before the next one is read
+            measured.update({prefix + k: v for k, v in exact.items()})
     bar.close()
+    return measured
+
+
+def _all_float32(ckpt: Checkpoint, keys: Iterable[str]) -> bool:
+    """Whether every one of `keys` is stored in fp32 (not dequantised from a smaller format)."""
+    return all(k in ckpt.weight_map and ckpt.info(k).dtype == "F32" and not ckpt.scale_key(k) for k in keys)
 
 
 # ---- inspect --------------------------------------------------------------------------------------------------------

@@ -9,7 +9,7 @@ choose a layer or output format (`conversion.py`, `formats/export.py`).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Collection, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -137,26 +137,42 @@ def plan_mtp_layer(ckpt: Checkpoint, spec: Spec, layer: int) -> MtpLayerPlan:
 
 
 def iter_native_tensors(
-    ckpt: Checkpoint, plan: MtpLayerPlan, dtype: torch.dtype = torch.float32
+    ckpt: Checkpoint,
+    plan: MtpLayerPlan,
+    dtype: torch.dtype = torch.float32,
+    keep_float32: Collection[str] = (),
+    exact: dict[str, bool] | None = None,
 ) -> Iterator[tuple[str, torch.Tensor]]:
     """(module key, tensor) for every tensor of the native module, one group in memory at a time.
 
-    Floating parameters become `dtype`; buffers (e.g. a router's score-correction bias) keep fp32, as the modules and
-    the checkpoints keep them."""
+    Floating parameters become `dtype`; buffers (e.g. a router's score-correction bias) and the module keys in
+    `keep_float32` (tensors the checkpoint stores in fp32) keep fp32. `exact`, when given, receives for each module
+    key whether the tensor holds the checkpoint's values unrounded: compared value by value with the fp32 read, or,
+    for groups streamed expert by expert, by dtype (a narrower dtype than a stored one, or a dequantised one, is
+    not counted exact)."""
     for g in plan.groups:
-        want = torch.float32 if g.module_key in plan.buffers else dtype
+        want = torch.float32 if g.module_key in plan.buffers or g.module_key in keep_float32 else dtype
         transform = LOAD_TRANSFORMS[g.transform] if g.transform else None
         if transform is not None and hasattr(transform, "combine_stream"):
             # e.g. fused experts: filled expert by expert into the output, never all in fp32 at once
             shape = plan.expected[g.module_key]
             tensor = transform.combine_stream(g, shape, ckpt.iter_weights(g.ckpt_keys, torch.float32), want)
+            if exact is not None:
+                stored = {ckpt.weight_dtype(k) for k in g.ckpt_keys}
+                plain = not any(ckpt.scale_key(k) or ckpt.scheme_of(k) for k in g.ckpt_keys)
+                exact[g.module_key] = plain and (want == torch.float32 or stored == {want})
         else:
             raw = ckpt.read_weights(g.ckpt_keys, dtype=torch.float32)
             tensors = [raw[k] for k in g.ckpt_keys]
             tensor = transform.combine(g, tensors) if transform is not None else tensors[0]
             del raw, tensors
             if tensor.is_floating_point():
-                tensor = tensor.to(want)
+                cast = tensor.to(want)
+                if exact is not None:
+                    exact[g.module_key] = cast.dtype == tensor.dtype or torch.equal(cast.to(tensor.dtype), tensor)
+                tensor = cast
+            elif exact is not None:
+                exact[g.module_key] = True
         yield g.module_key, tensor
         del tensor  # before the next group is built: one group in memory at a time
 

@@ -10,23 +10,40 @@ What this module does not do: measure anything (evaluation/, train/) or decide w
 
 from __future__ import annotations
 
+import io
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 from mtp2draft.kinds import ACCEPTANCE_CHART, TRAINING_CHART
+from mtp2draft.manifest import temporary_beside
 
 EXTRA = 'pip install "mtp2draft[chart]"'
 SIZE = (10.0, 4.0)  # inches; at DPI 100 the PNG is 1000 x 400
 DPI = 100
 
 
-def available() -> bool:
+def unavailable() -> str | None:
+    """Why no chart can be drawn here, or None: the extra to install when matplotlib is absent, else what is broken
+    (a Pillow or NumPy that fails to import says so, rather than asking to install what is installed)."""
     try:
         import matplotlib  # noqa: F401
-    except ImportError:
-        return False
-    return True
+    except ModuleNotFoundError as exc:
+        if exc.name == "matplotlib":
+            return f"matplotlib is not installed: {EXTRA}"
+    except Exception:
+        pass  # reported below, with what the drawing import says
+    try:
+        import matplotlib.backends.backend_agg  # noqa: F401 - what drawing a PNG imports (Pillow included)
+    except ImportError as exc:
+        return f"the chart extra is installed but does not import ({type(exc).__name__}: {exc})"
+    except Exception as exc:  # a broken install fails in many ways; the charts are optional, the message is not
+        return f"the chart extra is installed but does not import ({type(exc).__name__}: {exc})"
+    return None
+
+
+def available() -> bool:
+    return unavailable() is None
 
 
 def acceptance_series(report: Mapping[str, Any]) -> dict[str, dict[str, list[float]]]:
@@ -98,20 +115,38 @@ def training_figure(history: Sequence[Mapping[str, Any]]) -> Any:
     return fig
 
 
+def png(fig: Any) -> bytes:
+    """`fig` drawn as PNG bytes: drawing fails here, before anything is written."""
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png")
+    return buf.getvalue()
+
+
 def save(fig: Any, path: str | Path) -> Path:
-    """Write `fig` as a PNG at `path` (whole: a temporary name, then renamed)."""
+    """Write `fig` as a PNG at `path` (drawn first, then written whole through a fresh temporary name)."""
     path = Path(path)
-    tmp = path.with_name(f".{path.name}.tmp")
-    fig.savefig(tmp, format="png")
-    tmp.replace(path)
+    data = png(fig)
+    with temporary_beside(path, "wb") as (fh, _):
+        fh.write(data)
     return path
+
+
+def acceptance_png(report: Mapping[str, Any]) -> bytes | None:
+    """The acceptance chart of an evaluation report, drawn; None without matplotlib or results."""
+    if not available() or not acceptance_series(report):
+        return None
+    return png(acceptance_figure(report))
 
 
 def save_acceptance_chart(report: Mapping[str, Any], folder: str | Path) -> Path | None:
     """`acceptance.png` in `folder` for an evaluation report with results; None without matplotlib or results."""
-    if not available() or not acceptance_series(report):
+    data = acceptance_png(report)
+    if data is None:
         return None
-    return save(acceptance_figure(report), Path(folder) / ACCEPTANCE_CHART)
+    path = Path(folder) / ACCEPTANCE_CHART
+    with temporary_beside(path, "wb") as (fh, _):
+        fh.write(data)
+    return path
 
 
 def save_training_chart(history: Sequence[Mapping[str, Any]], folder: str | Path) -> Path | None:

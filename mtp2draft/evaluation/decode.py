@@ -49,8 +49,9 @@ from mtp2draft.evaluation.compare import compare_to_baselines
 from mtp2draft.evaluation.report import parse_report
 from mtp2draft.evaluation.sampling import Greedy, Sampling, Speculative, ks_uniform, make_sampler, pit, warp
 from mtp2draft.evaluation.settings import EvaluateConfig
-from mtp2draft.io import Progress, being_written, claim_output, dir_identity, meter, write_json
+from mtp2draft.io import Progress, being_written, claim_output, dir_identity, meter, quiet, write_json
 from mtp2draft.kinds import EVALUATION_FILE, DraftKind
+from mtp2draft.manifest import add_written, temporary_beside
 from mtp2draft.settings import derived_seed
 from mtp2draft.target.device import resolve_device
 from mtp2draft.target.hidden import TargetModel, check_draft_fits
@@ -530,17 +531,24 @@ def saving_into(draft_dir: str | Path) -> tuple | None:
 
 
 def save_evaluation(
-    draft_dir: str | Path, report: dict[str, Any], measured: tuple | None = None
+    draft_dir: str | Path, report: dict[str, Any], measured: tuple | None = None, progress: Progress = quiet
 ) -> tuple[Path, Path | None]:
     """evaluation.json in `draft_dir`, and its chart (`charts.ACCEPTANCE_CHART`) where matplotlib is installed: (the
-    json's path, the chart's or None). A chart left from an earlier evaluation is removed, never shown beside another
-    evaluation's numbers.
+    json's path, the chart's or None). The chart is drawn before anything is written; when it cannot be drawn the
+    evaluation is still saved, the chart of an earlier evaluation is removed (never shown beside another
+    evaluation's numbers) and `progress` says why. Both files join the draft's manifest (`manifest.add_written`).
 
     measured: the draft's `io.dir_identity` taken before it was read. The write holds the draft's claim (so a
     `convert --overwrite` cannot replace it meanwhile) and is refused when the directory is no longer the draft that
     was measured: another draft never carries this one's figures."""
     path = Path(draft_dir) / EVALUATION_FILE
+    chart_path = Path(draft_dir) / charts.ACCEPTANCE_CHART
     parse_report(report, str(path))  # written by the rules its readers read it with (`report.py`)
+    try:
+        drawn = charts.acceptance_png(report)
+    except Exception as exc:  # a cosmetic step: the measured figures are kept whatever drawing does
+        drawn = None
+        progress(f"warning: the acceptance chart could not be drawn ({type(exc).__name__}: {exc}); figures saved")
     try:
         with claim_output(draft_dir):
             if measured is not None and (not Path(draft_dir).is_dir() or dir_identity(draft_dir) != measured):
@@ -548,13 +556,15 @@ def save_evaluation(
                     f"{draft_dir} was replaced by another draft while it was evaluated: {EVALUATION_FILE} not saved "
                     "(the figures belong to the draft that was there); evaluate the new draft"
                 )
+            chart_path.unlink(missing_ok=True)  # before the new figures land: never the old chart beside them
             write_json(path, report)
-            chart = charts.save_acceptance_chart(report, draft_dir)
-            if chart is None:
-                (Path(draft_dir) / charts.ACCEPTANCE_CHART).unlink(missing_ok=True)
+            if drawn is not None:
+                with temporary_beside(chart_path, "wb") as (fh, _):
+                    fh.write(drawn)
+            add_written(Path(draft_dir), EVALUATION_FILE, charts.ACCEPTANCE_CHART)
     except OutputExistsError:  # the claim is held: a run is writing a draft there now
         raise DraftError(
             f"{draft_dir} is being replaced by another mtp2draft run: {EVALUATION_FILE} not saved (the figures "
             "belong to the draft that was there); evaluate the new draft when that run ends"
         ) from None
-    return path, chart
+    return path, chart_path if drawn is not None else None

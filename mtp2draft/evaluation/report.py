@@ -64,6 +64,11 @@ def _figures(entry: Any, where: str) -> DraftFigures:
     mal = entry.get("mean_acceptance_length")
     if mal is not None and (isinstance(mal, bool) or not isinstance(mal, int | float) or not math.isfinite(mal)):
         raise DataError(f"{where}: mean_acceptance_length must be a number, got {mal!r}")
+    if mal is not None and not 1.0 <= mal <= len(per) + 1:  # one target token per step, at most k drafted on top
+        raise DataError(
+            f"{where}: mean_acceptance_length {mal} is impossible at k = {len(per)} draft positions (it lies in "
+            f"[1, {len(per) + 1}]: the target's own token plus those accepted)"
+        )
     name = entry.get("name")
     return DraftFigures(
         tuple(float(a) for a in per), None if mal is None else float(mal), name if isinstance(name, str) else None

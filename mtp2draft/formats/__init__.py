@@ -172,6 +172,8 @@ class Format:
     launch_lines: Callable[[str, str, int], dict[str, str]]  # (target, draft, k) -> label -> command
     usable: Callable[[Any], bool]  # (spec) -> an engine serves it for the family: `run` picks the first usable
     codec: Callable[..., dict[str, Any]] | None = None  # the format's config.json from a draft config
+    # (spec) -> one-line refusal when the format cannot hold a draft of that family: `run` asks before any work
+    check_family: Callable[[Any], Any] | None = None
 
 
 def get_format(name: str) -> Format:

@@ -27,8 +27,17 @@ from mtp2draft.errors import DraftError, SourceError, ValidationError
 from mtp2draft.family.spec import find_spec
 from mtp2draft.formats import REGISTRY, ExportConfig, ExportJob, check_format, get_format
 from mtp2draft.formats.common import read_json
-from mtp2draft.io import Progress, atomic_output_dir, check_output_dir, quiet, write_json
+from mtp2draft.io import (
+    Progress,
+    atomic_output_dir,
+    check_output_dir,
+    check_unchanged,
+    draft_identity,
+    quiet,
+    write_json,
+)
 from mtp2draft.kinds import ACCEPTANCE_CHART, CONFIG_FILE, EVALUATION_FILE, PROVENANCE_FILE, kind_of
+from mtp2draft.manifest import file_inside
 from mtp2draft.redact import command_line
 from mtp2draft.target.identity import check_target_identity
 
@@ -65,6 +74,7 @@ def export(
     cfg = _checked_request(src, format, target, revision, token)
     check_output_dir(out, overwrite, inputs=[draft, target])
     started = time.perf_counter()
+    read = draft_identity(src)  # what this export reads; checked again before the export appears
     provenance = read_json(src / PROVENANCE_FILE) or {}
     record: dict[str, Any] = {
         "format": format,
@@ -87,15 +97,16 @@ def export(
             progress=progress,
         )
         get_format(format).write(job)  # type: ignore[misc]
-        if (src / EVALUATION_FILE).is_file():  # `push` puts the measured acceptance on the model card
-            shutil.copyfile(src / EVALUATION_FILE, tmp / EVALUATION_FILE)
-            if (src / ACCEPTANCE_CHART).is_file():  # drawn from that evaluation, linked by the card
-                shutil.copyfile(src / ACCEPTANCE_CHART, tmp / ACCEPTANCE_CHART)
+        if evaluation := file_inside(src, EVALUATION_FILE):  # `push` puts the measured acceptance on the card
+            shutil.copyfile(evaluation, tmp / EVALUATION_FILE)
+            if chart := file_inside(src, ACCEPTANCE_CHART):  # drawn from that evaluation, linked by the card
+                shutil.copyfile(chart, tmp / ACCEPTANCE_CHART)
         provenance = {**provenance, "export": record}
         write_json(tmp / PROVENANCE_FILE, provenance)
         progress(f"validating the {format} export")
         _refuse_violations(validate(tmp, format), format, src)
-        files = sorted(p.name for p in tmp.iterdir())
+        check_unchanged(src, read, "exported")
+        files = sorted(p.name for p in tmp.iterdir() if not p.name.startswith("."))
     return ExportResult(Path(out), format, files, time.perf_counter() - started, provenance)
 
 
@@ -185,7 +196,56 @@ def validate(
             check_target_identity(parsed, target_cfg, f"--target {target}")
         except DraftError as exc:
             problems.append(str(exc))
-    return problems + _target_problems(cfg, target_cfg)
+    problems += _target_problems(cfg, target_cfg)
+    # a format that checks its tensors' dtypes itself (speculators-mtp) has named them already: reported once
+    problems += [p for p in _dtype_problems(found) if not any(p.split("(first: ")[-1][:-1] in q for q in problems)]
+    return problems + _evaluation_problems(found.path)
+
+
+# A half-precision or fp64 tensor under a config that names another dtype loads converted, or not at all: fp32 is
+# allowed anywhere (router buffers, a checkpoint's own fp32 tensors), quantised and integer parts are the formats'.
+_HALF = {"BF16": "bfloat16", "F16": "float16", "F64": "float64"}
+
+
+def _dtype_problems(found: DraftDirectory) -> list[str]:
+    """Each weights file tensor whose floating dtype is neither the config's `torch_dtype` nor fp32."""
+    from safetensors import safe_open
+
+    want = found.config.get("torch_dtype") or found.config.get("dtype")
+    text = found.config.get("text_config")
+    if want is None and isinstance(text, Mapping):
+        want = text.get("torch_dtype") or text.get("dtype")
+    if not isinstance(want, str) or want not in _HALF.values() and want != "float32":
+        return []
+    problems = []
+    for weights in sorted(found.path.glob("*.safetensors")):
+        try:
+            with safe_open(str(weights), framework="pt") as fh:
+                wrong = [(k, d) for k in fh.keys() if (d := fh.get_slice(k).get_dtype()) in _HALF and _HALF[d] != want]  # noqa: SIM118
+        except Exception as exc:  # the format's own checks name an unreadable file
+            problems.append(f"{weights.name}: unreadable safetensors header ({exc})")
+            continue
+        if wrong:
+            key, dtype = wrong[0]
+            problems.append(
+                f"{weights.name}: {len(wrong)} tensor(s) stored as {_HALF[dtype]} under config torch_dtype {want} "
+                f"(first: {key})"
+            )
+    return problems
+
+
+def _evaluation_problems(path: Path) -> list[str]:
+    """evaluation.json beside a draft (it goes on the model card) read by the report's rules, ranges included."""
+    from mtp2draft.errors import DataError
+    from mtp2draft.evaluation.report import read_report
+
+    if not (path / EVALUATION_FILE).is_file():
+        return []
+    try:
+        read_report(path)
+    except DataError as exc:
+        return [str(exc)]
+    return []
 
 
 def _target_problems(cfg: Mapping[str, Any], target_cfg: Mapping[str, Any] | None) -> list[str]:

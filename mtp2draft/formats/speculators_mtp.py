@@ -222,6 +222,7 @@ PROVIDES: dict[str, Format] = {
         detect=lambda config: config.get("speculators_model_type") == MODEL_TYPE,
         launch_lines=_launch_lines,
         usable=lambda spec: False,
+        check_family=check_served,
     ),
 }
 

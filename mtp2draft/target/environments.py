@@ -16,18 +16,21 @@ What this module does not do: run an engine (mtp2draft.evaluation.backend, mtp2d
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
 from mtp2draft.errors import Mtp2DraftError
 
 MARKER = ".mtp2draft-ready"  # holds the pins of a complete install, written last
+OWNER = ".mtp2draft-venv"  # written when install makes the directory: a directory without it is never built into
+CREATING = ".mtp2draft-venv-creating"  # present while `python -m venv` runs: left there, the venv is half-made
 CPU_TORCH = "torch==2.13.0"
 MEDIA_WHEELS = ("torchvision", "torchaudio", "torchcodec")
 PLATFORMS = ("cpu", "cuda")
@@ -108,9 +111,54 @@ def python(name: str) -> Path:
 
 
 def is_complete(name: str, platform: str) -> bool:
+    """Whether engine `name`'s venv holds a finished install with these pins and its interpreter."""
     venv = environment(name).venv(name)
     marker = venv / MARKER
-    return marker.is_file() and marker.read_text().strip() == " ".join(pins(name, platform))
+    complete = marker.is_file() and marker.read_text().strip() == " ".join(pins(name, platform))
+    return complete and (venv / "bin" / "python").is_file()
+
+
+def _prepare(name: str, venv: Path, log: Callable[[str], None]) -> None:
+    """Make `venv` a directory this install may build into: new, empty, or one an install made (`OWNER`, or the
+    `MARKER` of an older mtp2draft's). A directory holding anything else is refused, naming one entry; a venv an
+    install left half-made (killed while `python -m venv` ran, or without a working pip) is made again."""
+    env = environment(name)
+    if venv.exists() and not venv.is_dir():
+        raise EngineUnavailable(f"{venv} is a file, not a venv: point {env.env_var} at a directory")
+    entries = sorted(p.name for p in venv.iterdir()) if venv.is_dir() else []
+    ours = (venv / OWNER).is_file() or (venv / MARKER).is_file()
+    if entries and not ours:
+        raise EngineUnavailable(
+            f"{venv} holds files mtp2draft did not put there ({entries[0]}): `engine install` builds only into a "
+            f"new or empty directory, or a venv it made; remove it, or point {env.env_var} at another directory"
+        )
+    interpreter = venv / "bin" / "python"
+    if ours and ((venv / CREATING).is_file() or (interpreter.is_file() and not _has_pip(interpreter))):
+        log(f"the {env.title} venv at {venv} was left half-made by an install that was stopped: making it again")
+        shutil.rmtree(venv)
+    venv.mkdir(parents=True, exist_ok=True)
+    (venv / OWNER).write_text(f"made by `mtp2draft engine install {name}`\n")
+
+
+def _has_pip(interpreter: Path) -> bool:
+    done = subprocess.run([str(interpreter), "-m", "pip", "--version"], capture_output=True, text=True, check=False)
+    return done.returncode == 0
+
+
+@contextlib.contextmanager
+def _claimed(name: str, venv: Path) -> Iterator[None]:
+    """Hold `venv`'s claim (`io.claim_output`): two installs at once would run pip into one venv."""
+    from mtp2draft.errors import OutputExistsError
+    from mtp2draft.io import claim_output, lock_path
+
+    try:
+        with claim_output(venv):
+            yield
+    except OutputExistsError:
+        raise EngineUnavailable(
+            f"another `mtp2draft engine install {name}` is building {venv} now (its claim is {lock_path(venv)}): "
+            "wait for it to finish, or delete that file if no install is running"
+        ) from None
 
 
 def _pip(interpreter: Path, *args: str) -> None:
@@ -128,20 +176,31 @@ def install(
     Returns (its python, whether it was built now)."""
     env = environment(name)
     platform = platform or detect_platform()
-    want = pins(name, platform)
     venv = env.venv(name)
     interpreter = venv / "bin" / "python"
-    if is_complete(name, platform) and interpreter.is_file():
+    if is_complete(name, platform):
         return interpreter, False
+    with _claimed(name, venv):
+        return _build(name, platform, venv, log), True
+
+
+def _build(name: str, platform: str, venv: Path, log: Callable[[str], None]) -> Path:
+    """The install itself, under the venv's claim: the venv (made again when half-made), pip, the check, the marker."""
+    env, want, interpreter = environment(name), pins(name, platform), venv / "bin" / "python"
+    if is_complete(name, platform):  # another install finished it while this one waited to start
+        return interpreter
+    _prepare(name, venv, log)
     marker = venv / MARKER
     marker.unlink(missing_ok=True)  # incomplete from here on, until the check passes
     start = time.monotonic()
     log(f"creating the {env.title} venv at {venv} ({' '.join(want)}); this takes minutes")
     if not interpreter.is_file():
-        venv.parent.mkdir(parents=True, exist_ok=True)
+        (venv / CREATING).write_text("`python -m venv` is running; if this file stays, the venv is half-made\n")
         done = subprocess.run([sys.executable, "-m", "venv", str(venv)], check=False, capture_output=True, text=True)
         if done.returncode != 0:
-            raise EngineUnavailable(f"could not create a venv at {venv}: {done.stderr.strip().splitlines()[-1:]}")
+            last = (done.stderr.strip().splitlines() or ["no output"])[-1]
+            raise EngineUnavailable(f"could not create a venv at {venv}: {last}")
+        (venv / CREATING).unlink()
     packages = env.packages[platform]
     if platform == "cpu":
         _pip(interpreter, "install", "-q", CPU_TORCH)
@@ -156,4 +215,4 @@ def install(
     log(done.stdout.strip())
     marker.write_text(" ".join(want) + "\n")
     log(f"{env.title} venv ready in {time.monotonic() - start:.0f}s")
-    return interpreter, True
+    return interpreter

@@ -435,7 +435,7 @@ class DistillRecipe:
             check_finite_state(
                 state if state is not None else self.draft.state_dict(), f"the distilled draft {job.out}"
             )
-            write_result(self.draft, job.draft_dir, job.out, job.overwrite, info, state)
+            write_result(self.draft, job.draft_dir, job.out, job.overwrite, info, state, self.progress)
             remove_checkpoint_folder(job.checkpoints)
 
         parallel.together(par, write)

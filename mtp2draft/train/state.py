@@ -25,14 +25,16 @@ from mtp2draft.draft.modules import Eagle3Draft, without_identity_maps
 from mtp2draft.errors import DraftError
 from mtp2draft.evaluation import charts
 from mtp2draft.io import (
+    Progress,
     atomic_output_dir,
     check_checkpoint_folder,
     claim_output,
+    quiet,
     remove_checkpoint_folder,
     save_tensors,
     write_json,
 )
-from mtp2draft.kinds import CONFIG_FILE, PROVENANCE_FILE, WEIGHTS_FILE
+from mtp2draft.kinds import CONFIG_FILE, PROVENANCE_FILE, TRAINING_CHART, WEIGHTS_FILE
 from mtp2draft.train import parallel
 from mtp2draft.train.parallel import Parallel
 
@@ -101,6 +103,7 @@ def write_result(
     overwrite: bool,
     info: dict[str, Any],
     full_state: dict[str, torch.Tensor] | None = None,
+    progress: Progress = quiet,
 ) -> None:
     """The fine-tuned draft in the same format as its input, provenance extended with a `distill` section, and the
     training curves (`charts.TRAINING_CHART`) drawn from its history.
@@ -111,7 +114,7 @@ def write_result(
     provenance = json.loads(prov_path.read_text()) if prov_path.is_file() else {}
     provenance["distill"] = info
     dtype = {"float32": torch.float32, "float16": torch.float16}.get(src_cfg.get("torch_dtype"), torch.bfloat16)
-    buffers = {k for k, _ in draft.named_buffers()}
+    buffers = {k for k, _ in draft.named_buffers()} | _stored_float32(Path(draft_dir) / WEIGHTS_FILE)
     state = {
         k: (v.to(dtype) if v.is_floating_point() and k not in buffers else v).detach().cpu().contiguous()
         for k, v in (full_state if full_state is not None else draft.state_dict()).items()
@@ -125,4 +128,19 @@ def write_result(
         save_tensors(tmp / WEIGHTS_FILE, state, {"format": "pt"})
         write_json(tmp / CONFIG_FILE, config)
         write_json(tmp / PROVENANCE_FILE, provenance)
-        charts.save_training_chart(info.get("history") or [], tmp)  # where matplotlib is installed
+        try:  # where matplotlib is installed; a cosmetic step never discards the trained draft
+            charts.save_training_chart(info.get("history") or [], tmp)
+        except Exception as exc:
+            (tmp / TRAINING_CHART).unlink(missing_ok=True)
+            progress(f"warning: the training chart could not be drawn ({type(exc).__name__}: {exc}); draft saved")
+
+
+def _stored_float32(weights: Path) -> set[str]:
+    """The tensors input draft `weights` holds in fp32 under a narrower `torch_dtype` (a checkpoint's own fp32
+    tensors, convert keeps them so): the distilled draft keeps them fp32 too, never rounded on the way out."""
+    from safetensors import safe_open
+
+    if not weights.is_file():
+        return set()
+    with safe_open(str(weights), framework="pt") as fh:
+        return {k for k in fh.keys() if fh.get_slice(k).get_dtype() == "F32"}  # noqa: SIM118
