@@ -30,7 +30,7 @@ from mtp2draft.checkpoint.reader import Checkpoint, TensorInfo, check_shard_name
 from mtp2draft.checkpoint.sources import LocalFiles
 from mtp2draft.checkpoint.tensor_checks import check_tensors
 from mtp2draft.errors import CheckpointError, DataError, OptionError, SpecError, UnknownFamilyError, read_json_object
-from mtp2draft.target.identity import normalised
+from mtp2draft.target.rope_config import normalised
 
 MANIFEST = "manifest.json"
 SHARED_FILE = "shared.safetensors"

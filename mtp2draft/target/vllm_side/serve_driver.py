@@ -201,7 +201,7 @@ def _run_one(run: dict, request: dict) -> dict:
             generation_config="vllm",
             speculative_config=spec,
             trust_remote_code=False,
-        **engine_options(),  # the reference MLA backend on CPU for an MLA target (cpu_fixes)
+            **engine_options(),  # the reference MLA backend on CPU for an MLA target (cpu_fixes)
             disable_log_stats=False,  # get_metrics() asserts "Stat logging disabled" otherwise (vLLM 0.32)
             **({"per_request_spec_decode_metrics": "summary"} if spec else {}),
         )
