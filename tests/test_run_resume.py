@@ -132,3 +132,61 @@ def test_a_run_killed_in_distill_continues_from_its_checkpoint(target, text_data
     assert "continuing distillation from its last checkpoint" in rerun.stderr, rerun.stderr
     provenance = json.loads((work / "distilled" / "provenance.json").read_text())
     assert provenance["distill"].get("resumed_from_step") == 2, provenance["distill"]
+
+
+@pytest.mark.hub
+@pytest.mark.parametrize(
+    ("extra", "needle"),
+    [
+        (["--push", "someone-else/draft"], "may create repos under tester, not someone-else"),
+        (["--push", "tester/draft", "--token", "hf_not_a_token"], "the Hub rejects the token"),
+        (["--device-map", "auto"], "--device-map auto needs accelerate: pip install 'mtp2draft[device-map]'"),
+    ],
+)
+def test_run_checks_hub_access_and_extras_before_stage_1(
+    target, text_data, hub, tmp_path, monkeypatch, capsys, extra, needle
+):
+    import importlib.util
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "accelerate" else real(name, *a))
+    calls: list[str] = []
+    _count_calls(monkeypatch, calls)
+    work = tmp_path / "w"
+    assert main(_args(target("mimo", num_hidden_layers=4), text_data, work, *extra)) == 2
+    err = capsys.readouterr().err
+    lines = [line for line in err.splitlines() if line.startswith("error:")]
+    assert len(lines) == 1 and needle in lines[0], err
+    assert calls == [] and not work.exists()
+
+
+@pytest.mark.hub
+@pytest.mark.slow
+def test_a_failed_push_prints_the_table_and_the_rerun_only_pushes(
+    target, text_data, hub, tmp_path, monkeypatch, capsys
+):
+    import mtp2draft.hub as hub_module
+    from mtp2draft.errors import HubError
+
+    work = tmp_path / "w"
+    args = _args(target("mimo", num_hidden_layers=4), text_data, work, "--push", "tester/tiny-mimo-mtp")
+
+    def refused(*_a, **_k):
+        raise HubError("the Hub answered 500")
+
+    with monkeypatch.context() as patch:
+        patch.setattr(hub_module, "push", refused)
+        assert main(args) == 2
+    out, err = capsys.readouterr()
+    assert "raw MTP head (baseline)" in out and f"export: {work / 'export-stitched'}" in out  # stdout not empty
+    error = [line for line in err.splitlines() if line.startswith("error:")]
+    assert len(error) == 1 and "the Hub answered 500" in error[0], err
+    assert (
+        f"is complete: publish it with `mtp2draft push {work / 'export-stitched'} --repo-id tester/tiny-mimo-mtp`"
+        in error[0]
+    )
+    calls: list[str] = []
+    _count_calls(monkeypatch, calls)
+    assert main(args) == 0, capsys.readouterr().err
+    assert calls == [] and "pushed: " in capsys.readouterr().out
+    assert "README.md" in hub.files("tester/tiny-mimo-mtp")
