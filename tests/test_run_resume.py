@@ -13,7 +13,7 @@ import pytest
 
 from mtp2draft import pipeline
 from mtp2draft.cli.app import main
-from mtp2draft.run_record import RECORD
+from mtp2draft.pipeline.record import RECORD
 
 TAIL = ["--steps", "4", "--save-every", "2", "--batch-size", "2", "--max-length", "32"]
 TAIL += ["--max-prompts", "2", "--max-new-tokens", "6", "-k", "2"]
@@ -68,6 +68,10 @@ def test_a_rerun_continues_after_the_finished_stages(target, text_data, tmp_path
     assert len(kept) == len(done), err
     assert "raw MTP head (baseline)" in out and f"export: {work / 'export-stitched'}" in out
     assert list(json.loads((work / RECORD).read_text())["finished"]) == list(STAGES)
+    # the summary's launch lines are the export README's: the same overlay lines and the same k (-k 2)
+    readme = (work / "export-stitched" / "README.md").read_text()
+    assert f"cp {work}/export-stitched/*.safetensors" in out and f"cp {work}/export-stitched/*.safetensors" in readme
+    assert '"num_speculative_tokens": 2' in out and '"num_speculative_tokens": 2' in readme
 
     # a finished run rerun: nothing is redone, the table is printed again
     third: list[str] = []

@@ -262,6 +262,9 @@ def run_text(result: Any) -> str:
     report = result.report
     lines = [acceptance_table(report["results"]), *map(comparison_text, report.get("comparison", []))]
     lines.append(f"export: {result.exported}")
+    serving = getattr(result, "serving", None)
+    if serving:  # the same lines as the export's README and its card (serving.launch_lines)
+        lines += ["", "serve it (from this directory):", "", *serving]
     if result.push is not None:
         lines.append(f"pushed: {result.push.url} (commit {result.push.commit})")
     return "\n".join(lines)

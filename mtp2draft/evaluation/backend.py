@@ -44,6 +44,9 @@ from typing import TYPE_CHECKING, Any
 
 from mtp2draft.errors import Mtp2DraftError, OptionError
 from mtp2draft.evaluation.settings import EvaluateConfig
+from mtp2draft.formats.serving import (
+    VLLM_CONFIG_VIEW,  # config.json fields a served view rewrites (the card says so too)
+)
 from mtp2draft.kinds import DTYPE_NAMES, DraftKind
 from mtp2draft.settings import HubAccess, Placement
 from mtp2draft.target.backend import VLLM_SIDE, uses_mla, vllm_environment, vllm_python
@@ -60,14 +63,6 @@ DRIVER = VLLM_SIDE / "serve_driver.py"
 # how vLLM serves each draft kind: the export format it loads and the speculative method
 SERVED_AS = {DraftKind.MTP: ("stitched", "mtp"), DraftKind.EAGLE3: ("sglang", "eagle3")}
 DRAFT_SAMPLE_METHOD = {"greedy": "greedy", "sample": "probabilistic"}  # --draft-sampling -> vLLM's name
-
-# config.json fields a served view rewrites, by the target's model_type. MiMo-7B's config says `model_type: mimo`,
-# which transformers 5.19 (vLLM 0.32's pin) does not know, so vLLM would load it as remote code. MiMo's config is
-# Qwen2's plus `num_nextn_predict_layers`; vLLM 0.32 picks its own MiMoForCausalLM from `architectures` and the MTP
-# draft when the first listed architecture is MiMoForCausalLM (config/speculative.py), so `model_type: qwen2` changes
-# only how the config is parsed. `hf_overrides` cannot do it: vLLM 0.32 applies a dict override only after
-# AutoConfig has parsed the on-disk model_type, and the MTP draft's config is loaded again from the directory.
-VLLM_CONFIG_VIEW: dict[str, dict[str, Any]] = {"mimo": {"model_type": "qwen2"}}
 
 
 class EngineRunError(Mtp2DraftError):

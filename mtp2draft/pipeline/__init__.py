@@ -1,8 +1,10 @@
 """The whole pipeline in one call: convert -> distill -> evaluate (beside the raw MTP head) -> export -> push.
 
 `run` chains the stage functions with the defaults a first user wants; every stage's options stay available as
-keyword arguments. A work directory keeps each stage's output (`raw/`, `distilled/`, `export/`), so a failed push can
-be retried with `mtp2draft push` and nothing already computed is lost.
+keyword arguments. A work directory keeps each stage's output (`raw-mtp/`, `distilled/`, `export-FORMAT/`) and the
+run's record (`record`: its inputs, settings and finished stages), so the same command run again continues after the
+last finished stage, and a failed push can be retried with `mtp2draft push`. What `run` checks before stage 1 beyond
+the stages' own checks is in `checks`.
 
 `demo` is the quick start: the same chain on the small DeepSeek-V3-layout target bundled with the repository (its
 MTP head trained jointly with the trunk), printing the acceptance table.
@@ -20,7 +22,6 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from mtp2draft import run_record
 from mtp2draft.conversion import convert
 from mtp2draft.errors import (
     HubError,
@@ -35,14 +36,16 @@ from mtp2draft.evaluation.settings import EvaluateConfig
 from mtp2draft.family.spec import Spec
 from mtp2draft.formats import REGISTRY, ExportConfig, formats_of, get_format
 from mtp2draft.formats.export import export
+from mtp2draft.hub import serve_text
 from mtp2draft.io import Progress, check_output_dir, claim_output, mark
 from mtp2draft.kinds import DraftKind
+from mtp2draft.pipeline import record as run_record
 from mtp2draft.settings import ConvertConfig, HubAccess, Placement, RunConfig
 from mtp2draft.target.device import resolve_device
 from mtp2draft.train.recipe import distill
 from mtp2draft.train.settings import DistillConfig, TrainingData
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
+REPO_ROOT = Path(__file__).resolve().parents[2]
 BUNDLED_TARGET = REPO_ROOT / "examples" / "targets" / "tiny-deepseek-v3"
 BUNDLED_DATA = REPO_ROOT / "examples" / "data"
 
@@ -58,6 +61,8 @@ class RunResult:
     stages: dict[str, float] = field(default_factory=dict)
     target_figures: dict[str, Any] | None = None
     """The demo's bundled target: how good it is (`target_figures`), from its training.json."""
+    serving: list[str] = field(default_factory=list)
+    """How to serve the export where it lies: the launch lines its card gives (`hub.serve_text`)."""
 
 
 def default_format(spec: Spec, kind: str) -> str:
@@ -229,7 +234,8 @@ def preflight(source: str, config: RunConfig, stages: Stages, hub: HubAccess) ->
             spec.name, ckpt.config, target.config, f"--target {config.target}", f"the checkpoint {source} (the source)"
         )
     if config.push:
-        from mtp2draft.hub import check_push_access, check_repo_creatable
+        from mtp2draft.hub import check_push_access
+        from mtp2draft.pipeline.checks import check_repo_creatable
 
         check_repo_creatable(config.push, check_push_access(config.push, hub.token))
     return spec, replace(stages, convert=convert, format=fmt)
@@ -327,6 +333,7 @@ def _run(
             reads = target if REGISTRY[fmt].reads_target else None
             export(distilled, fmt, exported, target=reads, config=export_config, **target_access, **inside)
     result = RunResult(work, raw, distilled, exported, report, None, times)
+    result.serving = serve_text(exported) if exported.is_dir() else []  # a stage stood in for by a caller
     if not config.push:
         progress("[5/5] push skipped (no --push)")
         return result
