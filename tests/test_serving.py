@@ -103,3 +103,20 @@ def test_push_dry_run_prints_the_card_and_uploads_nothing(target, tmp_path, monk
     assert "hf download me/tiny-mimo-stitched --include" in out
     (tmp_path / "stitched" / "config.json").write_text("{}")  # an invalid draft is refused as push refuses it
     assert main(argv) == 2
+
+
+def test_evaluate_in_vllm_says_it_serves_mimo_under_another_config_view(target, tmp_path) -> None:
+    """`evaluate --engine vllm` lays the draft over a view of the target; for MiMo that view's config says another
+    model_type, and the run says so (it used to do it silently), as the card's overlay lines do."""
+    import json
+
+    from mtp2draft.evaluation.backend import serve_runs
+    from mtp2draft.kinds import DraftKind
+
+    source = target("mimo", num_hidden_layers=4)
+    convert(str(source), tmp_path / "mtp", to="mtp")
+    said: list[str] = []
+    drafts = [("raw", str(tmp_path / "mtp"))]
+    runs = serve_runs(drafts, {"raw": DraftKind.MTP}, source, tmp_path / "work", 2, "float32", progress=said.append)
+    assert json.loads((runs[1].model / "config.json").read_text())["model_type"] == "qwen2"
+    assert any("vLLM serves a view of the target whose config.json says model_type: qwen2" in s for s in said), said

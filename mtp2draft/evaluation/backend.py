@@ -535,6 +535,12 @@ def serve_runs(
     """The plain target ("plain") and each draft as vLLM serves it (`SERVED_AS`), exported into `work`: a native
     MTP draft as a `stitched` export laid over a view of the target, an EAGLE-3 draft in SGLang's layout beside it."""
     base = served_view(target_dir, work / "view")
+    released = json.loads((Path(target_dir) / "config.json").read_text()).get("model_type")
+    if released in VLLM_CONFIG_VIEW:  # said, as the card says it: a user serving the draft makes the same view
+        fields = ", ".join(f"{k}: {v}" for k, v in VLLM_CONFIG_VIEW[released].items())
+        progress(f"vLLM serves a view of the target whose config.json says {fields} (the release says model_type "
+                 f"{released}, which transformers does not know; vLLM picks the same class from `architectures`): "
+                 "the card's overlay lines make the same view")  # fmt: skip
     runs = [EngineRun("plain", base)]
     for n, (name, path) in enumerate(drafts):
         fmt, method = SERVED_AS[kinds[name]]
