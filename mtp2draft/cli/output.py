@@ -229,7 +229,8 @@ def comparison_text(comparison: dict[str, Any]) -> str:
 
 def _engine_clock(report: dict[str, Any]) -> str:
     """`evaluate --engine vllm`: the engine and its clock, plain target and each draft (one pass, all prompts in
-    flight); nothing for the transformers path."""
+    flight), with what each figure measures and why it says nothing of serving speed here; nothing for the
+    transformers path. Where there are baselines: why there is no paired interval (vLLM counts totals)."""
     engine = report.get("engine") or {}
     if engine.get("name") != "vllm":
         return ""
@@ -239,8 +240,24 @@ def _engine_clock(report: dict[str, Any]) -> str:
         return f"{rate:.0f} tok/s, {tpot:.2f} ms/token" if rate and tpot else "?"
 
     rows = [f"  {r['name']}: {clock(r.get('clock') or {})}" for r in report["results"]]
-    head = f"\nvLLM {engine.get('version')} (tensor parallel {engine.get('tensor_parallel_size')}), engine clock:"
-    return "\n".join([head, f"  no draft: {clock(engine.get('plain') or {})}", *rows])
+    head = (
+        f"\nvLLM {engine.get('version')} (tensor parallel {engine.get('tensor_parallel_size')}), engine clock, one "
+        f"pass with all {report.get('num_prompts', '?')} prompts in flight: tok/s = every request's output tokens "
+        "over the pass's span (throughput); ms/token = each request's time between its first and last token per "
+        "token, averaged (latency; the requests share the engine, so the two do not reconcile):"
+    )
+    caveat = (
+        "  caveat: this clock times the engine on this machine and this target; a tiny target on a shared CPU "
+        "measures the engine's overheads, nothing about serving a real model on a GPU. The acceptance above is what "
+        "carries over (`mtp2draft speedup` predicts the speed from it)."
+    )
+    interval = (
+        ["no paired interval: vLLM's counters are totals over all prompts, not per prompt; evaluate without --engine "
+         "for the draft-minus-baseline interval"]
+        if len(report["results"]) > 1 and not report.get("comparison")
+        else []
+    )  # fmt: skip
+    return "\n".join([*interval, head, f"  no draft: {clock(engine.get('plain') or {})}", *rows, caveat])
 
 
 def export_summary(result: Any) -> dict[str, Any]:
