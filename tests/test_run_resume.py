@@ -194,3 +194,34 @@ def test_a_failed_push_prints_the_table_and_the_rerun_only_pushes(
     assert main(args) == 0, capsys.readouterr().err
     assert calls == [] and "pushed: " in capsys.readouterr().out
     assert "README.md" in hub.files("tester/tiny-mimo-mtp")
+
+
+def test_run_without_data_says_what_it_needs(target, tmp_path, capsys) -> None:
+    argv = ["run", str(target("mimo", num_hidden_layers=4)), "--work", str(tmp_path / "w")]
+    assert main(argv) == 2
+    assert 'error: run needs --data: a JSONL file to distill on, one {"text": ...}' in capsys.readouterr().err
+
+
+def test_demo_is_not_offered_where_the_bundled_target_is_missing(monkeypatch, tmp_path) -> None:
+    """An installed wheel ships no examples/: its `--help` does not list `demo` (a checkout's does)."""
+    import importlib
+
+    import mtp2draft.bundled as bundled
+    import mtp2draft.cli.pipeline as cli_pipeline
+    from mtp2draft.cli import root
+
+    def commands() -> list[str]:
+        return [c.name or c.callback.__name__ for c in root.app.registered_commands if not c.hidden]
+
+    assert "demo" in commands()
+    monkeypatch.setattr(bundled, "BUNDLED_TARGET", tmp_path / "none")
+    root.app.registered_commands = [c for c in root.app.registered_commands if c.callback.__name__ != "demo"]
+    importlib.reload(cli_pipeline)  # registers the commands again, as a fresh process of the wheel would
+    try:
+        assert "demo" not in commands()
+    finally:
+        monkeypatch.undo()
+        root.app.registered_commands = [
+            c for c in root.app.registered_commands if c.callback.__module__ != cli_pipeline.__name__
+        ]
+        importlib.reload(cli_pipeline)

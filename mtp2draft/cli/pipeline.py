@@ -8,6 +8,7 @@ from typing import Annotated, Any
 
 import typer
 
+from mtp2draft.bundled import has_bundled_target
 from mtp2draft.cli import output
 from mtp2draft.cli.options import Group, Source, settings
 from mtp2draft.cli.root import app, log
@@ -49,7 +50,7 @@ def run_all(
     print(output.run_text(result))
 
 
-@app.command()
+@app.command(hidden=not has_bundled_target())  # the wheel ships no bundled target: it does not offer the demo
 def demo(
     work: Annotated[Path, typer.Option("--work", help="Where to keep the demo's drafts.")] = Path("demo-run"),
     steps: Annotated[int, typer.Option("--steps", help="Distillation steps.")] = 150,

@@ -22,6 +22,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from mtp2draft.bundled import BUNDLED_DATA, BUNDLED_TARGET
 from mtp2draft.conversion import convert
 from mtp2draft.errors import (
     HubError,
@@ -44,10 +45,6 @@ from mtp2draft.settings import ConvertConfig, HubAccess, Placement, RunConfig
 from mtp2draft.target.device import resolve_device
 from mtp2draft.train.recipe import distill
 from mtp2draft.train.settings import DistillConfig, TrainingData
-
-REPO_ROOT = Path(__file__).resolve().parents[2]
-BUNDLED_TARGET = REPO_ROOT / "examples" / "targets" / "tiny-deepseek-v3"
-BUNDLED_DATA = REPO_ROOT / "examples" / "data"
 
 
 @dataclass
@@ -203,7 +200,11 @@ def preflight(source: str, config: RunConfig, stages: Stages, hub: HubAccess) ->
     from mtp2draft.train.recipe import check_heldout_options, check_training_settings, refuse_untrained
 
     training = config.training
-    if training.data is None or training.hidden_states is not None:
+    if training.data is None:
+        raise OptionError(
+            'run needs --data: a JSONL file to distill on, one {"text": ...} or {"messages": [...]} per line'
+        )
+    if training.hidden_states is not None:
         raise OptionError("run distills on --data against the online target (dump-hidden data: run distill itself)")
     check_heldout_options(stages.distill, training.heldout, None)
     for option, path, skip_bad in (
