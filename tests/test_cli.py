@@ -364,3 +364,14 @@ def test_demo_prints_how_good_the_bundled_target_is() -> None:
     assert f"held-out next-token top-1 {held['next_token_top1']:.3f}" in text
     assert f"repeat {held['greedy_repeat_rate']:.3f} of their 4-grams" in text
     assert target_figures(Path("/nonexistent")) is None
+
+
+def test_specs_marks_an_engine_that_computes_the_family_differently(capsys) -> None:
+    """MiMo: SGLang's MTP layer reads the post-norm hidden, the checkpoint's was trained on the pre-norm one (run
+    warns, the card notes it); `specs` used to show the same hand-over for both engines and nothing else."""
+    assert main(["specs"]) == 0
+    out = capsys.readouterr().out
+    row = next(line for line in out.splitlines() if line.startswith("mimo ") and "mtp [" in line)
+    sglang, vllm = row.split("mtp [")[1:]
+    assert sglang.rstrip().endswith("*") and "*" not in vllm  # columns: sglang, then vllm
+    assert "*: this engine's MTP layer reads another target hidden" in out

@@ -38,16 +38,27 @@ def specs_text(rows: list[dict[str, Any]]) -> str:
     engines = sorted({e for r in rows for e in r["engines"]})
     heads = "  ".join(f"{e + ' ' + _engine_version(rows, e):<28}" for e in engines)
     lines.append(f"\n{'engine support':<{width}}  " + heads)
+    differs = False
     for r in rows:
         cells = []
         for e in engines:
             facts = r["engines"].get(e) or {}
             methods = facts.get("methods") or []
+            # *: the engine's MTP module reads another target hidden than the checkpoint's layer was trained on
+            # (what `run` and the card note for that engine: formats.native.engine_mismatches)
+            star = " *" if DraftKind.MTP in methods and facts.get("hidden") not in (None, r.get("hidden")) else ""
+            differs = differs or bool(star)
             text = ", ".join(
-                f"mtp [{facts.get('handover')}]" if m == DraftKind.MTP else m for m in DraftKind if m in methods
+                f"mtp [{facts.get('handover')}]{star}" if m == DraftKind.MTP else m for m in DraftKind if m in methods
             )
             cells.append(f"{text or '-':<28}")
         lines.append(f"{r['name']:<{width}}  " + "  ".join(cells))
+    lines.append("[...]: the hidden each MTP step hands to the next")
+    if differs:
+        lines.append(
+            "*: this engine's MTP layer reads another target hidden than the checkpoint's was trained on: it loses "
+            "acceptance there unless distilled with --serving-engine ENGINE (run and the card say so)"
+        )
     if refused:
         lines.append("\nnot supported")
         for r in refused:
