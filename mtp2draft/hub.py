@@ -44,9 +44,20 @@ from mtp2draft.errors import DraftError, HubError, Mtp2DraftError, ValidationErr
 from mtp2draft.evaluation.report import read_report
 from mtp2draft.evaluation.verdict import lossless_words
 from mtp2draft.family.spec import ENGINES, NO_CHAIN, Spec, find_spec, get_spec
-from mtp2draft.formats import REGISTRY, format_kind, get_format
+from mtp2draft.formats import REGISTRY, format_kind
 from mtp2draft.formats.common import README_FILE, read_json
 from mtp2draft.formats.export import DraftDirectory, read_draft_directory, validate
+from mtp2draft.formats.serving import (
+    DEFAULT_K,
+    LINE_ENGINES,
+    SERVE_SECTIONS,
+    is_hub_id,
+    launch_lines,
+    local_ref,
+    serving_k,
+    serving_text,
+    unsupported_engines,
+)
 from mtp2draft.io import Progress, check_unchanged, draft_identity, quiet
 from mtp2draft.kinds import ACCEPTANCE_CHART, EVALUATION_FILE, PROVENANCE_FILE, DraftKind
 from mtp2draft.redact import find_secret, known_secrets, redact, register_secret
@@ -61,7 +72,6 @@ EAGLE3_ADVICE = (
 )
 
 LIBRARY_NAME = "mtp2draft"
-DEFAULT_K = 3
 
 
 @dataclass
@@ -92,6 +102,24 @@ def check_push_access(repo_id: str, token: str | None) -> str:
     return token
 
 
+def _valid_draft(path: Path) -> DraftDirectory:
+    found = read_draft_directory(path)  # DraftError when it is not a draft directory at all
+    problems = validate(found)
+    if problems:
+        raise ValidationError(
+            f"{path} is not a valid {found.format} draft ({len(problems)} problems; `mtp2draft validate` lists them): "
+            + "; ".join(problems[:3]),
+            problems,
+        )
+    return found
+
+
+def card_text(path: str | Path, repo_id: str, base_model: str | None = None) -> str:
+    """The model card `push` would upload for draft directory `path` to `repo_id` (`push --dry-run`): the draft is
+    validated as for the push; nothing is uploaded and no token is needed."""
+    return str(model_card(_valid_draft(Path(path)), repo_id, base_model))
+
+
 def push(
     path: str | Path,
     repo_id: str,
@@ -110,14 +138,7 @@ def push(
 
     path = Path(path)
     read = draft_identity(path) if path.is_dir() else None  # what is validated and staged; checked before upload
-    found = read_draft_directory(path)  # DraftError when it is not a draft directory at all
-    problems = validate(found)
-    if problems:
-        raise ValidationError(
-            f"{path} is not a valid {found.format} draft ({len(problems)} problems; `mtp2draft validate` lists them): "
-            + "; ".join(problems[:3]),
-            problems,
-        )
+    found = _valid_draft(path)
     token = check_push_access(repo_id, token)
     card = model_card(found, repo_id, base_model)
     network.configure()
@@ -242,51 +263,6 @@ def _target(cfg: Mapping[str, Any], prov: Mapping[str, Any]) -> str | None:
     return None
 
 
-def _k(evaluation: Mapping[str, Any] | None) -> int:
-    results = (evaluation or {}).get("results") or []
-    k = results[0].get("num_draft_tokens") if results else None
-    return int(k) if isinstance(k, int) and k > 0 else DEFAULT_K
-
-
-# launch-line label -> engine (spec.ENGINES) whose support for the family gates it
-LINE_ENGINES = {"SGLang": "sglang", "vLLM": "vllm", "vLLM (speculators config)": "vllm"}
-
-
-def launch_lines(
-    fmt: str, target: str, draft: str, k: int = DEFAULT_K, spec: Spec | None = None, layers: int = 1
-) -> dict[str, str]:
-    """Engine -> the command that serves this draft (draft-formats.md section 5). SGLang counts the root token:
-    its k + 1 draft tokens are vLLM's k speculative tokens. With the target family's `spec`, only the engines its
-    support table says run this draft kind (`[engines.*] methods`) and, for a chain of `layers` > 1 MTP layers, a
-    chain (`step_layers` other than "neither") get a line."""
-    lines = _all_launch_lines(fmt, target, draft, k)
-    if spec is None:
-        return lines
-    method = format_kind(fmt)
-    return {
-        label: line
-        for label, line in lines.items()
-        if label not in LINE_ENGINES or spec.runs(LINE_ENGINES[label], method, layers)
-    }
-
-
-def unsupported_engines(fmt: str, spec: Spec, layers: int = 1) -> list[str]:
-    """'vllm 0.33.0'-style names of the engines that cannot run this format's draft kind (of `layers` MTP layers)
-    for the family."""
-    method = format_kind(fmt)
-    out = []
-    for engine in ENGINES:
-        if not spec.runs(engine, method, layers):
-            facts = spec.engine(engine)
-            out.append(f"{engine} {facts.version}" if facts else engine)
-    return out
-
-
-def _all_launch_lines(fmt: str, target: str, draft: str, k: int) -> dict[str, str]:
-    """Every launch line the format offers (each format module declares its own), before the support table."""
-    return get_format(fmt).launch_lines(target, draft, k) if fmt in REGISTRY else {}
-
-
 def _acceptance_table(evaluation: Mapping[str, Any]) -> str:
     rows = [
         "| draft | draft tokens | mean acceptance length | acceptance per position | per draft | lossless |",
@@ -317,11 +293,32 @@ def _decoding(evaluation: Mapping[str, Any]) -> str:
 
 
 def _demote(markdown: str) -> str:
-    """An existing README as a card section: its title dropped, its headings one level down."""
+    """An existing README as a card section: its title dropped, its headings one level down, and the export's own
+    serving sections (`serving.SERVE_SECTIONS`: local paths) left out: the card's "Serve it" gives the same lines,
+    from the same source, for the Hub repo."""
     lines = markdown.strip().splitlines()
     if lines and lines[0].startswith("# "):
         lines = lines[1:]
-    return "\n".join("#" + line if line.startswith("#") else line for line in lines).strip()
+    kept, skipping = [], False
+    for line in lines:
+        if line.startswith("## "):
+            skipping = line[3:].strip() in SERVE_SECTIONS
+        if not skipping:
+            kept.append("#" + line if line.startswith("#") else line)
+    return "\n".join(kept).strip()
+
+
+def serve_text(path: str | Path) -> list[str]:
+    """How to serve the export at `path` where it lies (`run`'s summary): the card's launch lines and notes, with the
+    local directory as the draft and the target as its provenance names it."""
+    path = Path(path)
+    cfg, prov = read_draft_directory(path).config, read_json(path / PROVENANCE_FILE) or {}
+    spec, chain, target = _spec_of(cfg, prov), _chain_layers(cfg, prov), _target(cfg, prov) or "<target>"
+    k = serving_k(prov, read_json(path / EVALUATION_FILE), chain)
+    revision = prov.get("commit") if target == prov.get("source") else None
+    where = target if is_hub_id(target) or target == "<target>" else local_ref(target)
+    lines = launch_lines(read_draft_directory(path).format, where, local_ref(path), k, spec, chain, revision)
+    return serving_text(lines, (prov.get("export") or {}).get("engine_notes"), spec)
 
 
 def model_card(path: str | Path | DraftDirectory, repo_id: str | None = None, base_model: str | None = None):
@@ -338,7 +335,7 @@ def model_card(path: str | Path | DraftDirectory, repo_id: str | None = None, ba
     target = base_model or _target(cfg, prov)
     name = (repo_id or path.resolve().name).split("/")[-1]
     draft_ref = repo_id or str(path)
-    k = _k(evaluation)
+    k = serving_k(prov, evaluation, _chain_layers(cfg, prov))
     results = (evaluation or {}).get("results") or []
     eval_results = None
     if results and isinstance(results[0].get("mean_acceptance_length"), int | float):
@@ -423,18 +420,16 @@ def _body(
 
         speed = card_section(format_kind(fmt).value, target, spec.name if spec else None, evaluation)
         out += ["", *speed] if speed else []
-    chain = _chain_layers(cfg, prov)
-    if chain > 1:  # every layer runs only when the engine drafts at least that many steps
-        k = max(k, chain)
-    lines = launch_lines(fmt, target or "<target>", draft, k, spec, chain)
+    chain = _chain_layers(cfg, prov)  # k (serving_k) is at least the chain's layers: each runs only then
+    revision = prov.get("commit") if target == prov.get("source") else None
+    lines = launch_lines(fmt, target or "<target>", draft, k, spec, chain, revision)
     out += ["", "## Serve it", ""]
     if chain > 1:
         out += [_chain_note(chain, cfg, prov, spec), ""]
     if spec is not None:
         out += _unserved(fmt, spec, chain)
     if any(label in LINE_ENGINES for label in lines):
-        for engine, line in lines.items():
-            out += [f"{engine}:", "", "```bash", line, "```", ""]
+        out += serving_text(lines, (prov.get("export") or {}).get("engine_notes"), spec)
         if fmt == "nextn" and (spec is None or spec.serves("vllm", DraftKind.MTP)):
             out.append("vLLM loads MTP drafts from the target checkpoint itself: use the `stitched` export for vLLM.")
     elif fmt in ("mtp", "eagle3") or not lines:
@@ -578,4 +573,4 @@ def _cell(value: Any) -> str:
     return text.replace("|", "\\|")
 
 
-__all__ = ["LIBRARY_NAME", "PushResult", "launch_lines", "model_card", "push"]
+__all__ = ["DEFAULT_K", "LIBRARY_NAME", "PushResult", "launch_lines", "model_card", "push"]

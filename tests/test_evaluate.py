@@ -466,3 +466,24 @@ def test_bootstrap_compare_to_baselines_puts_the_first_draft_against_each_other(
     got = compare_to_baselines([_result("a", a), _result("b", b), _result("c", c)], seed=4)
     assert [(g["draft"], g["baseline"]) for g in got] == [("a", "b"), ("a", "c")]
     assert got[1] == paired_bootstrap(_result("a", a), _result("c", c), seed=4)
+
+
+def test_the_engine_clock_says_what_it_measures_and_that_it_is_no_serving_figure() -> None:
+    """`evaluate --engine vllm`: tok/s and ms/token named for what they are, the caveat that a tiny target on a
+    CPU measures nothing about serving, and why a baseline gets no paired interval there (vLLM counts totals)."""
+    from mtp2draft.cli.output import _engine_clock
+
+    clock = {"output_tokens_per_s": 1100.0, "tpot_ms": 3.5}
+    report = {
+        "num_prompts": 16,
+        "results": [{"name": "draft", "clock": clock}, {"name": "baseline: raw", "clock": clock}],
+        "engine": {"name": "vllm", "version": "0.32.0", "tensor_parallel_size": 1, "plain": clock},
+    }
+    text = _engine_clock(report)
+    assert "tok/s = every request's output tokens over the pass's span (throughput)" in text
+    assert "ms/token = each request's time between its first and last token" in text
+    assert "measures the engine's overheads, nothing about serving a real model on a GPU" in text
+    assert text.splitlines()[0].startswith("no paired interval: vLLM's counters are totals")
+    report["comparison"] = [{}]
+    assert "no paired interval" not in _engine_clock(report)
+    assert _engine_clock({"results": []}) == ""  # the transformers path prints no clock

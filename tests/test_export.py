@@ -683,6 +683,10 @@ def test_validate_reads_a_v4_overlay_as_its_scales_say(build, work: Path, tmp_pa
     index = json.loads((st / "model.safetensors.index.json").read_text())
     shard = st / index["weight_map"]["mtp.0.ffn.experts.1.w1.scale"]
     clean = load_file(str(shard))
+    from safetensors import safe_open
+
+    with safe_open(str(shard), "pt") as f:
+        meta = f.metadata()  # the stitched export's mark kept: the edits stand for tampering with the overlay
     for edit, needle in (
         ({"mtp.0.ffn.experts.1.w1.scale": lambda t: torch.full_like(t.view(torch.uint8), 255).view(t.dtype)},
          "mtp.0.ffn.experts.1.w1.weight holds non-finite values"),
@@ -692,10 +696,10 @@ def test_validate_reads_a_v4_overlay_as_its_scales_say(build, work: Path, tmp_pa
         tensors = dict(clean)
         for key, fn in edit.items():
             tensors = {k: v for k, v in tensors.items() if k != key} if fn is None else {**tensors, key: fn(clean[key])}
-        save_file(tensors, str(shard), {"format": "pt"})
+        save_file(tensors, str(shard), meta)
         problems = validate(st)
         assert problems and any(needle in p for p in problems), (needle, problems)
-    save_file(clean, str(shard), {"format": "pt"})
+    save_file(clean, str(shard), meta)
     assert validate(st) == []
 
 

@@ -228,7 +228,18 @@ def test_cards_of_native_exports_carry_their_launch_lines(build, tmp_path: Path)
     stitched = model_card(tmp_path / "stitched", "me/ds-stitched")
     assert stitched.data.base_model is None  # a local path is not a Hub repo id
     assert '"method": "mtp", "num_speculative_tokens": 3' in stitched.text
-    assert "## Notes from the export" in stitched.text and "### Overlay it onto the target" in stitched.text
+    assert "## Notes from the export" in stitched.text
+    # the overlay lines: the local target copied, the Hub draft downloaded over it; the export README's own lines
+    # (local paths) are not quoted, so the card gives one k and one way to lay the overlay
+    assert (
+        f"cp -rL {target} ./target-stitched && hf download me/ds-stitched --include '*.safetensors' --include"
+        in stitched.text
+    )
+    assert "### Overlay it onto the target" not in stitched.text and "hf download ./" not in stitched.text
+    assert stitched.text.count("num_speculative_tokens") == 1
+    readme = (tmp_path / "stitched" / "README.md").read_text()  # the export's own: local lines, the same k
+    assert f"cp -rL {target} ./target-stitched\ncp {tmp_path / 'stitched'}/*.safetensors" in readme
+    assert '"method": "mtp", "num_speculative_tokens": 3' in readme
 
 
 def test_card_says_a_bf16_difference_was_at_logit_ties_and_a_real_one_is_no() -> None:

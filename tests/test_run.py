@@ -57,6 +57,7 @@ def test_run_from_the_hub_to_a_pushed_draft(target, text_data, hub, tmp_path: Pa
     work = tmp_path / "w"
     assert sorted(p.name for p in work.iterdir()) == [
         ".mtp2draft",
+        ".mtp2draft-run.json",
         "distilled",
         "export-sglang",
         "raw-eagle3",

@@ -43,16 +43,27 @@ def specs_text(rows: list[dict[str, Any]]) -> str:
     engines = sorted({e for r in rows for e in r["engines"]})
     heads = "  ".join(f"{e + ' ' + _engine_version(rows, e):<28}" for e in engines)
     lines.append(f"\n{'engine support':<{width}}  " + heads)
+    differs = False
     for r in rows:
         cells = []
         for e in engines:
             facts = r["engines"].get(e) or {}
             methods = facts.get("methods") or []
+            # *: the engine's MTP module reads another target hidden than the checkpoint's layer was trained on
+            # (what `run` and the card note for that engine: formats.native.engine_mismatches)
+            star = " *" if DraftKind.MTP in methods and facts.get("hidden") not in (None, r.get("hidden")) else ""
+            differs = differs or bool(star)
             text = ", ".join(
-                f"mtp [{facts.get('handover')}]" if m == DraftKind.MTP else m for m in DraftKind if m in methods
+                f"mtp [{facts.get('handover')}]{star}" if m == DraftKind.MTP else m for m in DraftKind if m in methods
             )
             cells.append(f"{text or '-':<28}")
         lines.append(f"{r['name']:<{width}}  " + "  ".join(cells))
+    lines.append("[...]: the hidden each MTP step hands to the next")
+    if differs:
+        lines.append(
+            "*: this engine's MTP layer reads another target hidden than the checkpoint's was trained on: it loses "
+            "acceptance there unless distilled with --serving-engine ENGINE (run and the card say so)"
+        )
     bugs = [(r["name"], e, f) for r in rows for e, f in sorted(r["engines"].items()) if f.get("known_bug")]
     if bugs:
         lines.append("\nknown engine bugs")
@@ -275,7 +286,8 @@ def comparison_text(comparison: dict[str, Any]) -> str:
 
 def _engine_clock(report: dict[str, Any]) -> str:
     """`evaluate --engine vllm`: the engine and its clock, plain target and each draft (one pass, all prompts in
-    flight); nothing for the transformers path."""
+    flight), with what each figure measures and why it says nothing of serving speed here; nothing for the
+    transformers path. Where there are baselines: why there is no paired interval (vLLM counts totals)."""
     engine = report.get("engine") or {}
     if engine.get("name") != "vllm":
         return ""
@@ -285,8 +297,24 @@ def _engine_clock(report: dict[str, Any]) -> str:
         return f"{rate:.0f} tok/s, {tpot:.2f} ms/token" if rate and tpot else "?"
 
     rows = [f"  {r['name']}: {clock(r.get('clock') or {})}" for r in report["results"]]
-    head = f"\nvLLM {engine.get('version')} (tensor parallel {engine.get('tensor_parallel_size')}), engine clock:"
-    return "\n".join([head, f"  no draft: {clock(engine.get('plain') or {})}", *rows])
+    head = (
+        f"\nvLLM {engine.get('version')} (tensor parallel {engine.get('tensor_parallel_size')}), engine clock, one "
+        f"pass with all {report.get('num_prompts', '?')} prompts in flight: tok/s = every request's output tokens "
+        "over the pass's span (throughput); ms/token = each request's time between its first and last token per "
+        "token, averaged (latency; the requests share the engine, so the two do not reconcile):"
+    )
+    caveat = (
+        "  caveat: this clock times the engine on this machine and this target; a tiny target on a shared CPU "
+        "measures the engine's overheads, nothing about serving a real model on a GPU. The acceptance above is what "
+        "carries over (`mtp2draft speedup` predicts the speed from it)."
+    )
+    interval = (
+        ["no paired interval: vLLM's counters are totals over all prompts, not per prompt; evaluate without --engine "
+         "for the draft-minus-baseline interval"]
+        if len(report["results"]) > 1 and not report.get("comparison")
+        else []
+    )  # fmt: skip
+    return "\n".join([*interval, head, f"  no draft: {clock(engine.get('plain') or {})}", *rows, caveat])
 
 
 def export_summary(result: Any) -> dict[str, Any]:
@@ -308,6 +336,9 @@ def run_text(result: Any) -> str:
     report = result.report
     lines = [acceptance_table(report["results"]), *map(comparison_text, report.get("comparison", []))]
     lines.append(f"export: {result.exported}")
+    serving = getattr(result, "serving", None)
+    if serving:  # the same lines as the export's README and its card (serving.launch_lines)
+        lines += ["", "serve it (from this directory):", "", *serving]
     if result.push is not None:
         lines.append(f"pushed: {result.push.url} (commit {result.push.commit})")
     return "\n".join(lines)

@@ -8,6 +8,7 @@ from typing import Annotated, Any
 
 import typer
 
+from mtp2draft.bundled import has_bundled_target
 from mtp2draft.cli import output
 from mtp2draft.cli.options import Group, Source, settings
 from mtp2draft.cli.root import app, log
@@ -37,15 +38,19 @@ def run_all(
 
     * `mtp2draft run XiaomiMiMo/MiMo-7B-RL --data chats.jsonl --heldout pick.jsonl --patience 3 --eval-data prompts.jsonl --work mimo-run` (distillation keeps the weights that score best on pick.jsonl, never worse than the raw head there; keep it apart from --eval-data, which reports)
     """
-    from mtp2draft.pipeline import run
+    from mtp2draft.pipeline import PushFailed, run
 
     stages = {"convert": convert, "distill": distill, "evaluate": evaluate}
     config = replace(config, training=training)
-    result = run(source, config=config, **stages, placement=placement, hub=hub, progress=log)
+    try:
+        result = run(source, config=config, **stages, placement=placement, hub=hub, progress=log)
+    except PushFailed as failed:  # every other stage finished: the table and the export are the user's
+        print(output.run_text(failed.result))
+        raise
     print(output.run_text(result))
 
 
-@app.command()
+@app.command(hidden=not has_bundled_target())  # the wheel ships no bundled target: it does not offer the demo
 def demo(
     work: Annotated[Path, typer.Option("--work", help="Where to keep the demo's drafts.")] = Path("demo-run"),
     steps: Annotated[int, typer.Option("--steps", help="Distillation steps.")] = 150,

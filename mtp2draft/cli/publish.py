@@ -102,6 +102,10 @@ def push(
             "--base-model", help="The target's hub id, for the card's base_model (drafts converted from a local dir)."
         ),
     ] = None,
+    dry_run: Annotated[
+        bool,
+        typer.Option("--dry-run", help="Print the model card that would be uploaded (README.md); upload nothing."),
+    ] = False,
     hub: Any = None,
     as_json: AsJson = False,
 ) -> None:
@@ -111,10 +115,15 @@ def push(
 
     Examples: `mtp2draft push glm-eagle3-sglang --repo-id me/GLM-4.5-Air-eagle3` ·
     `mtp2draft push ds3-stitched --repo-id me/ds3-mtp-ft --revision v2 --private` ·
-    `mtp2draft push ./ds3-local-mtp --repo-id me/ds3-mtp --base-model deepseek-ai/DeepSeek-V3`
+    `mtp2draft push ./ds3-local-mtp --repo-id me/ds3-mtp --base-model deepseek-ai/DeepSeek-V3` ·
+    `mtp2draft push ds3-stitched --repo-id me/ds3-mtp-ft --dry-run > card.md` (the card, nothing uploaded)
     """
+    from mtp2draft.hub import card_text
     from mtp2draft.hub import push as run
 
+    if dry_run:  # the card on stdout, as the upload's README.md would hold it: `> card.md` to read it first
+        print(card_text(path, repo_id, base_model), end="")
+        return
     commit = {"revision": revision, "commit_message": commit_message, "base_model": base_model}
     result = run(path, repo_id, private=private, token=hub.token, **commit, progress=log)
     print(output.to_json(result.__dict__) if as_json else f"{result.url}\ncommit {result.commit}  {result.commit_url}")

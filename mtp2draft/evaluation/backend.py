@@ -36,6 +36,9 @@ from typing import TYPE_CHECKING, Any
 
 from mtp2draft.errors import Mtp2DraftError, OptionError
 from mtp2draft.evaluation.settings import EvaluateConfig
+from mtp2draft.formats.serving import (
+    VLLM_CONFIG_VIEW,  # config.json fields a served view rewrites (the card says so too)
+)
 from mtp2draft.kinds import DTYPE_NAMES, DraftKind
 from mtp2draft.settings import HubAccess, Placement
 from mtp2draft.target.backend import VLLM_SIDE, uses_mla, vllm_environment, vllm_python
@@ -52,14 +55,6 @@ DRIVER = VLLM_SIDE / "serve_driver.py"
 # how vLLM serves each draft kind: the export format it loads and the speculative method
 SERVED_AS = {DraftKind.MTP: ("stitched", "mtp"), DraftKind.EAGLE3: ("sglang", "eagle3")}
 DRAFT_SAMPLE_METHOD = {"greedy": "greedy", "sample": "probabilistic"}  # --draft-sampling -> vLLM's name
-
-# config.json fields a served view rewrites, by the target's model_type. MiMo-7B's config says `model_type: mimo`,
-# which transformers 5.19 (vLLM 0.32's pin) does not know, so vLLM would load it as remote code. MiMo's config is
-# Qwen2's plus `num_nextn_predict_layers`; vLLM 0.32 picks its own MiMoForCausalLM from `architectures` and the MTP
-# draft when the first listed architecture is MiMoForCausalLM (config/speculative.py), so `model_type: qwen2` changes
-# only how the config is parsed. `hf_overrides` cannot do it: vLLM 0.32 applies a dict override only after
-# AutoConfig has parsed the on-disk model_type, and the MTP draft's config is loaded again from the directory.
-VLLM_CONFIG_VIEW: dict[str, dict[str, Any]] = {"mimo": {"model_type": "qwen2"}}
 
 
 class EngineRunError(Mtp2DraftError):
@@ -535,6 +530,12 @@ def serve_runs(
     """The plain target ("plain") and each draft as vLLM serves it (`SERVED_AS`), exported into `work`: a native
     MTP draft as a `stitched` export laid over a view of the target, an EAGLE-3 draft in SGLang's layout beside it."""
     base = served_view(target_dir, work / "view")
+    released = json.loads((Path(target_dir) / "config.json").read_text()).get("model_type")
+    if released in VLLM_CONFIG_VIEW:  # said, as the card says it: a user serving the draft makes the same view
+        fields = ", ".join(f"{k}: {v}" for k, v in VLLM_CONFIG_VIEW[released].items())
+        progress(f"vLLM serves a view of the target whose config.json says {fields} (the release says model_type "
+                 f"{released}, which transformers does not know; vLLM picks the same class from `architectures`): "
+                 "the card's overlay lines make the same view")  # fmt: skip
     runs = [EngineRun("plain", base)]
     for n, (name, path) in enumerate(drafts):
         fmt, method = SERVED_AS[kinds[name]]

@@ -160,6 +160,7 @@ class ExportJob:
     revision: str | None = None
     token: str | bool | None = None
     progress: Callable[[str], None] = field(default=lambda _: None)
+    final: Path | None = None  # where the export lands, as given (`out`): the launch lines its README prints name it
 
 
 @dataclass(frozen=True)

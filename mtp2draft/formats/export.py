@@ -81,6 +81,7 @@ def export(
         "from": str(src),
         "version": __version__,
         "command": command_line(),
+        "speculative_tokens": settings.speculative_tokens,  # the k every launch line drafts (`serving.serving_k`)
     }
     with atomic_output_dir(out, overwrite, inputs=[draft, target]) as tmp:
         job = ExportJob(
@@ -95,6 +96,7 @@ def export(
             revision=revision,
             token=token,
             progress=progress,
+            final=Path(out),
         )
         get_format(format).write(job)  # type: ignore[misc]
         if evaluation := file_inside(src, EVALUATION_FILE):  # `push` puts the measured acceptance on the card

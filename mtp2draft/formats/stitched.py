@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -52,6 +53,7 @@ from mtp2draft.formats.native import (
     trunk_keys,
 )
 from mtp2draft.formats.requant import UNQUANTISED_WHY, excluded_config
+from mtp2draft.formats.serving import config_view_note, launch_lines, local_ref, serving_text
 from mtp2draft.io import SafetensorsWriter, write_json
 from mtp2draft.kinds import CONFIG_FILE, WEIGHTS_FILE
 from mtp2draft.redact import redact
@@ -126,9 +128,12 @@ def _export_stitched(job: ExportJob) -> None:
     write_json(tmp / INDEX_FILE, index)
     write_json(tmp / CONFIG_FILE, config)
     written = [i for _, i in layers]
-    (tmp / README_FILE).write_text(_stitched_readme(ckpt, spec, written, shards, writer, unquantised))
-    for note in engine_mismatches(spec, cfg, ("vllm", "sglang")):
+    notes = engine_mismatches(spec, cfg, ("vllm", "sglang"))
+    for note in notes:
         progress("note: " + note)
+    serve = Serving(str(job.final or "<this directory>"), max(job.config.speculative_tokens, len(written)), notes)
+    (tmp / README_FILE).write_text(_stitched_readme(ckpt, spec, written, shards, writer, unquantised, serve))
+    record["engine_notes"] = notes  # the model card prints them beside the launch line of the engine they name
     record.update(
         target=ckpt.source,
         target_commit=ckpt.commit,
@@ -185,7 +190,7 @@ def _rewrite_shard(
             size = size + math.prod(shape) * dtype.itemsize if isinstance(size, int) else size
     if isinstance(size, int):
         index["metadata"]["total_size"] = size
-    with SafetensorsWriter(out, layout, {"format": "pt"}) as dst:
+    with SafetensorsWriter(out, layout, {"format": "pt", **STITCHED_MARK}) as dst:
         for run in contiguous_runs(infos, COPY_RUN_BYTES):
             kept = ckpt.read_raw([i.name for i in run if i.name not in slots])
             for info in run:
@@ -194,30 +199,52 @@ def _rewrite_shard(
                     dst.write(name, writer.get(name) if info.name in slots else kept[name])
 
 
-# launch-line label of `_launch_lines` -> the engine whose rule for the family gates it
-SERVE_ENGINES = {"vLLM": "vllm", "SGLang": "sglang"}
+# Every shard the overlay rewrites carries this in its safetensors metadata: `validate` tells a target the overlay was
+# laid over (or the overlay itself) from the target as released, whose shards never carry it.
+STITCHED_MARK = {"mtp2draft": "stitched MTP layer"}
 
 
-def _serve_lines(spec: Spec, layers: int) -> list[str]:
-    """The launch lines of the overlay for the engines that run it (a chain of `layers` > 1 only where the engine's
-    step rule is not "neither"), drafting at least as many tokens as there are layers."""
-    lines = _launch_lines("<target>", "<this directory>", max(3, layers))
-    return [
-        line
-        for label, line in lines.items()
-        if label in SERVE_ENGINES and spec.runs(SERVE_ENGINES[label], "mtp", layers)
-    ]
+def _marked(file: Path) -> bool:
+    """Whether shard `file` was written by the stitched export (an unreadable one counts: its check says why)."""
+    from safetensors import safe_open
+
+    try:
+        with safe_open(str(file), "pt") as f:
+            return all((f.metadata() or {}).get(k) == v for k, v in STITCHED_MARK.items())
+    except Exception:  # noqa: BLE001 - safetensors raises its own errors and OSError alike
+        return True
+
+
+@dataclass(frozen=True)
+class Serving:
+    """What the overlay's README says of serving it: where the overlay is, the k its lines draft, the engine notes."""
+
+    draft: str
+    k: int
+    notes: list[str]
 
 
 def _stitched_readme(
-    ckpt: Checkpoint, spec: Spec, layers: list[int], shards: list[str], writer: NativeWriter, unquantised: list[str]
+    ckpt: Checkpoint,
+    spec: Spec,
+    layers: list[int],
+    shards: list[str],
+    writer: NativeWriter,
+    unquantised: list[str],
+    serve: Serving,
 ) -> str:
     """The overlay's README.md, every text in it through the one redactor (a source path may hold a token)."""
-    return redact(_readme_text(ckpt, spec, layers, shards, writer, unquantised))
+    return redact(_readme_text(ckpt, spec, layers, shards, writer, unquantised, serve))
 
 
 def _readme_text(
-    ckpt: Checkpoint, spec: Spec, layers: list[int], shards: list[str], writer: NativeWriter, unquantised: list[str]
+    ckpt: Checkpoint,
+    spec: Spec,
+    layers: list[int],
+    shards: list[str],
+    writer: NativeWriter,
+    unquantised: list[str],
+    serve: Serving,
 ) -> str:
     where = ckpt.source + (f" (commit {ckpt.commit})" if ckpt.commit else "")
     block = ckpt.fp8_block_size()
@@ -236,17 +263,15 @@ def _readme_text(
     quant = quant or "Every tensor keeps the target's dtype."
     shards = [*shards, *([CONFIG_FILE] if unquantised else [])]
     files = "\n".join(f"- `{f}`" for f in [*shards, INDEX_FILE])
-    revision = f" --revision {ckpt.commit}" if ckpt.commit else ""
-    fetch = (
-        f"cp -r {ckpt.source} ./target-stitched"
-        if ckpt.is_local
-        else f"hf download {ckpt.source}{revision} --local-dir ./target-stitched"
-    )
     which = f"MTP layer {layers[0]}" if len(layers) == 1 else f"MTP layers {', '.join(map(str, layers))}"
-    lines = _serve_lines(spec, len(layers))
-    serve = (
-        "```bash\n" + "\n".join(lines) + "\n```"
-        if lines
+    source = local_ref(ckpt.source) if ckpt.is_local else ckpt.source
+    lines = launch_lines("stitched", source, local_ref(serve.draft), serve.k, spec, len(layers), ckpt.commit)
+    overlay = "\n".join(lines.pop("overlay").split(" && "))
+    view = config_view_note(spec)
+    engines = serving_text(lines, serve.notes) if lines else []
+    served = (
+        "\n".join(engines).strip()
+        if engines
         else f"No engine in mtp2draft's table runs this overlay for {spec.name} targets (`mtp2draft specs`)."
     )
     return f"""# Stitched MTP layer ({spec.name})
@@ -260,21 +285,22 @@ other tensors are the target's, unchanged) and the index.
 {files}
 
 {
-        "`config.json` is the target's with the MTP layer excluded from its quantisation (copy it too)."
+        "`config.json` is the target's with the MTP layer excluded from its quantisation (the lines copy it too)."
         if unquantised
         else "`config.json` is the target's, unchanged."
     }
 
 ## Overlay it onto the target
 
-```bash
-{fetch}
-cp {" ".join(shards)} {INDEX_FILE} ./target-stitched/
-```
+Run from the directory the export was written from (`{serve.draft}` is the overlay):
 
+```bash
+{overlay}
+```
+{chr(10) + view + chr(10) if view else ""}
 ## Serve
 
-{serve}
+{served}
 """
 
 
@@ -300,6 +326,12 @@ def _validate_stitched(path: Path, cfg: dict[str, Any]) -> list[str]:
     mtp_keys = [k for k in weight_map if k in named or k.startswith(tuple(prefixes))]
     if not mtp_keys:
         problems.append("the index maps no MTP tensor")
+    holding = sorted({weight_map[k] for k in mtp_keys} & present)
+    if holding and not any(_marked(path / f) for f in holding):  # a target with no overlay laid over it
+        return [
+            f"{', '.join(holding)} holds the MTP layer as the target was released, not as mtp2draft stitched it: "
+            "this is the untouched target (lay the overlay over it with the lines of the export's README)"
+        ]
     for key in mtp_keys:
         if weight_map[key] not in present:
             problems.append(f"the index maps MTP tensor {key} to {weight_map[key]}, which is missing from the overlay")
@@ -353,9 +385,8 @@ def _is_stitched(config: Mapping[str, Any]) -> bool:
 
 
 def _launch_lines(target: str, draft: str, k: int) -> dict[str, str]:
+    """The engines' lines for the overlaid target; the overlay's own lines are `serving.overlay_lines`."""
     return {
-        "overlay": f"hf download {target} --local-dir ./target-stitched && hf download {draft} --include "
-        "'*.safetensors' 'model.safetensors.index.json' config.json --local-dir ./target-stitched",
         "vLLM": "vllm serve ./target-stitched --speculative-config "
         f'\'{{"method": "mtp", "num_speculative_tokens": {k}}}\'',
         "SGLang": f"python -m sglang.launch_server --model ./target-stitched --speculative-algorithm EAGLE "

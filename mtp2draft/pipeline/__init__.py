@@ -1,8 +1,10 @@
 """The whole pipeline in one call: convert -> distill -> evaluate (beside the raw MTP head) -> export -> push.
 
 `run` chains the stage functions with the defaults a first user wants; every stage's options stay available as
-keyword arguments. A work directory keeps each stage's output (`raw/`, `distilled/`, `export/`), so a failed push can
-be retried with `mtp2draft push` and nothing already computed is lost.
+keyword arguments. A work directory keeps each stage's output (`raw-mtp/`, `distilled/`, `export-FORMAT/`) and the
+run's record (`record`: its inputs, settings and finished stages), so the same command run again continues after the
+last finished stage, and a failed push can be retried with `mtp2draft push`. What `run` checks before stage 1 beyond
+the stages' own checks is in `checks`.
 
 `demo` is the quick start: the same chain on the small DeepSeek-V3-layout target bundled with the repository (its
 MTP head trained jointly with the trunk), printing the acceptance table.
@@ -12,6 +14,7 @@ What this module does not do: implement any stage itself.
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -19,23 +22,29 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from mtp2draft.bundled import BUNDLED_DATA, BUNDLED_TARGET
 from mtp2draft.conversion import convert
-from mtp2draft.errors import Mtp2DraftError, OptionError, SourceError, read_json_object
+from mtp2draft.errors import (
+    HubError,
+    Mtp2DraftError,
+    OptionError,
+    OutputExistsError,
+    SourceError,
+    read_json_object,
+)
 from mtp2draft.evaluation.decode import evaluate, save_evaluation
 from mtp2draft.evaluation.settings import EvaluateConfig
 from mtp2draft.family.spec import Spec
 from mtp2draft.formats import REGISTRY, ExportConfig, formats_of, get_format
 from mtp2draft.formats.export import export
+from mtp2draft.hub import serve_text
 from mtp2draft.io import Progress, check_output_dir, claim_output, mark
 from mtp2draft.kinds import DraftKind
+from mtp2draft.pipeline import record as run_record
 from mtp2draft.settings import ConvertConfig, HubAccess, Placement, RunConfig
 from mtp2draft.target.device import resolve_device
 from mtp2draft.train.recipe import distill
 from mtp2draft.train.settings import DistillConfig, TrainingData
-
-REPO_ROOT = Path(__file__).resolve().parents[1]
-BUNDLED_TARGET = REPO_ROOT / "examples" / "targets" / "tiny-deepseek-v3"
-BUNDLED_DATA = REPO_ROOT / "examples" / "data"
 
 
 @dataclass
@@ -49,6 +58,8 @@ class RunResult:
     stages: dict[str, float] = field(default_factory=dict)
     target_figures: dict[str, Any] | None = None
     """The demo's bundled target: how good it is (`target_figures`), from its training.json."""
+    serving: list[str] = field(default_factory=list)
+    """How to serve the export where it lies: the launch lines its card gives (`hub.serve_text`)."""
 
 
 def default_format(spec: Spec, kind: str) -> str:
@@ -86,15 +97,50 @@ def run(
     )
     placement, hub = placement or Placement(), hub or HubAccess()
     config = replace(config, training=config.training or TrainingData())
+    given = {"convert": stages.convert, "distill": stages.distill, "evaluate": stages.evaluate, "export": stages.export}
+    now = run_record.identity(source, config, given, placement, hub.revision)
+    check_work(source, config, now)
+    check_extras(placement, progress)
     spec, stages = preflight(source, config, stages, hub)
     work = Path(config.work)
     with claim_output(work):  # held for the whole run; the output rules again, now that no other run can write here
-        check_output_dir(work, config.overwrite, inputs=run_inputs(source, config))
+        finished = check_work(source, config, now)
         kind, fmt = stages.convert.to, stages.format
         progress(
             f"{spec.name}: drafting {kind}, exporting --format {fmt} (the engines' support table: mtp2draft specs)"
         )
-        return _run(source, config, stages, placement, hub, progress)
+        if finished:
+            progress(f"continuing the run in --work {work}: finished earlier, kept: {', '.join(finished)}")
+        return _run(source, config, stages, placement, hub, progress, Record(work, now, finished or {}))
+
+
+def check_work(source: str, config: RunConfig, now: dict) -> dict | None:
+    """The output rules for --work, and whether a rerun may continue the run it holds: the stages finished there
+    (`run_record.check_resumable`), None for a fresh run. --overwrite starts afresh; a non-empty --work without a
+    record of this run's inputs and settings is refused in one line naming --work."""
+    work, inputs = Path(config.work), run_inputs(source, config)
+    try:
+        if config.overwrite or not work.is_dir() or not any(work.iterdir()) or run_record.read(work) is None:
+            check_output_dir(work, config.overwrite, inputs=inputs)
+            return None
+        check_output_dir(work, True, inputs=inputs)  # inside no input, and a directory mtp2draft wrote
+        return run_record.check_resumable(work, now)
+    except OutputExistsError as exc:  # the output rules speak of --out: run's output option is --work
+        raise OutputExistsError(str(exc).replace(f"--out {config.work}", f"--work {config.work}", 1)) from None
+
+
+def check_extras(placement: Placement, progress: Progress) -> None:
+    """The optional packages the options need, checked before stage 1: accelerate for --device-map (refused without
+    it); matplotlib for the charts (a note: the run draws none without it)."""
+    import importlib.util
+
+    if placement.device_map is not None and importlib.util.find_spec("accelerate") is None:
+        raise OptionError(
+            f"--device-map {placement.device_map} needs accelerate: pip install 'mtp2draft[device-map]' "
+            "(or leave --device-map out to run the target on one device)"
+        )
+    if importlib.util.find_spec("matplotlib") is None:
+        progress("note: matplotlib is not installed, so no charts are drawn (pip install 'mtp2draft[chart]')")
 
 
 @dataclass(frozen=True)
@@ -140,10 +186,10 @@ def _has_chats(path: str | Path) -> bool:
 
 
 def preflight(source: str, config: RunConfig, stages: Stages, hub: HubAccess) -> tuple[Spec, Stages]:
-    """Everything `run` can check before the first byte of a tensor is fetched, each by the stage that owns the check:
-    the output rules, the data files, the source's family and MTP layer (convert's), the format against the draft kind
+    """Everything `run` can check before the first byte of a tensor is fetched, each by the stage that owns the check
+    (the output rules are `check_work`'s, before this): the data files, the source's family and MTP layer (convert's), the format against the draft kind
     (export's), the training settings for that kind and family (distill's), the target's identity with the source,
-    and for --push a repo id and a token (push's). Returns the spec and the stages with the kind and format filled in.
+    and for --push a repo id, a valid token and a namespace it may create the repo in (push's). Returns the spec and the stages with the kind and format filled in.
     Reads configs only."""
     from mtp2draft.checkpoint.reader import open_checkpoint
     from mtp2draft.conversion import check_conversion
@@ -153,9 +199,12 @@ def preflight(source: str, config: RunConfig, stages: Stages, hub: HubAccess) ->
     from mtp2draft.train.calibrate import check_draft_vocab_size
     from mtp2draft.train.recipe import check_heldout_options, check_training_settings, refuse_untrained
 
-    check_output_dir(config.work, config.overwrite, inputs=run_inputs(source, config))
     training = config.training
-    if training.data is None or training.hidden_states is not None:
+    if training.data is None:
+        raise OptionError(
+            'run needs --data: a JSONL file to distill on, one {"text": ...} or {"messages": [...]} per line'
+        )
+    if training.hidden_states is not None:
         raise OptionError("run distills on --data against the online target (dump-hidden data: run distill itself)")
     check_heldout_options(stages.distill, training.heldout, None)
     skip = stages.evaluate.skip_bad  # run's one --skip-bad: --data and --eval-data (held-out lines are never skipped)
@@ -190,13 +239,44 @@ def preflight(source: str, config: RunConfig, stages: Stages, hub: HubAccess) ->
         )
     if config.push:
         from mtp2draft.hub import check_push_access
+        from mtp2draft.pipeline.checks import check_repo_creatable
 
-        check_push_access(config.push, hub.token)
+        check_repo_creatable(config.push, check_push_access(config.push, hub.token))
     return spec, replace(stages, convert=convert, format=fmt)
 
 
+class PushFailed(HubError):
+    """`run --push` failed at the push, after every other stage finished: `result` holds the run (its acceptance
+    table and the complete export), so the command line still prints it."""
+
+    def __init__(self, message: str, result: RunResult):
+        super().__init__(message)
+        self.result = result
+
+
+@dataclass
+class Record:
+    """The run's record in its work directory (`run_record`): its identity and the stages finished so far."""
+
+    work: Path
+    identity: dict
+    finished: dict
+
+    def begin(self) -> None:
+        self.finished = run_record.begin(self.work, self.identity, self.finished)
+
+    def done(self, stage: str, result: dict | None = None) -> None:
+        run_record.finish(self.work, self.identity, self.finished, stage, result)
+
+
 def _run(
-    source: str, config: RunConfig, stages: Stages, placement: Placement, hub: HubAccess, progress: Progress
+    source: str,
+    config: RunConfig,
+    stages: Stages,
+    placement: Placement,
+    hub: HubAccess,
+    progress: Progress,
+    record: Record,
 ) -> RunResult:
     training = config.training
     work, data, fmt, kind = Path(config.work), training.data, stages.format, stages.convert.to
@@ -219,55 +299,119 @@ def _run(
     times: dict[str, float] = {}
     work.mkdir(parents=True, exist_ok=True)
     mark(work, files=())  # its stages mark their own directories; a later `run --overwrite` may replace it
+    record.begin()
     source_access = {"revision": hub.revision, "token": hub.token}
     target_access = {"revision": target_hub.revision, "token": target_hub.token}
     inside = {"overwrite": True, "progress": progress}  # the stages write inside `work`, checked above
     distilled, exported = work / "distilled", work / f"export-{fmt}"
+    raw = work / "raw-mtp"
+    start = work / "raw-eagle3" if kind == DraftKind.EAGLE3 else raw
     device = resolve_device(placement.device)
+    report: dict[str, Any] = {}
+    step = _Steps(record, times, progress)
 
-    with _stage(times, "convert", progress, f"[1/5] convert {source} -> raw MTP head and {kind} draft"):
-        raw, start = _convert(source, work, stages.convert, {**source_access, **inside})
-    with _stage(times, "distill", progress, f"[2/5] distill against {target}"):
-        placed = {"device": device, "target_dtype": placement.torch_dtype, "device_map": placement.device_map}
-        job = {"regenerate_data": training.regenerate, "sample": training.sample, "heldout": training.heldout,
-               "skip_bad": evaluation.skip_bad}  # fmt: skip
-        distill(
-            start,
-            distilled,
-            data=data,
-            target=target,
-            config=stages.distill,
-            **job,
-            **target_access,
-            **inside,
-            **placed,
-        )
-    with _stage(times, "evaluate", progress, f"[3/5] evaluate (k = {k}) beside the raw MTP head"):
-        drafts = [("distilled " + kind, str(distilled)), ("raw MTP head (baseline)", str(raw))]
-        placed = {"device": device, "dtype": placement.torch_dtype, "device_map": placement.device_map}
-        report = evaluate(drafts, target, eval_data, config=evaluation, **target_access, progress=progress, **placed)
-        save_evaluation(distilled, report, progress=progress)
-    with _stage(times, "export", progress, f"[4/5] export --format {fmt}"):
-        reads = target if REGISTRY[fmt].reads_target else None
-        export(distilled, fmt, exported, target=reads, config=export_config, **target_access, **inside)
-    pushed = None
-    if config.push:
-        from mtp2draft.hub import push
-
-        with _stage(times, "push", progress, f"[5/5] push to {config.push}"):
-            pushed = push(exported, config.push, private=config.private, token=hub.token, progress=progress)
-    else:
+    with step("convert", f"[1/5] convert {source} -> raw MTP head and {kind} draft") as todo:
+        if todo:
+            raw, start = _convert(source, work, stages.convert, {**source_access, **inside})
+    with step("distill", f"[2/5] distill against {target}") as todo:
+        if todo:
+            placed = {"device": device, "target_dtype": placement.torch_dtype, "device_map": placement.device_map}
+            job = {"regenerate_data": training.regenerate, "sample": training.sample, "heldout": training.heldout,
+                   "skip_bad": evaluation.skip_bad}  # fmt: skip
+            job["resume"] = _resumable(distilled, stages.distill.steps)
+            if job["resume"]:
+                progress(f"continuing distillation from its last checkpoint in {_checkpoints(distilled)}")
+            distill(start, distilled, data=data, target=target, config=stages.distill, **job, **target_access,
+                    **inside, **placed)  # fmt: skip
+    with step("evaluate", f"[3/5] evaluate (k = {k}) beside the raw MTP head") as todo:
+        if todo:
+            drafts = [("distilled " + kind, str(distilled)), ("raw MTP head (baseline)", str(raw))]
+            placed = {"device": device, "dtype": placement.torch_dtype, "device_map": placement.device_map}
+            report = evaluate(
+                drafts, target, eval_data, config=evaluation, **target_access, progress=progress, **placed
+            )
+            save_evaluation(distilled, report, progress=progress)
+        else:
+            report = read_json_object(distilled / "evaluation.json", SourceError)
+    with step("export", f"[4/5] export --format {fmt}") as todo:
+        if todo:
+            reads = target if REGISTRY[fmt].reads_target else None
+            export(distilled, fmt, exported, target=reads, config=export_config, **target_access, **inside)
+    result = RunResult(work, raw, distilled, exported, report, None, times)
+    result.serving = serve_text(exported) if exported.is_dir() else []  # a stage stood in for by a caller
+    if not config.push:
         progress("[5/5] push skipped (no --push)")
-    return RunResult(work, raw, distilled, exported, report, pushed, times)
+        return result
+    return _push(config, hub, result, record, step)
 
 
-@contextmanager
-def _stage(stages: dict[str, float], name: str, progress: Progress, line: str) -> Iterator[None]:
-    """Announce a stage and record its wall time in `stages[name]` (seconds), as the demo prints them."""
-    started = time.perf_counter()
-    progress(line)
-    yield
-    stages[name] = time.perf_counter() - started
+def _push(config: RunConfig, hub: HubAccess, result: RunResult, record: Record, step: _Steps) -> RunResult:
+    """Stage 5: publish the export. Pushed to the same repo by an earlier run: kept. A failure raises `PushFailed`,
+    which carries the finished run and says how to publish the complete export."""
+    from mtp2draft.hub import PushResult, push
+
+    earlier, exported = record.finished.get("push") or {}, result.exported
+    if earlier.get("repo_id") == config.push:
+        step.progress(f"[5/5] push to {config.push}: finished in an earlier run, kept")
+        result.push = PushResult(**earlier)
+        return result
+    try:
+        with step("push", f"[5/5] push to {config.push}", recorded=False):
+            result.push = push(exported, config.push, private=config.private, token=hub.token, progress=step.progress)
+    except Mtp2DraftError as exc:
+        raise PushFailed(
+            f"{exc} (the export {exported} is complete: publish it with "
+            f"`mtp2draft push {exported} --repo-id {config.push}`, or rerun this command)",
+            result,
+        ) from exc
+    record.done("push", dataclasses.asdict(result.push))
+    return result
+
+
+class _Steps:
+    """Each stage as a `with` block that yields whether it must run: False when an earlier run finished it (the
+    record says so); a stage that ends records itself finished, one that fails says what is kept and how to go on."""
+
+    def __init__(self, record: Record, times: dict[str, float], progress: Progress) -> None:
+        self.record, self.times, self.progress = record, times, progress
+
+    @contextmanager
+    def __call__(self, name: str, line: str, recorded: bool = True) -> Iterator[bool]:
+        if recorded and name in self.record.finished:
+            self.progress(f"{line}: finished in an earlier run, kept")
+            yield False
+            return
+        started = time.perf_counter()
+        self.progress(line)
+        try:
+            yield True
+        except BaseException:
+            kept = ", ".join(self.record.finished) or "none"
+            self.progress(
+                f"run stopped in {name}; finished stages kept in {self.record.work}: {kept}. Rerun the same command "
+                f"to continue from {name}"
+            )
+            raise
+        self.times[name] = time.perf_counter() - started
+        if recorded:
+            self.record.done(name)
+
+
+def _checkpoints(distilled: Path) -> Path:
+    return distilled.parent / f"{distilled.name}.checkpoints"
+
+
+def _resumable(distilled: Path, steps: int) -> bool:
+    """Whether a distill stage that stopped left a checkpoint to continue from, short of the last step."""
+    from mtp2draft.train.state import latest_checkpoint
+
+    folder = _checkpoints(distilled)
+    latest = latest_checkpoint(folder) if folder.is_dir() else None
+    try:
+        done = int(latest.name.split("-")[-1]) if latest is not None else 0
+    except ValueError:
+        return False
+    return 0 < done < steps
 
 
 def _convert(source: str, work: Path, config: ConvertConfig, options: dict[str, Any]) -> tuple[Path, Path]:
