@@ -41,12 +41,12 @@ from typing import Any
 from mtp2draft._version import __version__
 from mtp2draft.checkpoint import network
 from mtp2draft.errors import DraftError, HubError, Mtp2DraftError, ValidationError
-from mtp2draft.evaluation.report import read_report
 from mtp2draft.evaluation.verdict import lossless_words
 from mtp2draft.family.spec import ENGINES, NO_CHAIN, Spec, find_spec, get_spec
 from mtp2draft.formats import REGISTRY, format_kind
 from mtp2draft.formats.common import README_FILE, read_json
 from mtp2draft.formats.export import DraftDirectory, read_draft_directory, validate
+from mtp2draft.formats.report import read_report
 from mtp2draft.formats.serving import (
     DEFAULT_K,
     LINE_ENGINES,

@@ -172,6 +172,11 @@ class ConvertConfig:
         if self.all_layers and self.layer is not None:
             raise OptionError("--layer and --all-layers exclude each other (--all-layers takes every MTP layer)")
 
+    @property
+    def draft_dtype(self) -> str:
+        """The draft's weights dtype: bfloat16 unless named (unnamed, a tensor stored in float32 stays float32)."""
+        return self.dtype or "bfloat16"
+
 
 @dataclass(frozen=True, kw_only=True)
 class RunConfig:

@@ -67,10 +67,6 @@ from mtp2draft.kinds import CONFIG_FILE, DSPARK_KIND, PROVENANCE_FILE, WEIGHTS_F
 from mtp2draft.redact import command_line
 from mtp2draft.settings import ConvertConfig
 
-DEFAULT_DTYPE = (
-    "bfloat16"  # a draft's weights when --dtype is not named (a stored fp32 tensor of a native draft stays fp32)
-)
-
 # ---- EAGLE-3 --------------------------------------------------------------------------------------------------------
 # fc fuses three distinct target layers, and engines capture layer inputs only (the outputs of layers 0..N-2).
 MIN_EAGLE3_LAYERS = 4
@@ -280,7 +276,7 @@ def convert(
                              got["drafter_bytes"], got["checkpoint_bytes"], got["seconds"], got["provenance"])  # fmt: skip
     spec, config, layer, count = check_conversion(ckpt, config)
     to, all_layers, aux_layers = DraftKind(config.to), config.all_layers, config.aux_layers
-    dtype = config.dtype or DEFAULT_DTYPE  # not named: fp32 tensors of the checkpoint stay fp32 (native drafts)
+    dtype = config.draft_dtype  # not named: fp32 tensors of the checkpoint stay fp32 (native drafts)
     progress(f"{spec.name}: MTP layer {layer} of {count}; reading shard headers")
     # every declared layer planned (headers only), as `inspect` does: a checkpoint declaring more MTP layers than it
     # ships is refused whichever layer is asked for, not converted as if its config were whole

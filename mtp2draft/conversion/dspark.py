@@ -63,7 +63,8 @@ def convert_dspark(
     info = inspect_dspark(ckpt, fields)  # refuses tensors that are not the declared drafter before anything is read
     keys = [k for k in ckpt.keys_with_prefix("mtp.")]
     stored_f32 = [k for k in keys if k in ckpt.weight_map and ckpt.info(k).dtype == "F32"]
-    target = _DTYPES[config.dtype]
+    dtype_name = config.draft_dtype  # stored fp32 tensors stay fp32 whatever is named (the mixers need it)
+    target = _DTYPES[dtype_name]
 
     def dtype_of(key: str) -> torch.dtype:
         if key in stored_f32 or not ckpt.weight_dtype(key).is_floating_point:
@@ -91,7 +92,7 @@ def convert_dspark(
                 "architectures": ckpt.config.get("architectures"),
                 "dspark": fields.summary(),
                 "num_stages": info["num_stages"],
-                "torch_dtype": config.dtype,
+                "torch_dtype": dtype_name,
                 "target_config": dict(ckpt.config),
                 "mtp2draft": {"version": __version__, "source": ckpt.source, "commit": ckpt.commit},
             },

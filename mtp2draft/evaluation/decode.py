@@ -46,9 +46,9 @@ from mtp2draft.draft.modules import DraftCache
 from mtp2draft.errors import DataError, DraftError, OutputExistsError
 from mtp2draft.evaluation import charts
 from mtp2draft.evaluation.compare import compare_to_baselines
-from mtp2draft.evaluation.report import parse_report
 from mtp2draft.evaluation.sampling import Greedy, Sampling, Speculative, ks_uniform, make_sampler, pit, warp
 from mtp2draft.evaluation.settings import EvaluateConfig
+from mtp2draft.formats.report import parse_report
 from mtp2draft.io import Progress, being_written, claim_output, dir_identity, meter, quiet, write_json
 from mtp2draft.kinds import EVALUATION_FILE, DraftKind
 from mtp2draft.manifest import add_written, temporary_beside

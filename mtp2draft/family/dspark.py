@@ -16,7 +16,7 @@ from typing import Any
 
 from mtp2draft.errors import CheckpointError
 
-# the key whose presence makes a config a DSpark drafter's (`family.spec.NOT_MTP_FIELDS` refuses it as MTP)
+# the key whose presence makes a config a DSpark drafter's (`family.not_supported.NOT_MTP_FIELDS` refuses it as MTP)
 DETECT_KEY = "dspark_block_size"
 
 

@@ -5,7 +5,7 @@ and the `sources` the reason was read from. `mtp2draft specs` lists the rows bes
 checkpoint of such a family is refused in one line carrying the reason instead of "no spec matches".
 
 What this module does not do: refuse checkpoints whose MTP-named tensors hold another drafter whatever the family
-(DSpark: `family.spec.NOT_MTP_FIELDS`), or decide anything about families that have a spec (a spec always wins, so a
+(DSpark: `family.not_supported.NOT_MTP_FIELDS`), or decide anything about families that have a spec (a spec always wins, so a
 user spec in $MTP2DRAFT_SPEC_PATH can take a row's family on).
 """
 
@@ -19,8 +19,9 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
-from mtp2draft.errors import NotSupportedError, SpecError
+from mtp2draft.errors import NotMtpError, NotSupportedError, SpecError
 from mtp2draft.family.identity import FamilyIdentity, named_in
+from mtp2draft.kinds import SUPPORTED_SO_FAR
 
 FOLDER = "not_supported"
 _FIELDS = ("name", "description", "architectures", "model_types", "reason", "sources")
@@ -78,3 +79,20 @@ def refuse_not_supported(config: Mapping[str, Any]) -> None:
                 f"{row.description} ({named_in(config)}): not supported, because {row.reason} "
                 f"(see `mtp2draft specs`, model_specs/{FOLDER}/{row.name}.toml)"
             )
+
+
+# config.json fields saying the MTP-named tensors are another drafter. DeepSeek-V4-0731 / V4.1 keep a DSpark block
+# drafter (no enorm / hnorm / projection) under `mtp.*`; vLLM 0.33 serves it as "dspark", refuses "mtp" for V4.1.
+NOT_MTP_FIELDS = {"dspark_block_size": "a DSpark block drafter (served by vLLM's speculative method 'dspark')"}
+
+
+def refuse_non_mtp(config: Mapping[str, Any]) -> None:
+    """NotMtpError when config.json (or its text_config) marks the MTP-named tensors as another kind of drafter."""
+    sections = [config, config.get("text_config") if isinstance(config.get("text_config"), Mapping) else {}]
+    for section in sections:
+        for name, what in NOT_MTP_FIELDS.items():
+            if section.get(name) is not None:
+                raise NotMtpError(
+                    f"this checkpoint's MTP tensors are {what}, not an MTP layer (config.json: {name} = "
+                    f"{section[name]!r}), which mtp2draft will not half-load as one: {SUPPORTED_SO_FAR}"
+                )

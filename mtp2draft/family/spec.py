@@ -21,10 +21,10 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
-from mtp2draft.errors import CheckpointError, NotMtpError, SpecError, UnknownFamilyError
+from mtp2draft.errors import CheckpointError, SpecError, UnknownFamilyError
 from mtp2draft.family.identity import FamilyIdentity, named_in
-from mtp2draft.family.not_supported import refuse_not_supported
-from mtp2draft.kinds import DRAFT_KINDS, HIDDEN_PLACES, SUPPORTED_SO_FAR, DraftKind, Hidden
+from mtp2draft.family.not_supported import refuse_non_mtp, refuse_not_supported
+from mtp2draft.kinds import DRAFT_KINDS, HIDDEN_PLACES, DraftKind, Hidden
 
 CONCAT_ORDERS = ("embed_hidden", "hidden_embed")
 HIDDEN_SOURCES = HIDDEN_PLACES
@@ -564,26 +564,9 @@ def get_spec(name: str) -> Spec:
         raise UnknownFamilyError(f"no spec named {name!r}; supported: {', '.join(spec_names())}") from None
 
 
-# config.json fields saying the MTP-named tensors are another drafter. DeepSeek-V4-0731 / V4.1 keep a DSpark block
-# drafter (no enorm / hnorm / projection) under `mtp.*`; vLLM 0.33 serves it as "dspark", refuses "mtp" for V4.1.
-NOT_MTP_FIELDS = {"dspark_block_size": "a DSpark block drafter (served by vLLM's speculative method 'dspark')"}
-
-
-def refuse_non_mtp(config: Mapping[str, Any]) -> None:
-    """NotMtpError when config.json (or its text_config) marks the MTP-named tensors as another kind of drafter."""
-    sections = [config, config.get("text_config") if isinstance(config.get("text_config"), Mapping) else {}]
-    for section in sections:
-        for name, what in NOT_MTP_FIELDS.items():
-            if section.get(name) is not None:
-                raise NotMtpError(
-                    f"this checkpoint's MTP tensors are {what}, not an MTP layer (config.json: {name} = "
-                    f"{section[name]!r}), which mtp2draft will not half-load as one: {SUPPORTED_SO_FAR}"
-                )
-
-
 def find_spec(config: Mapping[str, Any]) -> Spec:
     """The spec matching a config.json: by `architectures` first, then by `model_type`. A config marking its MTP
-    tensors as another drafter (`NOT_MTP_FIELDS`) is refused first, whatever its family; one of a family listed as
+    tensors as another drafter (`not_supported.NOT_MTP_FIELDS`) is refused first, whatever its family; one of a family listed as
     not supported (`family.not_supported`) is refused with its reason when no spec matches."""
     refuse_non_mtp(config)
     for spec in registry().values():

@@ -239,7 +239,7 @@ def _dtype_problems(found: DraftDirectory) -> list[str]:
 def _evaluation_problems(path: Path) -> list[str]:
     """evaluation.json beside a draft (it goes on the model card) read by the report's rules, ranges included."""
     from mtp2draft.errors import DataError
-    from mtp2draft.evaluation.report import read_report
+    from mtp2draft.formats.report import read_report
 
     if not (path / EVALUATION_FILE).is_file():
         return []

@@ -62,8 +62,8 @@ class Acceptance:
 
 def read_acceptance(path: str | Path) -> Acceptance:
     """The first draft's acceptance in an evaluation.json (or a draft directory holding one), read by the typed
-    reader `evaluate --save` writes with (`evaluation/report.py`)."""
-    from mtp2draft.evaluation.report import read_report
+    reader `evaluate --save` writes with (`formats/report.py`)."""
+    from mtp2draft.formats.report import read_report
 
     report = read_report(path)
     first = report.draft
