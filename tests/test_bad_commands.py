@@ -588,7 +588,8 @@ for _field, _value in IDENTITY:
     def _target(w, tmp, f=_field, v=_value):
         return _edited(w.ds, tmp, f, v, "other-target")
 
-    _needle = f"{_field} "
+    # a RoPE setting is named in its one spelling (`target/rope_config.py`): the factor that differs, here 16 vs 2
+    _needle = "rope.factor 16 (draft) vs 2.0 (target)" if _field == "rope_scaling" else f"{_field} "
     _add(f"evaluate_target_differs_in_{_field}", lambda w, tmp, mp, s, t=_target, n=_needle: Case(
         _evaluate(w, target=t(w, tmp)), n))  # fmt: skip
     _add(f"distill_target_differs_in_{_field}", lambda w, tmp, mp, s, t=_target, n=_needle: Case(

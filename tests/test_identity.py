@@ -114,12 +114,11 @@ def test_every_target_config_key_is_refused_or_inert(bundle, tmp_path: Path, cap
     root, target, draft, data = bundle
     original = json.loads((target / "config.json").read_text())
     baseline = {}
-    for name, argv in _commands(draft, target, data, tmp_path / "base").items():
-        shutil.rmtree(tmp_path / "base", ignore_errors=True)
+    for name, argv in _commands(draft, target, data, tmp_path / "out").items():  # the same --out (READMEs name it)
         code, out, err = _run(argv, capsys)
         assert code == 0, err
-        baseline[name] = _result(name, tmp_path / "base", out, None)
-    shutil.rmtree(tmp_path / "base", ignore_errors=True)
+        baseline[name] = _result(name, tmp_path / "out", out, None)
+        shutil.rmtree(tmp_path / "out", ignore_errors=True)
 
     passed: dict[str, set[str]] = {name: set() for name in baseline}
     mutations = [(key, _mutated(value, key)) for key, value in original.items()] + [("added_by_the_test", 1)]

@@ -65,7 +65,7 @@ class ToyTarget:
 
     device = torch.device("cpu")
 
-    def start(self) -> ToyCache:
+    def start(self, rollback: int = 0) -> ToyCache:  # a cache of token rows: any rollback is a crop
         return ToyCache()
 
     def forward(self, ids: list[int], cache: ToyCache) -> tuple[torch.Tensor, torch.Tensor]:

@@ -80,11 +80,13 @@ def test_find_spec_matches_architectures_then_model_type() -> None:
     assert find_spec({"architectures": ["MiMoForCausalLM"], "model_type": "mimo"}).name == "mimo"
 
 
-def test_unknown_family_lists_supported_ones() -> None:
+def test_unknown_family_points_at_the_list() -> None:
+    """One short line that counts the families and names the command listing them (listing them all inline made
+    a 1,173-character line)."""
     with pytest.raises(UnknownFamilyError) as err:
         find_spec({"architectures": ["LlamaForCausalLM"], "model_type": "llama"})
-    for name in registry():
-        assert name in str(err.value)
+    assert f"knows {len(registry())} families" in str(err.value) and "`mtp2draft specs`" in str(err.value)
+    assert len(str(err.value)) < 300
     with pytest.raises(UnknownFamilyError, match="supported"):
         get_spec("nope")
 

@@ -298,7 +298,7 @@ def _run(
     export_config = stages.export or ExportConfig(speculative_tokens=k)
     times: dict[str, float] = {}
     work.mkdir(parents=True, exist_ok=True)
-    mark(work, files=())  # its stages mark their own directories; a later `run --overwrite` may replace it
+    mark(work, files=(run_record.RECORD,))  # the stages mark their own directories; `run --overwrite` may replace it
     record.begin()
     source_access = {"revision": hub.revision, "token": hub.token}
     target_access = {"revision": target_hub.revision, "token": target_hub.token}
