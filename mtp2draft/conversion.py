@@ -45,7 +45,7 @@ from mtp2draft.draft.modules import (
 )
 from mtp2draft.eagle3.transfer import Eagle3Build
 from mtp2draft.eagle3.transforms import EAGLE3_TRANSFORMS, check_eagle3_transforms
-from mtp2draft.errors import CheckpointError, OptionError, ShallowTargetError
+from mtp2draft.errors import CheckpointError, Mtp2DraftError, OptionError, ShallowTargetError
 from mtp2draft.family.spec import ENGINES, Spec, find_spec
 from mtp2draft.family.transforms import LOAD_TRANSFORMS
 from mtp2draft.io import (
@@ -430,14 +430,25 @@ def inspect_checkpoint(source: str, revision: str | None = None, token: str | bo
     """Family, MTP layers and their tensors, and the bytes a conversion fetches vs the whole checkpoint.
 
     Reads config, index and the headers of the shards holding MTP tensors; no tensor bytes."""
+    from mtp2draft.release import diagnose
+
     ckpt = open_checkpoint(source, revision, token)
     spec = find_spec(ckpt.config)
     count = spec.num_mtp_layers(ckpt.config)
+    release = diagnose(ckpt, spec)
     layers = []
-    if count > 0:
-        resolve_layer(ckpt, spec, 0)
-    for layer in range(count):
-        plan = plan_mtp_layer(ckpt, spec, layer)
+    # A release whose count field and weights disagree on every layer (none stored, or a count of 0 over a stored
+    # layer) is reported, not refused: the release check says what is wrong and what to do.
+    listed = range(count) if set(release["layers_present"]) & set(range(count)) else range(0)
+    try:
+        if count > 0 and listed:
+            resolve_layer(ckpt, spec, 0)
+        plans = [plan_mtp_layer(ckpt, spec, layer) for layer in listed]
+    except Mtp2DraftError as exc:
+        if release["status"] == "ok":
+            raise
+        raise type(exc)(f"{exc} (release check: {release['verdict']})") from exc
+    for layer, plan in zip(listed, plans, strict=True):
         keys = ckpt.needed_keys(plan.checkpoint_keys)
         tensors = [
             {"name": k, "shape": list(ckpt.info(k).shape), "dtype": ckpt.info(k).dtype, "bytes": ckpt.info(k).nbytes}
@@ -469,4 +480,5 @@ def inspect_checkpoint(source: str, revision: str | None = None, token: str | bo
         "checkpoint_bytes": ckpt.total_bytes(),
         "bytes_read_by_inspect": ckpt.bytes_fetched,
         "unindexed_files": dict(ckpt.unindexed),  # file -> tensors found there, outside the index
+        "release": release,  # as an engine loads it: where the layer is, how stored, excluded, counted (release.py)
     }
