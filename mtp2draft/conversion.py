@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import ctypes
 import functools
+import hashlib
 import math
 import time
 from collections import Counter
@@ -291,6 +292,9 @@ def convert(
             "mtp_layer": layer,
             "target_num_layers": spec.num_layers(ckpt.config),  # lets `validate` check aux ids without the target
         }
+        tokenizer = tokenizer_digests(ckpt)
+        if tokenizer:  # lets a graft refuse a release with another tokenizer (formats/graft.py)
+            draft_cfg["mtp2draft"]["tokenizer_sha256"] = tokenizer
         if to == DraftKind.EAGLE3:  # the target it belongs to (a native draft keeps it as `target_config`)
             draft_cfg["mtp2draft"]["target_config"] = dict(ckpt.config)
         write_json(tmp / CONFIG_FILE, draft_cfg)
@@ -426,6 +430,17 @@ def _write_native(
 
 
 # ---- inspect --------------------------------------------------------------------------------------------------------
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model")
+
+
+def tokenizer_digests(ckpt: Checkpoint) -> dict[str, str]:
+    """sha256 of the tokenizer files of a local checkpoint (a hub one's are not fetched for this): file -> digest."""
+    if not ckpt.is_local:
+        return {}
+    root = Path(ckpt.source)
+    return {n: hashlib.sha256((root / n).read_bytes()).hexdigest() for n in TOKENIZER_FILES if (root / n).is_file()}
+
+
 def inspect_checkpoint(source: str, revision: str | None = None, token: str | bool | None = None) -> dict[str, Any]:
     """Family, MTP layers and their tensors, and the bytes a conversion fetches vs the whole checkpoint.
 

@@ -105,12 +105,16 @@ class ExclusionRule:
     fields: tuple[str, ...]  # config fields holding the list, first found wins
     nested: str  # a nested section that may hold them ("" for none)
     match: Callable[[str, str], bool]
+    # whether a bf16 linear the list does not name is built quantised: false for block FP8, whose MTP classes build
+    # some linears unquantised whatever the config says (DeepSeek's bf16 `eh_proj` in the FP8 release: vLLM 0.34
+    # `deepseek_mtp.py` builds it with no quant_config), so only a quantised linear the list excludes is reported
+    strict: bool = True
 
 
 EXCLUSION_RULES: dict[str, ExclusionRule] = {
     "modelopt": ExclusionRule(("exclude_modules", "ignore"), "quantization", _fnmatch),
     "compressed-tensors": ExclusionRule(("ignore",), "", _ct_match),
-    "fp8": ExclusionRule(("modules_to_not_convert", "ignored_layers"), "", _substring),
+    "fp8": ExclusionRule(("modules_to_not_convert", "ignored_layers"), "", _substring, strict=False),
 }
 
 
@@ -304,7 +308,8 @@ def _exclusion_problems(cfg: Mapping[str, Any], entry: dict[str, Any]) -> list[d
         return []
     method, field, patterns = found
     layer, prefix = entry["layer"], entry["prefix"]
-    plain = [m for m, q in entry["linears"] if not q and not excluded(cfg, m)]
+    strict = EXCLUSION_RULES[method].strict
+    plain = [m for m, q in entry["linears"] if strict and not q and not excluded(cfg, m)]
     packed = [m for m, q in entry["linears"] if q and excluded(cfg, m)]
     out = []
     if plain:
@@ -327,6 +332,27 @@ def _exclusion_problems(cfg: Mapping[str, Any], entry: dict[str, Any]) -> list[d
                 f"quantization_config.{field} excludes: the engine builds them unquantised and cannot load them",
             }
         )
+    return out
+
+
+FLOAT_DTYPES = ("BF16", "F16", "F32")
+
+
+def unexcluded(config: Mapping[str, Any], stored: Mapping[str, tuple[str, list[int]]]) -> list[str]:
+    """One line per MTP linear stored in a float dtype (key -> (safetensors dtype, shape)) that config.json's
+    quantisation would build quantised: what `validate` reports for an overlay, as the engines will read it."""
+    found = exclusion_list(config)
+    if found is None or not EXCLUSION_RULES[found[0]].strict:
+        return []
+    out = []
+    for key, (dtype, shape) in sorted(stored.items()):
+        module = key.removesuffix(".weight")
+        linear = key.endswith(".weight") and len(shape) >= 2 and _group(key) in QUANTISABLE
+        if linear and dtype in FLOAT_DTYPES and not excluded(config, module):
+            out.append(
+                f"{key} is stored {dtype} but quantization_config.{found[1]} does not exclude {module}: the engine "
+                f"builds it {found[0]}-quantised"
+            )
     return out
 
 

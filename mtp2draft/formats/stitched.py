@@ -19,7 +19,7 @@ import torch
 
 from mtp2draft._version import __version__
 from mtp2draft.checkpoint.fp8 import SCALE_SUFFIX, fp8_block_size
-from mtp2draft.checkpoint.reader import INDEX_FILE, ST_DTYPES, Checkpoint
+from mtp2draft.checkpoint.reader import INDEX_FILE, ST_DTYPES, Checkpoint, open_checkpoint
 from mtp2draft.draft.layout import plan_mtp_layer
 from mtp2draft.errors import DraftError
 from mtp2draft.family.spec import Spec, find_spec
@@ -34,6 +34,7 @@ from mtp2draft.formats.common import (
     read_json,
     sglang_steps,
 )
+from mtp2draft.formats.graft import graft, graft_readme, identity_view, needs_graft
 from mtp2draft.formats.native import (
     COPY_RUN_BYTES,
     ChainLayers,
@@ -47,7 +48,6 @@ from mtp2draft.formats.native import (
     meta_checkpoint,
     native_input,
     natural_order,
-    open_target,
     stored_from_target,
     trunk_keys,
 )
@@ -55,6 +55,7 @@ from mtp2draft.formats.requant import UNQUANTISED_WHY, excluded_config
 from mtp2draft.io import SafetensorsWriter, write_json
 from mtp2draft.kinds import CONFIG_FILE, WEIGHTS_FILE
 from mtp2draft.redact import redact
+from mtp2draft.release import diagnose, unexcluded
 
 
 def _target_index(ckpt: Checkpoint) -> dict[str, Any]:
@@ -83,10 +84,34 @@ def _export_stitched(job: ExportJob) -> None:
     target, revision, token, progress = job.target, job.revision, job.token, job.progress
     if not target:  # the registry marks stitched needs_target, so export asks for it first
         raise DraftError("the stitched format needs --target: the checkpoint the layer is written back over")
+    from mtp2draft.draft.config import parse_draft_config
+    from mtp2draft.target.identity import check_target_identity
+
     spec, target_config, layer = native_input(src, cfg)
-    ckpt = open_target(target, cfg, revision, token)
+    ckpt = open_checkpoint(target, revision, token)
     layers = draft_layers(src, cfg)  # one, or every layer of a chain draft: each written back where it came from
     parts = [NativeLayer(src / WEIGHTS_FILE, spec, ckpt.config, i, prefix) for prefix, i in layers]
+    grafting = needs_graft(ckpt, parts)  # a release without the layer: it is grafted (formats/graft.py)
+    # the draft's trunk must be the release's; a graft sets the count field, so the release's may say anything
+    seen = identity_view(ckpt, cfg) if grafting else ckpt.config
+    check_target_identity(parse_draft_config(cfg), seen, f"--target {target}")
+    progress(f"release check of {target}: {diagnose(ckpt, spec)['verdict']}")
+    if grafting:
+        index = _target_index(ckpt)
+        tokenizer = (cfg.get("mtp2draft") or {}).get("tokenizer_sha256")
+        fields = graft(ckpt, spec, parts, tmp, index, tokenizer, progress)
+        written = [i for _, i in layers]
+        (tmp / README_FILE).write_text(graft_readme(ckpt, spec, written, fields, _serve_lines(spec, len(written))))
+        record.update(
+            target=ckpt.source,
+            target_commit=ckpt.commit,
+            mtp_layer=layer,
+            mtp_layers=written,
+            spec=spec.name,
+            **computation_record(spec, cfg),
+            **fields,
+        )
+        return
     native = ChainLayers(parts)
     shared: set[str] = set()
     for part in parts:
@@ -326,6 +351,8 @@ def _validate_stitched(path: Path, cfg: dict[str, Any]) -> list[str]:
             problems.append(f"{file} holds {key}, which the index maps elsewhere")
         quantised, parts = quantised_problems(path / file, headers, cfg, expected)  # e.g. DeepSeek-V4's `.scale`
         problems += quantised
+        # as the engines read it: a float MTP linear the quantisation config does not exclude is built quantised
+        problems += unexcluded(cfg, {k: v for k, v in headers.items() if k in expected})
         for key in sorted(set(headers) & set(expected) - parts, key=natural_order):
             if list(headers[key][1]) != list(expected[key]):
                 problems.append(f"{key} has shape {headers[key][1]}, the config implies {list(expected[key])}")
