@@ -445,7 +445,7 @@ def inspect_checkpoint(source: str, revision: str | None = None, token: str | bo
     """Family, MTP layers and their tensors, and the bytes a conversion fetches vs the whole checkpoint.
 
     Reads config, index and the headers of the shards holding MTP tensors; no tensor bytes."""
-    from mtp2draft.release import diagnose
+    from mtp2draft.target.release import diagnose
 
     ckpt = open_checkpoint(source, revision, token)
     spec = find_spec(ckpt.config)
@@ -495,5 +495,5 @@ def inspect_checkpoint(source: str, revision: str | None = None, token: str | bo
         "checkpoint_bytes": ckpt.total_bytes(),
         "bytes_read_by_inspect": ckpt.bytes_fetched,
         "unindexed_files": dict(ckpt.unindexed),  # file -> tensors found there, outside the index
-        "release": release,  # as an engine loads it: where the layer is, how stored, excluded, counted (release.py)
+        "release": release,  # as an engine loads it: where the layer is, how stored, excluded, counted (target/release.py)
     }

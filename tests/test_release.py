@@ -1,4 +1,4 @@
-"""The release check (`mtp2draft/release.py`, `inspect`'s last lines): for re-releases of the bundled tiny DeepSeek-V3
+"""The release check (`mtp2draft/target/release.py`, `inspect`'s last lines): for re-releases of the bundled tiny DeepSeek-V3
 as people publish them, the verdict an engine's loading implies, one table row each."""
 
 from __future__ import annotations

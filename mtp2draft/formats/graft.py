@@ -3,7 +3,7 @@ never wrote it): the draft's layer *grafted* as the quantised re-releases ship o
 
 - the layer in its own shard, `model-mtp-00001-of-00001.safetensors`, under the release's own key names (the spec's
   templates on the release's config), in the release's float dtype (bf16 on every release we know): an int4 / FP4
-  layer is where acceptance collapses (`release.SCHEME_FIT`), so the graft is never quantised;
+  layer is where acceptance collapses (`target/release.py` SCHEME_FIT), so the graft is never quantised;
 - the copies of the embedding and head some families store inside the layer (the spec's `embed` / `head` keys) are
   the release's own trunk tensors, read as the engines read them (dequantised where the release quantised them);
 - the release's index with the layer's keys added, and its config.json with the count field set to the layers
@@ -35,7 +35,7 @@ from mtp2draft.formats.requant import EXCLUDERS, UNQUANTISED_WHY, excluded_confi
 from mtp2draft.io import save_tensors, write_json
 from mtp2draft.kinds import CONFIG_FILE
 from mtp2draft.redact import redact
-from mtp2draft.release import layer_prefix
+from mtp2draft.target.release import layer_prefix
 
 GRAFT_FILE = "model-mtp-00001-of-00001.safetensors"
 
@@ -147,7 +147,7 @@ def identity_view(ckpt: Checkpoint, draft_config: Mapping[str, Any]) -> dict[str
     """The release's config as a native draft's identity check sees it: as stored, or for a release that holds no
     MTP layer (the graft's case) with the count field of the draft's base (`identity_config`)."""
     from mtp2draft.family.spec import find_spec
-    from mtp2draft.release import layer_keys, trunk_names
+    from mtp2draft.target.release import layer_keys, trunk_names
 
     recorded = draft_config.get("target_config")
     try:

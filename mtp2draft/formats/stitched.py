@@ -55,7 +55,7 @@ from mtp2draft.formats.requant import UNQUANTISED_WHY, excluded_config
 from mtp2draft.io import SafetensorsWriter, write_json
 from mtp2draft.kinds import CONFIG_FILE, WEIGHTS_FILE
 from mtp2draft.redact import redact
-from mtp2draft.release import diagnose, unexcluded
+from mtp2draft.target.release import diagnose, unexcluded
 
 
 def _target_index(ckpt: Checkpoint) -> dict[str, Any]:
@@ -97,20 +97,7 @@ def _export_stitched(job: ExportJob) -> None:
     check_target_identity(parse_draft_config(cfg), seen, f"--target {target}")
     progress(f"release check of {target}: {diagnose(ckpt, spec)['verdict']}")
     if grafting:
-        index = _target_index(ckpt)
-        tokenizer = (cfg.get("mtp2draft") or {}).get("tokenizer_sha256")
-        fields = graft(ckpt, spec, parts, tmp, index, tokenizer, progress)
-        written = [i for _, i in layers]
-        (tmp / README_FILE).write_text(graft_readme(ckpt, spec, written, fields, _serve_lines(spec, len(written))))
-        record.update(
-            target=ckpt.source,
-            target_commit=ckpt.commit,
-            mtp_layer=layer,
-            mtp_layers=written,
-            spec=spec.name,
-            **computation_record(spec, cfg),
-            **fields,
-        )
+        _export_graft(job, spec, ckpt, parts, layer)
         return
     native = ChainLayers(parts)
     shared: set[str] = set()
@@ -166,6 +153,23 @@ def _export_stitched(job: ExportJob) -> None:
         requantised={scheme: sorted(v) for scheme, v in sorted(writer.quantised.items())},
         unquantised=unquantised,
         **({"unquantised_why": UNQUANTISED_WHY} if unquantised else {}),
+    )
+
+
+def _export_graft(job: ExportJob, spec: Spec, ckpt: Checkpoint, parts: list[NativeLayer], layer: int) -> None:
+    """The stitched export into a release without an MTP layer (`formats/graft.py`)."""
+    tokenizer = (job.cfg.get("mtp2draft") or {}).get("tokenizer_sha256")
+    fields = graft(ckpt, spec, parts, job.out, _target_index(ckpt), tokenizer, job.progress)
+    written = [part.layer for part in parts]
+    (job.out / README_FILE).write_text(graft_readme(ckpt, spec, written, fields, _serve_lines(spec, len(written))))
+    job.record.update(
+        target=ckpt.source,
+        target_commit=ckpt.commit,
+        mtp_layer=layer,
+        mtp_layers=written,
+        spec=spec.name,
+        **computation_record(spec, job.cfg),
+        **fields,
     )
 
 
