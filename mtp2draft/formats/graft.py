@@ -30,6 +30,7 @@ import torch
 from mtp2draft.checkpoint.reader import INDEX_FILE, ST_DTYPES, Checkpoint
 from mtp2draft.errors import DraftError
 from mtp2draft.family.spec import Spec
+from mtp2draft.formats.common import STITCHED_MARK
 from mtp2draft.formats.native import ChainLayers, NativeLayer, trunk_keys
 from mtp2draft.formats.requant import EXCLUDERS, UNQUANTISED_WHY, excluded_config
 from mtp2draft.io import save_tensors, write_json
@@ -111,7 +112,7 @@ def graft(
     if clash:
         raise DraftError(f"--target {ckpt.source} already holds {clash[0]}: not a release without an MTP layer")
     progress(f"grafting {len(tensors)} tensors into {GRAFT_FILE}")
-    save_tensors(out / GRAFT_FILE, {k: v.contiguous() for k, v in tensors.items()}, {"format": "pt"})
+    save_tensors(out / GRAFT_FILE, {k: v.contiguous() for k, v in tensors.items()}, {"format": "pt", **STITCHED_MARK})
     weight_map = index["weight_map"]
     weight_map.update(dict.fromkeys(tensors, GRAFT_FILE))
     size = index.get("metadata", {}).get("total_size")

@@ -28,6 +28,7 @@ from mtp2draft.family.transforms import fp8_row_chunks
 from mtp2draft.formats import ExportJob, Format
 from mtp2draft.formats.common import (
     README_FILE,
+    STITCHED_MARK,
     finite_file,
     fp8_problems,
     quantised_problems,
@@ -231,11 +232,6 @@ def _rewrite_shard(
                 for name in slots.get(info.name, [info.name]):
                     name = name.removeprefix("+")
                     dst.write(name, writer.get(name) if info.name in slots else kept[name])
-
-
-# Every shard the overlay rewrites carries this in its safetensors metadata: `validate` tells a target the overlay was
-# laid over (or the overlay itself) from the target as released, whose shards never carry it.
-STITCHED_MARK = {"mtp2draft": "stitched MTP layer"}
 
 
 def _marked(file: Path) -> bool:
