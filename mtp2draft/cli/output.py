@@ -136,7 +136,24 @@ def inspect_text(info: dict[str, Any]) -> str:
             f"{info['num_mtp_layers']} MTP layers: convert takes one (--layer i, default 0); --all-layers takes them all "
             "as one chain draft (layer i at draft step i)"
         )
+    if "release" in info:
+        lines += ["", *release_lines(info["release"])]
     return "\n".join(lines)
+
+
+def release_lines(release: dict[str, Any]) -> list[str]:
+    """`inspect`'s release check: each stored MTP layer's place and storage per tensor group, then the verdict."""
+    lines = [f"as served     {release['quantisation']}; {release['count_field']} = {release['count']}"]
+    if release["exclusion"]:
+        ex = release["exclusion"]
+        lines.append(f"excluded      {ex['method']} {ex['field']}: {', '.join(ex['patterns']) or '(empty)'}")
+    for layer in release["layers"]:
+        groups = "; ".join(
+            f"{g} {'/'.join(f'{n} {label}' for label, n in c.items())}" for g, c in layer["groups"].items()
+        )
+        lines.append(f"MTP layer {layer['layer']}   {layer['prefix']}.* in {layer['place']}: {groups}")
+    lines.append(f"verdict       {release['verdict']}")
+    return lines
 
 
 # ---- stage results -----------------------------------------------------------------------------------------------

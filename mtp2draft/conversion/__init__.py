@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import ctypes
 import functools
+import hashlib
 import math
 import time
 from collections import Counter
@@ -48,7 +49,7 @@ from mtp2draft.draft.modules import (
 )
 from mtp2draft.eagle3.transfer import Eagle3Build
 from mtp2draft.eagle3.transforms import EAGLE3_TRANSFORMS, check_eagle3_transforms
-from mtp2draft.errors import CheckpointError, OptionError, ShallowTargetError
+from mtp2draft.errors import CheckpointError, Mtp2DraftError, OptionError, ShallowTargetError
 from mtp2draft.family.dspark import dspark_fields
 from mtp2draft.family.spec import ENGINES, Spec, find_spec
 from mtp2draft.family.transforms import LOAD_TRANSFORMS
@@ -306,6 +307,9 @@ def convert(
             "mtp_layer": layer,
             "target_num_layers": spec.num_layers(ckpt.config),  # lets `validate` check aux ids without the target
         }
+        tokenizer = tokenizer_digests(ckpt)
+        if tokenizer:  # lets a graft refuse a release with another tokenizer (formats/graft.py)
+            draft_cfg["mtp2draft"]["tokenizer_sha256"] = tokenizer
         if to == DraftKind.EAGLE3:  # the target it belongs to (a native draft keeps it as `target_config`)
             draft_cfg["mtp2draft"]["target_config"] = dict(ckpt.config)
         write_json(tmp / CONFIG_FILE, draft_cfg)
@@ -465,22 +469,44 @@ def _all_float32(ckpt: Checkpoint, keys: Iterable[str]) -> bool:
 
 
 # ---- inspect --------------------------------------------------------------------------------------------------------
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model")
+
+
+def tokenizer_digests(ckpt: Checkpoint) -> dict[str, str]:
+    """sha256 of the tokenizer files of a local checkpoint (a hub one's are not fetched for this): file -> digest."""
+    if not ckpt.is_local:
+        return {}
+    root = Path(ckpt.source)
+    return {n: hashlib.sha256((root / n).read_bytes()).hexdigest() for n in TOKENIZER_FILES if (root / n).is_file()}
+
+
 def inspect_checkpoint(source: str, revision: str | None = None, token: str | bool | None = None) -> dict[str, Any]:
     """Family, MTP layers and their tensors, and the bytes a conversion fetches vs the whole checkpoint.
 
     Reads config, index and the headers of the shards holding MTP tensors; no tensor bytes. A DSpark drafter (the
     config's `dspark_*` keys, `family.dspark`) is described by `checkpoint.dspark` instead."""
+    from mtp2draft.target.release import diagnose
+
     ckpt = open_checkpoint(source, revision, token)
     dspark = dspark_fields(ckpt.config)
     if dspark is not None:
         return inspect_dspark(ckpt, dspark)
     spec = find_spec(ckpt.config)
     count = spec.num_mtp_layers(ckpt.config)
+    release = diagnose(ckpt, spec)
     layers = []
-    if count > 0:
-        resolve_layer(ckpt, spec, 0)
-    for layer in range(count):
-        plan = plan_mtp_layer(ckpt, spec, layer)
+    # A release whose count field and weights disagree on every layer (none stored, or a count of 0 over a stored
+    # layer) is reported, not refused: the release check says what is wrong and what to do.
+    listed = range(count) if set(release["layers_present"]) & set(range(count)) else range(0)
+    try:
+        if count > 0 and listed:
+            resolve_layer(ckpt, spec, 0)
+        plans = [plan_mtp_layer(ckpt, spec, layer) for layer in listed]
+    except Mtp2DraftError as exc:
+        if release["status"] == "ok":
+            raise
+        raise type(exc)(f"{exc} (release check: {release['verdict']})") from exc
+    for layer, plan in zip(listed, plans, strict=True):
         keys = ckpt.needed_keys(plan.checkpoint_keys)
         tensors = [
             {"name": k, "shape": list(ckpt.info(k).shape), "dtype": ckpt.info(k).dtype, "bytes": ckpt.info(k).nbytes}
@@ -512,4 +538,5 @@ def inspect_checkpoint(source: str, revision: str | None = None, token: str | bo
         "checkpoint_bytes": ckpt.total_bytes(),
         "bytes_read_by_inspect": ckpt.bytes_fetched,
         "unindexed_files": dict(ckpt.unindexed),  # file -> tensors found there, outside the index
+        "release": release,  # as an engine loads it: where the layer is, how stored, excluded, counted (target/release.py)
     }

@@ -21,6 +21,9 @@ from mtp2draft.kinds import WEIGHTS_FILE
 from mtp2draft.settings import MAX_DRAFT_TOKENS
 
 README_FILE = "README.md"
+# Every shard the stitched overlay rewrites or a graft writes carries this in its safetensors metadata: `validate` tells a target the overlay was
+# laid over (or the overlay itself) from the target as released, whose shards never carry it.
+STITCHED_MARK = {"mtp2draft": "stitched MTP layer"}
 
 
 def read_json(path: Path) -> dict[str, Any] | None:

@@ -122,7 +122,10 @@ def _checked_request(src: Path, format: str, target: str | None, revision=None, 
     if REGISTRY[format].needs_target and not target:
         raise SourceError(f"--format {format} needs --target: the checkpoint whose MTP layer the draft replaces")
     if target and REGISTRY[format].reads_target:  # the draft's own target, before any output is claimed
-        check_target_identity(parsed, open_checkpoint(target, revision, token).config, f"--target {target}")
+        from mtp2draft.formats.graft import identity_view  # a release without an MTP layer: its count field aside
+
+        seen = identity_view(open_checkpoint(target, revision, token), cfg)
+        check_target_identity(parsed, seen, f"--target {target}")
     return cfg
 
 

@@ -20,7 +20,7 @@ import torch
 
 from mtp2draft._version import __version__
 from mtp2draft.checkpoint.fp8 import SCALE_SUFFIX, fp8_block_size
-from mtp2draft.checkpoint.reader import INDEX_FILE, ST_DTYPES, Checkpoint
+from mtp2draft.checkpoint.reader import INDEX_FILE, ST_DTYPES, Checkpoint, open_checkpoint
 from mtp2draft.draft.layout import plan_mtp_layer
 from mtp2draft.errors import DraftError
 from mtp2draft.family.spec import Spec, find_spec
@@ -28,6 +28,7 @@ from mtp2draft.family.transforms import fp8_row_chunks
 from mtp2draft.formats import ExportJob, Format
 from mtp2draft.formats.common import (
     README_FILE,
+    STITCHED_MARK,
     finite_file,
     fp8_problems,
     quantised_problems,
@@ -35,6 +36,7 @@ from mtp2draft.formats.common import (
     read_json,
     sglang_steps,
 )
+from mtp2draft.formats.graft import graft, graft_readme, identity_view, needs_graft
 from mtp2draft.formats.native import (
     COPY_RUN_BYTES,
     ChainLayers,
@@ -48,7 +50,6 @@ from mtp2draft.formats.native import (
     meta_checkpoint,
     native_input,
     natural_order,
-    open_target,
     stored_from_target,
     trunk_keys,
 )
@@ -57,6 +58,7 @@ from mtp2draft.formats.serving import config_view_note, launch_lines, local_ref,
 from mtp2draft.io import SafetensorsWriter, write_json
 from mtp2draft.kinds import CONFIG_FILE, WEIGHTS_FILE
 from mtp2draft.redact import redact
+from mtp2draft.target.release import diagnose, unexcluded
 
 
 def _target_index(ckpt: Checkpoint) -> dict[str, Any]:
@@ -85,11 +87,22 @@ def _export_stitched(job: ExportJob) -> None:
     target, revision, token, progress = job.target, job.revision, job.token, job.progress
     if not target:  # the registry marks stitched needs_target, so export asks for it first
         raise DraftError("the stitched format needs --target: the checkpoint the layer is written back over")
+    from mtp2draft.draft.config import parse_draft_config
+    from mtp2draft.target.identity import check_target_identity
+
     spec, target_config, layer = native_input(src, cfg)
-    ckpt = open_target(target, cfg, revision, token)
+    ckpt = open_checkpoint(target, revision, token)
     layers = draft_layers(src, cfg)  # one, or every layer of a chain draft: each written back where it came from
     # each layer written back in the layout the target stores it in (e.g. its experts fused or one by one)
     parts = [NativeLayer(src / WEIGHTS_FILE, spec, ckpt.config, i, prefix, ckpt.has) for prefix, i in layers]
+    grafting = needs_graft(ckpt, parts)  # a release without the layer: it is grafted (formats/graft.py)
+    # the draft's trunk must be the release's; a graft sets the count field, so the release's may say anything
+    seen = identity_view(ckpt, cfg) if grafting else ckpt.config
+    check_target_identity(parse_draft_config(cfg), seen, f"--target {target}")
+    progress(f"release check of {target}: {diagnose(ckpt, spec)['verdict']}")
+    if grafting:
+        _export_graft(job, spec, ckpt, parts, layer)
+        return
     native = ChainLayers(parts)
     shared: set[str] = set()
     for part in parts:
@@ -150,6 +163,28 @@ def _export_stitched(job: ExportJob) -> None:
     )
 
 
+def _export_graft(job: ExportJob, spec: Spec, ckpt: Checkpoint, parts: list[NativeLayer], layer: int) -> None:
+    """The stitched export into a release without an MTP layer (`formats/graft.py`)."""
+    tokenizer = (job.cfg.get("mtp2draft") or {}).get("tokenizer_sha256")
+    fields = graft(ckpt, spec, parts, job.out, _target_index(ckpt), tokenizer, job.progress)
+    written = [part.layer for part in parts]
+    source = local_ref(ckpt.source) if ckpt.is_local else ckpt.source
+    k = max(job.config.speculative_tokens, len(written))
+    lines = launch_lines("stitched", source, local_ref(str(job.final or "<this directory>")), k, spec, len(written),
+                         ckpt.commit)  # fmt: skip
+    serve = [cmd for label, line in lines.items() for cmd in (line.split(" && ") if label == "overlay" else [line])]
+    (job.out / README_FILE).write_text(graft_readme(ckpt, spec, written, fields, serve))
+    job.record.update(
+        target=ckpt.source,
+        target_commit=ckpt.commit,
+        mtp_layer=layer,
+        mtp_layers=written,
+        spec=spec.name,
+        **computation_record(spec, job.cfg),
+        **fields,
+    )
+
+
 def _slots(ckpt: Checkpoint, writer: NativeWriter, keys: list[str]) -> dict[str, list[str]]:
     """Target tensor name -> the names written in its place: the same name(s), or for a quantised weight written
     unquantised, the logical key where its data part was and nothing for its other parts."""
@@ -197,11 +232,6 @@ def _rewrite_shard(
                 for name in slots.get(info.name, [info.name]):
                     name = name.removeprefix("+")
                     dst.write(name, writer.get(name) if info.name in slots else kept[name])
-
-
-# Every shard the overlay rewrites carries this in its safetensors metadata: `validate` tells a target the overlay was
-# laid over (or the overlay itself) from the target as released, whose shards never carry it.
-STITCHED_MARK = {"mtp2draft": "stitched MTP layer"}
 
 
 def _marked(file: Path) -> bool:
@@ -359,6 +389,8 @@ def _validate_stitched(path: Path, cfg: dict[str, Any]) -> list[str]:
             problems.append(f"{file} holds {key}, which the index maps elsewhere")
         quantised, parts = quantised_problems(path / file, headers, cfg, expected)  # e.g. DeepSeek-V4's `.scale`
         problems += quantised
+        # as the engines read it: a float MTP linear the quantisation config does not exclude is built quantised
+        problems += unexcluded(cfg, {k: v for k, v in headers.items() if k in expected})
         for key in sorted(set(headers) & set(expected) - parts, key=natural_order):
             if list(headers[key][1]) != list(expected[key]):
                 problems.append(f"{key} has shape {headers[key][1]}, the config implies {list(expected[key])}")

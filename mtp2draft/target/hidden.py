@@ -19,6 +19,7 @@ What this module does not do: train or evaluate (`train/recipe.py`, `evaluation/
 from __future__ import annotations
 
 import hashlib
+import tempfile
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -32,6 +33,7 @@ from mtp2draft.family.spec import Spec, find_spec
 from mtp2draft.io import TORCH_DTYPES, quiet_transformers
 from mtp2draft.kinds import DraftKind, Hidden
 from mtp2draft.target import dump_checks
+from mtp2draft.target.dequantised import dequantised_view, needs_dequantised_view
 
 HIDDEN_SCHEMA_VERSION = 1
 MANIFEST, SHARED_FILE = dump_checks.MANIFEST, dump_checks.SHARED_FILE  # the names dump_checks checks
@@ -179,6 +181,11 @@ class TargetModel:
         self.path = local_path(source, revision, token)
         config = read_config(self.path)
         self.raw_config = config
+        load_from = self.path
+        if needs_dequantised_view(config):  # a quantised release: its trunk as the engines compute it (no quantiser)
+            self._view = tempfile.TemporaryDirectory(prefix="mtp2draft-dequantised-")
+            load_from = dequantised_view(self.path, Path(self._view.name))
+            config = read_config(load_from)
         self.spec: Spec = find_spec(config)
         text = self.spec.text_config(config)
         kwargs = {k: v for k, v in config.items() if k not in ("architectures", "model_type", "auto_map")}
@@ -188,7 +195,7 @@ class TargetModel:
         try:
             with quiet_transformers():  # the MTP keys are "unexpected" to the trunk class: expected here
                 self.model = AutoModelForCausalLM.from_pretrained(
-                    str(self.path),
+                    str(load_from),
                     config=hf_config,
                     dtype=dtype,
                     device_map=device_map,

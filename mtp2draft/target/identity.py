@@ -32,6 +32,10 @@ from mtp2draft.target.rope_config import normalised
 INERT_FIELDS = frozenset(
     {"transformers_version", "_name_or_path", "torch_dtype", "dtype", "use_cache", "initializer_range"}
 )
+# How the weights are stored, not what the model is: a quantised re-release of the checkpoint a draft came from is the
+# target people serve its draft on (its weights are read dequantised, as the engines read them: `target/hidden.py`),
+# so `quantization_config` alone never makes it another model. `inspect`'s release check says how it is stored.
+STORAGE_FIELDS = frozenset({"quantization_config"})
 _MISSING = object()
 
 
@@ -53,7 +57,7 @@ def config_differences(spec_name: str | None, recorded: Mapping[str, Any], actua
     mine, theirs = _flat(spec_name, recorded), _flat(spec_name, actual)
     out = []
     for key in sorted(set(mine) | set(theirs)):
-        if key.rsplit(".", 1)[-1] in INERT_FIELDS:
+        if key.rsplit(".", 1)[-1] in INERT_FIELDS or key.rsplit(".", 1)[-1] in STORAGE_FIELDS:
             continue
         a, b = mine.get(key, _MISSING), theirs.get(key, _MISSING)
         if a != b or type(a) is not type(b):
