@@ -27,7 +27,11 @@ from mtp2draft.kinds import DraftKind
 REPO = Path(__file__).resolve().parents[1]
 RELEASES = releases()
 # release -> the fixture row whose hub layout it ships (trunk class, FP8 block quantisation, stored embed / head)
-LAYOUT = {"deepseek_v3/DeepSeek-V3": "deepseek_v3_fp8", "glm_moe_dsa/GLM-5.1": "glm_moe_dsa"}
+LAYOUT = {
+    "deepseek_v3/DeepSeek-V3": "deepseek_v3_fp8",
+    "deepseek_v32/DeepSeek-V3.2": "deepseek_v32_fp8",
+    "glm_moe_dsa/GLM-5.1": "glm_moe_dsa",
+}
 
 
 def _layout(release: Release) -> str:
