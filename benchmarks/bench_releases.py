@@ -83,7 +83,7 @@ def quantised(work: Path) -> None:
     run("convert", str(BUNDLED_TARGET), "--out", str(work / "base-head"))
     run("distill", str(work / "base-head"), "--target", str(release), *DISTILL, "--out", str(work / "realigned"))
     run("evaluate", str(work / "realigned"), "--target", str(release), *EVAL, "--baseline", str(work / "int4-head"),
-        str(work / "base-head"), out=work / "evaluation.json")  # fmt: skip
+        "--baseline", str(work / "base-head"), out=work / "evaluation.json")  # fmt: skip
 
 
 def finetuned(work: Path) -> None:
