@@ -93,3 +93,12 @@ def test_dump_hidden_regenerate_dumps_the_targets_own_responses(target, text_dat
         got = store.sequence(n)
         assert got["input_ids"].tolist() == ex.input_ids and got["loss_mask"].tolist() == ex.loss_mask
     assert any(w.input_ids != e.input_ids for w, e in zip(want, examples, strict=True))  # responses were replaced
+
+
+def test_a_trunk_whose_final_norm_is_not_called_norm_loads(tmp_path: Path) -> None:
+    """Nemotron-H's trunk keeps its final norm as `norm_f` (the spec's target_norm, backbone.norm_f): the target
+    loads and applies that module, not a missing `norm`."""
+    from support.fixtures import build_fixture
+
+    model = TargetModel(str(build_fixture("nemotron_h", tmp_path / "target")))
+    assert model._norm is model.model.get_decoder().norm_f

@@ -224,7 +224,8 @@ class TargetModel:
         self.vocab_size = int(text["vocab_size"])
         decoder = self.model.get_decoder()
         self._layers = decoder.layers
-        self._norm = decoder.norm
+        # the final norm: `norm` on most trunks; Nemotron-H's is `norm_f` (the module the spec's target_norm names)
+        self._norm = getattr(decoder, "norm", None) or getattr(decoder, self.spec.keys.target_norm.split(".")[-2])
         self.commit = commit_of(self.path)
 
     # -- weights the drafts share --
