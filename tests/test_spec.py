@@ -119,3 +119,13 @@ def test_a_new_family_is_one_spec_file_and_one_fixture_row(tmp_path: Path, monke
         assert load_native(str(ckpt)).spec.name == "toy_mtp"
     finally:
         registry.cache_clear()
+
+
+def test_the_layer_count_of_a_config_without_num_hidden_layers_is_its_layers_block_type() -> None:
+    """Nemotron-3 Ultra's config.json has no num_hidden_layers: transformers' NemotronHConfig derives it from
+    layers_block_type, and so does the spec; a config with neither is refused in one line."""
+    spec = get_spec("nemotron_h")
+    assert spec.num_layers({"layers_block_type": ["mamba", "moe", "attention"]}) == 3
+    assert spec.num_layers({"num_hidden_layers": 4, "layers_block_type": ["mamba"]}) == 4
+    with pytest.raises(SpecError, match="no 'num_hidden_layers'"):
+        spec.num_layers({})

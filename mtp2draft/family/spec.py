@@ -66,6 +66,10 @@ class ConfigSpec:
     num_layers: str = "num_hidden_layers"
     """Field holding the number of trunk decoder layers (`{n}` in key templates, EAGLE-3 aux layer ids);
     LongCat-Flash's release calls it `num_layers`."""
+    num_layers_list: str = "layers_block_type"
+    """A per-layer list whose length is the trunk's layer count where the release omits `num_layers`: transformers'
+    NemotronHConfig derives num_hidden_layers = len(layers_block_type), and Nemotron-3 Ultra's config.json has no
+    num_hidden_layers; empty: none."""
     text_config: str = ""
     """Key of a nested text config (`text_config` for Qwen3.5); empty: the config is top level."""
     block_overrides: Mapping[str, Any] = field(default_factory=dict)
@@ -278,7 +282,10 @@ class Spec(FamilyIdentity):
 
     def num_layers(self, config: Mapping[str, Any]) -> int:
         """Number of trunk decoder layers, from the field the spec names."""
-        value = self.text_config(config).get(self.config.num_layers)
+        text = self.text_config(config)
+        value = text.get(self.config.num_layers)
+        if value is None and isinstance(text.get(self.config.num_layers_list or "-"), list):
+            value = len(text[self.config.num_layers_list])
         if value is None:
             raise SpecError(f"config.json has no '{self.config.num_layers}', which {self.name} needs")
         return int(value)
