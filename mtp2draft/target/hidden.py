@@ -157,6 +157,10 @@ def check_draft_fits(draft, target: TargetModel, where: str | Path) -> None:
         )
 
 
+# top-level config.json fields a nested text config's model still reads (the loader's quantiser, the head tying)
+_TOP_LEVEL = ("quantization_config", "tie_word_embeddings")
+
+
 class TargetModel:
     """A frozen transformers target that returns `Features` for token ids."""
 
@@ -188,7 +192,13 @@ class TargetModel:
             config = read_config(load_from)
         self.spec: Spec = find_spec(config)
         text = self.spec.text_config(config)
-        kwargs = {k: v for k, v in config.items() if k not in ("architectures", "model_type", "auto_map")}
+        # A nested text config (Qwen3.5's text_config) is the one the spec's transformers model type parses: built
+        # from the whole file, its sizes were the class defaults and transformers' generation setup failed on the
+        # `text_config` dict left on it. The file's top-level quantisation and head tying still apply.
+        fields = (
+            {**{k: config[k] for k in _TOP_LEVEL if k in config}, **text} if self.spec.config.text_config else config
+        )
+        kwargs = {k: v for k, v in fields.items() if k not in ("architectures", "model_type", "auto_map")}
         # The spec names the transformers model type that parses this config (e.g. MiMo is Qwen2 in transformers),
         # so no remote code is ever run.
         hf_config = build_hf_config(self.spec.config.transformers_model_type, kwargs, f"{self.path}/config.json")
