@@ -1435,6 +1435,23 @@ def test_mimo_v2_inspect_names_the_file_outside_the_index(build, capsys) -> None
     assert names.count("model.mtp.layers.0.self_attn.qkv_proj.weight_scale_inv") == 1
 
 
+def test_mimo_v2_block_takes_the_releases_no_op_rope_scaling() -> None:
+    """MiMo-V2.5's config.json (tests/data/releases/mimo_v2) carries a legacy `rope_scaling` naming the default RoPE
+    and nothing else. transformers' mimo_v2_flash config does not convert it: it became the flat rope_parameters of a
+    class that keys RoPE by layer type, and the block's rotary embedding raised KeyError. It says "no scaling": the
+    block's SWA RoPE is the release's swa_rope_theta and partial factor, as without it."""
+    config = {**FIXTURES["mimo_v2"]["config"], "rope_scaling": {"rope_type": "default", "type": "default"}}
+    spec = get_spec("mimo_v2")
+    cfg = block_config(spec, config)
+    assert cfg.rope_parameters["sliding_attention"] == {
+        "rope_type": "default",
+        "rope_theta": config["swa_rope_theta"],
+        "partial_rotary_factor": config["partial_rotary_factor"],
+    }
+    spec.import_class(spec.block.rotary)(config=cfg)
+    assert config["rope_scaling"] == {"rope_type": "default", "type": "default"}  # the caller's dict untouched
+
+
 def test_mimo_v2_stitched_is_written_back_interleaved_on_the_shipped_grid(build, tmp_path: Path) -> None:
     """convert -> a layer moved by a few % (a stand-in for fine-tuning) -> export stitched -> laid over the target: the
     qkv_proj is again one fused FP8 tensor with per-chunk scales (the shipped [4, 1], not one grid's [3, 1]), and read

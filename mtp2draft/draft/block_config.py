@@ -24,11 +24,27 @@ def hf_config(model_type: str, fields: Mapping[str, Any], where: str = "config.j
 
     # a deep copy: transformers standardises RoPE in place (it adds `rope_theta` and `rope_type` to the very
     # `rope_scaling` dict it is given), which would edit the caller's config.json record behind its back
+    fields = copy.deepcopy(dict(fields))
+    if _no_op_rope_scaling(fields.get("rope_scaling")):
+        del fields["rope_scaling"]
     try:
-        return AutoConfig.for_model(model_type, **copy.deepcopy(dict(fields)))
+        return AutoConfig.for_model(model_type, **fields)
     except (ValueError, TypeError, AttributeError, StrictDataclassError) as exc:  # AttributeError: torch_dtype
         text = " ".join(line.strip() for line in str(exc).splitlines() if line.strip())
         raise CheckpointError(f"{where} does not describe a valid {model_type} model: {text}") from None
+
+
+def _no_op_rope_scaling(rope: Any) -> bool:
+    """A legacy `rope_scaling` naming the default RoPE and nothing else (MiMo-V2.5's `{"rope_type": "default",
+    "type": "default"}`): it says "no scaling", so the config is built without it. Config classes that standardise
+    RoPE build the same rope_parameters from `rope_theta` either way; mimo_v2_flash's, which keys RoPE by layer type
+    and converts nothing, would take the flat dict as its rope_parameters and lose the per-layer-type ones."""
+    return (
+        isinstance(rope, dict)
+        and bool(rope)
+        and set(rope) <= {"rope_type", "type"}
+        and set(rope.values()) == {"default"}
+    )
 
 
 def block_config(spec: Spec, target_config: Mapping[str, Any], layer: int = 0):

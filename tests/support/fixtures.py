@@ -373,7 +373,10 @@ def mimo_v2_tensors(config: dict[str, Any], seed: int, row: dict[str, Any] | Non
     the same way); block FP8 (qkv scales tiled per chunk) except embeddings, head, norms, router, eh_proj and the MTP
     layers' o_proj, as MiMo-V2.5's MTP header stores them."""
     chunks, block = config["num_key_value_heads"], tuple(config["quantization_config"]["weight_block_size"])
-    out = trunk_tensors(config, ("mimo_v2_flash", "MiMoV2FlashForCausalLM"), seed)
+    # RoPE shapes no weight; transformers' mimo_v2_flash config takes a release's legacy rope_scaling (MiMo-V2.5's
+    # names the default RoPE) as its per-layer-type rope_parameters and fails (the product drops it: hf_config)
+    trunk_config = {k: v for k, v in config.items() if k != "rope_scaling"}
+    out = trunk_tensors(trunk_config, ("mimo_v2_flash", "MiMoV2FlashForCausalLM"), seed)
     for prefix in sorted({k[: -len("q_proj.weight")] for k in out if k.endswith("self_attn.q_proj.weight")}):
         q, k, v = (out.pop(f"{prefix}{p}_proj.weight") for p in "qkv")
         out[f"{prefix}qkv_proj.weight"] = _fused_qkv(q, k, v, chunks)

@@ -3,7 +3,7 @@ tokenizer_config.json / generation_config.json where a public copy was found; SO
 function that makes a tiny checkpoint's config of one: `shrink`.
 
 `shrink` edits size fields only (widths, layer / head / expert counts, LoRA ranks, head and RoPE dims including
-mrope_section, vocabulary, the indexer's sizes, per-layer lists cut to the layer count), wherever they appear (top level or a nested text config), to fixed tiny values; every other
+mrope_section, the sliding-window layers' own head counts and dims, vocabulary, the indexer's sizes, per-layer lists cut to the layer count), wherever they appear (top level or a nested text config), to fixed tiny values; every other
 key, RoPE scaling, quantization_config, token ids, flags, keeps the release's value and type. The tiny values keep
 the relations a release's shapes obey (kv heads dividing heads, expert groups dividing experts, a vocabulary holding
 every token id the config names, dense layers fewer than layers).
@@ -29,6 +29,8 @@ TINY = {
     "moe_intermediate_size": 32,
     "shared_expert_intermediate_size": 32,
     "num_attention_heads": 4,
+    "swa_num_attention_heads": 4,  # MiMo-V2.x's sliding-window layers (and MTP block) name their own sizes
+    "swa_v_head_dim": 16,
     "q_lora_rank": 48,
     "kv_lora_rank": 32,
     "qk_nope_head_dim": 16,
@@ -68,6 +70,10 @@ def _shrunk_section(section: dict[str, Any]) -> dict[str, Any]:
     heads, kv = section.get("num_attention_heads"), section.get("num_key_value_heads")
     if isinstance(kv, int):  # MHA stays MHA; GQA keeps fewer kv heads than heads
         out["num_key_value_heads"] = out["num_attention_heads"] if kv == heads else min(kv, 2)
+    swa_kv = section.get("swa_num_key_value_heads")
+    if isinstance(swa_kv, int) and isinstance(kv, int):  # the SWA kv heads a multiple of the kv heads, as published
+        ratio = swa_kv // kv if swa_kv % kv == 0 else 1
+        out["swa_num_key_value_heads"] = min(swa_kv, out["num_key_value_heads"] * ratio)
     if isinstance(section.get("num_hidden_layers"), int):
         out["num_hidden_layers"] = min(section["num_hidden_layers"], TINY_LAYERS)
     if isinstance(section.get("first_k_dense_replace"), int):
@@ -83,6 +89,8 @@ def _shrunk_section(section: dict[str, Any]) -> dict[str, Any]:
         out["head_dim"] = out["qk_rope_head_dim"] if section["head_dim"] == section["qk_rope_head_dim"] else 16
     elif "head_dim" in section:
         out["head_dim"] = min(section["head_dim"], HEAD_DIM)
+    if isinstance(section.get("swa_head_dim"), int):
+        out["swa_head_dim"] = min(section["swa_head_dim"], HEAD_DIM)
     if isinstance(section.get("linear_num_value_heads"), int):  # value heads a multiple of key heads, as published
         ratio = section["linear_num_value_heads"] // max(section.get("linear_num_key_heads", 1), 1)
         out["linear_num_value_heads"] = out.get("linear_num_key_heads", 1) * max(ratio, 1)
