@@ -102,3 +102,17 @@ def test_a_trunk_whose_final_norm_is_not_called_norm_loads(tmp_path: Path) -> No
 
     model = TargetModel(str(build_fixture("nemotron_h", tmp_path / "target")))
     assert model._norm is model.model.get_decoder().norm_f
+
+
+def test_a_time_step_limit_past_the_dtype_range_reads_as_no_limit(tmp_path: Path) -> None:
+    """Nemotron-3 Ultra's config.json bounds Mamba-2's time step by [0.0, 1e308] (JSON has no Infinity), a bound fp32
+    and bf16 cannot hold, which torch.clamp in transformers' PyTorch Mamba-2 path refuses: the target runs, and as
+    the same trunk with no upper bound."""
+    from support.fixtures import build_fixture
+
+    ids = torch.tensor([[5, 9, 17, 3, 11, 7]])
+    open_end = TargetModel(str(build_fixture("nemotron_h", tmp_path / "inf", time_step_limit=[0.0, math.inf])))
+    released = TargetModel(str(build_fixture("nemotron_h", tmp_path / "1e308", time_step_limit=[0.0, 1e308])))
+    assert released.raw_config["time_step_limit"] == [0.0, 1e308]  # the release's config as published
+    want, got = open_end.run(ids), released.run(ids)
+    assert torch.equal(got.final, want.final) and torch.equal(got.logits, want.logits)

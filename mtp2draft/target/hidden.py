@@ -19,6 +19,7 @@ What this module does not do: train or evaluate (`train/recipe.py`, `evaluation/
 from __future__ import annotations
 
 import hashlib
+import math
 import tempfile
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -199,6 +200,7 @@ class TargetModel:
             {**{k: config[k] for k in _TOP_LEVEL if k in config}, **text} if self.spec.config.text_config else config
         )
         kwargs = {k: v for k, v in fields.items() if k not in ("architectures", "model_type", "auto_map")}
+        kwargs = open_time_step_limit(kwargs, dtype)
         # The spec names the transformers model type that parses this config (e.g. MiMo is Qwen2 in transformers),
         # so no remote code is ever run.
         hf_config = build_hf_config(self.spec.config.transformers_model_type, kwargs, f"{self.path}/config.json")
@@ -309,6 +311,19 @@ class TargetModel:
         return Features(final=final, aux=aux, logits=out.logits.float().to(here))
 
     features = run  # the name distillation and `dump-hidden` use: `run` over a whole batch (no cache)
+
+
+def open_time_step_limit(fields: dict, dtype: torch.dtype) -> dict:
+    """`fields` with Mamba-2's time-step bounds (`time_step_limit`) past `dtype`'s range read as the infinity they
+    stand for. Nemotron-3 Ultra's config.json writes [0.0, 1e308] (JSON has no Infinity); transformers' PyTorch
+    Mamba-2 path (CPU, or a GPU without mamba_ssm) hands it to torch.clamp on a tensor of `dtype`, which refuses a
+    bound that dtype cannot hold. Every value of `dtype` lies inside such a bound, so the clamp is the same."""
+    limit = fields.get("time_step_limit")
+    if not isinstance(limit, (list, tuple)):
+        return fields
+    top = torch.finfo(dtype).max
+    bounds = [math.copysign(math.inf, v) if isinstance(v, (int, float)) and abs(v) > top else v for v in limit]
+    return {**fields, "time_step_limit": bounds}
 
 
 def target_dtype(dtype: str | torch.dtype) -> torch.dtype:

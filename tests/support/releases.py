@@ -3,7 +3,9 @@ tokenizer_config.json / generation_config.json where a public copy was found; SO
 function that makes a tiny checkpoint's config of one: `shrink`.
 
 `shrink` edits size fields only (widths, layer / head / expert counts, LoRA ranks, head and RoPE dims including
-mrope_section, the sliding-window layers' own head counts and dims, vocabulary, the indexer's sizes, per-layer lists cut to the layer count), wherever they appear (top level or a nested text config), to fixed tiny values; every other
+mrope_section, the sliding-window layers' own head counts and dims, vocabulary, the indexer's sizes, per-layer lists cut
+to the layer count keeping every kind of layer the release has), wherever they appear (top level or a nested text
+config), to fixed tiny values; every other
 key, RoPE scaling, quantization_config, token ids, flags, keeps the release's value and type. The tiny values keep
 the relations a release's shapes obey (kv heads dividing heads, expert groups dividing experts, a vocabulary holding
 every token id the config names, dense layers fewer than layers).
@@ -47,7 +49,9 @@ TINY = {
     "linear_num_key_heads": 2,
 }
 HEAD_DIM = 32  # attention head width where it is its own field (not MLA's RoPE dim)
-PER_LAYER = ("layer_types",)  # one entry per trunk layer: cut with the layer count
+# one entry per trunk layer: cut with the layer count (`_cut_layers`); Nemotron-H's layers_block_type is also its
+# layer count where the release has no num_hidden_layers (Nemotron-3 Ultra)
+PER_LAYER = ("layer_types", "layers_block_type")
 TINY_LAYERS = 5  # trunk layers (`num_hidden_layers`): an EAGLE-3 draft fuses three, numbered from 1 for SGLang
 MIN_VOCAB = 256  # the character tokenizer's vocabulary (tests/support/fixtures.write_char_tokenizer)
 TOKEN_ID_FIELDS = ("bos_token_id", "eos_token_id", "pad_token_id")
@@ -95,14 +99,26 @@ def _shrunk_section(section: dict[str, Any]) -> dict[str, Any]:
         ratio = section["linear_num_value_heads"] // max(section.get("linear_num_key_heads", 1), 1)
         out["linear_num_value_heads"] = out.get("linear_num_key_heads", 1) * max(ratio, 1)
     for key in PER_LAYER:
-        if isinstance(section.get(key), list) and "num_hidden_layers" in out:
-            out[key] = section[key][: out["num_hidden_layers"]]
+        if isinstance(section.get(key), list):
+            out[key] = _cut_layers(section[key], out.get("num_hidden_layers", TINY_LAYERS))
     for key in ("rope_parameters", "rope_scaling"):
         if isinstance(section.get(key), dict) and "mrope_section" in section[key]:
             out[key] = {**section[key], "mrope_section": _mrope(section[key], out)}
     if isinstance(section.get("vocab_size"), int):  # every token id the config names stays inside the vocabulary
         out["vocab_size"] = min(section["vocab_size"], max(MIN_VOCAB, 1 + max(_token_ids(section), default=0)))
     return out
+
+
+def _cut_layers(types: list[Any], n: int) -> list[Any]:
+    """A per-layer list cut to `n` layers: its first `n` entries where they hold every kind the release has, else
+    the release's first layer of each kind, its last layer (the one whose output the final norm and the MTP layer
+    read) and its earliest other layers, in the release's order (Nemotron-3 Ultra's first attention layer is its 8th);
+    longer than `n` only where the release has more kinds than `n`."""
+    if len(types) <= n or set(types[:n]) == set(types):
+        return types[:n]
+    keep = {types.index(kind) for kind in dict.fromkeys(types)} | {len(types) - 1}
+    keep |= set([i for i in range(len(types)) if i not in keep][: max(n - len(keep), 0)])
+    return [types[i] for i in sorted(keep)]
 
 
 def _mrope(rope: dict[str, Any], section: dict[str, Any]) -> list[int]:
