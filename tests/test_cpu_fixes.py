@@ -6,7 +6,7 @@ from __future__ import annotations
 import torch
 
 from mtp2draft.target.backend import vllm_environment
-from mtp2draft.target.vllm_side.cpu_fixes import NATIVE_EXPAND, expand_batch_to_tokens
+from mtp2draft.target.vllm_side.cpu_fixes import NATIVE_EXPAND, NATIVE_ROPE, engine_options, expand_batch_to_tokens
 
 
 def test_expand_batch_to_tokens_repeats_each_request_by_its_draft_count() -> None:
@@ -26,3 +26,36 @@ def test_the_expand_fix_is_asked_for_on_every_model_and_can_be_turned_off(monkey
     assert vllm_environment()[NATIVE_EXPAND] == "1"
     monkeypatch.setenv(NATIVE_EXPAND, "0")
     assert vllm_environment()[NATIVE_EXPAND] == "0"
+
+
+def _fake_vllm_platform(monkeypatch, cpu: bool) -> None:
+    """vllm.platforms.current_platform as the drivers see it (vLLM is not installed beside mtp2draft)."""
+    import sys
+    import types
+
+    platforms = types.ModuleType("vllm.platforms")
+    platforms.current_platform = types.SimpleNamespace(is_cpu=lambda: cpu)
+    monkeypatch.setitem(sys.modules, "vllm", types.ModuleType("vllm"))
+    monkeypatch.setitem(sys.modules, "vllm.platforms", platforms)
+
+
+def test_an_mla_target_on_cpu_gets_the_reference_mla_backend_for_target_and_draft(monkeypatch) -> None:
+    """vLLM 0.32 gives a draft no inherited backend: the target's CPU_MLA alone leaves an MTP draft on AMX_MLA and
+    the engine refuses to start ("No common block size"), so the draft's config names the backend too."""
+    _fake_vllm_platform(monkeypatch, cpu=True)
+    monkeypatch.setenv(NATIVE_ROPE, "1")
+    spec = {"method": "mtp", "num_speculative_tokens": 3}
+    got = engine_options(spec)
+    assert got["attention_config"] == {"backend": "CPU_MLA"}
+    assert got["speculative_config"] == {**spec, "attention_backend": "CPU_MLA"}
+    assert spec == {"method": "mtp", "num_speculative_tokens": 3}  # the caller's dict untouched
+    assert engine_options(None) == {"speculative_config": None, "attention_config": {"backend": "CPU_MLA"}}
+
+
+def test_other_targets_and_gpus_get_the_speculative_config_as_given(monkeypatch) -> None:
+    spec = {"method": "eagle3", "num_speculative_tokens": 2, "model": "d"}
+    monkeypatch.delenv(NATIVE_ROPE, raising=False)
+    assert engine_options(spec) == {"speculative_config": spec}  # no MLA target: vLLM never imported
+    _fake_vllm_platform(monkeypatch, cpu=False)
+    monkeypatch.setenv(NATIVE_ROPE, "1")
+    assert engine_options(spec) == {"speculative_config": spec}

@@ -21,7 +21,7 @@ applies only on the CPU platform, and is reported in the driver's reply, so a fi
   picks `AMX_MLA` (`platforms/cpu.py`, `get_attn_backend_cls`), whose weight packing refuses float32
   (`amx_mla.py:303`, "expect weight to be bfloat16, float16, int8, fp8_e4m3 or uint8"), so a float32 MLA target
   does not start there. `engine_options()` asks for the reference `CPU_MLA` backend, the one a CPU without AMX gets,
-  so a figure does not depend on which CPU ran it.
+  for the target and the draft, so a figure does not depend on which CPU ran it.
 
 What it does not do: change vLLM's files, or anything on a GPU build.
 """
@@ -49,16 +49,24 @@ def expand_batch_to_tokens(x, cu_num_tokens, num_tokens: int, replace_from: int 
     return out
 
 
-def engine_options() -> dict:
-    """Extra `vllm.LLM` arguments the environment asks for (the drivers pass them): the reference MLA backend on
-    the CPU platform for an MLA target, else nothing."""
+def engine_options(speculative_config: dict | None = None) -> dict:
+    """The `vllm.LLM` arguments for attention and speculation (the drivers pass exactly these): `speculative_config`
+    as given, and on the CPU platform for an MLA target the reference MLA backend for the target and for the draft.
+    The draft needs it in its own config: vLLM 0.32 never gives a draft the target's backend
+    (`v1/spec_decode/llm_base_proposer.py`, "Never inherit the attention backend from base"), so an MTP draft left
+    to choose takes AMX_MLA beside the target's CPU_MLA, and no KV block size suits both ("No common block size for
+    128 (CPU_MLA: [16]; AMX_MLA: [MultipleOf(32)])")."""
+    out: dict = {"speculative_config": speculative_config}
     if os.environ.get(NATIVE_ROPE) != "1":
-        return {}
+        return out
     from vllm.platforms import current_platform
 
     if not current_platform.is_cpu():
-        return {}
-    return {"attention_config": {"backend": "CPU_MLA"}}
+        return out
+    out["attention_config"] = {"backend": "CPU_MLA"}
+    if speculative_config is not None:
+        out["speculative_config"] = {"attention_backend": "CPU_MLA", **speculative_config}
+    return out
 
 
 def apply() -> list[str]:

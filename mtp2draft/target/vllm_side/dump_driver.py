@@ -87,13 +87,15 @@ def start_engine(req: dict):
         enforce_eager=True,
         generation_config="vllm",
         trust_remote_code=False,
-        **engine_options(),  # the reference MLA backend on CPU for an MLA target (cpu_fixes)
         max_logprobs=int(req["top_k"]),
-        speculative_config={
-            "method": "extract_hidden_states",
-            "num_speculative_tokens": 1,  # the method asserts 1 (ExtractHiddenStatesProposer.__init__)
-            "draft_model_config": {"hf_config": {"eagle_aux_hidden_state_layer_ids": list(req["layer_ids"])}},
-        },
+        # the speculative config, and the reference MLA backend on CPU for an MLA target (cpu_fixes)
+        **engine_options(
+            {
+                "method": "extract_hidden_states",
+                "num_speculative_tokens": 1,  # the method asserts 1 (ExtractHiddenStatesProposer.__init__)
+                "draft_model_config": {"hf_config": {"eagle_aux_hidden_state_layer_ids": list(req["layer_ids"])}},
+            }
+        ),
         kv_transfer_config=kv,
     )
 

@@ -199,9 +199,8 @@ def _run_one(run: dict, request: dict) -> dict:
             tensor_parallel_size=int(request.get("tensor_parallel_size", 1)),
             enforce_eager=True,
             generation_config="vllm",
-            speculative_config=spec,
             trust_remote_code=False,
-            **engine_options(),  # the reference MLA backend on CPU for an MLA target (cpu_fixes)
+            **engine_options(spec),  # spec, and the reference MLA backend on CPU for an MLA target (cpu_fixes)
             disable_log_stats=False,  # get_metrics() asserts "Stat logging disabled" otherwise (vLLM 0.32)
             **({"per_request_spec_decode_metrics": "summary"} if spec else {}),
         )
