@@ -21,7 +21,7 @@ from __future__ import annotations
 import hashlib
 import math
 import tempfile
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -158,6 +158,19 @@ def check_draft_fits(draft, target: TargetModel, where: str | Path) -> None:
         )
 
 
+def refuse_missing_weights(source: str | Path, model_type: str, missing: Iterable[str]) -> None:
+    """Refuse a trunk that transformers built with parameters the checkpoint does not hold: they would be randomly
+    initialised and every figure computed from them wrong, silently (transformers only logs it, and the MTP keys'
+    "unexpected" lines are silenced around the load). A release that stores a trunk weight under another name than
+    transformers' class reads (MiMo-V2's fused `qkv_proj` where `mimo_v2_flash` has q/k/v) is refused here."""
+    missing = sorted(missing)
+    if missing:
+        raise CheckpointError(
+            f"{source}: transformers' {model_type} trunk reads {len(missing)} weight(s) the checkpoint does not hold "
+            f"(first: {missing[0]}), which would be random; mtp2draft cannot run this target's trunk yet"
+        )
+
+
 # top-level config.json fields a nested text config's model still reads (the loader's quantiser, the head tying)
 _TOP_LEVEL = ("quantization_config", "tie_word_embeddings")
 
@@ -206,13 +219,14 @@ class TargetModel:
         hf_config = build_hf_config(self.spec.config.transformers_model_type, kwargs, f"{self.path}/config.json")
         try:
             with quiet_transformers():  # the MTP keys are "unexpected" to the trunk class: expected here
-                self.model = AutoModelForCausalLM.from_pretrained(
+                self.model, loading = AutoModelForCausalLM.from_pretrained(
                     str(load_from),
                     config=hf_config,
                     dtype=dtype,
                     device_map=device_map,
                     trust_remote_code=False,
                     use_safetensors=True,  # never fall back to pickles
+                    output_loading_info=True,
                 )
         except (ImportError, ValueError) as exc:
             if device_map is None and isinstance(exc, ImportError) and "accelerate" in str(exc):
@@ -225,6 +239,7 @@ class TargetModel:
                 raise
             first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
             raise OptionError(f"--device-map {device_map}: {first}") from exc
+        refuse_missing_weights(source, self.spec.config.transformers_model_type, loading.get("missing_keys") or ())
         if device_map is None:
             self.model.to(device)
         self.model.eval()
