@@ -3,7 +3,8 @@
 For each bundled target (examples/targets: tiny-deepseek-v3, MLA + MoE; tiny-mimo, Qwen2 trunk) and each format vLLM
 loads for it, on the same held-out prompts and k:
 - native MTP: the target's own MTP head (raw) and the distilled head written back with `export --format stitched`,
-  served with `{"method": "mtp"}`;
+  served with `{"method": "mtp"}`; the distilled head grafted (`export --format stitched --target`) into a
+  re-release of tiny-deepseek-v3 that dropped its MTP layer, evaluated against that release;
 - EAGLE-3 (DeepSeek-V3 only: vLLM 0.32 captures no aux hidden states for MiMo): `sglang` layout through
   `{"method": "eagle3"}` and `speculators` layout served as the model itself (vLLM reads the verifier from it), each
   as converted (the target's whole vocabulary: no d2t/t2d) and distilled with a reduced draft vocabulary.
@@ -37,6 +38,7 @@ from typing import Any
 import pytest
 import torch
 from support.engine import relative_gap
+from support.re_releases import release_variant
 
 from mtp2draft.conversion import convert
 from mtp2draft.data import load_tokenizer
@@ -63,6 +65,7 @@ PROMPTS, NEW_TOKENS, PROMPT_LEN = 10, 40, 64
 SETTINGS = EvaluateConfig(
     num_draft_tokens=K, max_new_tokens=NEW_TOKENS, max_prompts=PROMPTS, max_prompt_length=PROMPT_LEN
 )
+DEEPSEEK_MTP_PREFIX = "model.layers.8."  # tiny-deepseek-v3's MTP layer (8 trunk layers)
 DRAFT_VOCAB = 1024  # reduced draft vocabulary (of 4096)
 TOLERANCE = 0.05  # |vLLM - evaluate| / evaluate on mean acceptance length
 # a few distillation steps: enough to beat the raw head, cheap enough for CI (the target runs online every step)
@@ -106,8 +109,16 @@ def served(vllm: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, An
             )
         )
         cases[f"{name}/mtp-distilled"] = {"target": name, "ours": ft, "distilled": True}
-    # EAGLE-3 on DeepSeek-V3 (vLLM 0.32's DeepseekV3ForCausalLM captures aux hidden states; MiMo's class does not)
+    # a graft: DeepSeek-V3 re-released without its MTP layer (a fine-tune's or a quantised export's loss), the
+    # distilled head written back into it with `export --format stitched --target`, served as the release plus overlay
     target, w = TARGETS["deepseek"], work / "deepseek"
+    dropped = release_variant(target, w / "no-mtp-release", DEEPSEEK_MTP_PREFIX, mtp="drop")
+    export(w / "mtp-ft", "stitched", w / "graft", target=str(dropped))
+    runs.append(EngineRun("deepseek/graft-distilled", served_view(dropped, w / "view-graft", w / "graft"),
+                          speculative_config("mtp", K)))  # fmt: skip
+    cases["deepseek/graft-distilled"] = {"target": "deepseek", "ours": w / "mtp-ft", "distilled": True,
+                                         "release": dropped, "export": w / "graft"}  # fmt: skip
+    # EAGLE-3 on DeepSeek-V3 (vLLM 0.32's DeepseekV3ForCausalLM captures aux hidden states; MiMo's class does not)
     e3 = w / "e3"
     convert(str(target), e3, to="eagle3", dtype="float32")
     # full vocabulary: convert's draft as it is (no d2t/t2d); reduced: distilled with a draft vocabulary (d2t/t2d)
@@ -131,12 +142,12 @@ def served(vllm: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, An
         tm = TargetModel(str(target))
         runner = TargetRunner(tm, load_draft(work / name / "raw-mtp"))
         references[name] = [greedy_reference(runner, p, NEW_TOKENS, tok.eos_token_id) for p in prompts]
-    by_target: dict[str, list[tuple[str, Path]]] = {}
+    by_target: dict[Path, list[tuple[str, Path]]] = {}  # evaluated against the checkpoint vLLM served
     for case, c in cases.items():
         c["vllm"] = results[case]
-        by_target.setdefault(c["target"], []).append((case, c["ours"]))
-    for name, drafts_ in by_target.items():
-        report = evaluate(drafts_, str(TARGETS[name]), HELDOUT, SETTINGS)
+        by_target.setdefault(c.get("release", TARGETS[c["target"]]), []).append((case, c["ours"]))
+    for served_target, drafts_ in by_target.items():
+        report = evaluate(drafts_, str(served_target), HELDOUT, SETTINGS)
         for row in report["results"]:
             cases[row["name"]]["evaluate"] = row
     summary = {
@@ -183,6 +194,7 @@ def _report(version: str, cases: dict[str, dict[str, Any]], results: dict) -> di
 CASES = [
     "deepseek/mtp-raw",
     "deepseek/mtp-distilled",
+    "deepseek/graft-distilled",
     "mimo/mtp-raw",
     "mimo/mtp-distilled",
     "deepseek/eagle3-sglang-full",
