@@ -112,7 +112,7 @@ def _tracked() -> list[Path]:
 def test_outside_references_are_found() -> None:
     planted = "see `../" + "shared/reference/x.md` and --out /" + "work/train-out"
     assert outside_references(planted) == ["../" + "shared", "/" + "work/"]
-    assert outside_references("../shared_head, https://example.org/work/x, docs/work/x, ~/work/x") == []
+    assert outside_references("../" + "shared_head, https://example.org/work/x, docs/work/x, ~/work/x") == []
 
 
 def test_no_tracked_file_points_outside_the_repository() -> None:

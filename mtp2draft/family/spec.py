@@ -284,8 +284,9 @@ class Spec(FamilyIdentity):
         """Number of trunk decoder layers, from the field the spec names."""
         text = self.text_config(config)
         value = text.get(self.config.num_layers)
-        if value is None and isinstance(text.get(self.config.num_layers_list or "-"), list):
-            value = len(text[self.config.num_layers_list])
+        per_layer = text.get(self.config.num_layers_list) if self.config.num_layers_list else None
+        if value is None and isinstance(per_layer, list):
+            value = len(per_layer)
         if value is None:
             raise SpecError(f"config.json has no '{self.config.num_layers}', which {self.name} needs")
         return int(value)

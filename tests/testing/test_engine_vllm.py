@@ -66,7 +66,6 @@ PROMPTS, NEW_TOKENS, PROMPT_LEN = 10, 40, 64
 SETTINGS = EvaluateConfig(
     num_draft_tokens=K, max_new_tokens=NEW_TOKENS, max_prompts=PROMPTS, max_prompt_length=PROMPT_LEN
 )
-DEEPSEEK_MTP_PREFIX = "model.layers.8."  # tiny-deepseek-v3's MTP layer (8 trunk layers)
 DRAFT_VOCAB = 1024  # reduced draft vocabulary (of 4096)
 TOLERANCE = 0.05  # |vLLM - evaluate| / evaluate on mean acceptance length
 # a few distillation steps: enough to beat the raw head, cheap enough for CI (the target runs online every step)
@@ -113,7 +112,8 @@ def served(vllm: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, An
     # a graft: DeepSeek-V3 re-released without its MTP layer (a fine-tune's or a quantised export's loss), the
     # distilled head written back into it with `export --format stitched --target`, served as the release plus overlay
     target, w = TARGETS["deepseek"], work / "deepseek"
-    dropped = release_variant(target, w / "no-mtp-release", DEEPSEEK_MTP_PREFIX, mtp="drop")
+    mtp_prefix = f"model.layers.{json.loads((target / 'config.json').read_text())['num_hidden_layers']}."
+    dropped = release_variant(target, w / "no-mtp-release", mtp_prefix, mtp="drop")
     export(w / "mtp-ft", "stitched", w / "graft", target=str(dropped))
     runs.append(EngineRun("deepseek/graft-distilled", served_view(dropped, w / "view-graft", w / "graft"),
                           speculative_config("mtp", K)))  # fmt: skip
