@@ -56,6 +56,13 @@ def block_mask(anchors: torch.Tensor, keep: torch.Tensor, context_len: int, bloc
     return (sees_context | sees_block) & keep[:, q_block][..., None]
 
 
+def pooled_context(aux: torch.Tensor) -> torch.Tensor:
+    """The drafter's `targets` from the target layers' outputs concatenated on the last axis: [B, T, n*H] as is, or
+    [B, T, S, n*H] (S residual streams, DeepSeek-V4's hyper-connections) mean-pooled over the streams (vLLM 0.32
+    `v1/worker/gpu/spec_decode/dspark/speculator.py`: "DSpark consumes mean-pooled target aux hidden states")."""
+    return aux.mean(dim=-2) if aux.dim() == 4 else aux
+
+
 class MarkovHead(nn.Module):
     """The low-rank Markov head: a bias on slot k's logits from the token before it, markov_w2(markov_w1(prev)).
     markov_w1 [vocab, rank] is an embedding. markov_w2 is stored [vocab, rank], as a Linear(rank -> vocab)."""
@@ -146,6 +153,7 @@ class DSparkDraft(nn.Module):
             raise ValueError("a DSpark drafter needs dspark_noise_token_id and dspark_markov_rank")
         h = config.hidden_size
         self.fields, self.block_size, self.noise_id = fields, fields.block_size, fields.noise_token_id
+        self.layers_config = config  # what `draft.dspark_disk` writes as transformer_layer_config
         self.embed_tokens = nn.Embedding(config.vocab_size, h)
         self.fc = nn.Linear(len(fields.target_layer_ids) * h, h, bias=False)
         self.hidden_norm = Qwen3RMSNorm(h, eps=config.rms_norm_eps)
