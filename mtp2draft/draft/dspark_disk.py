@@ -187,3 +187,18 @@ def load_dspark(path: str | Path, embedding: torch.Tensor, head: torch.Tensor) -
             raise DraftError(f"{path}: {k} is {tuple(v.shape)}, its config says {tuple(own[k].shape)}")
     draft.load_state_dict({**own, **{k: v.to(own[k].dtype) for k, v in state.items()}})
     return draft
+
+
+def open_dspark(path: str | Path, embedding: torch.Tensor, head: torch.Tensor) -> torch.nn.Module:
+    """Any dspark draft directory as a runnable drafter (`forward`, `draft_block`, `fields`): a speculators dspark
+    directory (`load_dspark`), or a release's stages as `convert` writes them (config.json `draft_kind: dspark`)."""
+    path = Path(path)
+    cfg = read_json_file(path / CONFIG_FILE, DraftError)
+    if is_dspark_dir(cfg):
+        return load_dspark(path, embedding, head)
+    if cfg.get("draft_kind") == "dspark":
+        raise DraftError(
+            f"{path}: a release's DSpark stages ({cfg.get('architectures')}); running them needs that release's "
+            "stage, which mtp2draft does not build yet"
+        )
+    raise DraftError(f"{path}: config.json describes no DSpark drafter")
