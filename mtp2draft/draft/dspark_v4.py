@@ -26,7 +26,7 @@ the pooled target states), or hash-route (DSpark stages sit past the trunk: vLLM
 from __future__ import annotations
 
 import copy
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import torch
@@ -43,6 +43,13 @@ from mtp2draft.family.spec import Spec, find_spec
 def _register(module: nn.Module, name: str, tensor: torch.Tensor | None) -> None:
     # non-persistent buffer: the target's tensor is read, never trained, never written into the draft's state
     module.register_buffer(name, None if tensor is None else tensor.detach(), persistent=False)
+
+
+def pool_streams(layer_streams: Sequence[torch.Tensor]) -> torch.Tensor:
+    """The drafter's `targets` from the target layers' outputs: per layer [B, S, hc, H] (its residual streams after
+    the layer) -> [B, S, n*H], each layer's streams averaged, concatenated in `dspark_target_layer_ids` order (vLLM
+    0.32 (CPU build) `vllm/models/deepseek_v4/nvidia/model.py`: `aux_recon.mean(dim=1)`)."""
+    return torch.cat([s.mean(dim=-2) for s in layer_streams], dim=-1)
 
 
 def stage_spec(target_config: Mapping[str, Any]) -> Spec:
