@@ -17,8 +17,10 @@ from support.references import tensors as fixture_tensors
 from mtp2draft.cli.app import main
 from mtp2draft.draft.dspark import dspark_loss, eval_mask
 from mtp2draft.draft.dspark_v4 import pool_streams
+from mtp2draft.draft.dspark_v4_init import init_dspark_v4_from_mtp
 from mtp2draft.draft.dspark_v4_io import load_dspark_v4, release_tensors, save_dspark_v4
 from mtp2draft.errors import DraftError
+from mtp2draft.family.dspark import DSparkFields
 
 FIXTURE = "deepseek_v4_0731_dspark"
 # fields the fixture leaves to transformers' defaults, written out so the reference reads them as vLLM would
@@ -147,3 +149,67 @@ def test_training_reaches_every_stage_through_the_loss(setup) -> None:
         assert draft.layers[i].self_attn.kv_proj.weight.grad.abs().sum() > 0
     assert draft.main_proj.weight.grad.abs().sum() > 0
     draft.zero_grad()
+
+
+# ---- a DSpark drafter for a target with a V4 MTP layer and none of its own -----------------------------------------
+V4_BUNDLED = Path(__file__).resolve().parents[1] / "examples" / "targets" / "tiny-deepseek-v4"
+
+
+@pytest.fixture(scope="module")
+def bundled_mtp():
+    from mtp2draft.draft.layout import load_native
+
+    return load_native(str(V4_BUNDLED))
+
+
+def _fields(block_size: int = 4) -> DSparkFields:
+    return DSparkFields(
+        block_size=block_size,
+        target_layer_ids=(1, 2, 3),
+        noise_token_id=4095,
+        markov_rank=16,
+        n_routed_experts=None,
+        num_experts_per_tok=None,
+        section="config.json",
+    )
+
+
+def test_the_mtp_initialised_stages_are_the_mtp_block(bundled_mtp, tmp_path: Path) -> None:
+    mtp = bundled_mtp
+    draft = init_dspark_v4_from_mtp(mtp, _fields(), num_stages=3, init="mtp", seed=1)
+    block = mtp.block.state_dict()
+    for layer in draft.layers:
+        got = layer.state_dict()
+        assert set(got) == set(block) and all(torch.equal(got[k], block[k].float()) for k in block)
+    assert all(torch.equal(draft.hc_head.state_dict()[k], v) for k, v in mtp.hc_head.state_dict().items())
+    assert torch.equal(draft.norm.weight, mtp.final_norm.weight)
+    # the context starts as the MTP layer's h_proj(hnorm(.)) of the pooled target layers, renormalised
+    h = mtp.h_proj.weight.shape[0]
+    x = torch.randn(2, 5, 3, h)
+    with torch.no_grad():
+        context = draft.main_norm(draft.main_proj(x.flatten(-2)))
+        mtp_read = mtp.h_proj(mtp.hnorm(x.mean(-2)))
+    torch.testing.assert_close(
+        context, mtp_read * torch.rsqrt(mtp_read.square().mean(-1, keepdim=True)), atol=1e-4, rtol=1e-4
+    )
+    # no Markov bias and acceptance 0.5 at the start, whatever the prev token
+    assert not draft.markov_head.markov_w2.weight.any() and not draft.confidence_head.weight.any()
+    assert draft.markov_head.markov_w1.weight.std() > 0
+    tokens, confidence = draft.draft_block(torch.randn(2, 6, 3 * h), torch.tensor([5, 9]))
+    assert tokens.shape == (2, 4) and not confidence.any()
+    # it reads back from the directory it is saved to (the dspark_* fields written into its target config)
+    again = load_dspark_v4(save_dspark_v4(draft, tmp_path / "d"), mtp.embed_weight, mtp.head_weight)
+    assert all(torch.equal(again.state_dict()[k], v) for k, v in draft.state_dict().items())
+
+
+def test_random_init_is_seeded_and_not_the_mtp_block(bundled_mtp) -> None:
+    one, same = (init_dspark_v4_from_mtp(bundled_mtp, _fields(), init="random", seed=3) for _ in range(2))
+    other = init_dspark_v4_from_mtp(bundled_mtp, _fields(), init="random", seed=4)
+    assert all(torch.equal(v, same.state_dict()[k]) for k, v in one.state_dict().items())
+    assert not torch.equal(one.layers[0].self_attn.kv_proj.weight, other.layers[0].self_attn.kv_proj.weight)
+    mtp_kv = bundled_mtp.block.self_attn.kv_proj.weight.float()
+    assert not torch.equal(one.layers[0].self_attn.kv_proj.weight, mtp_kv)
+    assert torch.equal(one.layers[1].self_attn.sinks, torch.zeros_like(one.layers[1].self_attn.sinks))
+    assert not one.markov_head.markov_w2.weight.any()
+    with pytest.raises(DraftError, match="init must be one of mtp, random"):
+        init_dspark_v4_from_mtp(bundled_mtp, _fields(), init="zeros")
