@@ -91,3 +91,14 @@ def test_refusals(tmp_path) -> None:
     (tmp_path / "config.json").write_text(json.dumps({**cfg, "sample_from_anchor": False}))
     with pytest.raises(DraftError, match="fill-in layout"):
         disk.load_dspark(tmp_path, embed, head)
+
+
+def test_open_dspark_reads_either_layout(tmp_path) -> None:
+    """A speculators dspark directory opens as the Qwen3-style drafter; anything else without draft_kind is refused
+    (the release layout is covered by tests/test_draft_dspark_v4.py through the same entry)."""
+    disk.save_dspark(_draft(), tmp_path, {"name_or_path": "t", "architectures": ["X"]})
+    embed, head = _shared()
+    assert isinstance(disk.open_dspark(tmp_path, embed, head), type(_draft()))
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": "llama"}))
+    with pytest.raises(DraftError, match="no DSpark drafter"):
+        disk.open_dspark(tmp_path, embed, head)

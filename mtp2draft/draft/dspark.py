@@ -13,8 +13,8 @@ One pass of the layers drafts the whole block. At serving time the Markov head c
 Qwen3-style ones of DeepSpec's reference model, with transformers' Qwen3 norm, MLP and rotary pieces. `dspark_loss`
 is DeepSpec's objective: cross-entropy with optional decay, total variation to the target, and a confidence BCE.
 
-What this module does not do: build DeepSeek-V4's DSpark stages (V4 attention with mHC streams, MoE, sliding
-window, attention sink), read or write checkpoints, or run the target. Those are the next steps of the DSpark kind.
+What this module does not do: build DeepSeek-V4's DSpark stages (`draft.dspark_v4`: V4 attention with mHC streams,
+MoE, sliding window, attention sink, with the same interface), read or write checkpoints, or run the target.
 """
 
 from __future__ import annotations

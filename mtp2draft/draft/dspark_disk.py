@@ -28,10 +28,11 @@ from safetensors.torch import load_file
 from transformers import Qwen3Config
 
 from mtp2draft.draft.dspark import DSparkDraft
+from mtp2draft.draft.dspark_v4_io import load_dspark_v4
 from mtp2draft.errors import DraftError, read_json_file
 from mtp2draft.family.dspark import DSparkFields
 from mtp2draft.io import save_tensors, write_json
-from mtp2draft.kinds import CONFIG_FILE, WEIGHTS_FILE
+from mtp2draft.kinds import CONFIG_FILE, DSPARK_KIND, WEIGHTS_FILE
 
 MODEL_TYPE = "dspark"  # speculators_model_type and speculators_config.algorithm
 ARCHITECTURE = "Qwen3DSparkModel"  # what vLLM 0.32's update_dspark selects
@@ -196,9 +197,6 @@ def open_dspark(path: str | Path, embedding: torch.Tensor, head: torch.Tensor) -
     cfg = read_json_file(path / CONFIG_FILE, DraftError)
     if is_dspark_dir(cfg):
         return load_dspark(path, embedding, head)
-    if cfg.get("draft_kind") == "dspark":
-        raise DraftError(
-            f"{path}: a release's DSpark stages ({cfg.get('architectures')}); running them needs that release's "
-            "stage, which mtp2draft does not build yet"
-        )
+    if cfg.get("draft_kind") == DSPARK_KIND:  # a release's stages under their own names: DeepSeek-V4's
+        return load_dspark_v4(path, embedding, head)
     raise DraftError(f"{path}: config.json describes no DSpark drafter")
