@@ -219,6 +219,20 @@ def test_specs_lists_the_dspark_layouts_as_supported(capsys) -> None:
     assert [line.split()[0] for line in section] == sorted(rows)
 
 
+def test_the_32_block_is_read_wherever_the_config_keeps_quantization_config(build, tmp_path: Path, capsys) -> None:
+    """Moved under text_config, the [32, 32] block still decides the dequantisation (one lookup, nested or not)."""
+    from mtp2draft.checkpoint.fp8 import fp8_block_size
+
+    def nest(config: dict[str, Any]) -> None:
+        config["text_config"]["quantization_config"] = config.pop("quantization_config")
+
+    path = _copy(build, tmp_path, FIXTURE, nest)
+    assert fp8_block_size(json.loads((path / "config.json").read_text())) == (32, 32)
+    assert main(["convert", str(path), "--out", str(tmp_path / "o"), "--dtype", "float32"]) == 0
+    got, want = load_file(tmp_path / "o" / "model.safetensors"), _dequantised(_shipped(path))
+    assert all(torch.equal(got[k], want[k]) for k in want)
+
+
 @pytest.mark.hub
 def test_over_the_hub_convert_fetches_the_v41_drafter_and_never_the_engram_tables(
     build, hub, capsys, tmp_path: Path
