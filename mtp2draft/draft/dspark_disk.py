@@ -30,7 +30,7 @@ from transformers import Qwen3Config
 from mtp2draft.draft.dspark import DSparkDraft
 from mtp2draft.draft.dspark_v4_io import load_dspark_v4
 from mtp2draft.errors import DraftError, read_json_file
-from mtp2draft.family.dspark import DSparkFields
+from mtp2draft.family.dspark import DSparkFields, layouts
 from mtp2draft.io import save_tensors, write_json
 from mtp2draft.kinds import CONFIG_FILE, DSPARK_KIND, WEIGHTS_FILE
 
@@ -42,6 +42,8 @@ STORED_NAMES = {
     "confidence_head.weight": "confidence_head.proj.weight",
     "confidence_head.bias": "confidence_head.proj.bias",
 }
+# a layout's `stage` (model_specs/dspark/*.toml) -> what loads a directory of its stages
+STAGES = {"deepseek_v4": load_dspark_v4}
 # the Qwen3Config fields a DSpark layer stack takes from its target's config
 LAYER_FIELDS = (
     "hidden_size", "intermediate_size", "num_attention_heads", "num_key_value_heads", "head_dim", "rms_norm_eps",
@@ -197,6 +199,13 @@ def open_dspark(path: str | Path, embedding: torch.Tensor, head: torch.Tensor) -
     cfg = read_json_file(path / CONFIG_FILE, DraftError)
     if is_dspark_dir(cfg):
         return load_dspark(path, embedding, head)
-    if cfg.get("draft_kind") == DSPARK_KIND:  # a release's stages under their own names: DeepSeek-V4's
-        return load_dspark_v4(path, embedding, head)
+    if cfg.get("draft_kind") == DSPARK_KIND:  # a release's stages under their own names
+        name = cfg.get("layout", "deepseek_v4_0731")  # directories converted before layouts were recorded: V4-0731's
+        layout = layouts().get(name)
+        if layout is None or not layout.stage:
+            raise DraftError(
+                f"{path}: {name} DSpark stages are read exactly by inspect and convert, but mtp2draft does not build "
+                "their stage yet, so they cannot be run"
+            )
+        return STAGES[layout.stage](path, embedding, head)
     raise DraftError(f"{path}: config.json describes no DSpark drafter")
