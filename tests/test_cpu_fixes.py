@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import torch
 
-from mtp2draft.target.backend import vllm_environment
-from mtp2draft.target.vllm_side.cpu_fixes import NATIVE_EXPAND, NATIVE_ROPE, engine_options, expand_batch_to_tokens
+from mtp2draft.engines.vllm_dump import vllm_environment
+from mtp2draft.engines.vllm_side.cpu_fixes import NATIVE_EXPAND, NATIVE_ROPE, engine_options, expand_batch_to_tokens
 
 
 def test_expand_batch_to_tokens_repeats_each_request_by_its_draft_count() -> None:

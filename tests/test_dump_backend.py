@@ -13,7 +13,7 @@ import torch
 from safetensors import safe_open
 
 from mtp2draft.cli.app import main
-from mtp2draft.target.backend import DUMP_ENGINES, VllmTarget, extract_view, vllm_layer_ids
+from mtp2draft.engines.vllm_dump import DUMP_ENGINES, VllmTarget, extract_view, vllm_layer_ids
 
 ROOT = Path(__file__).resolve().parents[1]
 MIMO, DEEPSEEK = ROOT / "examples" / "targets" / "tiny-mimo", ROOT / "examples" / "targets" / "tiny-deepseek-v3"

@@ -12,10 +12,10 @@ import pytest
 
 from mtp2draft.cli.app import main
 from mtp2draft.conversion import convert
-from mtp2draft.evaluation import backend as evaluation_backend
-from mtp2draft.evaluation.backend import EngineResult, acceptance
+from mtp2draft.engines import environments
+from mtp2draft.engines import vllm_evaluate as evaluation_backend
+from mtp2draft.engines.vllm_evaluate import EngineResult, acceptance
 from mtp2draft.evaluation.settings import EvaluateConfig
-from mtp2draft.target import environments
 
 
 def test_acceptance_from_vllms_counters_gives_both_metrics() -> None:

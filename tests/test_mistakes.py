@@ -584,7 +584,7 @@ def test_evaluate_save_never_gives_its_figures_to_the_draft_that_replaced_it(
 ) -> None:
     """`convert --overwrite` puts a new draft at the evaluated directory after evaluate read the old one: the save is
     refused in one line and the new draft carries no evaluation.json (push and speedup would trust it)."""
-    import mtp2draft.evaluation.backend as backend
+    import mtp2draft.engines.vllm_evaluate as backend
 
     w: World = request.getfixturevalue("world")
     draft = _own_draft(w, tmp_path)

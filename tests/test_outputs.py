@@ -17,9 +17,9 @@ import pytest
 from mtp2draft.conversion import convert
 from mtp2draft.data import load_tokenizer, read_examples
 from mtp2draft.draft.disk import load_draft
+from mtp2draft.engines.vllm_dump import dump_hidden
 from mtp2draft.errors import OutputExistsError
 from mtp2draft.io import atomic_output_dir, claim_output, is_ours, lock_path
-from mtp2draft.target.backend import dump_hidden
 from mtp2draft.target.dump_checks import check_shards, read_manifest
 from mtp2draft.train.recipe import DistillConfig, distill
 
@@ -104,7 +104,7 @@ def test_concurrent_dumps_into_one_out_leave_one_result_and_one_refusal(target, 
 def test_a_vllm_dump_claims_its_out_while_the_engine_runs(target, text_data, tmp_path: Path, monkeypatch) -> None:
     """The engine's extraction takes minutes on a real target: a second dump into the same --out is refused at once,
     not after it. A stand-in for the vLLM run (the transformers target, slowed down) keeps this on the unit suite."""
-    import mtp2draft.target.backend as backend
+    import mtp2draft.engines.vllm_dump as backend
     from mtp2draft.target.hidden import TargetModel
 
     class SlowEngine(TargetModel):

@@ -110,7 +110,7 @@ def test_evaluate_in_vllm_says_it_serves_mimo_under_another_config_view(target, 
     model_type, and the run says so (it used to do it silently), as the card's overlay lines do."""
     import json
 
-    from mtp2draft.evaluation.backend import serve_runs
+    from mtp2draft.engines.vllm_evaluate import serve_runs
     from mtp2draft.kinds import DraftKind
 
     source = target("mimo", num_hidden_layers=4)

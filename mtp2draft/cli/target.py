@@ -53,8 +53,8 @@ def dump_hidden(
     """
     from mtp2draft.data import load_tokenizer, read_examples
     from mtp2draft.draft.disk import load_draft
-    from mtp2draft.target.backend import dump_hidden as dump
-    from mtp2draft.target.backend import resolve_target
+    from mtp2draft.engines.vllm_dump import dump_hidden as dump
+    from mtp2draft.engines.vllm_dump import resolve_target
     from mtp2draft.target.dump_checks import check_dump_request
 
     ids = parse_list(aux_layers, "--aux-layers", ints)
@@ -74,7 +74,7 @@ def dump_hidden(
     if skipped:
         log(f"skipped {skipped} malformed line(s)")
     if responses.regenerate:  # the target's own responses, from the engine that runs it
-        from mtp2draft.evaluation.backend import regenerate
+        from mtp2draft.engines.vllm_evaluate import regenerate
 
         eos = load_tokenizer(target_dir).eos_token_id
         tp = {"tensor_parallel_size": where.tensor_parallel_size or 1}

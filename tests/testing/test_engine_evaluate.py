@@ -30,7 +30,7 @@ from mtp2draft.cli.app import main
 from mtp2draft.conversion import convert
 from mtp2draft.data import load_tokenizer
 from mtp2draft.draft.disk import load_draft
-from mtp2draft.evaluation.backend import EngineRunError, evaluate_in_vllm
+from mtp2draft.engines.vllm_evaluate import EngineRunError, evaluate_in_vllm
 from mtp2draft.evaluation.decode import TargetRunner, evaluate, greedy_reference, load_prompts, top_two_tie
 from mtp2draft.evaluation.settings import EvaluateConfig
 from mtp2draft.target.hidden import TargetModel

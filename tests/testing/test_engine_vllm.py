@@ -44,7 +44,7 @@ from support.re_releases import release_variant
 from mtp2draft.conversion import convert
 from mtp2draft.data import load_tokenizer
 from mtp2draft.draft.disk import load_draft
-from mtp2draft.evaluation.backend import EngineRun, run_vllm, served_view, speculative_config
+from mtp2draft.engines.vllm_evaluate import EngineRun, run_vllm, served_view, speculative_config
 from mtp2draft.evaluation.decode import TargetRunner, evaluate, greedy_reference, load_prompts
 from mtp2draft.evaluation.settings import EvaluateConfig
 from mtp2draft.formats import ExportConfig
@@ -324,7 +324,7 @@ def vllm_dump(vllm: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str,
     """tiny-mimo's first DUMP_SEQUENCES training lines dumped by vLLM and by transformers, the raw MTP head
     distilled online and from the vLLM dump with the same data and steps, both evaluated."""
     from mtp2draft.data import read_examples
-    from mtp2draft.target.backend import dump_hidden
+    from mtp2draft.engines.vllm_dump import dump_hidden
 
     work, target = tmp_path_factory.mktemp("vllm-dump"), TARGETS["mimo"]
     data = work / "train.jsonl"
@@ -387,7 +387,7 @@ def test_deepseek_v4_vllm_dump_holds_the_streams_transformers_dumps(vllm: Path, 
     """tiny-deepseek-v4 dumped by vLLM (the pre-hc_head residual streams through vllm_side/stream_capture.py) and by
     transformers: the same [T, 4, H] finals and top-k within the tolerances of the MiMo comparison above."""
     from mtp2draft.data import read_examples
-    from mtp2draft.target.backend import dump_hidden
+    from mtp2draft.engines.vllm_dump import dump_hidden
     from mtp2draft.target.dumps import OfflineHiddenStates
 
     target = ROOT / "examples" / "targets" / "tiny-deepseek-v4"
@@ -411,8 +411,8 @@ def test_deepseek_v4_on_the_cpu_build_fails_where_the_refusal_says(
     the model load that fails (backend.cpu_streams_refusal); with the refusal lifted, vLLM itself is run on the target
     and fails there: the missing kernel, at that source line, before any hidden state is extracted."""
     from mtp2draft.data import read_examples
-    from mtp2draft.target import backend
-    from mtp2draft.target.environments import EngineUnavailable
+    from mtp2draft.engines import vllm_dump as backend
+    from mtp2draft.engines.environments import EngineUnavailable
 
     if backend.has_vllm_cpu_v4_kernels():
         pytest.skip("this CPU has AVX512-BF16: vLLM loads its DeepSeek-V4 kernels (the refusal gives another reason)")

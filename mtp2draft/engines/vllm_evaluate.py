@@ -34,6 +34,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from mtp2draft.engines.vllm_dump import VLLM_SIDE, uses_mla, vllm_environment, vllm_python
 from mtp2draft.errors import Mtp2DraftError, OptionError
 from mtp2draft.evaluation.settings import EvaluateConfig
 from mtp2draft.formats.serving import (
@@ -41,7 +42,6 @@ from mtp2draft.formats.serving import (
 )
 from mtp2draft.kinds import DTYPE_NAMES, DraftKind
 from mtp2draft.settings import HubAccess, Placement
-from mtp2draft.target.backend import VLLM_SIDE, uses_mla, vllm_environment, vllm_python
 
 if TYPE_CHECKING:  # io and data import torch, which this module does not (the CLI's help reads EVALUATE_ENGINES)
     from mtp2draft.data import Example
@@ -224,7 +224,7 @@ def regenerate(
     (its plain generation in fp32, greedy or sampled at `data.SAMPLE_TEMPERATURE`, seeded by `seed`), for a target
     that only an engine can run. Responses end after the tokenizer's `eos`, which is kept."""
     from mtp2draft.data import SAMPLE_TEMPERATURE, regeneration_prompts, with_response
-    from mtp2draft.target.backend import resolve_target
+    from mtp2draft.engines.vllm_dump import resolve_target
 
     say = progress or (lambda _: None)
     if engine not in EVALUATE_ENGINES:
@@ -360,9 +360,9 @@ def evaluate_in_vllm(
     (`engine.outputs`); `work` holds the exports and views (default: a temporary directory)."""
     from mtp2draft.checkpoint.reader import read_config
     from mtp2draft.data import load_tokenizer
+    from mtp2draft.engines.vllm_dump import resolve_target
     from mtp2draft.evaluation.decode import load_prompts, with_headline
     from mtp2draft.family.spec import find_spec
-    from mtp2draft.target.backend import resolve_target
     from mtp2draft.target.identity import check_drafts_belong
 
     cfg = config or EvaluateConfig()

@@ -29,10 +29,10 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+from mtp2draft.engines import environments
+from mtp2draft.engines.environments import EngineUnavailable
 from mtp2draft.errors import OptionError
 from mtp2draft.kinds import Hidden
-from mtp2draft.target import environments
-from mtp2draft.target.environments import EngineUnavailable
 
 DUMP_ENGINES: dict[str, str] = {
     "transformers": "the target loaded by transformers in this process (device_map across local GPUs)",
@@ -61,7 +61,7 @@ def vllm_environment(
     vLLM's CPU build computes another model; a GPU build ignores the request), and for every model the rejection
     sampler's expand fix (without it the CPU build's temperature > 0 acceptance and recovered tokens come from logits
     divided by uninitialised memory)."""
-    from mtp2draft.target.vllm_side.cpu_fixes import NATIVE_EXPAND, NATIVE_ROPE
+    from mtp2draft.engines.vllm_side.cpu_fixes import NATIVE_EXPAND, NATIVE_ROPE
 
     env = dict(os.environ)
     if model is not None and uses_mla(Path(model)):
@@ -147,7 +147,7 @@ def has_vllm_cpu_v4_kernels() -> bool:
 def cpu_streams_refusal(target: Any) -> str | None:
     """Why vLLM's CPU build cannot dump a multi-stream target's residual streams on this host (one line), or None
     on a GPU build. Facts of vllm-cpu 0.32.0, the model load checked by tests/testing/test_engine_vllm.py."""
-    from mtp2draft.target.environments import detect_platform, pins
+    from mtp2draft.engines.environments import detect_platform, pins
 
     if detect_platform() != "cpu":
         return None
