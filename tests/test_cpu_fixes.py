@@ -1,11 +1,11 @@
-"""The vLLM CPU-build workarounds that need no vLLM to check (target/vllm_side/cpu_fixes.py); the engine tests
+"""The vLLM CPU-build workarounds that need no vLLM to check (engines/vllm_side/cpu_fixes.py); the engine tests
 (`pytest -m engine`) check them inside vLLM."""
 
 from __future__ import annotations
 
 import torch
 
-from mtp2draft.engines.vllm_dump import vllm_environment
+from mtp2draft.engines.vllm_launch import vllm_environment
 from mtp2draft.engines.vllm_side.cpu_fixes import NATIVE_EXPAND, NATIVE_ROPE, engine_options, expand_batch_to_tokens
 
 

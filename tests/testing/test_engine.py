@@ -12,7 +12,7 @@ from support.engine import vllm_python
 
 from mtp2draft.engines import environments
 from mtp2draft.engines.environments import EngineUnavailable
-from mtp2draft.engines.vllm_evaluate import served_view, speculative_config
+from mtp2draft.engines.vllm_serve import served_view, speculative_config
 from mtp2draft.engines.vllm_side import serve_driver as vllm_driver
 
 

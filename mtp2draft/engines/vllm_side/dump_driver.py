@@ -101,7 +101,7 @@ def start_engine(req: dict):
 
 
 def main(argv: list[str]) -> int:
-    request_path, reply_path = argv  # target.backend.VllmTarget passes exactly these two
+    request_path, reply_path = argv  # engines.vllm_dump.VllmTarget passes exactly these two
     with open(request_path) as f:
         req = json.load(f)
     import vllm
@@ -141,6 +141,6 @@ def main(argv: list[str]) -> int:
 
 
 if __name__ == "__main__":  # vLLM spawns workers that re-import this file
-    from driver_exit import leave  # beside this file; target/backend.py puts this directory on PYTHONPATH
+    from driver_exit import leave  # beside this file; engines/vllm_dump.py puts this directory on PYTHONPATH
 
     leave(main(sys.argv[1:]))

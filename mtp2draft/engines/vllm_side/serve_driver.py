@@ -1,7 +1,7 @@
 """Serve configurations of one target in vLLM and write their outputs, spec-decode metrics and timings as JSON.
 
 This file runs under vLLM's own Python (its venv, `mtp2draft engine install vllm`), never in mtp2draft's: it imports only the
-standard library and vllm, and is started by path by `mtp2draft.engines.vllm_evaluate.run_vllm`, which writes the
+standard library and vllm, and is started by path by `mtp2draft.engines.vllm_serve.run_vllm`, which writes the
 request and reads the reply:
 
     python serve_driver.py REQUEST.json REPLY.json

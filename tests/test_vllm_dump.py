@@ -1,4 +1,4 @@
-"""`dump-hidden --engine vllm` (target/backend.py) without vLLM: the layer-id mapping, the view vLLM's extraction loads, the two computations done here
+"""`dump-hidden --engine vllm` (engines/vllm_dump.py) without vLLM: the layer-id mapping, the view vLLM's extraction loads, the two computations done here
 (the final norm, the top-k handed to the writer) and the CLI's --engine. The real engine: tests/testing/
 test_engine_vllm.py (marker `engine`)."""
 
@@ -13,7 +13,8 @@ import torch
 from safetensors import safe_open
 
 from mtp2draft.cli.app import main
-from mtp2draft.engines.vllm_dump import DUMP_ENGINES, VllmTarget, extract_view, vllm_layer_ids
+from mtp2draft.engines.choice import DUMP_ENGINES
+from mtp2draft.engines.vllm_dump import VllmTarget, extract_view, vllm_layer_ids
 
 ROOT = Path(__file__).resolve().parents[1]
 MIMO, DEEPSEEK = ROOT / "examples" / "targets" / "tiny-mimo", ROOT / "examples" / "targets" / "tiny-deepseek-v3"
