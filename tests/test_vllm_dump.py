@@ -15,6 +15,7 @@ from safetensors import safe_open
 from mtp2draft.cli.app import main
 from mtp2draft.engines.choice import DUMP_ENGINES
 from mtp2draft.engines.vllm_dump import VllmTarget, extract_view, vllm_layer_ids
+from mtp2draft.family.spec import get_spec
 
 ROOT = Path(__file__).resolve().parents[1]
 MIMO, DEEPSEEK = ROOT / "examples" / "targets" / "tiny-mimo", ROOT / "examples" / "targets" / "tiny-deepseek-v3"
@@ -35,7 +36,7 @@ def _keys(directory: Path) -> set[str]:
 
 
 def test_mimo_view_is_qwen2_without_the_mtp_layer(tmp_path: Path) -> None:
-    view = extract_view(MIMO, tmp_path / "view")
+    view = extract_view(MIMO, tmp_path / "view", get_spec("mimo"))
     config = json.loads((view / "config.json").read_text())
     assert config["model_type"] == "qwen2" and config["architectures"] == ["Qwen2ForCausalLM"]
     mtp = {k for k in _keys(MIMO) if k.startswith("model.mtp_layers.")}
@@ -47,7 +48,7 @@ def test_mimo_view_is_qwen2_without_the_mtp_layer(tmp_path: Path) -> None:
 
 
 def test_a_target_vllm_extracts_from_as_is_gets_no_view(tmp_path: Path) -> None:
-    assert extract_view(DEEPSEEK, tmp_path / "view") == DEEPSEEK
+    assert extract_view(DEEPSEEK, tmp_path / "view", get_spec("deepseek_v3")) == DEEPSEEK
     assert not (tmp_path / "view").exists()
 
 

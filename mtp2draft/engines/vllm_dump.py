@@ -5,7 +5,7 @@ fits an engine serving it across GPUs (`tensor_parallel_size`) can be dumped. It
 (docs/formats.md, "hidden states"): `VllmTarget` is a `TargetModel`-shaped view of the engine's files.
 
 What vLLM's extraction captures and how this module maps it onto mtp2draft's terms (aux id i is vLLM's i + 1; the
-final norm applied here; MiMo shown to vLLM as Qwen2, `VLLM_EXTRACT_VIEW`; the CPU build's
+final norm applied here; MiMo shown to vLLM as Qwen2, the family's `[engines.vllm] extract_view`; the CPU build's
 connector; why the CPU build refuses a multi-stream target, `cpu_streams_refusal`) is in docs/engines.md, "Dumping
 hidden states through vLLM", each fact with the vLLM version it was read from.
 
@@ -21,32 +21,29 @@ import sys
 import tempfile
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from mtp2draft.engines.environments import EngineUnavailable
 from mtp2draft.engines.vllm_launch import VLLM_SIDE, vllm_environment, vllm_python
 from mtp2draft.errors import OptionError
 from mtp2draft.kinds import Hidden
 
-# How vLLM must be shown a target for extraction, by model_type: config.json fields replaced and checkpoint key
-# prefixes dropped (see the module docstring; vLLM 0.32.0 models/mimo.py and qwen2.py).
-VLLM_EXTRACT_VIEW: dict[str, dict[str, Any]] = {
-    "mimo": {"config": {"model_type": "qwen2", "architectures": ["Qwen2ForCausalLM"]}, "drop": ["model.mtp_layers."]},
-}
+if TYPE_CHECKING:
+    from mtp2draft.family.spec import Spec
 
 
-def extract_view(target: Path, out: Path) -> Path:
-    """`target` as vLLM's extraction can load it: a directory of symlinks, or, for the model types in
-    `VLLM_EXTRACT_VIEW`, a rewritten config.json and index and filtered copies of the shards holding dropped
-    tensors. Returns the directory to serve (`target` itself when nothing needs changing)."""
-    config = json.loads((target / "config.json").read_text())
-    view = VLLM_EXTRACT_VIEW.get(config.get("model_type"))
-    if view is None:
+def extract_view(target: Path, out: Path, spec: Spec) -> Path:
+    """`target` as vLLM's extraction can load it: for a family whose `[engines.vllm]` table has an `extract_view`
+    or `extract_drop`, a directory of symlinks with a rewritten config.json and index and filtered copies of the
+    shards holding dropped tensors. Returns the directory to serve (`target` itself when nothing needs changing)."""
+    facts = spec.engine("vllm")
+    if facts is None or not (facts.extract_view or facts.extract_drop):
         return target
+    config = json.loads((target / "config.json").read_text())
     from safetensors import safe_open
     from safetensors.torch import save_file
 
-    drop = tuple(view["drop"])
+    drop = tuple(facts.extract_drop)
     out.mkdir(parents=True, exist_ok=True)
     index_path = target / "model.safetensors.index.json"
     index = json.loads(index_path.read_text()) if index_path.is_file() else None
@@ -64,7 +61,7 @@ def extract_view(target: Path, out: Path) -> Path:
     if index:
         index["weight_map"] = {k: v for k, v in index["weight_map"].items() if not k.startswith(drop)}
         (out / index_path.name).write_text(json.dumps(index, indent=2))
-    (out / "config.json").write_text(json.dumps({**config, **view["config"]}, indent=2))
+    (out / "config.json").write_text(json.dumps({**config, **facts.extract_view}, indent=2))
     return out
 
 
@@ -179,7 +176,7 @@ class VllmTarget:
         import torch
 
         python = vllm_python()
-        model = extract_view(self.path, self.work / "view")
+        model = extract_view(self.path, self.work / "view", self.spec)
         request = {
             "model": str(model.resolve()),
             "dtype": dtype,

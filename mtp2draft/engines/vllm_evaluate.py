@@ -28,15 +28,13 @@ from mtp2draft.engines.vllm_serve import (
     EngineResult,
     EngineRun,
     EngineRunError,
+    config_view,
     run_vllm,
     served_view,
     speculative_config,
 )
 from mtp2draft.errors import OptionError
 from mtp2draft.evaluation.settings import EvaluateConfig
-from mtp2draft.formats.serving import (
-    VLLM_CONFIG_VIEW,  # config.json fields a served view rewrites (the card says so too)
-)
 from mtp2draft.kinds import DTYPE_NAMES, DraftKind
 
 if TYPE_CHECKING:  # io imports torch, which this module does not
@@ -283,9 +281,10 @@ def serve_runs(
     """The plain target ("plain") and each draft as vLLM serves it (`SERVED_AS`), exported into `work`: a native
     MTP draft as a `stitched` export laid over a view of the target, an EAGLE-3 draft in SGLang's layout beside it."""
     base = served_view(target_dir, work / "view")
-    released = json.loads((Path(target_dir) / "config.json").read_text()).get("model_type")
-    if released in VLLM_CONFIG_VIEW:  # said, as the card says it: a user serving the draft makes the same view
-        fields = ", ".join(f"{k}: {v}" for k, v in VLLM_CONFIG_VIEW[released].items())
+    config = json.loads((Path(target_dir) / "config.json").read_text())
+    released, view = config.get("model_type"), config_view(config)
+    if view:  # said, as the card says it: a user serving the draft makes the same view
+        fields = ", ".join(f"{k}: {v}" for k, v in view.items())
         progress(f"vLLM serves a view of the target whose config.json says {fields} (the release says model_type "
                  f"{released}, which transformers does not know; vLLM picks the same class from `architectures`): "
                  "the card's overlay lines make the same view")  # fmt: skip

@@ -6,7 +6,7 @@ mtp2draft's), so it is never imported here: `run_vllm` writes a JSON request, ru
 that venv's Python in a subprocess, and reads the JSON reply. One call runs several configurations of the same
 prompts in one driver process, one engine after the other. What it serves is a view of the target
 (`served_view`): its files linked, config.json rewritten where the family's `[engines.vllm] config_view` says vLLM
-parses the released config under another type (`VLLM_CONFIG_VIEW`), and a `stitched` export laid over it.
+parses the released config under another type, and a `stitched` export laid over it.
 
 What this module does not do: install vLLM (`environments.py`), choose what to serve for a draft or read acceptance
 (`vllm_evaluate.py`), or check a sampled output's distribution (vLLM's sampler is its own).
@@ -19,14 +19,14 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from mtp2draft.engines.vllm_launch import VLLM_SIDE, uses_mla, vllm_environment, vllm_python
 from mtp2draft.errors import Mtp2DraftError
-from mtp2draft.formats.serving import VLLM_CONFIG_VIEW  # config.json fields a served view rewrites
+from mtp2draft.formats.serving import vllm_config_view
 from mtp2draft.settings import HubAccess
 
 if TYPE_CHECKING:  # io and data import torch, which this module does not
@@ -73,8 +73,8 @@ class EngineResult:
 
 
 def served_view(target: str | Path, out: str | Path, overlay: str | Path | None = None) -> Path:
-    """A directory vLLM can serve: every file of `target` symlinked, config.json rewritten for the model types in
-    `VLLM_CONFIG_VIEW`, and every file of `overlay` (a `stitched` export: shards holding the MTP layer plus the
+    """A directory vLLM can serve: every file of `target` symlinked, config.json rewritten as `config_view` says,
+    and every file of `overlay` (a `stitched` export: shards holding the MTP layer plus the
     index) symlinked over the target's. Returns `out` (created; an existing view is replaced)."""
     target, out = Path(target).resolve(), Path(out)
     out.mkdir(parents=True, exist_ok=True)
@@ -84,11 +84,23 @@ def served_view(target: str | Path, out: str | Path, overlay: str | Path | None 
     if overlay is not None:
         files.update({p.name: p for p in Path(overlay).resolve().iterdir() if p.is_file() and p.suffix != ".md"})
     config = json.loads(files.pop("config.json").read_text())
-    config.update(VLLM_CONFIG_VIEW.get(config.get("model_type"), {}))
+    config.update(config_view(config))
     (out / "config.json").write_text(json.dumps(config, indent=2))
     for name, path in files.items():
         (out / name).symlink_to(path)
     return out
+
+
+def config_view(config: Mapping[str, Any]) -> dict[str, Any]:
+    """The config.json fields vLLM reads instead of `config`'s: the `[engines.vllm] config_view` of the family whose
+    `model_types` name the released type (the type vLLM's transformers cannot parse); empty for any other config."""
+    from mtp2draft.family.spec import registry
+
+    released = config.get("model_type")
+    for spec in registry().values():
+        if released in spec.model_types and (view := vllm_config_view(spec)):
+            return view
+    return {}
 
 
 def speculative_config(method: str, k: int, draft: str | Path | None = None, **extra: Any) -> dict[str, Any]:
