@@ -236,6 +236,12 @@ class EngineSpec:
     known_bug: str = ""
     """A bug of this engine release that changes what a user gets from a draft of this family (its issue and fix PR):
     `specs`, the model card and `evaluate --engine` say it. Empty: none known."""
+    config_view: Mapping[str, Any] = field(default_factory=dict)
+    """config.json fields the engine reads instead of the release's, where it cannot parse the released type (MiMo-7B:
+    `model_type = "qwen2"`): what a served view and the card's overlay rewrite. Empty: read as released."""
+    extract_view: Mapping[str, Any] = field(default_factory=dict)
+    """config.json fields its hidden-state extraction reads (MiMo-7B's trunk as Qwen2's); empty: as released."""
+    extract_drop: tuple[str, ...] = ()  # key prefixes hidden from the extraction's view (tensors its class refuses)
 
     def serves(self, method: str) -> bool:
         return method in self.methods
@@ -436,7 +442,9 @@ def _build(cls: type, data: Any, where: str) -> Any:
             raise SpecError(f"{where}.{f.name}: expected a string, got {value!r}")
         if expected == "bool" and not isinstance(value, bool):
             raise SpecError(f"{where}.{f.name}: expected true/false, got {value!r}")
-        if "tuple" in expected and not all(isinstance(v, str) for v in value):
+        if expected.startswith("Mapping") and not isinstance(value, Mapping):
+            raise SpecError(f"{where}.{f.name}: expected a table, got {value!r}")
+        if "tuple" in expected and (isinstance(value, str) or not all(isinstance(v, str) for v in value)):
             raise SpecError(f"{where}.{f.name}: expected a list of strings, got {value!r}")
     return obj
 
