@@ -43,7 +43,7 @@ STORED_NAMES = {
     "confidence_head.bias": "confidence_head.proj.bias",
 }
 # a layout's `stage` (model_specs/dspark/*.toml) -> what loads a directory of its stages
-STAGES = {"deepseek_v4": load_dspark_v4}
+STAGES = {"hyper_stages": load_dspark_v4, "qwen3_layers": None}  # set below: load_dspark is defined in this module
 # the Qwen3Config fields a DSpark layer stack takes from its target's config
 LAYER_FIELDS = (
     "hidden_size", "intermediate_size", "num_attention_heads", "num_key_value_heads", "head_dim", "rms_norm_eps",
@@ -209,3 +209,6 @@ def open_dspark(path: str | Path, embedding: torch.Tensor, head: torch.Tensor) -
             )
         return STAGES[layout.stage](path, embedding, head)
     raise DraftError(f"{path}: config.json describes no DSpark drafter")
+
+
+STAGES["qwen3_layers"] = load_dspark  # the speculators layout's stage: this module's Qwen3-style drafter
