@@ -42,8 +42,6 @@ STORED_NAMES = {
     "confidence_head.weight": "confidence_head.proj.weight",
     "confidence_head.bias": "confidence_head.proj.bias",
 }
-# a layout's `stage` (model_specs/dspark/*.toml) -> what loads a directory of its stages
-STAGES = {"hyper_stages": load_dspark_v4, "qwen3_layers": None}  # set below: load_dspark is defined in this module
 # the Qwen3Config fields a DSpark layer stack takes from its target's config
 LAYER_FIELDS = (
     "hidden_size", "intermediate_size", "num_attention_heads", "num_key_value_heads", "head_dim", "rms_norm_eps",
@@ -192,6 +190,10 @@ def load_dspark(path: str | Path, embedding: torch.Tensor, head: torch.Tensor) -
     return draft
 
 
+# a layout's `stage` (model_specs/dspark/*.toml) -> what loads a directory of its stages
+STAGES = {"hyper_stages": load_dspark_v4, "qwen3_layers": load_dspark}  # DeepSeek-V4's streams + MoE; Qwen3 layers
+
+
 def open_dspark(path: str | Path, embedding: torch.Tensor, head: torch.Tensor) -> torch.nn.Module:
     """Any dspark draft directory as a runnable drafter (`forward`, `draft_block`, `fields`): a speculators dspark
     directory (`load_dspark`), or a release's stages as `convert` writes them (config.json `draft_kind: dspark`)."""
@@ -209,6 +211,3 @@ def open_dspark(path: str | Path, embedding: torch.Tensor, head: torch.Tensor) -
             )
         return STAGES[layout.stage](path, embedding, head)
     raise DraftError(f"{path}: config.json describes no DSpark drafter")
-
-
-STAGES["qwen3_layers"] = load_dspark  # the speculators layout's stage: this module's Qwen3-style drafter
