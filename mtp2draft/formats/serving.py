@@ -21,6 +21,7 @@ STITCHED_DIR = "./target-stitched"  # where the overlay lines put the target and
 # the export README's sections that give local launch lines: a model card leaves them out and gives its own
 SERVE_SECTIONS = ("Overlay it onto the target", "Serve")
 OVERLAY_FILES = ("*.safetensors", "model.safetensors.index.json", "config.json")
+OVERLAY_FORMATS = ("stitched", "stitched-dspark")  # the formats whose lines start by laying the overlay over the target
 
 # model_type -> the config.json fields vLLM must read instead. MiMo-7B's config says `model_type: mimo`, which
 # transformers 5.19 (vLLM 0.32's pin) does not know, so vLLM would load it as remote code. MiMo's config is Qwen2's
@@ -106,7 +107,7 @@ def launch_lines(
     kind (`[engines.*] methods`) and, for a chain of `layers` > 1 MTP layers, a chain (`step_layers` other than
     "neither") get a line. A stitched overlay's lines start with the overlay (`overlay_lines`)."""
     lines = get_format(fmt).launch_lines(target, draft, k) if fmt in REGISTRY else {}
-    if fmt == "stitched":
+    if fmt in OVERLAY_FORMATS:
         lines = {"overlay": " && ".join(overlay_lines(target, draft, revision, spec)), **lines}
     if spec is None:
         return lines
