@@ -81,13 +81,18 @@ def _target_index(ckpt: Checkpoint) -> dict[str, Any]:
     return raw
 
 
-def _export_stitched(job: ExportJob) -> None:
+def _write(job: ExportJob) -> None:
     """The `write` of this format: fills job.out from the draft job.src."""
     if is_dspark_dir(job.cfg):  # a release's DSpark stages, written back the same way (formats/dspark_stitched.py)
         from mtp2draft.formats.dspark_stitched import export_dspark_stitched
 
         export_dspark_stitched(job)
-        return
+    else:
+        _export_stitched(job)
+
+
+def _export_stitched(job: ExportJob) -> None:
+    """A native MTP draft job.src written back over the target into job.out."""
     src, cfg, tmp, record = job.src, job.cfg, job.out, job.record
     target, revision, token, progress = job.target, job.revision, job.token, job.progress
     if not target:  # the registry marks stitched needs_target, so export asks for it first
@@ -442,5 +447,5 @@ def _usable(spec: Spec) -> bool:
 
 # Format(write, validate, detect, launch_lines, usable, codec): see formats/__init__.py
 PROVIDES: dict[str, Format] = {
-    "stitched": Format(_export_stitched, _validate_stitched, _is_stitched, _launch_lines, _usable)
+    "stitched": Format(_write, _validate_stitched, _is_stitched, _launch_lines, _usable)
 }
