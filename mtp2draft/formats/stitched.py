@@ -446,6 +446,4 @@ def _usable(spec: Spec) -> bool:
 
 
 # Format(write, validate, detect, launch_lines, usable, codec): see formats/__init__.py
-PROVIDES: dict[str, Format] = {
-    "stitched": Format(_write, _validate_stitched, _is_stitched, _launch_lines, _usable)
-}
+PROVIDES: dict[str, Format] = {"stitched": Format(_write, _validate_stitched, _is_stitched, _launch_lines, _usable)}
