@@ -4,7 +4,8 @@ does not serve it.
 A random Qwen3-style drafter for examples/targets/tiny-deepseek-v3 (`draft.dspark_disk.new_dspark_draft`) is exported
 with the target as its verifier; ONE subprocess in vLLM's venv (tests/dspark_vllm_driver.py) runs
 `SpeculatorsConfig.extract_transformers_pre_trained_config` / `extract_vllm_speculative_config` on it and asks for an
-engine config serving it. Checked:
+engine config serving it, then builds vLLM's own `Qwen3DSparkForCausalLM` from that config and loads the export with
+its own `load_weights`. Checked:
 - vLLM's reading equals `formats.dspark.vllm_view`, the facts `validate` checks without vLLM (architectures, target
   layers = aux ids - 1, anchor-first layout, mask token, block size, k = block size);
 - vLLM 0.32's CPU build refuses to serve DSpark, with the cause it gives: DSpark runs only in the V2 model runner
@@ -13,8 +14,9 @@ engine config serving it. Checked:
   the CPU build lacks (`vllm.triton_utils.HAS_TRITON` false; the DSpark speculator's kernels are `@triton.jit`). The
   day a vLLM build serves it, this assertion fails: replace it with a serving case (greedy output equal to plain
   decoding), as tests/testing/test_engine_vllm.py does for the other formats.
-Not covered: the weight names against vLLM's `Qwen3DSparkModel` parameters (building it needs an engine config the
-CPU build refuses); `validate` checks them against the names read from `qwen3_dspark.py` (docs/formats.md).
+- every tensor of the export lands in vLLM's module (its loader refuses an unknown name) with its value (q/k/v and
+  gate/up fused as vLLM fuses them); the parameters it does not fill are exactly those it shares with the target
+  (embedding, head) and its unused `mask_embedding` placeholder.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ from pathlib import Path
 import pytest
 import torch
 from safetensors import safe_open
+from safetensors.torch import load_file
 
 from mtp2draft.draft import dspark_disk as disk
 from mtp2draft.family.dspark import DSparkFields
@@ -63,11 +66,10 @@ def test_vllm_reads_the_export_as_validate_does_and_its_cpu_build_refuses_dspark
     out = tmp_path / "export"
     export(tmp_path / "d", "speculators-dspark", out, target=str(TARGET), config=ExportConfig(dtype="float32"))
     assert validate(out) == []
-    reply = tmp_path / "reply.json"
-    run = subprocess.run([str(vllm), str(DRIVER), str(out), str(reply)], env=vllm_environment(1), capture_output=True,
-                         text=True, timeout=900)  # fmt: skip
+    run = subprocess.run([str(vllm), str(DRIVER), str(out), str(tmp_path)], env=vllm_environment(1),
+                         capture_output=True, text=True, timeout=900)  # fmt: skip
     assert run.returncode == 0, run.stderr[-3000:]
-    got = json.loads(reply.read_text())
+    got = json.loads((tmp_path / "reply.json").read_text())
     ours, spec = vllm_view(json.loads((out / "config.json").read_text()))
     assert got["speculative_config"] == spec == {"method": "dspark", "num_speculative_tokens": fields.block_size}
     for key in ("architectures", "target_layer_ids", "eagle_aux_hidden_state_layer_ids", "sample_from_anchor",
@@ -78,3 +80,20 @@ def test_vllm_reads_the_export_as_validate_does_and_its_cpu_build_refuses_dspark
     # the CPU build: no Triton, so the V1 runner, which refuses DSpark
     assert got["has_triton"] is False
     assert got["engine_config_error"] is not None and REFUSAL in got["engine_config_error"], got["engine_config_error"]
+    # the module tree vLLM builds from that config, loaded by its own load_weights
+    assert (got["speculative_method"], got["num_speculative_tokens"]) == ("dspark", fields.block_size)
+    ours, theirs = load_file(str(out / "model.safetensors")), load_file(str(tmp_path / "loaded.safetensors"))
+    fused = {"self_attn.qkv_proj": ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"),
+             "mlp.gate_up_proj": ("mlp.gate_proj", "mlp.up_proj")}  # fmt: skip
+    used = set()
+    for name, value in theirs.items():
+        stem = name.removeprefix("model.").removesuffix(".weight")
+        parts = next(([stem.replace(f, p) for p in ps] for f, ps in fused.items() if stem.endswith(f)), None)
+        keys = [f"{p}.weight" for p in parts] if parts else [name.removeprefix("model.")]
+        if all(k in ours for k in keys):
+            assert torch.equal(value, torch.cat([ours[k] for k in keys])), name
+            used |= set(keys)
+    assert used == set(ours)  # every exported tensor landed in vLLM's module with its value
+    unfilled = {n for n in got["parameters"] if n.removeprefix("model.") not in used and
+                not any(n.endswith(f"{f}.weight") for f in fused)}  # fmt: skip
+    assert unfilled == {"model.mask_embedding", "model.embed_tokens.weight", "lm_head.weight"}
