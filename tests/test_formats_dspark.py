@@ -67,6 +67,14 @@ def test_speculators_dspark_is_read_as_vllm_reads_it(tmp_path: Path) -> None:
     for k, v in draft.state_dict().items():
         assert torch.equal(back.state_dict()[k], v), k
     assert json.loads((out / "provenance.json").read_text())["export"]["speculative_tokens"] == B
+    # the card and `run`'s summary print the same lines, k the block size
+    from mtp2draft.hub import model_card, serve_text
+
+    card, summary = str(model_card(out, "me/d")), "\n".join(serve_text(out))
+    assert "from a DSpark block drafter" in card and "multi-token-prediction" not in card
+    for text, draft in ((card, "me/d"), (summary, f"./{out}" if not str(out).startswith("/") else str(out))):
+        assert f'"method": "dspark", "model": "{draft}", "num_speculative_tokens": {B}' in text
+        assert f"--speculative-algorithm DSPARK --speculative-draft-model-path {draft}" in text
 
 
 def test_speculators_dspark_bf16_keeps_the_confidence_head_fp32(tmp_path: Path) -> None:
