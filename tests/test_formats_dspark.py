@@ -215,7 +215,9 @@ def test_refusals_name_the_other_format(build, tmp_path: Path) -> None:
     src, _ = _drafter(tmp_path)
     with pytest.raises(DraftError, match="no release stores it under mtp"):
         export(src, "stitched", tmp_path / "b", target=str(release))
+    with pytest.raises(DraftError, match="hidden_size 64, the drafter's is 16: not its drafter"):
+        export(src, "speculators-dspark", tmp_path / "d", target=str(build("deepseek_v3")))
     other = build("deepseek_v4")
     with pytest.raises(DraftError, match="does not ship this DSpark drafter"):
         export(conv, "stitched", tmp_path / "c", target=str(other))
-    assert not any((tmp_path / n).exists() for n in "abc")
+    assert not any((tmp_path / n).exists() for n in "abcd")
