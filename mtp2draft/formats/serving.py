@@ -21,6 +21,7 @@ STITCHED_DIR = "./target-stitched"  # where the overlay lines put the target and
 # the export README's sections that give local launch lines: a model card leaves them out and gives its own
 SERVE_SECTIONS = ("Overlay it onto the target", "Serve")
 OVERLAY_FILES = ("*.safetensors", "model.safetensors.index.json", "config.json")
+OVERLAY_FORMATS = ("stitched", "stitched-dspark")  # the formats whose lines start by laying the overlay over the target
 
 # launch-line label -> engine (spec.ENGINES) whose support for the family gates it
 LINE_ENGINES = {"SGLang": "sglang", "vLLM": "vllm", "vLLM (speculators config)": "vllm"}
@@ -104,7 +105,7 @@ def launch_lines(
     kind (`[engines.*] methods`) and, for a chain of `layers` > 1 MTP layers, a chain (`step_layers` other than
     "neither") get a line. A stitched overlay's lines start with the overlay (`overlay_lines`)."""
     lines = get_format(fmt).launch_lines(target, draft, k) if fmt in REGISTRY else {}
-    if fmt == "stitched":
+    if fmt in OVERLAY_FORMATS:
         lines = {"overlay": " && ".join(overlay_lines(target, draft, revision, spec)), **lines}
     if spec is None:
         return lines
