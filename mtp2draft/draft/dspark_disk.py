@@ -49,7 +49,7 @@ LAYER_FIELDS = (
 )  # fmt: skip
 
 
-def is_dspark_dir(cfg: Mapping[str, Any]) -> bool:
+def is_speculators_dspark(cfg: Mapping[str, Any]) -> bool:
     """True for a config.json this module writes."""
     return cfg.get("speculators_model_type") == MODEL_TYPE
 
@@ -163,7 +163,7 @@ def load_dspark(path: str | Path, embedding: torch.Tensor, head: torch.Tensor) -
     parameter found: a mismatch is refused in one line."""
     path = Path(path)
     cfg = read_json_file(path / CONFIG_FILE, DraftError)
-    if not is_dspark_dir(cfg):
+    if not is_speculators_dspark(cfg):
         raise DraftError(f"{path}: config.json is not a speculators dspark drafter")
     if not cfg.get("sample_from_anchor", False):
         raise DraftError(
@@ -199,7 +199,7 @@ def open_dspark(path: str | Path, embedding: torch.Tensor, head: torch.Tensor) -
     directory (`load_dspark`), or a release's stages as `convert` writes them (config.json `draft_kind: dspark`)."""
     path = Path(path)
     cfg = read_json_file(path / CONFIG_FILE, DraftError)
-    if is_dspark_dir(cfg):
+    if is_speculators_dspark(cfg):
         return load_dspark(path, embedding, head)
     if cfg.get("draft_kind") == DSPARK_KIND:  # a release's stages under their own names
         name = cfg.get("layout", "deepseek_v4_0731")  # directories converted before layouts were recorded: V4-0731's

@@ -95,7 +95,7 @@ def _write(job: ExportJob) -> None:
     """The `write` of this format: fills job.out from the dspark directory job.src."""
     from safetensors.torch import load_file
 
-    if not disk.is_dspark_dir(job.cfg):
+    if not disk.is_speculators_dspark(job.cfg):
         raise DraftError(
             f"{job.src} holds a release's DSpark stages ({job.cfg.get('architectures')}): speculators' dspark type "
             f"builds Qwen3-style layers only (vLLM {VLLM_VERSION} update_dspark: Qwen3DSparkModel); write them back "
