@@ -53,10 +53,11 @@ WEIGHTS_FILE = "model.safetensors"
 PROVENANCE_FILE = "provenance.json"
 # what the commands do with a DSpark drafter today, said by every refusal of one
 SUPPORTED_SO_FAR = (
-    "so far mtp2draft reads DSpark drafters with `inspect` and `convert` (into a dspark draft directory); distill, "
-    "evaluate and export do not take them yet"
+    "so far mtp2draft reads DSpark drafters with `inspect` and `convert` (into a dspark draft directory), and "
+    "`evaluate` runs Qwen3-style drafters in speculators' dspark layout (not yet a release's DeepSeek-V4 stages); "
+    "distill and export do not take them yet"
 )
-DSPARK_KIND = "dspark"  # a DSpark drafter's directory (`conversion.dspark`); no stage takes one yet
+DSPARK_KIND = "dspark"  # a DSpark drafter's directory (`conversion.dspark`, `draft.dspark_disk`)
 EVALUATION_FILE = "evaluation.json"  # `evaluate --save`: the measured acceptance `push` puts on the model card
 ACCEPTANCE_CHART = "acceptance.png"  # drawn from evaluation.json beside it (evaluation/charts.py); the card links it
 TRAINING_CHART = "training.png"  # distill's loss and per-step top-1 curves, beside the distilled draft
@@ -79,7 +80,7 @@ def detect_kind(cfg: Mapping[str, Any], hint: str = "") -> DraftKind:
     """The kind of draft a draft directory's config.json describes (either EAGLE-3 layout); DraftError otherwise,
     with `hint` (e.g. which commands write draft directories) appended."""
     kind = kind_of(cfg)
-    if kind is None and cfg.get("draft_kind") == DSPARK_KIND:
+    if kind is None and DSPARK_KIND in (cfg.get("draft_kind"), cfg.get("speculators_model_type")):
         raise DraftError(f"config.json describes a DSpark draft directory: {SUPPORTED_SO_FAR}")
     if kind is None:
         raise DraftError(
