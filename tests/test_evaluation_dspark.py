@@ -15,6 +15,7 @@ from mtp2draft.draft.dspark_disk import new_dspark_draft, save_dspark
 from mtp2draft.evaluation.decode import PromptResult, TargetRunner, greedy_reference
 from mtp2draft.evaluation.dspark import block_decode, block_summary, slots_to_verify
 from mtp2draft.family.dspark import DSparkFields
+from mtp2draft.formats.report import parse_report
 from mtp2draft.target.hidden import TargetModel
 
 PROMPTS = [[5, 17, 42, 9, 88, 23], [70, 71, 72, 3, 9], [40, 41]]
@@ -163,8 +164,10 @@ def test_cli_evaluates_a_saved_dspark_directory_against_a_baseline(target, tmp_p
         save_dspark(_random_draft(tm, seed), tmp_path / name, verifier)
     argv = ["evaluate", str(tmp_path / "ft"), "--target", str(path), "--data", str(_data(tmp_path)),
             "--max-new-tokens", "12", "--baseline", str(tmp_path / "raw")]  # fmt: skip
-    assert main([*argv, "--json"]) == 0
+    assert main([*argv, "--json", "--save"]) == 0
     report = json.loads(capsys.readouterr().out)
+    saved = parse_report(json.loads((tmp_path / "ft" / "evaluation.json").read_text()))  # as push reads it
+    assert len(saved.results) == 2 and len(saved.draft.acceptance_per_position) == 4
     assert report["draft_kind"] == "dspark" and report["block_size"] == 4 and report["lossless"] is True
     assert [r["name"] for r in report["results"]] == ["draft", f"baseline: {tmp_path / 'raw'}"]
     for rows in (report["results"], report["confidence_stop"]["results"]):
