@@ -190,7 +190,7 @@ def test_cli_refusals(target, tmp_path: Path, capsys) -> None:
     save_dspark(_random_draft(tm), tmp_path / "d", {"name_or_path": str(path), "architectures": ["X"]})
     common = ["evaluate", str(tmp_path / "d"), "--target", str(path), "--data", str(_data(tmp_path))]
     for extra, says in (
-        (["--engine", "vllm"], "does not serve DSpark drafts yet"),
+        (["--engine", "vllm"], "does not run DSpark drafts yet"),
         (["-k", "3"], "drafts blocks of 4 tokens in one pass"),
         (["--temperature", "1"], "greedily"),
     ):

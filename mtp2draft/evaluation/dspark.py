@@ -232,7 +232,8 @@ def evaluate_dspark(
     where, hub = where or Placement(), hub or HubAccess()
     if engine != "transformers":
         raise OptionError(
-            f"--engine {engine} does not serve DSpark drafts yet: evaluate them with --engine transformers"
+            f"evaluate --engine {engine} does not run DSpark drafts yet (vLLM serves them as method dspark; this "
+            "path does not drive it yet): evaluate them with --engine transformers"
         )
     if where.tensor_parallel_size is not None:
         raise OptionError("--tensor-parallel-size is for --engine vllm (transformers spreads with --device-map)")
