@@ -19,10 +19,13 @@ Figures per draft (`block_summary`): mean acceptance length = mean(a + 1) over b
 verification forward, bonus included); acceptance at slot k = blocks that accepted slot k / blocks that reached it
 (verified it, every earlier slot accepted); per-draft acceptance at slot k = blocks that accepted it / blocks; the
 target forwards, prefill included, against plain greedy decoding's (one a token). Every draft runs twice on the
-same prompts: the whole block verified, and with the confidence stop (`EvaluateConfig.confidence_threshold`). No
-engine states a threshold: vLLM 0.32 (`v1/worker/gpu/spec_decode/adaptive_verification.py`, off unless
-`enable_adaptive_verification`) ranks slots by survival, the running product of sigmoid(confidence), against its
-measured cost curves, and the SGLang 0.5.23 source read states none; 0.5 is mtp2draft's default.
+same prompts: the whole block verified, and with the confidence stop (`EvaluateConfig.confidence_threshold`).
+The stop is SGLang's rule (its DSpark worker's confident prefix: the slots before the first whose sigmoid(confidence)
+is under `--speculative-dspark-confidence-threshold`, sgl-project/sglang PR 29538). The SGLang source read defaults
+that threshold to 0.0, which verifies whole blocks (the first run); the version was not matched to SGLang 0.5.23.
+vLLM 0.32 states no threshold: it ranks slots by survival, the running product of sigmoid(confidence), against its
+measured cost curves (`v1/worker/gpu/spec_decode/adaptive_verification.py`, off unless
+`enable_adaptive_verification`). The stop run's default, 0.5, is mtp2draft's.
 
 The output must equal the target's own greedy decoding token for token (`decode.greedy_reference`); a difference
 raises `LosslessError` unless the target's top two logits tie there (`decode.tie_tolerance`, reported as ties).
@@ -66,10 +69,10 @@ from mtp2draft.settings import HubAccess, Placement
 from mtp2draft.target.device import resolve_device
 from mtp2draft.target.hidden import TargetModel
 
-# No engine states a confidence threshold (see the module doc): mtp2draft's default.
+# Where the stop run's threshold comes from (the module doc has the sources).
 THRESHOLD_SOURCE = (
-    "no engine states a threshold (vLLM 0.32 ranks slots by survival, the product of sigmoid(confidence), against "
-    "its cost curves; SGLang 0.5.23 states none): mtp2draft's default is 0.5"
+    "SGLang's DSpark rule (the slots before the first with sigmoid(confidence) < threshold); SGLang's default 0.0 "
+    "verifies whole blocks (the run without the stop) and vLLM 0.32 states no threshold: 0.5 is mtp2draft's default"
 )
 
 

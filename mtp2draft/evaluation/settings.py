@@ -46,7 +46,7 @@ class EvaluateConfig:
     confidence_threshold: float = setting(
         0.5,
         "DSpark drafts: the second run cuts each block before its first slot whose sigmoid(confidence) is under this "
-        "(no engine states one; docs/specs.md says why 0.5).",
+        "(SGLang's rule; its default 0.0 verifies whole blocks, the first run).",
         advanced=True,
     )
 
