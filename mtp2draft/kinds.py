@@ -10,8 +10,10 @@ What this module does not do: build or load drafts (`draft/modules.py`), or tell
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping
 from enum import StrEnum
+from pathlib import Path
 from typing import Any
 
 from mtp2draft.errors import DraftError
@@ -55,8 +57,8 @@ WEIGHTS_FILE = "model.safetensors"
 PROVENANCE_FILE = "provenance.json"
 # what the commands do with a DSpark drafter today, said by every refusal of one
 SUPPORTED_SO_FAR = (
-    "so far mtp2draft reads DSpark drafters with `inspect` and `convert` (into a dspark draft directory) and writes "
-    "them with `export` (speculators-dspark, stitched); distill and evaluate do not take them yet"
+    "so far mtp2draft reads DSpark drafters with `inspect` and `convert` (into a dspark draft directory), "
+    "`evaluate` runs them, and `export` writes them (speculators-dspark, stitched); distill does not take them yet"
 )
 DSPARK_KIND = DraftKind.DSPARK.value  # a DSpark drafter's directory (`conversion.dspark`, `draft.dspark_disk`)
 EVALUATION_FILE = "evaluation.json"  # `evaluate --save`: the measured acceptance `push` puts on the model card
@@ -81,6 +83,17 @@ def is_dspark_dir(cfg: Mapping[str, Any]) -> bool:
     """Whether a config.json is a DSpark draft directory's: a release's stages as `convert` writes them
     (`draft_kind: dspark`) or a Qwen3-style drafter in speculators' dspark layout (`draft.dspark_disk`)."""
     return cfg.get("draft_kind") == DSPARK_KIND or cfg.get("speculators_model_type") == DSPARK_KIND
+
+
+def is_dspark_draft(path: str | Path) -> bool:
+    """Whether the directory `path` holds a DSpark draft (`is_dspark_dir` of its config.json); False for anything
+    else, including a missing or unreadable config (the other kinds' loaders give their own messages)."""
+    config = Path(path) / CONFIG_FILE
+    try:
+        cfg = json.loads(config.read_text()) if config.is_file() else None
+    except (OSError, ValueError):
+        return False
+    return isinstance(cfg, dict) and is_dspark_dir(cfg)
 
 
 def detect_kind(cfg: Mapping[str, Any], hint: str = "") -> DraftKind:

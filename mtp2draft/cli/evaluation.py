@@ -1,5 +1,5 @@
 """`evaluate` and `speedup`: measured acceptance against the target, and the speed it predicts on an accelerator
-(library: `evaluation.decode`, `speed`)."""
+(library: `evaluation.decode`, `evaluation.dspark` for DSpark drafts, `speed`)."""
 
 from __future__ import annotations
 
@@ -42,6 +42,8 @@ def evaluate(
     logits within the rounding of --dtype are reported, not raised. The draft runs on the target's device, in its dtype.
     `--engine vllm` serves the target with the draft in vLLM instead (its own venv: mtp2draft engine install vllm) and reads
     the same figures from vLLM's counters, the plain target's run giving the lossless check and the clock.
+    A DSpark draft directory drafts blocks of its own size (greedy, transformers only), reported twice: whole blocks
+    and cut by its confidence head (--confidence-threshold), with the target forwards against plain greedy decoding.
 
     Examples:
 
@@ -51,6 +53,7 @@ def evaluate(
     * `mtp2draft evaluate tiny-ft --target ./tiny-target --data prompts.jsonl --device cpu` (fp32, the default dtype)
     * `mtp2draft evaluate mimo3-chain-ft --target ./tiny-mimo-3mtp --data prompts.jsonl --step-layers first` (a chain draft as vLLM 0.32 runs it: layer 0 at every step)
     * `mtp2draft evaluate glm-mtp-ft --target zai-org/GLM-4.5-Air --data prompts.jsonl --engine vllm --tensor-parallel-size 4`
+    * `mtp2draft evaluate qwen-dspark-ft --target ./qwen3-target --data prompts.jsonl --baseline qwen-dspark` (DSpark drafters)
     """
     from mtp2draft.engines.choice import evaluate_with
     from mtp2draft.evaluation import charts

@@ -284,8 +284,35 @@ def evaluate_text(report: dict[str, Any]) -> str:
         + acceptance_table(report["results"])
         + "".join("\n" + comparison_text(c) for c in report.get("comparison", []))
         + _chains(report)
+        + _dspark(report)
         + _engine_clock(report)
     )
+
+
+def _dspark(report: dict[str, Any]) -> str:
+    """DSpark drafts: target forwards against plain greedy decoding, and the same prompts with the confidence stop."""
+    stop = report.get("confidence_stop")
+    if not stop:
+        return ""
+
+    def forwards(rows: list[dict[str, Any]]) -> list[str]:
+        return [
+            f"  {r['name']}: {r['forwards']['speculative']} target forwards, plain greedy "
+            f"{r['forwards']['plain_greedy']}; {r['tokens_drafted']} draft tokens verified"
+            for r in rows
+        ]
+
+    lines = [
+        f"\nDSpark: blocks of {report['block_size']} draft tokens, one drafter pass each; pos j: slot j accepted / "
+        "blocks that reached it, and per block (prefill forwards included below)",
+        *forwards(report["results"]),
+        f"with the confidence stop (each block cut before its first slot whose sigmoid(confidence) < "
+        f"{stop['threshold']:g}):",
+        acceptance_table(stop["results"]),
+        *forwards(stop["results"]),
+        *(comparison_text(c) for c in stop.get("comparison", [])),
+    ]
+    return "\n".join(lines)
 
 
 def _chains(report: dict[str, Any]) -> str:

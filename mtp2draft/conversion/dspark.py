@@ -9,7 +9,8 @@ config), model.safetensors and provenance.json. The drafter shares the target's 
 proposer shares them), so neither is copied.
 
 What this module does not do: build or run the drafter (`draft.dspark`), or write the release's quantisation back.
-`distill`, `evaluate` and `export` refuse a dspark directory (`kinds.detect_kind`).
+`distill` and `export` refuse a dspark directory (`kinds.detect_kind`); `evaluate` runs it (`evaluation.dspark`) once
+its stage exists (`draft.dspark_disk.open_dspark`).
 """
 
 from __future__ import annotations

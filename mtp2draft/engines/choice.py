@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from mtp2draft.errors import OptionError
+from mtp2draft.kinds import is_dspark_draft
 from mtp2draft.settings import HubAccess, Placement
 
 if TYPE_CHECKING:  # io, data and evaluation.settings' users import torch, which this module does not
@@ -78,6 +79,10 @@ def evaluate_with(
     version). `where`: where the target runs (dtype None: float32 for transformers, the checkpoint's own for vLLM);
     `hub`: the target's revision and the token."""
     _check(engine, EVALUATE_ENGINES)
+    if drafts and is_dspark_draft(drafts[0][1]):  # block drafting: its own loop (transformers only, it says so)
+        from mtp2draft.evaluation.dspark import evaluate_dspark
+
+        return evaluate_dspark(engine, drafts, target, data, config, where=where, hub=hub, progress=progress)
     where, hub = where or Placement(), hub or HubAccess()
     common = {"config": config, "revision": hub.revision, "token": hub.token, "progress": progress}
     if engine == "transformers":

@@ -43,6 +43,12 @@ class EvaluateConfig:
         "reused, as vLLM 0.32 runs it) (default: the rule the draft was trained for).",
         advanced=True,
     )
+    confidence_threshold: float = setting(
+        0.5,
+        "DSpark drafts: the second run cuts each block before its first slot whose sigmoid(confidence) is under this "
+        "(SGLang's rule; its default 0.0 verifies whole blocks, the first run).",
+        advanced=True,
+    )
 
     def __post_init__(self) -> None:
         from mtp2draft.evaluation.sampling import Sampling
@@ -62,6 +68,8 @@ class EvaluateConfig:
             if value > most:
                 raise OptionError(f"{option} must be at most {most} ({why}), got {value}")
         check_seed(self.seed)
+        if not 0.0 <= self.confidence_threshold <= 1.0:
+            raise OptionError(f"--confidence-threshold must lie in [0, 1], got {self.confidence_threshold}")
         Sampling(self.temperature, self.top_p, self.draft_sampling)  # OptionError on a bad value
         from mtp2draft.family.spec import STEP_LAYER_RULES
 

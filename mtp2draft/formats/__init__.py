@@ -36,7 +36,9 @@ class Registration:
     needs_target: bool = False  # `export` needs --target (the checkpoint the draft is laid over)
     # `detect_format` asks the formats in this order; a format detected only when nothing else matches sorts last
     detect_rank: int = 0
-    also: tuple[DraftKind, ...] = ()  # further kinds `export --format` takes (stitched: a release's DSpark stages)
+    # further kinds `export --format` takes, each -> the registered format that writes it (stitched: a release's
+    # DSpark stages, written by `stitched-dspark`)
+    also: Mapping[DraftKind, str] = field(default_factory=dict)
 
 
 # The one place a format is registered. The order is the order of `--format` choices.
@@ -67,7 +69,7 @@ REGISTRY: dict[str, Registration] = {
         reads_target=True,
         needs_target=True,
         detect_rank=9,
-        also=(DraftKind.DSPARK,),
+        also={DraftKind.DSPARK: "stitched-dspark"},
     ),
     "speculators-mtp": Registration(
         DraftKind.MTP,

@@ -226,7 +226,7 @@ def _declares_dspark(config: Mapping[str, Any]) -> bool:
 
 PROVIDES: dict[str, Format] = {
     "stitched-dspark": Format(
-        write=None,
+        write=export_dspark_stitched,
         validate=_validate,
         detect=lambda config: _declares_dspark(config),
         launch_lines=_launch_lines,

@@ -106,7 +106,8 @@ def export(
             progress=progress,
             final=Path(out),
         )
-        get_format(format).write(job)  # type: ignore[misc]
+        writer = REGISTRY[format].also.get(DraftKind.DSPARK, format) if is_dspark_dir(cfg) else format
+        get_format(writer).write(job)  # type: ignore[misc]
         if evaluation := file_inside(src, EVALUATION_FILE):  # `push` puts the measured acceptance on the card
             shutil.copyfile(evaluation, tmp / EVALUATION_FILE)
             if chart := file_inside(src, ACCEPTANCE_CHART):  # drawn from that evaluation, linked by the card

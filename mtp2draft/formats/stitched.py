@@ -56,7 +56,7 @@ from mtp2draft.formats.native import (
 from mtp2draft.formats.requant import UNQUANTISED_WHY, excluded_config
 from mtp2draft.formats.serving import config_view_note, launch_lines, local_ref, serving_text
 from mtp2draft.io import SafetensorsWriter, write_json
-from mtp2draft.kinds import CONFIG_FILE, WEIGHTS_FILE, is_dspark_dir
+from mtp2draft.kinds import CONFIG_FILE, WEIGHTS_FILE
 from mtp2draft.redact import redact
 from mtp2draft.target.release import diagnose, unexcluded
 
@@ -82,16 +82,6 @@ def _target_index(ckpt: Checkpoint) -> dict[str, Any]:
 
 
 def _write(job: ExportJob) -> None:
-    """The `write` of this format: fills job.out from the draft job.src."""
-    if is_dspark_dir(job.cfg):  # a release's DSpark stages, written back the same way (formats/dspark_stitched.py)
-        from mtp2draft.formats.dspark_stitched import export_dspark_stitched
-
-        export_dspark_stitched(job)
-    else:
-        _export_stitched(job)
-
-
-def _export_stitched(job: ExportJob) -> None:
     """A native MTP draft job.src written back over the target into job.out."""
     src, cfg, tmp, record = job.src, job.cfg, job.out, job.record
     target, revision, token, progress = job.target, job.revision, job.token, job.progress
