@@ -31,7 +31,7 @@ _LAZY: dict[str, str] = {
     "export": "formats.export",
     "ExportConfig": "formats",
     "validate": "formats.export",
-    "push": "hub",
+    "push": "hub.upload",
     "run": "pipeline",
     "load_draft": "draft.disk",
     "NativeMtpDraft": "draft.modules",
@@ -76,7 +76,7 @@ if TYPE_CHECKING:  # for type checkers and IDEs only: at run time these load laz
     from .family.spec import find_spec, get_spec, registry
     from .formats import ExportConfig
     from .formats.export import export, validate
-    from .hub import push
+    from .hub.upload import push
     from .pipeline import run
     from .train.recipe import distill
     from .train.settings import DistillConfig

@@ -25,9 +25,8 @@ from typing import Any
 
 import torch
 
-from mtp2draft.checkpoint.reader import ST_DTYPES, TORCH_TO_ST
+from mtp2draft.dtypes import ST_DTYPES, TORCH_TO_ST
 from mtp2draft.errors import DraftError, OutputExistsError
-from mtp2draft.kinds import DTYPE_NAMES
 from mtp2draft.manifest import (
     CHECKPOINT_ENTRY,
     CHECKPOINTS_MARKER,
@@ -40,9 +39,6 @@ from mtp2draft.manifest import (
     umask,
 )
 from mtp2draft.redact import scrub
-
-# The weight dtypes mtp2draft writes (`kinds.DTYPE_NAMES`) as torch dtypes: the one map from name to dtype.
-TORCH_DTYPES: dict[str, torch.dtype] = {name: getattr(torch, name) for name in DTYPE_NAMES}
 
 # Every stage reports progress through a callable taking one line; the CLI prints it on stderr, tests drop it.
 Progress = Callable[[str], None]

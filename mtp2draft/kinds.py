@@ -1,6 +1,6 @@
 """The enumerations every stage shares, defined once: the two kinds of draft mtp2draft makes (`DraftKind`, the
 `convert --to` choices) and the one detector of a draft's kind from its config.json; where a hidden state is taken
-(`Hidden`: post_norm / pre_norm); the weight dtypes it writes; the draft directory's file names. Torch-free, so that
+(`Hidden`: post_norm / pre_norm); the draft directory's file names. The weight dtype names are `dtypes`'. Torch-free, so that
 the CLI can list choices without loading a model library.
 
 A kind is also the speculative-decoding method an engine runs the draft with (`[engines.*] methods` in the specs).
@@ -14,6 +14,7 @@ from collections.abc import Mapping
 from enum import StrEnum
 from typing import Any
 
+from mtp2draft.dtypes import DTYPE_NAMES  # noqa: F401 - read here by the engine modules
 from mtp2draft.errors import DraftError
 
 
@@ -41,9 +42,6 @@ class Hidden(StrEnum):
 
 
 HIDDEN_PLACES = tuple(h.value for h in Hidden)
-# The weight dtypes mtp2draft writes (`convert --dtype`, `export --dtype`, a draft config.json's `torch_dtype`); their torch
-# dtypes: `io.TORCH_DTYPES`.
-DTYPE_NAMES = ("bfloat16", "float16", "float32")
 
 # How a draft proposes at a temperature (`evaluate --draft-sampling`, vLLM's draft_sample_method; see evaluation/sampling.py)
 DRAFT_SAMPLING = ("greedy", "sample")

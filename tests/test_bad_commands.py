@@ -1114,7 +1114,7 @@ def _swap_config(draft: Path, tmp: Path) -> None:
 @case
 def push_draft_replaced_while_it_is_staged(w, tmp, mp, stack):
     """Refused before any request (no Hub is reachable here): the staged files are not the draft validated."""
-    from mtp2draft import hub
+    from mtp2draft.hub import upload as hub
 
     draft = _copy(w.ds_e3, tmp, "draft")
     stage = hub._stage

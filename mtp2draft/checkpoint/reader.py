@@ -39,6 +39,7 @@ from mtp2draft.checkpoint.fp8 import (
 )
 from mtp2draft.checkpoint.quant import QuantMethod, QuantView, QuantWeight, TensorScheme, quant_method
 from mtp2draft.checkpoint.sources import HubFiles, LocalFiles, check_inside, range_cache_dir
+from mtp2draft.dtypes import ST_DTYPES
 from mtp2draft.errors import CheckpointError, Mtp2DraftError, SourceError, read_json_object
 from mtp2draft.manifest import write_text_safely
 
@@ -48,18 +49,6 @@ SINGLE_FILE = "model.safetensors"
 # `model_mtp.safetensors`): top-level files matching this are found by listing the repo's files (the Hub call that
 # resolves the commit already lists them) or the directory, and read with the same range reads.
 UNINDEXED_MTP_FILES = "*mtp*.safetensors"
-
-# safetensors dtype name -> (torch dtype, bytes per element); F8_E8M0 where this torch has it
-_ST_NAMES = (
-    "F64 float64, F32 float32, F16 float16, BF16 bfloat16, F8_E4M3 float8_e4m3fn, F8_E5M2 float8_e5m2, "
-    "I64 int64, I32 int32, I16 int16, I8 int8, U8 uint8, BOOL bool, F8_E8M0 float8_e8m0fnu"
-)
-ST_DTYPES: dict[str, tuple[torch.dtype, int]] = {
-    st: (getattr(torch, name), getattr(torch, name).itemsize)
-    for st, name in (pair.split() for pair in _ST_NAMES.split(", "))
-    if hasattr(torch, name)
-}
-TORCH_TO_ST = {v[0]: k for k, v in ST_DTYPES.items()}
 
 # Gap (bytes) up to which two needed tensors of one shard are fetched with a single range request.
 COALESCE_GAP = 4096

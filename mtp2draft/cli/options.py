@@ -13,7 +13,8 @@ from typing import Annotated, Any, get_type_hints
 
 import typer
 
-from mtp2draft.kinds import DRAFT_KINDS, DRAFT_SAMPLING, DTYPE_NAMES
+from mtp2draft.dtypes import DTYPE_NAMES
+from mtp2draft.kinds import DRAFT_KINDS, DRAFT_SAMPLING
 
 
 def choices(option: str, sep: str = " | ") -> str:

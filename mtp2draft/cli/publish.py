@@ -118,8 +118,8 @@ def push(
     `mtp2draft push ./ds3-local-mtp --repo-id me/ds3-mtp --base-model deepseek-ai/DeepSeek-V3` ·
     `mtp2draft push ds3-stitched --repo-id me/ds3-mtp-ft --dry-run > card.md` (the card, nothing uploaded)
     """
-    from mtp2draft.hub import card_text
-    from mtp2draft.hub import push as run
+    from mtp2draft.hub.upload import card_text
+    from mtp2draft.hub.upload import push as run
 
     if dry_run:  # the card on stdout, as the upload's README.md would hold it: `> card.md` to read it first
         print(card_text(path, repo_id, base_model), end="")

@@ -47,6 +47,7 @@ from mtp2draft.draft.modules import (
     vocab_maps,
     without_identity_maps,
 )
+from mtp2draft.dtypes import TORCH_DTYPES
 from mtp2draft.eagle3.transfer import Eagle3Build
 from mtp2draft.eagle3.transforms import EAGLE3_TRANSFORMS, check_eagle3_transforms
 from mtp2draft.errors import CheckpointError, Mtp2DraftError, OptionError, ShallowTargetError
@@ -54,7 +55,6 @@ from mtp2draft.family.dspark import dspark_fields
 from mtp2draft.family.spec import ENGINES, Spec, find_spec
 from mtp2draft.family.transforms import LOAD_TRANSFORMS
 from mtp2draft.io import (
-    TORCH_DTYPES,
     Progress,
     SafetensorsWriter,
     atomic_output_dir,

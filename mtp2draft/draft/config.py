@@ -25,8 +25,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from mtp2draft.dtypes import DTYPE_NAMES
 from mtp2draft.errors import DraftError, Mtp2DraftError, read_json_file
-from mtp2draft.kinds import CONFIG_FILE, DTYPE_NAMES, DraftKind, detect_kind
+from mtp2draft.kinds import CONFIG_FILE, DraftKind, detect_kind
 
 HANDOVERS = ("post_norm", "pre_norm")  # which hidden a draft step hands on / step 0 reads
 DRAFT_FORMAT_VERSIONS = (1, 2)  # the native draft layouts this version reads (draft.DRAFT_FORMAT_VERSION writes)

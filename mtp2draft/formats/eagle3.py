@@ -35,6 +35,7 @@ from mtp2draft.draft.eagle3_config import (
     speculators_weight_name,
 )
 from mtp2draft.draft.modules import VOCAB_MAPS, without_identity_maps
+from mtp2draft.dtypes import TORCH_DTYPES
 from mtp2draft.errors import DraftError
 from mtp2draft.family.spec import get_spec
 from mtp2draft.formats import ExportJob, Format
@@ -46,7 +47,7 @@ from mtp2draft.formats.common import (
     sglang_steps,
     speculators_section_problems,
 )
-from mtp2draft.io import TORCH_DTYPES, Progress, quiet, save_tensors, write_json
+from mtp2draft.io import Progress, quiet, save_tensors, write_json
 from mtp2draft.kinds import CONFIG_FILE, EAGLE3_ARCHITECTURE, WEIGHTS_FILE, DraftKind
 
 

@@ -6,7 +6,7 @@ Tensors are written in the target's own storage: FP8 with `_scale_inv` where it 
 copies tensors in their stored dtype), and the schemes `formats/requant.py` writes (DeepSeek-V4's FP4 experts and
 FP8 linears with e8m0 `.scale`) under the checkpoint's own part names.
 
-What this module does not do: validate the draft directory it reads (`native.py`) or publish (`hub.py`).
+What this module does not do: validate the draft directory it reads (`native.py`) or publish (`hub/upload.py`).
 """
 
 from __future__ import annotations

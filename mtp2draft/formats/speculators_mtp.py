@@ -24,6 +24,7 @@ import torch
 
 from mtp2draft.checkpoint.tensor_checks import check_tensors
 from mtp2draft.draft.modules import NativeMtpDraft
+from mtp2draft.dtypes import TORCH_DTYPES
 from mtp2draft.errors import DraftError
 from mtp2draft.family.spec import Spec, registry
 from mtp2draft.formats import ExportJob, Format
@@ -37,7 +38,7 @@ from mtp2draft.formats.common import (
     speculators_section_problems,
 )
 from mtp2draft.formats.eagle3 import verifier_of
-from mtp2draft.io import TORCH_DTYPES, save_tensors, write_json
+from mtp2draft.io import save_tensors, write_json
 from mtp2draft.kinds import CONFIG_FILE, WEIGHTS_FILE, Hidden
 
 SPECULATORS_VERSION = "0.9.0"  # the release the layout below was read from

@@ -5,7 +5,7 @@ A quantised target's layer is written in its own scheme where `formats/requant.p
 FP4 with e8m0 scales), else (ModelOpt, compressed-tensors) in the float dtype with the layer's quantised parts dropped
 from the shard and the index and its prefix added to the config's exclusion list.
 
-What this module does not do: write the NextN layout (`nextn.py`) or publish (`hub.py`).
+What this module does not do: write the NextN layout (`nextn.py`) or publish (`hub/upload.py`).
 """
 
 from __future__ import annotations
@@ -20,8 +20,9 @@ import torch
 
 from mtp2draft._version import __version__
 from mtp2draft.checkpoint.fp8 import SCALE_SUFFIX, fp8_block_size
-from mtp2draft.checkpoint.reader import INDEX_FILE, ST_DTYPES, Checkpoint, open_checkpoint
+from mtp2draft.checkpoint.reader import INDEX_FILE, Checkpoint, open_checkpoint
 from mtp2draft.draft.layout import plan_mtp_layer
+from mtp2draft.dtypes import ST_DTYPES
 from mtp2draft.errors import DraftError
 from mtp2draft.family.spec import Spec, find_spec
 from mtp2draft.family.transforms import fp8_row_chunks

@@ -37,7 +37,7 @@ from mtp2draft.evaluation.settings import EvaluateConfig
 from mtp2draft.family.spec import Spec
 from mtp2draft.formats import REGISTRY, ExportConfig, formats_of, get_format
 from mtp2draft.formats.export import export
-from mtp2draft.hub import serve_text
+from mtp2draft.hub.card import serve_text
 from mtp2draft.io import Progress, check_output_dir, claim_output, mark
 from mtp2draft.kinds import DraftKind
 from mtp2draft.pipeline import record as run_record
@@ -238,7 +238,7 @@ def preflight(source: str, config: RunConfig, stages: Stages, hub: HubAccess) ->
             spec.name, ckpt.config, target.config, f"--target {config.target}", f"the checkpoint {source} (the source)"
         )
     if config.push:
-        from mtp2draft.hub import check_push_access
+        from mtp2draft.hub.upload import check_push_access
         from mtp2draft.pipeline.checks import check_repo_creatable
 
         check_repo_creatable(config.push, check_push_access(config.push, hub.token))
@@ -348,7 +348,7 @@ def _run(
 def _push(config: RunConfig, hub: HubAccess, result: RunResult, record: Record, step: _Steps) -> RunResult:
     """Stage 5: publish the export. Pushed to the same repo by an earlier run: kept. A failure raises `PushFailed`,
     which carries the finished run and says how to publish the complete export."""
-    from mtp2draft.hub import PushResult, push
+    from mtp2draft.hub.upload import PushResult, push
 
     earlier, exported = record.finished.get("push") or {}, result.exported
     if earlier.get("repo_id") == config.push:

@@ -29,6 +29,7 @@ import torch
 from mtp2draft.checkpoint.reader import Checkpoint, TensorInfo, check_shard_name
 from mtp2draft.checkpoint.sources import LocalFiles
 from mtp2draft.checkpoint.tensor_checks import check_tensors
+from mtp2draft.dtypes import ST_FLOATS
 from mtp2draft.errors import CheckpointError, DataError, OptionError, SpecError, UnknownFamilyError, read_json_object
 from mtp2draft.target.rope_config import normalised
 
@@ -56,7 +57,6 @@ RECORD_DTYPES = {"input_ids": "I64", "loss_mask": "BOOL", "final": "F32", "aux":
 RECORD_DTYPES |= {"topk_logprobs": "F32", "topk_ids": "I64"}
 # target config keys that do not change what the target computes (a re-save rewrites them)
 IGNORED_CONFIG_KEYS = ("transformers_version", "_name_or_path")
-DTYPES_FLOAT = ("F32", "F16", "BF16", "F64")  # shared.safetensors: bf16 is fine (the docs)
 
 
 def _whole(value: Any) -> bool:
@@ -341,7 +341,7 @@ def check_shards(root: Path, manifest: dict[str, Any], max_length: int | None = 
     shared = _header(ckpt, SHARED_FILE)
     for name in ("embed", "lm_head"):
         info = shared.get(name)
-        if info is None or list(info.shape) != [v, h] or info.dtype not in DTYPES_FLOAT:
+        if info is None or list(info.shape) != [v, h] or info.dtype not in ST_FLOATS:
             got = "missing" if info is None else f"{info.dtype} {list(info.shape)}"
             raise DataError(f"{root / SHARED_FILE}: {name} must be a float tensor [{v}, {h}], got {got}")
     if not _any_loss_token(ckpt, masks, max_length):

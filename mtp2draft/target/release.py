@@ -31,6 +31,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from mtp2draft.checkpoint.reader import UNINDEXED_MTP_FILES, Checkpoint
+from mtp2draft.dtypes import ST_LINEAR_FLOATS
 from mtp2draft.family.spec import Spec
 
 # Tensor groups of an MTP layer: the first pattern that matches a key (after the layer's prefix) names its group.
@@ -335,9 +336,6 @@ def _exclusion_problems(cfg: Mapping[str, Any], entry: dict[str, Any]) -> list[d
     return out
 
 
-FLOAT_DTYPES = ("BF16", "F16", "F32")
-
-
 def unexcluded(config: Mapping[str, Any], stored: Mapping[str, tuple[str, list[int]]]) -> list[str]:
     """One line per MTP linear stored in a float dtype (key -> (safetensors dtype, shape)) that config.json's
     quantisation would build quantised: what `validate` reports for an overlay, as the engines will read it."""
@@ -348,7 +346,7 @@ def unexcluded(config: Mapping[str, Any], stored: Mapping[str, tuple[str, list[i
     for key, (dtype, shape) in sorted(stored.items()):
         module = key.removesuffix(".weight")
         linear = key.endswith(".weight") and len(shape) >= 2 and _group(key) in QUANTISABLE
-        if linear and dtype in FLOAT_DTYPES and not excluded(config, module):
+        if linear and dtype in ST_LINEAR_FLOATS and not excluded(config, module):
             out.append(
                 f"{key} is stored {dtype} but quantization_config.{found[1]} does not exclude {module}: the engine "
                 f"builds it {found[0]}-quantised"
