@@ -46,7 +46,7 @@ class Example:
 def load_tokenizer(path: str | Path):
     from transformers import AutoTokenizer
 
-    from mtp2draft.io import quiet_transformers
+    from mtp2draft.progress import quiet_transformers
 
     try:
         with quiet_transformers():

@@ -30,7 +30,8 @@ from safetensors.torch import load_file, save_file
 from mtp2draft.cli.app import main
 from mtp2draft.conversion import convert
 from mtp2draft.formats.export import export
-from mtp2draft.io import claim_output, mark
+from mtp2draft.manifest import mark
+from mtp2draft.outputs.claims import claim_output
 
 
 @dataclass

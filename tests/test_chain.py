@@ -205,7 +205,7 @@ def test_stitched_writes_every_layer_back_and_single_layer_formats_refuse(chain_
     with torch.no_grad():  # a "distilled" chain: every layer changed
         for j, m in enumerate(draft.layers):
             m.eh_proj.weight.add_(0.01 * (j + 1))
-    from mtp2draft.io import save_tensors
+    from mtp2draft.outputs.writer import save_tensors
 
     moved = tmp_path / "moved"
     moved.mkdir()

@@ -1317,7 +1317,7 @@ def test_step3p7_chain_stitched_round_trip(build, tmp_path: Path) -> None:
     changed, stitched over the bf16 target: each layer back under the release's names, the experts in their stacked
     [E, I, H] shapes, the own heads as read, the trunk untouched; the overlay converts back to the same draft."""
     from mtp2draft.formats.export import export, validate
-    from mtp2draft.io import save_tensors
+    from mtp2draft.outputs.writer import save_tensors
 
     src = build("step3p7")
     convert(str(src), tmp_path / "chain", all_layers=True, dtype="bfloat16")

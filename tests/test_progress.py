@@ -6,7 +6,7 @@ from __future__ import annotations
 import io as stdio
 
 from mtp2draft.cli.progress import Reporter
-from mtp2draft.io import LineMeter, meter
+from mtp2draft.progress import LineMeter, meter
 
 
 def test_a_plain_sink_gets_a_line_at_each_tenth_and_at_the_end() -> None:

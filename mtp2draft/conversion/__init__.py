@@ -54,17 +54,11 @@ from mtp2draft.errors import CheckpointError, Mtp2DraftError, OptionError, Shall
 from mtp2draft.family.dspark import dspark_fields
 from mtp2draft.family.spec import ENGINES, Spec, find_spec
 from mtp2draft.family.transforms import LOAD_TRANSFORMS
-from mtp2draft.io import (
-    Progress,
-    SafetensorsWriter,
-    atomic_output_dir,
-    check_output_dir,
-    meter,
-    quiet,
-    save_tensors,
-    write_json,
-)
 from mtp2draft.kinds import CONFIG_FILE, DSPARK_KIND, PROVENANCE_FILE, WEIGHTS_FILE, DraftKind
+from mtp2draft.manifest import write_json
+from mtp2draft.outputs.directories import atomic_output_dir, check_output_dir
+from mtp2draft.outputs.writer import SafetensorsWriter, save_tensors
+from mtp2draft.progress import Progress, meter, quiet
 from mtp2draft.redact import command_line
 from mtp2draft.settings import ConvertConfig
 

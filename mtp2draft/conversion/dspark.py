@@ -24,8 +24,10 @@ from mtp2draft.checkpoint.reader import Checkpoint
 from mtp2draft.dtypes import TORCH_DTYPES
 from mtp2draft.errors import OptionError
 from mtp2draft.family.dspark import DSparkFields
-from mtp2draft.io import SafetensorsWriter, atomic_output_dir, write_json
 from mtp2draft.kinds import CONFIG_FILE, DSPARK_KIND, PROVENANCE_FILE, WEIGHTS_FILE
+from mtp2draft.manifest import write_json
+from mtp2draft.outputs.directories import atomic_output_dir
+from mtp2draft.outputs.writer import SafetensorsWriter
 from mtp2draft.redact import command_line
 from mtp2draft.settings import ConvertConfig
 

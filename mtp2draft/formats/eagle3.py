@@ -47,8 +47,10 @@ from mtp2draft.formats.common import (
     sglang_steps,
     speculators_section_problems,
 )
-from mtp2draft.io import Progress, quiet, save_tensors, write_json
 from mtp2draft.kinds import CONFIG_FILE, EAGLE3_ARCHITECTURE, WEIGHTS_FILE, DraftKind
+from mtp2draft.manifest import write_json
+from mtp2draft.outputs.writer import save_tensors
+from mtp2draft.progress import Progress, quiet
 
 
 def _eagle3_input(src: Path, cfg: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:

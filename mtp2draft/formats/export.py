@@ -28,17 +28,11 @@ from mtp2draft.errors import DraftError, SourceError, ValidationError
 from mtp2draft.family.spec import find_spec
 from mtp2draft.formats import REGISTRY, ExportConfig, ExportJob, check_format, get_format
 from mtp2draft.formats.common import read_json
-from mtp2draft.io import (
-    Progress,
-    atomic_output_dir,
-    check_output_dir,
-    check_unchanged,
-    draft_identity,
-    quiet,
-    write_json,
-)
 from mtp2draft.kinds import ACCEPTANCE_CHART, CONFIG_FILE, EVALUATION_FILE, PROVENANCE_FILE, kind_of
-from mtp2draft.manifest import file_inside
+from mtp2draft.manifest import file_inside, write_json
+from mtp2draft.outputs.directories import atomic_output_dir, check_output_dir
+from mtp2draft.outputs.identity import check_unchanged, draft_identity
+from mtp2draft.progress import Progress, quiet
 from mtp2draft.redact import command_line
 from mtp2draft.target.identity import check_target_identity
 

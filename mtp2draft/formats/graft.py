@@ -34,8 +34,9 @@ from mtp2draft.family.spec import Spec
 from mtp2draft.formats.common import STITCHED_MARK
 from mtp2draft.formats.native import ChainLayers, NativeLayer, trunk_keys
 from mtp2draft.formats.requant import EXCLUDERS, UNQUANTISED_WHY, excluded_config
-from mtp2draft.io import save_tensors, write_json
 from mtp2draft.kinds import CONFIG_FILE
+from mtp2draft.manifest import write_json
+from mtp2draft.outputs.writer import save_tensors
 from mtp2draft.redact import redact
 from mtp2draft.target.release import layer_prefix
 

@@ -33,8 +33,9 @@ from mtp2draft.formats.common import (
     sglang_steps,
 )
 from mtp2draft.formats.native import NativeLayer
-from mtp2draft.io import SafetensorsWriter, write_json
 from mtp2draft.kinds import CONFIG_FILE, WEIGHTS_FILE, DraftKind
+from mtp2draft.manifest import write_json
+from mtp2draft.outputs.writer import SafetensorsWriter
 
 
 def nextn_text_fields(spec: Spec, target_config: Mapping[str, Any]) -> dict[str, Any]:

@@ -38,8 +38,9 @@ from mtp2draft.formats.common import (
     speculators_section_problems,
 )
 from mtp2draft.formats.eagle3 import verifier_of
-from mtp2draft.io import save_tensors, write_json
 from mtp2draft.kinds import CONFIG_FILE, WEIGHTS_FILE, Hidden
+from mtp2draft.manifest import write_json
+from mtp2draft.outputs.writer import save_tensors
 
 SPECULATORS_VERSION = "0.9.0"  # the release the layout below was read from
 MODEL_TYPE = "mtp"  # speculators_model_type and speculators_config.algorithm

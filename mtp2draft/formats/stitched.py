@@ -56,8 +56,9 @@ from mtp2draft.formats.native import (
 )
 from mtp2draft.formats.requant import UNQUANTISED_WHY, excluded_config
 from mtp2draft.formats.serving import config_view_note, launch_lines, local_ref, serving_text
-from mtp2draft.io import SafetensorsWriter, write_json
 from mtp2draft.kinds import CONFIG_FILE, WEIGHTS_FILE
+from mtp2draft.manifest import write_json
+from mtp2draft.outputs.writer import SafetensorsWriter
 from mtp2draft.redact import redact
 from mtp2draft.target.release import diagnose, unexcluded
 

@@ -29,7 +29,8 @@ from mtp2draft.errors import HubError, Mtp2DraftError, ValidationError
 from mtp2draft.formats.common import README_FILE
 from mtp2draft.formats.export import DraftDirectory, read_draft_directory, validate
 from mtp2draft.hub.card import model_card
-from mtp2draft.io import Progress, check_unchanged, draft_identity, quiet
+from mtp2draft.outputs.identity import check_unchanged, draft_identity
+from mtp2draft.progress import Progress, quiet
 from mtp2draft.redact import find_secret, known_secrets, redact, register_secret
 
 

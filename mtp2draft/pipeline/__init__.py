@@ -38,9 +38,12 @@ from mtp2draft.family.spec import Spec
 from mtp2draft.formats import REGISTRY, ExportConfig, formats_of, get_format
 from mtp2draft.formats.export import export
 from mtp2draft.hub.card import serve_text
-from mtp2draft.io import Progress, check_output_dir, claim_output, mark
 from mtp2draft.kinds import DraftKind
+from mtp2draft.manifest import mark
+from mtp2draft.outputs.claims import claim_output
+from mtp2draft.outputs.directories import check_output_dir
 from mtp2draft.pipeline import record as run_record
+from mtp2draft.progress import Progress
 from mtp2draft.settings import ConvertConfig, HubAccess, Placement, RunConfig
 from mtp2draft.target.device import resolve_device
 from mtp2draft.train.recipe import distill

@@ -100,7 +100,7 @@ def check_dump_request(
     `--overwrite` would delete it)."""
     from mtp2draft.checkpoint.reader import read_config
     from mtp2draft.family.spec import find_spec
-    from mtp2draft.io import check_output_dir
+    from mtp2draft.outputs.directories import check_output_dir
 
     check_dump_options(top_k, shard_size, max_length)
     check_output_dir(out, overwrite, [*inputs, target, target_dir])

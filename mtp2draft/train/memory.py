@@ -42,9 +42,9 @@ from torch import nn
 
 from mtp2draft.family.spec import ENGINES
 from mtp2draft.kinds import DraftKind
+from mtp2draft.progress import human_bytes as human
 from mtp2draft.train.parallel import shard_units
 from mtp2draft.train.subsets import TRAIN_SUBSETS
-from mtp2draft.units import human_bytes as human
 
 # Linear maps whose outputs are the attention's keys/values (transformers' names: GQA, gated attention, MLA).
 KV_PROJECTIONS = ("*.k_proj", "*.v_proj", "*.kv_b_proj")

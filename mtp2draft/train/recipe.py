@@ -39,8 +39,11 @@ from mtp2draft.draft.disk import load_draft, read_draft_config
 from mtp2draft.draft.modules import Eagle3Draft
 from mtp2draft.errors import DataError, DraftError, OptionError
 from mtp2draft.family.spec import ENGINES, get_spec
-from mtp2draft.io import Progress, check_output_dir, claim_output, meter, quiet, remove_checkpoint_folder
 from mtp2draft.kinds import HIDDEN_PLACES, DraftKind
+from mtp2draft.outputs.checkpoint_folder import remove_checkpoint_folder
+from mtp2draft.outputs.claims import claim_output
+from mtp2draft.outputs.directories import check_output_dir
+from mtp2draft.progress import Progress, meter, quiet
 from mtp2draft.redact import command_line
 from mtp2draft.target.dump_checks import check_finite_state, check_offline_options
 from mtp2draft.train import memory, parallel
