@@ -56,7 +56,7 @@ SUPPORTED_SO_FAR = (
 )
 DSPARK_KIND = "dspark"  # a DSpark drafter's directory (`conversion.dspark`); no stage takes one yet
 EVALUATION_FILE = "evaluation.json"  # `evaluate --save`: the measured acceptance `push` puts on the model card
-ACCEPTANCE_CHART = "acceptance.png"  # drawn from evaluation.json beside it (evaluation/charts.py); the card links it
+ACCEPTANCE_CHART = "acceptance.png"  # drawn from evaluation.json beside it (formats/charts.py); the card links it
 TRAINING_CHART = "training.png"  # distill's loss and per-step top-1 curves, beside the distilled draft
 # config.json markers: mtp2draft's native draft says `draft_kind: mtp`; an EAGLE-3 draft carries SGLang's
 # architecture, or is vLLM's speculators layout of one.

@@ -1,4 +1,4 @@
-"""The charts a user looks at (mtp2draft/charts.py): drawn from the numbers saved beside them, written where the
+"""The charts a user looks at (mtp2draft/formats/charts.py): drawn from the numbers saved beside them, written where the
 commands promise, linked by the model card, and never left beside another evaluation's numbers."""
 
 from __future__ import annotations
@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 from matplotlib.image import imread
 
-from mtp2draft.evaluation import charts
 from mtp2draft.evaluation.decode import save_evaluation
+from mtp2draft.formats import charts
 
 REPORT = {
     "data": "heldout.jsonl",

@@ -20,7 +20,7 @@ from mtp2draft.conversion import convert
 from mtp2draft.data import encode, load_tokenizer, read_examples
 from mtp2draft.draft.disk import load_draft
 from mtp2draft.errors import DataError, DraftError, OptionError
-from mtp2draft.evaluation import charts
+from mtp2draft.formats import charts
 from mtp2draft.target.hidden import TargetModel
 from mtp2draft.train.calibrate import choose_draft_vocab
 from mtp2draft.train.recipe import distill

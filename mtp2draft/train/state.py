@@ -23,7 +23,7 @@ import torch
 from mtp2draft.draft.disk import read_draft_config
 from mtp2draft.draft.modules import Eagle3Draft, without_identity_maps
 from mtp2draft.errors import DraftError
-from mtp2draft.evaluation import charts
+from mtp2draft.formats import charts
 from mtp2draft.kinds import CONFIG_FILE, PROVENANCE_FILE, TRAINING_CHART, WEIGHTS_FILE
 from mtp2draft.manifest import write_json
 from mtp2draft.outputs.checkpoint_folder import check_checkpoint_folder, remove_checkpoint_folder
