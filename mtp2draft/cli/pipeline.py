@@ -61,6 +61,6 @@ def demo(
 
     Example: `mtp2draft demo --work demo-run`
     """
-    from mtp2draft.pipeline import demo as run_demo
+    from mtp2draft.pipeline import demo
 
-    print(output.demo_text(run_demo(work, steps, progress=log)))
+    print(output.demo_text(demo(work, steps, progress=log)))

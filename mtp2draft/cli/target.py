@@ -53,8 +53,7 @@ def dump_hidden(
     """
     from mtp2draft.data import load_tokenizer, read_examples
     from mtp2draft.draft.disk import load_draft
-    from mtp2draft.target.backend import dump_hidden as dump
-    from mtp2draft.target.backend import resolve_target
+    from mtp2draft.target.backend import dump_hidden, resolve_target
     from mtp2draft.target.dump_checks import check_dump_request
 
     ids = parse_list(aux_layers, "--aux-layers", ints)
@@ -83,5 +82,5 @@ def dump_hidden(
     seqs = [{"input_ids": e.input_ids, "loss_mask": e.loss_mask} for e in examples]
     write = {"aux_layers": ids, "top_k": top_k, "shard_size": shard_size, "overwrite": overwrite, "final": final}
     access = {"revision": hub.revision, "token": hub.token, "tensor_parallel_size": where.tensor_parallel_size or 1}
-    path = dump(engine, target, sequences=seqs, out=out, **access, **write, progress=log, inputs=inputs)
+    path = dump_hidden(engine, target, sequences=seqs, out=out, **access, **write, progress=log, inputs=inputs)
     print(f"wrote hidden states of {len(seqs)} sequences to {path}")

@@ -58,7 +58,7 @@ def distill(
     * `mtp2draft distill ds3-mtp --out x --plan --world-size 8 --max-length 2048` (memory per rank, then exit)
     """
     from mtp2draft.target.device import resolve_device
-    from mtp2draft.train.recipe import distill as run
+    from mtp2draft.train.recipe import distill
 
     device = resolve_device(where.device)
     if plan:
@@ -68,7 +68,7 @@ def distill(
     flags = {"resume": resume, "overwrite": overwrite, "regenerate_data": data.regenerate, "sample": data.sample}
     access = {"revision": hub.revision, "token": hub.token}
     placed = {"device": device, "target_dtype": where.torch_dtype, "device_map": where.device_map}
-    result = run(draft, out, config=cfg, **inputs, skip_bad=skip_bad, **flags, **access, **placed, progress=log)
+    result = distill(draft, out, config=cfg, **inputs, skip_bad=skip_bad, **flags, **access, **placed, progress=log)
     if result.is_main:  # other torchrun ranks: rank 0 reports
         print(output.to_json(output.distill_summary(result)) if as_json else output.distill_text(result))
 
