@@ -308,8 +308,8 @@ def test_memory_plan_counts_the_layers_the_rule_trains(chain_dir, world: int) ->
 
     _, chain = chain_dir
     cfg = json.loads((chain / "config.json").read_text())
-    cycle = plan(cfg, world)
-    first = plan(cfg, world, serving_engine="vllm")
+    cycle = plan(cfg, world=world)
+    first = plan(cfg, DistillConfig(serving_engine="vllm"), world=world)
     draft = load_draft(chain)
     assert cycle.trainable == sum(p.numel() for p in draft.trainable_parameters()) == cycle.parameters
     configure_draft(draft, DistillConfig(serving_engine="vllm"))

@@ -314,7 +314,6 @@ OTHER_MEANINGS = {
     "--aux-layers": "dump-hidden: the layers whose inputs are dumped",
     "--data": "evaluate / dump-hidden: the prompts run through the target",
     "--format": "export / validate: the format written or checked (required there)",
-    "--max-length": "dump-hidden: the dumped sequences' length",
     "--overwrite": "each command: replace its own output",
     "--private": "push: the visibility of the repo it creates",
     "--revision": "push: the branch it commits to",

@@ -45,7 +45,6 @@ Data = Annotated[Path, typer.Option("--data", help="JSONL: {'text': ...} or {'me
 Target = Annotated[str, typer.Option("--target", help="Target model: hub repo id or local directory.")]
 OptionalTarget = Annotated[str | None, typer.Option("--target", help="Target: hub repo id or local directory.")]
 SkipBad = Annotated[bool, typer.Option("--skip-bad", help="Skip malformed data lines (counted) instead of failing.")]
-MaxLength = Annotated[int, typer.Option("--max-length", help="Tokens per sequence.")]
 
 # distill's inputs and flags (its training settings: train.settings.DistillConfig)
 DraftDir = Annotated[Path, typer.Argument(help="Draft directory from `convert` (mtp or eagle3).", show_default=False)]

@@ -22,7 +22,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from mtp2draft.bundled import BUNDLED_DATA, BUNDLED_TARGET
+from mtp2draft.bundled import BUNDLED_DATA, BUNDLED_TARGET, DEMO_STEPS
 from mtp2draft.conversion import convert
 from mtp2draft.errors import (
     HubError,
@@ -445,7 +445,9 @@ def target_figures(target: Path) -> dict[str, Any] | None:
         return None
 
 
-def demo(work: str | Path, steps: int = 150, overwrite: bool = True, progress: Progress = lambda _: None) -> RunResult:
+def demo(
+    work: str | Path, steps: int = DEMO_STEPS, overwrite: bool = True, progress: Progress = lambda _: None
+) -> RunResult:
     """The quick start: the full path on the bundled target (native MTP draft: the clearest view of what a short
     training-time-test fine-tune adds to the raw head), evaluated beside the raw head on held-out prompts."""
     if not (BUNDLED_TARGET / "config.json").is_file():

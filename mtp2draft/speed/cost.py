@@ -318,12 +318,12 @@ def forward_time(
     return ForwardTime(max(memory, compute) + fixed, weights, kv, flops, memory, compute, fixed)
 
 
-def _golden_min(f, lo: float, hi: float, steps: int = 200) -> float:
+def _golden_min(f, lo: float, hi: float, iterations: int = 200) -> float:
     """The minimiser of a unimodal f on [lo, hi] (golden-section search)."""
     r = (math.sqrt(5) - 1) / 2
     a, b = lo, hi
     c, d = b - r * (b - a), a + r * (b - a)
-    for _ in range(steps):
+    for _ in range(iterations):
         if f(c) < f(d):
             b = d
         else:

@@ -44,6 +44,7 @@ from mtp2draft.family.spec import ENGINES
 from mtp2draft.kinds import DraftKind
 from mtp2draft.progress import human_bytes as human
 from mtp2draft.train.parallel import shard_units
+from mtp2draft.train.settings import DistillConfig
 from mtp2draft.train.subsets import TRAIN_SUBSETS
 
 # Linear maps whose outputs are the attention's keys/values (transformers' names: GQA, gated attention, MLA).
@@ -149,20 +150,21 @@ def _feature_width(draft) -> int:
 
 def plan(
     draft_config: dict[str, Any],
-    world: int = 1,
+    config: DistillConfig | None = None,
     *,
+    world: int = 1,
     precision: str = "fp32",
-    batch: int = 8,
-    length: int = 256,
-    ttt_steps: int = 3,
-    subset: str = "all",
-    activation_checkpointing: bool = False,
+    subset: str | None = None,
     online_logits: bool = True,
-    serving_engine: str | None = None,
 ) -> MemoryPlan:
-    """Per-rank bytes of a `distill` run (see the module docstring for what each line counts); `serving_engine`:
-    the draft trained for that engine's computation and step rule (`distill --serving-engine`)."""
+    """Per-rank bytes of a `distill` run with the settings `config` (the module docstring says what each line
+    counts), training `subset` (default: its `train_subset`), the draft trained for its `serving_engine`."""
     from mtp2draft.errors import DataError
+
+    config = config or DistillConfig()
+    batch, length, ttt_steps = config.batch_size, config.max_length, config.ttt_steps
+    activation_checkpointing, serving_engine = config.activation_checkpointing, config.serving_engine
+    subset = subset or config.train_subset
 
     if subset not in TRAIN_SUBSETS:
         raise DataError(f"--train-subset must be one of {', '.join(TRAIN_SUBSETS)}, got {subset!r}")

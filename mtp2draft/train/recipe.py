@@ -509,18 +509,7 @@ def _memory_plan(
     draft_config: dict, cfg: DistillConfig, *, world: int, precision: str, subset: str, online: bool
 ) -> memory.MemoryPlan:
     """The memory plan of a run with these settings on `world` ranks, training `subset`."""
-    return memory.plan(
-        draft_config,
-        world=world,
-        precision=precision,
-        batch=cfg.batch_size,
-        length=cfg.max_length,
-        ttt_steps=cfg.ttt_steps,
-        subset=subset,
-        activation_checkpointing=cfg.activation_checkpointing,
-        online_logits=online,
-        serving_engine=cfg.serving_engine,
-    )
+    return memory.plan(draft_config, cfg, world=world, precision=precision, subset=subset, online_logits=online)
 
 
 def plan_memory(
