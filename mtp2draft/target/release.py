@@ -3,20 +3,18 @@ family mtp2draft knows, judged from config.json, the index and shard headers onl
 
 Five facts, then one verdict:
 - which MTP layers the checkpoint holds (keys under the spec's block prefix or its named glue keys), and where: the
-  index's shards, a separate `*mtp*.safetensors` the index names, or such a file the index does *not* name (vLLM 0.34
-  loads only the files the index names: `model_loader/weight_utils.py` `filter_duplicate_safetensors_files`; SGLang
-  0.5.23 re-adds an unindexed `mtp.safetensors` for `Glm4MoeForCausalLM` only, `maybe_add_mtp_safetensors`,
-  sgl-project/sglang#17166);
+  index's shards, a separate `*mtp*.safetensors` the index names, or such a file the index does *not* name (which
+  vLLM 0.34 does not load);
 - the storage of each tensor group of the layer (bf16, block FP8, int4, NVFP4, ...), from the quantisation registry
   in `checkpoint/quant.py`;
 - whether the quantisation config's exclusion list (ModelOpt `exclude_modules` / `ignore`, compressed-tensors
   `ignore`, FP8 `modules_to_not_convert`) agrees with how the layer's linears are stored: a bf16 layer the config
-  does not exclude is built quantised by the engine (the Step-3.7 NVFP4 export whose `model.layers.45.*` exclusion
-  no longer matched `model.language_model.*`, sgl-project/sglang#32325), a quantised one it excludes cannot load;
+  does not exclude is built quantised by the engine, a quantised one it excludes cannot load;
 - whether the count field the engines read (`num_nextn_predict_layers`, ...) equals the layers present;
 - whether the layer's storage is one MTP heads are known to lose acceptance in (`SCHEME_FIT`).
 
-Per-scheme and per-method facts are the tables below; no family name appears in the logic.
+Per-scheme and per-method facts are the tables below; no family name appears in the logic. The engine facts behind
+each finding, with their sources, are docs/releases.md's table of findings.
 
 What this module does not do: read tensor values (`checkpoint/reader.py`), or write a graft (`formats/stitched.py`).
 """
