@@ -20,7 +20,7 @@ from mtp2draft.kinds import DRAFT_KINDS, DRAFT_SAMPLING
 def choices(option: str, sep: str = " | ") -> str:
     """The values an option's help lists, from the registry that owns them (kinds, engines, formats, subsets, gpus)."""
     from mtp2draft.evaluation.backend import EVALUATE_ENGINES
-    from mtp2draft.family.spec import ENGINES, STEP_LAYER_RULES
+    from mtp2draft.family.schema import ENGINES, STEP_LAYER_RULES
     from mtp2draft.formats import FORMATS, VALIDATE_FORMATS
     from mtp2draft.speed.accelerators import ACCELERATORS
     from mtp2draft.target.backend import DUMP_ENGINES

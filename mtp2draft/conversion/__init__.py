@@ -52,7 +52,8 @@ from mtp2draft.eagle3.transfer import Eagle3Build
 from mtp2draft.eagle3.transforms import EAGLE3_TRANSFORMS, check_eagle3_transforms
 from mtp2draft.errors import CheckpointError, Mtp2DraftError, OptionError, ShallowTargetError
 from mtp2draft.family.dspark import dspark_fields
-from mtp2draft.family.spec import ENGINES, Spec, find_spec
+from mtp2draft.family.schema import ENGINES, Spec
+from mtp2draft.family.spec import find_spec
 from mtp2draft.family.transforms import LOAD_TRANSFORMS
 from mtp2draft.kinds import CONFIG_FILE, DSPARK_KIND, PROVENANCE_FILE, WEIGHTS_FILE, DraftKind
 from mtp2draft.manifest import write_json

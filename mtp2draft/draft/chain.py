@@ -37,7 +37,7 @@ from torch import nn
 from mtp2draft.draft.build import native_draft
 from mtp2draft.draft.modules import DraftCache, DraftModule, NativeMtpDraft
 from mtp2draft.errors import DraftError
-from mtp2draft.family.spec import STEP_LAYER_RULES, Spec
+from mtp2draft.family.schema import STEP_LAYER_RULES, Spec
 
 CHAIN_FORMAT_VERSION = 2
 DEFAULT_RULE = "cycle"

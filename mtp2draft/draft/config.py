@@ -130,7 +130,7 @@ def _spec_name(v: Any) -> str | None:
 
 
 def _engine(v: Any) -> str | None:
-    from mtp2draft.family.spec import ENGINES
+    from mtp2draft.family.schema import ENGINES
 
     if v is None:
         return None
@@ -139,7 +139,7 @@ def _engine(v: Any) -> str | None:
 
 
 def _step_rule(v: Any) -> str | None:
-    from mtp2draft.family.spec import STEP_LAYER_RULES
+    from mtp2draft.family.schema import STEP_LAYER_RULES
 
     return one_of(*STEP_LAYER_RULES)(v)  # the specs' rules, imported when checked as `_spec_name` reads the registry
 

@@ -44,7 +44,7 @@ from mtp2draft.draft.block_config import block_config, norm_eps
 from mtp2draft.draft.eagle3_config import LLAMA_FIELDS, aux_ids
 from mtp2draft.draft.selection import with_draft_mask
 from mtp2draft.errors import DraftError
-from mtp2draft.family.spec import Spec
+from mtp2draft.family.schema import Spec
 from mtp2draft.kinds import (
     HIDDEN_PLACES,
     DraftKind,

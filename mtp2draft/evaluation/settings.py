@@ -63,7 +63,7 @@ class EvaluateConfig:
                 raise OptionError(f"{option} must be at most {most} ({why}), got {value}")
         check_seed(self.seed)
         Sampling(self.temperature, self.top_p, self.draft_sampling)  # OptionError on a bad value
-        from mtp2draft.family.spec import STEP_LAYER_RULES
+        from mtp2draft.family.schema import STEP_LAYER_RULES
 
         if self.step_layers is not None and self.step_layers not in STEP_LAYER_RULES:
             raise OptionError(f"--step-layers must be one of {', '.join(STEP_LAYER_RULES)}, got {self.step_layers!r}")

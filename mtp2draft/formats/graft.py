@@ -30,7 +30,7 @@ import torch
 from mtp2draft.checkpoint.reader import INDEX_FILE, Checkpoint
 from mtp2draft.dtypes import ST_DTYPES
 from mtp2draft.errors import DraftError
-from mtp2draft.family.spec import Spec
+from mtp2draft.family.schema import Spec
 from mtp2draft.formats.common import STITCHED_MARK
 from mtp2draft.formats.native import ChainLayers, NativeLayer, trunk_keys
 from mtp2draft.formats.requant import EXCLUDERS, UNQUANTISED_WHY, excluded_config

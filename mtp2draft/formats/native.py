@@ -27,7 +27,8 @@ from mtp2draft.draft.build import native_class, native_draft
 from mtp2draft.draft.layout import native_to_checkpoint
 from mtp2draft.dtypes import ST_DTYPES, TORCH_DTYPES
 from mtp2draft.errors import DraftError
-from mtp2draft.family.spec import Spec, get_spec
+from mtp2draft.family.schema import Spec
+from mtp2draft.family.spec import get_spec
 from mtp2draft.formats import Format
 from mtp2draft.formats.common import load_weights, nonfinite
 from mtp2draft.kinds import CONFIG_FILE, WEIGHTS_FILE, DraftKind

@@ -21,7 +21,8 @@ import torch
 from mtp2draft.checkpoint.fp8 import SCALE_SUFFIX, fp8_block_size
 from mtp2draft.draft.layout import native_to_checkpoint
 from mtp2draft.errors import DraftError
-from mtp2draft.family.spec import Spec, find_spec, registry
+from mtp2draft.family.schema import Spec
+from mtp2draft.family.spec import find_spec, registry
 from mtp2draft.formats import ExportJob, Format
 from mtp2draft.formats import native as nat  # the helpers the native writers share
 from mtp2draft.formats.common import (

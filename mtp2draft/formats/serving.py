@@ -13,7 +13,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from mtp2draft.family.spec import ENGINES, Spec
+from mtp2draft.family.schema import ENGINES, Spec
 from mtp2draft.formats import REGISTRY, format_kind, get_format
 
 DEFAULT_K = 3

@@ -26,7 +26,8 @@ from mtp2draft.checkpoint.tensor_checks import check_tensors
 from mtp2draft.draft.modules import NativeMtpDraft
 from mtp2draft.dtypes import TORCH_DTYPES
 from mtp2draft.errors import DraftError
-from mtp2draft.family.spec import Spec, registry
+from mtp2draft.family.schema import Spec
+from mtp2draft.family.spec import registry
 from mtp2draft.formats import ExportJob, Format
 from mtp2draft.formats import native as nat
 from mtp2draft.formats.common import (

@@ -24,7 +24,8 @@ from mtp2draft.checkpoint.reader import INDEX_FILE, Checkpoint, open_checkpoint
 from mtp2draft.draft.layout import plan_mtp_layer
 from mtp2draft.dtypes import ST_DTYPES
 from mtp2draft.errors import DraftError
-from mtp2draft.family.spec import Spec, find_spec
+from mtp2draft.family.schema import Spec
+from mtp2draft.family.spec import find_spec
 from mtp2draft.family.transforms import fp8_row_chunks
 from mtp2draft.formats import ExportJob, Format
 from mtp2draft.formats.common import (

@@ -26,7 +26,8 @@ from typing import Any
 from mtp2draft._version import __version__
 from mtp2draft.errors import DraftError, Mtp2DraftError
 from mtp2draft.evaluation.verdict import lossless_words
-from mtp2draft.family.spec import ENGINES, NO_CHAIN, Spec, find_spec, get_spec
+from mtp2draft.family.schema import ENGINES, NO_CHAIN, Spec
+from mtp2draft.family.spec import find_spec, get_spec
 from mtp2draft.formats import REGISTRY, format_kind
 from mtp2draft.formats.common import README_FILE, read_json
 from mtp2draft.formats.export import DraftDirectory, read_draft_directory

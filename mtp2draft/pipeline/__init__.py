@@ -34,7 +34,7 @@ from mtp2draft.errors import (
 )
 from mtp2draft.evaluation.decode import evaluate, save_evaluation
 from mtp2draft.evaluation.settings import EvaluateConfig
-from mtp2draft.family.spec import Spec
+from mtp2draft.family.schema import Spec
 from mtp2draft.formats import REGISTRY, ExportConfig, formats_of, get_format
 from mtp2draft.formats.export import export
 from mtp2draft.hub.card import serve_text

@@ -30,7 +30,7 @@ from typing import Any
 
 from mtp2draft.checkpoint.reader import UNINDEXED_MTP_FILES, Checkpoint
 from mtp2draft.dtypes import ST_LINEAR_FLOATS
-from mtp2draft.family.spec import Spec
+from mtp2draft.family.schema import Spec
 
 # Tensor groups of an MTP layer: the first pattern that matches a key (after the layer's prefix) names its group.
 GROUPS: tuple[tuple[str, str], ...] = (

@@ -40,7 +40,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from mtp2draft.family.spec import ENGINES
+from mtp2draft.family.schema import ENGINES
 from mtp2draft.kinds import DraftKind
 from mtp2draft.progress import human_bytes as human
 from mtp2draft.train.parallel import shard_units

@@ -38,7 +38,8 @@ from mtp2draft._version import __version__
 from mtp2draft.draft.disk import load_draft, read_draft_config
 from mtp2draft.draft.modules import Eagle3Draft
 from mtp2draft.errors import DataError, DraftError, OptionError
-from mtp2draft.family.spec import ENGINES, get_spec
+from mtp2draft.family.schema import ENGINES
+from mtp2draft.family.spec import get_spec
 from mtp2draft.kinds import HIDDEN_PLACES, DraftKind
 from mtp2draft.outputs.checkpoint_folder import remove_checkpoint_folder
 from mtp2draft.outputs.claims import claim_output
