@@ -6,7 +6,7 @@ The name tables are torch-free, so that the CLI lists `--dtype` choices without 
 torch dtypes (`TORCH_DTYPES`, `ST_DTYPES`, `TORCH_TO_ST`) are built from the name tables the first time one is
 imported, and then kept.
 
-What this module does not do: read or write tensors (`checkpoint/reader.py`, `outputs/safetensors_writer.py`), or
+What this module does not do: read or write tensors (`checkpoint/tensors.py`, `outputs/writer.py`), or
 decide which dtype a stage writes (the stages' settings records).
 """
 

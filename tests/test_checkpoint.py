@@ -13,9 +13,10 @@ import torch
 from safetensors.torch import load_file
 
 from mtp2draft.checkpoint.fp8 import DEFAULT_FP8_BLOCK, dequantize_fp8, fp8_block_size, quantize_fp8
-from mtp2draft.checkpoint.reader import check_finite, open_checkpoint
+from mtp2draft.checkpoint.reader import open_checkpoint
 from mtp2draft.checkpoint.sources import fill_range
 from mtp2draft.checkpoint.tensor_checks import FINITE_CHUNK
+from mtp2draft.checkpoint.tensors import check_finite
 from mtp2draft.conversion import convert
 from mtp2draft.draft.layout import load_native
 from mtp2draft.errors import CheckpointError, NoMtpLayerError, SourceError

@@ -18,7 +18,8 @@ from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 from support.fixtures import FIXTURES, perturb_draft
 
-from mtp2draft.checkpoint.reader import dequantize_fp8, open_checkpoint
+from mtp2draft.checkpoint.fp8 import dequantize_fp8
+from mtp2draft.checkpoint.reader import open_checkpoint
 from mtp2draft.cli.app import main
 from mtp2draft.conversion import convert
 from mtp2draft.draft.disk import load_draft

@@ -27,7 +27,8 @@ import torch
 
 from mtp2draft._version import __version__
 from mtp2draft.checkpoint.dspark import inspect_dspark
-from mtp2draft.checkpoint.reader import Checkpoint, check_finite, open_checkpoint
+from mtp2draft.checkpoint.reader import open_checkpoint
+from mtp2draft.checkpoint.tensors import Checkpoint, check_finite
 from mtp2draft.conversion.dspark import convert_dspark
 from mtp2draft.draft.build import converted_config
 from mtp2draft.draft.eagle3_config import TOKEN_FIELDS, sglang_config

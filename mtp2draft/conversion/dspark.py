@@ -20,7 +20,7 @@ import torch
 
 from mtp2draft._version import __version__
 from mtp2draft.checkpoint.dspark import inspect_dspark
-from mtp2draft.checkpoint.reader import Checkpoint
+from mtp2draft.checkpoint.tensors import Checkpoint
 from mtp2draft.dtypes import TORCH_DTYPES
 from mtp2draft.errors import OptionError
 from mtp2draft.family.dspark import DSparkFields

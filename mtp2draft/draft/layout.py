@@ -16,7 +16,8 @@ from typing import Any
 import torch
 
 from mtp2draft.checkpoint.fp8 import SCALE_SUFFIX
-from mtp2draft.checkpoint.reader import Checkpoint, open_checkpoint
+from mtp2draft.checkpoint.reader import open_checkpoint
+from mtp2draft.checkpoint.tensors import Checkpoint
 from mtp2draft.draft.build import native_class, native_draft
 from mtp2draft.draft.modules import NativeMtpDraft
 from mtp2draft.errors import CheckpointError, NoMtpLayerError, SpecError

@@ -27,7 +27,8 @@ from typing import Any
 
 import torch
 
-from mtp2draft.checkpoint.reader import INDEX_FILE, Checkpoint
+from mtp2draft.checkpoint.reader import INDEX_FILE
+from mtp2draft.checkpoint.tensors import Checkpoint
 from mtp2draft.dtypes import ST_DTYPES
 from mtp2draft.errors import DraftError
 from mtp2draft.family.schema import Spec

@@ -21,8 +21,9 @@ from typing import Any
 import torch
 
 from mtp2draft.checkpoint.fp8 import SCALE_SUFFIX, chunk_rows, fp8_block_size, quantize_fp8
-from mtp2draft.checkpoint.reader import Checkpoint, open_checkpoint
+from mtp2draft.checkpoint.reader import open_checkpoint
 from mtp2draft.checkpoint.tensor_checks import check_tensors
+from mtp2draft.checkpoint.tensors import Checkpoint
 from mtp2draft.draft.build import native_class, native_draft
 from mtp2draft.draft.layout import native_to_checkpoint
 from mtp2draft.dtypes import ST_DTYPES, TORCH_DTYPES

@@ -20,7 +20,8 @@ import torch
 
 from mtp2draft._version import __version__
 from mtp2draft.checkpoint.fp8 import SCALE_SUFFIX, fp8_block_size
-from mtp2draft.checkpoint.reader import INDEX_FILE, Checkpoint, open_checkpoint
+from mtp2draft.checkpoint.reader import INDEX_FILE, open_checkpoint
+from mtp2draft.checkpoint.tensors import Checkpoint
 from mtp2draft.draft.layout import plan_mtp_layer
 from mtp2draft.dtypes import ST_DTYPES
 from mtp2draft.errors import DraftError

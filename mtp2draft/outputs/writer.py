@@ -2,7 +2,7 @@
 so that peak memory tracks the largest tensor rather than the whole file; `save_tensors` writes a dict through it,
 so every file mtp2draft writes has the same byte layout.
 
-What this module does not do: read safetensors (`checkpoint/reader.py`) or decide where the file goes (the stages
+What this module does not do: read safetensors (`checkpoint/tensors.py`) or decide where the file goes (the stages
 write into an `outputs.directories.atomic_output_dir`).
 """
 

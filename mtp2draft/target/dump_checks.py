@@ -6,7 +6,7 @@ Before training starts, once, from small reads only:
   and with the draft it is meant to train (family, sizes, layers, the target's whole config for native drafts);
 - shard names: plain relative names (the checkpoint index rule, `checkpoint.reader.check_shard_name`) that stay inside the
   dump once links are followed;
-- shard headers (8 bytes + the JSON header each, through `checkpoint.reader.Checkpoint`'s header reader): every record's
+- shard headers (8 bytes + the JSON header each, through `checkpoint.tensors.Checkpoint`'s header reader): every record's
   tensors present with the schema's dtype and shapes ([T], [T, H], [T, 3H], [T, k]); `shared.safetensors` [V, H];
 - loss masks (one byte per token): a dump with no loss token within --max-length trains nothing and is refused.
 Then, per batch as it is consumed (the dump is read once): finiteness of the features and log-probs, log-probs <= 0
@@ -26,9 +26,10 @@ from typing import Any
 
 import torch
 
-from mtp2draft.checkpoint.reader import Checkpoint, TensorInfo, check_shard_name
+from mtp2draft.checkpoint.reader import check_shard_name
 from mtp2draft.checkpoint.sources import LocalFiles
 from mtp2draft.checkpoint.tensor_checks import check_tensors
+from mtp2draft.checkpoint.tensors import Checkpoint, TensorInfo
 from mtp2draft.dtypes import ST_FLOATS
 from mtp2draft.errors import CheckpointError, DataError, OptionError, SpecError, UnknownFamilyError, read_json_object
 from mtp2draft.target.rope_config import normalised

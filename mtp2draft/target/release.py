@@ -16,7 +16,7 @@ Five facts, then one verdict:
 Per-scheme and per-method facts are the tables below; no family name appears in the logic. The engine facts behind
 each finding, with their sources, are docs/releases.md's table of findings.
 
-What this module does not do: read tensor values (`checkpoint/reader.py`), or write a graft (`formats/stitched.py`).
+What this module does not do: read tensor values (`checkpoint/tensors.py`), or write a graft (`formats/stitched.py`).
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from mtp2draft.checkpoint.reader import UNINDEXED_MTP_FILES, Checkpoint
+from mtp2draft.checkpoint.tensors import UNINDEXED_MTP_FILES, Checkpoint
 from mtp2draft.dtypes import ST_LINEAR_FLOATS
 from mtp2draft.family.schema import Spec
 
