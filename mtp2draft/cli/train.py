@@ -75,8 +75,7 @@ def distill(
 
 def _print_plan(draft: Path, cfg: Any, world_size: int | None, device: str, offline: bool, as_json: bool) -> None:
     """`distill --plan`: the per-rank memory plan of every --train-subset, without training."""
-    from mtp2draft.train.memory import render
-    from mtp2draft.train.recipe import plan_memory
+    from mtp2draft.train.memory import plan_memory, render
 
     plans = plan_memory(draft, cfg, world_size, device, offline=offline)
     print(output.to_json([p.as_dict() for p in plans]) if as_json else render(plans))

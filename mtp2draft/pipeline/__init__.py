@@ -200,7 +200,7 @@ def preflight(source: str, config: RunConfig, stages: Stages, hub: HubAccess) ->
     from mtp2draft.formats import check_format, get_format
     from mtp2draft.target.identity import check_same_checkpoint
     from mtp2draft.train.calibrate import check_draft_vocab_size
-    from mtp2draft.train.recipe import check_heldout_options, check_training_settings, refuse_untrained
+    from mtp2draft.train.checks import check_heldout_options, check_training_settings, refuse_untrained
 
     training = config.training
     if training.data is None:

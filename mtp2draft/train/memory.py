@@ -35,15 +35,18 @@ import math
 import os
 from dataclasses import dataclass, field
 from fnmatch import fnmatch
+from pathlib import Path
 from typing import Any
 
 import torch
 from torch import nn
 
+from mtp2draft.draft.disk import read_draft_config
+from mtp2draft.errors import OptionError
 from mtp2draft.family.schema import ENGINES
 from mtp2draft.kinds import DraftKind
 from mtp2draft.progress import human_bytes as human
-from mtp2draft.train.parallel import shard_units
+from mtp2draft.train.parallel import resolve_precision, shard_units
 from mtp2draft.train.settings import DistillConfig
 from mtp2draft.train.subsets import TRAIN_SUBSETS
 
@@ -283,3 +286,24 @@ def check_fits(p: MemoryPlan, device: str, local_world: int = 1) -> str | None:
         "use more ranks, --precision bf16, a smaller --batch-size/--max-length, --activation-checkpointing or "
         "--train-subset (see `distill --plan`)"
     )
+
+
+def plan_memory(
+    draft_dir: str | Path,
+    config: DistillConfig | None = None,
+    world: int | None = None,
+    device: str = "cpu",
+    offline: bool = False,
+) -> list[MemoryPlan]:
+    """`distill --plan`: the per-rank memory plan of every trainable subset, side by side, from the draft's
+    config.json alone (the chosen --train-subset first). World size: `world`, else torchrun's, else 1."""
+    cfg = config or DistillConfig()
+    if world is not None and (isinstance(world, bool) or world < 1):
+        raise OptionError(f"--world-size must be a whole number >= 1, got {world}")
+    world = world or int(os.environ.get("WORLD_SIZE", 1))
+    precision = resolve_precision(cfg.precision, device)
+    draft_config = read_draft_config(draft_dir)
+    subsets = [cfg.train_subset] + [s for s in TRAIN_SUBSETS if s != cfg.train_subset]
+    return [
+        plan(draft_config, cfg, world=world, precision=precision, subset=s, online_logits=not offline) for s in subsets
+    ]
