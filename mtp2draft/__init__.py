@@ -36,7 +36,7 @@ _LAZY: dict[str, str] = {
     "load_draft": "draft.disk",
     "NativeMtpDraft": "draft.modules",
     "MtpChainDraft": "draft.chain",
-    "Eagle3Draft": "draft.modules",
+    "Eagle3Draft": "draft.eagle3",
     "find_spec": "family.spec",
     "get_spec": "family.spec",
     "registry": "family.spec",
@@ -69,8 +69,9 @@ if TYPE_CHECKING:  # for type checkers and IDEs only: at run time these load laz
     from .conversion import convert, inspect_checkpoint
     from .draft.chain import MtpChainDraft
     from .draft.disk import load_draft
+    from .draft.eagle3 import Eagle3Draft
     from .draft.layout import load_native
-    from .draft.modules import Eagle3Draft, NativeMtpDraft
+    from .draft.modules import NativeMtpDraft
     from .evaluation.decode import evaluate
     from .evaluation.settings import EvaluateConfig
     from .family.spec import find_spec, get_spec, registry

@@ -23,8 +23,8 @@ from mtp2draft.checkpoint.reader import open_checkpoint
 from mtp2draft.cli.app import main
 from mtp2draft.conversion import convert
 from mtp2draft.draft.disk import load_draft
+from mtp2draft.draft.eagle3 import vocab_maps
 from mtp2draft.draft.eagle3_config import NORM_SWITCHES
-from mtp2draft.draft.modules import vocab_maps
 from mtp2draft.errors import DraftError, TensorError, ValidationError
 from mtp2draft.formats import ExportConfig
 from mtp2draft.formats.export import export, validate

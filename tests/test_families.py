@@ -40,8 +40,9 @@ from mtp2draft.cli.app import main
 from mtp2draft.conversion import convert, plan_mtp_layer, resolve_layer
 from mtp2draft.draft.block_config import block_config
 from mtp2draft.draft.disk import load_draft
+from mtp2draft.draft.eagle3 import Eagle3Draft
 from mtp2draft.draft.layout import load_native, native_to_checkpoint
-from mtp2draft.draft.modules import DraftCache, Eagle3Draft, NativeMtpDraft
+from mtp2draft.draft.modules import DraftCache, NativeMtpDraft
 from mtp2draft.errors import (
     CheckpointError,
     DraftError,

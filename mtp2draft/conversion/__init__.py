@@ -31,6 +31,7 @@ from mtp2draft.checkpoint.reader import open_checkpoint
 from mtp2draft.checkpoint.tensors import Checkpoint, check_finite
 from mtp2draft.conversion.dspark import convert_dspark
 from mtp2draft.draft.build import converted_config
+from mtp2draft.draft.eagle3 import Eagle3Draft, vocab_maps, without_identity_maps
 from mtp2draft.draft.eagle3_config import TOKEN_FIELDS, sglang_config
 from mtp2draft.draft.layout import (
     EXPERTS_DOWN,
@@ -42,12 +43,7 @@ from mtp2draft.draft.layout import (
     resolve_layer,
     target_head_key,
 )
-from mtp2draft.draft.modules import (
-    Eagle3Draft,
-    block_config,
-    vocab_maps,
-    without_identity_maps,
-)
+from mtp2draft.draft.modules import block_config
 from mtp2draft.dtypes import TORCH_DTYPES
 from mtp2draft.eagle3.transfer import Eagle3Build
 from mtp2draft.eagle3.transforms import EAGLE3_TRANSFORMS, check_eagle3_transforms

@@ -18,6 +18,7 @@ from typing import Any
 import torch
 
 from mtp2draft.checkpoint.tensor_checks import check_tensors
+from mtp2draft.draft.eagle3 import VOCAB_MAPS, without_identity_maps
 from mtp2draft.draft.eagle3_config import (
     LLAMA_FIELDS,
     NORM_SWITCHES,
@@ -34,7 +35,6 @@ from mtp2draft.draft.eagle3_config import (
     speculators_to_eagle3_config,
     speculators_weight_name,
 )
-from mtp2draft.draft.modules import VOCAB_MAPS, without_identity_maps
 from mtp2draft.dtypes import TORCH_DTYPES
 from mtp2draft.errors import DraftError
 from mtp2draft.family.spec import get_spec

@@ -36,7 +36,7 @@ import torch
 
 from mtp2draft._version import __version__
 from mtp2draft.draft.disk import load_draft, read_draft_config
-from mtp2draft.draft.modules import Eagle3Draft
+from mtp2draft.draft.eagle3 import Eagle3Draft
 from mtp2draft.errors import DataError, DraftError, OptionError
 from mtp2draft.family.spec import get_spec
 from mtp2draft.kinds import DraftKind

@@ -21,7 +21,7 @@ from typing import Any
 import torch
 
 from mtp2draft.draft.disk import read_draft_config
-from mtp2draft.draft.modules import Eagle3Draft, without_identity_maps
+from mtp2draft.draft.eagle3 import Eagle3Draft, without_identity_maps
 from mtp2draft.errors import DraftError
 from mtp2draft.formats import charts
 from mtp2draft.kinds import CONFIG_FILE, PROVENANCE_FILE, TRAINING_CHART, WEIGHTS_FILE
