@@ -176,3 +176,27 @@ def test_torch_free_modules_do_not_import_torch() -> None:
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "False"
+
+
+# Modules that only re-export names living elsewhere, under the name some modules still import them by.
+RE_EXPORTS = ("io.py", "evaluation/charts.py")
+
+
+def defines_something(source: str) -> list[int]:
+    """Lines of statements other than the docstring, imports and `__all__`."""
+    body = ast.parse(source).body
+    return [
+        n.lineno
+        for i, n in enumerate(body)
+        if not (i == 0 and isinstance(n, ast.Expr) and isinstance(n.value, ast.Constant))
+        and not isinstance(n, ast.ImportFrom | ast.Import)
+        and not (isinstance(n, ast.Assign) and [getattr(t, "id", None) for t in n.targets] == ["__all__"])
+    ]
+
+
+def test_re_export_modules_define_nothing() -> None:
+    """New code goes in the module named after its concept, never in a module kept for its importers' sake."""
+    assert defines_something('"""doc"""\nfrom a import b\n__all__ = ["b"]\ndef f(): ...\n') == [4]
+    assert {name: defines_something((PACKAGE / name).read_text()) for name in RE_EXPORTS} == dict.fromkeys(
+        RE_EXPORTS, []
+    )

@@ -1,4 +1,4 @@
-"""The one progress facility: `io.meter` gives plain lines at each tenth through a plain sink, the CLI's Reporter a
+"""The one progress facility: `progress.meter` gives plain lines at each tenth through a plain sink, the CLI's Reporter a
 tqdm bar on a terminal and the same lines elsewhere; `--help` still imports no torch (tests/test_imports.py)."""
 
 from __future__ import annotations
