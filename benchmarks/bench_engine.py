@@ -77,7 +77,8 @@ def spread(values: list[float]) -> dict[str, float]:
 def bench_target(name: str, work: Path, args: argparse.Namespace) -> dict[str, Any]:
     from mtp2draft.conversion import convert
     from mtp2draft.data import load_tokenizer
-    from mtp2draft.evaluation.backend import acceptance, run_vllm, serve_runs
+    from mtp2draft.engines.vllm_evaluate import acceptance, serve_runs
+    from mtp2draft.engines.vllm_serve import run_vllm
     from mtp2draft.evaluation.decode import load_prompts
     from mtp2draft.kinds import DraftKind
 

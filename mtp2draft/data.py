@@ -260,7 +260,7 @@ SAMPLE_TEMPERATURE = 0.8  # `--regenerate --sample`: every backend samples the t
 
 def regeneration_prompts(examples: Sequence[Example], max_new_tokens: int) -> list[tuple[list[int], int]]:
     """(prompt, new-token budget) per example, as every backend regenerates it (`regenerate`, and vLLM's in
-    `evaluation.backend.regenerate`). Chats: the conversation before the first assistant turn, up to
+    `engines.vllm_serve.regenerate_in_vllm`). Chats: the conversation before the first assistant turn, up to
     `max_new_tokens`. Text: the first half of the tokens, and as many new tokens as the second half had."""
     jobs = []
     for ex in examples:

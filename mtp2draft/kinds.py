@@ -23,14 +23,16 @@ class DraftKind(StrEnum):
 
     MTP = "mtp"  # the native MTP layer (NativeMtpDraft)
     EAGLE3 = "eagle3"  # an EAGLE-3 layer in SGLang's LlamaForCausalLMEagle3 layout (Eagle3Draft)
+    DSPARK = "dspark"  # a DSpark block drafter (`conversion.dspark`, `draft.dspark_disk`); `export` takes it so far
 
     @property
     def a_draft(self) -> str:
         """For messages: "a native MTP" / "an EAGLE-3" (followed by "draft")."""
-        return "an EAGLE-3" if self is DraftKind.EAGLE3 else "a native MTP"
+        return {DraftKind.EAGLE3: "an EAGLE-3", DraftKind.DSPARK: "a DSpark"}.get(self, "a native MTP")
 
 
-DRAFT_KINDS = tuple(k.value for k in DraftKind)
+# the kinds `convert --to` makes from an MTP layer (a DSpark drafter is converted as it is, never made)
+DRAFT_KINDS = (DraftKind.MTP.value, DraftKind.EAGLE3.value)
 
 
 class Hidden(StrEnum):
@@ -51,10 +53,10 @@ WEIGHTS_FILE = "model.safetensors"
 PROVENANCE_FILE = "provenance.json"
 # what the commands do with a DSpark drafter today, said by every refusal of one
 SUPPORTED_SO_FAR = (
-    "so far mtp2draft reads DSpark drafters with `inspect` and `convert` (into a dspark draft directory); distill, "
-    "evaluate and export do not take them yet"
+    "so far mtp2draft reads DSpark drafters with `inspect` and `convert` (into a dspark draft directory) and writes "
+    "them with `export` (speculators-dspark, stitched); distill and evaluate do not take them yet"
 )
-DSPARK_KIND = "dspark"  # a DSpark drafter's directory (`conversion.dspark`); no stage takes one yet
+DSPARK_KIND = DraftKind.DSPARK.value  # a DSpark drafter's directory (`conversion.dspark`, `draft.dspark_disk`)
 EVALUATION_FILE = "evaluation.json"  # `evaluate --save`: the measured acceptance `push` puts on the model card
 ACCEPTANCE_CHART = "acceptance.png"  # drawn from evaluation.json beside it (formats/charts.py); the card links it
 TRAINING_CHART = "training.png"  # distill's loss and per-step top-1 curves, beside the distilled draft
@@ -73,11 +75,17 @@ def kind_of(cfg: Mapping[str, Any]) -> DraftKind | None:
     return None
 
 
+def is_dspark_dir(cfg: Mapping[str, Any]) -> bool:
+    """Whether a config.json is a DSpark draft directory's: a release's stages as `convert` writes them
+    (`draft_kind: dspark`) or a Qwen3-style drafter in speculators' dspark layout (`draft.dspark_disk`)."""
+    return cfg.get("draft_kind") == DSPARK_KIND or cfg.get("speculators_model_type") == DSPARK_KIND
+
+
 def detect_kind(cfg: Mapping[str, Any], hint: str = "") -> DraftKind:
     """The kind of draft a draft directory's config.json describes (either EAGLE-3 layout); DraftError otherwise,
     with `hint` (e.g. which commands write draft directories) appended."""
     kind = kind_of(cfg)
-    if kind is None and cfg.get("draft_kind") == DSPARK_KIND:
+    if kind is None and is_dspark_dir(cfg):
         raise DraftError(f"config.json describes a DSpark draft directory: {SUPPORTED_SO_FAR}")
     if kind is None:
         raise DraftError(

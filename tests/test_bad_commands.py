@@ -905,7 +905,7 @@ def engine_install_unknown_platform(w, tmp, mp, stack):
 
 def _no_shell(mp: pytest.MonkeyPatch) -> None:
     """No venv is ever made by a row: a command that got past its refusal fails loudly instead of building one."""
-    from mtp2draft.target import environments
+    from mtp2draft.engines import environments
 
     def refuse(*args, **kwargs):
         raise AssertionError(f"engine install ran {args[0] if args else kwargs}")

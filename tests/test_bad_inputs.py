@@ -911,6 +911,16 @@ def dspark_without_markov_head_convert(w, tmp, mp, stack):
 
 
 @case
+def dspark_v41_stage_experts_disagree_convert(w, tmp, mp, stack):
+    """DeepSeek-V4.1: each stage holds dspark_n_routed_experts (3) experts; a config saying 5 is not the drafter the
+    tensors hold (vLLM 0.32 builds the stages from the config and would not load them)."""
+    ck = _family(tmp, "deepseek_v41_dspark")
+    cfg = json.loads((ck / "config.json").read_text())
+    _edit_config(ck, text_config={**cfg["text_config"], "dspark_n_routed_experts": 5})
+    return Case(_convert(ck, tmp), "holds 3 routed experts (ids 0..2), but config.json says 5")
+
+
+@case
 def dspark_target_for_distill(w, tmp, mp, stack):
     return Case(_distill(w, tmp, target=_family(tmp, "deepseek_v4_0731_dspark")), "DSpark block drafter")
 

@@ -244,7 +244,7 @@ def test_a_known_engine_bug_reaches_the_card_and_evaluate(build, tmp_path: Path)
     """The spec's `[engines.vllm] known_bug` (vLLM runs layer 0 of a multi-layer qwen3_5_mtp at every step,
     vllm-project/vllm#52688) is on a chain draft's card and in `evaluate --engine vllm`'s note and row; a family whose
     table records none gets neither."""
-    from mtp2draft.evaluation.backend import chain_rule
+    from mtp2draft.engines.vllm_evaluate import chain_rule
     from mtp2draft.family.spec import get_spec
     from mtp2draft.hub.card import model_card
 

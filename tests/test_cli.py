@@ -46,7 +46,7 @@ def test_convert_prints_data_on_stdout_and_progress_on_stderr(build, tmp_path: P
 def test_specs_json_lists_the_registry(capsys) -> None:
     code, out, err = run_cli(capsys, "specs", "--json")
     assert code == 0 and err == ""
-    assert [row["name"] for row in json.loads(out) if row["supported"]] == list(registry())
+    assert [row["name"] for row in json.loads(out) if row["supported"] and "draft_kind" not in row] == list(registry())
     code, out, _ = run_cli(capsys, "specs")
     names = [line.split()[0] for line in out.split("\n\n")[0].splitlines()]
     assert code == 0 and names == list(registry()) and "engine support" in out
@@ -55,7 +55,7 @@ def test_specs_json_lists_the_registry(capsys) -> None:
 def test_specs_say_whose_key_list_is_verified_by_what_and_the_engines_known_bugs(capsys) -> None:
     """`specs --json`: per family, `verified` and `key_source`, and per engine `known_bug`; the text shows both."""
     code, out, _ = run_cli(capsys, "specs", "--json")
-    rows = {r["name"]: r for r in json.loads(out) if r["supported"]}
+    rows = {r["name"]: r for r in json.loads(out) if r["supported"] and "draft_kind" not in r}
     assert code == 0 and all(isinstance(r["key_source"], str) for r in rows.values())
     assert all(isinstance(f["known_bug"], str) for r in rows.values() for f in r["engines"].values())
     assert "#52688" in rows["qwen3_5_moe_text"]["engines"]["vllm"]["known_bug"]
@@ -420,9 +420,8 @@ def test_specs_marks_an_engine_that_computes_the_family_differently(capsys) -> N
     assert "*: this engine's MTP layer reads another target hidden" in out
 
 
-# Imports in cli/ that keep a name other than the library's, each for a reason: `rows` alone says nothing, and the
-# engine command's `build` reads as what `engine install` does.
-RENAMED_IMPORTS = {("mtp2draft.family.not_supported", "rows"), ("mtp2draft.target.environments", "install")}
+# Imports in cli/ that keep a name other than the library's, each for a reason: `rows` alone says nothing.
+RENAMED_IMPORTS = {("mtp2draft.family.not_supported", "rows")}
 
 
 def renamed_imports(source: str) -> list[tuple[str, str, str]]:

@@ -1,12 +1,12 @@
-"""The vLLM CPU-build workarounds that need no vLLM to check (target/vllm_side/cpu_fixes.py); the engine tests
+"""The vLLM CPU-build workarounds that need no vLLM to check (engines/vllm_side/cpu_fixes.py); the engine tests
 (`pytest -m engine`) check them inside vLLM."""
 
 from __future__ import annotations
 
 import torch
 
-from mtp2draft.target.backend import vllm_environment
-from mtp2draft.target.vllm_side.cpu_fixes import NATIVE_EXPAND, NATIVE_ROPE, engine_options, expand_batch_to_tokens
+from mtp2draft.engines.vllm_launch import vllm_environment
+from mtp2draft.engines.vllm_side.cpu_fixes import NATIVE_EXPAND, NATIVE_ROPE, engine_options, expand_batch_to_tokens
 
 
 def test_expand_batch_to_tokens_repeats_each_request_by_its_draft_count() -> None:

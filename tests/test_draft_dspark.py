@@ -163,3 +163,12 @@ def test_loss_terms() -> None:
     # decay: the later slots weigh less, so with the loss on slot 0 only the decayed loss is larger
     decayed = dspark_loss(out, labels, mask, decay_gamma=0.5)
     assert not torch.allclose(decayed, ce)
+
+
+def test_pooled_context_means_the_streams() -> None:
+    from mtp2draft.draft.dspark import pooled_context
+
+    flat = torch.randn(2, 5, 6)
+    assert pooled_context(flat) is flat
+    streams = torch.randn(2, 5, 4, 6)
+    assert torch.allclose(pooled_context(streams), streams.mean(dim=2))

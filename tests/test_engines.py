@@ -119,9 +119,31 @@ def test_engine_tables_are_validated() -> None:
         ({"vllm": {"methods": []}}, "version"),
         ({"sglang": {"version": "1", "aux_ids": "minus_one"}}, "aux_ids"),
         ({"vllm": {"version": "1", "step_layers": "random"}}, "step_layers must be one of"),
+        ({"vllm": {"version": "1", "config_view": "qwen2"}}, "config_view: expected a table"),
+        ({"vllm": {"version": "1", "extract_drop": "model.mtp_layers."}}, "extract_drop: expected a list of strings"),
     ]:
         with pytest.raises(SpecError, match=message):
             parse_spec({**base, "engines": engines})
+
+
+def test_no_table_outside_family_is_keyed_by_a_family() -> None:
+    """Per-family engine facts are spec data: no dict literal in the package outside `family/` has a family's name or
+    model_type as a key (the vLLM config and extraction views were such tables; now `[engines.vllm] config_view`,
+    `extract_view` and `extract_drop`, read from the spec)."""
+    import ast
+
+    package = Path(__file__).resolve().parents[1] / "mtp2draft"
+    names = {n for spec in registry().values() for n in (spec.name, *spec.model_types)}
+    keyed = []
+    for path in sorted(package.rglob("*.py")):
+        if path.relative_to(package).parts[0] == "family":
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            keys = {k.value for k in node.keys if isinstance(k, ast.Constant)} if isinstance(node, ast.Dict) else set()
+            keyed += [f"{path.relative_to(package)}:{node.lineno} {sorted(keys & names)}"] if keys & names else []
+    assert keyed == []
+    mimo = get_spec("mimo").engine("vllm")
+    assert dict(mimo.config_view) == {"model_type": "qwen2"} and mimo.extract_drop == ("model.mtp_layers.",)
 
 
 def test_specs_command_shows_the_support_table(capsys) -> None:

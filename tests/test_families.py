@@ -1183,10 +1183,10 @@ def test_deepseek_v4_vllm_dump_on_the_cpu_build_is_one_error_line(
     version and why, before any engine runs and whether or not its venv exists. Without AVX512-BF16 vLLM 0.32.0
     loads no DeepSeek-V4 kernels (the model load that fails is run by tests/testing/test_engine_vllm.py); with it,
     its attention keeps an fp8 KV cache."""
-    from mtp2draft.target import backend, environments
+    from mtp2draft.engines import environments, vllm_dump
 
     monkeypatch.setattr(environments, "detect_platform", lambda: "cpu")
-    monkeypatch.setattr(backend, "has_vllm_cpu_v4_kernels", lambda: kernels)
+    monkeypatch.setattr(vllm_dump, "has_vllm_cpu_v4_kernels", lambda: kernels)
     argv = ["dump-hidden", "--target", str(target(V4_FIXTURE)), "--data", str(text_data), "--engine", "vllm"]
     assert main([*argv, "--out", str(tmp_path / "dump"), "--max-length", "24"]) != 0
     err = capsys.readouterr().err
@@ -1204,7 +1204,7 @@ def test_deepseek_v4_stream_capture_hands_extraction_the_streams_not_their_mean(
     """vllm_side/stream_capture.py on a stand-in for vLLM 0.34's DeepseekV4Model.forward (written from
     nvidia/model.py: the aux state of a layer id is the mean over the streams, the pre-hc_head streams are copied
     into _mtp_hidden_buffer): slot s of the extraction holds stream s of the buffer."""
-    from mtp2draft.target.vllm_side import stream_capture
+    from mtp2draft.engines.vllm_side import stream_capture
 
     class Config:
         hidden_size = V4_H

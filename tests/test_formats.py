@@ -24,8 +24,9 @@ def test_every_registered_format_provides_a_full_format() -> None:
         "nextn",
         "stitched",
         "speculators-mtp",
+        "speculators-dspark",
     ]  # --format choices, in order
-    assert (*FORMATS, "mtp") == VALIDATE_FORMATS
+    assert (*FORMATS, "mtp", "stitched-dspark") == VALIDATE_FORMATS
     for name, reg in REGISTRY.items():
         fmt = get_format(name)
         assert isinstance(fmt, Format), name
@@ -43,6 +44,14 @@ def test_each_detector_recognises_its_own_config_and_no_other() -> None:
         "nextn": {"architectures": ["DeepseekV3ForCausalLMNextN"]},
         "speculators-mtp": {"architectures": ["MTPDraftModel"], "speculators_model_type": "mtp"},
         "mtp": {"draft_kind": "mtp", "architectures": []},
+        "speculators-dspark": {"architectures": ["Qwen3DSparkModel"], "speculators_model_type": "dspark"},
+        "stitched-dspark": {
+            "architectures": ["DeepseekV4ForCausalLM"],
+            "dspark_block_size": 5,
+            "dspark_target_layer_ids": [1, 2],
+            "dspark_noise_token_id": 7,
+            "dspark_markov_rank": 4,
+        },
     }
     for name, config in configs.items():
         assert [f for f in configs if get_format(f).detect(config)] == [name]

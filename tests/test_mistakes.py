@@ -585,11 +585,11 @@ def test_evaluate_save_never_gives_its_figures_to_the_draft_that_replaced_it(
 ) -> None:
     """`convert --overwrite` puts a new draft at the evaluated directory after evaluate read the old one: the save is
     refused in one line and the new draft carries no evaluation.json (push and speedup would trust it)."""
-    import mtp2draft.evaluation.backend as backend
+    from mtp2draft.engines import choice
 
     w: World = request.getfixturevalue("world")
     draft = _own_draft(w, tmp_path)
-    real = backend.evaluate
+    real = choice.evaluate_with
 
     def evaluate_then_replaced(*args, **kwargs):
         report = real(*args, **kwargs)  # the old draft measured
@@ -597,14 +597,14 @@ def test_evaluate_save_never_gives_its_figures_to_the_draft_that_replaced_it(
         assert main(argv) == 0
         return report
 
-    monkeypatch.setattr(backend, "evaluate", evaluate_then_replaced)
+    monkeypatch.setattr(choice, "evaluate_with", evaluate_then_replaced)
     capsys.readouterr()
     assert main(_evaluate(w, "--save", "--max-prompts", "1", draft=draft)) == 2
     _one_error(capsys.readouterr().err, "was replaced by another draft while it was evaluated")
     assert "draft_vocab_size" in json.loads((draft / "config.json").read_text())  # the new (EAGLE-3) draft, whole
     assert not (draft / "evaluation.json").exists()
     assert not list(tmp_path.glob(".*lock")), list(tmp_path.iterdir())
-    monkeypatch.setattr(backend, "evaluate", real)  # unraced, the same command saves
+    monkeypatch.setattr(choice, "evaluate_with", real)  # unraced, the same command saves
     assert main(_evaluate(w, "--save", "--max-prompts", "1", draft=draft)) == 0
     assert (draft / "evaluation.json").is_file()
 

@@ -118,7 +118,7 @@ def test_inspect_reports_the_dspark_drafter(build, tmp_path: Path, capsys, nextn
     assert heads["mtp.2.confidence_head.proj.weight"]["shape"] == [1, config["hidden_size"] + 8]
     assert main(["inspect", str(path)]) == 0
     text = capsys.readouterr().out
-    assert "DSpark block drafter" in text and "block size    5" in text and "distill, evaluate and export do" in text
+    assert "DSpark block drafter" in text and "block size    5" in text and "distill and evaluate do" in text
 
 
 def test_inspect_refuses_dspark_fields_over_tensors_that_are_not_dspark(build, tmp_path: Path, capsys) -> None:
@@ -180,7 +180,7 @@ def test_convert_writes_the_stages_equal_to_the_shipped_tensors_dequantised(buil
     )
 
 
-@pytest.mark.parametrize("command", ["distill", "evaluate", "export"])
+@pytest.mark.parametrize("command", ["distill", "evaluate", "export"])  # export: a format of another kind
 def test_stages_refuse_a_dspark_draft_directory_saying_what_is_supported(
     build, tmp_path: Path, capsys, command
 ) -> None:
@@ -197,8 +197,10 @@ def test_stages_refuse_a_dspark_draft_directory_saying_what_is_supported(
     assert main([command, str(draft), *argv]) == 2
     err = capsys.readouterr().err
     lines = [line for line in err.splitlines() if line.startswith("error:")]
-    assert len(lines) == 1 and "describes a DSpark draft directory" in lines[0], err
-    assert "distill, evaluate and export do not take them yet" in lines[0] and not (tmp_path / "o").exists()
+    why = "takes an EAGLE-3 draft" if command == "export" else "describes a DSpark draft directory"
+    assert len(lines) == 1 and why in lines[0] and "DSpark" in lines[0], err
+    said = "use --format stitched or speculators-dspark" if command == "export" else "distill and evaluate do not take"
+    assert said in lines[0] and not (tmp_path / "o").exists()
 
 
 @pytest.mark.hub

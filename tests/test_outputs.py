@@ -17,11 +17,11 @@ import pytest
 from mtp2draft.conversion import convert
 from mtp2draft.data import load_tokenizer, read_examples
 from mtp2draft.draft.disk import load_draft
+from mtp2draft.engines.choice import dump_hidden_with
 from mtp2draft.errors import OutputExistsError
 from mtp2draft.manifest import is_ours
 from mtp2draft.outputs.claims import claim_output, lock_path
 from mtp2draft.outputs.directories import atomic_output_dir
-from mtp2draft.target.backend import dump_hidden
 from mtp2draft.target.dump_checks import check_shards, read_manifest
 from mtp2draft.train.recipe import DistillConfig, distill
 
@@ -96,7 +96,9 @@ def test_concurrent_dumps_into_one_out_leave_one_result_and_one_refusal(target, 
         out = tmp_path / f"try{attempt}" / "dump"
         results = _race(
             2,
-            lambda _, out=out: dump_hidden("transformers", str(tgt), seqs, out, aux_layers=None, top_k=4, shard_size=2),
+            lambda _, out=out: dump_hidden_with(
+                "transformers", str(tgt), seqs, out, aux_layers=None, top_k=4, shard_size=2
+            ),
         )
         _one_result_one_refusal(results, out)
         _dumped(out, len(seqs))
@@ -106,7 +108,7 @@ def test_concurrent_dumps_into_one_out_leave_one_result_and_one_refusal(target, 
 def test_a_vllm_dump_claims_its_out_while_the_engine_runs(target, text_data, tmp_path: Path, monkeypatch) -> None:
     """The engine's extraction takes minutes on a real target: a second dump into the same --out is refused at once,
     not after it. A stand-in for the vLLM run (the transformers target, slowed down) keeps this on the unit suite."""
-    import mtp2draft.target.backend as backend
+    from mtp2draft.engines import vllm_dump
     from mtp2draft.target.hidden import TargetModel
 
     class SlowEngine(TargetModel):
@@ -117,13 +119,13 @@ def test_a_vllm_dump_claims_its_out_while_the_engine_runs(target, text_data, tmp
             time.sleep(0.5)
             super().__init__(target, revision, token)
 
-    monkeypatch.setattr(backend, "VllmTarget", SlowEngine)
+    monkeypatch.setattr(vllm_dump, "VllmTarget", SlowEngine)
     tgt = target("mimo", num_hidden_layers=2)
     seqs = _sequences(tgt, text_data)
     for attempt in range(20):
         out = tmp_path / f"try{attempt}" / "dump"
         results = _race(
-            2, lambda _, out=out: dump_hidden("vllm", str(tgt), seqs, out, aux_layers=None, top_k=4, shard_size=2)
+            2, lambda _, out=out: dump_hidden_with("vllm", str(tgt), seqs, out, aux_layers=None, top_k=4, shard_size=2)
         )
         errors = [r for r in results if r is not None]
         assert len(errors) == 1 and "another mtp2draft run" in str(errors[0]), results  # refused while it ran

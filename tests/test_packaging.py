@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from mtp2draft.family.dspark import layouts as dspark_layouts
 from mtp2draft.family.not_supported import rows as not_supported_rows
 from mtp2draft.family.spec import registry
 
@@ -44,6 +45,7 @@ def test_wheel_installs_into_a_clean_venv_and_lists_the_specs(tmp_path: Path) ->
     assert sorted(n for n in names if n.startswith("mtp2draft/model_specs/") and n.endswith(".toml")) == sorted(
         [f"mtp2draft/model_specs/{name}.toml" for name in registry()]
         + [f"mtp2draft/model_specs/not_supported/{name}.toml" for name in not_supported_rows()]
+        + [f"mtp2draft/model_specs/dspark/{name}.toml" for name in dspark_layouts()]
     )
     venv = tmp_path / "venv"
     subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
@@ -76,5 +78,6 @@ def test_wheel_installs_into_a_clean_venv_and_lists_the_specs(tmp_path: Path) ->
         [str(venv / "bin" / "mtp2draft"), "specs", "--json"], cwd=tmp_path, check=True, capture_output=True, text=True
     ).stdout
     rows = json.loads(out)
-    assert [row["name"] for row in rows if row["supported"]] == list(registry())
+    assert [row["name"] for row in rows if row["supported"] and "draft_kind" not in row] == list(registry())
     assert [row["name"] for row in rows if not row["supported"]] == list(not_supported_rows())
+    assert [row["name"] for row in rows if row.get("draft_kind") == "dspark"] == list(dspark_layouts())  # shipped

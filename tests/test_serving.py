@@ -12,8 +12,9 @@ from pathlib import Path
 import pytest
 
 from mtp2draft.conversion import convert
+from mtp2draft.family.spec import get_spec
 from mtp2draft.formats.export import export, validate
-from mtp2draft.formats.serving import VLLM_CONFIG_VIEW, launch_lines
+from mtp2draft.formats.serving import launch_lines
 
 
 def _bash_blocks(markdown: str, after: str) -> list[str]:
@@ -34,7 +35,7 @@ def _overlaid(where: Path, overlay: Path) -> None:
     for file in overlay.glob("*.safetensors"):
         assert (where / file.name).read_bytes() == file.read_bytes(), file.name
     config = (where / "config.json").read_text()
-    for field, value in VLLM_CONFIG_VIEW["mimo"].items():
+    for field, value in get_spec("mimo").engine("vllm").config_view.items():
         assert f'"{field}": "{value}"' in config
 
 
@@ -110,7 +111,7 @@ def test_evaluate_in_vllm_says_it_serves_mimo_under_another_config_view(target, 
     model_type, and the run says so (it used to do it silently), as the card's overlay lines do."""
     import json
 
-    from mtp2draft.evaluation.backend import serve_runs
+    from mtp2draft.engines.vllm_evaluate import serve_runs
     from mtp2draft.kinds import DraftKind
 
     source = target("mimo", num_hidden_layers=4)

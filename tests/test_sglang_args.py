@@ -93,6 +93,9 @@ def _printed_lines() -> dict[str, str]:
                         if line:
                             out[f"{name}-{fmt}-{layers}layers-{where}-k{k}"] = line
     out["no-spec-placeholder"] = launch_lines("nextn", "<target>", "./draft")["SGLang"]  # the card without a target
+    for fmt in ("speculators-dspark", "stitched-dspark"):  # no family spec runs DSpark: the lines without one
+        for where, (target, draft, revision) in places.items():
+            out[f"dspark-{fmt}-{where}"] = launch_lines(fmt, target, draft, 5, revision=revision)["SGLang"]
     return out
 
 
@@ -101,7 +104,8 @@ LINES = _printed_lines()
 
 def test_every_kind_of_sglang_line_is_checked() -> None:
     algorithms = {re.search(r"--speculative-algorithm (\S+)", line).group(1) for line in LINES.values()}
-    assert algorithms == {"NEXTN", "EAGLE3", "EAGLE"}  # nextn, the two EAGLE-3 formats, the stitched overlay
+    # nextn, the two EAGLE-3 formats, the stitched overlay, the DSpark formats
+    assert algorithms == {"NEXTN", "EAGLE3", "EAGLE", "DSPARK"}
     assert len({key.split("-")[0] for key in LINES}) > 1
 
 
@@ -112,6 +116,9 @@ def test_every_line_parses_under_sglangs_parser(sglang) -> None:
             args = check_line(line, *sglang)
         except Refused as why:
             refused[key] = f"{why}: {line}"
+            continue
+        if args.speculative_algorithm == "DSPARK":  # one block of G tokens, G the drafter's block size
+            assert args.speculative_dspark_block_size == 5 and args.speculative_num_steps is None, line
             continue
         steps, topk, tokens = args.speculative_num_steps, args.speculative_eagle_topk, args.speculative_num_draft_tokens
         assert topk == 1 and tokens == steps + 1, line  # SGLang counts the root token

@@ -27,8 +27,10 @@ DEFAULT_FP8_BLOCK = (128, 128)
 
 
 def fp8_block_size(config: Mapping[str, Any]) -> tuple[int, int]:
-    """The FP8 block (rows, columns) of a checkpoint from its config.json."""
-    quant = config.get("quantization_config") or {}
+    """The FP8 block (rows, columns) of a checkpoint from its config.json: `quantization_config` at the top or, as
+    `checkpoint.quant.quant_method` finds it, in a nested text config (DeepSeek-V4.1 uses [32, 32])."""
+    nested = (v.get("quantization_config") for v in config.values() if isinstance(v, Mapping))
+    quant = config.get("quantization_config") or next((q for q in nested if q), None) or {}
     block = quant.get("weight_block_size") or DEFAULT_FP8_BLOCK
     return int(block[0]), int(block[1])
 

@@ -13,15 +13,17 @@ from mtp2draft.settings import ConvertConfig, HubAccess
 
 @app.command()
 def specs(as_json: AsJson = False) -> None:
-    """List the checkpoint families mtp2draft can convert (from the spec registry), then those it knowingly does not,
-    each with its reason.
+    """List the checkpoint families mtp2draft can convert (from the spec registry), the DSpark drafters it reads
+    (model_specs/dspark/), then those it knowingly does not, each with its reason.
 
     Example: `mtp2draft specs --json`
     """
+    from mtp2draft.family.dspark import layouts
     from mtp2draft.family.not_supported import rows as not_supported
     from mtp2draft.family.spec import registry
 
     rows = [{**s.summary(), "supported": True} for s in registry().values()]
+    rows += [layout.summary() for layout in layouts().values()]
     rows += [row.summary() for row in not_supported().values()]
     print(output.to_json(rows) if as_json else output.specs_text(rows))
 

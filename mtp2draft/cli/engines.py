@@ -1,4 +1,4 @@
-"""`engine install` / `engine list`: the serving engines' own venvs (library: `mtp2draft.target.environments`)."""
+"""`engine install` / `engine list`: the serving engines' own venvs (library: `mtp2draft.engines.environments`)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import typer
 from mtp2draft.cli.options import AsJson
 from mtp2draft.cli.output import to_json
 from mtp2draft.cli.root import app, log
-from mtp2draft.target.environments import ENVIRONMENTS, PLATFORMS
+from mtp2draft.engines.environments import ENVIRONMENTS, PLATFORMS
 
 engine_app = typer.Typer(
     help="The engines' own venvs: vLLM for `evaluate --engine vllm` / `dump-hidden --engine vllm`, speculators.",
@@ -37,9 +37,9 @@ def install(
 
     Example: `mtp2draft engine install vllm`, then `mtp2draft evaluate DRAFT --engine vllm --data prompts.jsonl`
     """
-    from mtp2draft.target.environments import install as build
+    from mtp2draft.engines.environments import install
 
-    python, built = build(name, platform=platform, log=log)
+    python, built = install(name, platform=platform, log=log)
     if not built:
         log(f"{name}: the venv is complete, reused")
     print(python)
@@ -51,7 +51,7 @@ def list_engines(as_json: AsJson = False) -> None:
 
     Example: `mtp2draft engine list --json`
     """
-    from mtp2draft.target.environments import detect_platform, is_complete
+    from mtp2draft.engines.environments import detect_platform, is_complete
 
     platform = detect_platform()
     rows = [

@@ -52,13 +52,13 @@ def evaluate(
     * `mtp2draft evaluate mimo3-chain-ft --target ./tiny-mimo-3mtp --data prompts.jsonl --step-layers first` (a chain draft as vLLM 0.32 runs it: layer 0 at every step)
     * `mtp2draft evaluate glm-mtp-ft --target zai-org/GLM-4.5-Air --data prompts.jsonl --engine vllm --tensor-parallel-size 4`
     """
-    from mtp2draft.evaluation.backend import evaluate
+    from mtp2draft.engines.choice import evaluate_with
     from mtp2draft.evaluation.decode import save_evaluation, saving_into
     from mtp2draft.formats import charts
 
     drafts = [("draft", str(draft))] + [(f"baseline: {b}", str(b)) for b in (baseline or [])]
     measured = saving_into(draft) if save else None  # the draft's identity, before it is read
-    report = evaluate(engine, drafts, target, data=data, config=config, where=where, hub=hub, progress=log)
+    report = evaluate_with(engine, drafts, target, data=data, config=config, where=where, hub=hub, progress=log)
     if save:
         saved, chart = save_evaluation(draft, report, measured, progress=log)
         why = charts.unavailable()

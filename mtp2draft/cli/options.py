@@ -19,11 +19,10 @@ from mtp2draft.kinds import DRAFT_KINDS, DRAFT_SAMPLING
 
 def choices(option: str, sep: str = " | ") -> str:
     """The values an option's help lists, from the registry that owns them (kinds, engines, formats, subsets, gpus)."""
-    from mtp2draft.evaluation.backend import EVALUATE_ENGINES
+    from mtp2draft.engines.choice import DUMP_ENGINES, EVALUATE_ENGINES
     from mtp2draft.family.schema import ENGINES, STEP_LAYER_RULES
     from mtp2draft.formats import FORMATS, VALIDATE_FORMATS
     from mtp2draft.speed.accelerators import ACCELERATORS
-    from mtp2draft.target.backend import DUMP_ENGINES
     from mtp2draft.train.subsets import TRAIN_SUBSETS
 
     registries = {"kinds": DRAFT_KINDS, "engines": ENGINES, "formats": FORMATS, "validate": VALIDATE_FORMATS}

@@ -27,10 +27,12 @@ def to_json(data: Any) -> str:
 # ---- specs / inspect ---------------------------------------------------------------------------------------------
 def specs_text(rows: list[dict[str, Any]]) -> str:
     """The spec registry as a table, whether each key list is verified and from what source, then family x engine x
-    method (MTP hand-over in brackets) from the specs' [engines.*] tables, the engines' known bugs, then the families
-    not supported (rows with `supported` false) with their reasons."""
+    method (MTP hand-over in brackets) from the specs' [engines.*] tables, the engines' known bugs, the DSpark drafter
+    layouts (rows with `draft_kind` dspark), then the families not supported (rows with `supported` false) with their
+    reasons."""
     refused = [r for r in rows if r.get("supported") is False]
-    rows = [r for r in rows if r.get("supported") is not False]
+    dspark = [r for r in rows if r.get("draft_kind") == "dspark" and r.get("supported") is not False]
+    rows = [r for r in rows if r.get("supported") is not False and r not in dspark]
     width = max(len(r["name"]) for r in rows)
     lines = []
     for r in rows:
@@ -68,6 +70,14 @@ def specs_text(rows: list[dict[str, Any]]) -> str:
     if bugs:
         lines.append("\nknown engine bugs")
         lines += [f"{name:<{width}}  {e} {f['version']}: {f['known_bug']}" for name, e, f in bugs]
+    if dspark:
+        lines.append("\nDSpark drafters: layout, family, what mtp2draft does with it, quantisation")
+        dwidth = max(len(r["name"]) for r in dspark)
+        for r in dspark:
+            lines.append(
+                f"{r['name']:<{dwidth}}  {', '.join(r['architectures'] or r['model_types'])} [{r['layout']}]: "
+                f"{r['commands']}; {r['quantization']}"
+            )
     if refused:
         lines.append("\nnot supported")
         for r in refused:
@@ -86,14 +96,16 @@ def dspark_text(info: dict[str, Any]) -> str:
     lines = [
         f"source        {info['source']}" + (f"  (commit {info['commit'][:12]})" if info["commit"] else ""),
         f"drafter       DSpark block drafter ({info['model_type']}; {d['found_in']})",
+        f"layout        {info['layout']} (model_specs/dspark/{info['layout']}.toml)",
         f"stages        {info['num_stages']} (config.json num_nextn_predict_layers = {info['num_nextn_predict_layers']})",
         f"block size    {d['block_size']}",
         f"target layers {d['target_layer_ids']}",
         f"noise token   {d['noise_token_id']}",
         f"Markov rank   {d['markov_rank']}",
     ]
-    if d["n_routed_experts"] is not None:
-        lines.append(f"experts       {d['n_routed_experts']} routed, {d['num_experts_per_tok']} per token")
+    if d["experts_per_stage"] is not None:
+        per_token = f", {d['num_experts_per_tok']} per token" if d["num_experts_per_tok"] else ""
+        lines.append(f"experts       {d['experts_per_stage']} routed per stage{per_token}")
     for row in info["stages"]:
         lines.append(
             f"stage {row['stage']}: {row['tensors']} tensors, {row['parameters']:,} parameters, "

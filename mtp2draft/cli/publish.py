@@ -33,7 +33,8 @@ def export(
 
     sglang / speculators take EAGLE-3 drafts; nextn / stitched / speculators-mtp take native MTP drafts (stitched
     writes the layer back into --target's shards, in their dtype and FP8 quantization; speculators-mtp is
-    speculators' `mtp` speculator type, for Qwen3-Next / Qwen3.5 targets).
+    speculators' `mtp` speculator type, for Qwen3-Next / Qwen3.5 targets). DSpark drafters: speculators-dspark writes a
+    Qwen3-style drafter as vLLM reads it; stitched writes a release's DSpark stages back into --target's shards.
 
     Examples:
 

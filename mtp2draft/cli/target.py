@@ -1,5 +1,5 @@
 """`dump-hidden`: the frozen target's hidden states and log-probs written for offline distillation (library:
-`target.backend`, `target.dump_checks`)."""
+`engines.choice`, `target.dump_checks`)."""
 
 from __future__ import annotations
 
@@ -54,8 +54,9 @@ def dump_hidden(
     """
     from mtp2draft.data import load_tokenizer, read_examples
     from mtp2draft.draft.disk import load_draft
-    from mtp2draft.target.backend import dump_hidden, resolve_target
+    from mtp2draft.engines.choice import dump_hidden_with
     from mtp2draft.target.dump_checks import check_dump_request
+    from mtp2draft.target.hidden import local_path
 
     ids = parse_list(aux_layers, "--aux-layers", ints)
     max_length = length.max_length
@@ -65,7 +66,7 @@ def dump_hidden(
         final = getattr(loaded, "input_hidden", None)  # the final hidden a native draft reads
         if ids is None:
             ids = loaded.aux_layer_ids if loaded.kind == DraftKind.EAGLE3 else None
-    target_dir = resolve_target(target, hub.revision, hub.token)
+    target_dir = local_path(target, hub.revision, hub.token)
     inputs = [data, draft]  # never deleted by --overwrite, never written into
     sizes = {"top_k": top_k, "shard_size": shard_size, "max_length": max_length}
     check_dump_request(
@@ -75,14 +76,14 @@ def dump_hidden(
     if skipped:
         log(f"skipped {skipped} malformed line(s)")
     if responses.regenerate:  # the target's own responses, from the engine that runs it
-        from mtp2draft.evaluation.backend import regenerate
+        from mtp2draft.engines.choice import regenerate_with
 
         eos = load_tokenizer(target_dir).eos_token_id
         tp = {"tensor_parallel_size": where.tensor_parallel_size or 1}
         budget = {"max_new_tokens": max_length // 2, "sample": responses.sample}
-        examples = regenerate(engine, examples, target, eos=eos, **budget, hub=hub, **tp, progress=log)
+        examples = regenerate_with(engine, examples, target, eos=eos, **budget, hub=hub, **tp, progress=log)
     seqs = [{"input_ids": e.input_ids, "loss_mask": e.loss_mask} for e in examples]
     write = {"aux_layers": ids, "top_k": top_k, "shard_size": shard_size, "overwrite": overwrite, "final": final}
     access = {"revision": hub.revision, "token": hub.token, "tensor_parallel_size": where.tensor_parallel_size or 1}
-    path = dump_hidden(engine, target, sequences=seqs, out=out, **access, **write, progress=log, inputs=inputs)
+    path = dump_hidden_with(engine, target, sequences=seqs, out=out, **access, **write, progress=log, inputs=inputs)
     print(f"wrote hidden states of {len(seqs)} sequences to {path}")

@@ -1,6 +1,8 @@
 """`convert` of a DSpark drafter: its `mtp.*` stages as a dspark draft directory. FP8 and FP4 weights are
 dequantised the way the MTP path does it (`checkpoint.reader`), tensors stored as float32 stay float32, and the
-others are cast to `--dtype`. The release's names are kept (`mtp.{i}.attn.wq_a.weight`, ...).
+others are cast to `--dtype`. The release's names are kept (`mtp.{i}.attn.wq_a.weight`, ...), and config.json names
+the layout they follow (`layout`: a file of model_specs/dspark/, whose tables map each head role to its stored name:
+V4.1's `markov_head.embed` is V4-0731's `markov_head.markov_w1`).
 
 The directory holds config.json (`draft_kind: dspark`, the `dspark_*` settings, the stage count and the target's
 config), model.safetensors and provenance.json. The drafter shares the target's embedding and head (vLLM's DSpark
@@ -92,7 +94,9 @@ def convert_dspark(
                 "draft_kind": DSPARK_KIND,
                 "architectures": ckpt.config.get("architectures"),
                 "dspark": fields.summary(),
+                "layout": info["layout"],  # model_specs/dspark/<layout>.toml: role -> stored name
                 "num_stages": info["num_stages"],
+                "experts_per_stage": info["dspark"]["experts_per_stage"],
                 "torch_dtype": dtype_name,
                 "target_config": dict(ckpt.config),
                 "mtp2draft": {"version": __version__, "source": ckpt.source, "commit": ckpt.commit},

@@ -13,8 +13,8 @@ One pass of the layers drafts the whole block. At serving time the Markov head c
 Qwen3-style ones of DeepSpec's reference model, with transformers' Qwen3 norm, MLP and rotary pieces. `dspark_loss`
 is DeepSpec's objective: cross-entropy with optional decay, total variation to the target, and a confidence BCE.
 
-What this module does not do: build DeepSeek-V4's DSpark stages (V4 attention with mHC streams, MoE, sliding
-window, attention sink), read or write checkpoints, or run the target. Those are the next steps of the DSpark kind.
+What this module does not do: build DeepSeek-V4's DSpark stages (`draft.dspark_v4`: V4 attention with mHC streams,
+MoE, sliding window, attention sink, with the same interface), read or write checkpoints, or run the target.
 """
 
 from __future__ import annotations
@@ -54,6 +54,13 @@ def block_mask(anchors: torch.Tensor, keep: torch.Tensor, context_len: int, bloc
     kv_block = (kv - context_len).div(block_size, rounding_mode="floor")
     sees_block = (kv[None, None] >= context_len) & (kv_block[None, None] == q_block[None, :, None])
     return (sees_context | sees_block) & keep[:, q_block][..., None]
+
+
+def pooled_context(aux: torch.Tensor) -> torch.Tensor:
+    """The drafter's `targets` from the target layers' outputs concatenated on the last axis: [B, T, n*H] as is, or
+    [B, T, S, n*H] (S residual streams, DeepSeek-V4's hyper-connections) mean-pooled over the streams (vLLM 0.32
+    `v1/worker/gpu/spec_decode/dspark/speculator.py`: "DSpark consumes mean-pooled target aux hidden states")."""
+    return aux.mean(dim=-2) if aux.dim() == 4 else aux
 
 
 class MarkovHead(nn.Module):
@@ -146,6 +153,7 @@ class DSparkDraft(nn.Module):
             raise ValueError("a DSpark drafter needs dspark_noise_token_id and dspark_markov_rank")
         h = config.hidden_size
         self.fields, self.block_size, self.noise_id = fields, fields.block_size, fields.noise_token_id
+        self.layers_config = config  # what `draft.dspark_disk` writes as transformer_layer_config
         self.embed_tokens = nn.Embedding(config.vocab_size, h)
         self.fc = nn.Linear(len(fields.target_layer_ids) * h, h, bias=False)
         self.hidden_norm = Qwen3RMSNorm(h, eps=config.rms_norm_eps)

@@ -4,17 +4,28 @@ A DSpark drafter (deepseek-ai/DeepSpec; DeepSeek-V4-Flash-0731 and V4.1 ship one
 the config's `dspark_*` keys, top level or under `text_config`, never by `num_nextn_predict_layers`: V4-0731 says 1
 there while it holds three DSpark stages. docs/notes/2026-12-05-dspark-definition.md has every field's source.
 
+How each release names its drafter is data, one file per layout in `model_specs/dspark/` (`layouts`, `layout_for`):
+the names of the first stage's context projection and the last stage's head stack (V4-0731's
+`markov_head.markov_w{1,2}` and `hc_head_*`, V4.1's `markov_head.{embed,head}` and no `hc_head`), and which config
+keys give a stage's own routed expert count (V4.1: `dspark_n_routed_experts`, falling back to `n_routed_experts`).
+`mtp2draft specs` lists them.
+
 What this module does not do: read tensors (`family.dspark_inspect` reads the headers), or build the module
 (`draft.dspark`). It imports no torch.
 """
 
 from __future__ import annotations
 
+import tomllib
 from collections.abc import Mapping
 from dataclasses import dataclass
+from functools import cache
+from importlib import resources
+from pathlib import Path
 from typing import Any
 
-from mtp2draft.errors import CheckpointError
+from mtp2draft.errors import CheckpointError, SpecError
+from mtp2draft.family.identity import FamilyIdentity, named_in
 
 # the key whose presence makes a config a DSpark drafter's (`family.not_supported.NOT_MTP_FIELDS` refuses it as MTP)
 DETECT_KEY = "dspark_block_size"
@@ -79,3 +90,96 @@ def dspark_fields(config: Mapping[str, Any]) -> DSparkFields | None:
             section=where,
         )
     return None
+
+
+# ---- layouts: how a release names its drafter (model_specs/dspark/*.toml) --------------------------------------------
+LAYOUT_FOLDER = "dspark"
+_LAYOUT_FIELDS = (
+    "name", "description", "architectures", "model_types", "kind", "commands", "quantization", "stage_experts", "sources",
+    "key_source", "stage", "first", "last",
+)  # fmt: skip
+FIRST_ROLES = ("main_proj", "main_norm")  # stage 0: fc over the target layers' states, then its norm
+LAST_ROLES = ("norm", "markov_w1", "markov_w2", "confidence")  # the last stage's head stack (hc_head_* optional)
+LAYOUT_KINDS = ("stages", "speculators")  # stages under mtp.{i}. of a target checkpoint / a standalone directory
+
+
+@dataclass(frozen=True)
+class DSparkLayout(FamilyIdentity):
+    """One release's DSpark naming: role -> stored name under `mtp.{stage}.` (first stage, last stage)."""
+
+    kind: str
+    commands: str  # what mtp2draft does with it, as `specs` shows it
+    quantization: str
+    stage_experts: tuple[str, ...]  # config keys of a stage's routed expert count, the first one set wins
+    sources: str
+    key_source: str
+    stage: str  # the drafter module that runs these stages (`draft.dspark_disk.STAGES`), "" while none exists
+    first: Mapping[str, str]
+    last: Mapping[str, str]
+
+    def expert_count(self, text: Mapping[str, Any]) -> int | None:
+        """The routed experts each stage holds, as the loader reads the config (vLLM 0.32: V4.1's
+        `dspark_n_routed_experts or n_routed_experts`, V4's `n_routed_experts`)."""
+        return next((text[k] for k in self.stage_experts if text.get(k)), None)
+
+    def summary(self) -> dict[str, Any]:
+        """The row `specs --json` prints for it."""
+        return {
+            **self.identity_row(),
+            "draft_kind": "dspark",
+            "layout": self.kind,
+            "commands": self.commands,
+            "quantization": self.quantization,
+            "stage_experts": list(self.stage_experts),
+            "first_stage": dict(self.first),
+            "last_stage": dict(self.last),
+            "sources": self.sources,
+            "key_source": self.key_source,
+            "stage": self.stage or None,
+            "supported": True,
+        }
+
+
+def parse_layout(data: Mapping[str, Any], path: str) -> DSparkLayout:
+    """Validate one layout file: exactly the known keys, the roles every DSpark drafter has."""
+    unknown, missing = sorted(set(data) - set(_LAYOUT_FIELDS)), sorted(set(_LAYOUT_FIELDS) - set(data))
+    if unknown or missing:
+        raise SpecError(f"{path}: unknown key(s) {unknown} / missing key(s) {missing}")
+    if data["name"] != Path(path).stem or data["kind"] not in LAYOUT_KINDS:
+        raise SpecError(f"{path}: name must be the file's stem and kind one of {', '.join(LAYOUT_KINDS)}")
+    for table, roles in (("first", FIRST_ROLES), ("last", LAST_ROLES)):
+        lacking = [r for r in roles if not isinstance(data[table].get(r), str)]
+        if lacking:
+            raise SpecError(f"{path}: [{table}] names no {', '.join(lacking)}")
+    fields = {k: tuple(v) if isinstance(v, list) else v for k, v in data.items()}
+    return DSparkLayout(**fields)
+
+
+@cache
+def layouts() -> dict[str, DSparkLayout]:
+    """Every shipped layout by name."""
+    folder = resources.files("mtp2draft.model_specs") / LAYOUT_FOLDER
+    out = {}
+    for file in sorted(Path(str(p)) for p in folder.iterdir() if p.name.endswith(".toml")):
+        out[file.stem] = parse_layout(tomllib.loads(file.read_text()), str(file))
+    return out
+
+
+def layout_for(config: Mapping[str, Any]) -> DSparkLayout:
+    """The layout of a target checkpoint whose config declares DSpark stages: matched by architectures, then
+    model_type (top level, then text_config). CheckpointError naming the known layouts when none matches."""
+    stages = [row for row in layouts().values() if row.kind == "stages"]
+    text = config.get("text_config") if isinstance(config.get("text_config"), Mapping) else {}
+    for matches in (
+        lambda r: r.by_architecture(config),
+        lambda r: r.by_model_type(config),
+        lambda r: r.by_model_type(text),
+    ):
+        found = [r for r in stages if matches(r)]
+        if found:
+            return found[0]
+    known = "; ".join(f"{r.name} ({', '.join(r.architectures)})" for r in stages)
+    raise CheckpointError(
+        f"config.json declares a DSpark drafter ({DETECT_KEY}) but its family ({named_in(config)}) names its stages "
+        f"in no layout mtp2draft reads: {known} (model_specs/{LAYOUT_FOLDER}/)"
+    )

@@ -231,6 +231,12 @@ class EngineSpec:
     known_bug: str = ""
     """A bug of this engine release that changes what a user gets from a draft of this family (its issue and fix PR):
     `specs`, the model card and `evaluate --engine` say it. Empty: none known."""
+    config_view: Mapping[str, Any] = field(default_factory=dict)
+    """config.json fields the engine reads instead of the release's, where it cannot parse the released type (MiMo-7B:
+    `model_type = "qwen2"`): what a served view and the card's overlay rewrite. Empty: read as released."""
+    extract_view: Mapping[str, Any] = field(default_factory=dict)
+    """config.json fields its hidden-state extraction reads (MiMo-7B's trunk as Qwen2's); empty: as released."""
+    extract_drop: tuple[str, ...] = ()  # key prefixes hidden from the extraction's view (tensors its class refuses)
 
     def serves(self, method: str) -> bool:
         return method in self.methods

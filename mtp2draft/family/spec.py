@@ -67,7 +67,9 @@ def _build(cls: type, data: Any, where: str) -> Any:
             raise SpecError(f"{where}.{f.name}: expected a string, got {value!r}")
         if expected == "bool" and not isinstance(value, bool):
             raise SpecError(f"{where}.{f.name}: expected true/false, got {value!r}")
-        if "tuple" in expected and not all(isinstance(v, str) for v in value):
+        if expected.startswith("Mapping") and not isinstance(value, Mapping):
+            raise SpecError(f"{where}.{f.name}: expected a table, got {value!r}")
+        if "tuple" in expected and (isinstance(value, str) or not all(isinstance(v, str) for v in value)):
             raise SpecError(f"{where}.{f.name}: expected a list of strings, got {value!r}")
     return obj
 

@@ -1,6 +1,8 @@
 """Export formats: the registry (`REGISTRY`, the one place a format is registered) and what a format module provides
 (`Format`). One module per format family: `eagle3` (sglang, speculators), `nextn`, `stitched`, `speculators_mtp`
-(speculators' `mtp` speculator type) and `native` (the `mtp` draft directory, validated but never written).
+(speculators' `mtp` speculator type), `native` (the `mtp` draft directory, validated but never written), `dspark`
+(speculators' `dspark` type) and `dspark_stitched` (a release's DSpark stages written back: `stitched` of a dspark
+directory).
 The contract is what the engines read (docs/formats.md and docs/engines.md cite each engine file and version).
 
 This package's `__init__` is torch-free: the CLI lists `--format` choices from it without loading a model library;
@@ -35,6 +37,7 @@ class Registration:
     needs_target: bool = False  # `export` needs --target (the checkpoint the draft is laid over)
     # `detect_format` asks the formats in this order; a format detected only when nothing else matches sorts last
     detect_rank: int = 0
+    also: tuple[DraftKind, ...] = ()  # further kinds `export --format` takes (stitched: a release's DSpark stages)
 
 
 # The one place a format is registered. The order is the order of `--format` choices.
@@ -65,11 +68,19 @@ REGISTRY: dict[str, Registration] = {
         reads_target=True,
         needs_target=True,
         detect_rank=9,
+        also=(DraftKind.DSPARK,),
     ),
     "speculators-mtp": Registration(
         DraftKind.MTP,
         "speculators_mtp",
         "native MTP layer as speculators' `mtp` speculator type (`MTPDraftModel`; Qwen3-Next / Qwen3.5 families)",
+        detect_rank=0,
+    ),
+    "speculators-dspark": Registration(
+        DraftKind.DSPARK,
+        "dspark",
+        "Qwen3-style DSpark drafter as speculators' `dspark` speculator type (`Qwen3DSparkModel`, read by vLLM)",
+        reads_target=True,
         detect_rank=0,
     ),
     "mtp": Registration(
@@ -78,6 +89,13 @@ REGISTRY: dict[str, Registration] = {
         "native MTP layer in mtp2draft's own draft layout (export it to serve it)",
         exportable=False,
         detect_rank=2,
+    ),
+    "stitched-dspark": Registration(
+        DraftKind.DSPARK,
+        "dspark_stitched",
+        "a release's DSpark stages written back under `mtp.*` in its own quantisation (`export --format stitched`)",
+        exportable=False,
+        detect_rank=8,
     ),
 }
 
@@ -94,8 +112,8 @@ def check_format(format: str, kind: DraftKind | None = None, what: str = "") -> 
     formats = exportable()
     if format not in formats:
         raise SourceError(f"--format must be one of {', '.join(formats)}, got {format!r}")
-    if kind is not None and formats[format] is not kind:
-        other = [f for f, k in formats.items() if k is kind]
+    if kind is not None and formats[format] is not kind and kind not in REGISTRY[format].also:
+        other = formats_of(kind)
         raise DraftError(
             f"--format {format} takes {formats[format].a_draft} draft; {what} is {kind.a_draft} draft "
             f"(use --format {' or '.join(other)})"
@@ -191,4 +209,4 @@ def format_kind(fmt: str) -> DraftKind:
 
 def formats_of(kind: DraftKind) -> list[str]:
     """The exportable formats holding drafts of `kind`, in registry order."""
-    return [name for name, k in exportable().items() if k is kind]
+    return [name for name, k in exportable().items() if k is kind or kind in REGISTRY[name].also]

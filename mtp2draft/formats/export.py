@@ -28,7 +28,15 @@ from mtp2draft.errors import DraftError, SourceError, ValidationError
 from mtp2draft.family.spec import find_spec
 from mtp2draft.formats import REGISTRY, ExportConfig, ExportJob, check_format, get_format
 from mtp2draft.formats.common import read_json
-from mtp2draft.kinds import ACCEPTANCE_CHART, CONFIG_FILE, EVALUATION_FILE, PROVENANCE_FILE, kind_of
+from mtp2draft.kinds import (
+    ACCEPTANCE_CHART,
+    CONFIG_FILE,
+    EVALUATION_FILE,
+    PROVENANCE_FILE,
+    DraftKind,
+    is_dspark_dir,
+    kind_of,
+)
 from mtp2draft.manifest import file_inside, write_json
 from mtp2draft.outputs.directories import atomic_output_dir, check_output_dir
 from mtp2draft.outputs.identity import check_unchanged, draft_identity
@@ -111,6 +119,12 @@ def _checked_request(src: Path, format: str, target: str | None, revision=None, 
     """The draft's config.json, once the options make sense for it: a format `export` writes, of the draft's kind,
     with the target it needs; one line (SourceError, DraftError) before any work otherwise."""
     check_format(format)
+    raw = read_json(src / CONFIG_FILE) if src.is_dir() else None
+    if raw is not None and is_dspark_dir(raw):  # its writers check it against --target (formats/dspark*.py)
+        check_format(format, DraftKind.DSPARK, str(src))
+        if REGISTRY[format].needs_target and not target:
+            raise SourceError(f"--format {format} needs --target: the release whose DSpark stages the draft replaces")
+        return dict(raw)
     parsed = load_draft_config(src, "export reads directories written by `convert` or `distill`")
     cfg = dict(parsed.raw)
     check_format(format, parsed.kind, str(src))

@@ -21,14 +21,7 @@ STITCHED_DIR = "./target-stitched"  # where the overlay lines put the target and
 # the export README's sections that give local launch lines: a model card leaves them out and gives its own
 SERVE_SECTIONS = ("Overlay it onto the target", "Serve")
 OVERLAY_FILES = ("*.safetensors", "model.safetensors.index.json", "config.json")
-
-# model_type -> the config.json fields vLLM must read instead. MiMo-7B's config says `model_type: mimo`, which
-# transformers 5.19 (vLLM 0.32's pin) does not know, so vLLM would load it as remote code. MiMo's config is Qwen2's
-# plus `num_nextn_predict_layers`; vLLM 0.32 picks its own MiMoForCausalLM from `architectures` and the MTP draft when
-# the first listed architecture is MiMoForCausalLM (config/speculative.py), so `model_type: qwen2` changes only how
-# the config is parsed. `hf_overrides` cannot do it: vLLM 0.32 applies a dict override only after AutoConfig has
-# parsed the on-disk model_type, and the MTP draft's config is loaded again from the directory.
-VLLM_CONFIG_VIEW: dict[str, dict[str, Any]] = {"mimo": {"model_type": "qwen2"}}
+OVERLAY_FORMATS = ("stitched", "stitched-dspark")  # the formats whose lines start by laying the overlay over the target
 
 # launch-line label -> engine (spec.ENGINES) whose support for the family gates it
 LINE_ENGINES = {"SGLang": "sglang", "vLLM": "vllm", "vLLM (speculators config)": "vllm"}
@@ -81,11 +74,17 @@ def overlay_lines(target: str, draft: str, revision: str | None = None, spec: Sp
     return lines + ([view] if view else [])
 
 
+def vllm_config_view(spec: Spec | None) -> dict[str, Any]:
+    """The config.json fields vLLM reads instead of the release's for the family (its `[engines.vllm] config_view`);
+    empty when vLLM reads the config as released."""
+    facts = spec.engine("vllm") if spec else None
+    return dict(facts.config_view) if facts else {}
+
+
 def config_view_line(spec: Spec | None, where: str) -> str | None:
-    """The line that rewrites `where`/config.json as vLLM must read it (`VLLM_CONFIG_VIEW`, by the family's
-    model_type), or None when vLLM reads the family's config as released."""
-    views = [VLLM_CONFIG_VIEW[t] for t in (spec.model_types if spec else []) if t in VLLM_CONFIG_VIEW]
-    view = views[0] if views else None
+    """The line that rewrites `where`/config.json as vLLM must read it (`vllm_config_view`), or None when vLLM reads
+    the family's config as released."""
+    view = vllm_config_view(spec)
     if not view:
         return None
     edits = " ".join(f'-e \'s/"{key}": *"[^"]*"/"{key}": "{value}"/\'' for key, value in view.items())
@@ -106,7 +105,7 @@ def launch_lines(
     kind (`[engines.*] methods`) and, for a chain of `layers` > 1 MTP layers, a chain (`step_layers` other than
     "neither") get a line. A stitched overlay's lines start with the overlay (`overlay_lines`)."""
     lines = get_format(fmt).launch_lines(target, draft, k) if fmt in REGISTRY else {}
-    if fmt == "stitched":
+    if fmt in OVERLAY_FORMATS:
         lines = {"overlay": " && ".join(overlay_lines(target, draft, revision, spec)), **lines}
     if spec is None:
         return lines
@@ -131,16 +130,16 @@ def unsupported_engines(fmt: str, spec: Spec, layers: int = 1) -> list[str]:
 
 
 def config_view_note(spec: Spec | None) -> str | None:
-    """What the overlay's config rewrite is for, where the family has one (`VLLM_CONFIG_VIEW`)."""
-    views = [(t, VLLM_CONFIG_VIEW[t]) for t in (spec.model_types if spec else []) if t in VLLM_CONFIG_VIEW]
-    if not views:
+    """What the overlay's config rewrite is for, where the family has one (`vllm_config_view`)."""
+    view = vllm_config_view(spec)
+    if not spec or not view:
         return None
-    released, view = views[0]
+    released = spec.model_types[0] if spec.model_types else spec.name
     fields = ", ".join(f"`{k}: {v}`" for k, v in view.items())
     return (
         f"The overlay's last line makes config.json say {fields}: vLLM parses config.json with transformers, which "
         f"knows no `{released}` type (the release ships remote code for it); vLLM still picks its own "
-        f"{'/'.join(spec.architectures) if spec else ''} class from `architectures`, so the model it runs is the same."
+        f"{'/'.join(spec.architectures)} class from `architectures`, so the model it runs is the same."
     )
 
 

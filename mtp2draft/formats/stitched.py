@@ -58,7 +58,7 @@ from mtp2draft.formats.native import (
 )
 from mtp2draft.formats.requant import UNQUANTISED_WHY, excluded_config
 from mtp2draft.formats.serving import config_view_note, launch_lines, local_ref, serving_text
-from mtp2draft.kinds import CONFIG_FILE, WEIGHTS_FILE
+from mtp2draft.kinds import CONFIG_FILE, WEIGHTS_FILE, is_dspark_dir
 from mtp2draft.manifest import write_json
 from mtp2draft.outputs.writer import SafetensorsWriter
 from mtp2draft.redact import redact
@@ -85,8 +85,18 @@ def _target_index(ckpt: Checkpoint) -> dict[str, Any]:
     return raw
 
 
-def _export_stitched(job: ExportJob) -> None:
+def _write(job: ExportJob) -> None:
     """The `write` of this format: fills job.out from the draft job.src."""
+    if is_dspark_dir(job.cfg):  # a release's DSpark stages, written back the same way (formats/dspark_stitched.py)
+        from mtp2draft.formats.dspark_stitched import export_dspark_stitched
+
+        export_dspark_stitched(job)
+    else:
+        _export_stitched(job)
+
+
+def _export_stitched(job: ExportJob) -> None:
+    """A native MTP draft job.src written back over the target into job.out."""
     src, cfg, tmp, record = job.src, job.cfg, job.out, job.record
     target, revision, token, progress = job.target, job.revision, job.token, job.progress
     if not target:  # the registry marks stitched needs_target, so export asks for it first
@@ -339,6 +349,10 @@ Run from the directory the export was written from (`{serve.draft}` is the overl
 
 
 def _validate_stitched(path: Path, cfg: dict[str, Any]) -> list[str]:
+    from mtp2draft.formats import get_format
+
+    if get_format("stitched-dspark").detect(cfg):  # an overlay of a release's DSpark stages
+        return get_format("stitched-dspark").validate(path, cfg)
     problems: list[str] = []
     try:
         spec = find_spec(cfg)
@@ -436,6 +450,4 @@ def _usable(spec: Spec) -> bool:
 
 
 # Format(write, validate, detect, launch_lines, usable, codec): see formats/__init__.py
-PROVIDES: dict[str, Format] = {
-    "stitched": Format(_export_stitched, _validate_stitched, _is_stitched, _launch_lines, _usable)
-}
+PROVIDES: dict[str, Format] = {"stitched": Format(_write, _validate_stitched, _is_stitched, _launch_lines, _usable)}

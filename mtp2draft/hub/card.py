@@ -208,8 +208,13 @@ def _body(
     out = [
         f"# {name}",
         "",
-        f"A speculative-decoding draft for {target_text}, built by mtp2draft from the "
-        f"multi-token-prediction (MTP) layer the target ships, {how}.",
+        f"A speculative-decoding draft for {target_text}, built by mtp2draft from "
+        + (
+            "a DSpark block drafter"
+            if format_kind(fmt) is DraftKind.DSPARK
+            else "the multi-token-prediction (MTP) layer the target ships"
+        )
+        + f", {how}.",
         "",
         f"Format: {REGISTRY[fmt].description if fmt in REGISTRY else fmt}.",
     ]

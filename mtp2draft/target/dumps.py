@@ -1,11 +1,12 @@
 """Offline hidden states: the `dump-hidden` files, written from a target and read back for distillation.
 
 `dump_hidden_states` writes what distillation reads from any target that gives `Features` (a `hidden.TargetModel`,
-or `engine.VllmTarget` for vLLM's own extraction) into sharded safetensors files (schema: docs/formats.md, "hidden
-states"); `OfflineHiddenStates` reads such a directory back, checked by `dump_checks` when it opens and batch by
-batch, so a target too large for one machine is served by an engine and the draft trained from files.
+or `engines.vllm_dump.VllmTarget` for vLLM's own extraction) into sharded safetensors files (schema:
+docs/formats.md, "hidden states"); `OfflineHiddenStates` reads such a directory back, checked by `dump_checks` when
+it opens and batch by batch, so a target too large for one machine is served by an engine and the draft trained
+from files.
 
-What this module does not do: load or run a target (`hidden.py`, `backend.py`), or train (`train/`).
+What this module does not do: load or run a target (`hidden.py`, `engines/vllm_dump.py`), or train (`train/`).
 """
 
 from __future__ import annotations
@@ -73,7 +74,7 @@ def dump_hidden_states(
             if feats.logits is not None:
                 logprobs = torch.log_softmax(feats.logits[0], dim=-1)  # [T, V]
                 values, indices = logprobs.topk(min(top_k, logprobs.shape[-1]), dim=-1)  # [T, k]
-            else:  # an engine that returns its top-k log-probs only (target.backend.VllmTarget)
+            else:  # an engine that returns its top-k log-probs only (engines.vllm_dump.VllmTarget)
                 values, indices = feats.topk_logprobs[0][:, :top_k], feats.topk_ids[0][:, :top_k]  # [T, k]
             buffer[f"{n}.input_ids"] = ids[0]
             buffer[f"{n}.loss_mask"] = torch.as_tensor(seq["loss_mask"], dtype=torch.bool)

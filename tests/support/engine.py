@@ -2,9 +2,9 @@
 speculators' own venv is (the `speculators-mtp` engine test loads exports with speculators itself).
 
 The harness itself (served views, speculative configs, `run_vllm` and the driver it starts in vLLM's venv) is
-`mtp2draft.evaluation.backend`, which `evaluate --engine vllm` uses; this module only adds what tests need.
+`mtp2draft.engines.vllm_serve`, which `evaluate --engine vllm` uses; this module only adds what tests need.
 
-What this module does not do: install vLLM or speculators (`mtp2draft.target.environments` does) or anything a user's
+What this module does not do: install vLLM or speculators (`mtp2draft.engines.environments` does) or anything a user's
 command needs.
 """
 
@@ -16,8 +16,8 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from mtp2draft.evaluation.backend import EngineRun, run_vllm
-from mtp2draft.target import environments
+from mtp2draft.engines import environments
+from mtp2draft.engines.vllm_serve import EngineRun, run_vllm
 
 VLLM_VERSION = "0.32.0"  # the version the engine tests' facts were read from
 

@@ -394,8 +394,15 @@ def mimo_v2_tensors(config: dict[str, Any], seed: int, row: dict[str, Any] | Non
     return stored
 
 
+def _dspark_v41(config: dict[str, Any], seed: int, row: dict[str, Any] | None = None) -> dict[str, torch.Tensor]:
+    from support.dspark_v41 import dspark_v41_tensors  # its own module: DeepSeek-V4.1's layout, sources cited there
+
+    return dspark_v41_tensors(config, seed, row)
+
+
 _TENSOR_WRITERS = {
     "dspark": dspark_tensors,
+    "dspark_v41": _dspark_v41,
     "deepseek_v4": deepseek_v4_tensors,
     "listed": listed_tensors,
     "mimo_v2": mimo_v2_tensors,

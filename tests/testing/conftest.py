@@ -11,7 +11,7 @@ import pytest
 
 
 def _venv_python(find: Callable[[], Path]) -> Path:
-    from mtp2draft.target.environments import EngineUnavailable
+    from mtp2draft.engines.environments import EngineUnavailable
 
     try:
         return find()

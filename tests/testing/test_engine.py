@@ -10,10 +10,10 @@ from pathlib import Path
 import pytest
 from support.engine import vllm_python
 
-from mtp2draft.evaluation.backend import served_view, speculative_config
-from mtp2draft.target import environments
-from mtp2draft.target.environments import EngineUnavailable
-from mtp2draft.target.vllm_side import serve_driver as vllm_driver
+from mtp2draft.engines import environments
+from mtp2draft.engines.environments import EngineUnavailable
+from mtp2draft.engines.vllm_serve import served_view, speculative_config
+from mtp2draft.engines.vllm_side import serve_driver as vllm_driver
 
 
 def _target(path: Path, model_type: str) -> Path:

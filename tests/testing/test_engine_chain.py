@@ -24,7 +24,7 @@ from support.engine import relative_gap
 
 from mtp2draft.conversion import convert
 from mtp2draft.draft.disk import load_draft
-from mtp2draft.evaluation.backend import evaluate_in_vllm
+from mtp2draft.engines.vllm_evaluate import evaluate_in_vllm
 from mtp2draft.evaluation.decode import evaluate
 from mtp2draft.evaluation.settings import EvaluateConfig
 from mtp2draft.outputs.writer import save_tensors

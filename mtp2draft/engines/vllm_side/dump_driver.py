@@ -19,7 +19,7 @@ Facts from vLLM 0.32.0 this relies on (besides those in mtp2draft_cpu_hidden_sta
   until every file is there; `kv_transfer_params["hidden_states_path"]` of each output names its file, and the
   file's `.lock` is held exclusively until it is complete.
 
-What it does not do: decide which layers to read or apply any norm (`mtp2draft.target.backend` does), or sample.
+What it does not do: decide which layers to read or apply any norm (`mtp2draft.engines.vllm_dump` does), or sample.
 """
 
 from __future__ import annotations
@@ -36,9 +36,9 @@ try:  # run by vLLM's Python: beside this file (vllm_side/, on PYTHONPATH)
     from cpu_fixes import engine_options
     from stream_capture import apply as apply_stream_capture
 except ImportError:  # imported as part of mtp2draft (its unit tests)
-    from mtp2draft.target.vllm_side.cpu_fixes import apply as apply_cpu_fixes
-    from mtp2draft.target.vllm_side.cpu_fixes import engine_options
-    from mtp2draft.target.vllm_side.stream_capture import apply as apply_stream_capture
+    from mtp2draft.engines.vllm_side.cpu_fixes import apply as apply_cpu_fixes
+    from mtp2draft.engines.vllm_side.cpu_fixes import engine_options
+    from mtp2draft.engines.vllm_side.stream_capture import apply as apply_stream_capture
 
 # at import, so vLLM's spawned workers, which re-import this file, apply them too (what mtp2draft's side asked for)
 CPU_FIXES = apply_cpu_fixes() + apply_stream_capture()
@@ -101,7 +101,7 @@ def start_engine(req: dict):
 
 
 def main(argv: list[str]) -> int:
-    request_path, reply_path = argv  # target.backend.VllmTarget passes exactly these two
+    request_path, reply_path = argv  # engines.vllm_dump.VllmTarget passes exactly these two
     with open(request_path) as f:
         req = json.load(f)
     import vllm
@@ -141,6 +141,6 @@ def main(argv: list[str]) -> int:
 
 
 if __name__ == "__main__":  # vLLM spawns workers that re-import this file
-    from driver_exit import leave  # beside this file; target/backend.py puts this directory on PYTHONPATH
+    from driver_exit import leave  # beside this file; engines/vllm_dump.py puts this directory on PYTHONPATH
 
     leave(main(sys.argv[1:]))

@@ -12,10 +12,10 @@ import pytest
 
 from mtp2draft.cli.app import main
 from mtp2draft.conversion import convert
-from mtp2draft.evaluation import backend as evaluation_backend
-from mtp2draft.evaluation.backend import EngineResult, acceptance
+from mtp2draft.engines import environments, vllm_evaluate
+from mtp2draft.engines.vllm_evaluate import acceptance
+from mtp2draft.engines.vllm_serve import EngineResult
 from mtp2draft.evaluation.settings import EvaluateConfig
-from mtp2draft.target import environments
 
 
 def test_acceptance_from_vllms_counters_gives_both_metrics() -> None:
@@ -66,7 +66,7 @@ def fake_vllm(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> FakeDriver:
     (venv / environments.MARKER).write_text("")
     monkeypatch.setenv("MTP2DRAFT_VLLM_VENV", str(venv))
     driver = FakeDriver()
-    monkeypatch.setattr(evaluation_backend, "run_vllm", driver)
+    monkeypatch.setattr(vllm_evaluate, "run_vllm", driver)
     return driver
 
 
@@ -111,7 +111,7 @@ def test_evaluate_engine_vllm_finds_outputs_that_differ(target, text_data, tmp_p
     # a draft whose output differs from the plain run's: lossless false and the prompt named
     drafts = [("draft", str(tmp_path / "raw")), ("differs", str(tmp_path / "e3"))]
     small = EvaluateConfig(num_draft_tokens=2, max_new_tokens=3, max_prompts=2)
-    report = evaluation_backend.evaluate_in_vllm(drafts, str(tgt), text_data, small, keep_outputs=True)
+    report = vllm_evaluate.evaluate_in_vllm(drafts, str(tgt), text_data, small, keep_outputs=True)
     rows = {r["name"]: r for r in report["results"]}
     assert rows["draft"]["lossless"] is True and rows["differs"]["lossless"] is False
     assert rows["differs"]["mismatched_prompts"] == [1]
@@ -126,9 +126,7 @@ def test_evaluate_engine_vllm_at_a_temperature_asks_for_sampled_drafts(target, t
     drafts = [("draft", str(tmp_path / "raw"))]
     sampled = {"temperature": 0.7, "top_p": 0.9, "seed": 3, "draft_sampling": "sample"}
     cfg = EvaluateConfig(num_draft_tokens=2, max_new_tokens=3, max_prompts=2, **sampled)
-    report = evaluation_backend.evaluate_in_vllm(
-        drafts, str(tgt), text_data, cfg, dtype="float32", tensor_parallel_size=2
-    )
+    report = vllm_evaluate.evaluate_in_vllm(drafts, str(tgt), text_data, cfg, dtype="float32", tensor_parallel_size=2)
     call = fake_vllm.calls[0]
     assert (call["temperature"], call["top_p"], call["seed"], call["tensor_parallel_size"]) == (0.7, 0.9, 3, 2)
     assert call["dtype"] == "float32"

@@ -1,7 +1,7 @@
 """Serve configurations of one target in vLLM and write their outputs, spec-decode metrics and timings as JSON.
 
 This file runs under vLLM's own Python (its venv, `mtp2draft engine install vllm`), never in mtp2draft's: it imports only the
-standard library and vllm, and is started by path by `mtp2draft.evaluation.backend.run_vllm`, which writes the
+standard library and vllm, and is started by path by `mtp2draft.engines.vllm_serve.run_vllm`, which writes the
 request and reads the reply:
 
     python serve_driver.py REQUEST.json REPLY.json
@@ -46,8 +46,8 @@ try:  # run by vLLM's Python: beside this file (vllm_side/, on PYTHONPATH)
     from cpu_fixes import apply as apply_cpu_fixes
     from cpu_fixes import engine_options
 except ImportError:  # imported as part of mtp2draft (its unit tests)
-    from mtp2draft.target.vllm_side.cpu_fixes import apply as apply_cpu_fixes
-    from mtp2draft.target.vllm_side.cpu_fixes import engine_options
+    from mtp2draft.engines.vllm_side.cpu_fixes import apply as apply_cpu_fixes
+    from mtp2draft.engines.vllm_side.cpu_fixes import engine_options
 
 # at import, so vLLM's spawned workers, which re-import this file, apply them too (what mtp2draft's side asked for)
 CPU_FIXES = apply_cpu_fixes()
