@@ -45,7 +45,8 @@ from mtp2draft.checkpoint.fp8 import quantize_fp8
 from mtp2draft.checkpoint.reader import open_checkpoint
 from mtp2draft.conversion import MIN_EAGLE3_LAYERS, plan_mtp_layer  # noqa: E402
 from mtp2draft.family.spec import get_spec  # noqa: E402
-from mtp2draft.io import save_tensors, write_json  # noqa: E402
+from mtp2draft.manifest import write_json
+from mtp2draft.outputs.writer import save_tensors
 
 MB = 1 << 20
 

@@ -31,12 +31,12 @@ _LAZY: dict[str, str] = {
     "export": "formats.export",
     "ExportConfig": "formats",
     "validate": "formats.export",
-    "push": "hub",
+    "push": "hub.upload",
     "run": "pipeline",
     "load_draft": "draft.disk",
     "NativeMtpDraft": "draft.modules",
     "MtpChainDraft": "draft.chain",
-    "Eagle3Draft": "draft.modules",
+    "Eagle3Draft": "draft.eagle3",
     "find_spec": "family.spec",
     "get_spec": "family.spec",
     "registry": "family.spec",
@@ -69,14 +69,15 @@ if TYPE_CHECKING:  # for type checkers and IDEs only: at run time these load laz
     from .conversion import convert, inspect_checkpoint
     from .draft.chain import MtpChainDraft
     from .draft.disk import load_draft
+    from .draft.eagle3 import Eagle3Draft
     from .draft.layout import load_native
-    from .draft.modules import Eagle3Draft, NativeMtpDraft
+    from .draft.modules import NativeMtpDraft
     from .evaluation.decode import evaluate
     from .evaluation.settings import EvaluateConfig
     from .family.spec import find_spec, get_spec, registry
     from .formats import ExportConfig
     from .formats.export import export, validate
-    from .hub import push
+    from .hub.upload import push
     from .pipeline import run
     from .train.recipe import distill
     from .train.settings import DistillConfig

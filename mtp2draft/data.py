@@ -46,7 +46,7 @@ class Example:
 def load_tokenizer(path: str | Path):
     from transformers import AutoTokenizer
 
-    from mtp2draft.io import quiet_transformers
+    from mtp2draft.progress import quiet_transformers
 
     try:
         with quiet_transformers():
@@ -233,9 +233,7 @@ def encode(record: dict[str, Any], tokenizer, max_length: int) -> Example:
     return Example(ids[:max_length], mask[:max_length], min(prompt, max_length), record)
 
 
-def read_examples(
-    path: str | Path, tokenizer, max_length: int = 512, skip_bad: bool = False
-) -> tuple[list[Example], int]:
+def read_examples(path: str | Path, tokenizer, max_length: int, skip_bad: bool = False) -> tuple[list[Example], int]:
     examples, skipped = rendered(path, lambda r: encode(r, tokenizer, max_length), skip_bad)
     examples = [e for e in examples if sum(e.loss_mask) >= 3]
     if not examples:
@@ -286,11 +284,11 @@ def regenerate(
     examples: Sequence[Example],
     target,
     tokenizer,
-    max_new_tokens: int = 256,
+    max_new_tokens: int,
     sample: bool = False,
     temperature: float = SAMPLE_TEMPERATURE,
     seed: int = 0,
-    batch_size: int = 16,
+    prompts_per_batch: int = 16,
     progress=lambda _: None,
 ) -> list[Example]:
     """Replace each example's loss span with the target's own continuation of its prompt.
@@ -307,8 +305,8 @@ def regenerate(
     device = torch.device(target.device)
     cuda = [torch.cuda.current_device() if device.index is None else device.index] if device.type == "cuda" else []
     done = 0
-    for start in range(0, len(order), batch_size):
-        chunk = order[start : start + batch_size]
+    for start in range(0, len(order), prompts_per_batch):
+        chunk = order[start : start + prompts_per_batch]
         width = max(len(jobs[i][0]) for i in chunk)
         ids = torch.full((len(chunk), width), pad, dtype=torch.long)
         mask = torch.zeros((len(chunk), width), dtype=torch.long)

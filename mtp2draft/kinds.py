@@ -1,6 +1,6 @@
 """The enumerations every stage shares, defined once: the two kinds of draft mtp2draft makes (`DraftKind`, the
 `convert --to` choices) and the one detector of a draft's kind from its config.json; where a hidden state is taken
-(`Hidden`: post_norm / pre_norm); the weight dtypes it writes; the draft directory's file names. Torch-free, so that
+(`Hidden`: post_norm / pre_norm); the draft directory's file names. The weight dtype names are `dtypes`'. Torch-free, so that
 the CLI can list choices without loading a model library.
 
 A kind is also the speculative-decoding method an engine runs the draft with (`[engines.*] methods` in the specs).
@@ -16,6 +16,7 @@ from enum import StrEnum
 from pathlib import Path
 from typing import Any
 
+from mtp2draft.dtypes import DTYPE_NAMES  # noqa: F401 - read here by the engine modules
 from mtp2draft.errors import DraftError
 
 
@@ -45,9 +46,6 @@ class Hidden(StrEnum):
 
 
 HIDDEN_PLACES = tuple(h.value for h in Hidden)
-# The weight dtypes mtp2draft writes (`convert --dtype`, `export --dtype`, a draft config.json's `torch_dtype`); their torch
-# dtypes: `io.TORCH_DTYPES`.
-DTYPE_NAMES = ("bfloat16", "float16", "float32")
 
 # How a draft proposes at a temperature (`evaluate --draft-sampling`, vLLM's draft_sample_method; see evaluation/sampling.py)
 DRAFT_SAMPLING = ("greedy", "sample")
@@ -62,7 +60,7 @@ SUPPORTED_SO_FAR = (
 )
 DSPARK_KIND = DraftKind.DSPARK.value  # a DSpark drafter's directory (`conversion.dspark`, `draft.dspark_disk`)
 EVALUATION_FILE = "evaluation.json"  # `evaluate --save`: the measured acceptance `push` puts on the model card
-ACCEPTANCE_CHART = "acceptance.png"  # drawn from evaluation.json beside it (evaluation/charts.py); the card links it
+ACCEPTANCE_CHART = "acceptance.png"  # drawn from evaluation.json beside it (formats/charts.py); the card links it
 TRAINING_CHART = "training.png"  # distill's loss and per-step top-1 curves, beside the distilled draft
 # config.json markers: mtp2draft's native draft says `draft_kind: mtp`; an EAGLE-3 draft carries SGLang's
 # architecture, or is vLLM's speculators layout of one.

@@ -9,7 +9,9 @@ written by an older mtp2draft (plain text, no list) counts only the kinds of fil
 `temporary_beside` makes the temporary twin of a file with O_EXCL and a fresh name, so a link planted at a
 predictable temporary name is never followed; `file_inside` refuses a file that is a link leaving its directory.
 
-What this module does not do: claim outputs or rename directories into place (`io.py`).
+`write_json` writes a JSON file that way, every known secret redacted.
+
+What this module does not do: claim outputs or rename directories into place (`outputs/`).
 """
 
 from __future__ import annotations
@@ -20,18 +22,19 @@ import os
 import re
 import tempfile
 import threading
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
-from typing import IO
+from typing import IO, Any
 
 from mtp2draft.errors import DraftError
+from mtp2draft.redact import scrub
 
 MARKER = ".mtp2draft"
 PARTIAL = ".mtp2draft-partial"  # inside a temporary output directory while it is written (a killed run's leftover)
 _MANIFEST_KEY = "written_by_mtp2draft"
 # What an older marker (no list) vouches for: the files mtp2draft writes, by kind.
 _LEGACY = re.compile(r".*\.(safetensors|json|png|md)$")
-# A distill run's checkpoint folder (io.py) carries this file, and holds only these entries (finished steps, best
+# A distill run's checkpoint folder (outputs/checkpoint_folder.py) carries this file, and holds only these entries (finished steps, best
 # weights, and their temporary twins a killed run leaves behind: `.step-0000010.tmp`, `.best-0000010.old`).
 CHECKPOINTS_MARKER = ".mtp2draft-checkpoints"
 CHECKPOINT_ENTRY = re.compile(r"^(\.?(step|best)-\d+(\.tmp|\.old)?|best|\.mtp2draft|\.mtp2draft-checkpoints)$")
@@ -160,3 +163,11 @@ def file_inside(root: Path, name: str) -> Path | None:
     if path.is_symlink() and root.resolve() not in real.parents:
         raise DraftError(f"{path} leads outside {root} (to {real}): refusing to read it; copy the file in instead")
     return path
+
+
+def write_json(path: Path, data: Mapping[str, Any]) -> None:
+    """Atomically write `data` as JSON, with every known secret (Hub token) redacted: no file mtp2draft writes can
+    carry one, whatever a caller put in `data`."""
+    text = json.dumps(scrub(data), indent=2, sort_keys=False, default=str) + "\n"
+    with temporary_beside(path) as (fh, _):  # a fresh name: a link planted at `path.tmp` is never followed
+        fh.write(text)

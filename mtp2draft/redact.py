@@ -9,7 +9,7 @@ whether or not this process knows it.
 `RedactedStream` / `redacted_output` put the same redactor in front of stdout and stderr: the CLI runs every command
 inside `redacted_output`, so progress lines, tables and error lines are redacted by value like every file.
 
-What this module does not do: decide what is written (the stages do) or refuse uploads (`hub.py` uses `find_secret`
+What this module does not do: decide what is written (the stages do) or refuse uploads (`hub/upload.py` uses `find_secret`
 for that). It never logs what it finds.
 """
 

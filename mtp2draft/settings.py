@@ -112,7 +112,7 @@ class Placement:
     tensor_parallel_size: int | None = setting(None, "--engine vllm: GPUs the target is split across (default 1).")
 
     def __post_init__(self) -> None:
-        from mtp2draft.kinds import DTYPE_NAMES
+        from mtp2draft.dtypes import DTYPE_NAMES
 
         if self.dtype is not None and self.dtype not in DTYPE_NAMES:
             raise OptionError(f"--dtype must be one of {', '.join(DTYPE_NAMES)}, got {self.dtype!r}")
@@ -157,7 +157,8 @@ class ConvertConfig:
     )
 
     def __post_init__(self) -> None:
-        from mtp2draft.kinds import DRAFT_KINDS, DTYPE_NAMES, DraftKind
+        from mtp2draft.dtypes import DTYPE_NAMES
+        from mtp2draft.kinds import DRAFT_KINDS, DraftKind
 
         if self.to is not None and self.to not in DRAFT_KINDS:
             raise OptionError(f"--to must be one of {', '.join(DRAFT_KINDS)}, got {self.to!r}")

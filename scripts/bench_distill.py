@@ -44,6 +44,7 @@ from mtp2draft.family.spec import find_spec  # noqa: E402
 from mtp2draft.target.hidden import Features  # noqa: E402
 from mtp2draft.train.memory import plan as memory_plan  # noqa: E402
 from mtp2draft.train.parallel import freeze_subset  # noqa: E402
+from mtp2draft.train.settings import DistillConfig  # noqa: E402
 from mtp2draft.train.subsets import TRAIN_SUBSETS  # noqa: E402
 from mtp2draft.train.ttt import draft_target_ids, ttt_forward  # noqa: E402
 
@@ -225,9 +226,8 @@ def main() -> int:
         opt.step()
 
     # `distill --plan` for this run (one rank, offline top-k teacher), to set beside what CUDA measures
-    mem = memory_plan(
-        draft_cfg, 1, precision=precision, batch=b, length=t, ttt_steps=k, subset=args.train_subset, online_logits=False
-    )
+    run_cfg = DistillConfig(batch_size=b, max_length=t, ttt_steps=k, train_subset=args.train_subset)
+    mem = memory_plan(draft_cfg, run_cfg, precision=precision, online_logits=False)
     figures = {
         "device": torch.cuda.get_device_name() if gpu else "cpu",
         "draft": draft.kind,

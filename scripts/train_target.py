@@ -76,8 +76,10 @@ from torch import nn
 from mtp2draft.draft.build import native_draft
 from mtp2draft.draft.layout import load_native, native_to_checkpoint
 from mtp2draft.draft.modules import NativeMtpDraft
-from mtp2draft.family.spec import Spec, get_spec
-from mtp2draft.io import atomic_output_dir, check_output_dir, write_json
+from mtp2draft.family.schema import Spec
+from mtp2draft.family.spec import get_spec
+from mtp2draft.manifest import write_json
+from mtp2draft.outputs.directories import atomic_output_dir, check_output_dir
 
 # the targets' configs and the hub-layout writer are the test suite's support code (tests/support/), not the package's
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))

@@ -30,7 +30,8 @@ from safetensors.torch import load_file, save_file
 from mtp2draft.cli.app import main
 from mtp2draft.conversion import convert
 from mtp2draft.formats.export import export
-from mtp2draft.io import claim_output, mark
+from mtp2draft.manifest import mark
+from mtp2draft.outputs.claims import claim_output
 
 
 @dataclass
@@ -1114,7 +1115,7 @@ def _swap_config(draft: Path, tmp: Path) -> None:
 @case
 def push_draft_replaced_while_it_is_staged(w, tmp, mp, stack):
     """Refused before any request (no Hub is reachable here): the staged files are not the draft validated."""
-    from mtp2draft import hub
+    from mtp2draft.hub import upload as hub
 
     draft = _copy(w.ds_e3, tmp, "draft")
     stage = hub._stage

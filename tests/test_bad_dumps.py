@@ -1366,7 +1366,7 @@ def test_torchrun_a_rank_refused_before_it_joins_hangs_no_one(world: World, tmp_
 @pytest.mark.slow
 def test_torchrun_an_out_claimed_by_another_run_fails_every_rank(world: World, tmp_path: Path) -> None:
     """Rank 0 (the writer) finds --out claimed by a live run: rank 1 does not wait for it, both print one line."""
-    from mtp2draft.io import claim_output
+    from mtp2draft.outputs.claims import claim_output
 
     with claim_output(tmp_path / "out"):  # this test's process is the other run (alive, so its claim is not stale)
         done, seconds = _torchrun(*_distill(world, tmp_path, world.dump)[1:], timeout=240)

@@ -1077,7 +1077,7 @@ def qwen3_5_flat_tied_with_the_vl_prefix(w, tmp, mp, stack):
 @case
 def unindexed_mtp_file_holds_an_indexed_tensor(w, tmp, mp, stack):
     """model_mtp.safetensors (not in the index) holding a tensor the index also places: which copy counts is unknown."""
-    from mtp2draft.io import save_tensors
+    from mtp2draft.outputs.writer import save_tensors
 
     ck = _family(tmp, "nemotron_h")
     save_tensors(ck / "model_mtp.safetensors", {"mtp.layers.0.eh_proj.weight": torch.zeros(2, 2)}, {"format": "pt"})
@@ -1196,7 +1196,7 @@ def disk_full_while_converting(w, tmp, mp, stack):
     def full(*_a, **_k):
         raise OSError(errno.ENOSPC, "No space left on device")
 
-    mp.setattr("mtp2draft.io.SafetensorsWriter.write", full)
+    mp.setattr("mtp2draft.outputs.writer.SafetensorsWriter.write", full)
     return Case(_convert(w.ds, tmp), "No space left on device", code=1)
 
 
@@ -1218,7 +1218,7 @@ def read_only_export_location(w, tmp, mp, stack):
             raise OSError(errno.EROFS, "Read-only file system", str(dst))
         return real(src, dst)
 
-    mp.setattr("mtp2draft.io.os.replace", read_only)
+    mp.setattr("mtp2draft.outputs.directories.os.replace", read_only)
     return Case(
         ["export", str(w.ds_e3), "--format", "sglang", "--out", str(tmp / "out")], "Read-only file system", code=1
     )

@@ -205,7 +205,7 @@ def test_stitched_writes_every_layer_back_and_single_layer_formats_refuse(chain_
     with torch.no_grad():  # a "distilled" chain: every layer changed
         for j, m in enumerate(draft.layers):
             m.eh_proj.weight.add_(0.01 * (j + 1))
-    from mtp2draft.io import save_tensors
+    from mtp2draft.outputs.writer import save_tensors
 
     moved = tmp_path / "moved"
     moved.mkdir()
@@ -228,7 +228,8 @@ def test_stitched_writes_every_layer_back_and_single_layer_formats_refuse(chain_
 
 def test_card_of_a_stitched_chain_drafts_every_layer_and_names_the_rules(build, tmp_path: Path) -> None:
     from mtp2draft.formats.export import export
-    from mtp2draft.hub import DEFAULT_K, model_card
+    from mtp2draft.formats.serving import DEFAULT_K
+    from mtp2draft.hub.card import model_card
 
     src = build("mimo", num_nextn_predict_layers=5)
     convert(str(src), tmp_path / "chain5", all_layers=True)
@@ -245,7 +246,7 @@ def test_a_known_engine_bug_reaches_the_card_and_evaluate(build, tmp_path: Path)
     table records none gets neither."""
     from mtp2draft.engines.vllm_evaluate import chain_rule
     from mtp2draft.family.spec import get_spec
-    from mtp2draft.hub import model_card
+    from mtp2draft.hub.card import model_card
 
     for fixture, layers, bug in (("qwen3_5_flat", {"mtp_num_hidden_layers": 2}, True),
                                  ("mimo", {"num_nextn_predict_layers": 2}, False)):  # fmt: skip
@@ -307,8 +308,8 @@ def test_memory_plan_counts_the_layers_the_rule_trains(chain_dir, world: int) ->
 
     _, chain = chain_dir
     cfg = json.loads((chain / "config.json").read_text())
-    cycle = plan(cfg, world)
-    first = plan(cfg, world, serving_engine="vllm")
+    cycle = plan(cfg, world=world)
+    first = plan(cfg, DistillConfig(serving_engine="vllm"), world=world)
     draft = load_draft(chain)
     assert cycle.trainable == sum(p.numel() for p in draft.trainable_parameters()) == cycle.parameters
     configure_draft(draft, DistillConfig(serving_engine="vllm"))

@@ -1,4 +1,4 @@
-"""The charts a user looks at (mtp2draft/charts.py): drawn from the numbers saved beside them, written where the
+"""The charts a user looks at (mtp2draft/formats/charts.py): drawn from the numbers saved beside them, written where the
 commands promise, linked by the model card, and never left beside another evaluation's numbers."""
 
 from __future__ import annotations
@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 from matplotlib.image import imread
 
-from mtp2draft.evaluation import charts
 from mtp2draft.evaluation.decode import save_evaluation
+from mtp2draft.formats import charts
 
 REPORT = {
     "data": "heldout.jsonl",
@@ -79,7 +79,7 @@ def test_training_chart_draws_loss_and_each_steps_top1() -> None:
 def test_card_links_the_chart_and_export_carries_it(build, tmp_path: Path) -> None:
     from mtp2draft.conversion import convert
     from mtp2draft.formats.export import export
-    from mtp2draft.hub import model_card
+    from mtp2draft.hub.card import model_card
 
     convert(str(build("deepseek_v3", num_hidden_layers=2)), tmp_path / "mtp", to="mtp")
     link = f"]({charts.ACCEPTANCE_CHART})"

@@ -13,9 +13,10 @@ import torch
 from safetensors.torch import load_file
 
 from mtp2draft.checkpoint.fp8 import DEFAULT_FP8_BLOCK, dequantize_fp8, fp8_block_size, quantize_fp8
-from mtp2draft.checkpoint.reader import check_finite, open_checkpoint
+from mtp2draft.checkpoint.reader import open_checkpoint
 from mtp2draft.checkpoint.sources import fill_range
 from mtp2draft.checkpoint.tensor_checks import FINITE_CHUNK
+from mtp2draft.checkpoint.tensors import check_finite
 from mtp2draft.conversion import convert
 from mtp2draft.draft.layout import load_native
 from mtp2draft.errors import CheckpointError, NoMtpLayerError, SourceError
@@ -173,7 +174,7 @@ MTP_FILE = "model_mtp.safetensors"
 def _mtp_outside_the_index(src: Path, dst: Path) -> list[str]:
     """A copy of the nemotron_h fixture (MTP layer under mtp.*) as MiMo-V2.5 / Nemotron-3.5 Lightning ship it: the
     MTP tensors moved into model_mtp.safetensors, which the index does not name. Returns the moved keys."""
-    from mtp2draft.io import save_tensors
+    from mtp2draft.outputs.writer import save_tensors
 
     shutil.copytree(src, dst)
     index = json.loads((dst / "model.safetensors.index.json").read_text())
@@ -243,7 +244,7 @@ def test_mtp_file_outside_the_index_from_the_hub(build, tmp_path: Path, hub) -> 
 
 
 def test_a_tensor_both_in_the_index_and_outside_it_is_refused(build, tmp_path: Path) -> None:
-    from mtp2draft.io import save_tensors
+    from mtp2draft.outputs.writer import save_tensors
 
     ck = tmp_path / "ck"
     shutil.copytree(build("nemotron_h"), ck)

@@ -314,7 +314,6 @@ OTHER_MEANINGS = {
     "--aux-layers": "dump-hidden: the layers whose inputs are dumped",
     "--data": "evaluate / dump-hidden: the prompts run through the target",
     "--format": "export / validate: the format written or checked (required there)",
-    "--max-length": "dump-hidden: the dumped sequences' length",
     "--overwrite": "each command: replace its own output",
     "--private": "push: the visibility of the repo it creates",
     "--revision": "push: the branch it commits to",
@@ -419,3 +418,30 @@ def test_specs_marks_an_engine_that_computes_the_family_differently(capsys) -> N
     sglang, vllm = row.split("mtp [")[1:]
     assert sglang.rstrip().endswith("*") and "*" not in vllm  # columns: sglang, then vllm
     assert "*: this engine's MTP layer reads another target hidden" in out
+
+
+# Imports in cli/ that keep a name other than the library's, each for a reason: `rows` alone says nothing.
+RENAMED_IMPORTS = {("mtp2draft.family.not_supported", "rows")}
+
+
+def renamed_imports(source: str) -> list[tuple[str, str, str]]:
+    """(module, name, alias) of each `from mtp2draft... import name as alias` not in RENAMED_IMPORTS."""
+    import ast
+
+    return [
+        (node.module, a.name, a.asname)
+        for node in ast.walk(ast.parse(source))
+        if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("mtp2draft")
+        for a in node.names
+        if a.asname and (node.module, a.name) not in RENAMED_IMPORTS
+    ]
+
+
+def test_commands_call_the_library_by_its_own_names() -> None:
+    """A command calls `convert`, `export`, `push`..., never `run`: grep for a library function finds its callers."""
+    assert renamed_imports("from mtp2draft.conversion import convert as run") == [
+        ("mtp2draft.conversion", "convert", "run")
+    ]
+    cli = Path(__file__).resolve().parents[1] / "mtp2draft" / "cli"
+    found = {p.name: hits for p in sorted(cli.glob("*.py")) if (hits := renamed_imports(p.read_text()))}
+    assert found == {}

@@ -20,7 +20,7 @@ from mtp2draft.conversion import convert
 from mtp2draft.data import encode, load_tokenizer, read_examples
 from mtp2draft.draft.disk import load_draft
 from mtp2draft.errors import DataError, DraftError, OptionError
-from mtp2draft.evaluation import charts
+from mtp2draft.formats import charts
 from mtp2draft.target.hidden import TargetModel
 from mtp2draft.train.calibrate import choose_draft_vocab
 from mtp2draft.train.recipe import distill
@@ -218,8 +218,8 @@ def test_malformed_lines_name_file_and_line(target, tmp_path: Path) -> None:
     bad = tmp_path / "bad.jsonl"
     bad.write_text('{"text": "def f(x): return x"}\n{"text": 3}\nnot json\n{"messages": []}\n')
     with pytest.raises(DataError, match=r"bad.jsonl:2: 'text' must be a non-empty string"):
-        read_examples(bad, tok)
-    examples, skipped = read_examples(bad, tok, skip_bad=True)
+        read_examples(bad, tok, 512)
+    examples, skipped = read_examples(bad, tok, 512, skip_bad=True)
     assert len(examples) == 1 and skipped == 3
 
 
@@ -250,7 +250,7 @@ def test_regenerate_writes_the_targets_own_greedy_continuations(target, text_dat
     tgt = target("mimo", num_hidden_layers=4)
     tm, tok = TargetModel(str(tgt)), load_tokenizer(tgt)
     examples, _ = read_examples(text_data, tok, 40)
-    out = regenerate(examples[:6], tm, tok, max_new_tokens=12, batch_size=4)  # left-padded batches
+    out = regenerate(examples[:6], tm, tok, max_new_tokens=12, prompts_per_batch=4)  # left-padded batches
     runner = TargetRunner(tm)
     for ex, new in zip(examples[:6], out, strict=True):
         prompt = ex.input_ids[: len(ex.input_ids) // 2]
@@ -268,12 +268,18 @@ def test_regenerate_samples_reproducibly_from_the_seed(target, text_data) -> Non
     tgt = target("mimo", num_hidden_layers=4)
     tm, tok = TargetModel(str(tgt)), load_tokenizer(tgt)
     examples, _ = read_examples(text_data, tok, 40)
-    greedy = regenerate(examples[:6], tm, tok, max_new_tokens=12, batch_size=4)
+    greedy = regenerate(examples[:6], tm, tok, max_new_tokens=12, prompts_per_batch=4)
     state = torch.random.get_rng_state()
-    first = regenerate(examples[:6], tm, tok, max_new_tokens=12, sample=True, temperature=1.5, seed=1, batch_size=4)
+    first = regenerate(
+        examples[:6], tm, tok, max_new_tokens=12, sample=True, temperature=1.5, seed=1, prompts_per_batch=4
+    )
     assert torch.equal(torch.random.get_rng_state(), state)  # the caller's RNG is left as it was
-    again = regenerate(examples[:6], tm, tok, max_new_tokens=12, sample=True, temperature=1.5, seed=1, batch_size=4)
-    other = regenerate(examples[:6], tm, tok, max_new_tokens=12, sample=True, temperature=1.5, seed=2, batch_size=4)
+    again = regenerate(
+        examples[:6], tm, tok, max_new_tokens=12, sample=True, temperature=1.5, seed=1, prompts_per_batch=4
+    )
+    other = regenerate(
+        examples[:6], tm, tok, max_new_tokens=12, sample=True, temperature=1.5, seed=2, prompts_per_batch=4
+    )
     ids = [[e.input_ids for e in out] for out in (greedy, first, again, other)]
     assert ids[1] == ids[2] and ids[1] != ids[3] and ids[1] != ids[0]
     for ex, new in zip(examples[:6], first, strict=True):

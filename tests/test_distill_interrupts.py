@@ -20,7 +20,7 @@ import torch.distributed.checkpoint as dcp
 
 from mtp2draft.cli.app import main
 from mtp2draft.conversion import convert
-from mtp2draft.io import LOCK_SUFFIX
+from mtp2draft.outputs.claims import LOCK_SUFFIX
 from mtp2draft.train import heldout
 from mtp2draft.train.heldout import HeldoutGuard
 from mtp2draft.train.recipe import DistillRecipe

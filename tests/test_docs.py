@@ -183,7 +183,7 @@ def unknown_names(text: str) -> list[str]:
 
 
 def test_unknown_module_names_are_found() -> None:
-    assert unknown_names("`train.recipe.distill`, `formats/export.py`, `family.spec.ENGINES`, data.jsonl") == []
+    assert unknown_names("`train.recipe.distill`, `formats/export.py`, `family.schema.ENGINES`, data.jsonl") == []
     assert unknown_names("`[engines.vllm] step_layers`, `engines.vllm_serve.run_vllm`") == []
     assert unknown_names("target.engine_dump --> train.recipe.no_such, `cli/nothing.py`") == [
         "target.engine_dump",

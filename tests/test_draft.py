@@ -15,7 +15,8 @@ from support.fixtures import eagle3_depth, fixture_config
 from mtp2draft.conversion import convert
 from mtp2draft.draft.build import converted_config, native_class, native_draft
 from mtp2draft.draft.disk import build_draft, load_draft
-from mtp2draft.draft.modules import Eagle3Draft, native_config, vocab_maps
+from mtp2draft.draft.eagle3 import Eagle3Draft, vocab_maps
+from mtp2draft.draft.modules import native_config
 from mtp2draft.family.spec import get_spec, registry
 from mtp2draft.formats.native import computation_record
 

@@ -14,7 +14,7 @@ from mtp2draft.conversion import convert, default_kind
 from mtp2draft.draft.disk import load_draft
 from mtp2draft.errors import SpecError
 from mtp2draft.family.spec import get_spec, parse_spec, registry
-from mtp2draft.hub import launch_lines
+from mtp2draft.formats.serving import launch_lines
 from mtp2draft.pipeline import default_format
 
 # Read from vLLM 0.33.0 / SGLang 0.5.23 sources (see each spec's `sources`); written out here so a wrong spec fails.
@@ -190,7 +190,7 @@ def test_distill_trains_ernie_for_the_engine_named(
 ) -> None:
     """ERNIE-4.5 in vLLM and SGLang: post-norm step-0 hidden, no final norm (so logits and hand-over read the block
     output). `--serving-engine vllm` trains exactly that, and the draft config and the model card say so."""
-    from mtp2draft.hub import model_card
+    from mtp2draft.hub.card import model_card
     from mtp2draft.train.recipe import distill
     from mtp2draft.train.settings import DistillConfig
 

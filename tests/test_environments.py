@@ -128,7 +128,7 @@ def test_a_venv_without_pip_is_made_again(shell: FakeShell, tmp_path: Path, monk
 def test_a_second_install_at_once_is_refused(shell: FakeShell, tmp_path: Path, capsys) -> None:
     import threading
 
-    from mtp2draft.io import claim_output
+    from mtp2draft.outputs.claims import claim_output
 
     held, done = threading.Event(), threading.Event()
 

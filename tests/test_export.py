@@ -18,12 +18,13 @@ from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 from support.fixtures import FIXTURES, perturb_draft
 
-from mtp2draft.checkpoint.reader import dequantize_fp8, open_checkpoint
+from mtp2draft.checkpoint.fp8 import dequantize_fp8
+from mtp2draft.checkpoint.reader import open_checkpoint
 from mtp2draft.cli.app import main
 from mtp2draft.conversion import convert
 from mtp2draft.draft.disk import load_draft
+from mtp2draft.draft.eagle3 import vocab_maps
 from mtp2draft.draft.eagle3_config import NORM_SWITCHES
-from mtp2draft.draft.modules import vocab_maps
 from mtp2draft.errors import DraftError, TensorError, ValidationError
 from mtp2draft.formats import ExportConfig
 from mtp2draft.formats.export import export, validate

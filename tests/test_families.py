@@ -40,8 +40,9 @@ from mtp2draft.cli.app import main
 from mtp2draft.conversion import convert, plan_mtp_layer, resolve_layer
 from mtp2draft.draft.block_config import block_config
 from mtp2draft.draft.disk import load_draft
+from mtp2draft.draft.eagle3 import Eagle3Draft
 from mtp2draft.draft.layout import load_native, native_to_checkpoint
-from mtp2draft.draft.modules import DraftCache, Eagle3Draft, NativeMtpDraft
+from mtp2draft.draft.modules import DraftCache, NativeMtpDraft
 from mtp2draft.errors import (
     CheckpointError,
     DraftError,
@@ -1317,7 +1318,7 @@ def test_step3p7_chain_stitched_round_trip(build, tmp_path: Path) -> None:
     changed, stitched over the bf16 target: each layer back under the release's names, the experts in their stacked
     [E, I, H] shapes, the own heads as read, the trunk untouched; the overlay converts back to the same draft."""
     from mtp2draft.formats.export import export, validate
-    from mtp2draft.io import save_tensors
+    from mtp2draft.outputs.writer import save_tensors
 
     src = build("step3p7")
     convert(str(src), tmp_path / "chain", all_layers=True, dtype="bfloat16")

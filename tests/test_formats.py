@@ -75,10 +75,10 @@ def test_run_picks_a_usable_format_of_the_kind_for_every_family() -> None:
 
 def test_a_new_format_is_one_module_and_one_registry_entry(build, tmp_path: Path, monkeypatch) -> None:
     """A toy format copying the native draft's weights: registered once, it is exported, validated, detected and
-    given launch lines without touching export.py, hub.py or the CLI's code."""
+    given launch lines without touching export.py, hub/card.py or the CLI's code."""
     from mtp2draft.conversion import convert
     from mtp2draft.formats.export import detect_format, export, read_draft_directory, validate
-    from mtp2draft.hub import launch_lines
+    from mtp2draft.formats.serving import launch_lines
 
     def write(job: ExportJob) -> None:
         shutil.copyfile(job.src / "model.safetensors", job.out / "model.safetensors")

@@ -68,7 +68,7 @@ def test_speculators_dspark_is_read_as_vllm_reads_it(tmp_path: Path) -> None:
         assert torch.equal(back.state_dict()[k], v), k
     assert json.loads((out / "provenance.json").read_text())["export"]["speculative_tokens"] == B
     # the card and `run`'s summary print the same lines, k the block size
-    from mtp2draft.hub import model_card, serve_text
+    from mtp2draft.hub.card import model_card, serve_text
 
     card, summary = str(model_card(out, "me/d")), "\n".join(serve_text(out))
     assert "from a DSpark block drafter" in card and "multi-token-prediction" not in card

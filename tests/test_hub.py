@@ -11,12 +11,13 @@ from pathlib import Path
 import pytest
 from huggingface_hub import ModelCard, constants, metadata_load, snapshot_download
 
-from mtp2draft import hub as hub_module
 from mtp2draft.cli.app import main
 from mtp2draft.conversion import convert
 from mtp2draft.errors import HubError, ValidationError
 from mtp2draft.formats.export import export, validate
-from mtp2draft.hub import model_card, push
+from mtp2draft.hub import card as hub_module
+from mtp2draft.hub.card import model_card
+from mtp2draft.hub.upload import push
 
 pytestmark = [
     pytest.mark.hub,

@@ -11,16 +11,9 @@ import torch
 from safetensors import safe_open
 
 from mtp2draft.errors import OutputExistsError
-from mtp2draft.io import (
-    MARKER,
-    SafetensorsWriter,
-    atomic_output_dir,
-    check_output_dir,
-    is_ours,
-    mark,
-    save_tensors,
-    write_json,
-)
+from mtp2draft.manifest import MARKER, is_ours, mark, write_json
+from mtp2draft.outputs.directories import atomic_output_dir, check_output_dir
+from mtp2draft.outputs.writer import SafetensorsWriter, save_tensors
 from mtp2draft.redact import register_secret
 
 

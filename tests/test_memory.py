@@ -15,6 +15,7 @@ from mtp2draft.draft.build import converted_config
 from mtp2draft.draft.disk import load_draft
 from mtp2draft.family.spec import get_spec
 from mtp2draft.train.memory import check_fits, plan
+from mtp2draft.train.settings import DistillConfig
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -31,15 +32,21 @@ def test_deepseek_v3_mtp_layer_counts(ds3: dict) -> None:
     experts = e * 3 * h * i  # fused gate_up [E, 2I, H] + down [E, H, I]
     attn = h * 1536 + 1536 + 1536 * 128 * 192 + h * 576 + 512 + 512 * 128 * 256 + 128 * 128 * h
     rest = 2 * h * h + 3 * h * i + e * h + 5 * h  # eh_proj, shared expert, router, 5 norms
-    p = plan(ds3, world=8, precision="bf16", batch=8, length=2048, ttt_steps=3)
+    p = plan(ds3, DistillConfig(batch_size=8, max_length=2048, ttt_steps=3), world=8, precision="bf16")
     assert p.parameters == experts + attn + rest  # 11.61e9
     assert p.bytes["parameters"] == 4 * p.parameters // 8 and p.bytes["optimizer"] == 8 * p.parameters // 8
     assert p.bytes["target_tensors"] == 2 * v * h * 2  # embedding + head, bf16, on every rank
-    sub = plan(ds3, world=8, precision="bf16", batch=8, length=2048, ttt_steps=3, subset="no-routed-experts")
+    sub = plan(
+        ds3,
+        DistillConfig(batch_size=8, max_length=2048, ttt_steps=3),
+        world=8,
+        precision="bf16",
+        subset="no-routed-experts",
+    )
     assert sub.trainable == p.parameters - experts and sub.bytes["gradients"] == 4 * sub.trainable // 8
     assert sub.total < p.total / 2
     # one rank cannot hold it in fp32; more ranks shrink the sharded state
-    one = plan(ds3, world=1, precision="fp32", batch=8, length=2048, ttt_steps=3)
+    one = plan(ds3, DistillConfig(batch_size=8, max_length=2048, ttt_steps=3), world=1, precision="fp32")
     assert one.bytes["parameters"] + one.bytes["gradients"] + one.bytes["optimizer"] == 16 * p.parameters
     assert check_fits(one, "cpu") is not None and "per rank" in check_fits(one, "cpu")
 
@@ -92,6 +99,6 @@ def test_activation_estimate_tracks_what_autograd_keeps(build, tmp_path: Path, f
         ttt_forward(draft, feats, ids, torch.ones(b, t, dtype=torch.bool), k, [1.0] * k)
     step0 = feats.step0_input(kind)
     measured = sum(n for ptr, n in seen.items() if ptr not in params) + feats.logits.nbytes + step0.nbytes
-    estimate = plan(cfg, 1, precision="fp32", batch=b, length=t, ttt_steps=k).bytes["activations"]
+    estimate = plan(cfg, DistillConfig(batch_size=b, max_length=t, ttt_steps=k), precision="fp32").bytes["activations"]
     print(f"{fixture} {kind}: activation estimate {estimate} B, autograd keeps {measured} B")
     assert 0.5 <= estimate / measured <= 2.0, (estimate, measured)

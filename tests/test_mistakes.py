@@ -542,7 +542,8 @@ def test_a_chain_is_offered_only_the_launch_lines_of_engines_that_run_a_chain(tm
     """MiMo: SGLang 0.5.23 serves one MTP layer (`step_layers = "neither"` in its spec), vLLM runs layer 0 at every
     step: the card of a three-layer stitched export and the export's README offer vLLM's line, not SGLang's."""
     from mtp2draft.family.spec import get_spec
-    from mtp2draft.hub import launch_lines, model_card
+    from mtp2draft.formats.serving import launch_lines
+    from mtp2draft.hub.card import model_card
 
     spec = get_spec("mimo")
     assert set(launch_lines("stitched", "org/mimo", "me/d", 3, spec, layers=3)) == {"overlay", "vLLM"}

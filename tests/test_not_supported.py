@@ -18,7 +18,8 @@ from mtp2draft.cli.app import main
 from mtp2draft.errors import NotSupportedError, SpecError, UnknownFamilyError
 from mtp2draft.family import not_supported
 from mtp2draft.family.identity import FamilyIdentity
-from mtp2draft.family.spec import Spec, find_spec, registry
+from mtp2draft.family.schema import Spec
+from mtp2draft.family.spec import find_spec, registry
 
 # row -> words its reason must carry (what a user is told, checked against the sources the row cites)
 ROWS = {

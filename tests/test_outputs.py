@@ -19,7 +19,9 @@ from mtp2draft.data import load_tokenizer, read_examples
 from mtp2draft.draft.disk import load_draft
 from mtp2draft.engines.choice import dump_hidden_with
 from mtp2draft.errors import OutputExistsError
-from mtp2draft.io import atomic_output_dir, claim_output, is_ours, lock_path
+from mtp2draft.manifest import is_ours
+from mtp2draft.outputs.claims import claim_output, lock_path
+from mtp2draft.outputs.directories import atomic_output_dir
 from mtp2draft.target.dump_checks import check_shards, read_manifest
 from mtp2draft.train.recipe import DistillConfig, distill
 
@@ -134,7 +136,7 @@ def test_a_vllm_dump_claims_its_out_while_the_engine_runs(target, text_data, tmp
 def test_overlapping_overwrites_refuse_the_second_run(build, tmp_path: Path, monkeypatch) -> None:
     """With --overwrite, a run that starts after another finished replaces it (as asked); while one is writing, the
     other is refused (the first holds its claim a second longer here, so the two overlap)."""
-    import mtp2draft.io as io
+    import mtp2draft.outputs.directories as io
 
     real = io.mark
     monkeypatch.setattr(io, "mark", lambda path: (time.sleep(1.0), real(path)))

@@ -1,4 +1,4 @@
-"""The one progress facility: `io.meter` gives plain lines at each tenth through a plain sink, the CLI's Reporter a
+"""The one progress facility: `progress.meter` gives plain lines at each tenth through a plain sink, the CLI's Reporter a
 tqdm bar on a terminal and the same lines elsewhere; `--help` still imports no torch (tests/test_imports.py)."""
 
 from __future__ import annotations
@@ -6,7 +6,7 @@ from __future__ import annotations
 import io as stdio
 
 from mtp2draft.cli.progress import Reporter
-from mtp2draft.io import LineMeter, meter
+from mtp2draft.progress import LineMeter, meter
 
 
 def test_a_plain_sink_gets_a_line_at_each_tenth_and_at_the_end() -> None:

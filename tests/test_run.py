@@ -176,7 +176,7 @@ def test_run_refuses_before_any_work(target, text_data, tmp_path: Path, monkeypa
     starts, and leaves nothing on disk (it used to surface only after convert and distill had run)."""
     import importlib
 
-    import mtp2draft.checkpoint.reader as checkpoint
+    import mtp2draft.checkpoint.tensors as checkpoint
 
     run = importlib.import_module("mtp2draft.pipeline")  # the module (the package exports a function of that name)
 

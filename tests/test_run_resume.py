@@ -169,7 +169,7 @@ def test_run_checks_hub_access_and_extras_before_stage_1(
 def test_a_failed_push_prints_the_table_and_the_rerun_only_pushes(
     target, text_data, hub, tmp_path, monkeypatch, capsys
 ):
-    import mtp2draft.hub as hub_module
+    import mtp2draft.hub.upload as hub_module
     from mtp2draft.errors import HubError
 
     work = tmp_path / "w"

@@ -14,7 +14,7 @@ from support.hub_server import HubServer
 
 from mtp2draft.cli.app import main
 from mtp2draft.evaluation.decode import save_evaluation
-from mtp2draft.io import atomic_output_dir
+from mtp2draft.outputs.directories import atomic_output_dir
 from mtp2draft.redact import command_line, redact, register_secret, scrub
 
 TOKEN = "hf_" + "Q7xK" * 9  # shaped like a real user access token

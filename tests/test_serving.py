@@ -62,7 +62,7 @@ def test_the_readme_overlay_lines_run_from_the_export_directory(target, tmp_path
 
 @pytest.mark.hub
 def test_the_card_overlay_lines_fetch_the_pushed_draft(target, hub, tmp_path, monkeypatch) -> None:
-    from mtp2draft.hub import push
+    from mtp2draft.hub.upload import push
 
     source = target("mimo", num_hidden_layers=4)
     hub.add_repo("org/tiny-mimo", source)
@@ -90,7 +90,7 @@ def test_k_is_one_number_in_every_line() -> None:
 
 def test_push_dry_run_prints_the_card_and_uploads_nothing(target, tmp_path, monkeypatch, capsys) -> None:
     from mtp2draft.cli.app import main
-    from mtp2draft.hub import model_card
+    from mtp2draft.hub.card import model_card
 
     monkeypatch.delenv("HF_TOKEN", raising=False)
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")  # nothing may reach a Hub: a dry run needs no token and no network

@@ -144,7 +144,7 @@ def test_the_readme_card_and_summary_lines_parse(target, tmp_path, monkeypatch, 
     """The lines as printed, end to end: a stitched MiMo export's README, its model card and `run`'s summary."""
     from mtp2draft.conversion import convert
     from mtp2draft.formats.export import export
-    from mtp2draft.hub import model_card, serve_text
+    from mtp2draft.hub.card import model_card, serve_text
 
     source = target("mimo", num_hidden_layers=4)
     monkeypatch.chdir(tmp_path)

@@ -290,7 +290,7 @@ def test_card_has_no_prediction_without_acceptance_or_a_known_family() -> None:
 
 def test_model_card_of_a_converted_draft_carries_the_prediction(build, tmp_path: Path) -> None:
     from mtp2draft.conversion import convert
-    from mtp2draft.hub import model_card
+    from mtp2draft.hub.card import model_card
 
     convert(str(build("deepseek_v3", num_hidden_layers=2)), tmp_path / "mtp", to="mtp")
     (tmp_path / "mtp" / "evaluation.json").write_text(json.dumps({**EVAL, "data": "p.jsonl"}))
@@ -300,7 +300,7 @@ def test_model_card_of_a_converted_draft_carries_the_prediction(build, tmp_path:
 
 
 def test_push_passes_base_model_to_the_library(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys) -> None:
-    from mtp2draft import hub
+    from mtp2draft.hub import upload as hub
 
     seen = {}
 

@@ -14,8 +14,8 @@ import torch
 
 from mtp2draft.cli.app import main
 from mtp2draft.conversion import convert
+from mtp2draft.dtypes import DTYPE_NAMES
 from mtp2draft.evaluation.decode import TIE_ULPS, tie_tolerance, top_two_tie
-from mtp2draft.kinds import DTYPE_NAMES
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY_MIMO = ROOT / "examples" / "targets" / "tiny-mimo"

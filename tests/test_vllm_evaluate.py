@@ -98,7 +98,7 @@ def test_evaluate_engine_vllm_reports_the_transformers_shape(target, text_data, 
     text = capsys.readouterr().out
     assert "accept len" in text and "vLLM 0.32.0 (tensor parallel 1)" in text and "no draft: 100 tok/s" in text
     # the card push writes from the saved evaluation says where it was measured
-    from mtp2draft.hub import model_card
+    from mtp2draft.hub.card import model_card
 
     assert "served by vLLM 0.32.0, read from its counters" in str(model_card(tmp_path / "raw"))
 

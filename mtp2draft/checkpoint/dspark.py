@@ -21,7 +21,7 @@ from collections import Counter
 from collections.abc import Mapping
 from typing import Any
 
-from mtp2draft.checkpoint.reader import Checkpoint
+from mtp2draft.checkpoint.tensors import Checkpoint
 from mtp2draft.errors import CheckpointError
 from mtp2draft.family.dspark import DETECT_KEY, DSparkFields, DSparkLayout, layout_for
 from mtp2draft.kinds import SUPPORTED_SO_FAR

@@ -9,7 +9,7 @@ ceil(M/chunks/b) scale rows, so the grid has chunks * ceil(M/chunks/b) rows (vLL
 The one place the block size default lives (`fp8_block_size`): config.json's `quantization_config.weight_block_size`,
 else 128 x 128 as the releases use.
 
-What this module does not do: read checkpoints or choose which tensors are FP8 (`checkpoint/reader.py`, the exporters).
+What this module does not do: read checkpoints or choose which tensors are FP8 (`checkpoint/tensors.py`, the exporters).
 """
 
 from __future__ import annotations

@@ -45,6 +45,7 @@ from mtp2draft.checkpoint.fp4 import (
     dequantize_fp8_e8m0,
 )
 from mtp2draft.checkpoint.fp8 import DEFAULT_FP8_BLOCK
+from mtp2draft.dtypes import ST_PACKED
 from mtp2draft.errors import CheckpointError
 
 NVFP4_GROUP = 16
@@ -182,13 +183,13 @@ def _ct_int_shape(s: Mapping[str, tuple[int, ...]], p: Mapping[str, Any]) -> tup
 
 # ---- the registry -----------------------------------------------------------------------------------------------------
 _FP8 = ("F8_E4M3",)
-_PACKED = ("U8", "I8")
+
 SCHEMES: dict[str, TensorScheme] = {
     s.name: s
     for s in (
         TensorScheme("fp8-e8m0", "{}weight", (("data", "{}weight"), ("scale", "{}scale")), _FP8, _same, _fp8_e8m0),
         TensorScheme(
-            "fp4-e8m0", "{}weight", (("data", "{}weight"), ("scale", "{}scale")), _PACKED, _packed_pairs, _fp4_e8m0
+            "fp4-e8m0", "{}weight", (("data", "{}weight"), ("scale", "{}scale")), ST_PACKED, _packed_pairs, _fp4_e8m0
         ),
         TensorScheme(
             "modelopt-nvfp4",

@@ -2,7 +2,7 @@
 commit (HTTP range requests through huggingface_hub's session, cached on disk per commit so a second run fetches
 nothing). Both answer `read(file, start, end)` and count what they read.
 
-What this module does not do: parse safetensors headers or decide which bytes are needed (`checkpoint/reader.py`).
+What this module does not do: parse safetensors headers or decide which bytes are needed (`checkpoint/tensors.py`).
 """
 
 from __future__ import annotations

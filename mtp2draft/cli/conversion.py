@@ -59,8 +59,8 @@ def convert(
     * `mtp2draft convert zai-org/GLM-4.5-Air --to eagle3 --out glm-eagle3 --dtype bfloat16`
     * `mtp2draft convert examples/targets/tiny-mimo-3mtp --all-layers --out mimo3-chain` (its three MTP layers, chained)
     """
-    from mtp2draft.conversion import convert as run
+    from mtp2draft.conversion import convert
 
     access = {"revision": hub.revision, "token": hub.token}
-    result = run(source, out, config, **access, overwrite=overwrite, progress=log)
+    result = convert(source, out, config, **access, overwrite=overwrite, progress=log)
     print(output.to_json(output.convert_summary(result)) if as_json else output.convert_text(result))

@@ -37,9 +37,9 @@ def install(
 
     Example: `mtp2draft engine install vllm`, then `mtp2draft evaluate DRAFT --engine vllm --data prompts.jsonl`
     """
-    from mtp2draft.engines.environments import install as build
+    from mtp2draft.engines.environments import install
 
-    python, built = build(name, platform=platform, log=log)
+    python, built = install(name, platform=platform, log=log)
     if not built:
         log(f"{name}: the venv is complete, reused")
     print(python)

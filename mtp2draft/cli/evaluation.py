@@ -56,8 +56,8 @@ def evaluate(
     * `mtp2draft evaluate qwen-dspark-ft --target ./qwen3-target --data prompts.jsonl --baseline qwen-dspark` (DSpark drafters)
     """
     from mtp2draft.engines.choice import evaluate_with
-    from mtp2draft.evaluation import charts
     from mtp2draft.evaluation.decode import save_evaluation, saving_into
+    from mtp2draft.formats import charts
 
     drafts = [("draft", str(draft))] + [(f"baseline: {b}", str(b)) for b in (baseline or [])]
     measured = saving_into(draft) if save else None  # the draft's identity, before it is read
@@ -115,10 +115,10 @@ def speedup(
     * `mtp2draft speedup glm-e3-ft/evaluation.json --target glm-air/config.json --draft glm-e3-ft --gpu h100 --tp 4`
     * `mtp2draft speedup ds3-mtp-ft --target ds3/config.json --gpu mi300x --tp 8 --context 32768 --json`
     """
-    from mtp2draft.speed.api import speedup as run
+    from mtp2draft.speed.api import speedup
     from mtp2draft.speed.text import speedup_text
 
     batches = parse_list(batch, "--batch", ints)
     sizes = {"tp": tp, "draft_tp": draft_tp, "context": context, "batches": batches}
-    report = run(evaluation, target, gpu, draft=draft, **sizes)
+    report = speedup(evaluation, target, gpu, draft=draft, **sizes)
     print(output.to_json(report.as_dict()) if as_json else speedup_text(report))

@@ -13,13 +13,14 @@ from typing import Annotated, Any, get_type_hints
 
 import typer
 
-from mtp2draft.kinds import DRAFT_KINDS, DRAFT_SAMPLING, DTYPE_NAMES
+from mtp2draft.dtypes import DTYPE_NAMES
+from mtp2draft.kinds import DRAFT_KINDS, DRAFT_SAMPLING
 
 
 def choices(option: str, sep: str = " | ") -> str:
     """The values an option's help lists, from the registry that owns them (kinds, engines, formats, subsets, gpus)."""
     from mtp2draft.engines.choice import DUMP_ENGINES, EVALUATE_ENGINES
-    from mtp2draft.family.spec import ENGINES, STEP_LAYER_RULES
+    from mtp2draft.family.schema import ENGINES, STEP_LAYER_RULES
     from mtp2draft.formats import FORMATS, VALIDATE_FORMATS
     from mtp2draft.speed.accelerators import ACCELERATORS
     from mtp2draft.train.subsets import TRAIN_SUBSETS
@@ -43,7 +44,6 @@ Data = Annotated[Path, typer.Option("--data", help="JSONL: {'text': ...} or {'me
 Target = Annotated[str, typer.Option("--target", help="Target model: hub repo id or local directory.")]
 OptionalTarget = Annotated[str | None, typer.Option("--target", help="Target: hub repo id or local directory.")]
 SkipBad = Annotated[bool, typer.Option("--skip-bad", help="Skip malformed data lines (counted) instead of failing.")]
-MaxLength = Annotated[int, typer.Option("--max-length", help="Tokens per sequence.")]
 
 # distill's inputs and flags (its training settings: train.settings.DistillConfig)
 DraftDir = Annotated[Path, typer.Argument(help="Draft directory from `convert` (mtp or eagle3).", show_default=False)]

@@ -16,7 +16,7 @@ from typing import Any
 
 from mtp2draft.evaluation.verdict import lossless_words, parted_at_ties
 from mtp2draft.kinds import DraftKind
-from mtp2draft.units import human_bytes
+from mtp2draft.progress import human_bytes
 
 
 def to_json(data: Any) -> str:

@@ -8,7 +8,7 @@ from typing import Annotated, Any
 
 import typer
 
-from mtp2draft.bundled import has_bundled_target
+from mtp2draft.bundled import DEMO_STEPS, has_bundled_target
 from mtp2draft.cli import output
 from mtp2draft.cli.options import Group, Source, settings
 from mtp2draft.cli.root import app, log
@@ -53,7 +53,7 @@ def run_all(
 @app.command(hidden=not has_bundled_target())  # the wheel ships no bundled target: it does not offer the demo
 def demo(
     work: Annotated[Path, typer.Option("--work", help="Where to keep the demo's drafts.")] = Path("demo-run"),
-    steps: Annotated[int, typer.Option("--steps", help="Distillation steps.")] = 150,
+    steps: Annotated[int, typer.Option("--steps", help="Distillation steps.")] = DEMO_STEPS,
 ) -> None:
     """The quick start: convert -> distill -> evaluate -> export on the small target bundled with the repository
     (an 11M-parameter, 8-layer DeepSeek-V3-layout model whose MTP head was trained jointly with it), then print the
@@ -61,6 +61,6 @@ def demo(
 
     Example: `mtp2draft demo --work demo-run`
     """
-    from mtp2draft.pipeline import demo as run_demo
+    from mtp2draft.pipeline import demo
 
-    print(output.demo_text(run_demo(work, steps, progress=log)))
+    print(output.demo_text(demo(work, steps, progress=log)))

@@ -1,17 +1,19 @@
 """The one progress facility of the command line: where long work shows itself, on stderr.
 
 `Reporter` is the `Progress` sink every command hands the library: a line goes to stderr; a counted piece of work
-(`io.meter`: tensor bytes of a conversion, distill steps, evaluated prompts, dumped sequences) becomes a bar with
+(`progress.meter`: tensor bytes of a conversion, distill steps, evaluated prompts, dumped sequences) becomes a bar with
 rate and ETA as huggingface_hub shows downloads (its tqdm, which honours HF_HUB_DISABLE_PROGRESS_BARS) when stderr
 is a terminal, and plain lines at each tenth of the way when it is not (CI logs, pipes).
 
-What this module does not do: decide what is long (the stages call `io.meter`) or print data (stdout is for data).
+What this module does not do: decide what is long (the stages call `progress.meter`) or print data (stdout is for data).
 """
 
 from __future__ import annotations
 
 import sys
 from typing import Any, TextIO
+
+from mtp2draft.progress import LineMeter
 
 
 class _Bar:
@@ -46,10 +48,8 @@ class Reporter:
         print(message, file=self.out, flush=True)
 
     def meter(self, desc: str, total: int, unit: str = "it", initial: int = 0) -> Any:
-        """A `_Bar` on a terminal, else `io.LineMeter` lines (imported here: `io` loads torch, `--help` must not)."""
+        """A `_Bar` on a terminal, else `progress.LineMeter` lines."""
         if not self.out.isatty():
-            from mtp2draft.io import LineMeter
-
             return LineMeter(self, desc, total, unit, initial)
         from huggingface_hub.utils import tqdm
 

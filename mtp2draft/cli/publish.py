@@ -42,10 +42,10 @@ def export(
     * `mtp2draft export glm-eagle3-ft --format speculators --speculative-tokens 4 --out glm-eagle3-vllm`
     * `mtp2draft export ds3-mtp-ft --format stitched --target deepseek-ai/DeepSeek-V3 --out ds3-stitched`
     """
-    from mtp2draft.formats.export import export as run
+    from mtp2draft.formats.export import export
 
     access = {"revision": hub.revision, "token": hub.token}
-    result = run(draft, format, out, target=target, overwrite=overwrite, config=config, **access, progress=log)
+    result = export(draft, format, out, target=target, overwrite=overwrite, config=config, **access, progress=log)
     print(output.to_json(output.export_summary(result)) if as_json else output.export_text(result, draft))
 
 
@@ -71,11 +71,10 @@ def validate(
     `mtp2draft validate glm-eagle3-sglang --target zai-org/GLM-4.5-Air`
     """
     from mtp2draft.errors import ValidationError
-    from mtp2draft.formats.export import read_draft_directory
-    from mtp2draft.formats.export import validate as run
+    from mtp2draft.formats.export import read_draft_directory, validate
 
     found = read_draft_directory(path, format)
-    violations = run(found, target=target, revision=hub.revision, token=hub.token)
+    violations = validate(found, target=target, revision=hub.revision, token=hub.token)
     fmt = found.format
     if as_json:
         print(output.to_json({"path": str(path), "format": fmt, "ok": not violations, "violations": violations}))
@@ -119,12 +118,11 @@ def push(
     `mtp2draft push ./ds3-local-mtp --repo-id me/ds3-mtp --base-model deepseek-ai/DeepSeek-V3` ·
     `mtp2draft push ds3-stitched --repo-id me/ds3-mtp-ft --dry-run > card.md` (the card, nothing uploaded)
     """
-    from mtp2draft.hub import card_text
-    from mtp2draft.hub import push as run
+    from mtp2draft.hub.upload import card_text, push
 
     if dry_run:  # the card on stdout, as the upload's README.md would hold it: `> card.md` to read it first
         print(card_text(path, repo_id, base_model), end="")
         return
     commit = {"revision": revision, "commit_message": commit_message, "base_model": base_model}
-    result = run(path, repo_id, private=private, token=hub.token, **commit, progress=log)
+    result = push(path, repo_id, private=private, token=hub.token, **commit, progress=log)
     print(output.to_json(result.__dict__) if as_json else f"{result.url}\ncommit {result.commit}  {result.commit_url}")

@@ -8,11 +8,11 @@ from typing import Annotated, Any
 
 import typer
 
-from mtp2draft.cli.options import Data, Group, MaxLength, Overwrite, SkipBad, Target, TargetEngine, parse_list, settings
+from mtp2draft.cli.options import Data, Group, Overwrite, SkipBad, Target, TargetEngine, parse_list, settings
 from mtp2draft.cli.root import app, log
 from mtp2draft.kinds import DraftKind
 from mtp2draft.settings import HubAccess, Placement, ints
-from mtp2draft.train.settings import TrainingData
+from mtp2draft.train.settings import DistillConfig, TrainingData
 
 
 @app.command("dump-hidden")
@@ -20,6 +20,7 @@ from mtp2draft.train.settings import TrainingData
     where=Group(Placement, only=("tensor_parallel_size",)),
     hub=HubAccess,
     responses=Group(TrainingData, only=("regenerate", "sample")),
+    length=Group(DistillConfig, only=("max_length",)),  # the length distill reads the dump at: one default
 )
 def dump_hidden(
     target: Target,
@@ -27,13 +28,13 @@ def dump_hidden(
     where: Any,
     hub: Any,
     responses: Any,
+    length: Any,
     out: Annotated[Path, typer.Option("--out", help="Output directory (sharded safetensors + manifest.json).")],
     draft: Annotated[
         Path | None, typer.Option("--draft", help="Draft whose inputs to dump (its aux layers, for eagle3).")
     ] = None,
     aux_layers: Annotated[str | None, typer.Option("--aux-layers", help="Aux layer ids 'low,mid,high'.")] = None,
     top_k: Annotated[int, typer.Option("--top-k", help="Target log-probs kept per position.")] = 64,
-    max_length: MaxLength = 256,
     shard_size: Annotated[int, typer.Option("--shard-size", help="Sequences per shard file.")] = 256,
     engine: TargetEngine = "transformers",
     skip_bad: SkipBad = False,
@@ -58,6 +59,7 @@ def dump_hidden(
     from mtp2draft.target.hidden import local_path
 
     ids = parse_list(aux_layers, "--aux-layers", ints)
+    max_length = length.max_length
     final, loaded = None, None
     if draft is not None:
         loaded = load_draft(draft)

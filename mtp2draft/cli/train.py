@@ -58,7 +58,7 @@ def distill(
     * `mtp2draft distill ds3-mtp --out x --plan --world-size 8 --max-length 2048` (memory per rank, then exit)
     """
     from mtp2draft.target.device import resolve_device
-    from mtp2draft.train.recipe import distill as run
+    from mtp2draft.train.recipe import distill
 
     device = resolve_device(where.device)
     if plan:
@@ -68,15 +68,14 @@ def distill(
     flags = {"resume": resume, "overwrite": overwrite, "regenerate_data": data.regenerate, "sample": data.sample}
     access = {"revision": hub.revision, "token": hub.token}
     placed = {"device": device, "target_dtype": where.torch_dtype, "device_map": where.device_map}
-    result = run(draft, out, config=cfg, **inputs, skip_bad=skip_bad, **flags, **access, **placed, progress=log)
+    result = distill(draft, out, config=cfg, **inputs, skip_bad=skip_bad, **flags, **access, **placed, progress=log)
     if result.is_main:  # other torchrun ranks: rank 0 reports
         print(output.to_json(output.distill_summary(result)) if as_json else output.distill_text(result))
 
 
 def _print_plan(draft: Path, cfg: Any, world_size: int | None, device: str, offline: bool, as_json: bool) -> None:
     """`distill --plan`: the per-rank memory plan of every --train-subset, without training."""
-    from mtp2draft.train.memory import render
-    from mtp2draft.train.recipe import plan_memory
+    from mtp2draft.train.memory import plan_memory, render
 
     plans = plan_memory(draft, cfg, world_size, device, offline=offline)
     print(output.to_json([p.as_dict() for p in plans]) if as_json else render(plans))

@@ -27,9 +27,11 @@ import torch
 
 from mtp2draft._version import __version__
 from mtp2draft.checkpoint.dspark import inspect_dspark
-from mtp2draft.checkpoint.reader import Checkpoint, check_finite, open_checkpoint
+from mtp2draft.checkpoint.reader import open_checkpoint
+from mtp2draft.checkpoint.tensors import Checkpoint, check_finite
 from mtp2draft.conversion.dspark import convert_dspark
 from mtp2draft.draft.build import converted_config
+from mtp2draft.draft.eagle3 import Eagle3Draft, vocab_maps, without_identity_maps
 from mtp2draft.draft.eagle3_config import TOKEN_FIELDS, sglang_config
 from mtp2draft.draft.layout import (
     EXPERTS_DOWN,
@@ -41,30 +43,20 @@ from mtp2draft.draft.layout import (
     resolve_layer,
     target_head_key,
 )
-from mtp2draft.draft.modules import (
-    Eagle3Draft,
-    block_config,
-    vocab_maps,
-    without_identity_maps,
-)
+from mtp2draft.draft.modules import block_config
+from mtp2draft.dtypes import TORCH_DTYPES
 from mtp2draft.eagle3.transfer import Eagle3Build
 from mtp2draft.eagle3.transforms import EAGLE3_TRANSFORMS, check_eagle3_transforms
 from mtp2draft.errors import CheckpointError, Mtp2DraftError, OptionError, ShallowTargetError
 from mtp2draft.family.dspark import dspark_fields
-from mtp2draft.family.spec import ENGINES, Spec, find_spec
+from mtp2draft.family.schema import ENGINES, Spec
+from mtp2draft.family.spec import find_spec
 from mtp2draft.family.transforms import LOAD_TRANSFORMS
-from mtp2draft.io import (
-    TORCH_DTYPES,
-    Progress,
-    SafetensorsWriter,
-    atomic_output_dir,
-    check_output_dir,
-    meter,
-    quiet,
-    save_tensors,
-    write_json,
-)
 from mtp2draft.kinds import CONFIG_FILE, DSPARK_KIND, PROVENANCE_FILE, WEIGHTS_FILE, DraftKind
+from mtp2draft.manifest import write_json
+from mtp2draft.outputs.directories import atomic_output_dir, check_output_dir
+from mtp2draft.outputs.writer import SafetensorsWriter, save_tensors
+from mtp2draft.progress import Progress, meter, quiet
 from mtp2draft.redact import command_line
 from mtp2draft.settings import ConvertConfig
 

@@ -23,15 +23,16 @@ import torch
 
 from mtp2draft._version import __version__
 from mtp2draft.checkpoint.dspark import inspect_dspark
-from mtp2draft.checkpoint.reader import Checkpoint
+from mtp2draft.checkpoint.tensors import Checkpoint
+from mtp2draft.dtypes import TORCH_DTYPES
 from mtp2draft.errors import OptionError
 from mtp2draft.family.dspark import DSparkFields
-from mtp2draft.io import SafetensorsWriter, atomic_output_dir, write_json
 from mtp2draft.kinds import CONFIG_FILE, DSPARK_KIND, PROVENANCE_FILE, WEIGHTS_FILE
+from mtp2draft.manifest import write_json
+from mtp2draft.outputs.directories import atomic_output_dir
+from mtp2draft.outputs.writer import SafetensorsWriter
 from mtp2draft.redact import command_line
 from mtp2draft.settings import ConvertConfig
-
-_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
 def check_dspark_options(config: ConvertConfig) -> None:
@@ -67,7 +68,7 @@ def convert_dspark(
     keys = [k for k in ckpt.keys_with_prefix("mtp.")]
     stored_f32 = [k for k in keys if k in ckpt.weight_map and ckpt.info(k).dtype == "F32"]
     dtype_name = config.draft_dtype  # stored fp32 tensors stay fp32 whatever is named (the mixers need it)
-    target = _DTYPES[dtype_name]
+    target = TORCH_DTYPES[dtype_name]
 
     def dtype_of(key: str) -> torch.dtype:
         if key in stored_f32 or not ckpt.weight_dtype(key).is_floating_point:

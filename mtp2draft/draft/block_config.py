@@ -13,7 +13,7 @@ from packaging.version import Version
 
 from mtp2draft.errors import CheckpointError, SpecError
 from mtp2draft.family.layer_config import layer_text_config
-from mtp2draft.family.spec import Spec
+from mtp2draft.family.schema import Spec
 
 
 def hf_config(model_type: str, fields: Mapping[str, Any], where: str = "config.json"):

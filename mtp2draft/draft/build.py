@@ -13,7 +13,7 @@ from typing import Any
 
 from mtp2draft.draft.hyper import HyperMtpDraft
 from mtp2draft.draft.modules import NativeMtpDraft, native_config
-from mtp2draft.family.spec import Spec
+from mtp2draft.family.schema import Spec
 
 
 def native_class(spec: Spec) -> type[NativeMtpDraft]:

@@ -1,11 +1,8 @@
 """A native draft that holds every MTP layer a checkpoint ships and runs them as a chain.
 
-Step s of a draft chain runs MTP layer `layer_at(s)` of the draft's n layers, by the draft's step rule:
-- `cycle`: layer s % n (layer i at step i; past n, the layers again from layer 0): vLLM 0.33's multi-module MTP
-  runner (`v1/worker/gpu/spec_decode/multi_module_mtp/speculator.py`: `spec_step_idx = step`, which the DeepSeek-style
-  MTP models take `% num_mtp_layers`);
-- `first`: layer 0 at every step: vLLM's V1 runner (`v1/spec_decode/eagle.py` passes no step index; vLLM 0.32's CPU
-  build always runs it: no Triton), and the engines whose MTP classes assert a single layer.
+Step s of a draft chain runs MTP layer `layer_at(s)` of the draft's n layers, by the draft's step rule: `cycle`
+(layer s % n) or `first` (layer 0 at every step). Which engine applies which rule, with the engine sources read, is
+docs/engines.md's "Several MTP layers".
 
 Each layer keeps its own KV cache (engines give each MTP module its own attention layers). What a layer's cache holds
 is the *forced chain*: at decoding time, once tokens are known, the chain is run from every origin p with the known
@@ -40,7 +37,7 @@ from torch import nn
 from mtp2draft.draft.build import native_draft
 from mtp2draft.draft.modules import DraftCache, DraftModule, NativeMtpDraft
 from mtp2draft.errors import DraftError
-from mtp2draft.family.spec import STEP_LAYER_RULES, Spec
+from mtp2draft.family.schema import STEP_LAYER_RULES, Spec
 
 CHAIN_FORMAT_VERSION = 2
 DEFAULT_RULE = "cycle"

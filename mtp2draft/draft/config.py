@@ -25,8 +25,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from mtp2draft.dtypes import DTYPE_NAMES
 from mtp2draft.errors import DraftError, Mtp2DraftError, read_json_file
-from mtp2draft.kinds import CONFIG_FILE, DTYPE_NAMES, DraftKind, detect_kind
+from mtp2draft.kinds import CONFIG_FILE, DraftKind, detect_kind
 
 HANDOVERS = ("post_norm", "pre_norm")  # which hidden a draft step hands on / step 0 reads
 DRAFT_FORMAT_VERSIONS = (1, 2)  # the native draft layouts this version reads (draft.DRAFT_FORMAT_VERSION writes)
@@ -129,7 +130,7 @@ def _spec_name(v: Any) -> str | None:
 
 
 def _engine(v: Any) -> str | None:
-    from mtp2draft.family.spec import ENGINES
+    from mtp2draft.family.schema import ENGINES
 
     if v is None:
         return None
@@ -138,7 +139,7 @@ def _engine(v: Any) -> str | None:
 
 
 def _step_rule(v: Any) -> str | None:
-    from mtp2draft.family.spec import STEP_LAYER_RULES
+    from mtp2draft.family.schema import STEP_LAYER_RULES
 
     return one_of(*STEP_LAYER_RULES)(v)  # the specs' rules, imported when checked as `_spec_name` reads the registry
 

@@ -2,7 +2,7 @@
 
 - a native draft (`format_version` 1 or absent): `modules.NativeMtpDraft`;
 - a native chain draft (`format_version` 2, `mtp_layers`): `chain.MtpChainDraft`;
-- an EAGLE-3 draft, in SGLang's layout or vLLM's speculators layout: `modules.Eagle3Draft`.
+- an EAGLE-3 draft, in SGLang's layout or vLLM's speculators layout: `eagle3.Eagle3Draft`.
 
 What this module does not do: write draft directories (`conversion.py`, `train/state.py`) or attach the target.
 """
@@ -19,8 +19,8 @@ from safetensors.torch import load_file
 from mtp2draft.checkpoint.tensor_checks import check_tensors
 from mtp2draft.draft.build import native_draft
 from mtp2draft.draft.chain import MtpChainDraft, is_chain_config
+from mtp2draft.draft.eagle3 import VOCAB_MAPS, Draft, Eagle3Draft
 from mtp2draft.draft.eagle3_config import speculators_to_eagle3_config, speculators_weight_name
-from mtp2draft.draft.modules import VOCAB_MAPS, Draft, Eagle3Draft
 from mtp2draft.errors import DraftError
 from mtp2draft.family.spec import get_spec
 from mtp2draft.kinds import WEIGHTS_FILE, DraftKind, detect_kind

@@ -31,8 +31,9 @@ from mtp2draft.draft.dspark import DSparkDraft
 from mtp2draft.draft.dspark_v4_io import load_dspark_v4
 from mtp2draft.errors import DraftError, read_json_file
 from mtp2draft.family.dspark import DSparkFields, layouts
-from mtp2draft.io import save_tensors, write_json
 from mtp2draft.kinds import CONFIG_FILE, DSPARK_KIND, WEIGHTS_FILE
+from mtp2draft.manifest import write_json
+from mtp2draft.outputs.writer import save_tensors
 
 MODEL_TYPE = "dspark"  # speculators_model_type and speculators_config.algorithm
 ARCHITECTURE = "Qwen3DSparkModel"  # what vLLM 0.32's update_dspark selects

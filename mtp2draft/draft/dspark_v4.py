@@ -37,7 +37,8 @@ from mtp2draft.draft.block_config import block_config, norm_eps
 from mtp2draft.draft.dspark import BlockOutput, MarkovHead, block_mask, block_positions
 from mtp2draft.errors import DraftError
 from mtp2draft.family.dspark import DSparkFields
-from mtp2draft.family.spec import Spec, find_spec
+from mtp2draft.family.schema import Spec
+from mtp2draft.family.spec import find_spec
 
 
 def _register(module: nn.Module, name: str, tensor: torch.Tensor | None) -> None:

@@ -31,8 +31,10 @@ from mtp2draft.draft.layout import native_to_checkpoint
 from mtp2draft.errors import DraftError
 from mtp2draft.family.dspark import DSparkFields, dspark_fields
 from mtp2draft.family.transforms import LOAD_TRANSFORMS, check_spec_transforms, group_block_keys
-from mtp2draft.io import atomic_output_dir, save_tensors, write_json
 from mtp2draft.kinds import CONFIG_FILE, DSPARK_KIND, WEIGHTS_FILE
+from mtp2draft.manifest import write_json
+from mtp2draft.outputs.directories import atomic_output_dir
+from mtp2draft.outputs.writer import save_tensors
 
 _STAGE_OF = {"first": lambda n: 0, "last": lambda n: n - 1}
 

@@ -28,7 +28,7 @@ from torch import nn
 
 from mtp2draft.draft.modules import DraftCache, NativeMtpDraft
 from mtp2draft.errors import DraftError
-from mtp2draft.family.spec import Spec
+from mtp2draft.family.schema import Spec
 from mtp2draft.kinds import Hidden
 
 

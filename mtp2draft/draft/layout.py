@@ -16,11 +16,13 @@ from typing import Any
 import torch
 
 from mtp2draft.checkpoint.fp8 import SCALE_SUFFIX
-from mtp2draft.checkpoint.reader import Checkpoint, open_checkpoint
+from mtp2draft.checkpoint.reader import open_checkpoint
+from mtp2draft.checkpoint.tensors import Checkpoint
 from mtp2draft.draft.build import native_class, native_draft
 from mtp2draft.draft.modules import NativeMtpDraft
 from mtp2draft.errors import CheckpointError, NoMtpLayerError, SpecError
-from mtp2draft.family.spec import Spec, find_spec
+from mtp2draft.family.schema import Spec
+from mtp2draft.family.spec import find_spec
 from mtp2draft.family.transforms import LOAD_TRANSFORMS, Group, check_spec_transforms, group_block_keys
 
 # Keys some checkpoints carry that no module needs.

@@ -27,7 +27,7 @@ from typing import Any
 
 import torch
 
-from mtp2draft.checkpoint.reader import check_finite
+from mtp2draft.checkpoint.tensors import check_finite
 from mtp2draft.errors import CheckpointError
 
 

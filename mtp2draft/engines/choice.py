@@ -22,7 +22,7 @@ from mtp2draft.settings import HubAccess, Placement
 if TYPE_CHECKING:  # io, data and evaluation.settings' users import torch, which this module does not
     from mtp2draft.data import Example
     from mtp2draft.evaluation.settings import EvaluateConfig
-    from mtp2draft.io import Progress
+    from mtp2draft.progress import Progress
 
 DUMP_ENGINES: dict[str, str] = {
     "transformers": "the target loaded by transformers in this process (device_map across local GPUs)",

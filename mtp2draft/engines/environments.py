@@ -186,7 +186,7 @@ def _has_pip(interpreter: Path) -> bool:
 def _claimed(name: str, venv: Path) -> Iterator[None]:
     """Hold `venv`'s claim (`io.claim_output`): two installs at once would run pip into one venv."""
     from mtp2draft.errors import OutputExistsError
-    from mtp2draft.io import claim_output, lock_path
+    from mtp2draft.outputs.claims import claim_output, lock_path
 
     try:
         with claim_output(venv):

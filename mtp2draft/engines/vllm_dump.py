@@ -29,7 +29,7 @@ from mtp2draft.errors import OptionError
 from mtp2draft.kinds import Hidden
 
 if TYPE_CHECKING:
-    from mtp2draft.family.spec import Spec
+    from mtp2draft.family.schema import Spec
 
 
 def extract_view(target: Path, out: Path, spec: Spec) -> Path:
@@ -259,7 +259,8 @@ def dump_hidden_in_vllm(
 ) -> Path:
     """`dump-hidden --engine vllm`: the target's hidden states extracted by vLLM (`VllmTarget`), written by
     `dumps.dump_hidden_states` with `write` (aux_layers, top_k, shard_size, overwrite, progress, final, inputs)."""
-    from mtp2draft.io import check_output_dir, claim_output
+    from mtp2draft.outputs.claims import claim_output
+    from mtp2draft.outputs.directories import check_output_dir
     from mtp2draft.target.dumps import dump_hidden_states
 
     out = Path(out)

@@ -23,6 +23,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from mtp2draft.dtypes import DTYPE_NAMES
 from mtp2draft.engines.vllm_launch import vllm_python
 from mtp2draft.engines.vllm_serve import (
     EngineResult,
@@ -35,10 +36,10 @@ from mtp2draft.engines.vllm_serve import (
 )
 from mtp2draft.errors import OptionError
 from mtp2draft.evaluation.settings import EvaluateConfig
-from mtp2draft.kinds import DTYPE_NAMES, DraftKind
+from mtp2draft.kinds import DraftKind
 
 if TYPE_CHECKING:  # io imports torch, which this module does not
-    from mtp2draft.io import Progress
+    from mtp2draft.progress import Progress
 
 # how vLLM serves each draft kind: the export format it loads and the speculative method
 SERVED_AS = {DraftKind.MTP: ("stitched", "mtp"), DraftKind.EAGLE3: ("sglang", "eagle3")}

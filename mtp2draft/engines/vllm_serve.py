@@ -31,7 +31,7 @@ from mtp2draft.settings import HubAccess
 
 if TYPE_CHECKING:  # io and data import torch, which this module does not
     from mtp2draft.data import Example
-    from mtp2draft.io import Progress
+    from mtp2draft.progress import Progress
 
 DRIVER = VLLM_SIDE / "serve_driver.py"
 

@@ -44,14 +44,16 @@ from mtp2draft.draft.chain import MtpChainDraft
 from mtp2draft.draft.disk import check_draft_weights, load_draft
 from mtp2draft.draft.modules import DraftCache
 from mtp2draft.errors import DataError, DraftError, OutputExistsError
-from mtp2draft.evaluation import charts
 from mtp2draft.evaluation.compare import compare_to_baselines
 from mtp2draft.evaluation.sampling import Greedy, Sampling, Speculative, ks_uniform, make_sampler, pit, warp
 from mtp2draft.evaluation.settings import EvaluateConfig
+from mtp2draft.formats import charts
 from mtp2draft.formats.report import parse_report
-from mtp2draft.io import Progress, being_written, claim_output, dir_identity, meter, quiet, write_json
 from mtp2draft.kinds import EVALUATION_FILE, DraftKind
-from mtp2draft.manifest import add_written, temporary_beside
+from mtp2draft.manifest import add_written, temporary_beside, write_json
+from mtp2draft.outputs.claims import being_written, claim_output
+from mtp2draft.outputs.identity import dir_identity
+from mtp2draft.progress import Progress, meter, quiet
 from mtp2draft.settings import derived_seed
 from mtp2draft.target.device import resolve_device
 from mtp2draft.target.hidden import TargetModel, check_draft_fits

@@ -63,8 +63,8 @@ from mtp2draft.evaluation.decode import (
     with_headline,
 )
 from mtp2draft.evaluation.settings import EvaluateConfig
-from mtp2draft.io import Progress, meter
 from mtp2draft.kinds import CONFIG_FILE, DSPARK_KIND, is_dspark_draft
+from mtp2draft.progress import Progress, meter
 from mtp2draft.settings import HubAccess, Placement
 from mtp2draft.target.device import resolve_device
 from mtp2draft.target.hidden import TargetModel

@@ -71,7 +71,7 @@ class EvaluateConfig:
         if not 0.0 <= self.confidence_threshold <= 1.0:
             raise OptionError(f"--confidence-threshold must lie in [0, 1], got {self.confidence_threshold}")
         Sampling(self.temperature, self.top_p, self.draft_sampling)  # OptionError on a bad value
-        from mtp2draft.family.spec import STEP_LAYER_RULES
+        from mtp2draft.family.schema import STEP_LAYER_RULES
 
         if self.step_layers is not None and self.step_layers not in STEP_LAYER_RULES:
             raise OptionError(f"--step-layers must be one of {', '.join(STEP_LAYER_RULES)}, got {self.step_layers!r}")

@@ -16,7 +16,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from mtp2draft.errors import CheckpointError
-from mtp2draft.family.spec import Spec
+from mtp2draft.family.schema import Spec
 
 
 def layer_text_config(spec: Spec, config: Mapping[str, Any], layer: int) -> dict[str, Any]:

@@ -19,8 +19,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from mtp2draft.dtypes import DTYPE_NAMES
 from mtp2draft.errors import DraftError, SourceError
-from mtp2draft.kinds import DTYPE_NAMES, DraftKind
+from mtp2draft.kinds import DraftKind
 from mtp2draft.settings import MAX_DRAFT_TOKENS, setting
 
 

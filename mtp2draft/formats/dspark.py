@@ -30,11 +30,13 @@ import torch
 
 from mtp2draft.checkpoint.tensor_checks import check_tensors
 from mtp2draft.draft import dspark_disk as disk
+from mtp2draft.dtypes import TORCH_DTYPES
 from mtp2draft.errors import DraftError
 from mtp2draft.formats import ExportJob, Format
 from mtp2draft.formats.common import load_weights, nonfinite, required_value_problems, speculators_section_problems
-from mtp2draft.io import TORCH_DTYPES, save_tensors, write_json
 from mtp2draft.kinds import CONFIG_FILE, WEIGHTS_FILE
+from mtp2draft.manifest import write_json
+from mtp2draft.outputs.writer import save_tensors
 
 VLLM_VERSION = "0.32"  # the release the reading above was checked against (its CPU build's source)
 # what vLLM dispatches on (`SUPPORTED_SPECULATORS_TYPES`, `update_dspark`'s supported architectures)

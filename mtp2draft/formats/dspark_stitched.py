@@ -40,8 +40,8 @@ from mtp2draft.formats.common import (
 from mtp2draft.formats.native import NativeWriter, fp8_block, natural_order, stored_from_target
 from mtp2draft.formats.requant import UNQUANTISED_WHY, excluded_config
 from mtp2draft.formats.serving import launch_lines, local_ref, serving_text
-from mtp2draft.io import write_json
 from mtp2draft.kinds import CONFIG_FILE, WEIGHTS_FILE
+from mtp2draft.manifest import write_json
 from mtp2draft.redact import redact
 
 PREFIX = "mtp."

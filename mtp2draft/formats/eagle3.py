@@ -18,6 +18,7 @@ from typing import Any
 import torch
 
 from mtp2draft.checkpoint.tensor_checks import check_tensors
+from mtp2draft.draft.eagle3 import VOCAB_MAPS, without_identity_maps
 from mtp2draft.draft.eagle3_config import (
     LLAMA_FIELDS,
     NORM_SWITCHES,
@@ -34,7 +35,7 @@ from mtp2draft.draft.eagle3_config import (
     speculators_to_eagle3_config,
     speculators_weight_name,
 )
-from mtp2draft.draft.modules import VOCAB_MAPS, without_identity_maps
+from mtp2draft.dtypes import TORCH_DTYPES
 from mtp2draft.errors import DraftError
 from mtp2draft.family.spec import get_spec
 from mtp2draft.formats import ExportJob, Format
@@ -46,8 +47,10 @@ from mtp2draft.formats.common import (
     sglang_steps,
     speculators_section_problems,
 )
-from mtp2draft.io import TORCH_DTYPES, Progress, quiet, save_tensors, write_json
 from mtp2draft.kinds import CONFIG_FILE, EAGLE3_ARCHITECTURE, WEIGHTS_FILE, DraftKind
+from mtp2draft.manifest import write_json
+from mtp2draft.outputs.writer import save_tensors
+from mtp2draft.progress import Progress, quiet
 
 
 def _eagle3_input(src: Path, cfg: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:

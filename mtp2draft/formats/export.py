@@ -8,7 +8,7 @@ when the validator finds nothing: a violation raises `ValidationError` (listing 
 
 What this module does not do: train, evaluate or convert checkpoints (it reads draft directories written by
 `convert` / `distill`), know any one format (`formats/`), or talk to the Hub beyond reading a `--target` checkpoint
-(`hub.py` publishes).
+(`hub/upload.py` publishes).
 """
 
 from __future__ import annotations
@@ -23,19 +23,11 @@ from typing import Any
 from mtp2draft._version import __version__
 from mtp2draft.checkpoint.reader import open_checkpoint
 from mtp2draft.draft.config import load_draft_config, parse_draft_config
+from mtp2draft.dtypes import ST_NOT_F32
 from mtp2draft.errors import DraftError, SourceError, ValidationError
 from mtp2draft.family.spec import find_spec
 from mtp2draft.formats import REGISTRY, ExportConfig, ExportJob, check_format, get_format
 from mtp2draft.formats.common import read_json
-from mtp2draft.io import (
-    Progress,
-    atomic_output_dir,
-    check_output_dir,
-    check_unchanged,
-    draft_identity,
-    quiet,
-    write_json,
-)
 from mtp2draft.kinds import (
     ACCEPTANCE_CHART,
     CONFIG_FILE,
@@ -45,7 +37,10 @@ from mtp2draft.kinds import (
     is_dspark_dir,
     kind_of,
 )
-from mtp2draft.manifest import file_inside
+from mtp2draft.manifest import file_inside, write_json
+from mtp2draft.outputs.directories import atomic_output_dir, check_output_dir
+from mtp2draft.outputs.identity import check_unchanged, draft_identity
+from mtp2draft.progress import Progress, quiet
 from mtp2draft.redact import command_line
 from mtp2draft.target.identity import check_target_identity
 
@@ -222,11 +217,6 @@ def validate(
     return problems + _evaluation_problems(found.path)
 
 
-# A half-precision or fp64 tensor under a config that names another dtype loads converted, or not at all: fp32 is
-# allowed anywhere (router buffers, a checkpoint's own fp32 tensors), quantised and integer parts are the formats'.
-_HALF = {"BF16": "bfloat16", "F16": "float16", "F64": "float64"}
-
-
 def _dtype_problems(found: DraftDirectory) -> list[str]:
     """Each weights file tensor whose floating dtype is neither the config's `torch_dtype` nor fp32."""
     from safetensors import safe_open
@@ -235,20 +225,23 @@ def _dtype_problems(found: DraftDirectory) -> list[str]:
     text = found.config.get("text_config")
     if want is None and isinstance(text, Mapping):
         want = text.get("torch_dtype") or text.get("dtype")
-    if not isinstance(want, str) or want not in _HALF.values() and want != "float32":
+    if not isinstance(want, str) or want not in ST_NOT_F32.values() and want != "float32":
         return []
     problems = []
     for weights in sorted(found.path.glob("*.safetensors")):
         try:
             with safe_open(str(weights), framework="pt") as fh:
-                wrong = [(k, d) for k in fh.keys() if (d := fh.get_slice(k).get_dtype()) in _HALF and _HALF[d] != want]  # noqa: SIM118
+                keys = fh.keys()  # a safe_open handle is not iterable
+                wrong = [
+                    (k, d) for k in keys if (d := fh.get_slice(k).get_dtype()) in ST_NOT_F32 and ST_NOT_F32[d] != want
+                ]
         except Exception as exc:  # the format's own checks name an unreadable file
             problems.append(f"{weights.name}: unreadable safetensors header ({exc})")
             continue
         if wrong:
             key, dtype = wrong[0]
             problems.append(
-                f"{weights.name}: {len(wrong)} tensor(s) stored as {_HALF[dtype]} under config torch_dtype {want} "
+                f"{weights.name}: {len(wrong)} tensor(s) stored as {ST_NOT_F32[dtype]} under config torch_dtype {want} "
                 f"(first: {key})"
             )
     return problems

@@ -27,14 +27,17 @@ from typing import Any
 
 import torch
 
-from mtp2draft.checkpoint.reader import INDEX_FILE, ST_DTYPES, Checkpoint
+from mtp2draft.checkpoint.reader import INDEX_FILE
+from mtp2draft.checkpoint.tensors import Checkpoint
+from mtp2draft.dtypes import ST_DTYPES
 from mtp2draft.errors import DraftError
-from mtp2draft.family.spec import Spec
+from mtp2draft.family.schema import Spec
 from mtp2draft.formats.common import STITCHED_MARK
 from mtp2draft.formats.native import ChainLayers, NativeLayer, trunk_keys
 from mtp2draft.formats.requant import EXCLUDERS, UNQUANTISED_WHY, excluded_config
-from mtp2draft.io import save_tensors, write_json
 from mtp2draft.kinds import CONFIG_FILE
+from mtp2draft.manifest import write_json
+from mtp2draft.outputs.writer import save_tensors
 from mtp2draft.redact import redact
 from mtp2draft.target.release import layer_prefix
 

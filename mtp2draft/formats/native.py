@@ -21,15 +21,17 @@ from typing import Any
 import torch
 
 from mtp2draft.checkpoint.fp8 import SCALE_SUFFIX, chunk_rows, fp8_block_size, quantize_fp8
-from mtp2draft.checkpoint.reader import ST_DTYPES, Checkpoint, open_checkpoint
+from mtp2draft.checkpoint.reader import open_checkpoint
 from mtp2draft.checkpoint.tensor_checks import check_tensors
+from mtp2draft.checkpoint.tensors import Checkpoint
 from mtp2draft.draft.build import native_class, native_draft
 from mtp2draft.draft.layout import native_to_checkpoint
+from mtp2draft.dtypes import ST_DTYPES, TORCH_DTYPES
 from mtp2draft.errors import DraftError
-from mtp2draft.family.spec import Spec, get_spec
+from mtp2draft.family.schema import Spec
+from mtp2draft.family.spec import get_spec
 from mtp2draft.formats import Format
 from mtp2draft.formats.common import load_weights, nonfinite
-from mtp2draft.io import TORCH_DTYPES
 from mtp2draft.kinds import CONFIG_FILE, WEIGHTS_FILE, DraftKind
 
 # Tensors of a shard being rewritten are copied in runs of about this many bytes (peak memory per run).

@@ -6,7 +6,7 @@ Tensors are written in the target's own storage: FP8 with `_scale_inv` where it 
 copies tensors in their stored dtype), and the schemes `formats/requant.py` writes (DeepSeek-V4's FP4 experts and
 FP8 linears with e8m0 `.scale`) under the checkpoint's own part names.
 
-What this module does not do: validate the draft directory it reads (`native.py`) or publish (`hub.py`).
+What this module does not do: validate the draft directory it reads (`native.py`) or publish (`hub/upload.py`).
 """
 
 from __future__ import annotations
@@ -21,7 +21,8 @@ import torch
 from mtp2draft.checkpoint.fp8 import SCALE_SUFFIX, fp8_block_size
 from mtp2draft.draft.layout import native_to_checkpoint
 from mtp2draft.errors import DraftError
-from mtp2draft.family.spec import Spec, find_spec, registry
+from mtp2draft.family.schema import Spec
+from mtp2draft.family.spec import find_spec, registry
 from mtp2draft.formats import ExportJob, Format
 from mtp2draft.formats import native as nat  # the helpers the native writers share
 from mtp2draft.formats.common import (
@@ -33,8 +34,9 @@ from mtp2draft.formats.common import (
     sglang_steps,
 )
 from mtp2draft.formats.native import NativeLayer
-from mtp2draft.io import SafetensorsWriter, write_json
 from mtp2draft.kinds import CONFIG_FILE, WEIGHTS_FILE, DraftKind
+from mtp2draft.manifest import write_json
+from mtp2draft.outputs.writer import SafetensorsWriter
 
 
 def nextn_text_fields(spec: Spec, target_config: Mapping[str, Any]) -> dict[str, Any]:

@@ -3,19 +3,14 @@ exporters can write it, else unquantised with the layer excluded from the target
 
 - `fp8-e8m0` / `fp4-e8m0` (DeepSeek-V4 as released): requantised under the checkpoint's own names, `{}weight` e4m3
   with an e8m0 `{}scale` per 128 x 128 block, or `{}weight` int8 packed e2m1 with an e8m0 `{}scale` per 32 inputs
-  (`checkpoint/fp4.py`'s quantisers, the inverses of the readers). vLLM 0.34 loads them as the release
-  (`models/deepseek_v4/nvidia/mtp.py` load_weights: `.scale` -> `weight_scale_inv` for linears, `weight_scale` viewed
-  as uint8 for the routed experts, `quant_config.py` DeepseekV4FP8Config: block FP8 linears, `Mxfp4MoEMethod`).
+  (`checkpoint/fp4.py`'s quantisers, the inverses of the readers).
 - ModelOpt (NVFP4 / FP8) and compressed-tensors (int4 / int8 / NVFP4 / MXFP4 pack-quantized) re-releases: written in
   the target's float dtype (bf16 on every release we know) under the logical key, the quantised parts dropped, and the
-  MTP layer's module prefix added to the config's exclusion list, so vLLM 0.34 builds that layer unquantised:
-  ModelOpt's `get_quant_method` returns `UnquantizedLinearMethod` for an excluded linear and None for excluded routed
-  experts, which `RoutedExperts._get_quant_method` turns into `UnquantizedFusedMoEMethod` (`modelopt.py`,
-  `fused_moe/routed_experts.py`); compressed-tensors' `get_scheme_dict` returns None for an ignored layer, hence
-  `UnquantizedLinearMethod` and, for experts, `UnquantizedFusedMoEMethod` (`compressed_tensors.py`,
-  `compressed_tensors_moe.py`). bf16, not block FP8: neither config has a block-FP8 scheme an excluded layer could
-  take, and an unquantised layer is what those paths load.
+  MTP layer's module prefix added to the config's exclusion list, so the engine builds that layer unquantised.
 - Anything else quantised (gpt-oss `mxfp4` blocks) is refused in one line naming the scheme.
+
+How vLLM 0.34 loads each of the two, with the sources read: docs/engines.md, "A layer stored back into a quantised
+release".
 
 What this module does not do: read checkpoints (`checkpoint/`) or lay out shards (`stitched.py`, `nextn.py`).
 """

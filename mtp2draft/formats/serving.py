@@ -1,6 +1,6 @@
 """How an exported draft is served, from one source: the k every launch line drafts, the launch lines themselves (for
 a local or a Hub target and draft), the step that lays a stitched overlay over its target, and the config the engine
-needs where it parses a family's released config under another type. The export README, the model card (`hub`) and
+needs where it parses a family's released config under another type. The export README, the model card (`hub/card.py`) and
 `run`'s summary all print what this module returns, so they cannot disagree.
 
 What this module does not do: check that an engine serves the draft (the family's spec says), or write any file.
@@ -13,7 +13,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from mtp2draft.family.spec import ENGINES, Spec
+from mtp2draft.family.schema import ENGINES, Spec
 from mtp2draft.formats import REGISTRY, format_kind, get_format
 
 DEFAULT_K = 3

@@ -24,8 +24,10 @@ import torch
 
 from mtp2draft.checkpoint.tensor_checks import check_tensors
 from mtp2draft.draft.modules import NativeMtpDraft
+from mtp2draft.dtypes import TORCH_DTYPES
 from mtp2draft.errors import DraftError
-from mtp2draft.family.spec import Spec, registry
+from mtp2draft.family.schema import Spec
+from mtp2draft.family.spec import registry
 from mtp2draft.formats import ExportJob, Format
 from mtp2draft.formats import native as nat
 from mtp2draft.formats.common import (
@@ -37,8 +39,9 @@ from mtp2draft.formats.common import (
     speculators_section_problems,
 )
 from mtp2draft.formats.eagle3 import verifier_of
-from mtp2draft.io import TORCH_DTYPES, save_tensors, write_json
 from mtp2draft.kinds import CONFIG_FILE, WEIGHTS_FILE, Hidden
+from mtp2draft.manifest import write_json
+from mtp2draft.outputs.writer import save_tensors
 
 SPECULATORS_VERSION = "0.9.0"  # the release the layout below was read from
 MODEL_TYPE = "mtp"  # speculators_model_type and speculators_config.algorithm

@@ -5,7 +5,7 @@ A quantised target's layer is written in its own scheme where `formats/requant.p
 FP4 with e8m0 scales), else (ModelOpt, compressed-tensors) in the float dtype with the layer's quantised parts dropped
 from the shard and the index and its prefix added to the config's exclusion list.
 
-What this module does not do: write the NextN layout (`nextn.py`) or publish (`hub.py`).
+What this module does not do: write the NextN layout (`nextn.py`) or publish (`hub/upload.py`).
 """
 
 from __future__ import annotations
@@ -20,10 +20,13 @@ import torch
 
 from mtp2draft._version import __version__
 from mtp2draft.checkpoint.fp8 import SCALE_SUFFIX, fp8_block_size
-from mtp2draft.checkpoint.reader import INDEX_FILE, ST_DTYPES, Checkpoint, open_checkpoint
+from mtp2draft.checkpoint.reader import INDEX_FILE, open_checkpoint
+from mtp2draft.checkpoint.tensors import Checkpoint
 from mtp2draft.draft.layout import plan_mtp_layer
+from mtp2draft.dtypes import ST_DTYPES
 from mtp2draft.errors import DraftError
-from mtp2draft.family.spec import Spec, find_spec
+from mtp2draft.family.schema import Spec
+from mtp2draft.family.spec import find_spec
 from mtp2draft.family.transforms import fp8_row_chunks
 from mtp2draft.formats import ExportJob, Format
 from mtp2draft.formats.common import (
@@ -55,8 +58,9 @@ from mtp2draft.formats.native import (
 )
 from mtp2draft.formats.requant import UNQUANTISED_WHY, excluded_config
 from mtp2draft.formats.serving import config_view_note, launch_lines, local_ref, serving_text
-from mtp2draft.io import SafetensorsWriter, write_json
 from mtp2draft.kinds import CONFIG_FILE, WEIGHTS_FILE
+from mtp2draft.manifest import write_json
+from mtp2draft.outputs.writer import SafetensorsWriter
 from mtp2draft.redact import redact
 from mtp2draft.target.release import diagnose, unexcluded
 

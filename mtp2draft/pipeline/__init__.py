@@ -22,7 +22,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from mtp2draft.bundled import BUNDLED_DATA, BUNDLED_TARGET
+from mtp2draft.bundled import BUNDLED_DATA, BUNDLED_TARGET, DEMO_STEPS
 from mtp2draft.conversion import convert
 from mtp2draft.errors import (
     HubError,
@@ -34,13 +34,16 @@ from mtp2draft.errors import (
 )
 from mtp2draft.evaluation.decode import evaluate, save_evaluation
 from mtp2draft.evaluation.settings import EvaluateConfig
-from mtp2draft.family.spec import Spec
+from mtp2draft.family.schema import Spec
 from mtp2draft.formats import REGISTRY, ExportConfig, formats_of, get_format
 from mtp2draft.formats.export import export
-from mtp2draft.hub import serve_text
-from mtp2draft.io import Progress, check_output_dir, claim_output, mark
+from mtp2draft.hub.card import serve_text
 from mtp2draft.kinds import DraftKind
+from mtp2draft.manifest import mark
+from mtp2draft.outputs.claims import claim_output
+from mtp2draft.outputs.directories import check_output_dir
 from mtp2draft.pipeline import record as run_record
+from mtp2draft.progress import Progress
 from mtp2draft.settings import ConvertConfig, HubAccess, Placement, RunConfig
 from mtp2draft.target.device import resolve_device
 from mtp2draft.train.recipe import distill
@@ -197,7 +200,7 @@ def preflight(source: str, config: RunConfig, stages: Stages, hub: HubAccess) ->
     from mtp2draft.formats import check_format, get_format
     from mtp2draft.target.identity import check_same_checkpoint
     from mtp2draft.train.calibrate import check_draft_vocab_size
-    from mtp2draft.train.recipe import check_heldout_options, check_training_settings, refuse_untrained
+    from mtp2draft.train.checks import check_heldout_options, check_training_settings, refuse_untrained
 
     training = config.training
     if training.data is None:
@@ -238,7 +241,7 @@ def preflight(source: str, config: RunConfig, stages: Stages, hub: HubAccess) ->
             spec.name, ckpt.config, target.config, f"--target {config.target}", f"the checkpoint {source} (the source)"
         )
     if config.push:
-        from mtp2draft.hub import check_push_access
+        from mtp2draft.hub.upload import check_push_access
         from mtp2draft.pipeline.checks import check_repo_creatable
 
         check_repo_creatable(config.push, check_push_access(config.push, hub.token))
@@ -348,7 +351,7 @@ def _run(
 def _push(config: RunConfig, hub: HubAccess, result: RunResult, record: Record, step: _Steps) -> RunResult:
     """Stage 5: publish the export. Pushed to the same repo by an earlier run: kept. A failure raises `PushFailed`,
     which carries the finished run and says how to publish the complete export."""
-    from mtp2draft.hub import PushResult, push
+    from mtp2draft.hub.upload import PushResult, push
 
     earlier, exported = record.finished.get("push") or {}, result.exported
     if earlier.get("repo_id") == config.push:
@@ -442,7 +445,9 @@ def target_figures(target: Path) -> dict[str, Any] | None:
         return None
 
 
-def demo(work: str | Path, steps: int = 150, overwrite: bool = True, progress: Progress = lambda _: None) -> RunResult:
+def demo(
+    work: str | Path, steps: int = DEMO_STEPS, overwrite: bool = True, progress: Progress = lambda _: None
+) -> RunResult:
     """The quick start: the full path on the bundled target (native MTP draft: the clearest view of what a short
     training-time-test fine-tune adds to the raw head), evaluated beside the raw head on held-out prompts."""
     if not (BUNDLED_TARGET / "config.json").is_file():

@@ -1,5 +1,5 @@
 """What `run --push` asks the Hub before any work: that it takes the token, lets it write, and lets its user create
-the repo. (`hub.check_push_access` checks the repo id and finds the token; `hub.push` uploads.)
+the repo. (`hub.upload.check_push_access` checks the repo id and finds the token; `hub.upload.push` uploads.)
 
 What this module does not do: create, upload or change anything on the Hub.
 """

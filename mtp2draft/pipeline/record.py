@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from mtp2draft.errors import OutputExistsError
-from mtp2draft.io import write_json
+from mtp2draft.manifest import write_json
 
 RECORD = ".mtp2draft-run.json"
 STAGES = ("convert", "distill", "evaluate", "export", "push")

@@ -9,7 +9,7 @@ The draft is priced at the real checkpoint's size: a native MTP draft as its MTP
 Llama-shaped layer at the checkpoint's hidden size with an `fc` and the full vocabulary (its trained draft
 vocabulary belongs to the checkpoint it was converted from, which may be a toy).
 
-What this module does not do: write the card (`hub.py`) or fail a push: no acceptance, no family config, or any
+What this module does not do: write the card (`hub/card.py`) or fail a push: no acceptance, no family config, or any
 problem building the prediction gives no section.
 """
 

@@ -33,6 +33,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from mtp2draft.dtypes import CONFIG_DTYPE_BYTES
 from mtp2draft.errors import DataError, OptionError
 from mtp2draft.speed.accelerators import Accelerator
 
@@ -40,7 +41,6 @@ from mtp2draft.speed.accelerators import Accelerator
 # decoder layer per forward). tests/test_speed.py re-runs the fit and fails if this value is not what it gives.
 LAYER_LATENCY_S = 3.30e-4
 
-DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2, "float8_e4m3fn": 1, "fp8": 1}
 STATE_BYTES = 4  # Gated DeltaNet recurrent state is kept in fp32 (Qwen3-Next / Qwen3.5 `mamba_ssm_dtype`)
 KV_BYTES = 2  # bf16 KV cache
 
@@ -121,7 +121,7 @@ def _int(cfg: Mapping[str, Any], *keys: str, default: int | None = None) -> int:
 
 def _dtype_bytes(cfg: Mapping[str, Any]) -> float:
     name = str(cfg.get("torch_dtype") or cfg.get("dtype") or "bfloat16")
-    return DTYPE_BYTES.get(name, 2)
+    return CONFIG_DTYPE_BYTES.get(name, 2)
 
 
 def _weight_bytes(cfg: Mapping[str, Any]) -> float:
@@ -318,12 +318,12 @@ def forward_time(
     return ForwardTime(max(memory, compute) + fixed, weights, kv, flops, memory, compute, fixed)
 
 
-def _golden_min(f, lo: float, hi: float, steps: int = 200) -> float:
+def _golden_min(f, lo: float, hi: float, iterations: int = 200) -> float:
     """The minimiser of a unimodal f on [lo, hi] (golden-section search)."""
     r = (math.sqrt(5) - 1) / 2
     a, b = lo, hi
     c, d = b - r * (b - a), a + r * (b - a)
-    for _ in range(steps):
+    for _ in range(iterations):
         if f(c) < f(d):
             b = d
         else:

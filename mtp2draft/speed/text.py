@@ -1,6 +1,6 @@
 """The speed report as text: the table `mtp2draft speedup` prints, and the short section the model card carries.
 
-What this module does not do: compute anything (`model.py`) or decide where text goes (`cli/evaluation.py`, `hub.py`).
+What this module does not do: compute anything (`model.py`) or decide where text goes (`cli/evaluation.py`, `hub/card.py`).
 """
 
 from __future__ import annotations

@@ -27,7 +27,9 @@ import torch
 
 from mtp2draft.checkpoint.quant import ACTIVATION_SUFFIXES
 from mtp2draft.checkpoint.reader import INDEX_FILE, open_checkpoint
-from mtp2draft.io import TORCH_DTYPES, save_tensors, write_json
+from mtp2draft.dtypes import TORCH_DTYPES
+from mtp2draft.manifest import write_json
+from mtp2draft.outputs.writer import save_tensors
 
 DEQUANTISED_METHODS = ("modelopt", "compressed-tensors", "mxfp4")
 NOT_EMULATED = (

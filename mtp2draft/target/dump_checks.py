@@ -6,7 +6,7 @@ Before training starts, once, from small reads only:
   and with the draft it is meant to train (family, sizes, layers, the target's whole config for native drafts);
 - shard names: plain relative names (the checkpoint index rule, `checkpoint.reader.check_shard_name`) that stay inside the
   dump once links are followed;
-- shard headers (8 bytes + the JSON header each, through `checkpoint.reader.Checkpoint`'s header reader): every record's
+- shard headers (8 bytes + the JSON header each, through `checkpoint.tensors.Checkpoint`'s header reader): every record's
   tensors present with the schema's dtype and shapes ([T], [T, H], [T, 3H], [T, k]); `shared.safetensors` [V, H];
 - loss masks (one byte per token): a dump with no loss token within --max-length trains nothing and is refused.
 Then, per batch as it is consumed (the dump is read once): finiteness of the features and log-probs, log-probs <= 0
@@ -26,9 +26,11 @@ from typing import Any
 
 import torch
 
-from mtp2draft.checkpoint.reader import Checkpoint, TensorInfo, check_shard_name
+from mtp2draft.checkpoint.reader import check_shard_name
 from mtp2draft.checkpoint.sources import LocalFiles
 from mtp2draft.checkpoint.tensor_checks import check_tensors
+from mtp2draft.checkpoint.tensors import Checkpoint, TensorInfo
+from mtp2draft.dtypes import ST_FLOATS
 from mtp2draft.errors import CheckpointError, DataError, OptionError, SpecError, UnknownFamilyError, read_json_object
 from mtp2draft.target.rope_config import normalised
 
@@ -56,7 +58,6 @@ RECORD_DTYPES = {"input_ids": "I64", "loss_mask": "BOOL", "final": "F32", "aux":
 RECORD_DTYPES |= {"topk_logprobs": "F32", "topk_ids": "I64"}
 # target config keys that do not change what the target computes (a re-save rewrites them)
 IGNORED_CONFIG_KEYS = ("transformers_version", "_name_or_path")
-DTYPES_FLOAT = ("F32", "F16", "BF16", "F64")  # shared.safetensors: bf16 is fine (the docs)
 
 
 def _whole(value: Any) -> bool:
@@ -100,7 +101,7 @@ def check_dump_request(
     `--overwrite` would delete it)."""
     from mtp2draft.checkpoint.reader import read_config
     from mtp2draft.family.spec import find_spec
-    from mtp2draft.io import check_output_dir
+    from mtp2draft.outputs.directories import check_output_dir
 
     check_dump_options(top_k, shard_size, max_length)
     check_output_dir(out, overwrite, [*inputs, target, target_dir])
@@ -341,7 +342,7 @@ def check_shards(root: Path, manifest: dict[str, Any], max_length: int | None = 
     shared = _header(ckpt, SHARED_FILE)
     for name in ("embed", "lm_head"):
         info = shared.get(name)
-        if info is None or list(info.shape) != [v, h] or info.dtype not in DTYPES_FLOAT:
+        if info is None or list(info.shape) != [v, h] or info.dtype not in ST_FLOATS:
             got = "missing" if info is None else f"{info.dtype} {list(info.shape)}"
             raise DataError(f"{root / SHARED_FILE}: {name} must be a float tensor [{v}, {h}], got {got}")
     if not _any_loss_token(ckpt, masks, max_length):

@@ -21,7 +21,12 @@ import torch
 from safetensors import safe_open
 
 from mtp2draft.errors import DataError
-from mtp2draft.io import atomic_output_dir, being_written, dir_identity, meter, save_tensors, write_json
+from mtp2draft.manifest import write_json
+from mtp2draft.outputs.claims import being_written
+from mtp2draft.outputs.directories import atomic_output_dir
+from mtp2draft.outputs.identity import dir_identity
+from mtp2draft.outputs.writer import save_tensors
+from mtp2draft.progress import meter
 from mtp2draft.target import dump_checks
 from mtp2draft.target.hidden import HIDDEN_SCHEMA_VERSION, MANIFEST, SHARED_FILE, Features, TargetModel
 

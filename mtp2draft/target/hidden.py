@@ -29,10 +29,12 @@ import torch
 
 from mtp2draft.checkpoint import network
 from mtp2draft.checkpoint.reader import INDEX_FILE, SINGLE_FILE, open_checkpoint, parse_index, read_config
+from mtp2draft.dtypes import TORCH_DTYPES
 from mtp2draft.errors import CheckpointError, DataError, DraftError, OptionError, SourceError, read_json_file
-from mtp2draft.family.spec import Spec, find_spec
-from mtp2draft.io import TORCH_DTYPES, quiet_transformers
+from mtp2draft.family.schema import Spec
+from mtp2draft.family.spec import find_spec
 from mtp2draft.kinds import DraftKind, Hidden
+from mtp2draft.progress import quiet_transformers
 from mtp2draft.target import dump_checks
 from mtp2draft.target.dequantised import dequantised_view, needs_dequantised_view
 

@@ -3,22 +3,20 @@ family mtp2draft knows, judged from config.json, the index and shard headers onl
 
 Five facts, then one verdict:
 - which MTP layers the checkpoint holds (keys under the spec's block prefix or its named glue keys), and where: the
-  index's shards, a separate `*mtp*.safetensors` the index names, or such a file the index does *not* name (vLLM 0.34
-  loads only the files the index names: `model_loader/weight_utils.py` `filter_duplicate_safetensors_files`; SGLang
-  0.5.23 re-adds an unindexed `mtp.safetensors` for `Glm4MoeForCausalLM` only, `maybe_add_mtp_safetensors`,
-  sgl-project/sglang#17166);
+  index's shards, a separate `*mtp*.safetensors` the index names, or such a file the index does *not* name (which
+  vLLM 0.34 does not load);
 - the storage of each tensor group of the layer (bf16, block FP8, int4, NVFP4, ...), from the quantisation registry
   in `checkpoint/quant.py`;
 - whether the quantisation config's exclusion list (ModelOpt `exclude_modules` / `ignore`, compressed-tensors
   `ignore`, FP8 `modules_to_not_convert`) agrees with how the layer's linears are stored: a bf16 layer the config
-  does not exclude is built quantised by the engine (the Step-3.7 NVFP4 export whose `model.layers.45.*` exclusion
-  no longer matched `model.language_model.*`, sgl-project/sglang#32325), a quantised one it excludes cannot load;
+  does not exclude is built quantised by the engine, a quantised one it excludes cannot load;
 - whether the count field the engines read (`num_nextn_predict_layers`, ...) equals the layers present;
 - whether the layer's storage is one MTP heads are known to lose acceptance in (`SCHEME_FIT`).
 
-Per-scheme and per-method facts are the tables below; no family name appears in the logic.
+Per-scheme and per-method facts are the tables below; no family name appears in the logic. The engine facts behind
+each finding, with their sources, are docs/releases.md's table of findings.
 
-What this module does not do: read tensor values (`checkpoint/reader.py`), or write a graft (`formats/stitched.py`).
+What this module does not do: read tensor values (`checkpoint/tensors.py`), or write a graft (`formats/stitched.py`).
 """
 
 from __future__ import annotations
@@ -30,8 +28,9 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from mtp2draft.checkpoint.reader import UNINDEXED_MTP_FILES, Checkpoint
-from mtp2draft.family.spec import Spec
+from mtp2draft.checkpoint.tensors import UNINDEXED_MTP_FILES, Checkpoint
+from mtp2draft.dtypes import ST_LINEAR_FLOATS
+from mtp2draft.family.schema import Spec
 
 # Tensor groups of an MTP layer: the first pattern that matches a key (after the layer's prefix) names its group.
 GROUPS: tuple[tuple[str, str], ...] = (
@@ -335,9 +334,6 @@ def _exclusion_problems(cfg: Mapping[str, Any], entry: dict[str, Any]) -> list[d
     return out
 
 
-FLOAT_DTYPES = ("BF16", "F16", "F32")
-
-
 def unexcluded(config: Mapping[str, Any], stored: Mapping[str, tuple[str, list[int]]]) -> list[str]:
     """One line per MTP linear stored in a float dtype (key -> (safetensors dtype, shape)) that config.json's
     quantisation would build quantised: what `validate` reports for an overlay, as the engines will read it."""
@@ -348,7 +344,7 @@ def unexcluded(config: Mapping[str, Any], stored: Mapping[str, tuple[str, list[i
     for key, (dtype, shape) in sorted(stored.items()):
         module = key.removesuffix(".weight")
         linear = key.endswith(".weight") and len(shape) >= 2 and _group(key) in QUANTISABLE
-        if linear and dtype in FLOAT_DTYPES and not excluded(config, module):
+        if linear and dtype in ST_LINEAR_FLOATS and not excluded(config, module):
             out.append(
                 f"{key} is stored {dtype} but quantization_config.{found[1]} does not exclude {module}: the engine "
                 f"builds it {found[0]}-quantised"

@@ -20,9 +20,10 @@ import torch
 import torch.nn.functional as F
 
 from mtp2draft.data import Example
-from mtp2draft.draft.modules import Eagle3Draft, NativeMtpDraft, vocab_maps
-from mtp2draft.io import Progress
+from mtp2draft.draft.eagle3 import Eagle3Draft, vocab_maps
+from mtp2draft.draft.modules import NativeMtpDraft
 from mtp2draft.kinds import PROVENANCE_FILE, DraftKind
+from mtp2draft.progress import Progress
 from mtp2draft.target.hidden import Features
 from mtp2draft.train.ttt import shift
 

@@ -29,7 +29,10 @@ import torch
 from mtp2draft.checkpoint.tensor_checks import check_tensors
 from mtp2draft.data import load_tokenizer, read_examples
 from mtp2draft.errors import DataError, DraftError, read_json_object
-from mtp2draft.io import make_checkpoint_folder, publish_dir, save_tensors, write_json
+from mtp2draft.manifest import write_json
+from mtp2draft.outputs.checkpoint_folder import make_checkpoint_folder
+from mtp2draft.outputs.directories import publish_dir
+from mtp2draft.outputs.writer import save_tensors
 from mtp2draft.train import parallel
 from mtp2draft.train.teacher import Teacher, collate
 from mtp2draft.train.ttt import ttt_forward

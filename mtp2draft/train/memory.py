@@ -35,16 +35,20 @@ import math
 import os
 from dataclasses import dataclass, field
 from fnmatch import fnmatch
+from pathlib import Path
 from typing import Any
 
 import torch
 from torch import nn
 
-from mtp2draft.family.spec import ENGINES
+from mtp2draft.draft.disk import read_draft_config
+from mtp2draft.errors import OptionError
+from mtp2draft.family.schema import ENGINES
 from mtp2draft.kinds import DraftKind
-from mtp2draft.train.parallel import shard_units
+from mtp2draft.progress import human_bytes as human
+from mtp2draft.train.parallel import resolve_precision, shard_units
+from mtp2draft.train.settings import DistillConfig
 from mtp2draft.train.subsets import TRAIN_SUBSETS
-from mtp2draft.units import human_bytes as human
 
 # Linear maps whose outputs are the attention's keys/values (transformers' names: GQA, gated attention, MLA).
 KV_PROJECTIONS = ("*.k_proj", "*.v_proj", "*.kv_b_proj")
@@ -149,20 +153,21 @@ def _feature_width(draft) -> int:
 
 def plan(
     draft_config: dict[str, Any],
-    world: int = 1,
+    config: DistillConfig | None = None,
     *,
+    world: int = 1,
     precision: str = "fp32",
-    batch: int = 8,
-    length: int = 256,
-    ttt_steps: int = 3,
-    subset: str = "all",
-    activation_checkpointing: bool = False,
+    subset: str | None = None,
     online_logits: bool = True,
-    serving_engine: str | None = None,
 ) -> MemoryPlan:
-    """Per-rank bytes of a `distill` run (see the module docstring for what each line counts); `serving_engine`:
-    the draft trained for that engine's computation and step rule (`distill --serving-engine`)."""
+    """Per-rank bytes of a `distill` run with the settings `config` (the module docstring says what each line
+    counts), training `subset` (default: its `train_subset`), the draft trained for its `serving_engine`."""
     from mtp2draft.errors import DataError
+
+    config = config or DistillConfig()
+    batch, length, ttt_steps = config.batch_size, config.max_length, config.ttt_steps
+    activation_checkpointing, serving_engine = config.activation_checkpointing, config.serving_engine
+    subset = subset or config.train_subset
 
     if subset not in TRAIN_SUBSETS:
         raise DataError(f"--train-subset must be one of {', '.join(TRAIN_SUBSETS)}, got {subset!r}")
@@ -281,3 +286,24 @@ def check_fits(p: MemoryPlan, device: str, local_world: int = 1) -> str | None:
         "use more ranks, --precision bf16, a smaller --batch-size/--max-length, --activation-checkpointing or "
         "--train-subset (see `distill --plan`)"
     )
+
+
+def plan_memory(
+    draft_dir: str | Path,
+    config: DistillConfig | None = None,
+    world: int | None = None,
+    device: str = "cpu",
+    offline: bool = False,
+) -> list[MemoryPlan]:
+    """`distill --plan`: the per-rank memory plan of every trainable subset, side by side, from the draft's
+    config.json alone (the chosen --train-subset first). World size: `world`, else torchrun's, else 1."""
+    cfg = config or DistillConfig()
+    if world is not None and (isinstance(world, bool) or world < 1):
+        raise OptionError(f"--world-size must be a whole number >= 1, got {world}")
+    world = world or int(os.environ.get("WORLD_SIZE", 1))
+    precision = resolve_precision(cfg.precision, device)
+    draft_config = read_draft_config(draft_dir)
+    subsets = [cfg.train_subset] + [s for s in TRAIN_SUBSETS if s != cfg.train_subset]
+    return [
+        plan(draft_config, cfg, world=world, precision=precision, subset=s, online_logits=not offline) for s in subsets
+    ]

@@ -41,7 +41,8 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from mtp2draft.io import make_checkpoint_folder, remove_checkpoint_folder, write_json
+from mtp2draft.manifest import write_json
+from mtp2draft.outputs.checkpoint_folder import make_checkpoint_folder, remove_checkpoint_folder
 from mtp2draft.train.subsets import TRAIN_SUBSETS
 
 PRECISIONS = {

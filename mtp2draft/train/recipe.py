@@ -36,11 +36,14 @@ import torch
 
 from mtp2draft._version import __version__
 from mtp2draft.draft.disk import load_draft, read_draft_config
-from mtp2draft.draft.modules import Eagle3Draft
+from mtp2draft.draft.eagle3 import Eagle3Draft
 from mtp2draft.errors import DataError, DraftError, OptionError
-from mtp2draft.family.spec import ENGINES, get_spec
-from mtp2draft.io import Progress, check_output_dir, claim_output, meter, quiet, remove_checkpoint_folder
-from mtp2draft.kinds import HIDDEN_PLACES, DraftKind
+from mtp2draft.family.spec import get_spec
+from mtp2draft.kinds import DraftKind
+from mtp2draft.outputs.checkpoint_folder import remove_checkpoint_folder
+from mtp2draft.outputs.claims import claim_output
+from mtp2draft.outputs.directories import check_output_dir
+from mtp2draft.progress import Progress, meter, quiet
 from mtp2draft.redact import command_line
 from mtp2draft.target.dump_checks import check_finite_state, check_offline_options
 from mtp2draft.train import memory, parallel
@@ -49,6 +52,7 @@ from mtp2draft.train.calibrate import (
     choose_and_narrow,
     narrow_vocab,
 )
+from mtp2draft.train.checks import check_heldout_options, check_training_settings, refuse_untrained
 from mtp2draft.train.heldout import HeldoutGuard
 from mtp2draft.train.parallel import Parallel
 from mtp2draft.train.settings import DistillConfig, DistillJob, DistillOptions
@@ -217,14 +221,9 @@ class DistillRecipe:
 
     def check_memory(self) -> None:
         """The memory plan, from the draft's config alone, printed; refused when the device cannot hold it."""
-        mem = _memory_plan(
-            read_draft_config(self.job.draft_dir),
-            self.cfg,
-            world=self.par.world,
-            precision=self.precision,
-            subset=self.cfg.train_subset,
-            online=self.job.hidden_states is None,
-        )
+        online = self.job.hidden_states is None
+        draft_config = read_draft_config(self.job.draft_dir)
+        mem = memory.plan(draft_config, self.cfg, world=self.par.world, precision=self.precision, online_logits=online)
         self.progress(f"{memory.render([mem])}")
         local_world = int(os.environ.get("LOCAL_WORLD_SIZE", self.par.world))
         reason = memory.check_fits(mem, self.device, local_world if self.device == "cpu" else 1)
@@ -454,91 +453,6 @@ def configure_draft(draft, cfg: DistillConfig) -> None:
         draft.train_for_engine(cfg.serving_engine)
     if cfg.hidden_handover is not None:
         draft.hidden_handover = cfg.hidden_handover
-
-
-def check_heldout_options(cfg: DistillConfig, heldout: str | Path | None, hidden_states: str | Path | None) -> None:
-    """The held-out guard's options: it scores with the online target, and --patience stops on its scores."""
-    if heldout is not None and hidden_states is not None:
-        raise OptionError("--heldout needs the online target (--target and --data), not --hidden-states")
-    if cfg.patience is not None and heldout is None:
-        raise OptionError("--patience stops on held-out acceptance: it needs --heldout")
-
-
-def refuse_untrained(cfg: DistillConfig, calibrates: bool) -> None:
-    """`--steps 0` only makes sense where distill calibrates something (an EAGLE-3 draft converted from MTP): anything
-    else would write an untrained copy. `run` calls it before anything is fetched (`calibrates`: an EAGLE-3 run)."""
-    if cfg.steps == 0 and not calibrates:
-        raise OptionError(
-            "--steps 0 would write an untrained draft: 0 steps only calibrate an EAGLE-3 draft converted from MTP"
-        )
-
-
-def check_training_settings(kind: str, spec: Any, cfg: DistillConfig, layers: int = 1) -> None:
-    """`--serving-engine` and `--hidden-handover` make sense for a draft of `kind` (of `layers` MTP layers: a chain
-    when > 1) for `spec`'s family (None: the draft names none): distill checks it on the loaded draft, `run` before
-    anything is fetched. An engine whose rule for the family's chain is "neither" cannot be trained for with a
-    chain."""
-    if cfg.serving_engine is not None:
-        if spec is None:
-            raise DataError(
-                "--serving-engine needs a draft converted by mtp2draft (its config names the target's spec)"
-            )
-        if cfg.serving_engine not in ENGINES:
-            raise DataError(f"--serving-engine must be one of {', '.join(ENGINES)}, got {cfg.serving_engine!r}")
-        if not spec.serves(cfg.serving_engine, kind):
-            facts = spec.engine(cfg.serving_engine)
-            raise DataError(
-                f"{cfg.serving_engine} {facts.version if facts else ''} cannot serve a {kind} draft for {spec.name} targets "
-                f"(spec {spec.path}: [engines.{cfg.serving_engine}] methods = {list(facts.methods) if facts else []})"
-            )
-        if not spec.runs(cfg.serving_engine, kind, layers):
-            raise DataError(spec.no_chain(cfg.serving_engine, layers))
-    if cfg.hidden_handover is not None:
-        if kind != DraftKind.MTP:
-            raise DataError(
-                "--hidden-handover applies to native MTP drafts (EAGLE-3 always hands on the pre-norm output)"
-            )
-        if cfg.hidden_handover not in HIDDEN_PLACES:
-            raise DataError(f"--hidden-handover must be {' or '.join(HIDDEN_PLACES)}, got {cfg.hidden_handover!r}")
-
-
-def _memory_plan(
-    draft_config: dict, cfg: DistillConfig, *, world: int, precision: str, subset: str, online: bool
-) -> memory.MemoryPlan:
-    """The memory plan of a run with these settings on `world` ranks, training `subset`."""
-    return memory.plan(
-        draft_config,
-        world=world,
-        precision=precision,
-        batch=cfg.batch_size,
-        length=cfg.max_length,
-        ttt_steps=cfg.ttt_steps,
-        subset=subset,
-        activation_checkpointing=cfg.activation_checkpointing,
-        online_logits=online,
-        serving_engine=cfg.serving_engine,
-    )
-
-
-def plan_memory(
-    draft_dir: str | Path,
-    config: DistillConfig | None = None,
-    world: int | None = None,
-    device: str = "cpu",
-    offline: bool = False,
-) -> list[memory.MemoryPlan]:
-    """`distill --plan`: the per-rank memory plan of every trainable subset, side by side, from the draft's
-    config.json alone (the chosen --train-subset first). World size: `world`, else torchrun's, else 1."""
-    cfg = config or DistillConfig()
-    if world is not None and (isinstance(world, bool) or world < 1):
-        raise OptionError(f"--world-size must be a whole number >= 1, got {world}")
-    world = world or int(os.environ.get("WORLD_SIZE", 1))
-    precision = parallel.resolve_precision(cfg.precision, device)
-    draft_config = read_draft_config(draft_dir)
-    subsets = [cfg.train_subset] + [s for s in parallel.TRAIN_SUBSETS if s != cfg.train_subset]
-    return [
-        _memory_plan(draft_config, cfg, world=world, precision=precision, subset=s, online=not offline) for s in subsets
-    ]
 
 
 def _prepare(draft, cfg: DistillConfig, par: Parallel, precision: str, progress: Progress):

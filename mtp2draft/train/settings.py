@@ -17,7 +17,7 @@ from mtp2draft.errors import OptionError
 from mtp2draft.settings import check_seed, floats, setting
 
 if TYPE_CHECKING:
-    from mtp2draft.io import Progress
+    from mtp2draft.progress import Progress
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -21,20 +21,16 @@ from typing import Any
 import torch
 
 from mtp2draft.draft.disk import read_draft_config
-from mtp2draft.draft.modules import Eagle3Draft, without_identity_maps
+from mtp2draft.draft.eagle3 import Eagle3Draft, without_identity_maps
 from mtp2draft.errors import DraftError
-from mtp2draft.evaluation import charts
-from mtp2draft.io import (
-    Progress,
-    atomic_output_dir,
-    check_checkpoint_folder,
-    claim_output,
-    quiet,
-    remove_checkpoint_folder,
-    save_tensors,
-    write_json,
-)
+from mtp2draft.formats import charts
 from mtp2draft.kinds import CONFIG_FILE, PROVENANCE_FILE, TRAINING_CHART, WEIGHTS_FILE
+from mtp2draft.manifest import write_json
+from mtp2draft.outputs.checkpoint_folder import check_checkpoint_folder, remove_checkpoint_folder
+from mtp2draft.outputs.claims import claim_output
+from mtp2draft.outputs.directories import atomic_output_dir
+from mtp2draft.outputs.writer import save_tensors
+from mtp2draft.progress import Progress, quiet
 from mtp2draft.train import parallel
 from mtp2draft.train.parallel import Parallel
 
@@ -75,7 +71,7 @@ def check_checkpoints(folder: Path, inputs: list, resume: bool, overwrite: bool,
 
 @contextlib.contextmanager
 def claim_checkpoints(folder: Path) -> Iterator[None]:
-    """Hold the claim on the checkpoint folder for the run (`io.claim_output`). A folder the run made that holds no
+    """Hold the claim on the checkpoint folder for the run (`outputs.claims.claim_output`). A folder the run made that holds no
     checkpoint when it ends (refused, interrupted, out of disk) is removed: what it held (the held-out best so far)
     a fresh run finds again; checkpoints stay for --resume, and on success the folder is already gone."""
     made = not folder.exists()

@@ -21,8 +21,8 @@ import torch
 
 from mtp2draft.data import Example, load_tokenizer, read_examples, regenerate
 from mtp2draft.errors import DataError
-from mtp2draft.io import Progress
 from mtp2draft.kinds import DraftKind
+from mtp2draft.progress import Progress
 from mtp2draft.target.dumps import OfflineHiddenStates, offline_features
 from mtp2draft.target.hidden import Features, TargetModel, check_draft_fits
 from mtp2draft.target.identity import check_drafts_belong

@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from mtp2draft.draft.modules import Eagle3Draft
+from mtp2draft.draft.eagle3 import Eagle3Draft
 from mtp2draft.errors import OptionError
 from mtp2draft.target.hidden import Features
 

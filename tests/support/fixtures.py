@@ -32,7 +32,8 @@ from mtp2draft.draft.build import native_draft
 from mtp2draft.draft.layout import native_to_checkpoint
 from mtp2draft.draft.modules import NativeMtpDraft
 from mtp2draft.family.spec import get_spec
-from mtp2draft.io import save_tensors, write_json
+from mtp2draft.manifest import write_json
+from mtp2draft.outputs.writer import save_tensors
 
 FAMILIES_DIR = Path(__file__).resolve().parents[1] / "data" / "families"
 

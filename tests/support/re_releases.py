@@ -14,7 +14,7 @@ from typing import Any
 import torch
 from safetensors.torch import load_file
 
-from mtp2draft.io import save_tensors
+from mtp2draft.outputs.writer import save_tensors
 from support.fixtures import write_checkpoint
 from support.quantised import SCHEMES
 

@@ -27,7 +27,7 @@ from mtp2draft.draft.disk import load_draft
 from mtp2draft.engines.vllm_evaluate import evaluate_in_vllm
 from mtp2draft.evaluation.decode import evaluate
 from mtp2draft.evaluation.settings import EvaluateConfig
-from mtp2draft.io import save_tensors
+from mtp2draft.outputs.writer import save_tensors
 
 pytestmark = pytest.mark.engine
 

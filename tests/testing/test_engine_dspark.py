@@ -55,7 +55,7 @@ def _shared(target: Path) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 def test_vllm_reads_the_export_as_validate_does_and_its_cpu_build_refuses_dspark(vllm: Path, tmp_path: Path) -> None:
-    from mtp2draft.target.backend import vllm_environment
+    from mtp2draft.engines.vllm_launch import vllm_environment
 
     config = json.loads((TARGET / "config.json").read_text())
     n = config["num_hidden_layers"]

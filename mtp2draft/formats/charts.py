@@ -1,11 +1,13 @@
-"""The pictures a user looks at: acceptance per draft position (`evaluate --save`, the model card) and distill's
-training curves, as PNG files beside the draft.
+"""The pictures a draft directory carries: acceptance per draft position (`evaluate --save`, linked by the model
+card) and distill's training curves, as PNG files beside the draft. Both stages that draw them (evaluation/, train/)
+import this module; it imports neither.
 
 Drawn with matplotlib, an optional extra (`pip install "mtp2draft[chart]"`): without it no chart is written and the
 caller says so once; nothing else depends on it. `acceptance_series` / `training_series` are what the charts draw,
 taken from the saved report or history as they are, so a test can hold the picture to the numbers.
 
-What this module does not do: measure anything (evaluation/, train/) or decide where a chart is linked (hub.py).
+What this module does not do: measure anything (evaluation/, train/) or decide where a chart is linked
+(`hub/card.py`).
 """
 
 from __future__ import annotations
