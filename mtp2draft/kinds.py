@@ -53,8 +53,8 @@ WEIGHTS_FILE = "model.safetensors"
 PROVENANCE_FILE = "provenance.json"
 # what the commands do with a DSpark drafter today, said by every refusal of one
 SUPPORTED_SO_FAR = (
-    "so far mtp2draft reads DSpark drafters with `inspect` and `convert` (into a dspark draft directory); distill, "
-    "evaluate and export do not take them yet"
+    "so far mtp2draft reads DSpark drafters with `inspect` and `convert` (into a dspark draft directory) and "
+    "distills speculators-format ones; evaluate and export do not take them yet"
 )
 DSPARK_KIND = "dspark"  # a DSpark drafter's directory (`conversion.dspark`); no stage takes one yet
 EVALUATION_FILE = "evaluation.json"  # `evaluate --save`: the measured acceptance `push` puts on the model card

@@ -48,6 +48,10 @@ MaxLength = Annotated[int, typer.Option("--max-length", help="Tokens per sequenc
 
 # distill's inputs and flags (its training settings: train.settings.DistillConfig)
 DraftDir = Annotated[Path, typer.Argument(help="Draft directory from `convert` (mtp or eagle3).", show_default=False)]
+OptionalDraftDir = Annotated[
+    Path | None,
+    typer.Argument(help="Draft directory: from `convert` (mtp, eagle3) or a dspark drafter.", show_default=False),
+]
 Resume = Annotated[bool, typer.Option("--resume", help="Continue from the newest checkpoint of --out.")]
 Plan = Annotated[bool, typer.Option("--plan", help="Print the per-rank memory plan (every --train-subset) and exit.")]
 WorldSize = Annotated[
