@@ -194,3 +194,26 @@ def test_cli_starts_a_new_drafter_and_refuses_what_does_not_apply(tmp_path: Path
             DistillJob(draft_dir=out, out=tmp_path / "y", data=TRAIN, target=str(TARGET)),
             DistillConfig(), DSparkObjective(), NewDSpark(new_dspark=[1]),
         )  # fmt: skip
+
+
+def test_a_killed_run_resumes_to_the_same_weights(tmp_path: Path, target: TargetModel) -> None:
+    from safetensors.torch import load_file
+
+    start = _start(target, tmp_path / "start", seed=2)
+    cfg = DistillConfig(steps=3, batch_size=2, max_length=48, lr=3e-3, save_every=1)
+    objective = DSparkObjective(anchors=6)
+
+    def job(out: str, **kw) -> DistillJob:
+        return DistillJob(draft_dir=start, out=tmp_path / out, data=TRAIN, target=str(TARGET), **kw)
+
+    distill_dspark(job("whole"), cfg, objective)
+    stopped = distill_dspark(job("resumed", stop_after=2), cfg, objective)
+    assert stopped.steps == 2 and not (tmp_path / "resumed").exists()
+    assert (tmp_path / "resumed.checkpoints" / "step-0000002" / "state.json").is_file()
+    assert distill_dspark(job("resumed", resume=True), cfg, objective).resumed_from == 2
+    whole, resumed = (
+        load_file(tmp_path / "whole" / "model.safetensors"),
+        load_file(tmp_path / "resumed" / "model.safetensors"),
+    )
+    assert whole.keys() == resumed.keys() and all(torch.equal(whole[k], resumed[k]) for k in whole)
+    assert not (tmp_path / "resumed.checkpoints").exists()
