@@ -145,7 +145,7 @@ def test_distill_makes_a_better_drafter_and_never_writes_the_target(tmp_path: Pa
     untrained = disk.open_dspark(start, target.embedding(), target.lm_head()).eval()
     trained = disk.open_dspark(tmp_path / "out", target.embedding(), target.lm_head()).eval()
     raw, tuned = block_acceptance(untrained, target), block_acceptance(trained, target)
-    # measured: 0.007 -> 0.118 at slot 0; with the teacher taken one position late, 0.028
+    # measured: slot 0 from 0.007 to about 0.12; with the teacher taken one position late, 0.056 (this test fails)
     assert tuned[0] >= raw[0] + 0.06 and all(t >= r - 0.01 for t, r in zip(tuned, raw, strict=True)), (raw, tuned)
 
 
