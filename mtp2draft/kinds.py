@@ -55,8 +55,8 @@ WEIGHTS_FILE = "model.safetensors"
 PROVENANCE_FILE = "provenance.json"
 # what the commands do with a DSpark drafter today, said by every refusal of one
 SUPPORTED_SO_FAR = (
-    "so far mtp2draft reads DSpark drafters with `inspect` and `convert` (into a dspark draft directory), "
-    "`evaluate` runs them, and `export` writes them (speculators-dspark, stitched); distill does not take them yet"
+    "mtp2draft reads DSpark drafters with `inspect` and `convert` (into a dspark draft directory), distills and "
+    "evaluates them, and writes them with `export` (speculators-dspark, stitched)"
 )
 DSPARK_KIND = DraftKind.DSPARK.value  # a DSpark drafter's directory (`conversion.dspark`, `draft.dspark_disk`)
 EVALUATION_FILE = "evaluation.json"  # `evaluate --save`: the measured acceptance `push` puts on the model card
@@ -99,7 +99,9 @@ def detect_kind(cfg: Mapping[str, Any], hint: str = "") -> DraftKind:
     with `hint` (e.g. which commands write draft directories) appended."""
     kind = kind_of(cfg)
     if kind is None and is_dspark_dir(cfg):
-        raise DraftError(f"config.json describes a DSpark draft directory: {SUPPORTED_SO_FAR}")
+        raise DraftError(
+            f"config.json describes a DSpark draft directory, which this command does not take: {SUPPORTED_SO_FAR}"
+        )
     if kind is None:
         raise DraftError(
             "config.json describes neither an mtp2draft native MTP draft nor an EAGLE-3 draft"

@@ -263,6 +263,8 @@ SETTINGS_OFFERED = {
         "push": ("revision",),  # push's --revision is the branch it commits to
     },
     "RunConfig": {"run": ()},
+    "DSparkObjective": {"distill": ()},
+    "NewDSpark": {"distill": ()},
     "TrainingData": {
         "distill": (),
         "run": ("hidden_states",),
@@ -275,10 +277,10 @@ def _settings_classes() -> dict[str, type]:
     from mtp2draft.evaluation.settings import EvaluateConfig
     from mtp2draft.formats import ExportConfig
     from mtp2draft.settings import ConvertConfig, HubAccess, Placement, RunConfig
-    from mtp2draft.train.settings import TrainingData
+    from mtp2draft.train.settings import DSparkObjective, NewDSpark, TrainingData
 
     classes = [ConvertConfig, DistillConfig, EvaluateConfig, ExportConfig, Placement, HubAccess, RunConfig]
-    classes.append(TrainingData)
+    classes += [TrainingData, DSparkObjective, NewDSpark]
     return {c.__name__: c for c in classes}
 
 

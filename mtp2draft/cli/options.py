@@ -47,6 +47,10 @@ SkipBad = Annotated[bool, typer.Option("--skip-bad", help="Skip malformed data l
 
 # distill's inputs and flags (its training settings: train.settings.DistillConfig)
 DraftDir = Annotated[Path, typer.Argument(help="Draft directory from `convert` (mtp or eagle3).", show_default=False)]
+OptionalDraftDir = Annotated[
+    Path | None,
+    typer.Argument(help="Draft directory: from `convert` (mtp, eagle3) or a dspark drafter.", show_default=False),
+]
 Resume = Annotated[bool, typer.Option("--resume", help="Continue from the newest checkpoint of --out.")]
 Plan = Annotated[bool, typer.Option("--plan", help="Print the per-rank memory plan (every --train-subset) and exit.")]
 WorldSize = Annotated[

@@ -1,5 +1,5 @@
 """`distill` and its `--plan`: fine-tune a draft against the frozen target (library: `train.recipe`,
-`train.memory`)."""
+`train.memory`; a DSpark drafter, or `--new-dspark`: `train.dspark_run`)."""
 
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ from typing import Any
 from mtp2draft.cli import output
 from mtp2draft.cli.options import (
     AsJson,
-    DraftDir,
     Group,
+    OptionalDraftDir,
     OptionalTarget,
     Out,
     Overwrite,
@@ -21,19 +21,30 @@ from mtp2draft.cli.options import (
     settings,
 )
 from mtp2draft.cli.root import app, log
+from mtp2draft.errors import OptionError
 from mtp2draft.settings import HubAccess, Placement
-from mtp2draft.train.settings import DistillConfig, TrainingData
+from mtp2draft.train.settings import DistillConfig, DistillJob, DSparkObjective, NewDSpark, TrainingData
 
 
 @app.command()
-@settings(cfg=DistillConfig, data=TrainingData, where=Group(Placement, skip=("tensor_parallel_size",)), hub=HubAccess)
+@settings(
+    cfg=DistillConfig,
+    data=TrainingData,
+    where=Group(Placement, skip=("tensor_parallel_size",)),
+    hub=HubAccess,
+    dspark=DSparkObjective,
+    new=NewDSpark,
+)
 def distill(
-    draft: DraftDir,
+    *,
+    draft: OptionalDraftDir = None,
     out: Out,
     cfg: Any,
     data: Any,
     where: Any,
     hub: Any,
+    dspark: Any,
+    new: Any,
     target: OptionalTarget = None,
     resume: Resume = False,
     skip_bad: SkipBad = False,
@@ -56,11 +67,31 @@ def distill(
     * `torchrun --nproc-per-node 8 -m mtp2draft distill ds3-mtp --hidden-states dumped/ --out ds3-mtp-ft` (FSDP2;
       --batch-size stays the global batch)
     * `mtp2draft distill ds3-mtp --out x --plan --world-size 8 --max-length 2048` (memory per rank, then exit)
+    * `mtp2draft distill qwen-dspark --target Qwen/Qwen3-8B --data chats.jsonl --heldout heldout.jsonl --out qwen-dspark-ft`
+      (a speculators dspark drafter: DeepSpec's objective, written in the same format)
+    * `mtp2draft distill --new-dspark 2,5 --block-size 4 --target my-target --data chats.jsonl --out my-dspark` (a new
+      DSpark drafter for a target that ships none)
     """
+    from mtp2draft.kinds import is_dspark_draft
     from mtp2draft.target.device import resolve_device
+    from mtp2draft.train.dspark_run import distill_dspark
     from mtp2draft.train.recipe import distill
 
     device = resolve_device(where.device)
+    if new.new_dspark or (draft is not None and is_dspark_draft(draft)):
+        if plan:
+            raise OptionError("--plan plans MTP and EAGLE-3 runs; a DSpark drafter has no plan yet")
+        job = DistillJob(
+            draft_dir=draft, out=out, data=data.data, target=target, hidden_states=data.hidden_states,
+            heldout=data.heldout, revision=hub.revision, token=hub.token, resume=resume, overwrite=overwrite,
+            regenerate_data=data.regenerate, sample=data.sample, skip_bad=skip_bad, progress=log,
+            target_dtype=where.torch_dtype, device_map=where.device_map,
+        )  # fmt: skip
+        result = distill_dspark(job, cfg, dspark, new, device)
+        print(output.to_json(output.distill_summary(result)) if as_json else output.distill_text(result))
+        return
+    if draft is None:
+        raise OptionError("distill needs a draft directory (or --new-dspark LAYERS to start a DSpark drafter)")
     if plan:
         _print_plan(draft, cfg, world_size, device, offline=data.hidden_states is not None, as_json=as_json)
         return

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, TypedDict
 
 from mtp2draft.errors import OptionError
-from mtp2draft.settings import check_seed, floats, setting
+from mtp2draft.settings import check_seed, floats, ints, setting
 
 if TYPE_CHECKING:
     from mtp2draft.progress import Progress
@@ -123,6 +123,74 @@ class TrainingData:
         False, "Replace the data's responses with the target's own to the same prompts (greedy; see --sample)."
     )
     sample: bool = setting(False, "With --regenerate: sample the responses (temperature 0.8) instead of greedy.")
+
+
+# DeepSpec's DSpark recipe (deepseek-ai/DeepSpec `config/dspark/dspark_qwen3_4b_online.py` @8c483c7): 0.1 x CE +
+# 0.9 x total variation + 1.0 x confidence BCE, slot k weighted exp(-k / 4), 512 anchors per sequence.
+@dataclass(frozen=True, kw_only=True)
+class DSparkObjective:
+    """How a DSpark drafter is trained (`distill` of a dspark directory): DeepSpec's objective and its weights."""
+
+    ce_weight: float = setting(0.1, "dspark: weight of the cross-entropy to the target's greedy token.", advanced=True)
+    tv_weight: float = setting(
+        0.9, "dspark: weight of the total variation |p_draft - p_target|_1 to the target's distribution.", advanced=True
+    )
+    confidence_weight: float = setting(
+        1.0, "dspark: weight of the confidence head's BCE to each slot's acceptance rate.", advanced=True
+    )
+    loss_decay_gamma: float | None = setting(
+        4.0, "dspark: slot k of a block weighs exp(-k / gamma) (0: every slot alike).", advanced=True
+    )
+    anchors: int = setting(
+        512, "dspark: blocks drawn per sequence, at random among the positions that can start one.", advanced=True
+    )
+
+    def __post_init__(self) -> None:
+        for name in ("ce_weight", "tv_weight", "confidence_weight", "loss_decay_gamma"):
+            value = getattr(self, name)
+            if value is None and name == "loss_decay_gamma":
+                continue
+            if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value) or value < 0:
+                raise OptionError(f"--{name.replace('_', '-')} must be a finite number >= 0, got {value!r}")
+        if not (self.ce_weight or self.tv_weight):
+            raise OptionError("--ce-weight and --tv-weight are both 0: the drafter's tokens would learn nothing")
+        if isinstance(self.anchors, bool) or not isinstance(self.anchors, int) or self.anchors < 1:
+            raise OptionError(f"--anchors must be a whole number >= 1, got {self.anchors!r}")
+
+    @property
+    def weights(self) -> tuple[float, float, float]:
+        """(ce, tv, confidence): `draft.dspark.dspark_loss`'s order."""
+        return (float(self.ce_weight), float(self.tv_weight), float(self.confidence_weight))
+
+
+@dataclass(frozen=True, kw_only=True)
+class NewDSpark:
+    """`distill --new-dspark LAYERS`: start a Qwen3-style DSpark drafter for a target that ships none."""
+
+    new_dspark: list[int] | None = setting(
+        None, "Start a new DSpark drafter reading these target layers (e.g. '2,5'), instead of a draft directory.",
+        parse=ints,
+    )  # fmt: skip
+    block_size: int = setting(4, "With --new-dspark: draft tokens per block.")
+    dspark_layers: int = setting(1, "With --new-dspark: the drafter's decoder layers.")
+    markov_rank: int = setting(256, "With --new-dspark: rank of the Markov head (DeepSpec's 256).", advanced=True)
+    noise_token_id: int | None = setting(
+        None, "With --new-dspark: the noise (mask) token id (default: the tokenizer's mask, else pad, else the last id).",
+        advanced=True,
+    )  # fmt: skip
+
+    def __post_init__(self) -> None:
+        for name in ("block_size", "dspark_layers", "markov_rank"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise OptionError(f"--{name.replace('_', '-')} must be a whole number >= 1, got {value!r}")
+        ids = self.new_dspark
+        if ids is not None and (
+            not ids or any(i < 0 for i in ids) or any(b <= a for a, b in zip(ids, ids[1:], strict=False))
+        ):
+            raise OptionError(f"--new-dspark must list target layers 0.. in increasing order, got {ids!r}")
+        if self.noise_token_id is not None and self.noise_token_id < 0:
+            raise OptionError(f"--noise-token-id must be >= 0, got {self.noise_token_id}")
 
 
 @dataclass(frozen=True, kw_only=True)
