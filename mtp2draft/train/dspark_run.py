@@ -109,7 +109,7 @@ def check_dspark_options(cfg: DistillConfig, job: DistillJob, new: NewDSpark | N
         given += ["train_subset" if cfg.train_subset != "all" else "teacher_temperature"]
     if given:
         raise OptionError(f"--{given[0].replace('_', '-')} does not apply to a DSpark drafter")
-    if (new is not None and new.new_dspark) == (job.draft_dir is not None):
+    if bool(new is not None and new.new_dspark) == (job.draft_dir is not None):  # bool: new_dspark is a list
         raise OptionError("give either a DSpark draft directory or --new-dspark LAYERS, not both (nor neither)")
     check_heldout_options(cfg, job.heldout, job.hidden_states)
     if job.data is None or job.target is None:
