@@ -18,7 +18,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 from support import hub_keys
-from support.fixtures import FIXTURES
+from support.fixtures import FIXTURES, write_char_tokenizer
 
 from mtp2draft.cli.app import main
 from mtp2draft.errors import NotMtpError, UnknownFamilyError
@@ -180,7 +180,7 @@ def test_convert_writes_the_stages_equal_to_the_shipped_tensors_dequantised(buil
     )
 
 
-@pytest.mark.parametrize("command", ["distill", "evaluate", "export"])  # export: a format of another kind
+@pytest.mark.parametrize("command", ["export"])  # a format of another kind
 def test_stages_refuse_a_dspark_draft_directory_saying_what_is_supported(
     build, tmp_path: Path, capsys, command
 ) -> None:
@@ -253,3 +253,41 @@ def test_dspark_fields_read_either_section_and_refuse_malformed_ones() -> None:
     ):
         with pytest.raises(CheckpointError, match=message):
             dspark_fields({**release, **bad})
+
+
+def test_evaluate_runs_a_release_s_stages_against_that_release_lossless(build, tmp_path: Path, capsys) -> None:
+    """The release is the target (its trunk; the DSpark stages are the draft): block drafting through DeepSeek-V4's
+    stage, the output equal to the target's own greedy decoding."""
+    path, draft = tmp_path / "release", tmp_path / "dspark"
+    shutil.copytree(build(FIXTURE), path)
+    write_char_tokenizer(path)  # ids within the fixture's 256-token vocabulary
+    assert main(["convert", str(path), "--out", str(draft), "--dtype", "float32"]) == 0
+    data = tmp_path / "data.jsonl"
+    data.write_text('{"text": "hello there, general"}\n{"text": "one two three four"}\n')
+    capsys.readouterr()
+    argv = ["evaluate", str(draft), "--target", str(path), "--data", str(data), "--max-new-tokens", "12", "--json"]
+    assert main(argv) == 0, capsys.readouterr().err
+    report = json.loads(capsys.readouterr().out)
+    assert report["lossless"] is True
+
+
+def test_distill_fine_tunes_a_release_s_stages_and_writes_them_under_its_names(build, tmp_path: Path) -> None:
+    """The V4 stages distilled against their own release (its trunk the frozen target): the result keeps the
+    release's tensor names and shapes, opens again as the same kind of drafter, and its weights moved."""
+    from mtp2draft.draft.dspark_disk import open_dspark
+
+    path, draft, out = tmp_path / "release", tmp_path / "dspark", tmp_path / "tuned"
+    shutil.copytree(build(FIXTURE), path)
+    write_char_tokenizer(path)
+    assert main(["convert", str(path), "--out", str(draft), "--dtype", "float32"]) == 0
+    data = tmp_path / "data.jsonl"
+    data.write_text("".join(json.dumps({"text": f"line {i}: the quick brown fox {i * 7}"}) + "\n" for i in range(8)))
+    argv = ["distill", str(draft), "--target", str(path), "--data", str(data), "--out", str(out), "--steps", "2",
+            "--batch-size", "2", "--max-length", "32", "--anchors", "4", "--lr", "1e-2"]  # fmt: skip
+    assert main(argv) == 0
+    before, after = load_file(draft / "model.safetensors"), load_file(out / "model.safetensors")
+    assert set(before) == set(after) and all(before[k].shape == after[k].shape for k in before)
+    assert any(not torch.equal(before[k], after[k]) for k in before if k.startswith("mtp.0.attn."))
+    assert json.loads((out / "config.json").read_text())["draft_kind"] == "dspark"
+    embed = torch.zeros(FIXTURES[FIXTURE]["config"]["vocab_size"], FIXTURES[FIXTURE]["config"]["hidden_size"])
+    assert type(open_dspark(out, embed, embed)).__name__ == "DSparkV4Draft"

@@ -28,7 +28,8 @@ from safetensors.torch import load_file
 from transformers import Qwen3Config
 
 from mtp2draft.draft.dspark import DSparkDraft
-from mtp2draft.draft.dspark_v4_io import load_dspark_v4
+from mtp2draft.draft.dspark_v4 import DSparkV4Draft
+from mtp2draft.draft.dspark_v4_io import load_dspark_v4, write_dspark_v4
 from mtp2draft.errors import DraftError, read_json_file
 from mtp2draft.family.dspark import DSparkFields, layouts
 from mtp2draft.kinds import CONFIG_FILE, DSPARK_KIND, WEIGHTS_FILE
@@ -212,3 +213,13 @@ def open_dspark(path: str | Path, embedding: torch.Tensor, head: torch.Tensor) -
             )
         return STAGES[layout.stage](path, embedding, head)
     raise DraftError(f"{path}: config.json describes no DSpark drafter")
+
+
+def write_drafter(draft: torch.nn.Module, out: Path, verifier: Mapping[str, Any], dtype: str) -> None:
+    """Write any drafter `open_dspark` returns into the existing directory `out`, in the layout it came in: a
+    release's DeepSeek-V4 stages under the release's names (their stored dtypes kept), a Qwen3-style drafter in
+    speculators' layout for `verifier` in `dtype`."""
+    if isinstance(draft, DSparkV4Draft):
+        write_dspark_v4(draft, out)
+    else:
+        save_dspark(draft, out, verifier, dtype)

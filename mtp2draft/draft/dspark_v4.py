@@ -127,6 +127,7 @@ class DSparkV4Draft(nn.Module):
         self.fields, self.block_size, self.noise_id = fields, fields.block_size, fields.noise_token_id
         self.num_stages = num_stages
         self.config = cfg = block_config(self.spec, self.target_config, 0)
+        self.layers_config = cfg  # the stages' transformers config: hidden_size, vocab_size (as DSparkDraft's)
         h, eps = cfg.hidden_size, norm_eps(cfg)
         self.streams = self.spec.num_streams(self.target_config)
         self.window = getattr(cfg, "sliding_window", None)

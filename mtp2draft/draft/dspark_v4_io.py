@@ -160,11 +160,16 @@ def load_dspark_v4(
     return draft.attach_target(target_embedding, target_head)
 
 
+def write_dspark_v4(draft: DSparkV4Draft, out: Path) -> None:
+    """Write `draft` into the existing directory `out` under the release's names (model.safetensors, config.json)."""
+    tensors = {k: v.contiguous() for k, v in release_tensors(draft).items()}
+    save_tensors(out / WEIGHTS_FILE, tensors, metadata={"format": "pt"})
+    dtypes = {str(v.dtype).removeprefix("torch.") for v in tensors.values() if v.dtype != torch.float32}
+    write_json(out / CONFIG_FILE, draft_config(draft, dtypes.pop() if len(dtypes) == 1 else "float32"))
+
+
 def save_dspark_v4(draft: DSparkV4Draft, out: str | Path, overwrite: bool = False) -> Path:
-    """Write `draft` as a dspark directory under the release's names (model.safetensors, config.json)."""
+    """Write `draft` as a new dspark directory `out` (atomically; `overwrite` as every output)."""
     with atomic_output_dir(out, overwrite) as tmp:
-        tensors = {k: v.contiguous() for k, v in release_tensors(draft).items()}
-        save_tensors(tmp / WEIGHTS_FILE, tensors, metadata={"format": "pt"})
-        dtypes = {str(v.dtype).removeprefix("torch.") for v in tensors.values() if v.dtype != torch.float32}
-        write_json(tmp / CONFIG_FILE, draft_config(draft, dtypes.pop() if len(dtypes) == 1 else "float32"))
+        write_dspark_v4(draft, tmp)
     return Path(out)

@@ -129,14 +129,14 @@ class TargetRunner:
         return self.target.device
 
     def start(self, rollback: int = 0):
-        """An empty target cache that verification can roll back by up to `rollback` tokens (`_crop`): a
-        linear-attention layer (Qwen3.5's gated delta net) keeps only its latest state, so it is told to record the
-        last rollback + 1 recurrent states (one [heads, d_k, d_v] each); attention layers keep every token already."""
-        from transformers.cache_utils import LinearAttentionCacheLayerMixin
-
+        """An empty target cache that verification can roll back by up to `rollback` tokens (`_crop`). Layers that
+        keep a bounded past are told to record it until the next crop: a linear-attention layer (Qwen3.5's gated
+        delta net) its last rollback + 1 recurrent states (one [heads, d_k, d_v] each), a sliding-window layer
+        (DeepSeek-V4's) the keys past its window (without it, a crop after the window fills is refused); full
+        attention layers keep every token already."""
         cache = self.target.new_cache()
         for layer in getattr(cache, "layers", []) if rollback else []:
-            if isinstance(layer, LinearAttentionCacheLayerMixin):
+            if hasattr(layer, "activate_past_recording"):
                 layer.activate_past_recording(recurrent_states_to_keep=rollback + 1)
         return cache
 

@@ -205,11 +205,13 @@ def get_spec(name: str) -> Spec:
         raise UnknownFamilyError(f"no spec named {name!r}; supported: {', '.join(spec_names())}") from None
 
 
-def find_spec(config: Mapping[str, Any]) -> Spec:
+def find_spec(config: Mapping[str, Any], trunk_only: bool = False) -> Spec:
     """The spec matching a config.json: by `architectures` first, then by `model_type`. A config marking its MTP
-    tensors as another drafter (`not_supported.NOT_MTP_FIELDS`) is refused first, whatever its family; one of a family listed as
-    not supported (`family.not_supported`) is refused with its reason when no spec matches."""
-    refuse_non_mtp(config)
+    tensors as another drafter (`not_supported.NOT_MTP_FIELDS`) is refused first, whatever its family, unless
+    `trunk_only` (the checkpoint is run as a target: its trunk is the family's, whatever its `mtp.*` holds); one of
+    a family listed as not supported (`family.not_supported`) is refused with its reason when no spec matches."""
+    if not trunk_only:
+        refuse_non_mtp(config)
     for spec in registry().values():
         if spec.by_architecture(config):
             return spec

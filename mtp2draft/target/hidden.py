@@ -206,7 +206,7 @@ class TargetModel:
             self._view = tempfile.TemporaryDirectory(prefix="mtp2draft-dequantised-")
             load_from = dequantised_view(self.path, Path(self._view.name))
             config = read_config(load_from)
-        self.spec: Spec = find_spec(config)
+        self.spec: Spec = find_spec(config, trunk_only=True)  # a DSpark release is a target like any other
         text = self.spec.text_config(config)
         # A nested text config (Qwen3.5's text_config) is the one the spec's transformers model type parses: built
         # from the whole file, its sizes were the class defaults and transformers' generation setup failed on the

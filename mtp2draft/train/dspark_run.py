@@ -10,8 +10,9 @@
 - the math (`train/dspark.py`), AdamW over the drafter's own parameters only, the MTP path's learning-rate schedule;
 - checkpoints every --save-every steps (safetensors: weights and AdamW moments by name, written whole, then renamed);
 - `--heldout`: the MTP path's guard (`train/heldout.py`), scoring the teacher-forced acceptance per slot instead;
-- the result through the drafter's own format (`save` method, else `save_dspark`), written atomically with
-  provenance.json (a `distill` section) and training.png.
+- the result in the drafter's own layout (`dspark_disk.write_drafter`: a release's stages under its names, a
+  Qwen3-style drafter in speculators' layout), written atomically with provenance.json (a `distill` section) and
+  training.png.
 
 What this module does not do: train from `dump-hidden` files (a dump keeps the target's top-k log-probs; DeepSpec's
 total-variation and confidence terms need its whole distribution), run under torchrun, or evaluate by real block
@@ -26,7 +27,6 @@ import math
 import os
 import shutil
 import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -35,7 +35,7 @@ from safetensors.torch import load_file
 
 from mtp2draft._version import __version__
 from mtp2draft.data import load_tokenizer, read_examples, regenerate
-from mtp2draft.draft.dspark_disk import new_dspark_draft, open_dspark, save_dspark
+from mtp2draft.draft.dspark_disk import new_dspark_draft, open_dspark, write_drafter
 from mtp2draft.errors import DataError, DraftError, OptionError, read_json_file
 from mtp2draft.family.dspark import DSparkFields
 from mtp2draft.formats import charts
@@ -370,12 +370,6 @@ class DSparkRun:
         return DistillResult(job.out, trained, seconds, final, self.history, self.start or None, record)
 
 
-def saver_of(draft) -> Callable[..., None]:
-    """How a drafter is written: its own `save(out, verifier, dtype)` (a release's stage) or `save_dspark`."""
-    own = getattr(draft, "save", None)
-    return own if callable(own) else lambda out, verifier, dtype: save_dspark(draft, out, verifier, dtype)
-
-
 def write_dspark(draft, job: DistillJob, info: dict[str, Any], target: TargetModel, progress) -> None:
     """The drafter in its own format into `job.out` (atomically), with provenance.json and training.png. The
     verifier and dtype are the input directory's, else the target's."""
@@ -392,7 +386,7 @@ def write_dspark(draft, job: DistillJob, info: dict[str, Any], target: TargetMod
     dtype = src.get("torch_dtype") if src.get("torch_dtype") in ("float32", "bfloat16", "float16") else "float32"
     provenance["distill"] = info
     with atomic_output_dir(job.out, job.overwrite, inputs=job.inputs) as tmp:
-        saver_of(draft)(tmp, verifier, dtype)
+        write_drafter(draft, tmp, verifier, dtype)
         write_json(tmp / PROVENANCE_FILE, provenance)
         try:  # cosmetic: never discards the trained drafter
             charts.save_training_chart(info.get("history") or [], tmp)
