@@ -28,6 +28,16 @@ def test_the_package_has_no_test_support_subpackage() -> None:
     assert "testing" not in {m.name for m in pkgutil.iter_modules(mtp2draft.__path__)}
 
 
+def test_every_subpackage_is_listed_for_the_wheel() -> None:
+    """pyproject's explicit package list: a subpackage missing from it imports in a checkout and is absent from the
+    wheel (`mtp2draft.outputs` was, and every installed command failed on import)."""
+    import tomllib
+
+    listed = set(tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"])
+    found = {".".join(p.parent.relative_to(REPO).parts) for p in (REPO / "mtp2draft").rglob("__init__.py")}
+    assert found - listed == set()
+
+
 @pytest.mark.slow
 def test_wheel_installs_into_a_clean_venv_and_lists_the_specs(tmp_path: Path) -> None:
     wheels = tmp_path / "wheels"
