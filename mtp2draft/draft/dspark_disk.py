@@ -223,3 +223,20 @@ def write_drafter(draft: torch.nn.Module, out: Path, verifier: Mapping[str, Any]
         write_dspark_v4(draft, out)
     else:
         save_dspark(draft, out, verifier, dtype)
+
+
+def check_fits(draft: torch.nn.Module, target: Any, where: str) -> None:
+    """Refuse a drafter made for another target's width, vocabulary or depth (`target`: a `TargetModel`), or one
+    reading the embedding output (-1), which `TargetModel.run` does not capture; `evaluate` and `distill` ask."""
+    layers, ids = draft.layers_config, draft.fields.target_layer_ids
+    for what, mine, theirs in (
+        ("hidden size", layers.hidden_size, target.hidden_size),
+        ("vocabulary", layers.vocab_size, target.vocab_size),
+    ):
+        if mine != theirs:
+            raise DraftError(f"{where} has {what} {mine}, the target {target.source} has {theirs}: not its drafter")
+    if min(ids) < 0 or max(ids) >= target.num_layers:
+        raise DraftError(
+            f"{where} reads target layers {list(ids)}; {target.source} gives layers 0..{target.num_layers - 1}"
+            + (" (-1, the embedding output, is not read yet)" if min(ids) < 0 else "")
+        )

@@ -48,7 +48,7 @@ import torch
 
 from mtp2draft.data import load_tokenizer
 from mtp2draft.draft.dspark import pooled_context
-from mtp2draft.draft.dspark_disk import fields_of, is_speculators_dspark, open_dspark
+from mtp2draft.draft.dspark_disk import check_fits, fields_of, is_speculators_dspark, open_dspark
 from mtp2draft.errors import DraftError, OptionError, read_json_file
 from mtp2draft.evaluation.compare import compare_to_baselines
 from mtp2draft.evaluation.decode import (
@@ -184,17 +184,6 @@ def evaluate_blocks(
     return block_summary(name, path, draft.fields.block_size, results, blocks, seconds, threshold)
 
 
-def check_fits(draft, target: TargetModel, path: str | Path) -> None:
-    """Refuse a drafter that reads target layers this target lacks, or the embedding output (-1), which
-    `TargetModel.run` does not capture."""
-    ids = list(draft.fields.target_layer_ids)
-    if min(ids) < 0 or max(ids) >= target.num_layers:
-        raise DraftError(
-            f"{path} reads target layers {ids}; {target.source} has layers 0..{target.num_layers - 1}"
-            + (" (-1, the embedding output, is not read by evaluate yet)" if min(ids) < 0 else "")
-        )
-
-
 def check_block_size(path: str | Path, k: int) -> None:
     """Refuse a directory that is no DSpark draft (a DSpark draft is compared only with DSpark drafts), and a `-k`
     other than its default or the drafter's block size (a block is drafted whole, in one pass)."""
@@ -250,7 +239,7 @@ def evaluate_dspark(
     block_size = None
     for name, path in drafts:
         draft = open_dspark(path, tm.embedding(), tm.lm_head()).to(tm.device, tm.dtype).eval()
-        check_fits(draft, tm, path)
+        check_fits(draft, tm, str(path))
         block_size = block_size or draft.fields.block_size
         for threshold, rows in runs.items():
             decoding = {"max_new": cfg.max_new_tokens, "eos": eos, "threshold": threshold, "progress": progress}

@@ -35,7 +35,7 @@ from safetensors.torch import load_file
 
 from mtp2draft._version import __version__
 from mtp2draft.data import load_tokenizer, read_examples, regenerate
-from mtp2draft.draft.dspark_disk import new_dspark_draft, open_dspark, write_drafter
+from mtp2draft.draft.dspark_disk import check_fits, new_dspark_draft, open_dspark, write_drafter
 from mtp2draft.errors import DataError, DraftError, OptionError, read_json_file
 from mtp2draft.family.dspark import DSparkFields
 from mtp2draft.formats import charts
@@ -114,22 +114,6 @@ def check_dspark_options(cfg: DistillConfig, job: DistillJob, new: NewDSpark | N
     check_heldout_options(cfg, job.heldout, job.hidden_states)
     if job.data is None or job.target is None:
         raise DataError("distill needs --data and --target for a DSpark drafter")
-
-
-def check_fits(draft, target: TargetModel, where: str) -> None:
-    """Refuse a drafter made for another target's width, vocabulary or depth."""
-    layers, ids = draft.layers_config, draft.fields.target_layer_ids
-    for what, mine, theirs in (
-        ("hidden size", layers.hidden_size, target.hidden_size),
-        ("vocabulary", layers.vocab_size, target.vocab_size),
-    ):
-        if mine != theirs:
-            raise DraftError(f"{where} has {what} {mine}, the target {target.source} has {theirs}: not its drafter")
-    if min(ids) < 0 or max(ids) >= target.num_layers:
-        raise DraftError(
-            f"{where} reads target layers {list(ids)}; {target.source} gives layers 0..{target.num_layers - 1}"
-            + (" (-1, the embedding output, is not read yet)" if min(ids) < 0 else "")
-        )
 
 
 def distill_dspark(
