@@ -31,6 +31,7 @@ RELEASES = releases()
 LAYOUT = {
     "deepseek_v3/DeepSeek-V3": "deepseek_v3_fp8",
     "deepseek_v32/DeepSeek-V3.2": "deepseek_v32_fp8",
+    "deepseek_v4/DeepSeek-V4-Flash": "deepseek_v4_fp4",
     "glm_moe_dsa/GLM-5.1": "glm_moe_dsa",
     "qwen3_5_moe_text/Qwen3.5-397B-A17B": "qwen3_5_moe",
     "qwen3_5_text/Qwen3.5-27B": "qwen3_5",
@@ -127,8 +128,8 @@ def test_the_corpus_cites_every_file() -> None:
 
 def test_shrink_edits_sizes_only() -> None:
     """Every value `shrink` changes is a size: a smaller count or width, a per-layer list cut to the layer count (some
-    of the release's layers in its order, one of each kind at least), or the RoPE dict with only its mrope_section
-    rescaled; every other key keeps its published value and type."""
+    of the release's layers in its order, one of each kind at least; the MTP layers' entries past the trunk kept), or
+    the RoPE dict with only its mrope_section rescaled; every other key keeps its published value and type."""
     for release in RELEASES:
         published = release.config()
         tiny = shrink(published)
@@ -146,6 +147,11 @@ def test_shrink_edits_sizes_only() -> None:
                 assert sum(now["mrope_section"]) < sum(was["mrope_section"]), (release.id, key)
             else:
                 assert type(now) is type(was) is int and 0 <= now < was, (release.id, key)
+        layers = published.get("num_hidden_layers")
+        for key in (k for k in PER_LAYER if isinstance(published.get(k), list) and isinstance(layers, int)):
+            past = len(published[key]) - layers  # the MTP layers' entries: kept, after the tiny trunk's
+            assert len(tiny[key]) == tiny["num_hidden_layers"] + past, (release.id, key)
+            assert tiny[key][len(tiny[key]) - past :] == published[key][layers:], (release.id, key)
 
 
 @pytest.mark.parametrize("release", RELEASES, ids=[r.id for r in RELEASES])

@@ -4,9 +4,8 @@ function that makes a tiny checkpoint's config of one: `shrink`.
 
 `shrink` edits size fields only (widths, layer / head / expert counts, LoRA ranks, head and RoPE dims including
 mrope_section, the sliding-window layers' own head counts and dims, vocabulary, the indexer's sizes, per-layer lists cut
-to the layer count keeping every kind of layer the release has), wherever they appear (top level or a nested text
-config), to fixed tiny values; every other
-key, RoPE scaling, quantization_config, token ids, flags, keeps the release's value and type. The tiny values keep
+to the layer count keeping every kind of layer the release has and the MTP layers' entries past the trunk), wherever
+they appear (top level or a nested text config), to fixed tiny values; every other key, RoPE scaling, quantization_config, token ids, flags, keeps the release's value and type. The tiny values keep
 the relations a release's shapes obey (kv heads dividing heads, expert groups dividing experts, a vocabulary holding
 every token id the config names, dense layers fewer than layers).
 
@@ -50,8 +49,9 @@ TINY = {
 }
 HEAD_DIM = 32  # attention head width where it is its own field (not MLA's RoPE dim)
 # one entry per trunk layer: cut with the layer count (`_cut_layers`); Nemotron-H's layers_block_type is also its
-# layer count where the release has no num_hidden_layers (Nemotron-3 Ultra)
-PER_LAYER = ("layer_types", "layers_block_type")
+# layer count where the release has no num_hidden_layers (Nemotron-3 Ultra). A list with entries past the trunk
+# (DeepSeek-V4's compress_ratios: num_hidden_layers + one per MTP layer) keeps those, the MTP layers', after the cut.
+PER_LAYER = ("layer_types", "layers_block_type", "mlp_layer_types", "indexer_types", "compress_ratios")
 TINY_LAYERS = 5  # trunk layers (`num_hidden_layers`): an EAGLE-3 draft fuses three, numbered from 1 for SGLang
 MIN_VOCAB = 256  # the character tokenizer's vocabulary (tests/support/fixtures.write_char_tokenizer)
 TOKEN_ID_FIELDS = ("bos_token_id", "eos_token_id", "pad_token_id")
@@ -100,7 +100,9 @@ def _shrunk_section(section: dict[str, Any]) -> dict[str, Any]:
         out["linear_num_value_heads"] = out.get("linear_num_key_heads", 1) * max(ratio, 1)
     for key in PER_LAYER:
         if isinstance(section.get(key), list):
-            out[key] = _cut_layers(section[key], out.get("num_hidden_layers", TINY_LAYERS))
+            trunk = section.get("num_hidden_layers", len(section[key]))
+            cut = _cut_layers(section[key][:trunk], out.get("num_hidden_layers", TINY_LAYERS))
+            out[key] = cut + section[key][trunk:]
     for key in ("rope_parameters", "rope_scaling"):
         if isinstance(section.get(key), dict) and "mrope_section" in section[key]:
             out[key] = {**section[key], "mrope_section": _mrope(section[key], out)}
