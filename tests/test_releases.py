@@ -32,6 +32,7 @@ LAYOUT = {
     "deepseek_v3/DeepSeek-V3": "deepseek_v3_fp8",
     "deepseek_v32/DeepSeek-V3.2": "deepseek_v32_fp8",
     "deepseek_v4/DeepSeek-V4-Flash": "deepseek_v4_fp4",
+    "deepseek_v4/DeepSeek-V4-Pro": "deepseek_v4_fp4",
     "glm_moe_dsa/GLM-5.1": "glm_moe_dsa",
     "qwen3_5_moe_text/Qwen3.5-397B-A17B": "qwen3_5_moe",
     "qwen3_5_text/Qwen3.5-27B": "qwen3_5",
