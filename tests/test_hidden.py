@@ -116,3 +116,24 @@ def test_a_time_step_limit_past_the_dtype_range_reads_as_no_limit(tmp_path: Path
     assert released.raw_config["time_step_limit"] == [0.0, 1e308]  # the release's config as published
     want, got = open_end.run(ids), released.run(ids)
     assert torch.equal(got.final, want.final) and torch.equal(got.logits, want.logits)
+
+
+def test_a_target_with_no_causal_lm_class_loads_as_its_image_text_to_text_class(target) -> None:
+    """GLM-OCR's text model type (glm_ocr_text) has no causal-LM class in transformers: the trunk loads as the
+    release's GlmOcrForConditionalGeneration, its decoder the text model, and runs on text alone."""
+    tm = TargetModel(str(target("glm_ocr")))
+    assert type(tm.model).__name__ == "GlmOcrForConditionalGeneration"
+    assert len(tm._layers) == tm.num_layers and tm._norm is tm.model.get_decoder().norm
+    ids = torch.randint(0, tm.vocab_size, (1, 9), generator=torch.Generator().manual_seed(0))
+    feats = tm.features(ids)
+    post = tm.model(input_ids=ids, output_hidden_states=True).hidden_states[-1]
+    assert feats.logits.shape == (1, 9, tm.vocab_size) and torch.allclose(feats.final, post, atol=1e-6)
+
+
+def test_a_target_transformers_has_no_class_for_is_one_line(target) -> None:
+    """Step-5-Preview (step3p5v): transformers has no causal-LM class for its text model type and no class at all for
+    the release's: one line saying mtp2draft cannot run the trunk, not transformers' traceback."""
+    from mtp2draft.errors import CheckpointError
+
+    with pytest.raises(CheckpointError, match=r"no class that runs a step3p5v trunk.*cannot run this target's trunk"):
+        TargetModel(str(target("step3p5v")))

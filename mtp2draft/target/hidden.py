@@ -177,6 +177,30 @@ def refuse_missing_weights(source: str | Path, model_type: str, missing: Iterabl
 _TOP_LEVEL = ("quantization_config", "tie_word_embeddings")
 
 
+def trunk_class(spec: Spec, config: dict, fields: dict, source: str) -> tuple[type, str, dict]:
+    """The transformers auto class that loads the target's trunk, the model type its config is built as and the
+    fields it is built from: the spec's model type's causal-LM class with `fields`; where transformers has none for
+    it, the release's own model type's image-text-to-text class with the whole config.json (GLM-OCR: glm_ocr_text
+    has no causal-LM class, glm_ocr is GlmOcrForConditionalGeneration, whose decoder is the text model). A target
+    transformers has neither class for (Step-5's step3p5v) is refused in one line."""
+    from transformers import AutoModelForCausalLM, AutoModelForImageTextToText
+    from transformers.models.auto.modeling_auto import (
+        MODEL_FOR_CAUSAL_LM_MAPPING_NAMES,
+        MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING_NAMES,
+    )
+
+    model_type = spec.config.transformers_model_type
+    if model_type in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES:
+        return AutoModelForCausalLM, model_type, fields
+    release = config.get("model_type")
+    if release in MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING_NAMES:
+        return AutoModelForImageTextToText, release, config
+    raise CheckpointError(
+        f"{source}: transformers has no class that runs a {release} trunk (no causal-LM class for {model_type}, no "
+        f"image-text-to-text class for {release}); mtp2draft cannot run this target's trunk yet"
+    )
+
+
 class TargetModel:
     """A frozen transformers target that returns `Features` for token ids."""
 
@@ -189,8 +213,6 @@ class TargetModel:
         device: str | torch.device = "cpu",
         device_map: str | dict | None = None,
     ) -> None:
-        from transformers import AutoModelForCausalLM
-
         from mtp2draft.draft.block_config import hf_config as build_hf_config
         from mtp2draft.target.device import check_device
 
@@ -214,14 +236,15 @@ class TargetModel:
         fields = (
             {**{k: config[k] for k in _TOP_LEVEL if k in config}, **text} if self.spec.config.text_config else config
         )
+        auto_class, model_type, fields = trunk_class(self.spec, config, fields, source)
         kwargs = {k: v for k, v in fields.items() if k not in ("architectures", "model_type", "auto_map")}
         kwargs = open_time_step_limit(kwargs, dtype)
         # The spec names the transformers model type that parses this config (e.g. MiMo is Qwen2 in transformers),
         # so no remote code is ever run.
-        hf_config = build_hf_config(self.spec.config.transformers_model_type, kwargs, f"{self.path}/config.json")
+        hf_config = build_hf_config(model_type, kwargs, f"{self.path}/config.json")
         try:
             with quiet_transformers():  # the MTP keys are "unexpected" to the trunk class: expected here
-                self.model, loading = AutoModelForCausalLM.from_pretrained(
+                self.model, loading = auto_class.from_pretrained(
                     str(load_from),
                     config=hf_config,
                     dtype=dtype,
