@@ -34,6 +34,7 @@ LAYOUT = {
     "deepseek_v4/DeepSeek-V4-Flash": "deepseek_v4_fp4",
     "deepseek_v4/DeepSeek-V4-Pro": "deepseek_v4_fp4",
     "glm_moe_dsa/GLM-5.1": "glm_moe_dsa",
+    "glm_moe_dsa/GLM-5.2-FP8": "glm_moe_dsa_fp8",
     "qwen3_5_moe_text/Qwen3.5-397B-A17B": "qwen3_5_moe",
     "qwen3_5_text/Qwen3.5-27B": "qwen3_5",
 }
