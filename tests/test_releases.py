@@ -22,6 +22,7 @@ from support.releases import PER_LAYER, Release, releases, shrink
 from mtp2draft.cli.app import main
 from mtp2draft.conversion import refuse_eagle3
 from mtp2draft.errors import Mtp2DraftError
+from mtp2draft.evaluation.decode import LosslessError
 from mtp2draft.family.spec import find_spec
 from mtp2draft.kinds import DraftKind
 
@@ -43,6 +44,16 @@ LAYOUT = {
 # family -> why mtp2draft refuses to run its trunk (distill / evaluate), in the refusal's words: MiMo-V2 ships a fused
 # `self_attn.qkv_proj` that transformers' mimo_v2_flash class reads as separate q / k / v, which would be random
 TRUNK_REFUSED = {"mimo_v2": "mtp2draft cannot run this target's trunk yet"}
+
+# release -> why its tiny target's own greedy output depends on how many tokens one forward holds, so speculative
+# decoding (which verifies k + 1 tokens a forward) cannot be checked lossless against one-token-at-a-time greedy
+# decoding. GLM-5.2 (indexer top-k 4 here, layers 3 and 4 sharing layer 2's selection): transformers'
+# GlmMoeDsaIndexer picks each query's keys with torch.topk over ReLU'd index scores, and where scores tie at the
+# k-th place (zeros) which keys it keeps changes with the number of keys in the forward; run with every key selected,
+# the same target gives the same greedy output either way. Not a fault of the draft or of speculative decoding: the
+# target itself parts from its greedy output (GLM-5.1's tiny target does too, on other prompts than these). evaluate
+# raises its LosslessError there, naming that cause beside a bug; the test asserts it.
+BATCH_VARIANT = {"glm_moe_dsa/GLM-5.2": "transformers' DSA indexer breaks top-k ties by sequence length"}
 
 
 def _layout(release: Release) -> str:
@@ -189,13 +200,13 @@ def test_a_release_runs_end_to_end(release: Release, tmp_path: Path, capsys) -> 
                  "--max-length", 160, "--save-every", 1000, "--device", "cpu"],
                 capsys,
             )  # fmt: skip
-            report = json.loads(
-                _run(
-                    ["evaluate", tuned, "--target", target, "--data", data, "-k", 2, "--max-new-tokens", 6, "--json"],
-                    capsys,
-                )  # fmt: skip
-            )
-            assert all(r["lossless"] for r in report["results"]), report["results"]
+            evaluate = ["evaluate", tuned, "--target", target, "--data", data, "-k", 2, "--max-new-tokens", 6, "--json"]
+            if release.id in BATCH_VARIANT:  # the lossless check cannot hold here; see BATCH_VARIANT
+                with pytest.raises(LosslessError, match="no logit tie"):
+                    _run(evaluate, capsys)
+            else:
+                report = json.loads(_run(evaluate, capsys))
+                assert all(r["lossless"] for r in report["results"]), report["results"]
         for fmt in _formats(spec, kind):
             out = tmp_path / f"export-{fmt}"
             _run(["export", tuned, "--format", fmt, "--target", target, "--out", out], capsys)
