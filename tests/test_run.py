@@ -127,7 +127,8 @@ def test_run_never_hands_the_source_revision_to_another_target(monkeypatch, tmp_
 
     def record(stage: str, result=None):
         def fake(*args, **kwargs):
-            seen[stage] = {k: kwargs.get(k) for k in ("revision", "token")}
+            hub = kwargs.get("hub")  # the stages that take the Hub access whole
+            seen[stage] = {k: getattr(hub, k) if hub else kwargs.get(k) for k in ("revision", "token")}
             return result
 
         return fake

@@ -16,6 +16,7 @@ from mtp2draft.engines import environments, vllm_evaluate
 from mtp2draft.engines.vllm_evaluate import acceptance
 from mtp2draft.engines.vllm_serve import EngineResult
 from mtp2draft.evaluation.settings import EvaluateConfig
+from mtp2draft.settings import Placement
 
 
 def test_acceptance_from_vllms_counters_gives_both_metrics() -> None:
@@ -126,7 +127,8 @@ def test_evaluate_engine_vllm_at_a_temperature_asks_for_sampled_drafts(target, t
     drafts = [("draft", str(tmp_path / "raw"))]
     sampled = {"temperature": 0.7, "top_p": 0.9, "seed": 3, "draft_sampling": "sample"}
     cfg = EvaluateConfig(num_draft_tokens=2, max_new_tokens=3, max_prompts=2, **sampled)
-    report = vllm_evaluate.evaluate_in_vllm(drafts, str(tgt), text_data, cfg, dtype="float32", tensor_parallel_size=2)
+    where = Placement(dtype="float32", tensor_parallel_size=2)
+    report = vllm_evaluate.evaluate_in_vllm(drafts, str(tgt), text_data, cfg, where=where)
     call = fake_vllm.calls[0]
     assert (call["temperature"], call["top_p"], call["seed"], call["tensor_parallel_size"]) == (0.7, 0.9, 3, 2)
     assert call["dtype"] == "float32"

@@ -84,7 +84,6 @@ def evaluate_with(
 
         return evaluate_dspark(engine, drafts, target, data, config, where=where, hub=hub, progress=progress)
     where, hub = where or Placement(), hub or HubAccess()
-    common = {"config": config, "revision": hub.revision, "token": hub.token, "progress": progress}
     if engine == "transformers":
         if where.tensor_parallel_size is not None:
             raise OptionError("--tensor-parallel-size is for --engine vllm (transformers spreads with --device-map)")
@@ -92,8 +91,7 @@ def evaluate_with(
 
         from mtp2draft.evaluation.decode import evaluate
 
-        placed = {"device": where.device, "dtype": where.torch_dtype, "device_map": where.device_map}
-        report = evaluate(drafts, target, data, **common, **placed)
+        report = evaluate(drafts, target, data, config, where=where, hub=hub, progress=progress)
         return {**report, "engine": {"name": "transformers", "version": transformers.__version__}}
     for option, value in (("--device", where.device), ("--device-map", where.device_map)):
         if value is not None:
@@ -101,8 +99,7 @@ def evaluate_with(
                               "with --tensor-parallel-size)")  # fmt: skip
     from mtp2draft.engines.vllm_evaluate import evaluate_in_vllm
 
-    tp = where.tensor_parallel_size or 1
-    return evaluate_in_vllm(drafts, target, data, **common, dtype=where.dtype, tensor_parallel_size=tp)
+    return evaluate_in_vllm(drafts, target, data, config, where=where, hub=hub, progress=progress)
 
 
 def regenerate_with(

@@ -329,17 +329,14 @@ def _run(
     with step("evaluate", f"[3/5] evaluate (k = {k}) beside the raw MTP head") as todo:
         if todo:
             drafts = [("distilled " + kind, str(distilled)), ("raw MTP head (baseline)", str(raw))]
-            placed = {"device": device, "dtype": placement.torch_dtype, "device_map": placement.device_map}
-            report = evaluate(
-                drafts, target, eval_data, config=evaluation, **target_access, progress=progress, **placed
-            )
+            report = evaluate(drafts, target, eval_data, evaluation, where=placement, hub=target_hub, progress=progress)
             save_evaluation(distilled, report, progress=progress)
         else:
             report = read_json_object(distilled / "evaluation.json", SourceError)
     with step("export", f"[4/5] export --format {fmt}") as todo:
         if todo:
             reads = target if REGISTRY[fmt].reads_target else None
-            export(distilled, fmt, exported, target=reads, config=export_config, **target_access, **inside)
+            export(distilled, fmt, exported, reads, config=export_config, hub=target_hub, **inside)
     result = RunResult(work, raw, distilled, exported, report, None, times)
     result.serving = serve_text(exported) if exported.is_dir() else []  # a stage stood in for by a caller
     if not config.push:
