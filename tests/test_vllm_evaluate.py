@@ -38,8 +38,9 @@ class FakeDriver:
     def __init__(self) -> None:
         self.calls: list[dict] = []
 
-    def __call__(self, runs, prompts, max_new_tokens, **kw):
-        self.calls.append({"runs": runs, "prompts": prompts, "max_new_tokens": max_new_tokens, **kw})
+    def __call__(self, runs, prompts, generation, setup, log=None):
+        self.calls.append({"runs": runs, "prompts": prompts, **vars(generation), **vars(setup)})
+        max_new_tokens = generation.max_new_tokens
         plain = [[5] * max_new_tokens for _ in prompts]
         timing = {"output_tokens": len(prompts) * max_new_tokens, "output_tokens_per_s": 100.0, "tpot_ms": 10.0}
         results = {}

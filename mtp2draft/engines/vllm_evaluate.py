@@ -29,6 +29,8 @@ from mtp2draft.engines.vllm_serve import (
     EngineResult,
     EngineRun,
     EngineRunError,
+    EngineSetup,
+    Generation,
     config_view,
     run_vllm,
     served_view,
@@ -136,18 +138,15 @@ def evaluate_in_vllm(
     with tempfile.TemporaryDirectory(prefix=".mtp2draft-vllm-eval-") as tmp:
         runs = serve_runs(drafts, kinds, target_dir, Path(tmp), k, dtype or stored, extra, progress)
         progress(f"vLLM: {len(drafts)} draft(s) and the plain target on {len(prompts)} prompts (one engine each)")
-        version, results = run_vllm(
-            runs,
-            prompts,
-            cfg.max_new_tokens,
+        generation = Generation(
+            max_new_tokens=cfg.max_new_tokens, temperature=cfg.temperature, top_p=cfg.top_p, seed=cfg.seed
+        )
+        setup = EngineSetup(
             dtype=dtype or "auto",
             max_model_len=max(len(p) for p in prompts) + cfg.max_new_tokens + k + 8,
-            log=progress,
             tensor_parallel_size=tensor_parallel_size,
-            temperature=cfg.temperature,
-            top_p=cfg.top_p,
-            seed=cfg.seed,
         )
+        version, results = run_vllm(runs, prompts, generation, setup, log=progress)
     check_runs(version, results)
     out = engine_report(target, target_dir, data, cfg, len(prompts), version, results["plain"], tensor_parallel_size)
     out["dtype"] = stored if dtype is None else dtype

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import torch
 
-from mtp2draft.data import Example, load_tokenizer, read_examples, regenerate
+from mtp2draft.data import Example, Regeneration, load_tokenizer, read_examples, regenerate
 from mtp2draft.errors import DataError
 from mtp2draft.kinds import DraftKind
 from mtp2draft.target.dumps import OfflineHiddenStates, offline_features
@@ -141,9 +141,8 @@ def online_teacher(
     if regenerate_to is not None:
         examples = examples[:regenerate_to]
         progress(f"regenerating {len(examples)} responses with the target ({'sampled' if job.sample else 'greedy'})")
-        examples = regenerate(
-            examples, target_model, tokenizer, max_length // 2, job.sample, seed=cfg.seed, progress=progress
-        )
+        how = Regeneration(max_length // 2, job.sample, seed=cfg.seed)
+        examples = regenerate(examples, target_model, tokenizer, how, progress=progress)
     return Teacher(
         target,
         target_model.commit,
