@@ -277,8 +277,7 @@ def test_run_all_layers_end_to_end(target, text_data, tmp_path: Path) -> None:
     result = pipeline.run(
         str(src),
         config=RunConfig(work=tmp_path / "w", training=TrainingData(data=text_data)),
-        convert=ConvertConfig(all_layers=True),
-        **common,
+        stages=pipeline.Stages(convert=ConvertConfig(all_layers=True), **common),
     )
     for path in (result.raw, result.distilled):
         assert json.loads((path / "config.json").read_text())["mtp_layers"] == [0, 1, 2]
@@ -290,7 +289,8 @@ def test_run_all_layers_end_to_end(target, text_data, tmp_path: Path) -> None:
                                   ({"layer": 1}, None, "exclude each other")):  # fmt: skip
         with pytest.raises(OptionError, match=message):
             run = RunConfig(work=tmp_path / "x", training=TrainingData(data=text_data), format=fmt)
-            pipeline.run(str(src), config=run, convert=ConvertConfig(all_layers=True, **kind), **common)
+            stages = pipeline.Stages(convert=ConvertConfig(all_layers=True, **kind), **common)
+            pipeline.run(str(src), config=run, stages=stages)
     assert not (tmp_path / "x").exists()
 
 
