@@ -1,7 +1,7 @@
 """The whole pipeline in one call: convert -> distill -> evaluate (beside the raw MTP head) -> export -> push.
 
-`run` chains the stage functions with the defaults a first user wants; every stage's options stay available as
-keyword arguments. A work directory keeps each stage's output (`raw-mtp/`, `distilled/`, `export-FORMAT/`) and the
+`run` chains the stage functions with the defaults a first user wants; every stage's settings stay available, each
+stage's record handed whole (`Stages`). A work directory keeps each stage's output (`raw-mtp/`, `distilled/`, `export-FORMAT/`) and the
 run's record (`record`: its inputs, settings and finished stages), so the same command run again continues after the
 last finished stage, and a failed push can be retried with `mtp2draft push`. What `run` checks before stage 1 beyond
 the stages' own checks is in `checks`.
