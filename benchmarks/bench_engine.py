@@ -78,7 +78,7 @@ def bench_target(name: str, work: Path, args: argparse.Namespace) -> dict[str, A
     from mtp2draft.conversion import convert
     from mtp2draft.data import load_tokenizer
     from mtp2draft.engines.vllm_evaluate import acceptance, serve_runs
-    from mtp2draft.engines.vllm_serve import run_vllm
+    from mtp2draft.engines.vllm_serve import EngineSetup, Generation, run_vllm
     from mtp2draft.evaluation.decode import load_prompts
     from mtp2draft.kinds import DraftKind
 
@@ -91,16 +91,9 @@ def bench_target(name: str, work: Path, args: argparse.Namespace) -> dict[str, A
     runs = serve_runs([("mtp", str(raw))], {"mtp": DraftKind.MTP}, target, w, args.k, "bfloat16")
     rounds = [c for _ in range(args.repeats) for c in CONCURRENCY]
     started = time.perf_counter()
-    version, results = run_vllm(
-        runs,
-        prompts,
-        args.new_tokens,
-        dtype="auto",
-        max_model_len=args.prompt_length + args.new_tokens + args.k + 8,
-        log=log,
-        rounds=rounds,
-        ignore_eos=True,
-    )
+    generation = Generation(max_new_tokens=args.new_tokens, rounds=rounds, ignore_eos=True)
+    setup = EngineSetup(dtype="auto", max_model_len=args.prompt_length + args.new_tokens + args.k + 8)
+    version, results = run_vllm(runs, prompts, generation, setup, log=log)
     out: dict[str, Any] = {"vllm_version": version, "wall_s": round(time.perf_counter() - started, 1), "runs": {}}
     for run_name, r in results.items():
         r.check()

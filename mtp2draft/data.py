@@ -258,6 +258,17 @@ def prompt_ids(record: dict[str, Any], tokenizer, max_length: int) -> list[int]:
 SAMPLE_TEMPERATURE = 0.8  # `--regenerate --sample`: every backend samples the target's responses at this temperature
 
 
+@dataclass(frozen=True)
+class Regeneration:
+    """How the target writes its own responses (`--regenerate`), whichever engine runs it: at most
+    `max_new_tokens` each, greedy unless `sample` (at `temperature`, seeded per batch by `seed`)."""
+
+    max_new_tokens: int
+    sample: bool = False
+    temperature: float = SAMPLE_TEMPERATURE
+    seed: int = 0
+
+
 def regeneration_prompts(examples: Sequence[Example], max_new_tokens: int) -> list[tuple[list[int], int]]:
     """(prompt, new-token budget) per example, as every backend regenerates it (`regenerate`, and vLLM's in
     `engines.vllm_serve.regenerate_in_vllm`). Chats: the conversation before the first assistant turn, up to
@@ -284,22 +295,20 @@ def regenerate(
     examples: Sequence[Example],
     target,
     tokenizer,
-    max_new_tokens: int,
-    sample: bool = False,
-    temperature: float = SAMPLE_TEMPERATURE,
-    seed: int = 0,
+    how: Regeneration,
     prompts_per_batch: int = 16,
     progress=lambda _: None,
 ) -> list[Example]:
     """Replace each example's loss span with the target's own continuation of its prompt.
 
     Chats: the prompt is the conversation before the first assistant turn. Text: the first half of the tokens, and
-    as many new tokens as the second half had. Prompts are generated in left-padded batches of similar length;
-    greedy unless `sample` (at `temperature`, seeded per batch by `seed`). Generation stops at the tokenizer's eos
-    token."""
+    as many new tokens as the second half had, at most `how.max_new_tokens`. Prompts are generated in left-padded
+    batches of similar length; greedy unless `how.sample` (at its temperature, seeded per batch by its seed).
+    Generation stops at the tokenizer's eos token."""
+    sample, temperature, seed = how.sample, how.temperature, how.seed
     eos = tokenizer.eos_token_id
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else eos
-    jobs = regeneration_prompts(examples, max_new_tokens)
+    jobs = regeneration_prompts(examples, how.max_new_tokens)
     order = sorted(range(len(jobs)), key=lambda i: (len(jobs[i][0]), jobs[i][1]))
     out: list[Example | None] = [None] * len(jobs)
     device = torch.device(target.device)

@@ -3,8 +3,8 @@ and help in one `setting(...)` line; the command line's options are built from t
 flag's default and help cannot drift from what the library does.
 
 Here too are the settings no single stage owns: where the frozen target runs (`Placement`) and how the Hub is
-reached (`HubAccess`), and `convert`'s own settings (`ConvertConfig`), the stage without a settings module of its
-own. The other stages keep theirs beside their code: `train.settings.DistillConfig`,
+reached (`HubAccess`), and the settings of the commands without a settings module of their own: `dump-hidden`'s
+(`DumpConfig`) and `convert`'s (`ConvertConfig`). The other stages keep theirs beside their code: `train.settings.DistillConfig`,
 `evaluation.settings.EvaluateConfig`, `formats.ExportConfig`.
 
 What this module does not do: parse a command line, import torch or typer, or read any file.
@@ -132,6 +132,19 @@ class HubAccess:
 
     revision: str | None = setting(None, "Hub branch, tag or commit.")
     token: str | None = setting(None, "Hub token (default: HF_TOKEN or `hf auth login`).")
+
+
+@dataclass(frozen=True, kw_only=True)
+class DumpConfig:
+    """What `dump-hidden` stores of the target besides each sequence's tokens and final hidden, and how it shards
+    them (checked against the target by `target.dump_checks`)."""
+
+    aux_layers: list[int] | None = setting(None, "Aux layer ids 'low,mid,high'.", parse=ints)
+    top_k: int = setting(64, "Target log-probs kept per position.")
+    shard_size: int = setting(256, "Sequences per shard file.")
+    final: str | None = setting(
+        None, "the final hidden a native draft reads (pre_norm | post_norm), taken from --draft's config", cli=False
+    )
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -4,7 +4,7 @@ over a bare forward + backward of the same draft on the same batch.
 
 Two timings on the same draft, batch and TTT unroll (K steps over B x T tokens, offline-style teacher: top-k ids and
 log-probs, as `distill --hidden-states` reads them):
-- bare: the K unrolled draft forwards (`ttt_forward(..., return_logits=True)`), a trivial loss, backward;
+- bare: the K unrolled draft forwards (`ttt_logits`), a trivial loss, backward;
 - step: what the distill loop does: `ttt_forward` with the KL loss against the teacher, backward, gradient clipping,
   AdamW step, zero_grad.
 Prints tokens/s (B x T per step), the model FLOPs per step (6 per trainable weight a token passes through, 4 for the
@@ -46,7 +46,7 @@ from mtp2draft.train.memory import plan as memory_plan  # noqa: E402
 from mtp2draft.train.parallel import freeze_subset  # noqa: E402
 from mtp2draft.train.settings import DistillConfig  # noqa: E402
 from mtp2draft.train.subsets import TRAIN_SUBSETS  # noqa: E402
-from mtp2draft.train.ttt import draft_target_ids, ttt_forward  # noqa: E402
+from mtp2draft.train.ttt import draft_target_ids, ttt_forward, ttt_logits  # noqa: E402
 
 # Dense bf16 tensor-core peaks (TFLOP/s, no sparsity), from the vendors' data sheets.
 PEAKS = {"H200": 989.0, "H100": 989.0, "H800": 989.0, "A100": 312.0, "L40S": 362.0, "A10": 125.0, "B200": 2250.0}
@@ -211,7 +211,7 @@ def main() -> int:
 
     def bare() -> None:
         with autocast():
-            logits = ttt_forward(draft, feats, ids, mask, k, weights, return_logits=True)
+            logits = ttt_logits(draft, feats, ids, k)
             loss = sum(x.float().mean() for x in logits)
         loss.backward()
         for p in params:

@@ -52,6 +52,7 @@ class World:
 def _dump(target: Path, draft: Path, data: Path, out: Path) -> Path:
     from mtp2draft.data import load_tokenizer, read_examples
     from mtp2draft.draft.disk import load_draft
+    from mtp2draft.settings import DumpConfig
     from mtp2draft.target.dumps import dump_hidden_states
     from mtp2draft.target.hidden import TargetModel
 
@@ -59,7 +60,8 @@ def _dump(target: Path, draft: Path, data: Path, out: Path) -> Path:
     examples, _ = read_examples(data, load_tokenizer(target), LENGTH)
     seqs = [{"input_ids": e.input_ids, "loss_mask": e.loss_mask} for e in examples[:4]]
     aux = d.aux_layer_ids if d.kind == "eagle3" else None
-    dump_hidden_states(TargetModel(str(target)), seqs, out, aux, TOP_K, 2, final=getattr(d, "input_hidden", None))
+    dumped = DumpConfig(aux_layers=aux, top_k=TOP_K, shard_size=2, final=getattr(d, "input_hidden", None))
+    dump_hidden_states(TargetModel(str(target)), seqs, out, dumped)
     return out
 
 

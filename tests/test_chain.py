@@ -24,7 +24,7 @@ from mtp2draft.evaluation.decode import (
     speculative_decode,
 )
 from mtp2draft.target.hidden import Features, TargetModel
-from mtp2draft.train.ttt import ttt_forward, ttt_mask
+from mtp2draft.train.ttt import ttt_logits, ttt_mask
 
 
 @pytest.fixture
@@ -121,17 +121,13 @@ def test_ttt_equals_decoding_time_chain_past_the_layer_count(chain_dir, rule: st
     ids = torch.randint(0, v, (1, t), generator=gen)
     feats = Features(final=torch.randn(1, t, h, generator=gen), aux=None)
     with torch.no_grad():
-        unrolled = ttt_forward(
-            draft, feats, ids, torch.ones_like(ids, dtype=torch.bool), k, [1.0] * k, return_logits=True
-        )
+        unrolled = ttt_logits(draft, feats, ids, k)
         for p in range(t - k - 1):
             chain = draft_chain(draft, feats.step0_input(draft.kind), ids, p, k)
             for s in range(k):
                 assert (unrolled[s][0, p] - chain[s]).abs().max() < 1e-4, (p, s)
         # the layers matter under cycle: step 1 differs from what layer 0 alone computes
-        single = ttt_forward(
-            draft.layers[0], feats, ids, torch.ones_like(ids, dtype=torch.bool), k, [1.0] * k, return_logits=True
-        )
+        single = ttt_logits(draft.layers[0], feats, ids, k)
     differs = (unrolled[1] - single[1]).abs().max() > 1e-3
     assert differs if rule == "cycle" else not differs
 
@@ -281,8 +277,7 @@ def test_run_all_layers_end_to_end(target, text_data, tmp_path: Path) -> None:
     result = pipeline.run(
         str(src),
         config=RunConfig(work=tmp_path / "w", training=TrainingData(data=text_data)),
-        convert=ConvertConfig(all_layers=True),
-        **common,
+        stages=pipeline.Stages(convert=ConvertConfig(all_layers=True), **common),
     )
     for path in (result.raw, result.distilled):
         assert json.loads((path / "config.json").read_text())["mtp_layers"] == [0, 1, 2]
@@ -294,7 +289,8 @@ def test_run_all_layers_end_to_end(target, text_data, tmp_path: Path) -> None:
                                   ({"layer": 1}, None, "exclude each other")):  # fmt: skip
         with pytest.raises(OptionError, match=message):
             run = RunConfig(work=tmp_path / "x", training=TrainingData(data=text_data), format=fmt)
-            pipeline.run(str(src), config=run, convert=ConvertConfig(all_layers=True, **kind), **common)
+            stages = pipeline.Stages(convert=ConvertConfig(all_layers=True, **kind), **common)
+            pipeline.run(str(src), config=run, stages=stages)
     assert not (tmp_path / "x").exists()
 
 

@@ -263,6 +263,7 @@ SETTINGS_OFFERED = {
         "push": ("revision",),  # push's --revision is the branch it commits to
     },
     "RunConfig": {"run": ()},
+    "DumpConfig": {"dump-hidden": ()},
     "DSparkObjective": {"distill": ()},
     "NewDSpark": {"distill": ()},
     "TrainingData": {
@@ -276,10 +277,10 @@ SETTINGS_OFFERED = {
 def _settings_classes() -> dict[str, type]:
     from mtp2draft.evaluation.settings import EvaluateConfig
     from mtp2draft.formats import ExportConfig
-    from mtp2draft.settings import ConvertConfig, HubAccess, Placement, RunConfig
+    from mtp2draft.settings import ConvertConfig, DumpConfig, HubAccess, Placement, RunConfig
     from mtp2draft.train.settings import DSparkObjective, NewDSpark, TrainingData
 
-    classes = [ConvertConfig, DistillConfig, EvaluateConfig, ExportConfig, Placement, HubAccess, RunConfig]
+    classes = [ConvertConfig, DistillConfig, EvaluateConfig, ExportConfig, Placement, HubAccess, RunConfig, DumpConfig]
     classes += [TrainingData, DSparkObjective, NewDSpark]
     return {c.__name__: c for c in classes}
 
@@ -313,7 +314,6 @@ def test_every_setting_is_one_option_with_its_declared_default_and_help(name: st
 # flags the command modules declare by hand although a settings field has the same flag: each means another thing
 # in the command that declares it (its help says which), so it is not that setting written twice
 OTHER_MEANINGS = {
-    "--aux-layers": "dump-hidden: the layers whose inputs are dumped",
     "--data": "evaluate / dump-hidden: the prompts run through the target",
     "--format": "export / validate: the format written or checked (required there)",
     "--overwrite": "each command: replace its own output",

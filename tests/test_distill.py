@@ -162,6 +162,7 @@ def test_teacher_temperature_changes_the_settings_hash_only_off_its_default() ->
 def test_offline_hidden_states_train_like_the_online_target(target, text_data, tmp_path: Path, monkeypatch) -> None:
     """With every log-prob kept (top-k = vocabulary), training from dumped files matches training online."""
     from mtp2draft.data import read_examples
+    from mtp2draft.settings import DumpConfig
     from mtp2draft.target import hidden
     from mtp2draft.target.dumps import dump_hidden_states
 
@@ -171,7 +172,9 @@ def test_offline_hidden_states_train_like_the_online_target(target, text_data, t
     tm = TargetModel(str(tgt))
     examples, _ = read_examples(text_data, load_tokenizer(tgt), 48)
     seqs = [{"input_ids": e.input_ids, "loss_mask": e.loss_mask} for e in examples]
-    dump_hidden_states(tm, seqs, tmp_path / "dump", draft.aux_layer_ids, top_k=256, shard_size=10)
+    dump_hidden_states(
+        tm, seqs, tmp_path / "dump", DumpConfig(aux_layers=draft.aux_layer_ids, top_k=256, shard_size=10)
+    )
     manifest = json.loads((tmp_path / "dump" / "manifest.json").read_text())
     assert len(manifest["shards"]) == 3 and manifest["num_sequences"] == len(seqs)
     cfg = DistillConfig(**{**SMALL, "batch_size": 1})  # batch 1: no padding differences between the two paths
@@ -244,13 +247,13 @@ def test_eagle3_from_mtp_is_calibrated_once_on_real_activations(target, text_dat
 
 
 def test_regenerate_writes_the_targets_own_greedy_continuations(target, text_data) -> None:
-    from mtp2draft.data import regenerate
+    from mtp2draft.data import Regeneration, regenerate
     from mtp2draft.evaluation.decode import TargetRunner, greedy_reference
 
     tgt = target("mimo", num_hidden_layers=4)
     tm, tok = TargetModel(str(tgt)), load_tokenizer(tgt)
     examples, _ = read_examples(text_data, tok, 40)
-    out = regenerate(examples[:6], tm, tok, max_new_tokens=12, prompts_per_batch=4)  # left-padded batches
+    out = regenerate(examples[:6], tm, tok, Regeneration(12), prompts_per_batch=4)  # left-padded batches
     runner = TargetRunner(tm)
     for ex, new in zip(examples[:6], out, strict=True):
         prompt = ex.input_ids[: len(ex.input_ids) // 2]
@@ -263,22 +266,22 @@ def test_regenerate_writes_the_targets_own_greedy_continuations(target, text_dat
 
 def test_regenerate_samples_reproducibly_from_the_seed(target, text_data) -> None:
     # `distill --regenerate --sample` failed outright: transformers' generate() takes no `generator`
-    from mtp2draft.data import regenerate
+    from mtp2draft.data import Regeneration, regenerate
 
     tgt = target("mimo", num_hidden_layers=4)
     tm, tok = TargetModel(str(tgt)), load_tokenizer(tgt)
     examples, _ = read_examples(text_data, tok, 40)
-    greedy = regenerate(examples[:6], tm, tok, max_new_tokens=12, prompts_per_batch=4)
+    greedy = regenerate(examples[:6], tm, tok, Regeneration(12), prompts_per_batch=4)
     state = torch.random.get_rng_state()
     first = regenerate(
-        examples[:6], tm, tok, max_new_tokens=12, sample=True, temperature=1.5, seed=1, prompts_per_batch=4
+        examples[:6], tm, tok, Regeneration(12, sample=True, temperature=1.5, seed=1), prompts_per_batch=4
     )
     assert torch.equal(torch.random.get_rng_state(), state)  # the caller's RNG is left as it was
     again = regenerate(
-        examples[:6], tm, tok, max_new_tokens=12, sample=True, temperature=1.5, seed=1, prompts_per_batch=4
+        examples[:6], tm, tok, Regeneration(12, sample=True, temperature=1.5, seed=1), prompts_per_batch=4
     )
     other = regenerate(
-        examples[:6], tm, tok, max_new_tokens=12, sample=True, temperature=1.5, seed=2, prompts_per_batch=4
+        examples[:6], tm, tok, Regeneration(12, sample=True, temperature=1.5, seed=2), prompts_per_batch=4
     )
     ids = [[e.input_ids for e in out] for out in (greedy, first, again, other)]
     assert ids[1] == ids[2] and ids[1] != ids[3] and ids[1] != ids[0]

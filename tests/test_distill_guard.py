@@ -20,7 +20,7 @@ from mtp2draft.evaluation.decode import TargetRunner
 from mtp2draft.target.hidden import Features, TargetModel
 from mtp2draft.train.recipe import distill
 from mtp2draft.train.settings import DistillConfig
-from mtp2draft.train.ttt import ttt_forward
+from mtp2draft.train.ttt import ttt_logits
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY_MIMO = ROOT / "examples" / "targets" / "tiny-mimo"
@@ -42,8 +42,7 @@ def implied_acceptance(draft_dir: Path, target: TargetModel, sequences: list[lis
         for seq in sequences:
             logits, step0 = runner.forward(seq, runner.start())  # [T, V], [1, T, H]
             ids = torch.tensor([seq])
-            steps = ttt_forward(draft, Features(step0, None), ids, torch.ones_like(ids, dtype=torch.bool), K,
-                                [1.0] * K, return_logits=True)  # fmt: skip
+            steps = ttt_logits(draft, Features(step0, None), ids, K)
             for s in range(K):
                 n = len(seq) - s - 2  # origins whose predicted token exists
                 hits[s] += int((steps[s][0, :n].argmax(-1) == logits[s + 1 : s + 1 + n].argmax(-1)).sum())

@@ -375,12 +375,11 @@ class TiedRunner(TargetRunner):
 
 
 def _evaluate_one(runner, prompt: list[int], ref: list[int]):
-    from mtp2draft.evaluation.decode import evaluate_draft
-    from mtp2draft.evaluation.sampling import Sampling
+    from mtp2draft.evaluation.decode import Decoding, evaluate_draft
 
     draft = OracleDraft(prompt + greedy_reference(runner, prompt, 16, None), runner.target.vocab_size, 0)
-    return evaluate_draft(runner, draft, "d", "d", [prompt], [ref], k=3, max_new=16, eos=None, sampling=Sampling(),
-                          seed=0, progress=lambda *_: None)  # fmt: skip
+    return evaluate_draft(runner, draft, "d", "d", [prompt], [ref], Decoding(k=3, max_new=16, eos=None),
+                          progress=lambda *_: None)  # fmt: skip
 
 
 def test_a_greedy_difference_without_a_tie_raises_and_one_at_a_real_tie_passes(ds_target) -> None:

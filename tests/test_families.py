@@ -55,7 +55,7 @@ from mtp2draft.errors import (
 from mtp2draft.evaluation.decode import draft_chain
 from mtp2draft.family.spec import find_spec, get_spec
 from mtp2draft.target.hidden import Features
-from mtp2draft.train.ttt import ttt_forward
+from mtp2draft.train.ttt import ttt_logits
 
 each_family = pytest.mark.parametrize("family", FAMILIES, ids=lambda f: f.fixture)
 
@@ -964,8 +964,7 @@ def test_deepseek_v4_chain_of_four_recycles_the_streams(build) -> None:
         chain = draft_chain(ours, hidden, data, origin, k)
         right = v4.deepseek_v4_chain(path, data[:, 1 : origin + k + 1], hidden[:, : origin + 1], k)
         features = Features(final=hidden, aux=None, logits=torch.zeros(1, V4_T + 6, 256))
-        mask = torch.ones_like(data, dtype=torch.bool)
-        unrolled = ttt_forward(ours, features, data, mask, k, [1.0] * k, return_logits=True)
+        unrolled = ttt_logits(ours, features, data, k)
     for s in range(k):
         assert (chain[s].reshape(-1) - right[s].reshape(-1)).abs().max().item() <= 1e-4, s
         assert (unrolled[s][0, origin] - right[s][0]).abs().max().item() <= 1e-4, s

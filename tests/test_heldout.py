@@ -19,7 +19,7 @@ from mtp2draft.errors import OptionError
 from mtp2draft.train.heldout import HeldoutGuard, implied_acceptance
 from mtp2draft.train.parallel import Parallel
 from mtp2draft.train.recipe import distill
-from mtp2draft.train.settings import DistillConfig
+from mtp2draft.train.settings import DistillConfig, DistillJob
 from mtp2draft.train.teacher import online_teacher
 
 SMALL = {"steps": 4, "batch_size": 4, "max_length": 48, "save_every": 2, "log_every": 2, "lr": 3e-3}
@@ -92,7 +92,8 @@ def test_patience_stops_after_that_many_evaluations_without_a_gain(
 def _measure_written(draft_dir: Path, tgt: Path, text_data: Path, heldout: Path, cfg: DistillConfig) -> float:
     """The held-out score of a written draft, measured afresh (nothing shared with the run that wrote it)."""
     draft = load_draft(draft_dir)
-    teacher = online_teacher(draft, draft_dir, text_data, str(tgt), None, None, "cpu", cfg.max_length)
+    job = DistillJob(draft_dir=draft_dir, out=draft_dir.parent / "unused", data=text_data, target=str(tgt))
+    teacher = online_teacher(draft, job, cfg, "cpu")
     draft.attach_target(teacher.embed, teacher.head)
     guard = HeldoutGuard.build(heldout, teacher, cfg.heldout_examples, cfg.batch_size, cfg.max_length, every=1,
                                patience=None)  # fmt: skip

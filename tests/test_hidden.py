@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from mtp2draft.errors import DataError
+from mtp2draft.settings import DumpConfig
 from mtp2draft.target.dumps import OfflineHiddenStates, dump_hidden_states, offline_features
 from mtp2draft.target.hidden import Features, TargetModel
 
@@ -59,7 +60,7 @@ def test_dumped_files_read_back_as_the_targets_features(target, tmp_path: Path) 
     gen = torch.Generator().manual_seed(1)
     seqs = [{"input_ids": torch.randint(0, tm.vocab_size, (n,), generator=gen).tolist(), "loss_mask": [True] * n}
             for n in (7, 4, 6)]  # fmt: skip
-    dump_hidden_states(tm, seqs, tmp_path / "d", aux_layers=[1, 0], top_k=5, shard_size=2)
+    dump_hidden_states(tm, seqs, tmp_path / "d", DumpConfig(aux_layers=[1, 0], top_k=5, shard_size=2))
     store = OfflineHiddenStates(tmp_path / "d")
     assert len(store) == 3 and store.aux_layers == [1, 0] and len(store.manifest["shards"]) == 2
     assert torch.equal(store.lm_head(), tm.lm_head().float())
@@ -79,14 +80,14 @@ def test_dump_hidden_regenerate_dumps_the_targets_own_responses(target, text_dat
     """`dump-hidden --regenerate` (transformers here; vLLM in tests/testing/test_engine_vllm.py): each dumped
     sequence is the data's prompt followed by the target's own greedy continuation, the loss on that only."""
     from mtp2draft.cli.app import main
-    from mtp2draft.data import load_tokenizer, read_examples, regenerate
+    from mtp2draft.data import Regeneration, load_tokenizer, read_examples, regenerate
 
     tgt = target("mimo", num_hidden_layers=2)
     argv = ["dump-hidden", "--target", str(tgt), "--data", str(text_data), "--out", str(tmp_path / "d")]
     assert main([*argv, "--regenerate", "--max-length", "32", "--top-k", "4"]) == 0, capsys.readouterr().err
     tok = load_tokenizer(tgt)
     examples, _ = read_examples(text_data, tok, 32, False)
-    want = regenerate(examples, TargetModel(str(tgt)), tok, 16)
+    want = regenerate(examples, TargetModel(str(tgt)), tok, Regeneration(16))
     store = OfflineHiddenStates(tmp_path / "d")
     assert len(store) == len(want) > 0
     for n, ex in enumerate(want):

@@ -22,6 +22,7 @@ from mtp2draft.errors import OutputExistsError
 from mtp2draft.manifest import is_ours
 from mtp2draft.outputs.claims import claim_output, lock_path
 from mtp2draft.outputs.directories import atomic_output_dir
+from mtp2draft.settings import DumpConfig
 from mtp2draft.target.dump_checks import check_shards, read_manifest
 from mtp2draft.train.recipe import DistillConfig, distill
 
@@ -96,9 +97,7 @@ def test_concurrent_dumps_into_one_out_leave_one_result_and_one_refusal(target, 
         out = tmp_path / f"try{attempt}" / "dump"
         results = _race(
             2,
-            lambda _, out=out: dump_hidden_with(
-                "transformers", str(tgt), seqs, out, aux_layers=None, top_k=4, shard_size=2
-            ),
+            lambda _, out=out: dump_hidden_with("transformers", str(tgt), seqs, out, DumpConfig(top_k=4, shard_size=2)),
         )
         _one_result_one_refusal(results, out)
         _dumped(out, len(seqs))
@@ -114,10 +113,10 @@ def test_a_vllm_dump_claims_its_out_while_the_engine_runs(target, text_data, tmp
     class SlowEngine(TargetModel):
         vllm_version = "stand-in"
 
-        def __init__(self, target, ids, aux, final, top_k, work, revision, token, tp) -> None:
+        def __init__(self, target, ids, config, work, *, where, hub, progress) -> None:
             assert lock_path(out).is_file()  # claimed before the engine starts
             time.sleep(0.5)
-            super().__init__(target, revision, token)
+            super().__init__(target, hub.revision, hub.token)
 
     monkeypatch.setattr(vllm_dump, "VllmTarget", SlowEngine)
     tgt = target("mimo", num_hidden_layers=2)
@@ -125,7 +124,7 @@ def test_a_vllm_dump_claims_its_out_while_the_engine_runs(target, text_data, tmp
     for attempt in range(20):
         out = tmp_path / f"try{attempt}" / "dump"
         results = _race(
-            2, lambda _, out=out: dump_hidden_with("vllm", str(tgt), seqs, out, aux_layers=None, top_k=4, shard_size=2)
+            2, lambda _, out=out: dump_hidden_with("vllm", str(tgt), seqs, out, DumpConfig(top_k=4, shard_size=2))
         )
         errors = [r for r in results if r is not None]
         assert len(errors) == 1 and "another mtp2draft run" in str(errors[0]), results  # refused while it ran

@@ -62,7 +62,7 @@ def heldout():
     from mtp2draft.draft.disk import load_draft
     from mtp2draft.target.hidden import TargetModel
     from mtp2draft.train.teacher import collate
-    from mtp2draft.train.ttt import ttt_forward
+    from mtp2draft.train.ttt import ttt_logits
 
     tm = TargetModel(str(TARGET))
     examples, _ = read_examples(ROOT / "examples" / "data" / "heldout.jsonl", load_tokenizer(tm.path), 64)
@@ -73,7 +73,7 @@ def heldout():
     def logits(path: Path) -> torch.Tensor:
         draft = load_draft(path).attach_target(tm.embedding(), tm.lm_head()).eval()
         with torch.no_grad():
-            out = ttt_forward(draft, feats, batch["input_ids"], batch["loss_mask"], 3, [1.0] * 3, return_logits=True)
+            out = ttt_logits(draft, feats, batch["input_ids"], 3)
         return torch.stack(out)[:, keep]  # [K, tokens, V]
 
     return logits

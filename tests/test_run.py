@@ -127,7 +127,8 @@ def test_run_never_hands_the_source_revision_to_another_target(monkeypatch, tmp_
 
     def record(stage: str, result=None):
         def fake(*args, **kwargs):
-            seen[stage] = {k: kwargs.get(k) for k in ("revision", "token")}
+            hub = kwargs.get("hub")  # the stages that take the Hub access whole
+            seen[stage] = {k: getattr(hub, k) if hub else kwargs.get(k) for k in ("revision", "token")}
             return result
 
         return fake
@@ -147,7 +148,7 @@ def test_run_never_hands_the_source_revision_to_another_target(monkeypatch, tmp_
     def run(work: str, revision: str | None = None, **config) -> None:
         job = RunConfig(work=tmp_path / work, training=TrainingData(data=data), **config)
         hub = HubAccess(revision=revision, token="hf_secret")
-        pipeline.run("org/source", config=job, convert=convert, hub=hub)
+        pipeline.run("org/source", config=job, stages=pipeline.Stages(convert=convert), hub=hub)
 
     run("w1", target="org/target", revision="abc123")
     assert seen["convert"] == {"revision": "abc123", "token": "hf_secret"}

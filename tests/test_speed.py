@@ -18,7 +18,7 @@ from mtp2draft.speed.accelerators import ACCELERATORS
 from mtp2draft.speed.api import speedup
 from mtp2draft.speed.card import card_section
 from mtp2draft.speed.cost import distinct_experts, forward_time, mtp_draft_cost, target_cost
-from mtp2draft.speed.model import Acceptance, predict, read_acceptance
+from mtp2draft.speed.model import Acceptance, Deployment, predict, read_acceptance
 from mtp2draft.speed.published import PUBLISHED_CASES, get_case, load_config, predict_case
 
 DS3 = "deepseek-ai/DeepSeek-V3"
@@ -105,7 +105,7 @@ def test_expected_tokens_chain_the_conditional_acceptance() -> None:
 
 def test_unmeasured_k_is_not_predicted_and_the_report_says_so() -> None:
     cfg = load_config(DS3)
-    report = predict(target_cost(cfg), mtp_draft_cost(cfg), Acceptance((0.9, 0.7)), ACCELERATORS["h200"], 8)
+    report = predict(target_cost(cfg), mtp_draft_cost(cfg), Acceptance((0.9, 0.7)), Deployment(ACCELERATORS["h200"], 8))
     assert {r.k for r in report.rows} == {1, 2} and report.unmeasured_ks == [3, 4, 5, 6, 7, 8]
     assert any("k <= 2 only" in n for n in report.notes)
     assert set(report.recommended.values()) <= {1, 2}
@@ -114,7 +114,7 @@ def test_unmeasured_k_is_not_predicted_and_the_report_says_so() -> None:
 def test_recommends_no_k_when_the_draft_costs_as_much_as_the_target() -> None:
     """A 'draft' as big as the target never pays at 50 % acceptance: the recommendation is none, not k = 1."""
     t = target_cost(load_config(QWEN))
-    report = predict(t, t, Acceptance((0.5, 0.5)), ACCELERATORS["h100"], 1, batches=(1, 64))
+    report = predict(t, t, Acceptance((0.5, 0.5)), Deployment(ACCELERATORS["h100"], 1), batches=(1, 64))
     assert report.recommended == {1: None, 64: None}
     assert all(r.speedup < 1 for r in report.rows)
 
@@ -122,8 +122,8 @@ def test_recommends_no_k_when_the_draft_costs_as_much_as_the_target() -> None:
 def test_a_better_draft_earns_a_longer_recommended_k() -> None:
     cfg, h200 = load_config(DS3), ACCELERATORS["h200"]
     t, d = target_cost(cfg), mtp_draft_cost(cfg)
-    weak = predict(t, d, Acceptance((0.6, 0.2, 0.05, 0.01)), h200, 8, batches=(1,))
-    strong = predict(t, d, Acceptance((0.95, 0.9, 0.85, 0.8)), h200, 8, batches=(1,))
+    weak = predict(t, d, Acceptance((0.6, 0.2, 0.05, 0.01)), Deployment(h200, 8), batches=(1,))
+    strong = predict(t, d, Acceptance((0.95, 0.9, 0.85, 0.8)), Deployment(h200, 8), batches=(1,))
     assert weak.recommended[1] < strong.recommended[1] == 4
 
 

@@ -108,10 +108,13 @@ def test_device_map_without_accelerate_is_one_error_line(raw_mimo: Path, capsys)
 
 def test_online_teacher_runs_the_target_in_its_dtype_and_hands_fp32_features(raw_mimo: Path) -> None:
     from mtp2draft.draft.disk import load_draft
+    from mtp2draft.train.settings import DistillConfig, DistillJob
     from mtp2draft.train.teacher import online_teacher
 
     draft = load_draft(raw_mimo)
-    teacher = online_teacher(draft, raw_mimo, HELDOUT, str(TINY_MIMO), None, None, "cpu", 32, dtype="bfloat16")
+    job = DistillJob(draft_dir=raw_mimo, out=raw_mimo.parent / "unused", data=HELDOUT, target=str(TINY_MIMO),
+                     target_dtype="bfloat16")  # fmt: skip
+    teacher = online_teacher(draft, job, DistillConfig(max_length=32), "cpu")
     assert teacher.target.dtype == torch.bfloat16 and next(teacher.target.model.parameters()).dtype == torch.bfloat16
     batch, feats = teacher.batch(draft, 0, 2, 0, 32, slice(None), "cpu", final=True)
     assert feats.final.dtype == torch.float32 and feats.logits.dtype == torch.float32

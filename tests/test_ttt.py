@@ -14,7 +14,7 @@ from mtp2draft.conversion import convert
 from mtp2draft.draft.disk import load_draft
 from mtp2draft.evaluation.decode import draft_chain
 from mtp2draft.target.hidden import Features
-from mtp2draft.train.ttt import shift, teacher_logprobs, ttt_forward, ttt_mask
+from mtp2draft.train.ttt import shift, teacher_logprobs, ttt_forward, ttt_logits, ttt_mask
 
 
 @pytest.mark.parametrize("fixture", ["deepseek_v3", "mimo", "glm4_moe"])
@@ -35,9 +35,7 @@ def test_ttt_step_equals_serving_chain(build, tmp_path: Path, fixture: str, kind
     width = draft.fc.in_features if kind == "eagle3" else h
     feats = Features(final=torch.randn(1, t, h, generator=gen), aux=torch.randn(1, t, width, generator=gen))
     with torch.no_grad():
-        unrolled = ttt_forward(
-            draft, feats, ids, torch.ones_like(ids, dtype=torch.bool), k, [1.0] * k, return_logits=True
-        )
+        unrolled = ttt_logits(draft, feats, ids, k)
         for p in range(t - k - 1):
             chain = draft_chain(draft, feats.step0_input(kind), ids, p, k)
             for s in range(k):
@@ -177,7 +175,7 @@ def test_ttt_loss_by_hand_from_per_step_logits_and_a_masked_prompt(build, tmp_pa
 
         vocab_ids = draft_target_ids(draft)
     with torch.no_grad():
-        step_logits = ttt_forward(draft, feats, ids, mask, k, weights, vocab_ids, return_logits=True)
+        step_logits = ttt_logits(draft, feats, ids, k)
         stats = ttt_forward(draft, feats, ids, mask, k, weights, vocab_ids)
     total = 0.0
     for s in range(k):

@@ -54,12 +54,13 @@ def test_a_target_vllm_extracts_from_as_is_gets_no_view(tmp_path: Path) -> None:
 
 def test_a_target_giving_only_its_top_k_writes_the_same_dump(tmp_path: Path) -> None:
     """What VllmTarget hands the writer (top-k log-probs, no logits) is written exactly as the top-k of full logits."""
+    from mtp2draft.settings import DumpConfig
     from mtp2draft.target.dumps import OfflineHiddenStates, dump_hidden_states
     from mtp2draft.target.hidden import Features, TargetModel
 
     target = TargetModel(str(MIMO))
     seqs = [{"input_ids": list(range(5 + n, 29 + n)), "loss_mask": [True] * 24} for n in range(3)]
-    dump_hidden_states(target, seqs, tmp_path / "logits", [1, 4], top_k=8)
+    dump_hidden_states(target, seqs, tmp_path / "logits", DumpConfig(aux_layers=[1, 4], top_k=8))
     run = target.features
 
     def top_k_only(*args, **kwargs) -> Features:  # as an engine returns them: more than asked, sorted
@@ -68,7 +69,7 @@ def test_a_target_giving_only_its_top_k_writes_the_same_dump(tmp_path: Path) -> 
         return Features(f.final, f.aux, topk_logprobs=values, topk_ids=ids)
 
     target.features = top_k_only
-    dump_hidden_states(target, seqs, tmp_path / "top-k", [1, 4], top_k=8)
+    dump_hidden_states(target, seqs, tmp_path / "top-k", DumpConfig(aux_layers=[1, 4], top_k=8))
     a, b = OfflineHiddenStates(tmp_path / "logits"), OfflineHiddenStates(tmp_path / "top-k")
     for n in range(len(seqs)):
         x, y = a.sequence(n), b.sequence(n)

@@ -16,6 +16,7 @@ from mtp2draft.engines import environments, vllm_evaluate
 from mtp2draft.engines.vllm_evaluate import acceptance
 from mtp2draft.engines.vllm_serve import EngineResult
 from mtp2draft.evaluation.settings import EvaluateConfig
+from mtp2draft.settings import Placement
 
 
 def test_acceptance_from_vllms_counters_gives_both_metrics() -> None:
@@ -37,8 +38,9 @@ class FakeDriver:
     def __init__(self) -> None:
         self.calls: list[dict] = []
 
-    def __call__(self, runs, prompts, max_new_tokens, **kw):
-        self.calls.append({"runs": runs, "prompts": prompts, "max_new_tokens": max_new_tokens, **kw})
+    def __call__(self, runs, prompts, generation, setup, log=None):
+        self.calls.append({"runs": runs, "prompts": prompts, **vars(generation), **vars(setup)})
+        max_new_tokens = generation.max_new_tokens
         plain = [[5] * max_new_tokens for _ in prompts]
         timing = {"output_tokens": len(prompts) * max_new_tokens, "output_tokens_per_s": 100.0, "tpot_ms": 10.0}
         results = {}
@@ -126,7 +128,8 @@ def test_evaluate_engine_vllm_at_a_temperature_asks_for_sampled_drafts(target, t
     drafts = [("draft", str(tmp_path / "raw"))]
     sampled = {"temperature": 0.7, "top_p": 0.9, "seed": 3, "draft_sampling": "sample"}
     cfg = EvaluateConfig(num_draft_tokens=2, max_new_tokens=3, max_prompts=2, **sampled)
-    report = vllm_evaluate.evaluate_in_vllm(drafts, str(tgt), text_data, cfg, dtype="float32", tensor_parallel_size=2)
+    where = Placement(dtype="float32", tensor_parallel_size=2)
+    report = vllm_evaluate.evaluate_in_vllm(drafts, str(tgt), text_data, cfg, where=where)
     call = fake_vllm.calls[0]
     assert (call["temperature"], call["top_p"], call["seed"], call["tensor_parallel_size"]) == (0.7, 0.9, 3, 2)
     assert call["dtype"] == "float32"

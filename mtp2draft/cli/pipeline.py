@@ -38,12 +38,12 @@ def run_all(
 
     * `mtp2draft run XiaomiMiMo/MiMo-7B-RL --data chats.jsonl --heldout pick.jsonl --patience 3 --eval-data prompts.jsonl --work mimo-run` (distillation keeps the weights that score best on pick.jsonl, never worse than the raw head there; keep it apart from --eval-data, which reports)
     """
-    from mtp2draft.pipeline import PushFailed, run
+    from mtp2draft.pipeline import PushFailed, Stages, run
 
-    stages = {"convert": convert, "distill": distill, "evaluate": evaluate}
+    stages = Stages(convert=convert, distill=distill, evaluate=evaluate)
     config = replace(config, training=training)
     try:
-        result = run(source, config=config, **stages, placement=placement, hub=hub, progress=log)
+        result = run(source, config=config, stages=stages, placement=placement, hub=hub, progress=log)
     except PushFailed as failed:  # every other stage finished: the table and the export are the user's
         print(output.run_text(failed.result))
         raise

@@ -44,8 +44,7 @@ def export(
     """
     from mtp2draft.formats.export import export
 
-    access = {"revision": hub.revision, "token": hub.token}
-    result = export(draft, format, out, target=target, overwrite=overwrite, config=config, **access, progress=log)
+    result = export(draft, format, out, target=target, overwrite=overwrite, config=config, hub=hub, progress=log)
     print(output.to_json(output.export_summary(result)) if as_json else output.export_text(result, draft))
 
 

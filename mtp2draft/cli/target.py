@@ -3,15 +3,16 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 from typing import Annotated, Any
 
 import typer
 
-from mtp2draft.cli.options import Data, Group, Overwrite, SkipBad, Target, TargetEngine, parse_list, settings
+from mtp2draft.cli.options import Data, Group, Overwrite, SkipBad, Target, TargetEngine, settings
 from mtp2draft.cli.root import app, log
 from mtp2draft.kinds import DraftKind
-from mtp2draft.settings import HubAccess, Placement, ints
+from mtp2draft.settings import DumpConfig, HubAccess, Placement
 from mtp2draft.train.settings import DistillConfig, TrainingData
 
 
@@ -21,6 +22,7 @@ from mtp2draft.train.settings import DistillConfig, TrainingData
     hub=HubAccess,
     responses=Group(TrainingData, only=("regenerate", "sample")),
     length=Group(DistillConfig, only=("max_length",)),  # the length distill reads the dump at: one default
+    dump=DumpConfig,
 )
 def dump_hidden(
     target: Target,
@@ -29,13 +31,11 @@ def dump_hidden(
     hub: Any,
     responses: Any,
     length: Any,
+    dump: Any,
     out: Annotated[Path, typer.Option("--out", help="Output directory (sharded safetensors + manifest.json).")],
     draft: Annotated[
         Path | None, typer.Option("--draft", help="Draft whose inputs to dump (its aux layers, for eagle3).")
     ] = None,
-    aux_layers: Annotated[str | None, typer.Option("--aux-layers", help="Aux layer ids 'low,mid,high'.")] = None,
-    top_k: Annotated[int, typer.Option("--top-k", help="Target log-probs kept per position.")] = 64,
-    shard_size: Annotated[int, typer.Option("--shard-size", help="Sequences per shard file.")] = 256,
     engine: TargetEngine = "transformers",
     skip_bad: SkipBad = False,
     overwrite: Overwrite = False,
@@ -58,32 +58,28 @@ def dump_hidden(
     from mtp2draft.target.dump_checks import check_dump_request
     from mtp2draft.target.hidden import local_path
 
-    ids = parse_list(aux_layers, "--aux-layers", ints)
     max_length = length.max_length
-    final, loaded = None, None
-    if draft is not None:
+    loaded = None
+    if draft is not None:  # the aux layers an EAGLE-3 draft reads unless given, the final hidden a native one reads
         loaded = load_draft(draft)
-        final = getattr(loaded, "input_hidden", None)  # the final hidden a native draft reads
+        ids = dump.aux_layers
         if ids is None:
             ids = loaded.aux_layer_ids if loaded.kind == DraftKind.EAGLE3 else None
+        dump = replace(dump, aux_layers=ids, final=getattr(loaded, "input_hidden", None))
     target_dir = local_path(target, hub.revision, hub.token)
     inputs = [data, draft]  # never deleted by --overwrite, never written into
-    sizes = {"top_k": top_k, "shard_size": shard_size, "max_length": max_length}
-    check_dump_request(
-        target, target_dir, out, overwrite=overwrite, inputs=inputs, **sizes, aux_layers=ids, draft=loaded
-    )
+    check_dump_request(target, target_dir, out, dump, max_length, overwrite=overwrite, inputs=inputs, draft=loaded)
     examples, skipped = read_examples(data, load_tokenizer(target_dir), max_length, skip_bad)
     if skipped:
         log(f"skipped {skipped} malformed line(s)")
     if responses.regenerate:  # the target's own responses, from the engine that runs it
+        from mtp2draft.data import Regeneration
         from mtp2draft.engines.choice import regenerate_with
 
         eos = load_tokenizer(target_dir).eos_token_id
-        tp = {"tensor_parallel_size": where.tensor_parallel_size or 1}
-        budget = {"max_new_tokens": max_length // 2, "sample": responses.sample}
-        examples = regenerate_with(engine, examples, target, eos=eos, **budget, hub=hub, **tp, progress=log)
+        how = Regeneration(max_length // 2, responses.sample)
+        examples = regenerate_with(engine, examples, target, how, eos=eos, where=where, hub=hub, progress=log)
     seqs = [{"input_ids": e.input_ids, "loss_mask": e.loss_mask} for e in examples]
-    write = {"aux_layers": ids, "top_k": top_k, "shard_size": shard_size, "overwrite": overwrite, "final": final}
-    access = {"revision": hub.revision, "token": hub.token, "tensor_parallel_size": where.tensor_parallel_size or 1}
-    path = dump_hidden_with(engine, target, sequences=seqs, out=out, **access, **write, progress=log, inputs=inputs)
+    write = {"overwrite": overwrite, "progress": log, "inputs": inputs}
+    path = dump_hidden_with(engine, target, seqs, out, dump, where=where, hub=hub, **write)
     print(f"wrote hidden states of {len(seqs)} sequences to {path}")

@@ -7,6 +7,7 @@ What this module does not do: read checkpoints or write files, or touch the MLP,
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -59,8 +60,25 @@ def _rope_parameters(cfg: Any) -> dict[str, Any]:
     return rope
 
 
-def _set_attention(b: Eagle3Build, wq, wk, wv, wo, heads, kv_heads, head_dim, rope_exponent, exact, how, sources):
-    """Store x-space q/k/v (acting on u = x / rms(x)) for `absorb_projection`, and o_proj + config."""
+@dataclass(frozen=True)
+class LlamaAttention:
+    """A family's attention block as the Llama GQA the EAGLE-3 layer runs: x-space q/k/v projections (acting on
+    u = x / rms(x)), o_proj, the head counts and head dim, and the exponent of RoPE's theta (`rope_permutation`)."""
+
+    wq: torch.Tensor
+    wk: torch.Tensor
+    wv: torch.Tensor
+    wo: torch.Tensor
+    heads: int
+    kv_heads: int
+    head_dim: int
+    rope_exponent: float
+
+
+def _set_attention(b: Eagle3Build, attn: LlamaAttention, exact: bool, how: str, sources: list[str]) -> None:
+    """Store x-space q/k/v (acting on u = x / rms(x)) for `absorb_projection`, and o_proj + config; `exact`, `how`
+    and `sources` are the transfer's provenance."""
+    wq, wk, wv, wo = attn.wq, attn.wk, attn.wv, attn.wo
     cfg = b.block_config
     rope = _rope_parameters(cfg)
     theta = float(rope.get("rope_theta", getattr(cfg, "rope_theta", 1e4)))
@@ -68,10 +86,10 @@ def _set_attention(b: Eagle3Build, wq, wk, wv, wo, heads, kv_heads, head_dim, ro
     b.scratch["attention"] = {"q": wq, "k": wk, "v": wv, "exact": exact and not scaled, "how": how, "from": sources}
     b.put("midlayer.self_attn.o_proj.weight", wo, exact and not scaled, sources, how)
     b.config.update(
-        num_attention_heads=heads,
-        num_key_value_heads=kv_heads,
-        head_dim=head_dim,
-        rope_theta=theta**rope_exponent,
+        num_attention_heads=attn.heads,
+        num_key_value_heads=attn.kv_heads,
+        head_dim=attn.head_dim,
+        rope_theta=theta**attn.rope_exponent,
         max_position_embeddings=int(getattr(cfg, "max_position_embeddings", 4096)),
     )
     if scaled:
@@ -147,7 +165,7 @@ def attention_gqa(b: Eagle3Build) -> None:
         exact = False
     wq, wk = _permute_heads(wq, heads, perm), _permute_heads(wk, kv_heads, perm)
     how = "GQA copied" + ("; " + "; ".join(notes) if notes else "")
-    _set_attention(b, wq, wk, wv, wo, heads, kv_heads, d, exponent, exact, how, list(names.values()))
+    _set_attention(b, LlamaAttention(wq, wk, wv, wo, heads, kv_heads, d, exponent), exact, how, list(names.values()))
 
 
 def attention_gated(b: Eagle3Build) -> None:
@@ -242,17 +260,5 @@ def attention_mla(b: Eagle3Build) -> None:
         "MLA expanded to per-head q/k/v: low-rank norms linearised (weight-based rms), shared k_rope copied per head, "
         f"v zero-padded {dv}->{d}, RoPE remapped with theta^{exponent:g}" + "".join(f"; {n}" for n in notes)
     )
-    _set_attention(
-        b,
-        wq,
-        wk,
-        wv.reshape(heads * d, -1),
-        wo.reshape(wo.shape[0], -1),
-        heads,
-        heads,
-        d,
-        exponent,
-        False,
-        how,
-        sources,
-    )
+    attn = LlamaAttention(wq, wk, wv.reshape(heads * d, -1), wo.reshape(wo.shape[0], -1), heads, heads, d, exponent)
+    _set_attention(b, attn, False, how, sources)

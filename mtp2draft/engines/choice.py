@@ -17,10 +17,10 @@ from typing import TYPE_CHECKING, Any
 
 from mtp2draft.errors import OptionError
 from mtp2draft.kinds import is_dspark_draft
-from mtp2draft.settings import HubAccess, Placement
+from mtp2draft.settings import DumpConfig, HubAccess, Placement
 
 if TYPE_CHECKING:  # io, data and evaluation.settings' users import torch, which this module does not
-    from mtp2draft.data import Example
+    from mtp2draft.data import Example, Regeneration
     from mtp2draft.evaluation.settings import EvaluateConfig
     from mtp2draft.progress import Progress
 
@@ -44,24 +44,27 @@ def dump_hidden_with(
     target: str,
     sequences: Sequence[dict[str, Any]],
     out: str | Path,
-    revision: str | None = None,
-    token: str | bool | None = None,
-    tensor_parallel_size: int = 1,
+    config: DumpConfig | None = None,
+    *,
+    where: Placement | None = None,
+    hub: HubAccess | None = None,
     **write: Any,
 ) -> Path:
-    """`dump-hidden` with the chosen engine (`DUMP_ENGINES`). `write` are `dumps.dump_hidden_states`'s options
-    (aux_layers, top_k, shard_size, overwrite, progress, final, inputs), which writes the files in both cases."""
+    """`dump-hidden` with the chosen engine (`DUMP_ENGINES`): `config`, what to dump (`DumpConfig`, its defaults when
+    None); `where`, the tensor parallel size (vLLM's); `hub`, the target's revision and the token. `write` are
+    `dumps.dump_hidden_states`'s keywords (overwrite, progress, inputs), which writes the files in both cases."""
+    config, where, hub = config or DumpConfig(), where or Placement(), hub or HubAccess()
     _check(engine, DUMP_ENGINES)
     if engine == "transformers":
         from mtp2draft.target.dumps import dump_hidden_states
         from mtp2draft.target.hidden import TargetModel
 
-        if tensor_parallel_size != 1:
+        if (where.tensor_parallel_size or 1) != 1:
             raise OptionError("--tensor-parallel-size is for --engine vllm (transformers spreads with device_map)")
-        return dump_hidden_states(TargetModel(target, revision, token), sequences, out, **write)
+        return dump_hidden_states(TargetModel(target, hub.revision, hub.token), sequences, out, config, **write)
     from mtp2draft.engines.vllm_dump import dump_hidden_in_vllm
 
-    return dump_hidden_in_vllm(target, sequences, out, revision, token, tensor_parallel_size, **write)
+    return dump_hidden_in_vllm(target, sequences, out, config, where=where, hub=hub, **write)
 
 
 def evaluate_with(
@@ -84,7 +87,6 @@ def evaluate_with(
 
         return evaluate_dspark(engine, drafts, target, data, config, where=where, hub=hub, progress=progress)
     where, hub = where or Placement(), hub or HubAccess()
-    common = {"config": config, "revision": hub.revision, "token": hub.token, "progress": progress}
     if engine == "transformers":
         if where.tensor_parallel_size is not None:
             raise OptionError("--tensor-parallel-size is for --engine vllm (transformers spreads with --device-map)")
@@ -92,8 +94,7 @@ def evaluate_with(
 
         from mtp2draft.evaluation.decode import evaluate
 
-        placed = {"device": where.device, "dtype": where.torch_dtype, "device_map": where.device_map}
-        report = evaluate(drafts, target, data, **common, **placed)
+        report = evaluate(drafts, target, data, config, where=where, hub=hub, progress=progress)
         return {**report, "engine": {"name": "transformers", "version": transformers.__version__}}
     for option, value in (("--device", where.device), ("--device-map", where.device_map)):
         if value is not None:
@@ -101,37 +102,33 @@ def evaluate_with(
                               "with --tensor-parallel-size)")  # fmt: skip
     from mtp2draft.engines.vllm_evaluate import evaluate_in_vllm
 
-    tp = where.tensor_parallel_size or 1
-    return evaluate_in_vllm(drafts, target, data, **common, dtype=where.dtype, tensor_parallel_size=tp)
+    return evaluate_in_vllm(drafts, target, data, config, where=where, hub=hub, progress=progress)
 
 
 def regenerate_with(
     engine: str,
     examples: Sequence[Example],
     target: str,
+    how: Regeneration,
     *,
     eos: int | None,
-    max_new_tokens: int,
-    sample: bool,
-    seed: int = 0,
-    hub: HubAccess = HubAccess(),
-    tensor_parallel_size: int = 1,
+    where: Placement | None = None,
+    hub: HubAccess | None = None,
     progress: Progress | None = None,
 ) -> list[Example]:
-    """`examples` with their responses replaced by the target's own, written by `engine` (`EVALUATE_ENGINES`):
-    transformers here (`data.regenerate`), or vLLM serving the target (`vllm_serve.regenerate_in_vllm`), for a
-    target that only an engine can run. Responses end after the tokenizer's `eos`, which is kept."""
+    """`examples` with their responses replaced by the target's own (`how`: greedy or sampled, how long), written by
+    `engine` (`EVALUATE_ENGINES`): transformers here (`data.regenerate`), or vLLM serving the target
+    (`vllm_serve.regenerate_in_vllm`), for a target that only an engine can run. Responses end after the tokenizer's
+    `eos`, which is kept. `where`: vLLM's tensor parallel size; `hub`: the target's revision and the token."""
     _check(engine, EVALUATE_ENGINES)
+    where, hub = where or Placement(), hub or HubAccess()
     if engine == "transformers":
         from mtp2draft.data import load_tokenizer, regenerate
         from mtp2draft.target.hidden import TargetModel
 
         say = progress or (lambda _: None)
         model = TargetModel(target, hub.revision, hub.token)
-        return regenerate(examples, model, load_tokenizer(model.path), max_new_tokens, sample, seed=seed, progress=say)
+        return regenerate(examples, model, load_tokenizer(model.path), how, progress=say)
     from mtp2draft.engines.vllm_serve import regenerate_in_vllm
 
-    budget = {"eos": eos, "max_new_tokens": max_new_tokens, "sample": sample, "seed": seed}
-    return regenerate_in_vllm(
-        examples, target, **budget, hub=hub, tensor_parallel_size=tensor_parallel_size, progress=progress
-    )
+    return regenerate_in_vllm(examples, target, how, eos=eos, where=where, hub=hub, progress=progress)

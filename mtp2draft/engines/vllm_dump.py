@@ -27,6 +27,7 @@ from mtp2draft.engines.environments import EngineUnavailable
 from mtp2draft.engines.vllm_launch import VLLM_SIDE, vllm_environment, vllm_python
 from mtp2draft.errors import OptionError
 from mtp2draft.kinds import Hidden
+from mtp2draft.settings import DumpConfig, HubAccess, Placement
 
 if TYPE_CHECKING:
     from mtp2draft.family.schema import Spec
@@ -128,31 +129,30 @@ class VllmTarget:
         self,
         source: str,
         sequences: Sequence[Sequence[int]],
-        aux_layers: Sequence[int] | None,
-        final: str | None,
-        top_k: int,
+        config: DumpConfig,
         work: Path,
-        revision: str | None = None,
-        token: str | bool | None = None,
-        tensor_parallel_size: int = 1,
-        dtype: str = "float32",
+        *,
+        where: Placement = Placement(),
+        hub: HubAccess = HubAccess(),
         progress: Callable[[str], None] = lambda _: None,
     ) -> None:
+        """`config`: what to extract (aux layers, final hidden, top-k); `where`: the tensor parallel size and the
+        dtype vLLM runs the target in (default float32, the dump's); `hub`: the target's revision and the token."""
         from mtp2draft.checkpoint.reader import open_checkpoint, read_config
         from mtp2draft.draft.layout import plan_mtp_layer, target_embed_key, target_head_key
         from mtp2draft.family.spec import find_spec
         from mtp2draft.target.hidden import commit_of, local_path
 
         self.source = source
-        self.path = local_path(source, revision, token)  # checked as TargetModel checks it
+        self.path = local_path(source, hub.revision, hub.token)  # checked as TargetModel checks it
         self.raw_config = read_config(self.path)
         self.spec = find_spec(self.raw_config)
         text = self.spec.text_config(self.raw_config)
         self.num_layers = self.spec.num_layers(self.raw_config)
         self.hidden_size, self.vocab_size = int(text["hidden_size"]), int(text["vocab_size"])
         self.commit = commit_of(self.path)
-        self.final = final or self.spec.layer.hidden
-        self.aux_layers = list(aux_layers or [])
+        self.final = config.final or self.spec.layer.hidden
+        self.aux_layers = list(config.aux_layers or [])
         ckpt = open_checkpoint(self.path)
         plan = plan_mtp_layer(ckpt, self.spec, 0)
         keys = {
@@ -170,7 +170,7 @@ class VllmTarget:
             else vllm_layer_ids(self.aux_layers, self.num_layers, want_final=True)
         )
         self.work, self._next, self._sequences = Path(work), 0, [list(map(int, s)) for s in sequences]
-        self.vllm_version = self._run(tensor_parallel_size, dtype, top_k, progress)
+        self.vllm_version = self._run(where.tensor_parallel_size or 1, where.dtype or "float32", config.top_k, progress)
 
     def _run(self, tensor_parallel_size: int, dtype: str, top_k: int, progress: Callable[[str], None]) -> str:
         import torch
@@ -252,13 +252,14 @@ def dump_hidden_in_vllm(
     target: str,
     sequences: Sequence[dict[str, Any]],
     out: str | Path,
-    revision: str | None = None,
-    token: str | bool | None = None,
-    tensor_parallel_size: int = 1,
+    config: DumpConfig = DumpConfig(),
+    *,
+    where: Placement = Placement(),
+    hub: HubAccess = HubAccess(),
     **write: Any,
 ) -> Path:
     """`dump-hidden --engine vllm`: the target's hidden states extracted by vLLM (`VllmTarget`), written by
-    `dumps.dump_hidden_states` with `write` (aux_layers, top_k, shard_size, overwrite, progress, final, inputs)."""
+    `dumps.dump_hidden_states` with `config` and `write` (overwrite, progress, inputs)."""
     from mtp2draft.outputs.claims import claim_output
     from mtp2draft.outputs.directories import check_output_dir
     from mtp2draft.target.dumps import dump_hidden_states
@@ -270,7 +271,6 @@ def dump_hidden_in_vllm(
     progress = write.get("progress") or (lambda _: None)
     with claim_output(out), tempfile.TemporaryDirectory(prefix=".mtp2draft-vllm-", dir=out.parent) as work:
         ids = [s["input_ids"] for s in sequences]
-        aux, final, top_k = write.get("aux_layers"), write.get("final"), write.get("top_k", 64)
-        vt = VllmTarget(target, ids, aux, final, top_k, Path(work), revision, token, tensor_parallel_size)
+        vt = VllmTarget(target, ids, config, Path(work), where=where, hub=hub, progress=progress)
         progress(f"vLLM {vt.vllm_version}: hidden states extracted; writing {out}")
-        return dump_hidden_states(vt, sequences, out, **write)
+        return dump_hidden_states(vt, sequences, out, config, **write)

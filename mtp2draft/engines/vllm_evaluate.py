@@ -29,6 +29,8 @@ from mtp2draft.engines.vllm_serve import (
     EngineResult,
     EngineRun,
     EngineRunError,
+    EngineSetup,
+    Generation,
     config_view,
     run_vllm,
     served_view,
@@ -37,6 +39,7 @@ from mtp2draft.engines.vllm_serve import (
 from mtp2draft.errors import OptionError
 from mtp2draft.evaluation.settings import EvaluateConfig
 from mtp2draft.kinds import DraftKind
+from mtp2draft.settings import HubAccess, Placement
 
 if TYPE_CHECKING:  # io imports torch, which this module does not
     from mtp2draft.progress import Progress
@@ -98,18 +101,17 @@ def evaluate_in_vllm(
     target: str,
     data: str | Path,
     config: EvaluateConfig | None = None,
-    dtype: str | None = None,
-    tensor_parallel_size: int = 1,
-    revision: str | None = None,
-    token: str | bool | None = None,
+    *,
+    where: Placement | None = None,
+    hub: HubAccess | None = None,
     progress: Progress = lambda _: None,
     keep_outputs: bool = False,
-    work: str | Path | None = None,
 ) -> dict[str, Any]:
     """Serve `target` in vLLM with each draft and once without, on the prompts of `data` (as `decode.evaluate`
     reads them); the report `decode.evaluate` writes, from vLLM's counters and clock. `config`: what to decode and
-    how (`EvaluateConfig`). dtype None: the checkpoint's own ("auto"). `keep_outputs` adds every run's token ids
-    (`engine.outputs`); `work` holds the exports and views (default: a temporary directory)."""
+    how (`EvaluateConfig`); `where`: its dtype (None: the checkpoint's own, "auto") and tensor parallel size (default
+    1; vLLM places the target itself); `hub`: the target's revision and the token. `keep_outputs` adds every run's
+    token ids (`engine.outputs`). The exports and views live in a temporary directory."""
     from mtp2draft.checkpoint.reader import read_config
     from mtp2draft.data import load_tokenizer
     from mtp2draft.evaluation.decode import load_prompts, with_headline
@@ -118,6 +120,8 @@ def evaluate_in_vllm(
     from mtp2draft.target.identity import check_drafts_belong
 
     cfg = config or EvaluateConfig()
+    where, hub = where or Placement(), hub or HubAccess()
+    dtype, tensor_parallel_size, revision, token = where.dtype, where.tensor_parallel_size or 1, hub.revision, hub.token
     if tensor_parallel_size < 1:
         raise OptionError(f"--tensor-parallel-size must be at least 1, got {tensor_parallel_size}")
     if dtype is not None and dtype not in DTYPE_NAMES:
@@ -131,21 +135,18 @@ def evaluate_in_vllm(
     stored = str(target_config.get("torch_dtype") or target_config.get("dtype") or "bfloat16")
     k = cfg.num_draft_tokens
     extra = {"draft_sample_method": DRAFT_SAMPLE_METHOD[cfg.draft_sampling]} if not cfg.sampling.greedy else {}
-    with tempfile.TemporaryDirectory(prefix=".mtp2draft-vllm-eval-", dir=work) as tmp:
+    with tempfile.TemporaryDirectory(prefix=".mtp2draft-vllm-eval-") as tmp:
         runs = serve_runs(drafts, kinds, target_dir, Path(tmp), k, dtype or stored, extra, progress)
         progress(f"vLLM: {len(drafts)} draft(s) and the plain target on {len(prompts)} prompts (one engine each)")
-        version, results = run_vllm(
-            runs,
-            prompts,
-            cfg.max_new_tokens,
+        generation = Generation(
+            max_new_tokens=cfg.max_new_tokens, temperature=cfg.temperature, top_p=cfg.top_p, seed=cfg.seed
+        )
+        setup = EngineSetup(
             dtype=dtype or "auto",
             max_model_len=max(len(p) for p in prompts) + cfg.max_new_tokens + k + 8,
-            log=progress,
             tensor_parallel_size=tensor_parallel_size,
-            temperature=cfg.temperature,
-            top_p=cfg.top_p,
-            seed=cfg.seed,
         )
+        version, results = run_vllm(runs, prompts, generation, setup, log=progress)
     check_runs(version, results)
     out = engine_report(target, target_dir, data, cfg, len(prompts), version, results["plain"], tensor_parallel_size)
     out["dtype"] = stored if dtype is None else dtype

@@ -27,10 +27,10 @@ from typing import TYPE_CHECKING, Any
 from mtp2draft.engines.vllm_launch import VLLM_SIDE, uses_mla, vllm_environment, vllm_python
 from mtp2draft.errors import Mtp2DraftError
 from mtp2draft.formats.serving import vllm_config_view
-from mtp2draft.settings import HubAccess
+from mtp2draft.settings import HubAccess, Placement
 
 if TYPE_CHECKING:  # io and data import torch, which this module does not
-    from mtp2draft.data import Example
+    from mtp2draft.data import Example, Regeneration
     from mtp2draft.progress import Progress
 
 DRIVER = VLLM_SIDE / "serve_driver.py"
@@ -112,42 +112,59 @@ def speculative_config(method: str, k: int, draft: str | Path | None = None, **e
     return out
 
 
+@dataclass(frozen=True, kw_only=True)
+class Generation:
+    """What every run generates from each prompt (serve_driver's request): at most `max_new_tokens` tokens, greedy at
+    temperature 0 or sampled at `temperature` / `top_p` from `seed`, to the end token unless `ignore_eos`. `rounds`:
+    after the counted generate, one timed generate per size with that many prompts in flight."""
+
+    max_new_tokens: int
+    temperature: float = 0.0
+    top_p: float = 1.0
+    seed: int = 0
+    ignore_eos: bool = False
+    rounds: Sequence[int] = ()
+
+
+@dataclass(frozen=True, kw_only=True)
+class EngineSetup:
+    """How vLLM is started for every run: the dtype it serves in, the longest sequence, the KV cache of its CPU
+    build, the GPUs the target is split across, and how long the driver may take."""
+
+    dtype: str = "float32"
+    max_model_len: int = 1024
+    kv_cache_gib: int = 1
+    tensor_parallel_size: int = 1
+    timeout_s: float = 3600
+
+
 def run_vllm(
     runs: Sequence[EngineRun],
     prompts: Sequence[Sequence[int]],
-    max_new_tokens: int,
-    dtype: str = "float32",
-    max_model_len: int = 1024,
-    kv_cache_gib: int = 1,
-    timeout_s: float = 3600,
+    generation: Generation,
+    setup: EngineSetup = EngineSetup(),
     log: Any = None,
-    tensor_parallel_size: int = 1,
-    temperature: float = 0.0,
-    top_p: float = 1.0,
-    seed: int = 0,
-    rounds: Sequence[int] = (),
-    ignore_eos: bool = False,
 ) -> tuple[str, dict[str, EngineResult]]:
-    """Run each configuration on the same token-id prompts: (vLLM version, {run name: result}). `rounds`: after the
-    counted generate, one timed generate per size with that many prompts in flight (serve_driver's doc).
+    """Run each configuration on the same token-id prompts: (vLLM version, {run name: result}).
 
     A run that vLLM refused carries its `error`; a crash of the driver itself raises EngineRunError."""
+    gen = generation
     python = vllm_python()
     # the drivers' shared exit (vllm_side/driver_exit); an MLA target among the runs asks for the CPU rotary fix
     mla = next((run.model for run in runs if uses_mla(Path(run.model))), None)
-    env = vllm_environment(kv_cache_gib, pythonpath=VLLM_SIDE, model=mla)
+    env = vllm_environment(setup.kv_cache_gib, pythonpath=VLLM_SIDE, model=mla)
     env.setdefault("VLLM_LOGGING_LEVEL", "INFO")  # into per-run log files; the weight-loading lines are INFO
     request = {
         "prompts": [list(map(int, p)) for p in prompts],
-        "max_new_tokens": int(max_new_tokens),
-        "dtype": dtype,
-        "max_model_len": int(max_model_len),
-        "tensor_parallel_size": int(tensor_parallel_size),
-        "temperature": float(temperature),
-        "top_p": float(top_p),
-        "seed": int(seed),
-        "ignore_eos": bool(ignore_eos),
-        "rounds": [{"name": f"c{n}#{i}", "size": int(n)} for i, n in enumerate(rounds)],
+        "max_new_tokens": int(gen.max_new_tokens),
+        "dtype": setup.dtype,
+        "max_model_len": int(setup.max_model_len),
+        "tensor_parallel_size": int(setup.tensor_parallel_size),
+        "temperature": float(gen.temperature),
+        "top_p": float(gen.top_p),
+        "seed": int(gen.seed),
+        "ignore_eos": bool(gen.ignore_eos),
+        "rounds": [{"name": f"c{n}#{i}", "size": int(n)} for i, n in enumerate(gen.rounds)],
         "runs": [
             {"name": r.name, "model": _absolute(r.model), "speculative_config": _spec_paths(r.speculative_config)}
             for r in runs
@@ -159,7 +176,7 @@ def run_vllm(
         started = time.perf_counter()
         # vLLM's own log goes to our stderr: a start takes minutes, silence misleads
         proc = subprocess.run(
-            [str(python), str(DRIVER), str(req), str(rep)], env=env, cwd=tmp, stdout=sys.stderr, timeout=timeout_s
+            [str(python), str(DRIVER), str(req), str(rep)], env=env, cwd=tmp, stdout=sys.stderr, timeout=setup.timeout_s
         )
         if log is not None:
             log(f"vLLM driver: {len(runs)} run(s) in {time.perf_counter() - started:.0f}s")
@@ -200,39 +217,37 @@ def _spec_paths(config: dict[str, Any] | None) -> dict[str, Any] | None:
 def regenerate_in_vllm(
     examples: Sequence[Example],
     target: str,
+    how: Regeneration,
     *,
     eos: int | None,
-    max_new_tokens: int,
-    sample: bool,
-    seed: int = 0,
+    where: Placement = Placement(),
     hub: HubAccess = HubAccess(),
-    tensor_parallel_size: int = 1,
     progress: Progress | None = None,
 ) -> list[Example]:
     """`examples` with their responses replaced by the target's own (`data.regeneration_prompts`: the prompt, and
-    the budget each gets), from vLLM serving the target: its plain generation in fp32, greedy or sampled at
-    `data.SAMPLE_TEMPERATURE`, seeded by `seed`, for a target that only an engine can run (`data.regenerate` is the
-    same in transformers). Responses end after the tokenizer's `eos`, which is kept."""
-    from mtp2draft.data import SAMPLE_TEMPERATURE, regeneration_prompts, with_response
+    the budget each gets), from vLLM serving the target: its plain generation in fp32, greedy or sampled at `how`'s
+    temperature and seed, for a target that only an engine can run (`data.regenerate` is the same in transformers).
+    Responses end after the tokenizer's `eos`, which is kept."""
+    from mtp2draft.data import regeneration_prompts, with_response
     from mtp2draft.target.hidden import local_path
 
     say = progress or (lambda _: None)
-    jobs = regeneration_prompts(examples, max_new_tokens)
+    jobs = regeneration_prompts(examples, how.max_new_tokens)
     path = local_path(target, hub.revision, hub.token)
-    say(f"regenerating {len(jobs)} responses in vLLM ({'sampled' if sample else 'greedy'})")
+    say(f"regenerating {len(jobs)} responses in vLLM ({'sampled' if how.sample else 'greedy'})")
     with tempfile.TemporaryDirectory(prefix="mtp2draft-regenerate-") as tmp:
         run = EngineRun("target", served_view(path, Path(tmp) / "view"))
-        _, results = run_vllm(
-            [run],
-            [prompt for prompt, _ in jobs],
-            max(budget for _, budget in jobs),
+        generation = Generation(
+            max_new_tokens=max(budget for _, budget in jobs),
+            temperature=how.temperature if how.sample else 0.0,
+            seed=how.seed,
+        )
+        setup = EngineSetup(
             dtype="float32",  # as the extraction that follows computes the teacher's log-probs
             max_model_len=max(len(prompt) + budget for prompt, budget in jobs) + 1,
-            tensor_parallel_size=tensor_parallel_size,
-            temperature=SAMPLE_TEMPERATURE if sample else 0.0,
-            seed=seed,
-            log=say,
+            tensor_parallel_size=where.tensor_parallel_size or 1,
         )
+        _, results = run_vllm([run], [prompt for prompt, _ in jobs], generation, setup, log=say)
     result = results["target"]
     if result.error is not None or result.outputs is None:
         raise EngineRunError(f"vLLM could not generate the responses: {result.error} (its log is on stderr above)")

@@ -54,7 +54,7 @@ from mtp2draft.manifest import add_written, temporary_beside, write_json
 from mtp2draft.outputs.claims import being_written, claim_output
 from mtp2draft.outputs.identity import dir_identity
 from mtp2draft.progress import Progress, meter, quiet
-from mtp2draft.settings import derived_seed
+from mtp2draft.settings import HubAccess, Placement, derived_seed
 from mtp2draft.target.device import resolve_device
 from mtp2draft.target.hidden import TargetModel, check_draft_fits
 from mtp2draft.target.identity import check_drafts_belong
@@ -376,6 +376,26 @@ def emitted_pit(
     return pit(p, torch.tensor(tokens), noise)
 
 
+@dataclass(frozen=True)
+class Decoding:
+    """How every prompt of one evaluation is decoded, each draft alike: `k` draft tokens per target forward, at most
+    `max_new` tokens ending after `eos`, by the `sampling` rule with prompt n seeded (seed, n). A DSpark drafter
+    drafts its block whole (`k` unused) and, with a `threshold`, cuts it before its first slot whose confidence is
+    under it (None: whole blocks)."""
+
+    k: int
+    max_new: int
+    eos: int | None
+    sampling: Sampling = Sampling()
+    seed: int = 0
+    threshold: float | None = None
+
+    @classmethod
+    def of(cls, config: EvaluateConfig, eos: int | None) -> Decoding:
+        """`evaluate`'s settings as decoding reads them, with the tokenizer's `eos`."""
+        return cls(config.num_draft_tokens, config.max_new_tokens, eos, config.sampling, config.seed)
+
+
 def load_prompts(
     path: str | Path, tokenizer, max_prompts: int | None, max_prompt_length: int, skip_bad: bool = False
 ) -> list[list[int]]:
@@ -391,41 +411,43 @@ def evaluate(
     target: str | TargetModel,
     data: str | Path,
     config: EvaluateConfig | None = None,
-    revision: str | None = None,
-    token: str | bool | None = None,
+    *,
+    where: Placement | None = None,
+    hub: HubAccess | None = None,
     progress: Progress = lambda _: None,
-    device: str | None = None,
-    dtype: str | torch.dtype = "float32",
-    device_map: str | dict | None = None,
 ) -> dict[str, Any]:
     """Evaluate each (name, draft directory) against the target on the prompts in `data`.
 
-    The target is loaded in `dtype` on `device` (default: cuda when available, else cpu), or spread by transformers'
-    `device_map` (e.g. "auto"); each draft runs on the target's (first) device in its dtype.
+    The target is loaded where `where` says: in its dtype (float32 unless named) on its device (default: cuda when
+    available, else cpu), or spread by transformers' device map (e.g. "auto"); `hub`: its revision and the token.
+    Each draft runs on the target's (first) device in its dtype.
     Temperature 0: the target's greedy reference is computed once and shared; every draft's output is checked against
     it. A temperature: speculative sampling at that temperature and top-p, the draft proposing by `draft_sampling`
     (greedy: argmax, sample: from its own distribution), prompt n seeded with (seed, n) for every draft alike; each
     draft's output is checked in distribution (`distribution_check`). `config`: what to decode and how
     (`EvaluateConfig`, default settings when None)."""
     cfg = config or EvaluateConfig()
+    where, hub = where or Placement(), hub or HubAccess()
     sampling = cfg.sampling
-    check_drafts_belong([path for _, path in drafts], target, revision, token)  # before the target's weights load
+    check_drafts_belong([path for _, path in drafts], target, hub.revision, hub.token)  # before the weights load
     for _, path in drafts:  # a NaN or integer weight in a baseline is refused now, not after the draft's decoding
         check_draft_weights(path)
     if not isinstance(target, TargetModel):
-        device = device if device_map is not None else resolve_device(device)
-        target = TargetModel(target, revision, token, dtype=dtype, device=device or "cpu", device_map=device_map)
+        device = where.device if where.device_map is not None else resolve_device(where.device)
+        target = TargetModel(target, hub.revision, hub.token, dtype=where.torch_dtype, device=device or "cpu",
+                             device_map=where.device_map)  # fmt: skip
     tm = target
     tokenizer = load_tokenizer(tm.path)
     eos = tokenizer.eos_token_id
     prompts = load_prompts(data, tokenizer, cfg.max_prompts, cfg.max_prompt_length, cfg.skip_bad)
     references: list[list[int]] | None = None
+    decoding = Decoding.of(cfg, eos)
     out: dict[str, Any] = {
         "target": tm.source,
         "target_family": tm.spec.name,  # what the acceptance was measured on (`speedup` says when it differs)
         "target_commit": tm.commit,
         "data": str(data),
-        "device": str(tm.device) if device_map is None else f"device_map={device_map}",
+        "device": str(tm.device) if where.device_map is None else f"device_map={where.device_map}",
         "dtype": str(tm.dtype).removeprefix("torch."),
         "tie_tolerance": tie_tolerance(tm.dtype),
         "num_prompts": len(prompts),
@@ -446,9 +468,7 @@ def evaluate(
         if references is None and sampling.greedy:
             progress(f"target greedy reference on {len(prompts)} prompts")
             references = [greedy_reference(runner, p, cfg.max_new_tokens, eos) for p in prompts]
-        decoding = {"k": cfg.num_draft_tokens, "max_new": cfg.max_new_tokens, "eos": eos, "sampling": sampling}
-        decoding["seed"] = cfg.seed
-        summary = evaluate_draft(runner, draft, name, str(path), prompts, references, **decoding, progress=progress)
+        summary = evaluate_draft(runner, draft, name, str(path), prompts, references, decoding, progress)
         if isinstance(draft, MtpChainDraft):
             summary.chain = {"num_layers": draft.num_layers, "step_layers": draft.step_layers}
         out["results"].append(asdict(summary))
@@ -473,18 +493,14 @@ def evaluate_draft(
     path: str,
     prompts: Sequence[list[int]],
     references: Sequence[list[int]] | None,
-    *,
-    k: int,
-    max_new: int,
-    eos: int | None,
-    sampling: Sampling,
-    seed: int,
+    decoding: Decoding,
     progress: Progress,
 ) -> EvalResult:
     """One draft's speculative decoding of every prompt, summarised. Greedy (`references`: the target's own outputs):
     every output must equal its reference, except after a logit tie (recorded); a difference elsewhere raises
     `LosslessError`. At a temperature: prompt n sampled with the seed (seed, n), and the emitted tokens' PIT tested
     for uniformity (`distribution_check`)."""
+    k, max_new, eos, sampling, seed = decoding.k, decoding.max_new, decoding.eos, decoding.sampling, decoding.seed
     started, results, pits = time.perf_counter(), [], []
     check = torch.Generator().manual_seed(seed)  # the PIT's noise
     bar = meter(progress, f"evaluate {name}", len(prompts), "prompt")

@@ -40,7 +40,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Sequence
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any
 
@@ -52,6 +52,7 @@ from mtp2draft.draft.dspark_disk import check_fits, fields_of, is_speculators_ds
 from mtp2draft.errors import DraftError, OptionError, read_json_file
 from mtp2draft.evaluation.compare import compare_to_baselines
 from mtp2draft.evaluation.decode import (
+    Decoding,
     PromptResult,
     TargetRunner,
     _crop,
@@ -160,14 +161,12 @@ def evaluate_blocks(
     path: str,
     prompts: Sequence[list[int]],
     references: Sequence[list[int]],
-    *,
-    max_new: int,
-    eos: int | None,
-    threshold: float | None,
+    decoding: Decoding,
     progress: Progress,
 ) -> dict[str, Any]:
-    """One draft's block decoding of every prompt, checked against the target's greedy `references` and summarised
-    (`block_summary`)."""
+    """One draft's block decoding of every prompt (greedy, at most `decoding.max_new` tokens, cut at its
+    `threshold`), checked against the target's greedy `references` and summarised (`block_summary`)."""
+    max_new, eos, threshold = decoding.max_new, decoding.eos, decoding.threshold
     started, results, blocks = time.perf_counter(), [], []
     bar = meter(progress, f"evaluate {name}" + (f" (confidence stop {threshold:g})" if threshold else ""),
                 len(prompts), "prompt")  # fmt: skip
@@ -242,8 +241,8 @@ def evaluate_dspark(
         check_fits(draft, tm, str(path))
         block_size = block_size or draft.fields.block_size
         for threshold, rows in runs.items():
-            decoding = {"max_new": cfg.max_new_tokens, "eos": eos, "threshold": threshold, "progress": progress}
-            rows.append(evaluate_blocks(runner, draft, name, str(path), prompts, references, **decoding))
+            decoding = replace(Decoding.of(cfg, eos), threshold=threshold)
+            rows.append(evaluate_blocks(runner, draft, name, str(path), prompts, references, decoding, progress))
     full, stopped = runs[None], runs[cfg.confidence_threshold]
     import transformers
 

@@ -5,8 +5,8 @@ before any weight loads; each field is declared once (`settings.setting`) and th
 their options from them; the demo builds it with keywords, and both engines (`decode.evaluate`,
 `engine.evaluate_in_vllm`) take it whole.
 
-What this module does not do: say where the target runs (device, dtype, tensor parallelism: each engine's own
-arguments) or decode anything.
+What this module does not do: say where the target runs (device, dtype, tensor parallelism: `settings.Placement`,
+which both engines take beside it) or decode anything.
 """
 
 from __future__ import annotations

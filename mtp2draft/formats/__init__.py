@@ -22,7 +22,7 @@ from typing import Any
 from mtp2draft.dtypes import DTYPE_NAMES
 from mtp2draft.errors import DraftError, SourceError
 from mtp2draft.kinds import DraftKind
-from mtp2draft.settings import MAX_DRAFT_TOKENS, setting
+from mtp2draft.settings import MAX_DRAFT_TOKENS, HubAccess, setting
 
 
 @dataclass(frozen=True)
@@ -178,8 +178,7 @@ class ExportJob:
     provenance: Mapping[str, Any]  # the draft's provenance.json
     record: dict[str, Any]  # provenance["export"]: a writer adds what it decided (dtypes, requantised tensors)
     target: str | None = None
-    revision: str | None = None
-    token: str | bool | None = None
+    hub: HubAccess = field(default_factory=HubAccess)  # how the target is reached: its revision and the token
     progress: Callable[[str], None] = field(default=lambda _: None)
     final: Path | None = None  # where the export lands, as given (`out`): the launch lines its README prints name it
 

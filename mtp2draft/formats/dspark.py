@@ -75,7 +75,7 @@ def _verifier(job: ExportJob) -> dict[str, Any]:
     if job.target:
         from mtp2draft.checkpoint.reader import open_checkpoint
 
-        target = open_checkpoint(job.target, job.revision, job.token).config
+        target = open_checkpoint(job.target, job.hub.revision, job.hub.token).config
         _check_target(job.cfg, target, job.target)
         architectures = list(target.get("architectures") or architectures)
     return {"name_or_path": name, "architectures": architectures}

@@ -71,7 +71,7 @@ def export_dspark_stitched(job: ExportJob) -> None:
         )
     if not job.target:
         raise DraftError("the stitched format needs --target: the release whose DSpark stages the draft replaces")
-    ckpt = open_checkpoint(job.target, job.revision, job.token)
+    ckpt = open_checkpoint(job.target, job.hub.revision, job.hub.token)
     fields = dspark_fields(ckpt.config)
     recorded = job.cfg.get("dspark") or {}
     if fields is None or fields.summary() != recorded:

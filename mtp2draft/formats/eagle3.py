@@ -104,23 +104,16 @@ def verifier_of(
     return {"name_or_path": name, "architectures": architectures}
 
 
-def _export_eagle3(
-    src: Path,
-    cfg: Mapping[str, Any],
-    tmp: Path,
-    format: str,
-    dtype: torch.dtype,
-    speculative_tokens: int,
-    provenance: Mapping[str, Any],
-    progress: Progress,
-    verifier_name: str | None = None,
-) -> None:
-    eagle_cfg, state = _eagle3_input(src, cfg)
+def _export_eagle3(job: ExportJob) -> None:
+    """The sglang or speculators layout of an EAGLE-3 draft, in `job.config`'s dtype, k and verifier."""
+    job.record["dtype"] = job.config.dtype
+    tmp, format, progress, dtype = job.out, job.format, job.progress, TORCH_DTYPES[job.config.dtype]
+    eagle_cfg, state = _eagle3_input(job.src, job.cfg)
     if format == "sglang":
         out_cfg, prefix = sglang_config(eagle_cfg, dtype), SGLANG_PREFIX
     else:
-        verifier = verifier_of(eagle_cfg, provenance, verifier_name, progress)
-        out_cfg = speculators_config(eagle_cfg, dtype, speculative_tokens, verifier)
+        verifier = verifier_of(eagle_cfg, job.provenance, job.config.verifier, progress)
+        out_cfg = speculators_config(eagle_cfg, dtype, job.config.speculative_tokens, verifier)
         prefix = SPECULATORS_PREFIX
     tensors: dict[str, torch.Tensor] = {}
     for name in sorted(state):
@@ -411,21 +404,6 @@ def _validate_speculators(path: Path, cfg: dict[str, Any]) -> list[str]:
 
 
 # ---- registration ---------------------------------------------------------------------------------------------------
-def _write(job: ExportJob) -> None:
-    job.record["dtype"] = job.config.dtype
-    _export_eagle3(
-        job.src,
-        job.cfg,
-        job.out,
-        job.format,
-        TORCH_DTYPES[job.config.dtype],
-        job.config.speculative_tokens,
-        job.provenance,
-        job.progress,
-        job.config.verifier,
-    )
-
-
 def _is_speculators(config: Mapping[str, Any]) -> bool:
     # speculators' other types (`mtp`: formats/speculators_mtp.py) are other formats
     kind = config.get("speculators_model_type")
@@ -454,7 +432,7 @@ def _launch_lines(fmt: str) -> Callable[[str, str, int], dict[str, str]]:
 def _format(name: str, engine: str, validate: Any, detect: Any, codec: Any) -> Format:
     """The two EAGLE-3 formats share the writer and the launch lines; `engine` is the one that serves the format."""
     return Format(
-        write=_write,
+        write=_export_eagle3,
         validate=validate,
         detect=detect,
         launch_lines=_launch_lines(name),

@@ -42,6 +42,7 @@ from mtp2draft.outputs.directories import atomic_output_dir, check_output_dir
 from mtp2draft.outputs.identity import check_unchanged, draft_identity
 from mtp2draft.progress import Progress, quiet
 from mtp2draft.redact import command_line
+from mtp2draft.settings import HubAccess
 from mtp2draft.target.identity import check_target_identity
 
 
@@ -62,19 +63,20 @@ def export(
     target: str | None = None,
     overwrite: bool = False,
     config: ExportConfig | None = None,
-    revision: str | None = None,
-    token: str | bool | None = None,
+    *,
+    hub: HubAccess | None = None,
     progress: Progress = quiet,
 ) -> ExportResult:
     """Write draft directory `draft` in engine format `format` to `out` (validated before it appears).
 
     config: the weights dtype of the EAGLE-3 formats, speculators' k and verifier (`ExportConfig`, default its
     defaults). target: the target checkpoint (hub id or local dir); required by `stitched`, optional for `nextn` (its
-    dtypes and FP8 layout then come from the target's headers rather than the draft's provenance).
+    dtypes and FP8 layout then come from the target's headers rather than the draft's provenance); `hub`: its
+    revision and the token.
     """
     src = Path(draft)
-    settings = config or ExportConfig()
-    cfg = _checked_request(src, format, target, revision, token)
+    settings, hub = config or ExportConfig(), hub or HubAccess()
+    cfg = _checked_request(src, format, target, hub)
     check_output_dir(out, overwrite, inputs=[draft, target])
     started = time.perf_counter()
     read = draft_identity(src)  # what this export reads; checked again before the export appears
@@ -96,8 +98,7 @@ def export(
             provenance=provenance,
             record=record,
             target=target,
-            revision=revision,
-            token=token,
+            hub=hub,
             progress=progress,
             final=Path(out),
         )
@@ -116,7 +117,7 @@ def export(
     return ExportResult(Path(out), format, files, time.perf_counter() - started, provenance)
 
 
-def _checked_request(src: Path, format: str, target: str | None, revision=None, token=None) -> dict:
+def _checked_request(src: Path, format: str, target: str | None, hub: HubAccess) -> dict:
     """The draft's config.json, once the options make sense for it: a format `export` writes, of the draft's kind,
     with the target it needs; one line (SourceError, DraftError) before any work otherwise."""
     check_format(format)
@@ -134,7 +135,7 @@ def _checked_request(src: Path, format: str, target: str | None, revision=None, 
     if target and REGISTRY[format].reads_target:  # the draft's own target, before any output is claimed
         from mtp2draft.formats.graft import identity_view  # a release without an MTP layer: its count field aside
 
-        seen = identity_view(open_checkpoint(target, revision, token), cfg)
+        seen = identity_view(open_checkpoint(target, hub.revision, hub.token), cfg)
         check_target_identity(parsed, seen, f"--target {target}")
     return cfg
 

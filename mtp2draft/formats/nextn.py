@@ -60,7 +60,7 @@ def nextn_text_fields(spec: Spec, target_config: Mapping[str, Any]) -> dict[str,
 def _export_nextn(job: ExportJob) -> None:
     """The `write` of this format: fills job.out from the draft job.src."""
     src, cfg, tmp, provenance, record = job.src, job.cfg, job.out, job.provenance, job.record
-    target, revision, token, progress = job.target, job.revision, job.token, job.progress
+    target, revision, token, progress = job.target, job.hub.revision, job.hub.token, job.progress
     nat.refuse_chain(cfg, "nextn", "SGLang's NextN loader reads layer 0 of num_hidden_layers: 1")
     spec, target_config, layer = nat.native_input(src, cfg)
     if not spec.nextn.architecture:

@@ -88,7 +88,7 @@ def _target_index(ckpt: Checkpoint) -> dict[str, Any]:
 def _write(job: ExportJob) -> None:
     """A native MTP draft job.src written back over the target into job.out."""
     src, cfg, tmp, record = job.src, job.cfg, job.out, job.record
-    target, revision, token, progress = job.target, job.revision, job.token, job.progress
+    target, revision, token, progress = job.target, job.hub.revision, job.hub.token, job.progress
     if not target:  # the registry marks stitched needs_target, so export asks for it first
         raise DraftError("the stitched format needs --target: the checkpoint the layer is written back over")
     from mtp2draft.draft.config import parse_draft_config

@@ -170,8 +170,7 @@ def model_card(path: str | Path | DraftDirectory, repo_id: str | None = None, ba
         model_name=name,
         eval_results=eval_results,
     )
-    chart = evaluation is not None and (path / ACCEPTANCE_CHART).is_file()
-    body = _body(fmt, name, target, draft_ref, k, cfg, prov, evaluation, chart=chart)
+    body = _body(found, prov, evaluation, name=name, target=target, draft=draft_ref, k=k)
     existing = path / README_FILE
     if existing.is_file():
         body += "\n## Notes from the export\n\n" + _demote(_readme_text(existing)) + "\n"
@@ -191,17 +190,19 @@ def _readme_text(file: Path) -> str:
 
 
 def _body(
-    fmt: str,
+    found: DraftDirectory,
+    prov: Mapping[str, Any],
+    evaluation: Mapping[str, Any] | None,
+    *,
     name: str,
     target: str | None,
     draft: str,
     k: int,
-    cfg: Mapping[str, Any],
-    prov: Mapping[str, Any],
-    evaluation: Mapping[str, Any] | None,
-    *,
-    chart: bool = False,
 ) -> str:
+    """The card's text for the draft directory `found` (its provenance and evaluation read), published as `name`
+    at `draft` for `target`, served with k = `k`; the acceptance chart is shown where the directory holds one."""
+    fmt, cfg = found.format, found.config
+    chart = evaluation is not None and (found.path / ACCEPTANCE_CHART).is_file()
     target_text = f"[`{target}`](https://huggingface.co/{target})" if _is_repo_id(target) else f"`{target or '?'}`"
     distill = prov.get("distill")
     how = "fine-tuned for multi-step drafting with `mtp2draft distill`" if distill else "converted as is"

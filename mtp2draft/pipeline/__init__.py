@@ -1,7 +1,7 @@
 """The whole pipeline in one call: convert -> distill -> evaluate (beside the raw MTP head) -> export -> push.
 
-`run` chains the stage functions with the defaults a first user wants; every stage's options stay available as
-keyword arguments. A work directory keeps each stage's output (`raw-mtp/`, `distilled/`, `export-FORMAT/`) and the
+`run` chains the stage functions with the defaults a first user wants; every stage's settings stay available, each
+stage's record handed whole (`Stages`). A work directory keeps each stage's output (`raw-mtp/`, `distilled/`, `export-FORMAT/`) and the
 run's record (`record`: its inputs, settings and finished stages), so the same command run again continues after the
 last finished stage, and a failed push can be retried with `mtp2draft push`. What `run` checks before stage 1 beyond
 the stages' own checks is in `checks`.
@@ -76,10 +76,7 @@ def run(
     source: str,
     *,
     config: RunConfig,
-    convert: ConvertConfig | None = None,
-    distill: DistillConfig | None = None,
-    evaluate: EvaluateConfig | None = None,
-    export: ExportConfig | None = None,
+    stages: Stages | None = None,
     placement: Placement | None = None,
     hub: HubAccess | None = None,
     progress: Progress = lambda _: None,
@@ -87,17 +84,12 @@ def run(
     """Convert SOURCE's MTP layer, distill it against the target (SOURCE itself unless `config.target`), evaluate it
     beside the untouched MTP head, export it for the engines and, with `config.push`, publish it.
 
-    Each stage takes its own settings whole; `placement` is where the target runs, in distill and evaluate alike (the
+    Each stage takes its own settings whole (`stages`, each stage's defaults when None); `placement` is where the target runs, in distill and evaluate alike (the
     draft trains and decodes on its device). `hub.revision` pins SOURCE and `config.target_revision` a target given
     apart from it (a revision names a commit of one repo, so SOURCE's never travels to another); the token serves
     both. `export` defaults to speculators' k = the evaluation's k. Everything checkable from configs is checked
     before the first tensor byte is fetched (`preflight`)."""
-    stages = Stages(
-        convert=convert or ConvertConfig(),
-        distill=distill or DistillConfig(),
-        evaluate=evaluate or EvaluateConfig(),
-        export=export,
-    )
+    stages = stages or Stages()
     placement, hub = placement or Placement(), hub or HubAccess()
     config = replace(config, training=config.training or TrainingData())
     given = {"convert": stages.convert, "distill": stages.distill, "evaluate": stages.evaluate, "export": stages.export}
@@ -148,13 +140,13 @@ def check_extras(placement: Placement, progress: Progress) -> None:
 
 @dataclass(frozen=True)
 class Stages:
-    """Each stage's settings as `run` hands them on, with the defaults filled in by `preflight` (the draft kind, the
-    export format)."""
+    """Each stage's settings as `run` hands them on (each stage's defaults unless given; `export` None: speculators'
+    k = the evaluation's), with the defaults `preflight` fills in (the draft kind, the export format)."""
 
-    convert: ConvertConfig
-    distill: DistillConfig
-    evaluate: EvaluateConfig
-    export: ExportConfig | None
+    convert: ConvertConfig = field(default_factory=ConvertConfig)
+    distill: DistillConfig = field(default_factory=DistillConfig)
+    evaluate: EvaluateConfig = field(default_factory=EvaluateConfig)
+    export: ExportConfig | None = None
     format: str | None = None
 
 
@@ -329,17 +321,14 @@ def _run(
     with step("evaluate", f"[3/5] evaluate (k = {k}) beside the raw MTP head") as todo:
         if todo:
             drafts = [("distilled " + kind, str(distilled)), ("raw MTP head (baseline)", str(raw))]
-            placed = {"device": device, "dtype": placement.torch_dtype, "device_map": placement.device_map}
-            report = evaluate(
-                drafts, target, eval_data, config=evaluation, **target_access, progress=progress, **placed
-            )
+            report = evaluate(drafts, target, eval_data, evaluation, where=placement, hub=target_hub, progress=progress)
             save_evaluation(distilled, report, progress=progress)
         else:
             report = read_json_object(distilled / "evaluation.json", SourceError)
     with step("export", f"[4/5] export --format {fmt}") as todo:
         if todo:
             reads = target if REGISTRY[fmt].reads_target else None
-            export(distilled, fmt, exported, target=reads, config=export_config, **target_access, **inside)
+            export(distilled, fmt, exported, reads, config=export_config, hub=target_hub, **inside)
     result = RunResult(work, raw, distilled, exported, report, None, times)
     result.serving = serve_text(exported) if exported.is_dir() else []  # a stage stood in for by a caller
     if not config.push:
@@ -460,11 +449,13 @@ def demo(
             eval_data=BUNDLED_DATA / "heldout.jsonl",
             overwrite=overwrite,
         ),
-        convert=ConvertConfig(to=DraftKind.MTP),
-        distill=DistillConfig(
-            steps=steps, ttt_steps=4, lr=1e-3, batch_size=8, max_length=256, save_every=max(steps, 1)
+        stages=Stages(
+            convert=ConvertConfig(to=DraftKind.MTP),
+            distill=DistillConfig(
+                steps=steps, ttt_steps=4, lr=1e-3, batch_size=8, max_length=256, save_every=max(steps, 1)
+            ),
+            evaluate=EvaluateConfig(num_draft_tokens=4, max_new_tokens=48, max_prompts=16),
         ),
-        evaluate=EvaluateConfig(num_draft_tokens=4, max_new_tokens=48, max_prompts=16),
         placement=Placement(device="cpu"),  # the figures the quick start documents are the CPU's
         progress=progress,
     )

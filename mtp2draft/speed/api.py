@@ -17,7 +17,7 @@ from typing import Any
 from mtp2draft.errors import DataError, OptionError, SourceError
 from mtp2draft.speed.accelerators import get_accelerator
 from mtp2draft.speed.cost import draft_cost, mtp_draft_cost, target_cost, text_config
-from mtp2draft.speed.model import BATCHES, KS, Acceptance, SpeedReport, predict, read_acceptance
+from mtp2draft.speed.model import BATCHES, KS, Acceptance, Deployment, SpeedReport, predict, read_acceptance
 from mtp2draft.speed.published import load_config, shipped_configs
 
 # Tokens of history per request the prediction assumes unless told (shorter when the target's context is).
@@ -88,7 +88,7 @@ def speedup(
     else:
         draft_cfg, draft_src = (dict(draft), "draft config") if isinstance(draft, Mapping) else read_config(draft)
         d = _named(draft_src, lambda: draft_cost(draft_cfg, f"draft ({draft_src})"))
-    report = predict(t, d, acceptance, accelerator, tp, draft_tp, ks, batches or BATCHES, context)
+    report = predict(t, d, acceptance, Deployment(accelerator, tp, draft_tp, context), ks, batches or BATCHES)
     report.notes.insert(0, f"target config: {target_src}")
     measured_on = acceptance.target_family
     family = _family(target_cfg)

@@ -23,7 +23,7 @@ from mtp2draft.family.spec import find_spec
 from mtp2draft.kinds import EAGLE3_ARCHITECTURE
 from mtp2draft.speed.accelerators import ACCELERATORS
 from mtp2draft.speed.cost import draft_cost, mtp_draft_cost, target_cost, text_config
-from mtp2draft.speed.model import Acceptance, predict
+from mtp2draft.speed.model import Acceptance, Deployment, predict
 from mtp2draft.speed.published import load_config, shipped_configs
 from mtp2draft.speed.text import card_lines
 
@@ -83,7 +83,7 @@ def card_section(kind: str, target: str | None, family: str | None, evaluation: 
         target_model = target_cost(cfg, repo)
         draft = mtp_draft_cost(cfg) if kind == "mtp" else draft_cost(_eagle3_at(cfg), "EAGLE-3 layer")
         tp = _card_tp(target_model.weight_bytes())
-        report = predict(target_model, draft, acceptance, ACCELERATORS[CARD_GPU], tp, context=CARD_CONTEXT)
+        report = predict(target_model, draft, acceptance, Deployment(ACCELERATORS[CARD_GPU], tp, context=CARD_CONTEXT))
     except (Mtp2DraftError, KeyError, TypeError, ValueError):
         return []
     if repo == target:

@@ -123,19 +123,24 @@ class SpeedReport:
         return out
 
 
-def step_seconds(
-    target: ModelCost,
-    draft: ModelCost,
-    accelerator: Accelerator,
-    k: int,
-    batch: int,
-    tp: int,
-    draft_tp: int,
-    context: int,
-    draft_forwards: int | None = None,
-) -> float:
+@dataclass(frozen=True)
+class Deployment:
+    """Where a target and its draft are served for a prediction: the accelerator, the devices the target is split
+    across (`tp`) and the draft (`draft_tp`, default tp), the tokens of history per request, and the draft forwards
+    per step when the engine runs a fixed number whatever k (default k)."""
+
+    accelerator: Accelerator
+    tp: int = 1
+    draft_tp: int | None = None
+    context: int = 4096
+    draft_forwards: int | None = None
+
+
+def step_seconds(target: ModelCost, draft: ModelCost, where: Deployment, k: int, batch: int) -> float:
     """One speculative step: `draft_forwards` (default k) one-token draft forwards + one (k + 1)-token target forward."""
-    drafts = k if draft_forwards is None else draft_forwards
+    accelerator, tp, context = where.accelerator, where.tp, where.context
+    drafts = k if where.draft_forwards is None else where.draft_forwards
+    draft_tp = tp if where.draft_tp is None else where.draft_tp
     d = forward_time(draft, accelerator, draft_tp, batch, 1, context).seconds
     return drafts * d + forward_time(target, accelerator, tp, batch, k + 1, context).seconds
 
@@ -144,22 +149,17 @@ def predict(
     target: ModelCost,
     draft: ModelCost,
     acceptance: Acceptance,
-    accelerator: Accelerator,
-    tp: int = 1,
-    draft_tp: int | None = None,
+    where: Deployment,
     ks: Iterable[int] = KS,
     batches: Sequence[int] = BATCHES,
-    context: int = 4096,
-    draft_forwards: int | None = None,
 ) -> SpeedReport:
-    """Predicted decoding speed with and without `draft` for every k in `ks` the acceptance covers and every batch.
-
-    draft_tp: the devices the draft runs on (default tp); draft_forwards: draft forwards per step when the engine runs
-    a fixed number whatever k (default k)."""
+    """Predicted decoding speed with and without `draft` for every k in `ks` the acceptance covers and every batch,
+    served as `where` says."""
+    accelerator, tp, context = where.accelerator, where.tp, where.context
     ks = sorted(set(ks))
     if not ks or ks[0] < 1 or not batches or min(batches) < 1:
         raise OptionError("k and batch sizes must be at least 1")
-    draft_tp = tp if draft_tp is None else draft_tp
+    draft_tp = tp if where.draft_tp is None else where.draft_tp
     baselines = []
     for b in batches:
         t = forward_time(target, accelerator, tp, b, 1, context).seconds
@@ -170,7 +170,7 @@ def predict(
         if tokens is None:
             continue
         for base in baselines:
-            step = step_seconds(target, draft, accelerator, k, base.batch, tp, draft_tp, context, draft_forwards)
+            step = step_seconds(target, draft, where, k, base.batch)
             tpot = step / tokens
             rows.append(Row(k, base.batch, tokens, step, tpot, 1.0 / tpot, base.batch / tpot, base.tpot_s / tpot))
     recommended: dict[int, int | None] = {}

@@ -19,7 +19,7 @@ from typing import Any
 
 from mtp2draft.speed.accelerators import ACCELERATORS
 from mtp2draft.speed.cost import fit_layer_latency, forward_time, mtp_draft_cost, target_cost
-from mtp2draft.speed.model import Acceptance, step_seconds
+from mtp2draft.speed.model import Acceptance, Deployment, step_seconds
 
 CONFIGS = "configs"
 CASES = "published.toml"
@@ -111,9 +111,8 @@ def predict_case(case: PublishedCase) -> CasePrediction:
     base = forward_time(target, acc, case.tp, case.batch, 1, case.context).seconds
     tokens = Acceptance(case.acceptance, case.name).expected_tokens(case.k)
     assert tokens is not None
-    step = step_seconds(
-        target, draft, acc, case.k, case.batch, case.tp, case.draft_tp, case.context, case.draft_forwards
-    )
+    where = Deployment(acc, case.tp, case.draft_tp, case.context, case.draft_forwards)
+    step = step_seconds(target, draft, where, case.k, case.batch)
     spec = step / tokens
     return CasePrediction(case.name, base, spec, base / spec, case.speedup)
 

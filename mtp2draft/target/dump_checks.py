@@ -32,6 +32,7 @@ from mtp2draft.checkpoint.tensor_checks import check_tensors
 from mtp2draft.checkpoint.tensors import Checkpoint, TensorInfo
 from mtp2draft.dtypes import ST_FLOATS
 from mtp2draft.errors import CheckpointError, DataError, OptionError, SpecError, UnknownFamilyError, read_json_object
+from mtp2draft.settings import DumpConfig
 from mtp2draft.target.rope_config import normalised
 
 MANIFEST = "manifest.json"
@@ -88,12 +89,11 @@ def check_dump_request(
     target: str,
     target_dir: Path,
     out: Path,
+    config: DumpConfig,
+    max_length: Any,
+    *,
     overwrite: bool,
     inputs: Sequence[Path | None],
-    top_k: Any,
-    shard_size: Any,
-    max_length: Any,
-    aux_layers: Sequence[int] | None,
     draft: Any = None,
 ) -> None:
     """Everything `dump-hidden` can refuse before the target loads: its options, aux ids beyond the target, a draft
@@ -103,11 +103,11 @@ def check_dump_request(
     from mtp2draft.family.spec import find_spec
     from mtp2draft.outputs.directories import check_output_dir
 
-    check_dump_options(top_k, shard_size, max_length)
+    check_dump_options(config.top_k, config.shard_size, max_length)
     check_output_dir(out, overwrite, [*inputs, target, target_dir])
-    config = read_config(target_dir)
-    spec = find_spec(config)
-    check_aux_layers(aux_layers, spec.num_layers(config), target)
+    target_config = read_config(target_dir)
+    spec = find_spec(target_config)
+    check_aux_layers(config.aux_layers, spec.num_layers(target_config), target)
     if draft is not None:
         made_for = getattr(getattr(draft, "spec", None), "name", None) or (
             (getattr(draft, "eagle_config", None) or {}).get("mtp2draft") or {}

@@ -27,6 +27,7 @@ from mtp2draft.outputs.directories import atomic_output_dir
 from mtp2draft.outputs.identity import dir_identity
 from mtp2draft.outputs.writer import save_tensors
 from mtp2draft.progress import meter
+from mtp2draft.settings import DumpConfig
 from mtp2draft.target import dump_checks
 from mtp2draft.target.hidden import HIDDEN_SCHEMA_VERSION, MANIFEST, SHARED_FILE, Features, TargetModel
 
@@ -35,24 +36,22 @@ def dump_hidden_states(
     target: TargetModel,
     sequences: Sequence[dict[str, Any]],
     out: str | Path,
-    aux_layers: Sequence[int] | None,
-    top_k: int = 64,
-    shard_size: int = 256,
+    config: DumpConfig = DumpConfig(),
+    *,
     overwrite: bool = False,
     progress=lambda _: None,
-    final: str | None = None,
     inputs: Sequence[str | Path | None] = (),
 ) -> Path:
     """Write what distillation reads into sharded safetensors files (schema: docs/formats.md, "hidden states").
 
-    final: which final hidden to store (`pre_norm` | `post_norm`, a native draft's `input_hidden`); default: the
-    spec's `[layer] hidden`. inputs: the other local paths the command reads (data file, draft): `out` may not be,
+    config: the aux layers, top-k and shard size, and which final hidden to store (`pre_norm` | `post_norm`, a native
+    draft's `input_hidden`; default: the spec's `[layer] hidden`). inputs: the other local paths the command reads (data file, draft): `out` may not be,
     contain or lie in one of them, nor in the target's directory, so `--overwrite` can never delete them.
 
     Each sequence n is stored as `{n}.input_ids` [T] int64, `{n}.loss_mask` [T] bool, `{n}.final` [T, H],
     `{n}.aux` [T, 3H] (when aux layers are given), `{n}.topk_logprobs` [T, k] fp32 and `{n}.topk_ids` [T, k] int64.
     `shared.safetensors` holds the target's embedding and lm_head so distillation never loads the target."""
-    aux_layers = list(aux_layers or [])
+    aux_layers, top_k, shard_size, final = list(config.aux_layers or []), config.top_k, config.shard_size, config.final
     dump_checks.check_dump_options(top_k, shard_size)
     dump_checks.check_aux_layers(aux_layers, target.num_layers, target.source)
     with atomic_output_dir(out, overwrite, [*inputs, target.source, target.path]) as tmp:

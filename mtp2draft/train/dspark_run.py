@@ -34,7 +34,7 @@ import torch
 from safetensors.torch import load_file
 
 from mtp2draft._version import __version__
-from mtp2draft.data import load_tokenizer, read_examples, regenerate
+from mtp2draft.data import Regeneration, load_tokenizer, read_examples, regenerate
 from mtp2draft.draft.dspark_disk import check_fits, new_dspark_draft, open_dspark, write_drafter
 from mtp2draft.errors import DataError, DraftError, OptionError, read_json_file
 from mtp2draft.family.dspark import DSparkFields
@@ -179,9 +179,8 @@ class DSparkRun:
         if job.regenerate_data:
             examples = examples[: max(cfg.steps * cfg.batch_size, cfg.batch_size)]
             self.progress(f"regenerating {len(examples)} responses with the target")
-            examples = regenerate(
-                examples, target, tokenizer, cfg.max_length // 2, job.sample, seed=cfg.seed, progress=self.progress
-            )
+            how = Regeneration(cfg.max_length // 2, job.sample, seed=cfg.seed)
+            examples = regenerate(examples, target, tokenizer, how, progress=self.progress)
         pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
         data_hash = hashlib.sha256(Path(job.data).read_bytes()).hexdigest()
         self.teacher = Teacher(

@@ -243,10 +243,7 @@ class DistillRecipe:
         else:
             # regenerate only what this run will see: one pass of steps x batch size examples (data order is seeded)
             regen = max(cfg.steps * cfg.batch_size, cfg.batch_size) if job.regenerate_data else None
-            self.teacher = online_teacher(
-                draft, job.draft_dir, job.data, job.target, job.revision, job.token, self.device, cfg.max_length,
-                job.skip_bad, regen, job.sample, cfg.seed, self.progress, job.target_dtype, job.device_map,
-            )  # fmt: skip
+            self.teacher = online_teacher(draft, job, cfg, self.device, regen)
         self.fingerprint = self.teacher.fingerprint()
         draft.attach_target(self.teacher.embed.to(self.device), self.teacher.head.to(self.device))
         self.settings = {

@@ -19,13 +19,13 @@ from pathlib import Path
 
 import torch
 
-from mtp2draft.data import Example, load_tokenizer, read_examples, regenerate
+from mtp2draft.data import Example, Regeneration, load_tokenizer, read_examples, regenerate
 from mtp2draft.errors import DataError
 from mtp2draft.kinds import DraftKind
-from mtp2draft.progress import Progress
 from mtp2draft.target.dumps import OfflineHiddenStates, offline_features
 from mtp2draft.target.hidden import Features, TargetModel, check_draft_fits
 from mtp2draft.target.identity import check_drafts_belong
+from mtp2draft.train.settings import DistillConfig, DistillJob
 
 
 def batch_indices(step: int, batch_size: int, n: int, seed: int) -> list[int]:
@@ -121,38 +121,28 @@ def offline_teacher(
 
 
 def online_teacher(
-    draft,
-    draft_dir: str | Path,
-    data: str | Path | None,
-    target: str | None,
-    revision: str | None,
-    token: str | bool | None,
-    device: str,
-    max_length: int,
-    skip_bad: bool = False,
-    regenerate_to: int | None = None,
-    sample: bool = False,
-    seed: int = 0,
-    progress: Progress = lambda _: None,
-    dtype: str | torch.dtype = "float32",
-    device_map: str | dict | None = None,
+    draft, job: DistillJob, cfg: DistillConfig, device: str, regenerate_to: int | None = None
 ) -> Teacher:
-    """The frozen target loaded from `target` (in `dtype`, on `device` or spread by transformers' `device_map`) and
-    the examples of `data`. `regenerate_to`: keep that many examples (what the run will see) and let the target write
-    their responses (greedy, or sampled with `seed`)."""
+    """The frozen target `job` names (in its `target_dtype`, on `device` or spread by its `device_map`) and the
+    examples of its data, cut to `cfg.max_length`. `regenerate_to`: keep that many examples (what the run will see)
+    and let the target write their responses (greedy, or sampled with `cfg.seed`, as `job.sample` says)."""
+    data, target, progress, max_length = job.data, job.target, job.progress, cfg.max_length
     if data is None or target is None:
         raise DataError("distill needs --data and --target (or --hidden-states)")
-    check_drafts_belong([draft_dir], target, revision, token)  # before the target's weights load
-    target_model = TargetModel(target, revision, token, dtype=dtype, device=device, device_map=device_map)
-    check_draft_fits(draft, target_model, draft_dir)
+    check_drafts_belong([job.draft_dir], target, job.revision, job.token)  # before the target's weights load
+    target_model = TargetModel(
+        target, job.revision, job.token, dtype=job.target_dtype, device=device, device_map=job.device_map
+    )
+    check_draft_fits(draft, target_model, job.draft_dir)
     tokenizer = load_tokenizer(target_model.path)
-    examples, skipped = read_examples(data, tokenizer, max_length, skip_bad)
+    examples, skipped = read_examples(data, tokenizer, max_length, job.skip_bad)
     if skipped:
         progress(f"skipped {skipped} malformed line(s) in {data}")
     if regenerate_to is not None:
         examples = examples[:regenerate_to]
-        progress(f"regenerating {len(examples)} responses with the target ({'sampled' if sample else 'greedy'})")
-        examples = regenerate(examples, target_model, tokenizer, max_length // 2, sample, seed=seed, progress=progress)
+        progress(f"regenerating {len(examples)} responses with the target ({'sampled' if job.sample else 'greedy'})")
+        how = Regeneration(max_length // 2, job.sample, seed=cfg.seed)
+        examples = regenerate(examples, target_model, tokenizer, how, progress=progress)
     return Teacher(
         target,
         target_model.commit,

@@ -21,7 +21,7 @@ write anything (`train/recipe.py`). Nothing here depends on the family: the draf
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 
 import torch
@@ -175,6 +175,29 @@ def _topk_columns(
     return values.masked_fill(col < 0, -math.inf), col, ids
 
 
+def _unrolled(draft, hidden: torch.Tensor, input_ids: torch.Tensor, ttt_steps: int) -> Iterator[torch.Tensor]:
+    """The logits of the draft's `ttt_steps` steps over every origin of a batch, in order, from the step-0 hidden
+    [B, T, H] (`draft.initial_hidden` of the target's features). input_ids: [B, T]."""
+    b, t = input_ids.shape
+    dtype = hidden.dtype
+    cache = draft.new_cache()  # one DraftCache, or one per layer of a chain draft
+    layer_of = getattr(draft, "layer_at", lambda _s: 0)
+    positions = torch.arange(t, device=input_ids.device).expand(b, -1)
+    for s in range(ttt_steps):
+        tokens = shift(input_ids, s + 1)  # x[p + s + 1]: the token step s reads
+        blocks = [r for r in range(s + 1) if layer_of(r) == layer_of(s)]  # the steps in this step's layer cache
+        mask = ttt_mask(t, s, dtype, getattr(draft, "attention_window", None), blocks).to(hidden.device)
+        logits, hidden = draft(tokens, hidden, positions + s + 1, attention_mask=mask, cache=cache, step=s)
+        yield logits
+
+
+def ttt_logits(draft, features: Features, input_ids: torch.Tensor, ttt_steps: int) -> list[torch.Tensor]:
+    """The logits [B, T, V] of each of `ttt_steps` unrolled draft steps over every origin of a batch (no loss), as
+    `ttt_forward` computes them. input_ids: [B, T]; features: the target's, for the same [B, T]."""
+    hidden = draft.initial_hidden(features.step0_input(draft.kind))  # [B, T, H]
+    return list(_unrolled(draft, hidden, input_ids, ttt_steps))
+
+
 def ttt_forward(
     draft,
     features: Features,
@@ -183,29 +206,16 @@ def ttt_forward(
     ttt_steps: int,
     step_weights: Sequence[float],
     vocab_ids: torch.Tensor | None = None,
-    return_logits: bool = False,
     temperature: float = 1.0,
-) -> StepStats | list[torch.Tensor]:
+) -> StepStats:
     """Unroll `ttt_steps` draft steps over every origin of a batch; loss (the KL to the target's distribution at
     `temperature`, `step_kl`) and per-step top-1 agreement.
 
     input_ids, loss_mask: [B, T]; features: the target's, for the same [B, T]."""
-    b, t = input_ids.shape
     hidden = draft.initial_hidden(features.step0_input(draft.kind))  # [B, T, H]
-    dtype = hidden.dtype
-    cache = draft.new_cache()  # one DraftCache, or one per layer of a chain draft
-    layer_of = getattr(draft, "layer_at", lambda _s: 0)
-    positions = torch.arange(t, device=input_ids.device).expand(b, -1)
     total = hidden.new_zeros(())
-    losses, correct, counts, all_logits, sums = [], [], [], [], []
-    for s in range(ttt_steps):
-        tokens = shift(input_ids, s + 1)  # x[p + s + 1]: the token step s reads
-        blocks = [r for r in range(s + 1) if layer_of(r) == layer_of(s)]  # the steps in this step's layer cache
-        mask = ttt_mask(t, s, dtype, getattr(draft, "attention_window", None), blocks).to(hidden.device)
-        logits, hidden = draft(tokens, hidden, positions + s + 1, attention_mask=mask, cache=cache, step=s)
-        if return_logits:
-            all_logits.append(logits)
-            continue
+    losses, correct, counts, sums = [], [], [], []
+    for s, logits in enumerate(_unrolled(draft, hidden, input_ids, ttt_steps)):
         # the predicted token x[p + s + 2] must exist and be a loss token
         valid = shift(loss_mask, s + 2, False)
         kl, has_teacher, target_top1 = step_kl(logits, features, s + 1, vocab_ids, draft.vocab_size, temperature)
@@ -221,6 +231,4 @@ def ttt_forward(
         correct.append(int(((guess == target_top1) & valid).sum()))
         counts.append(int(n))
         sums.append(kl_sum)
-    if return_logits:
-        return all_logits
     return StepStats(total, losses, correct, counts, sums)

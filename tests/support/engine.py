@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from mtp2draft.engines import environments
-from mtp2draft.engines.vllm_serve import EngineRun, run_vllm
+from mtp2draft.engines.vllm_serve import EngineRun, EngineSetup, Generation, run_vllm
 
 VLLM_VERSION = "0.32.0"  # the version the engine tests' facts were read from
 
@@ -50,7 +50,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     req: Mapping[str, Any] = json.loads(Path(args[0]).read_text())
     runs = [EngineRun(r["name"], r["model"], r.get("speculative_config")) for r in req["runs"]]
-    version, results = run_vllm(runs, req["prompts"], req["max_new_tokens"], req.get("dtype", "float32"))
+    setup = EngineSetup(dtype=req.get("dtype", "float32"))
+    version, results = run_vllm(runs, req["prompts"], Generation(max_new_tokens=req["max_new_tokens"]), setup)
     print(json.dumps({"vllm_version": version, "runs": {k: vars(v) for k, v in results.items()}}, indent=2))
     return 0
 

@@ -28,6 +28,7 @@ from mtp2draft.engines.vllm_evaluate import evaluate_in_vllm
 from mtp2draft.evaluation.decode import evaluate
 from mtp2draft.evaluation.settings import EvaluateConfig
 from mtp2draft.outputs.writer import save_tensors
+from mtp2draft.settings import Placement
 
 pytestmark = pytest.mark.engine
 
@@ -65,8 +66,8 @@ def measured(vllm: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, 
     engine = evaluate_in_vllm(drafts, str(TARGET), HELDOUT, SETTINGS, progress=lambda m: (lines.append(m), log(m)),
                               keep_outputs=True)  # fmt: skip
     first = evaluate(drafts, str(TARGET), HELDOUT, EvaluateConfig(**{**vars(SETTINGS), "step_layers": "first"}),
-                     dtype="bfloat16")  # fmt: skip
-    cycle = evaluate(drafts, str(TARGET), HELDOUT, SETTINGS, dtype="bfloat16")
+                     where=Placement(dtype="bfloat16"))  # fmt: skip
+    cycle = evaluate(drafts, str(TARGET), HELDOUT, SETTINGS, where=Placement(dtype="bfloat16"))
     out = {"engine": engine, "first": first, "cycle": cycle, "lines": lines}
     log(json.dumps({n: [r["mean_acceptance_length"] for r in out[n]["results"]] for n in ("engine", "first", "cycle")}))
     return out

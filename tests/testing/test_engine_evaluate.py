@@ -34,6 +34,7 @@ from mtp2draft.engines.vllm_evaluate import evaluate_in_vllm
 from mtp2draft.engines.vllm_serve import EngineRunError
 from mtp2draft.evaluation.decode import TargetRunner, evaluate, greedy_reference, load_prompts, top_two_tie
 from mtp2draft.evaluation.settings import EvaluateConfig
+from mtp2draft.settings import Placement
 from mtp2draft.target.hidden import TargetModel
 
 pytestmark = pytest.mark.engine
@@ -72,7 +73,7 @@ def measured(vllm: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, 
         drafts = [("raw", str(raw))]
         engine = evaluate_in_vllm(drafts, str(target), HELDOUT, SETTINGS, progress=log,
                                   keep_outputs=True)  # fmt: skip
-        ours = evaluate(drafts, str(target), HELDOUT, SETTINGS, dtype=DTYPE)
+        ours = evaluate(drafts, str(target), HELDOUT, SETTINGS, where=Placement(dtype=DTYPE))
         tok = load_tokenizer(target)
         prompts = load_prompts(HELDOUT, tok, PROMPTS, PROMPT_LEN)
         runner = TargetRunner(TargetModel(str(target), dtype=DTYPE), load_draft(raw))

@@ -44,11 +44,19 @@ from support.re_releases import release_variant
 from mtp2draft.conversion import convert
 from mtp2draft.data import load_tokenizer
 from mtp2draft.draft.disk import load_draft
-from mtp2draft.engines.vllm_serve import EngineRun, run_vllm, served_view, speculative_config
+from mtp2draft.engines.vllm_serve import (
+    EngineRun,
+    EngineSetup,
+    Generation,
+    run_vllm,
+    served_view,
+    speculative_config,
+)
 from mtp2draft.evaluation.decode import TargetRunner, evaluate, greedy_reference, load_prompts
 from mtp2draft.evaluation.settings import EvaluateConfig
 from mtp2draft.formats import ExportConfig
 from mtp2draft.formats.export import export, validate
+from mtp2draft.settings import DumpConfig
 from mtp2draft.target.hidden import TargetModel
 from mtp2draft.train.recipe import distill
 from mtp2draft.train.settings import DistillConfig
@@ -135,7 +143,7 @@ def served(vllm: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, An
                 runs.append(EngineRun(case, out))
             cases[case] = {"target": "deepseek", "ours": out, "distilled": vocab == "reduced", "export": out}
     log(f"vLLM: {len(runs)} configurations")
-    version, results = run_vllm(runs, prompts, NEW_TOKENS, log=log)
+    version, results = run_vllm(runs, prompts, Generation(max_new_tokens=NEW_TOKENS), log=log)
     for r in results.values():
         log(f"{r.name}: start {r.start_s}s, generate {r.generate_s}s, error {r.error}")
     references = {}  # transformers' own greedy decoding of each target: does vLLM compute the same model?
@@ -336,7 +344,12 @@ def vllm_dump(vllm: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str,
     final = load_draft(raw).input_hidden
     dumps = {
         engine: dump_hidden_with(
-            engine, str(target), seqs, work / engine, aux_layers=DUMP_AUX, top_k=DUMP_TOP_K, progress=log, final=final
+            engine,
+            str(target),
+            seqs,
+            work / engine,
+            DumpConfig(aux_layers=DUMP_AUX, top_k=DUMP_TOP_K, final=final),
+            progress=log,
         )
         for engine in ("vllm", "transformers")
     }
@@ -395,7 +408,7 @@ def test_deepseek_v4_vllm_dump_holds_the_streams_transformers_dumps(vllm: Path, 
     data.write_text("".join(TRAIN.read_text().splitlines(keepends=True)[:4]))
     examples, _ = read_examples(data, load_tokenizer(target), 64, False)
     seqs = [{"input_ids": e.input_ids, "loss_mask": e.loss_mask} for e in examples]
-    dumps = {e: OfflineHiddenStates(dump_hidden_with(e, str(target), seqs, tmp_path / e, top_k=8, progress=log))
+    dumps = {e: OfflineHiddenStates(dump_hidden_with(e, str(target), seqs, tmp_path / e, DumpConfig(top_k=8), progress=log))
              for e in ("vllm", "transformers")}  # fmt: skip
     for n in range(len(seqs)):
         a, b = dumps["transformers"].sequence(n), dumps["vllm"].sequence(n)
@@ -423,11 +436,11 @@ def test_deepseek_v4_on_the_cpu_build_fails_where_the_refusal_says(
     examples, _ = read_examples(data, load_tokenizer(target), 64, False)
     seqs = [{"input_ids": e.input_ids, "loss_mask": e.loss_mask} for e in examples]
     with pytest.raises(EngineUnavailable, match=r"cpu_sparse\.py:322 \(no torch\.ops\._C\.convert_weight_packed\)"):
-        dump_hidden_with("vllm", str(target), seqs, tmp_path / "refused", top_k=8, progress=log)
+        dump_hidden_with("vllm", str(target), seqs, tmp_path / "refused", DumpConfig(top_k=8), progress=log)
     capfd.readouterr()
     monkeypatch.setattr(extraction, "cpu_streams_refusal", lambda _: None)
     with pytest.raises(EngineUnavailable, match="hidden-state extraction failed"):
-        dump_hidden_with("vllm", str(target), seqs, tmp_path / "run", top_k=8, progress=log)
+        dump_hidden_with("vllm", str(target), seqs, tmp_path / "run", DumpConfig(top_k=8), progress=log)
     engine_log = capfd.readouterr().err
     assert "Resolved architecture: DeepseekV4ForCausalLM" in engine_log  # vLLM took it as the V4 trunk
     assert 'models/deepseek_v4/cpu/cpu_sparse.py", line 322' in engine_log, engine_log[-4000:]
@@ -454,8 +467,9 @@ def test_dump_hidden_regenerate_in_vllm_dumps_vllms_own_responses(vllm: Path, tm
     examples, _ = read_examples(data, tok, max_length, False)
     jobs = regeneration_prompts(examples, max_length // 2)
     with_view = served_view(target, tmp_path / "view")
-    _, plain = run_vllm([EngineRun("plain", with_view)], [p for p, _ in jobs], max(b for _, b in jobs), dtype="float32",
-                        max_model_len=max(len(p) + b for p, b in jobs) + 1)  # fmt: skip
+    setup = EngineSetup(dtype="float32", max_model_len=max(len(p) + b for p, b in jobs) + 1)
+    _, plain = run_vllm([EngineRun("plain", with_view)], [p for p, _ in jobs], Generation(max_new_tokens=max(b for _, b in jobs)),
+                        setup)  # fmt: skip
     dump = OfflineHiddenStates(tmp_path / "dump")
     assert len(dump) == len(examples) == 4
     for n, (ex, job, out) in enumerate(zip(examples, jobs, plain["plain"].check().outputs, strict=True)):
