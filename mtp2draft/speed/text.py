@@ -45,7 +45,7 @@ def speedup_text(report: SpeedReport) -> str:
     lines += [f"note: {n}" for n in report.notes]
     lines.append(
         f"model: roofline (weights, experts touched, KV, FLOPs) + {report.constants['LAYER_LATENCY_S'] * 1e3:.3f} ms "
-        "per decoder layer per forward, fit once on published non-speculative figures (docs/results.md)"
+        "per decoder layer per forward, fit once on published non-speculative figures (docs/speed.md)"
     )
     return "\n".join(lines)
 
@@ -63,7 +63,7 @@ def card_lines(report: SpeedReport, subject: str, batches: tuple[int, ...] = (1,
         "## Predicted speed",
         "",
         f"Predicted by mtp2draft's speed model (a roofline plus one fitted latency, checked against published engine "
-        f"figures: docs/results.md) for {subject} on {report.tp}x {report.gpu.upper()} (TP {report.tp}), "
+        f"figures: docs/speed.md) for {subject} on {report.tp}x {report.gpu.upper()} (TP {report.tp}), "
         f"context {report.context} tokens, from the acceptance measured above. A prediction, not a measurement.",
         "",
         "| batch | tokens/s per request, no draft | with this draft | k | speedup |",
