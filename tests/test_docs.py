@@ -14,7 +14,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 DOCS = ROOT / "docs"
-PAGE_LINES, RESULTS_LINES, SCRIPTS = 450, 300, 9  # 9: engine_args.py, the maintainer's SGLang flag reader
+PAGE_LINES, RESULTS_LINES, SCRIPTS = 450, 300, 10  # engine_args.py (SGLang flag reader), dspark_target.py (a target)
 # another project's issue or PR may be cited by its project's name ("vLLM PR 45895"); this project's may not
 PROJECTS = {"vllm", "sglang", "speculators", "transformers", "tensorrt-llm", "huggingface_hub", "pytorch", "torch"}
 _REFERENCE = re.compile(r"(?:(\S+)\s+)?((?:issues?|PRs?|pull requests?)\s+#?\d+)", re.I)
