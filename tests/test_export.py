@@ -341,6 +341,27 @@ def test_nextn_export_renumbers_and_keeps_fp8(build, work: Path) -> None:
     assert validate(work / "ds8-nextn") == []
 
 
+def test_nextn_of_a_family_matched_by_architecture_only_validates(build, work: Path) -> None:
+    """Ling 3 (spec bailing_hybrid) is matched by architecture only: its model_type `bailing_hybrid` is also Ling
+    2.5's, another MTP block. The NextN config keeps that model_type and names SGLang's BailingMoeForCausalLMNextN,
+    so the validator finds the spec by that architecture (one spec names it) where the model_type matches none: by
+    model_type alone, every Ling 3 nextn export failed its own validation."""
+    convert(str(build("bailing_hybrid")), work / "ling-mtp", to="mtp", dtype="float32")
+    export(work / "ling-mtp", "nextn", work / "ling-nextn")
+    cfg = json.loads((work / "ling-nextn" / "config.json").read_text())
+    assert cfg["model_type"] == "bailing_hybrid" and cfg["architectures"] == ["BailingMoeForCausalLMNextN"]
+    assert cfg["num_hidden_layers"] == 1 and validate(work / "ling-nextn") == []
+    w = load_file(str(work / "ling-nextn" / "model.safetensors"))
+    cfg["num_hidden_layers"] = 2  # the layer is still checked against the spec's layout
+    (work / "ling-nextn" / "config.json").write_text(json.dumps(cfg))
+    assert any("num_hidden_layers is 2" in p for p in validate(work / "ling-nextn"))
+    assert all(k.startswith("model.layers.0.") for k in w)
+    # an architecture several specs name (Qwen3.5's MTP class) picks none: the model_type decides, as before
+    cfg.update(model_type="no_such_type", architectures=["Qwen3_5ForCausalLMMTP"], num_hidden_layers=1)
+    (work / "ling-nextn" / "config.json").write_text(json.dumps(cfg))
+    assert any("matches no spec" in p for p in validate(work / "ling-nextn"))
+
+
 def test_nextn_is_refused_for_a_family_without_nextn(build, work: Path, tmp_path: Path, capsys) -> None:
     convert(str(build("mimo")), tmp_path / "mimo-mtp", to="mtp")
     code, out, err = run_cli(

@@ -138,3 +138,43 @@ def test_a_target_transformers_has_no_class_for_is_one_line(target) -> None:
 
     with pytest.raises(CheckpointError, match=r"no class that runs a step3p5v trunk.*cannot run this target's trunk"):
         TargetModel(str(target("step3p5v")))
+
+
+@pytest.mark.parametrize("fixture", ["exaone4_5", "nemotron_h_omni", "nemotron_h_super_omni"])
+def test_a_multimodal_release_runs_its_text_trunk_under_the_wrappers_names(tmp_path: Path, fixture: str) -> None:
+    """A vision-language / omni release keeps its text trunk under `language_model.` (EXAONE 4.5's
+    model.language_model.*, Nemotron-3 Omni's language_model.backbone.* and language_model.lm_head): the target
+    loads it (without the key mapping every trunk weight was missing and the target was refused), reads the
+    release's own embedding, final norm and head, and, for Nemotron, runs as the same trunk stored as the text
+    release stores it."""
+    import json
+
+    from safetensors.torch import load_file, save_file
+    from support.fixtures import build_fixture
+
+    from mtp2draft.checkpoint.reader import open_checkpoint
+    from mtp2draft.target.trunk_names import trunk_key_mapping
+
+    path = build_fixture(fixture, tmp_path / "target")
+    tm = TargetModel(str(path))
+    assert trunk_key_mapping(tm.spec)  # the spec's target_* keys carry the wrapper's component
+    weights = {}
+    for file in sorted(set(open_checkpoint(str(path)).weight_map.values())):
+        weights.update(load_file(str(path / file)))
+    keys = tm.spec.keys
+    for key, got in ((keys.target_embed, tm.embedding()), (keys.target_head, tm.lm_head()), (keys.target_norm, None)):
+        got = tm._norm.weight if got is None else got
+        assert torch.equal(got, weights[key].float()), key
+    if fixture == "exaone4_5":
+        return  # no text-only EXAONE 4.5 release to compare with (no spec: it is the multimodal one's trunk)
+    flat = tmp_path / "flat"  # the text release's layout: nemotron_h's names, its config at the top level
+    flat.mkdir()
+    text = {k.removeprefix("language_model."): v for k, v in weights.items() if k.startswith("language_model.")}
+    save_file(text, str(flat / "model.safetensors"))
+    config = json.loads((path / "config.json").read_text())["llm_config"]
+    (flat / "config.json").write_text(json.dumps({**config, "architectures": ["NemotronHForCausalLM"]}))
+    plain = TargetModel(str(flat))
+    assert plain.spec.name == "nemotron_h" and not trunk_key_mapping(plain.spec)
+    ids = torch.tensor([[5, 9, 17, 3, 11, 7]])
+    want, got = plain.run(ids), tm.run(ids)
+    assert torch.equal(got.final, want.final) and torch.equal(got.logits, want.logits)

@@ -132,11 +132,22 @@ def _moved(name: str, old: str, new: str) -> str:
     return head_new + name[len(head_old) :] if name.startswith(head_old) else name
 
 
+def _nextn_spec(cfg: Mapping[str, Any]) -> Spec | None:
+    """The spec of a NextN config: by its model_type (the target's), else by the NextN architecture it names where
+    exactly one spec names it. A family matched by architecture only (Ling 3, whose model_type `bailing_hybrid` Ling
+    2.5 shares) has no model_type to go by; the architecture alone cannot tell apart the specs that share one
+    (Qwen3.5's MTP class)."""
+    try:
+        return find_spec({"model_type": cfg.get("model_type")})
+    except Exception:
+        named = [s for s in registry().values() if s.nextn.architecture in (cfg.get("architectures") or [])]
+        return named[0] if len(named) == 1 else None
+
+
 def _validate_nextn(path: Path, cfg: dict[str, Any]) -> list[str]:
     problems: list[str] = []
-    try:
-        spec = find_spec({"model_type": cfg.get("model_type")})
-    except Exception:
+    spec = _nextn_spec(cfg)
+    if spec is None:
         return [f"model_type {cfg.get('model_type')!r} matches no spec: cannot check the NextN layer's tensors"]
     text = spec.text_config(cfg)
     if spec.nextn.layers == "one":  # "target": the trunk's fields are the target's, the layer past its last layer

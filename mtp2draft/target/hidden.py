@@ -37,6 +37,7 @@ from mtp2draft.kinds import DraftKind, Hidden
 from mtp2draft.progress import quiet_transformers
 from mtp2draft.target import dump_checks
 from mtp2draft.target.dequantised import dequantised_view, needs_dequantised_view
+from mtp2draft.target.trunk_names import trunk_key_mapping
 
 HIDDEN_SCHEMA_VERSION = 1
 MANIFEST, SHARED_FILE = dump_checks.MANIFEST, dump_checks.SHARED_FILE  # the names dump_checks checks
@@ -252,6 +253,7 @@ class TargetModel:
                     trust_remote_code=False,
                     use_safetensors=True,  # never fall back to pickles
                     output_loading_info=True,
+                    key_mapping=trunk_key_mapping(self.spec) or None,  # a multimodal release's language_model.*
                 )
         except (ImportError, ValueError) as exc:
             if device_map is None and isinstance(exc, ImportError) and "accelerate" in str(exc):
