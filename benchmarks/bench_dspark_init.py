@@ -104,7 +104,7 @@ def measure(target: Path, data: Path, work: Path, steps: int, prompts: int) -> N
 def table(work: Path, steps: int) -> dict:
     summary = {"protocol": PROTOCOL, "steps": steps, "sets": {}}
     print(
-        "| set | drafters | MTP-init: mean length | per slot | random: mean length | per slot | MTP - random [95 %] |"
+        "| set | drafters | MTP-init: mean length | per draft | random: mean length | per draft | MTP - random [95 %] |"
     )
     print("|---|---|---|---|---|---|---|")
     for name in ("A", "B"):
@@ -117,15 +117,21 @@ def table(work: Path, steps: int) -> dict:
             diff = run["comparison"][0]["difference"]["mean_acceptance_length"]
             assert mtp["lossless"] and rnd["lossless"], f"{path}: not lossless"
             label = f"after {steps} steps" if stage == "trained" else "before training"
-            slots = lambda r: " / ".join(f"{a:.3f}" for a in r["acceptance_per_position"])  # noqa: E731
+            slots = lambda r: " / ".join(f"{a:.3f}" for a in r["per_draft_acceptance"])  # noqa: E731
             print(
                 f"| {name} ({run['num_prompts']} prompts) | {label} | {mtp['mean_acceptance_length']:.3f} | "
                 f"{slots(mtp)} | {rnd['mean_acceptance_length']:.3f} | {slots(rnd)} | "
                 f"{diff['value']:+.3f} [{diff['low']:.3f}, {diff['high']:.3f}] |"
             )
             summary["sets"][f"{name}-{stage}"] = {
-                "mtp": {k: mtp[k] for k in ("mean_acceptance_length", "acceptance_per_position", "lossless")},
-                "random": {k: rnd[k] for k in ("mean_acceptance_length", "acceptance_per_position", "lossless")},
+                "mtp": {
+                    k: mtp[k]
+                    for k in ("mean_acceptance_length", "acceptance_per_position", "per_draft_acceptance", "lossless")
+                },
+                "random": {
+                    k: rnd[k]
+                    for k in ("mean_acceptance_length", "acceptance_per_position", "per_draft_acceptance", "lossless")
+                },
                 "difference": diff,
             }
     return summary
