@@ -16,7 +16,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
-from mtp2draft.errors import SpecError, UnknownFamilyError
+from mtp2draft.errors import Mtp2DraftError, SpecError, UnknownFamilyError
 from mtp2draft.family.identity import named_in
 from mtp2draft.family.not_supported import refuse_non_mtp, refuse_not_supported
 from mtp2draft.family.schema import (
@@ -225,3 +225,15 @@ def find_spec(config: Mapping[str, Any], trunk_only: bool = False) -> Spec:
         f"no spec matches this checkpoint ({found}): mtp2draft knows {len(registry())} families, none of them this "
         "one (`mtp2draft specs` lists them with their architectures)"
     )
+
+
+def find_nextn_spec(config: Mapping[str, Any]) -> Spec | None:
+    """The spec of a NextN checkpoint's config.json (the draft's own, `architectures` naming the NextN class): by its
+    model_type (the target's), else by the NextN architecture where exactly one spec names it. A family matched by
+    architecture only (Ling 3, whose model_type `bailing_hybrid` Ling 2.5 shares) has no model_type to go by; the
+    NextN class alone cannot tell apart the specs that share one (Qwen3.5's MTP class), so those give None."""
+    try:
+        return find_spec({"model_type": config.get("model_type")})
+    except Mtp2DraftError:  # no spec by model_type, or one refused: the NextN class is the one name left
+        named = [s for s in registry().values() if s.nextn.architecture in (config.get("architectures") or [])]
+        return named[0] if len(named) == 1 else None

@@ -22,7 +22,7 @@ from mtp2draft.checkpoint.fp8 import SCALE_SUFFIX, fp8_block_size
 from mtp2draft.draft.layout import native_to_checkpoint
 from mtp2draft.errors import DraftError
 from mtp2draft.family.schema import Spec
-from mtp2draft.family.spec import find_spec, registry
+from mtp2draft.family.spec import find_nextn_spec, registry
 from mtp2draft.formats import ExportJob, Format
 from mtp2draft.formats import native as nat  # the helpers the native writers share
 from mtp2draft.formats.common import (
@@ -132,21 +132,9 @@ def _moved(name: str, old: str, new: str) -> str:
     return head_new + name[len(head_old) :] if name.startswith(head_old) else name
 
 
-def _nextn_spec(cfg: Mapping[str, Any]) -> Spec | None:
-    """The spec of a NextN config: by its model_type (the target's), else by the NextN architecture it names where
-    exactly one spec names it. A family matched by architecture only (Ling 3, whose model_type `bailing_hybrid` Ling
-    2.5 shares) has no model_type to go by; the architecture alone cannot tell apart the specs that share one
-    (Qwen3.5's MTP class)."""
-    try:
-        return find_spec({"model_type": cfg.get("model_type")})
-    except Exception:
-        named = [s for s in registry().values() if s.nextn.architecture in (cfg.get("architectures") or [])]
-        return named[0] if len(named) == 1 else None
-
-
 def _validate_nextn(path: Path, cfg: dict[str, Any]) -> list[str]:
     problems: list[str] = []
-    spec = _nextn_spec(cfg)
+    spec = find_nextn_spec(cfg)
     if spec is None:
         return [f"model_type {cfg.get('model_type')!r} matches no spec: cannot check the NextN layer's tensors"]
     text = spec.text_config(cfg)
