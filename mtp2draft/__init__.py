@@ -26,6 +26,10 @@ _LAZY: dict[str, str] = {
     "load_native": "draft.layout",
     "distill": "train.recipe",
     "DistillConfig": "train.settings",
+    "DistillJob": "train.settings",
+    "TrainingData": "train.settings",
+    "Placement": "settings",
+    "HubAccess": "settings",
     "evaluate": "evaluation.decode",
     "EvaluateConfig": "evaluation.settings",
     "export": "formats.export",
@@ -49,6 +53,10 @@ __all__ = [
     "load_native",
     "distill",
     "DistillConfig",
+    "DistillJob",
+    "TrainingData",
+    "Placement",
+    "HubAccess",
     "evaluate",
     "EvaluateConfig",
     "export",
@@ -79,8 +87,9 @@ if TYPE_CHECKING:  # for type checkers and IDEs only: at run time these load laz
     from .formats.export import export, validate
     from .hub.upload import push
     from .pipeline import run
+    from .settings import HubAccess, Placement
     from .train.recipe import distill
-    from .train.settings import DistillConfig
+    from .train.settings import DistillConfig, DistillJob, TrainingData
 
 
 def __getattr__(name: str) -> Any:

@@ -492,10 +492,14 @@ def offline_resume_from_a_checkpoint_without_a_step(w, tmp, mp):
 def _checkpointed(w: World, tmp: Path) -> None:
     """A run of 4 steps from w.dump stopped after its step-2 checkpoint (tmp/out.checkpoints/step-0000002)."""
     from mtp2draft.train.recipe import distill
-    from mtp2draft.train.settings import DistillConfig
+    from mtp2draft.train.settings import DistillConfig, DistillJob, TrainingData
 
     cfg = DistillConfig(steps=4, batch_size=2, max_length=LENGTH, save_every=2)
-    distill(w.ds_mtp, tmp / "out", hidden_states=w.dump, config=cfg, stop_after=2)
+    distill(
+        DistillJob(
+            draft_dir=w.ds_mtp, out=tmp / "out", data=TrainingData(hidden_states=w.dump), config=cfg, stop_after=2
+        )
+    )
     assert (tmp / "out.checkpoints" / "step-0000002").is_dir()
 
 

@@ -24,7 +24,7 @@ from mtp2draft.formats import charts
 from mtp2draft.target.hidden import TargetModel
 from mtp2draft.train.calibrate import choose_draft_vocab
 from mtp2draft.train.recipe import distill
-from mtp2draft.train.settings import DistillConfig
+from mtp2draft.train.settings import DistillConfig, DistillJob, TrainingData
 
 SMALL = {"steps": 4, "batch_size": 4, "max_length": 48, "save_every": 2, "log_every": 2}
 
@@ -39,7 +39,15 @@ def test_distill_trains_without_writing_the_target(target, text_data, tmp_path: 
     convert(str(tgt), tmp_path / "raw")
     before = TargetModel(str(tgt)).fingerprint()
     cfg = DistillConfig(**{**SMALL, "steps": 12, "lr": 3e-3, "log_every": 1})
-    result = distill(tmp_path / "raw", tmp_path / "ft", text_data, str(tgt), config=cfg)
+    result = distill(
+        DistillJob(
+            draft_dir=tmp_path / "raw",
+            out=tmp_path / "ft",
+            target=str(tgt),
+            data=TrainingData(data=text_data),
+            config=cfg,
+        )
+    )
     assert TargetModel(str(tgt)).fingerprint() == before  # and distill itself re-checks before writing
     assert result.history[-1]["loss"] < result.history[0]["loss"]
     prov = json.loads((tmp_path / "ft" / "provenance.json").read_text())
@@ -57,7 +65,15 @@ def test_eagle3_draft_vocabulary(target, text_data, tmp_path: Path) -> None:
     tgt = target("mimo", num_hidden_layers=4)
     convert(str(tgt), tmp_path / "e3", to="eagle3", dtype="float32")
     cfg = DistillConfig(**{**SMALL, "steps": 1, "draft_vocab_size": 32})
-    distill(tmp_path / "e3", tmp_path / "ft", text_data, str(tgt), config=cfg)
+    distill(
+        DistillJob(
+            draft_dir=tmp_path / "e3",
+            out=tmp_path / "ft",
+            target=str(tgt),
+            data=TrainingData(data=text_data),
+            config=cfg,
+        )
+    )
     w = _final_weights(tmp_path / "ft")
     tok = load_tokenizer(tgt)
     examples, _ = read_examples(text_data, tok, 48)
@@ -130,18 +146,37 @@ def test_resume_after_a_kill_reaches_the_same_weights(target, text_data, tmp_pat
 def test_resume_refuses_other_settings(target, text_data, tmp_path: Path) -> None:
     tgt = target("mimo")
     convert(str(tgt), tmp_path / "raw")
-    distill(tmp_path / "raw", tmp_path / "o", text_data, str(tgt), config=DistillConfig(**SMALL), stop_after=2)
+    distill(
+        DistillJob(
+            draft_dir=tmp_path / "raw",
+            out=tmp_path / "o",
+            target=str(tgt),
+            data=TrainingData(data=text_data),
+            config=DistillConfig(**SMALL),
+            stop_after=2,
+        )
+    )
     assert (tmp_path / "o.checkpoints").is_dir() and not (tmp_path / "o").exists()
     with pytest.raises(DraftError, match="pass --resume to continue it"):  # a fresh run must not mix them up
-        distill(tmp_path / "raw", tmp_path / "o", text_data, str(tgt), config=DistillConfig(**SMALL))
+        distill(
+            DistillJob(
+                draft_dir=tmp_path / "raw",
+                out=tmp_path / "o",
+                target=str(tgt),
+                data=TrainingData(data=text_data),
+                config=DistillConfig(**SMALL),
+            )
+        )
     with pytest.raises(DraftError, match="other settings"):
         distill(
-            tmp_path / "raw",
-            tmp_path / "o",
-            text_data,
-            str(tgt),
-            config=DistillConfig(**{**SMALL, "lr": 1.0}),
-            resume=True,
+            DistillJob(
+                draft_dir=tmp_path / "raw",
+                out=tmp_path / "o",
+                target=str(tgt),
+                data=TrainingData(data=text_data),
+                config=DistillConfig(**{**SMALL, "lr": 1.0}),
+                resume=True,
+            )
         )
 
 
@@ -178,7 +213,15 @@ def test_offline_hidden_states_train_like_the_online_target(target, text_data, t
     manifest = json.loads((tmp_path / "dump" / "manifest.json").read_text())
     assert len(manifest["shards"]) == 3 and manifest["num_sequences"] == len(seqs)
     cfg = DistillConfig(**{**SMALL, "batch_size": 1})  # batch 1: no padding differences between the two paths
-    distill(tmp_path / "raw", tmp_path / "online", text_data, str(tgt), config=cfg)
+    distill(
+        DistillJob(
+            draft_dir=tmp_path / "raw",
+            out=tmp_path / "online",
+            target=str(tgt),
+            data=TrainingData(data=text_data),
+            config=cfg,
+        )
+    )
 
     def no_target(*_a, **_k):
         raise AssertionError("offline distillation must not load the target")
@@ -187,7 +230,14 @@ def test_offline_hidden_states_train_like_the_online_target(target, text_data, t
 
     monkeypatch.setattr(hidden, "TargetModel", no_target)
     monkeypatch.setattr(teacher, "TargetModel", no_target)
-    distill(tmp_path / "raw", tmp_path / "offline", hidden_states=tmp_path / "dump", config=cfg)
+    distill(
+        DistillJob(
+            draft_dir=tmp_path / "raw",
+            out=tmp_path / "offline",
+            data=TrainingData(hidden_states=tmp_path / "dump"),
+            config=cfg,
+        )
+    )
     a, b = _final_weights(tmp_path / "online"), _final_weights(tmp_path / "offline")
     for key in a:
         assert torch.allclose(a[key].float(), b[key].float(), atol=2e-2, rtol=0), key
@@ -231,7 +281,13 @@ def test_eagle3_from_mtp_is_calibrated_once_on_real_activations(target, text_dat
     convert(str(tgt), tmp_path / "e3", to="eagle3", dtype="float32")
     assert json.loads((tmp_path / "e3" / "config.json").read_text())["mtp2draft_init"]["fc_scale_calibrated"] is False
     result = distill(
-        tmp_path / "e3", tmp_path / "c", text_data, str(tgt), config=DistillConfig(**{**SMALL, "steps": 0})
+        DistillJob(
+            draft_dir=tmp_path / "e3",
+            out=tmp_path / "c",
+            target=str(tgt),
+            data=TrainingData(data=text_data),
+            config=DistillConfig(**{**SMALL, "steps": 0}),
+        )
     )
     init = json.loads((tmp_path / "c" / "config.json").read_text())["mtp2draft_init"]
     fit = init["attention_scale_fit"]
@@ -242,7 +298,15 @@ def test_eagle3_from_mtp_is_calibrated_once_on_real_activations(target, text_dat
     assert prov["distill"]["calibration"]["attention_rel_error_after"] == fit["attention_rel_error_after"]
     # a calibrated draft is not calibrated again, so 0 steps would only copy it: refused, nothing written
     with pytest.raises(OptionError, match="untrained draft"):
-        distill(tmp_path / "c", tmp_path / "c2", text_data, str(tgt), config=DistillConfig(**{**SMALL, "steps": 0}))
+        distill(
+            DistillJob(
+                draft_dir=tmp_path / "c",
+                out=tmp_path / "c2",
+                target=str(tgt),
+                data=TrainingData(data=text_data),
+                config=DistillConfig(**{**SMALL, "steps": 0}),
+            )
+        )
     assert not (tmp_path / "c2").exists()
 
 
@@ -292,19 +356,20 @@ def test_regenerate_samples_reproducibly_from_the_seed(target, text_data) -> Non
         )
 
 
-def test_distill_keywords_are_the_jobs_fields() -> None:
-    """`distill(**job: Unpack[DistillOptions])`: the keywords a type checker sees are DistillJob's fields past the
-    named parameters, with DistillJob's types, plus the device; a keyword DistillJob lacks is a TypeError."""
+def test_distill_takes_one_request_whole() -> None:
+    """`distill(job)`: the request is one `DistillJob`, whose parts are the records the CLI builds (no field of it is
+    a setting that one of its records already declares); a field it lacks is a TypeError."""
     import dataclasses
     import inspect
 
-    from mtp2draft.train.recipe import distill
-    from mtp2draft.train.settings import DistillJob, DistillOptions
+    from mtp2draft.settings import HubAccess, Placement
+    from mtp2draft.train.settings import DSparkObjective, NewDSpark
 
-    named = set(inspect.signature(distill).parameters) - {"job", "config"}
-    job = {f.name: f.type for f in dataclasses.fields(DistillJob) if f.name not in named}
-    assert named == {"draft_dir", "out", "data", "target"}
-    options = {k: getattr(v, "__forward_arg__", v) for k, v in DistillOptions.__annotations__.items()}
-    assert options == {**job, "device": "str"}
+    assert list(inspect.signature(distill).parameters) == ["job"]
+    records = (DistillConfig, TrainingData, Placement, HubAccess, DSparkObjective, NewDSpark)
+    parts = {f.name: f.type for f in dataclasses.fields(DistillJob)}
+    assert {getattr(t, "__name__", t) for t in parts.values()} >= {r.__name__ for r in records}
+    declared = {f.name for r in records for f in dataclasses.fields(r)}
+    assert not (set(parts) - {"data"}) & declared, "a record's setting repeated in DistillJob"
     with pytest.raises(TypeError, match="stepz"):
-        distill("nowhere", "out", stepz=3)  # type: ignore[call-arg]
+        DistillJob(draft_dir="nowhere", out="out", stepz=3)  # type: ignore[call-arg]

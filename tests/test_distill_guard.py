@@ -19,7 +19,7 @@ from mtp2draft.draft.disk import load_draft
 from mtp2draft.evaluation.decode import TargetRunner
 from mtp2draft.target.hidden import Features, TargetModel
 from mtp2draft.train.recipe import distill
-from mtp2draft.train.settings import DistillConfig
+from mtp2draft.train.settings import DistillConfig, DistillJob, TrainingData
 from mtp2draft.train.ttt import ttt_logits
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -64,7 +64,11 @@ def held_out_sequences() -> list[list[int]]:
 
 def short_distill(raw: Path, out: Path, seed: int = 0) -> None:
     cfg = DistillConfig(steps=STEPS, ttt_steps=K, lr=1e-3, batch_size=4, max_length=LENGTH, save_every=STEPS, seed=seed)
-    distill(raw, out, DATA / "train.jsonl", str(TINY_MIMO), config=cfg)
+    distill(
+        DistillJob(
+            draft_dir=raw, out=out, target=str(TINY_MIMO), data=TrainingData(data=DATA / "train.jsonl"), config=cfg
+        )
+    )
 
 
 @pytest.mark.slow

@@ -19,7 +19,7 @@ from mtp2draft.errors import OptionError
 from mtp2draft.train.heldout import HeldoutGuard, implied_acceptance
 from mtp2draft.train.parallel import Parallel
 from mtp2draft.train.recipe import distill
-from mtp2draft.train.settings import DistillConfig, DistillJob
+from mtp2draft.train.settings import DistillConfig, DistillJob, TrainingData
 from mtp2draft.train.teacher import online_teacher
 
 SMALL = {"steps": 4, "batch_size": 4, "max_length": 48, "save_every": 2, "log_every": 2, "lr": 3e-3}
@@ -64,7 +64,15 @@ def test_the_input_draft_is_written_unchanged_when_it_scores_best(
     convert(str(tgt), tmp_path / "raw", dtype="float32")
     _scripted(monkeypatch, [2.0, 1.5, 1.0])  # steps 0, 2, 4: training only loses
     cfg = DistillConfig(**SMALL, eval_every=2)
-    result = distill(tmp_path / "raw", tmp_path / "ft", text_data, str(tgt), config=cfg, heldout=heldout_data)
+    result = distill(
+        DistillJob(
+            draft_dir=tmp_path / "raw",
+            out=tmp_path / "ft",
+            target=str(tgt),
+            data=TrainingData(data=text_data, heldout=heldout_data),
+            config=cfg,
+        )
+    )
     raw, ft = (
         load_file(str(tmp_path / "raw" / "model.safetensors")),
         load_file(str(tmp_path / "ft" / "model.safetensors")),
@@ -82,7 +90,15 @@ def test_patience_stops_after_that_many_evaluations_without_a_gain(
     convert(str(tgt), tmp_path / "raw", dtype="float32")
     _scripted(monkeypatch, [1.0, 1.2, 1.1, 1.1, 9.0])  # best at step 1; steps 2 and 3 gain nothing
     cfg = DistillConfig(**{**SMALL, "steps": 6}, eval_every=1, patience=2)
-    result = distill(tmp_path / "raw", tmp_path / "ft", text_data, str(tgt), config=cfg, heldout=heldout_data)
+    result = distill(
+        DistillJob(
+            draft_dir=tmp_path / "raw",
+            out=tmp_path / "ft",
+            target=str(tgt),
+            data=TrainingData(data=text_data, heldout=heldout_data),
+            config=cfg,
+        )
+    )
     prov = json.loads((tmp_path / "ft" / "provenance.json").read_text())["distill"]
     assert result.steps == 3 and prov["steps"] == 3
     assert prov["heldout"]["stopped_at"] == 3 and prov["heldout"]["best_step"] == 1
@@ -92,8 +108,9 @@ def test_patience_stops_after_that_many_evaluations_without_a_gain(
 def _measure_written(draft_dir: Path, tgt: Path, text_data: Path, heldout: Path, cfg: DistillConfig) -> float:
     """The held-out score of a written draft, measured afresh (nothing shared with the run that wrote it)."""
     draft = load_draft(draft_dir)
-    job = DistillJob(draft_dir=draft_dir, out=draft_dir.parent / "unused", data=text_data, target=str(tgt))
-    teacher = online_teacher(draft, job, cfg, "cpu")
+    job = DistillJob(draft_dir=draft_dir, out=draft_dir.parent / "unused", target=str(tgt),
+                     data=TrainingData(data=text_data), config=cfg)  # fmt: skip
+    teacher = online_teacher(draft, job, "cpu")
     draft.attach_target(teacher.embed, teacher.head)
     guard = HeldoutGuard.build(heldout, teacher, cfg.heldout_examples, cfg.batch_size, cfg.max_length, every=1,
                                patience=None)  # fmt: skip
@@ -113,16 +130,40 @@ def test_written_weights_score_the_best_evaluation_and_resume_agrees(
     tgt = target("mimo")
     convert(str(tgt), tmp_path / "raw", dtype="float32")
     cfg = DistillConfig(**{**SMALL, "steps": 6, "lr": 0.05}, eval_every=1)  # a large lr: scores move both ways
-    whole = distill(tmp_path / "raw", tmp_path / "a", text_data, str(tgt), config=cfg, heldout=heldout_data)
+    whole = distill(
+        DistillJob(
+            draft_dir=tmp_path / "raw",
+            out=tmp_path / "a",
+            target=str(tgt),
+            data=TrainingData(data=text_data, heldout=heldout_data),
+            config=cfg,
+        )
+    )
     scores = {h["step"]: h["score"] for h in whole.heldout["history"]}
     assert sorted(scores) == list(range(7)) and all(0 <= s <= 3 for s in scores.values())
     best = max(scores, key=scores.get)
     assert whole.heldout["best_step"] == best
     assert _measure_written(tmp_path / "a", tgt, text_data, heldout_data, cfg) == pytest.approx(scores[best], abs=1e-6)
 
-    distill(tmp_path / "raw", tmp_path / "b", text_data, str(tgt), config=cfg, heldout=heldout_data, stop_after=4)
+    distill(
+        DistillJob(
+            draft_dir=tmp_path / "raw",
+            out=tmp_path / "b",
+            target=str(tgt),
+            data=TrainingData(data=text_data, heldout=heldout_data),
+            config=cfg,
+            stop_after=4,
+        )
+    )
     resumed = distill(
-        tmp_path / "raw", tmp_path / "b", text_data, str(tgt), config=cfg, heldout=heldout_data, resume=True
+        DistillJob(
+            draft_dir=tmp_path / "raw",
+            out=tmp_path / "b",
+            target=str(tgt),
+            data=TrainingData(data=text_data, heldout=heldout_data),
+            config=cfg,
+            resume=True,
+        )
     )
     assert resumed.heldout["history"] == whole.heldout["history"]
     a, b = load_file(str(tmp_path / "a" / "model.safetensors")), load_file(str(tmp_path / "b" / "model.safetensors"))
@@ -133,16 +174,25 @@ def test_guard_options_are_refused_where_they_cannot_apply(target, text_data, he
     tgt = target("mimo")
     convert(str(tgt), tmp_path / "raw")
     with pytest.raises(OptionError, match="--patience .* needs --heldout"):
-        distill(tmp_path / "raw", tmp_path / "o", text_data, str(tgt), config=DistillConfig(**SMALL, patience=2))
+        distill(
+            DistillJob(
+                draft_dir=tmp_path / "raw",
+                out=tmp_path / "o",
+                target=str(tgt),
+                data=TrainingData(data=text_data),
+                config=DistillConfig(**SMALL, patience=2),
+            )
+        )
     with pytest.raises(OptionError, match="--patience must be a whole number >= 1"):
         DistillConfig(patience=0)
     with pytest.raises(OptionError, match="--eval-every must be a whole number >= 1"):
         DistillConfig(eval_every=0)
     with pytest.raises(OptionError, match="--heldout needs the online target"):
         distill(
-            tmp_path / "raw",
-            tmp_path / "o",
-            config=DistillConfig(**SMALL),
-            hidden_states=tmp_path / "raw",
-            heldout=heldout_data,
+            DistillJob(
+                draft_dir=tmp_path / "raw",
+                out=tmp_path / "o",
+                data=TrainingData(hidden_states=tmp_path / "raw", heldout=heldout_data),
+                config=DistillConfig(**SMALL),
+            )
         )

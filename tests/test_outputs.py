@@ -24,7 +24,8 @@ from mtp2draft.outputs.claims import claim_output, lock_path
 from mtp2draft.outputs.directories import atomic_output_dir
 from mtp2draft.settings import DumpConfig
 from mtp2draft.target.dump_checks import check_shards, read_manifest
-from mtp2draft.train.recipe import DistillConfig, distill
+from mtp2draft.train.recipe import distill
+from mtp2draft.train.settings import DistillConfig, DistillJob, TrainingData
 
 
 def _race(n: int, fn) -> list[BaseException | None]:
@@ -71,7 +72,18 @@ def test_concurrent_distills_into_one_out_leave_one_result_and_one_refusal(targe
     cfg = DistillConfig(steps=2, batch_size=2, max_length=24, save_every=1, log_every=1)
     for attempt in range(20):
         out = tmp_path / f"try{attempt}" / "ft"
-        results = _race(2, lambda _, out=out: distill(tmp_path / "draft", out, text_data, str(tgt), config=cfg))
+        results = _race(
+            2,
+            lambda _, out=out: distill(
+                DistillJob(
+                    draft_dir=tmp_path / "draft",
+                    out=out,
+                    target=str(tgt),
+                    data=TrainingData(data=text_data),
+                    config=cfg,
+                )
+            ),
+        )
         _one_result_one_refusal(results, out)
         assert (
             load_draft(out) is not None and json.loads((out / "provenance.json").read_text())["distill"]["steps"] == 2

@@ -108,13 +108,15 @@ def test_device_map_without_accelerate_is_one_error_line(raw_mimo: Path, capsys)
 
 def test_online_teacher_runs_the_target_in_its_dtype_and_hands_fp32_features(raw_mimo: Path) -> None:
     from mtp2draft.draft.disk import load_draft
-    from mtp2draft.train.settings import DistillConfig, DistillJob
+    from mtp2draft.settings import Placement
+    from mtp2draft.train.settings import DistillConfig, DistillJob, TrainingData
     from mtp2draft.train.teacher import online_teacher
 
     draft = load_draft(raw_mimo)
-    job = DistillJob(draft_dir=raw_mimo, out=raw_mimo.parent / "unused", data=HELDOUT, target=str(TINY_MIMO),
-                     target_dtype="bfloat16")  # fmt: skip
-    teacher = online_teacher(draft, job, DistillConfig(max_length=32), "cpu")
+    job = DistillJob(draft_dir=raw_mimo, out=raw_mimo.parent / "unused", target=str(TINY_MIMO),
+                     data=TrainingData(data=HELDOUT), config=DistillConfig(max_length=32),
+                     placement=Placement(dtype="bfloat16"))  # fmt: skip
+    teacher = online_teacher(draft, job, "cpu")
     assert teacher.target.dtype == torch.bfloat16 and next(teacher.target.model.parameters()).dtype == torch.bfloat16
     batch, feats = teacher.batch(draft, 0, 2, 0, 32, slice(None), "cpu", final=True)
     assert feats.final.dtype == torch.float32 and feats.logits.dtype == torch.float32

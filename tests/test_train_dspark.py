@@ -19,7 +19,8 @@ from mtp2draft.family.dspark import DSparkFields
 from mtp2draft.target.hidden import TargetModel
 from mtp2draft.train.dspark import anchor_candidates, block_step, context_of, sample_anchors, slot_rates
 from mtp2draft.train.dspark_run import DSparkRun, distill_dspark
-from mtp2draft.train.settings import DistillConfig, DistillJob, DSparkObjective, NewDSpark
+from mtp2draft.train.recipe import distill
+from mtp2draft.train.settings import DistillConfig, DistillJob, DSparkObjective, NewDSpark, TrainingData
 from mtp2draft.train.teacher import collate
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -128,8 +129,10 @@ def test_distill_makes_a_better_drafter_and_never_writes_the_target(tmp_path: Pa
     before_state = {k: v.clone() for k, v in target.model.state_dict().items()}
     # a high learning rate and full cross-entropy weight, so 40 steps move a random drafter measurably
     cfg = DistillConfig(steps=40, batch_size=4, max_length=64, lr=1e-2, log_every=20, save_every=1000)
-    job = DistillJob(draft_dir=start, out=tmp_path / "out", data=TRAIN, target=str(TARGET))
-    run = DSparkRun(job, cfg, DSparkObjective(anchors=64, ce_weight=1.0), None, "cpu")
+    objective = DSparkObjective(anchors=64, ce_weight=1.0)
+    job = DistillJob(draft_dir=start, out=tmp_path / "out", target=str(TARGET), data=TrainingData(data=TRAIN),
+                     config=cfg, dspark=objective)  # fmt: skip
+    run = DSparkRun(job, "cpu")
     run.run()
     after = run.teacher.target.model.state_dict()
     assert all(torch.equal(before_state[k], after[k]) for k in before_state)
@@ -193,8 +196,8 @@ def test_cli_starts_a_new_drafter_and_refuses_what_does_not_apply(tmp_path: Path
     assert not (tmp_path / "x").exists()
     with pytest.raises(Exception, match="not both"):
         distill_dspark(
-            DistillJob(draft_dir=out, out=tmp_path / "y", data=TRAIN, target=str(TARGET)),
-            DistillConfig(), DSparkObjective(), NewDSpark(new_dspark=[1]),
+            DistillJob(draft_dir=out, out=tmp_path / "y", target=str(TARGET), data=TrainingData(data=TRAIN),
+                       new=NewDSpark(new_dspark=[1]))
         )  # fmt: skip
 
 
@@ -206,13 +209,14 @@ def test_a_killed_run_resumes_to_the_same_weights(tmp_path: Path, target: Target
     objective = DSparkObjective(anchors=6)
 
     def job(out: str, **kw) -> DistillJob:
-        return DistillJob(draft_dir=start, out=tmp_path / out, data=TRAIN, target=str(TARGET), **kw)
+        return DistillJob(draft_dir=start, out=tmp_path / out, target=str(TARGET), data=TrainingData(data=TRAIN),
+                          config=cfg, dspark=objective, **kw)  # fmt: skip
 
-    distill_dspark(job("whole"), cfg, objective)
-    stopped = distill_dspark(job("resumed", stop_after=2), cfg, objective)
+    distill(job("whole"))
+    stopped = distill(job("resumed", stop_after=2))
     assert stopped.steps == 2 and not (tmp_path / "resumed").exists()
     assert (tmp_path / "resumed.checkpoints" / "step-0000002" / "state.json").is_file()
-    assert distill_dspark(job("resumed", resume=True), cfg, objective).resumed_from == 2
+    assert distill(job("resumed", resume=True)).resumed_from == 2
     whole, resumed = (
         load_file(tmp_path / "whole" / "model.safetensors"),
         load_file(tmp_path / "resumed" / "model.safetensors"),

@@ -74,32 +74,21 @@ def distill(
     """
     from mtp2draft.kinds import is_dspark_draft
     from mtp2draft.target.device import resolve_device
-    from mtp2draft.train.dspark_run import distill_dspark
     from mtp2draft.train.recipe import distill
 
-    device = resolve_device(where.device)
-    if new.new_dspark or (draft is not None and is_dspark_draft(draft)):
-        if plan:
-            raise OptionError("--plan plans MTP and EAGLE-3 runs; a DSpark drafter has no plan yet")
-        job = DistillJob(
-            draft_dir=draft, out=out, data=data.data, target=target, hidden_states=data.hidden_states,
-            heldout=data.heldout, revision=hub.revision, token=hub.token, resume=resume, overwrite=overwrite,
-            regenerate_data=data.regenerate, sample=data.sample, skip_bad=skip_bad, progress=log,
-            target_dtype=where.torch_dtype, device_map=where.device_map,
-        )  # fmt: skip
-        result = distill_dspark(job, cfg, dspark, new, device)
-        print(output.to_json(output.distill_summary(result)) if as_json else output.distill_text(result))
-        return
-    if draft is None:
-        raise OptionError("distill needs a draft directory (or --new-dspark LAYERS to start a DSpark drafter)")
     if plan:
+        if new.new_dspark or (draft is not None and is_dspark_draft(draft)):
+            raise OptionError("--plan plans MTP and EAGLE-3 runs; a DSpark drafter has no plan yet")
+        if draft is None:
+            raise OptionError("distill needs a draft directory (or --new-dspark LAYERS to start a DSpark drafter)")
+        device = resolve_device(where.device)
         _print_plan(draft, cfg, world_size, device, offline=data.hidden_states is not None, as_json=as_json)
         return
-    inputs = {"data": data.data, "target": target, "hidden_states": data.hidden_states, "heldout": data.heldout}
-    flags = {"resume": resume, "overwrite": overwrite, "regenerate_data": data.regenerate, "sample": data.sample}
-    access = {"revision": hub.revision, "token": hub.token}
-    placed = {"device": device, "target_dtype": where.torch_dtype, "device_map": where.device_map}
-    result = distill(draft, out, config=cfg, **inputs, skip_bad=skip_bad, **flags, **access, **placed, progress=log)
+    job = DistillJob(
+        draft_dir=draft, out=out, target=target, data=data, config=cfg, placement=where, hub=hub, dspark=dspark,
+        new=new, resume=resume, overwrite=overwrite, skip_bad=skip_bad, progress=log,
+    )  # fmt: skip
+    result = distill(job)
     if result.is_main:  # other torchrun ranks: rank 0 reports
         print(output.to_json(output.distill_summary(result)) if as_json else output.distill_text(result))
 

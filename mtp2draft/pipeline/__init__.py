@@ -47,7 +47,7 @@ from mtp2draft.progress import Progress
 from mtp2draft.settings import ConvertConfig, HubAccess, Placement, RunConfig
 from mtp2draft.target.device import resolve_device
 from mtp2draft.train.recipe import distill
-from mtp2draft.train.settings import DistillConfig, TrainingData
+from mtp2draft.train.settings import DistillConfig, DistillJob, TrainingData
 
 
 @dataclass
@@ -296,12 +296,11 @@ def _run(
     mark(work, files=(run_record.RECORD,))  # the stages mark their own directories; `run --overwrite` may replace it
     record.begin()
     source_access = {"revision": hub.revision, "token": hub.token}
-    target_access = {"revision": target_hub.revision, "token": target_hub.token}
     inside = {"overwrite": True, "progress": progress}  # the stages write inside `work`, checked above
     distilled, exported = work / "distilled", work / f"export-{fmt}"
     raw = work / "raw-mtp"
     start = work / "raw-eagle3" if kind == DraftKind.EAGLE3 else raw
-    device = resolve_device(placement.device)
+    resolve_device(placement.device)  # a device this machine lacks stops run before stage 1, not after it
     report: dict[str, Any] = {}
     step = _Steps(record, times, progress)
 
@@ -310,14 +309,15 @@ def _run(
             raw, start = _convert(source, work, stages.convert, {**source_access, **inside})
     with step("distill", f"[2/5] distill against {target}") as todo:
         if todo:
-            placed = {"device": device, "target_dtype": placement.torch_dtype, "device_map": placement.device_map}
-            job = {"regenerate_data": training.regenerate, "sample": training.sample, "heldout": training.heldout,
-                   "skip_bad": evaluation.skip_bad}  # fmt: skip
-            job["resume"] = _resumable(distilled, stages.distill.steps)
-            if job["resume"]:
+            resume = _resumable(distilled, stages.distill.steps)
+            if resume:
                 progress(f"continuing distillation from its last checkpoint in {_checkpoints(distilled)}")
-            distill(start, distilled, data=data, target=target, config=stages.distill, **job, **target_access,
-                    **inside, **placed)  # fmt: skip
+            # run's one --skip-bad serves --data here and --eval-data below; the stage writes inside `work`
+            distill(DistillJob(
+                draft_dir=start, out=distilled, target=target, data=training, config=stages.distill,
+                placement=placement, hub=target_hub, resume=resume, overwrite=True, skip_bad=evaluation.skip_bad,
+                progress=progress,
+            ))  # fmt: skip
     with step("evaluate", f"[3/5] evaluate (k = {k}) beside the raw MTP head") as todo:
         if todo:
             drafts = [("distilled " + kind, str(distilled)), ("raw MTP head (baseline)", str(raw))]

@@ -123,10 +123,10 @@ def check_offline_options(job: Any) -> None:
         option
         for option, value in (
             ("--target", job.target),
-            ("--data", job.data),
-            ("--revision", job.revision),
-            ("--regenerate", job.regenerate_data),
-            ("--sample", job.sample),
+            ("--data", job.data.data),
+            ("--revision", job.hub.revision),
+            ("--regenerate", job.data.regenerate),
+            ("--sample", job.data.sample),
             ("--skip-bad", job.skip_bad),
         )
         if value

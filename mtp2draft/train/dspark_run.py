@@ -48,13 +48,20 @@ from mtp2draft.outputs.writer import save_tensors
 from mtp2draft.progress import meter
 from mtp2draft.redact import command_line
 from mtp2draft.settings import derived_seed
+from mtp2draft.target.device import resolve_device
 from mtp2draft.target.hidden import TargetModel
+from mtp2draft.train.checks import check_heldout_options
 from mtp2draft.train.dspark import BlockStats, block_step, context_of, sample_anchors, slot_rates
 from mtp2draft.train.heldout import HeldoutGuard
 from mtp2draft.train.parallel import STATE_FILE, Parallel
-from mtp2draft.train.recipe import DistillResult, _lr, check_heldout_options
-from mtp2draft.train.settings import DistillConfig, DistillJob, DSparkObjective, NewDSpark
-from mtp2draft.train.state import check_checkpoints, claim_checkpoints, latest_checkpoint, settings_hash
+from mtp2draft.train.settings import DistillConfig, DistillJob, NewDSpark
+from mtp2draft.train.state import (
+    DistillResult,
+    check_checkpoints,
+    claim_checkpoints,
+    latest_checkpoint,
+    settings_hash,
+)
 from mtp2draft.train.teacher import Teacher, batch_indices, collate
 
 OPTIM_FILE = "optim.safetensors"
@@ -94,9 +101,10 @@ def _noise_id(target: TargetModel) -> int:
     return target.vocab_size - 1
 
 
-def check_dspark_options(cfg: DistillConfig, job: DistillJob, new: NewDSpark | None) -> None:
+def check_dspark_options(job: DistillJob) -> None:
     """Refuse what the DSpark run does not do, before anything loads (one line each)."""
-    if job.hidden_states is not None:
+    cfg, new = job.config, job.new
+    if job.data.hidden_states is not None:
         raise OptionError(
             "--hidden-states: a dump holds the target's top-k log-probs, and DSpark's total-variation and "
             "confidence terms need its whole distribution: distill a DSpark drafter with --target and --data"
@@ -109,34 +117,31 @@ def check_dspark_options(cfg: DistillConfig, job: DistillJob, new: NewDSpark | N
         given += ["train_subset" if cfg.train_subset != "all" else "teacher_temperature"]
     if given:
         raise OptionError(f"--{given[0].replace('_', '-')} does not apply to a DSpark drafter")
-    if bool(new is not None and new.new_dspark) == (job.draft_dir is not None):  # bool: new_dspark is a list
+    if bool(new.new_dspark) == (job.draft_dir is not None):  # bool: new_dspark is a list
         raise OptionError("give either a DSpark draft directory or --new-dspark LAYERS, not both (nor neither)")
-    check_heldout_options(cfg, job.heldout, job.hidden_states)
-    if job.data is None or job.target is None:
+    check_heldout_options(cfg, job.data.heldout, job.data.hidden_states)
+    if job.data.data is None or job.target is None:
         raise DataError("distill needs --data and --target for a DSpark drafter")
 
 
-def distill_dspark(
-    job: DistillJob, cfg: DistillConfig, objective: DSparkObjective, new: NewDSpark | None = None, device: str = "cpu"
-) -> DistillResult:
-    """Fine-tune the DSpark drafter in `job.draft_dir` (or a new one, `new.new_dspark`) against `job.target` on
-    `job.data`; write it to `job.out`. `job.stop_after` ends the run after that many steps, checkpoints kept."""
-    check_dspark_options(cfg, job, new)
+def distill_dspark(job: DistillJob) -> DistillResult:
+    """Fine-tune the DSpark drafter in `job.draft_dir` (or a new one, `job.new.new_dspark`) against `job.target` on
+    `job.data.data` with `job.dspark`'s objective; write it to `job.out` (`recipe.distill` sends DSpark jobs here).
+    `job.stop_after` ends the run after that many steps, checkpoints kept."""
+    check_dspark_options(job)
     with contextlib.ExitStack() as held:
         check_output_dir(job.out, job.overwrite, job.inputs)
         held.enter_context(claim_output(job.out))
         held.enter_context(claim_checkpoints(job.checkpoints))
-        return DSparkRun(job, cfg, objective, new, device).run()
+        return DSparkRun(job, resolve_device(job.placement.device)).run()
 
 
 class DSparkRun:
     """One DSpark distill run (one process). The attributes `HeldoutGuard` reads: draft, cfg, par, autocast,
     device, progress, job."""
 
-    def __init__(
-        self, job: DistillJob, cfg: DistillConfig, objective: DSparkObjective, new: NewDSpark | None, device: str
-    ) -> None:
-        self.job, self.cfg, self.objective, self.new = job, cfg, objective, new
+    def __init__(self, job: DistillJob, device: str) -> None:
+        self.job, self.cfg, self.objective, self.new = job, job.config, job.dspark, job.new
         self.par, self.device, self.progress = Parallel(device=device), device, job.progress
         self.autocast = contextlib.nullcontext
         self.history: list[dict[str, Any]] = []
@@ -163,9 +168,12 @@ class DSparkRun:
     def setup(self) -> None:
         job, cfg = self.job, self.cfg
         torch.manual_seed(cfg.seed)
-        target = TargetModel(job.target, job.revision, job.token, job.target_dtype, self.device, job.device_map)
+        where = job.placement
+        target = TargetModel(
+            job.target, job.hub.revision, job.hub.token, where.torch_dtype, self.device, where.device_map
+        )
         self.fingerprint = target.fingerprint()
-        if self.new is not None and self.new.new_dspark:
+        if self.new.new_dspark:
             self.draft = new_dspark_for(target, self.new, cfg.seed)
             self.progress(f"new DSpark drafter: {self.new.dspark_layers} layer(s), block {self.new.block_size}")
         else:
@@ -173,16 +181,16 @@ class DSparkRun:
         check_fits(self.draft, target, str(job.draft_dir or "--new-dspark"))
         self.draft.to(self.device)
         tokenizer = load_tokenizer(target.path)
-        examples, skipped = read_examples(job.data, tokenizer, cfg.max_length, job.skip_bad)
+        examples, skipped = read_examples(job.data.data, tokenizer, cfg.max_length, job.skip_bad)
         if skipped:
-            self.progress(f"skipped {skipped} malformed line(s) in {job.data}")
-        if job.regenerate_data:
+            self.progress(f"skipped {skipped} malformed line(s) in {job.data.data}")
+        if job.data.regenerate:
             examples = examples[: max(cfg.steps * cfg.batch_size, cfg.batch_size)]
             self.progress(f"regenerating {len(examples)} responses with the target")
-            how = Regeneration(cfg.max_length // 2, job.sample, seed=cfg.seed)
+            how = Regeneration(cfg.max_length // 2, job.data.sample, seed=cfg.seed)
             examples = regenerate(examples, target, tokenizer, how, progress=self.progress)
         pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
-        data_hash = hashlib.sha256(Path(job.data).read_bytes()).hexdigest()
+        data_hash = hashlib.sha256(Path(job.data.data).read_bytes()).hexdigest()
         self.teacher = Teacher(
             job.target, target.commit, target.embedding(), target.lm_head(), data_hash, len(examples),
             examples=examples, target=target, pad_id=pad,
@@ -193,18 +201,18 @@ class DSparkRun:
         self.settings = {
             **vars(cfg),
             **vars(self.objective),
-            "new_dspark": vars(self.new) if self.new is not None and self.new.new_dspark else None,
+            "new_dspark": vars(self.new) if self.new.new_dspark else None,
             "kind": DSPARK_KIND,
             "draft": str(job.draft_dir),
             "data_hash": data_hash,
             "target": job.target,
         }
-        if job.heldout is not None:
+        if job.data.heldout is not None:
             self.guard = DSparkGuard.build(
-                job.heldout, self.teacher, cfg.heldout_examples, cfg.batch_size, cfg.max_length,
+                job.data.heldout, self.teacher, cfg.heldout_examples, cfg.batch_size, cfg.max_length,
                 every=cfg.eval_every, patience=cfg.patience,
             )  # fmt: skip
-            self.progress(f"held-out guard: {self.guard.teacher.size} examples of {job.heldout}")
+            self.progress(f"held-out guard: {self.guard.teacher.size} examples of {job.data.heldout}")
 
     def features(self, batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
         """The target's pooled layers [B, S, n*H] (fp32, on the drafter's device) and logits [B, S, V]."""
@@ -232,7 +240,7 @@ class DSparkRun:
         cfg = self.cfg
         idx = batch_indices(step, cfg.batch_size, self.teacher.size, cfg.seed)
         for group in self.optimizer.param_groups:
-            group["lr"] = _lr(step, cfg)
+            group["lr"] = cfg.lr_at(step)
         stats = self.blocks([self.teacher.examples[i] for i in idx], derived_seed(cfg.seed, step))
         value = float(stats.loss.detach())
         if not math.isfinite(value):

@@ -28,9 +28,9 @@ import math
 import os
 import time
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, replace
 from pathlib import Path
-from typing import Any, Unpack
+from typing import Any
 
 import torch
 
@@ -39,12 +39,13 @@ from mtp2draft.draft.disk import load_draft, read_draft_config
 from mtp2draft.draft.eagle3 import Eagle3Draft
 from mtp2draft.errors import DataError, DraftError, OptionError
 from mtp2draft.family.spec import get_spec
-from mtp2draft.kinds import DraftKind
+from mtp2draft.kinds import DraftKind, is_dspark_draft
 from mtp2draft.outputs.checkpoint_folder import remove_checkpoint_folder
 from mtp2draft.outputs.claims import claim_output
 from mtp2draft.outputs.directories import check_output_dir
 from mtp2draft.progress import Progress, meter, quiet
 from mtp2draft.redact import command_line
+from mtp2draft.target.device import resolve_device
 from mtp2draft.target.dump_checks import check_finite_state, check_offline_options
 from mtp2draft.train import memory, parallel
 from mtp2draft.train.calibrate import (
@@ -55,8 +56,9 @@ from mtp2draft.train.calibrate import (
 from mtp2draft.train.checks import check_heldout_options, check_training_settings, refuse_untrained
 from mtp2draft.train.heldout import HeldoutGuard
 from mtp2draft.train.parallel import Parallel
-from mtp2draft.train.settings import DistillConfig, DistillJob, DistillOptions
+from mtp2draft.train.settings import DistillConfig, DistillJob
 from mtp2draft.train.state import (
+    DistillResult,
     check_checkpoints,
     claim_checkpoints,
     latest_checkpoint,
@@ -69,53 +71,27 @@ from mtp2draft.train.teacher import Teacher, offline_teacher, online_teacher
 from mtp2draft.train.ttt import TOP_K_NOT_SHARPENED, StepStats, draft_target_ids, ttt_forward
 
 
-@dataclass
-class DistillResult:
-    out: Path
-    steps: int
-    seconds: float
-    per_step_accuracy: list[float]
-    history: list[dict[str, Any]] = field(default_factory=list)
-    resumed_from: int | None = None
-    heldout: dict[str, Any] | None = None
-    """The held-out guard's record (train/heldout.py), when the run had one."""
-    is_main: bool = True
-    """False on ranks other than 0 under torchrun: they wrote nothing and should print nothing."""
+def distill(job: DistillJob) -> DistillResult:
+    """Fine-tune the draft in `job.draft_dir` against the frozen target; write the result to `job.out`.
 
+    `job` is the whole request (`DistillJob`): the training settings (`job.config`), and data either from
+    `job.data.data` with the online `job.target` (loaded as `job.placement` says: its dtype, on its device or spread
+    by its device map; default cuda when available), or from a `dump-hidden` directory (`job.data.hidden_states`).
+    A DSpark drafter, or `job.new.new_dspark`, is trained by `train/dspark_run.py` with `job.dspark`'s objective.
+    Under torchrun every rank calls this; the global batch is split between them and rank 0 logs and writes (see
+    parallel.py)."""
+    if job.new.new_dspark or (job.draft_dir is not None and is_dspark_draft(job.draft_dir)):
+        from mtp2draft.train.dspark_run import distill_dspark  # it builds on this module's pieces
 
-def _lr(step: int, cfg: DistillConfig) -> float:
-    warm = cfg.warmup_steps if cfg.warmup_steps is not None else max(1, cfg.steps // 20)
-    if step < warm:
-        return cfg.lr * (step + 1) / warm
-    progress = (step - warm) / max(1, cfg.steps - warm)
-    return cfg.lr * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(progress, 1.0))))
-
-
-def distill(
-    draft_dir: str | Path,
-    out: str | Path,
-    data: str | Path | None = None,
-    target: str | None = None,
-    config: DistillConfig | None = None,
-    **job: Unpack[DistillOptions],
-) -> DistillResult:
-    """Fine-tune the draft in `draft_dir` against the frozen target; write the result to `out`.
-
-    `config` holds the training settings; `job` the rest of what this call is asked to do, as `DistillJob`'s fields
-    (declared there once, typed for callers by `DistillOptions`) plus `device`: data comes either from `data` + the online `target` (loaded in
-    `target_dtype` on `device`, or spread by transformers' `device_map`), or from a `dump-hidden` directory
-    (`hidden_states`); `stop_after` ends the run after that many steps without writing `out` (checkpoints stay):
-    for tests. Under torchrun every rank calls this; the global batch is split between them and rank 0 logs and
-    writes (see parallel.py)."""
-    cfg = config or DistillConfig()
+        return distill_dspark(job)
+    if job.draft_dir is None:
+        raise OptionError("distill needs a draft directory (or --new-dspark LAYERS to start a DSpark drafter)")
     owned = not torch.distributed.is_initialized()
-    options: dict[str, Any] = dict(job)
-    par = Parallel.from_env(options.pop("device", "cpu"))
+    par = Parallel.from_env(resolve_device(job.placement.device))
     if not par.is_main:  # other torchrun ranks: rank 0 reports
-        options["progress"] = quiet
+        job = replace(job, progress=quiet)
     try:
-        asked = DistillJob(draft_dir=draft_dir, out=Path(out), data=data, target=target, **options)
-        result = DistillRecipe(par, cfg, asked).run()
+        result = DistillRecipe(par, job).run()
         if owned:
             par.barrier()  # every rank done (rank 0's claim released) before any rank tears the process group down
         return result
@@ -127,8 +103,9 @@ def distill(
 class DistillRecipe:
     """One distillation run on this rank (see the module docstring for the order of its parts)."""
 
-    def __init__(self, par: Parallel, cfg: DistillConfig, job: DistillJob) -> None:
-        self.par, self.cfg, self.job = par, cfg, job
+    def __init__(self, par: Parallel, job: DistillJob) -> None:
+        self.par, self.cfg, self.job = par, job.config, job
+        cfg = job.config
         self.device = par.device
         self.precision = parallel.resolve_precision(cfg.precision, par.device)
         self.progress = job.progress
@@ -176,9 +153,9 @@ class DistillRecipe:
         """Under torchrun, before any other collective: every rank was started with the same settings, or every rank
         fails with the same line (ranks that disagree would wait on each other forever)."""
         job = self.job
-        given = {k: getattr(job, k) for k in ("draft_dir", "out", "data", "target", "hidden_states", "revision")}
-        given |= {k: getattr(job, k) for k in ("resume", "overwrite", "regenerate_data", "sample", "skip_bad")}
-        given |= {"checkpoint_dir": job.checkpoint_dir, "stop_after": job.stop_after}
+        given = {k: getattr(job, k) for k in ("draft_dir", "out", "target", "resume", "overwrite", "skip_bad")}
+        given |= {"checkpoint_dir": job.checkpoint_dir, "stop_after": job.stop_after, "revision": job.hub.revision}
+        given |= {f"data.{k}": v for k, v in asdict(job.data).items()}
         device = torch.device(self.device).type
         parallel.check_same_settings(
             self.par, {**asdict(self.cfg), **given, "precision": self.precision, "device": device}
@@ -188,11 +165,11 @@ class DistillRecipe:
         """--resume continues from checkpoints; it never stands in for --overwrite: an existing --out is only
         replaced with --overwrite, and only when mtp2draft wrote it."""
         job, par, ckpt = self.job, self.par, self.job.checkpoints
-        if job.hidden_states is not None:
+        if job.data.hidden_states is not None:
             check_offline_options(job)
             if self.cfg.teacher_temperature != 1.0:
                 raise OptionError(TOP_K_NOT_SHARPENED)
-        check_heldout_options(self.cfg, job.heldout, job.hidden_states)
+        check_heldout_options(self.cfg, job.data.heldout, job.data.hidden_states)
         if self.cfg.batch_size < par.world:
             raise DataError(
                 f"--batch-size {self.cfg.batch_size} is the global batch: it must be at least the {par.world} ranks"
@@ -221,7 +198,7 @@ class DistillRecipe:
 
     def check_memory(self) -> None:
         """The memory plan, from the draft's config alone, printed; refused when the device cannot hold it."""
-        online = self.job.hidden_states is None
+        online = self.job.data.hidden_states is None
         draft_config = read_draft_config(self.job.draft_dir)
         mem = memory.plan(draft_config, self.cfg, world=self.par.world, precision=self.precision, online_logits=online)
         self.progress(f"{memory.render([mem])}")
@@ -238,12 +215,12 @@ class DistillRecipe:
 
     def setup_data(self) -> None:
         job, cfg, draft = self.job, self.cfg, self.draft
-        if job.hidden_states is not None:
-            self.teacher: Teacher = offline_teacher(job.hidden_states, draft, job.draft_dir, cfg.max_length)
+        if job.data.hidden_states is not None:
+            self.teacher: Teacher = offline_teacher(job.data.hidden_states, draft, job.draft_dir, cfg.max_length)
         else:
             # regenerate only what this run will see: one pass of steps x batch size examples (data order is seeded)
-            regen = max(cfg.steps * cfg.batch_size, cfg.batch_size) if job.regenerate_data else None
-            self.teacher = online_teacher(draft, job, cfg, self.device, regen)
+            regen = max(cfg.steps * cfg.batch_size, cfg.batch_size) if job.data.regenerate else None
+            self.teacher = online_teacher(draft, job, self.device, regen)
         self.fingerprint = self.teacher.fingerprint()
         draft.attach_target(self.teacher.embed.to(self.device), self.teacher.head.to(self.device))
         self.settings = {
@@ -254,16 +231,16 @@ class DistillRecipe:
             "data_hash": self.teacher.data_hash,
             "target": self.teacher.source,
         }
-        if job.hidden_states is None and job.target_dtype != "float32":  # the default is left out: older hashes hold
-            self.settings["target_dtype"] = str(job.target_dtype).removeprefix("torch.")
+        if job.data.hidden_states is None and job.placement.torch_dtype != "float32":  # left out: older hashes hold
+            self.settings["target_dtype"] = job.placement.torch_dtype
         parallel.check_same_settings(self.par, self.settings, "data")  # every rank read the same data and target
-        if job.heldout is not None:
+        if job.data.heldout is not None:
             self.guard = HeldoutGuard.build(
-                job.heldout, self.teacher, cfg.heldout_examples, cfg.batch_size, cfg.max_length,
+                job.data.heldout, self.teacher, cfg.heldout_examples, cfg.batch_size, cfg.max_length,
                 every=cfg.eval_every, patience=cfg.patience,
             )  # fmt: skip
             self.progress(
-                f"held-out guard: {self.guard.teacher.size} examples of {job.heldout}, every {cfg.eval_every} steps"
+                f"held-out guard: {self.guard.teacher.size} examples of {job.data.heldout}, every {cfg.eval_every} steps"
                 + (f", patience {cfg.patience}" if cfg.patience else "")
             )
 
@@ -327,7 +304,7 @@ class DistillRecipe:
         # a batch refused on one rank (NaN in its rows of a dump) is refused on every rank, before any step
         batch, feats = parallel.together(self.par, lambda: self.batch(step))
         for group in self.optimizer.param_groups:
-            group["lr"] = _lr(step, self.cfg)
+            group["lr"] = self.cfg.lr_at(step)
         with self.autocast():
             stats = ttt_forward(
                 self.model,

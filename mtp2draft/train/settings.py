@@ -1,6 +1,7 @@
 """What one distill run is asked to do, declared once: the training settings (`DistillConfig`, built by the CLI's
-`distill` and `run` from their options by field name, and validated on construction) and the rest of the call
-(`DistillJob`: inputs, outputs, resume and where the target runs). Both are frozen: built once, passed whole.
+`distill` and `run` from their options by field name, and validated on construction), what it trains on
+(`TrainingData`), a DSpark drafter's objective and start, and the request that holds them all with the run's inputs
+and outputs (`DistillJob`). All are frozen: built once, passed whole.
 
 What this module does not do: train (`train/recipe.py`), or import torch (the CLI builds these before any work).
 """
@@ -9,15 +10,12 @@ from __future__ import annotations
 
 import math
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, TypedDict
 
 from mtp2draft.errors import OptionError
-from mtp2draft.settings import check_seed, floats, ints, setting
-
-if TYPE_CHECKING:
-    from mtp2draft.progress import Progress
+from mtp2draft.progress import Progress, quiet
+from mtp2draft.settings import HubAccess, Placement, check_seed, floats, ints, setting
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -100,6 +98,15 @@ class DistillConfig:
                 raise OptionError(f"--step-weights has {len(self.step_weights)} values for {self.ttt_steps} TTT steps")
             if not all(math.isfinite(w) and w >= 0 for w in self.step_weights) or not any(self.step_weights):
                 raise OptionError(f"--step-weights must be finite, >= 0 and not all zero, got {self.step_weights}")
+
+    def lr_at(self, step: int) -> float:
+        """The learning rate of optimizer step `step` (both draft kinds' loops): linear warm-up over `warmup_steps`
+        (default 5 % of the steps), then a cosine from `lr` down to 0.1 x `lr` at the last step."""
+        warm = self.warmup_steps if self.warmup_steps is not None else max(1, self.steps // 20)
+        if step < warm:
+            return self.lr * (step + 1) / warm
+        progress = (step - warm) / max(1, self.steps - warm)
+        return self.lr * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(progress, 1.0))))
 
     def weights(self) -> list[float]:
         if self.step_weights:
@@ -195,56 +202,45 @@ class NewDSpark:
 
 @dataclass(frozen=True, kw_only=True)
 class DistillJob:
-    """What one `distill()` call was asked to do, besides the training settings (`DistillConfig`)."""
+    """One `distill` request, whole: the draft and where it goes, the frozen target and what it trains on, and each
+    of the run's records (training settings, data, placement, Hub access; a DSpark drafter's objective and start).
+    The CLI's `distill` and `run` build it the same way, from the records their options fill; `distill()` hands it
+    down as it is, to the recipe, the teacher and the target."""
 
-    draft_dir: str | Path
-    out: Path
-    data: str | Path | None = None
+    draft_dir: str | Path | None
+    """The draft directory to fine-tune; None only with `new.new_dspark` (a new DSpark drafter)."""
+    out: str | Path
     target: str | None = None
-    hidden_states: str | Path | None = None
-    heldout: str | Path | None = None
-    """Held-out JSONL: evaluated every `eval_every` steps; the best-scoring weights are written (`train/heldout.py`)."""
-    revision: str | None = None
-    token: str | bool | None = None
+    """The frozen target (Hub id or local directory) of an online run; None with `data.hidden_states`."""
+    data: TrainingData = field(default_factory=TrainingData)
+    config: DistillConfig = field(default_factory=DistillConfig)
+    placement: Placement = field(default_factory=Placement)
+    """Where the online target runs (its dtype, device or device map); the draft trains on its device."""
+    hub: HubAccess = field(default_factory=HubAccess)
+    """The target's revision and the token that reaches it."""
+    dspark: DSparkObjective = field(default_factory=DSparkObjective)
+    new: NewDSpark = field(default_factory=NewDSpark)
     resume: bool = False
     overwrite: bool = False
-    regenerate_data: bool = False
-    sample: bool = False
     skip_bad: bool = False
     checkpoint_dir: str | Path | None = None
-    progress: Progress = lambda _: None
     stop_after: int | None = None
-    target_dtype: str = "float32"  # the online target's dtype and device map (TargetModel's)
-    device_map: str | dict | None = None
+    """End the run after that many steps without writing `out` (its checkpoints stay): for tests."""
+    progress: Progress = quiet
+
+    def __post_init__(self) -> None:
+        if self.stop_after is not None and (
+            isinstance(self.stop_after, bool) or not isinstance(self.stop_after, int) or self.stop_after < 1
+        ):
+            raise OptionError(f"stop_after must be a whole number >= 1, got {self.stop_after!r}")
 
     @property
     def inputs(self) -> list:
-        return [self.draft_dir, self.target, self.data, self.hidden_states, self.heldout]
+        """What the run reads, and so never writes or deletes."""
+        return [self.draft_dir, self.target, self.data.data, self.data.hidden_states, self.data.heldout]
 
     @property
     def checkpoints(self) -> Path:
         if self.checkpoint_dir:
             return Path(self.checkpoint_dir)
-        return self.out.parent / f"{Path(os.path.abspath(self.out)).name}.checkpoints"
-
-
-class DistillOptions(TypedDict, total=False):
-    """The keywords `distill()` takes beside its named parameters, so that a type checker sees them: `DistillJob`'s
-    fields after `draft_dir`, `out`, `data` and `target` (their defaults are DistillJob's, stated there), and the
-    device the run is placed on (default "cpu"). tests/test_distill.py keeps the names and types DistillJob's."""
-
-    hidden_states: str | Path | None
-    heldout: str | Path | None
-    revision: str | None
-    token: str | bool | None
-    resume: bool
-    overwrite: bool
-    regenerate_data: bool
-    sample: bool
-    skip_bad: bool
-    checkpoint_dir: str | Path | None
-    progress: Progress
-    stop_after: int | None
-    target_dtype: str
-    device_map: str | dict | None
-    device: str
+        return Path(self.out).parent / f"{Path(os.path.abspath(self.out)).name}.checkpoints"

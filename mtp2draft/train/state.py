@@ -15,6 +15,7 @@ import contextlib
 import hashlib
 import json
 from collections.abc import Iterator
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -33,6 +34,22 @@ from mtp2draft.outputs.writer import save_tensors
 from mtp2draft.progress import Progress, quiet
 from mtp2draft.train import parallel
 from mtp2draft.train.parallel import Parallel
+
+
+@dataclass
+class DistillResult:
+    """What a distill run returns (either draft kind): where it wrote, how far it trained, its history."""
+
+    out: Path
+    steps: int
+    seconds: float
+    per_step_accuracy: list[float]
+    history: list[dict[str, Any]] = field(default_factory=list)
+    resumed_from: int | None = None
+    heldout: dict[str, Any] | None = None
+    """The held-out guard's record (train/heldout.py), when the run had one."""
+    is_main: bool = True
+    """False on ranks other than 0 under torchrun: they wrote nothing and should print nothing."""
 
 
 def settings_hash(settings: dict[str, Any]) -> str:

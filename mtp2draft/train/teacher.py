@@ -25,7 +25,7 @@ from mtp2draft.kinds import DraftKind
 from mtp2draft.target.dumps import OfflineHiddenStates, offline_features
 from mtp2draft.target.hidden import Features, TargetModel, check_draft_fits
 from mtp2draft.target.identity import check_drafts_belong
-from mtp2draft.train.settings import DistillConfig, DistillJob
+from mtp2draft.train.settings import DistillJob
 
 
 def batch_indices(step: int, batch_size: int, n: int, seed: int) -> list[int]:
@@ -120,28 +120,28 @@ def offline_teacher(
     return Teacher(store.source, store.commit, store.embedding(), store.lm_head(), data_hash, len(store), store=store)
 
 
-def online_teacher(
-    draft, job: DistillJob, cfg: DistillConfig, device: str, regenerate_to: int | None = None
-) -> Teacher:
-    """The frozen target `job` names (in its `target_dtype`, on `device` or spread by its `device_map`) and the
-    examples of its data, cut to `cfg.max_length`. `regenerate_to`: keep that many examples (what the run will see)
-    and let the target write their responses (greedy, or sampled with `cfg.seed`, as `job.sample` says)."""
-    data, target, progress, max_length = job.data, job.target, job.progress, cfg.max_length
+def online_teacher(draft, job: DistillJob, device: str, regenerate_to: int | None = None) -> Teacher:
+    """The frozen target `job` names (placed as `job.placement` says, the draft's part on `device`) and the examples
+    of its data, cut to `job.config.max_length`. `regenerate_to`: keep that many examples (what the run will see)
+    and let the target write their responses (greedy, or sampled with the run's seed, as `job.data.sample` says)."""
+    cfg, data, target, progress = job.config, job.data.data, job.target, job.progress
     if data is None or target is None:
         raise DataError("distill needs --data and --target (or --hidden-states)")
-    check_drafts_belong([job.draft_dir], target, job.revision, job.token)  # before the target's weights load
+    check_drafts_belong([job.draft_dir], target, job.hub.revision, job.hub.token)  # before the target's weights load
     target_model = TargetModel(
-        target, job.revision, job.token, dtype=job.target_dtype, device=device, device_map=job.device_map
-    )
+        target, job.hub.revision, job.hub.token, dtype=job.placement.torch_dtype, device=device,
+        device_map=job.placement.device_map,
+    )  # fmt: skip
     check_draft_fits(draft, target_model, job.draft_dir)
     tokenizer = load_tokenizer(target_model.path)
-    examples, skipped = read_examples(data, tokenizer, max_length, job.skip_bad)
+    examples, skipped = read_examples(data, tokenizer, cfg.max_length, job.skip_bad)
     if skipped:
         progress(f"skipped {skipped} malformed line(s) in {data}")
     if regenerate_to is not None:
         examples = examples[:regenerate_to]
-        progress(f"regenerating {len(examples)} responses with the target ({'sampled' if job.sample else 'greedy'})")
-        how = Regeneration(max_length // 2, job.sample, seed=cfg.seed)
+        how_drawn = "sampled" if job.data.sample else "greedy"
+        progress(f"regenerating {len(examples)} responses with the target ({how_drawn})")
+        how = Regeneration(cfg.max_length // 2, job.data.sample, seed=cfg.seed)
         examples = regenerate(examples, target_model, tokenizer, how, progress=progress)
     return Teacher(
         target,

@@ -59,7 +59,7 @@ from mtp2draft.formats.export import export, validate
 from mtp2draft.settings import DumpConfig
 from mtp2draft.target.hidden import TargetModel
 from mtp2draft.train.recipe import distill
-from mtp2draft.train.settings import DistillConfig
+from mtp2draft.train.settings import DistillConfig, DistillJob, TrainingData
 
 pytestmark = pytest.mark.engine
 
@@ -85,7 +85,16 @@ def log(msg: str) -> None:
 
 
 def _distill(src: Path, out: Path, target: Path, **extra: Any) -> Path:
-    distill(src, out, TRAIN, str(target), config=DistillConfig(**{**DISTILL, **extra}), progress=log)
+    distill(
+        DistillJob(
+            draft_dir=src,
+            out=out,
+            target=str(target),
+            data=TrainingData(data=TRAIN),
+            config=DistillConfig(**{**DISTILL, **extra}),
+            progress=log,
+        )
+    )
     return out
 
 
@@ -354,8 +363,25 @@ def vllm_dump(vllm: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str,
         for engine in ("vllm", "transformers")
     }
     cfg = DistillConfig(**DISTILL)
-    distill(raw, work / "online", data, str(target), config=cfg, progress=log)
-    distill(raw, work / "offline", hidden_states=dumps["vllm"], config=cfg, progress=log)
+    distill(
+        DistillJob(
+            draft_dir=raw,
+            out=work / "online",
+            target=str(target),
+            data=TrainingData(data=data),
+            config=cfg,
+            progress=log,
+        )
+    )
+    distill(
+        DistillJob(
+            draft_dir=raw,
+            out=work / "offline",
+            data=TrainingData(hidden_states=dumps["vllm"]),
+            config=cfg,
+            progress=log,
+        )
+    )
     drafts = [("online", work / "online"), ("offline-vllm", work / "offline")]
     report = evaluate(drafts, str(target), HELDOUT, SETTINGS)
     acceptance = {row["name"]: row["mean_acceptance_length"] for row in report["results"]}
