@@ -18,6 +18,7 @@ from mtp2draft.cli.app import main
 from mtp2draft.conversion import convert, inspect_checkpoint, plan_mtp_layer
 from mtp2draft.draft.layout import load_native
 from mtp2draft.family.spec import find_spec
+from mtp2draft.settings import HubAccess
 
 
 def run_cli(capsys, *args: str) -> tuple[int, str, str]:
@@ -154,7 +155,7 @@ def test_convert_from_the_hub_fetches_only_mtp_bytes_and_caches_them(build, hub,
 def test_hub_revision_pins_the_commit(build, hub, tmp_path: Path) -> None:
     first = hub.add_repo("org/m", build("mimo"))
     hub.add_repo("org/m", {"README.md": b"new"})
-    result = convert("org/m", tmp_path / "o", revision=first)
+    result = convert("org/m", tmp_path / "o", hub=HubAccess(revision=first))
     assert result.provenance["commit"] == first
 
 

@@ -18,6 +18,7 @@ from mtp2draft.formats.export import export, validate
 from mtp2draft.hub import card as hub_module
 from mtp2draft.hub.card import model_card
 from mtp2draft.hub.upload import push
+from mtp2draft.settings import HubAccess
 
 pytestmark = [
     pytest.mark.hub,
@@ -148,7 +149,7 @@ def test_second_push_is_a_new_commit_without_resending_the_weights(draft: Path, 
 
 
 def test_revision_creates_the_branch(draft: Path, hub) -> None:
-    result = push(draft, "tester/d", revision="v2")
+    result = push(draft, "tester/d", hub=HubAccess(revision="v2"))
     assert result.url.endswith("/tester/d/tree/v2") and result.revision == "v2"
     assert "model.safetensors" in hub.files("tester/d", revision="v2")
     assert hub.files("tester/d") == {}  # main keeps only create_repo's empty commit

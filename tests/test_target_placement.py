@@ -115,7 +115,7 @@ def test_online_teacher_runs_the_target_in_its_dtype_and_hands_fp32_features(raw
     draft = load_draft(raw_mimo)
     job = DistillJob(draft_dir=raw_mimo, out=raw_mimo.parent / "unused", target=str(TINY_MIMO),
                      data=TrainingData(data=HELDOUT), config=DistillConfig(max_length=32),
-                     placement=Placement(dtype="bfloat16"))  # fmt: skip
+                     where=Placement(dtype="bfloat16"))  # fmt: skip
     teacher = online_teacher(draft, job, "cpu")
     assert teacher.target.dtype == torch.bfloat16 and next(teacher.target.model.parameters()).dtype == torch.bfloat16
     batch, feats = teacher.batch(draft, 0, 2, 0, 32, slice(None), "cpu", final=True)

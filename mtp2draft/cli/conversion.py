@@ -39,7 +39,7 @@ def inspect(source: Source, hub: Any, as_json: AsJson = False) -> None:
     """
     from mtp2draft.conversion import inspect_checkpoint
 
-    info = inspect_checkpoint(source, hub.revision, hub.token)
+    info = inspect_checkpoint(source, hub)
     print(output.to_json(info) if as_json else output.inspect_text(info))
 
 
@@ -61,6 +61,5 @@ def convert(
     """
     from mtp2draft.conversion import convert
 
-    access = {"revision": hub.revision, "token": hub.token}
-    result = convert(source, out, config, **access, overwrite=overwrite, progress=log)
+    result = convert(source, out, config, hub=hub, overwrite=overwrite, progress=log)
     print(output.to_json(output.convert_summary(result)) if as_json else output.convert_text(result))

@@ -24,11 +24,11 @@ from mtp2draft.train.settings import DistillConfig, TrainingData
     convert=Group(ConvertConfig, only=("to", "layer", "all_layers")),
     distill=DistillConfig,
     evaluate=Group(EvaluateConfig, skip=("seed",)),  # --seed is distill's here; the evaluation seeds with 0
-    placement=Group(Placement, skip=("tensor_parallel_size",)),
+    where=Group(Placement, skip=("tensor_parallel_size",)),
     hub=HubAccess,
 )
 def run_all(
-    source: Source, config: Any, training: Any, convert: Any, distill: Any, evaluate: Any, placement: Any, hub: Any
+    source: Source, config: Any, training: Any, convert: Any, distill: Any, evaluate: Any, where: Any, hub: Any
 ) -> None:
     """Convert, distill, evaluate (beside the raw MTP head), export and optionally push, in one command.
 
@@ -43,7 +43,7 @@ def run_all(
     stages = Stages(convert=convert, distill=distill, evaluate=evaluate)
     config = replace(config, training=training)
     try:
-        result = run(source, config=config, stages=stages, placement=placement, hub=hub, progress=log)
+        result = run(source, config=config, stages=stages, where=where, hub=hub, progress=log)
     except PushFailed as failed:  # every other stage finished: the table and the export are the user's
         print(output.run_text(failed.result))
         raise

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -73,7 +74,7 @@ def validate(
     from mtp2draft.formats.export import read_draft_directory, validate
 
     found = read_draft_directory(path, format)
-    violations = validate(found, target=target, revision=hub.revision, token=hub.token)
+    violations = validate(found, target=target, hub=hub)
     fmt = found.format
     if as_json:
         print(output.to_json({"path": str(path), "format": fmt, "ok": not violations, "violations": violations}))
@@ -122,6 +123,7 @@ def push(
     if dry_run:  # the card on stdout, as the upload's README.md would hold it: `> card.md` to read it first
         print(card_text(path, repo_id, base_model), end="")
         return
-    commit = {"revision": revision, "commit_message": commit_message, "base_model": base_model}
-    result = push(path, repo_id, private=private, token=hub.token, **commit, progress=log)
+    branch = replace(hub, revision=revision)  # the repo pushed to is this command's own: --revision is its branch
+    commit = {"commit_message": commit_message, "base_model": base_model}
+    result = push(path, repo_id, hub=branch, private=private, **commit, progress=log)
     print(output.to_json(result.__dict__) if as_json else f"{result.url}\ncommit {result.commit}  {result.commit_url}")

@@ -85,7 +85,7 @@ def distill(
         _print_plan(draft, cfg, world_size, device, offline=data.hidden_states is not None, as_json=as_json)
         return
     job = DistillJob(
-        draft_dir=draft, out=out, target=target, data=data, config=cfg, placement=where, hub=hub, dspark=dspark,
+        draft_dir=draft, out=out, target=target, data=data, config=cfg, where=where, hub=hub, dspark=dspark,
         new=new, resume=resume, overwrite=overwrite, skip_bad=skip_bad, progress=log,
     )  # fmt: skip
     result = distill(job)

@@ -58,7 +58,7 @@ from mtp2draft.outputs.directories import atomic_output_dir, check_output_dir
 from mtp2draft.outputs.writer import SafetensorsWriter, save_tensors
 from mtp2draft.progress import Progress, meter, quiet
 from mtp2draft.redact import command_line
-from mtp2draft.settings import ConvertConfig
+from mtp2draft.settings import ConvertConfig, HubAccess
 
 # ---- EAGLE-3 --------------------------------------------------------------------------------------------------------
 # fc fuses three distinct target layers, and engines capture layer inputs only (the outputs of layers 0..N-2).
@@ -247,16 +247,17 @@ def convert(
     out: str | Path,
     config: ConvertConfig | None = None,
     *,
-    revision: str | None = None,
-    token: str | bool | None = None,
+    hub: HubAccess | None = None,
     overwrite: bool = False,
     progress: Progress = quiet,
     **settings: Any,
 ) -> ConvertResult:
     """Convert MTP layer `config.layer` of SOURCE into a draft directory `out` (`config.to`: mtp or eagle3); with
     `config.all_layers`, every MTP layer the checkpoint ships into one native chain draft (`draft/chain.py`, layer i
-    at step i). Without `config`, `settings` are `ConvertConfig`'s fields by keyword (`to="eagle3", dtype=...`)."""
+    at step i). Without `config`, `settings` are `ConvertConfig`'s fields by keyword (`to="eagle3", dtype=...`).
+    `hub`: SOURCE's revision and the token that reaches it."""
     config = config or ConvertConfig(**settings)
+    revision, token = (hub or HubAccess()).revision, (hub or HubAccess()).token
     check_output_dir(out, overwrite, inputs=[source])
     started = time.perf_counter()
     progress(f"resolving {source}")
@@ -472,14 +473,15 @@ def tokenizer_digests(ckpt: Checkpoint) -> dict[str, str]:
     return {n: hashlib.sha256((root / n).read_bytes()).hexdigest() for n in TOKENIZER_FILES if (root / n).is_file()}
 
 
-def inspect_checkpoint(source: str, revision: str | None = None, token: str | bool | None = None) -> dict[str, Any]:
+def inspect_checkpoint(source: str, hub: HubAccess | None = None) -> dict[str, Any]:
     """Family, MTP layers and their tensors, and the bytes a conversion fetches vs the whole checkpoint.
 
     Reads config, index and the headers of the shards holding MTP tensors; no tensor bytes. A DSpark drafter (the
     config's `dspark_*` keys, `family.dspark`) is described by `checkpoint.dspark` instead."""
     from mtp2draft.target.release import diagnose
 
-    ckpt = open_checkpoint(source, revision, token)
+    hub = hub or HubAccess()
+    ckpt = open_checkpoint(source, hub.revision, hub.token)
     dspark = dspark_fields(ckpt.config)
     if dspark is not None:
         return inspect_dspark(ckpt, dspark)

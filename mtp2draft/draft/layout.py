@@ -24,6 +24,7 @@ from mtp2draft.errors import CheckpointError, NoMtpLayerError, SpecError
 from mtp2draft.family.schema import Spec
 from mtp2draft.family.spec import find_spec
 from mtp2draft.family.transforms import LOAD_TRANSFORMS, Group, check_spec_transforms, group_block_keys
+from mtp2draft.settings import HubAccess
 
 # Keys some checkpoints carry that no module needs.
 IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)
@@ -265,8 +266,8 @@ def target_head_key(ckpt: Checkpoint, spec: Spec, plan: MtpLayerPlan) -> str:
 def load_native(
     source: str | Checkpoint,
     layer: int | None = None,
-    revision: str | None = None,
-    token: str | bool | None = None,
+    *,
+    hub: HubAccess | None = None,
     attach_target: bool = True,
     dtype: torch.dtype = torch.float32,
     parts: tuple[str, ...] | None = None,
@@ -274,8 +275,10 @@ def load_native(
     """The native MTP module straight from a checkpoint (in memory; `convert --to mtp` writes the same weights).
 
     parts: module-name prefixes to materialise and read (e.g. ("enorm", "hnorm", "eh_proj", "block.input_layernorm",
-    "block.self_attn")); the rest of the module stays on the meta device and its bytes are never fetched."""
-    ckpt = source if isinstance(source, Checkpoint) else open_checkpoint(source, revision, token)
+    "block.self_attn")); the rest of the module stays on the meta device and its bytes are never fetched. hub: a Hub
+    SOURCE's revision and the token that reaches it."""
+    hub = hub or HubAccess()
+    ckpt = source if isinstance(source, Checkpoint) else open_checkpoint(source, hub.revision, hub.token)
     spec = find_spec(ckpt.config)
     layer, _ = resolve_layer(ckpt, spec, layer)
     plan = plan_mtp_layer(ckpt, spec, layer)

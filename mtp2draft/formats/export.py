@@ -192,21 +192,23 @@ def validate(
     path: str | Path | DraftDirectory,
     format: str | None = None,
     target: str | None = None,
-    revision: str | None = None,
-    token: str | bool | None = None,
+    *,
+    hub: HubAccess | None = None,
 ) -> list[str]:
     """Every way directory `path` violates its format's contract (empty: the engines will load it as intended).
 
     path: a directory, or one already read (`read_draft_directory`, whose format then stands). format: one of
     `VALIDATE_FORMATS`, or None to detect it from config.json. target: the target checkpoint (hub id or local dir;
     only its config is read), to check what depends on it — aux layer ids within its layers, hidden size and
-    vocabulary; without it the target layer count the draft recorded at conversion is used. Raises DraftError only
+    vocabulary; without it the target layer count the draft recorded at conversion is used. hub: the target's
+    revision and the token that reaches it. Raises DraftError only
     when the directory or its config.json is unreadable or the format cannot be told."""
     found = path if isinstance(path, DraftDirectory) else read_draft_directory(path, format)
     cfg = found.config
     parsed = parse_draft_config(cfg, found.path / CONFIG_FILE) if kind_of(cfg) is not None else None  # a bad field
     problems = get_format(found.format).validate(found.path, cfg)
-    target_cfg = open_checkpoint(target, revision, token).config if target else None
+    hub = hub or HubAccess()
+    target_cfg = open_checkpoint(target, hub.revision, hub.token).config if target else None
     if parsed is not None and target_cfg is not None:
         try:
             check_target_identity(parsed, target_cfg, f"--target {target}")

@@ -32,6 +32,7 @@ from mtp2draft.hub.card import model_card
 from mtp2draft.outputs.identity import check_unchanged, draft_identity
 from mtp2draft.progress import Progress, quiet
 from mtp2draft.redact import find_secret, known_secrets, redact, register_secret
+from mtp2draft.settings import HubAccess
 
 
 @dataclass
@@ -83,18 +84,21 @@ def card_text(path: str | Path, repo_id: str, base_model: str | None = None) -> 
 def push(
     path: str | Path,
     repo_id: str,
+    *,
+    hub: HubAccess | None = None,
     private: bool = False,
-    revision: str | None = None,
     commit_message: str | None = None,
-    token: str | None = None,
     base_model: str | None = None,
     progress: Progress = quiet,
 ) -> PushResult:
     """Upload draft directory `path` to hub repo `repo_id` (created if needed) with a generated model card.
 
-    revision: a branch, created from main when it does not exist. base_model: the target's repo id when the draft's
-    provenance names a local path. Returns the repo URL and the commit."""
+    hub: the branch to push to (`hub.revision`, created from main when it does not exist) and the token.
+    base_model: the target's repo id when the draft's provenance names a local path. Returns the repo URL and the
+    commit."""
     from huggingface_hub import HfApi, constants
+
+    revision, token = (hub or HubAccess()).revision, (hub or HubAccess()).token
 
     path = Path(path)
     read = draft_identity(path) if path.is_dir() else None  # what is validated and staged; checked before upload

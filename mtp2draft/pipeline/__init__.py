@@ -77,25 +77,25 @@ def run(
     *,
     config: RunConfig,
     stages: Stages | None = None,
-    placement: Placement | None = None,
+    where: Placement | None = None,
     hub: HubAccess | None = None,
     progress: Progress = lambda _: None,
 ) -> RunResult:
     """Convert SOURCE's MTP layer, distill it against the target (SOURCE itself unless `config.target`), evaluate it
     beside the untouched MTP head, export it for the engines and, with `config.push`, publish it.
 
-    Each stage takes its own settings whole (`stages`, each stage's defaults when None); `placement` is where the target runs, in distill and evaluate alike (the
+    Each stage takes its own settings whole (`stages`, each stage's defaults when None); `where` is where the target runs, in distill and evaluate alike (the
     draft trains and decodes on its device). `hub.revision` pins SOURCE and `config.target_revision` a target given
     apart from it (a revision names a commit of one repo, so SOURCE's never travels to another); the token serves
     both. `export` defaults to speculators' k = the evaluation's k. Everything checkable from configs is checked
     before the first tensor byte is fetched (`preflight`)."""
     stages = stages or Stages()
-    placement, hub = placement or Placement(), hub or HubAccess()
+    where, hub = where or Placement(), hub or HubAccess()
     config = replace(config, training=config.training or TrainingData())
     given = {"convert": stages.convert, "distill": stages.distill, "evaluate": stages.evaluate, "export": stages.export}
-    now = run_record.identity(source, config, given, placement, hub.revision)
+    now = run_record.identity(source, config, given, where, hub.revision)
     check_work(source, config, now)
-    check_extras(placement, progress)
+    check_extras(where, progress)
     spec, stages = preflight(source, config, stages, hub)
     work = Path(config.work)
     with claim_output(work):  # held for the whole run; the output rules again, now that no other run can write here
@@ -106,7 +106,7 @@ def run(
         )
         if finished:
             progress(f"continuing the run in --work {work}: finished earlier, kept: {', '.join(finished)}")
-        return _run(source, config, stages, placement, hub, progress, Record(work, now, finished or {}))
+        return _run(source, config, stages, where, hub, progress, Record(work, now, finished or {}))
 
 
 def check_work(source: str, config: RunConfig, now: dict) -> dict | None:
@@ -124,14 +124,14 @@ def check_work(source: str, config: RunConfig, now: dict) -> dict | None:
         raise OutputExistsError(str(exc).replace(f"--out {config.work}", f"--work {config.work}", 1)) from None
 
 
-def check_extras(placement: Placement, progress: Progress) -> None:
+def check_extras(where: Placement, progress: Progress) -> None:
     """The optional packages the options need, checked before stage 1: accelerate for --device-map (refused without
     it); matplotlib for the charts (a note: the run draws none without it)."""
     import importlib.util
 
-    if placement.device_map is not None and importlib.util.find_spec("accelerate") is None:
+    if where.device_map is not None and importlib.util.find_spec("accelerate") is None:
         raise OptionError(
-            f"--device-map {placement.device_map} needs accelerate: pip install 'mtp2draft[device-map]' "
+            f"--device-map {where.device_map} needs accelerate: pip install 'mtp2draft[device-map]' "
             "(or leave --device-map out to run the target on one device)"
         )
     if importlib.util.find_spec("matplotlib") is None:
@@ -268,7 +268,7 @@ def _run(
     source: str,
     config: RunConfig,
     stages: Stages,
-    placement: Placement,
+    where: Placement,
     hub: HubAccess,
     progress: Progress,
     record: Record,
@@ -295,18 +295,17 @@ def _run(
     work.mkdir(parents=True, exist_ok=True)
     mark(work, files=(run_record.RECORD,))  # the stages mark their own directories; `run --overwrite` may replace it
     record.begin()
-    source_access = {"revision": hub.revision, "token": hub.token}
     inside = {"overwrite": True, "progress": progress}  # the stages write inside `work`, checked above
     distilled, exported = work / "distilled", work / f"export-{fmt}"
     raw = work / "raw-mtp"
     start = work / "raw-eagle3" if kind == DraftKind.EAGLE3 else raw
-    resolve_device(placement.device)  # a device this machine lacks stops run before stage 1, not after it
+    resolve_device(where.device)  # a device this machine lacks stops run before stage 1, not after it
     report: dict[str, Any] = {}
     step = _Steps(record, times, progress)
 
     with step("convert", f"[1/5] convert {source} -> raw MTP head and {kind} draft") as todo:
         if todo:
-            raw, start = _convert(source, work, stages.convert, {**source_access, **inside})
+            raw, start = _convert(source, work, stages.convert, hub, inside)
     with step("distill", f"[2/5] distill against {target}") as todo:
         if todo:
             resume = _resumable(distilled, stages.distill.steps)
@@ -315,13 +314,13 @@ def _run(
             # run's one --skip-bad serves --data here and --eval-data below; the stage writes inside `work`
             distill(DistillJob(
                 draft_dir=start, out=distilled, target=target, data=training, config=stages.distill,
-                placement=placement, hub=target_hub, resume=resume, overwrite=True, skip_bad=evaluation.skip_bad,
+                where=where, hub=target_hub, resume=resume, overwrite=True, skip_bad=evaluation.skip_bad,
                 progress=progress,
             ))  # fmt: skip
     with step("evaluate", f"[3/5] evaluate (k = {k}) beside the raw MTP head") as todo:
         if todo:
             drafts = [("distilled " + kind, str(distilled)), ("raw MTP head (baseline)", str(raw))]
-            report = evaluate(drafts, target, eval_data, evaluation, where=placement, hub=target_hub, progress=progress)
+            report = evaluate(drafts, target, eval_data, evaluation, where=where, hub=target_hub, progress=progress)
             save_evaluation(distilled, report, progress=progress)
         else:
             report = read_json_object(distilled / "evaluation.json", SourceError)
@@ -349,7 +348,8 @@ def _push(config: RunConfig, hub: HubAccess, result: RunResult, record: Record, 
         return result
     try:
         with step("push", f"[5/5] push to {config.push}", recorded=False):
-            result.push = push(exported, config.push, private=config.private, token=hub.token, progress=step.progress)
+            result.push = push(exported, config.push, hub=HubAccess(token=hub.token), private=config.private,
+                               progress=step.progress)  # fmt: skip
     except Mtp2DraftError as exc:
         raise PushFailed(
             f"{exc} (the export {exported} is complete: publish it with "
@@ -406,14 +406,16 @@ def _resumable(distilled: Path, steps: int) -> bool:
     return 0 < done < steps
 
 
-def _convert(source: str, work: Path, config: ConvertConfig, options: dict[str, Any]) -> tuple[Path, Path]:
+def _convert(
+    source: str, work: Path, config: ConvertConfig, hub: HubAccess, options: dict[str, Any]
+) -> tuple[Path, Path]:
     """The raw MTP head (`raw-mtp/`, the evaluation's baseline) and the draft to distill: that head itself, or for
     `--to eagle3` an EAGLE-3 draft converted beside it (`raw-eagle3/`)."""
     outs = {DraftKind.MTP: work / "raw-mtp"}
     if config.to == DraftKind.EAGLE3:
         outs[DraftKind.EAGLE3] = work / "raw-eagle3"
     for kind, out in outs.items():
-        convert(source, out, replace(config, to=kind), **options)
+        convert(source, out, replace(config, to=kind), hub=hub, **options)
     return outs[DraftKind.MTP], out
 
 
@@ -456,7 +458,7 @@ def demo(
             ),
             evaluate=EvaluateConfig(num_draft_tokens=4, max_new_tokens=48, max_prompts=16),
         ),
-        placement=Placement(device="cpu"),  # the figures the quick start documents are the CPU's
+        where=Placement(device="cpu"),  # the figures the quick start documents are the CPU's
         progress=progress,
     )
     result.target_figures = target_figures(BUNDLED_TARGET)

@@ -178,6 +178,7 @@ def _native_attention(draft_dir: str | Path, embed: torch.Tensor, progress: Prog
     """The attention side of the MTP layer an EAGLE-3 draft was converted from (its provenance names the source):
     norms, projection and attention only — the experts are never read. None, with a note, when unreachable."""
     from mtp2draft.draft.layout import load_native
+    from mtp2draft.settings import HubAccess
 
     prov_path = Path(draft_dir) / PROVENANCE_FILE
     prov = json.loads(prov_path.read_text()) if prov_path.is_file() else {}
@@ -188,7 +189,8 @@ def _native_attention(draft_dir: str | Path, embed: torch.Tensor, progress: Prog
     try:
         local = Path(source).is_dir()
         revision = None if local else prov.get("commit")
-        native = load_native(source, prov.get("mtp_layer"), revision, attach_target=False, parts=parts)
+        hub = HubAccess(revision=revision)
+        native = load_native(source, prov.get("mtp_layer"), hub=hub, attach_target=False, parts=parts)
     except Exception as exc:  # calibration is an improvement, not a requirement
         progress(f"note: could not read the MTP layer from {source} ({exc}); calibrating fc only")
         return None

@@ -133,7 +133,7 @@ def distill_dspark(job: DistillJob) -> DistillResult:
         check_output_dir(job.out, job.overwrite, job.inputs)
         held.enter_context(claim_output(job.out))
         held.enter_context(claim_checkpoints(job.checkpoints))
-        return DSparkRun(job, resolve_device(job.placement.device)).run()
+        return DSparkRun(job, resolve_device(job.where.device)).run()
 
 
 class DSparkRun:
@@ -168,7 +168,7 @@ class DSparkRun:
     def setup(self) -> None:
         job, cfg = self.job, self.cfg
         torch.manual_seed(cfg.seed)
-        where = job.placement
+        where = job.where
         target = TargetModel(
             job.target, job.hub.revision, job.hub.token, where.torch_dtype, self.device, where.device_map
         )

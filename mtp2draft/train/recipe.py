@@ -75,7 +75,7 @@ def distill(job: DistillJob) -> DistillResult:
     """Fine-tune the draft in `job.draft_dir` against the frozen target; write the result to `job.out`.
 
     `job` is the whole request (`DistillJob`): the training settings (`job.config`), and data either from
-    `job.data.data` with the online `job.target` (loaded as `job.placement` says: its dtype, on its device or spread
+    `job.data.data` with the online `job.target` (loaded as `job.where` says: its dtype, on its device or spread
     by its device map; default cuda when available), or from a `dump-hidden` directory (`job.data.hidden_states`).
     A DSpark drafter, or `job.new.new_dspark`, is trained by `train/dspark_run.py` with `job.dspark`'s objective.
     Under torchrun every rank calls this; the global batch is split between them and rank 0 logs and writes (see
@@ -87,7 +87,7 @@ def distill(job: DistillJob) -> DistillResult:
     if job.draft_dir is None:
         raise OptionError("distill needs a draft directory (or --new-dspark LAYERS to start a DSpark drafter)")
     owned = not torch.distributed.is_initialized()
-    par = Parallel.from_env(resolve_device(job.placement.device))
+    par = Parallel.from_env(resolve_device(job.where.device))
     if not par.is_main:  # other torchrun ranks: rank 0 reports
         job = replace(job, progress=quiet)
     try:
@@ -231,8 +231,8 @@ class DistillRecipe:
             "data_hash": self.teacher.data_hash,
             "target": self.teacher.source,
         }
-        if job.data.hidden_states is None and job.placement.torch_dtype != "float32":  # left out: older hashes hold
-            self.settings["target_dtype"] = job.placement.torch_dtype
+        if job.data.hidden_states is None and job.where.torch_dtype != "float32":  # left out: older hashes hold
+            self.settings["target_dtype"] = job.where.torch_dtype
         parallel.check_same_settings(self.par, self.settings, "data")  # every rank read the same data and target
         if job.data.heldout is not None:
             self.guard = HeldoutGuard.build(

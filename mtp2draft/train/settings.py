@@ -203,7 +203,7 @@ class NewDSpark:
 @dataclass(frozen=True, kw_only=True)
 class DistillJob:
     """One `distill` request, whole: the draft and where it goes, the frozen target and what it trains on, and each
-    of the run's records (training settings, data, placement, Hub access; a DSpark drafter's objective and start).
+    of the run's records (training settings, data, where the target runs, Hub access; a DSpark drafter's objective and start).
     The CLI's `distill` and `run` build it the same way, from the records their options fill; `distill()` hands it
     down as it is, to the recipe, the teacher and the target."""
 
@@ -214,7 +214,7 @@ class DistillJob:
     """The frozen target (Hub id or local directory) of an online run; None with `data.hidden_states`."""
     data: TrainingData = field(default_factory=TrainingData)
     config: DistillConfig = field(default_factory=DistillConfig)
-    placement: Placement = field(default_factory=Placement)
+    where: Placement = field(default_factory=Placement)
     """Where the online target runs (its dtype, device or device map); the draft trains on its device."""
     hub: HubAccess = field(default_factory=HubAccess)
     """The target's revision and the token that reaches it."""

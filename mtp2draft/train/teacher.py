@@ -121,7 +121,7 @@ def offline_teacher(
 
 
 def online_teacher(draft, job: DistillJob, device: str, regenerate_to: int | None = None) -> Teacher:
-    """The frozen target `job` names (placed as `job.placement` says, the draft's part on `device`) and the examples
+    """The frozen target `job` names (placed as `job.where` says, the draft's part on `device`) and the examples
     of its data, cut to `job.config.max_length`. `regenerate_to`: keep that many examples (what the run will see)
     and let the target write their responses (greedy, or sampled with the run's seed, as `job.data.sample` says)."""
     cfg, data, target, progress = job.config, job.data.data, job.target, job.progress
@@ -129,8 +129,8 @@ def online_teacher(draft, job: DistillJob, device: str, regenerate_to: int | Non
         raise DataError("distill needs --data and --target (or --hidden-states)")
     check_drafts_belong([job.draft_dir], target, job.hub.revision, job.hub.token)  # before the target's weights load
     target_model = TargetModel(
-        target, job.hub.revision, job.hub.token, dtype=job.placement.torch_dtype, device=device,
-        device_map=job.placement.device_map,
+        target, job.hub.revision, job.hub.token, dtype=job.where.torch_dtype, device=device,
+        device_map=job.where.device_map,
     )  # fmt: skip
     check_draft_fits(draft, target_model, job.draft_dir)
     tokenizer = load_tokenizer(target_model.path)
