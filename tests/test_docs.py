@@ -212,6 +212,24 @@ def test_the_docs_name_only_modules_that_exist() -> None:
     assert {page: names for page, names in unknown.items() if names} == {}
 
 
+# module docstrings that name an attribute of a draft object (`draft.hidden_handover`) or a pair (`draft/target`),
+# not a module: the only names the check below lets through
+_NOT_MODULES = {"draft.initial_hidden", "draft.hidden_shape", "draft.hidden_handover", "draft/target"}
+
+
+def test_module_docstrings_name_only_modules_that_exist() -> None:
+    """A module's docstring that points the reader at another module (`outputs.claims.claim_output`) points at one
+    that exists: a move leaves no docstring behind."""
+    import ast
+
+    unknown = {}
+    for path in sorted((ROOT / "mtp2draft").rglob("*.py")):
+        names = set(unknown_names(ast.get_docstring(ast.parse(path.read_text())) or "")) - _NOT_MODULES
+        if names:
+            unknown[path.relative_to(ROOT).as_posix()] = sorted(names)
+    assert unknown == {}
+
+
 def test_the_format_table_is_the_registry() -> None:
     from doc_tables import FORMAT_TABLE, expected
 

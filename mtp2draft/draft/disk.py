@@ -1,10 +1,10 @@
 """Draft directories on disk: read a draft's config.json (checked) and build or load the module it describes.
 
-- a native draft (`format_version` 1 or absent): `modules.NativeMtpDraft`;
-- a native chain draft (`format_version` 2, `mtp_layers`): `chain.MtpChainDraft`;
-- an EAGLE-3 draft, in SGLang's layout or vLLM's speculators layout: `eagle3.Eagle3Draft`.
+- a native draft (`format_version` 1 or absent): `draft.modules.NativeMtpDraft`;
+- a native chain draft (`format_version` 2, `mtp_layers`): `draft.chain.MtpChainDraft`;
+- an EAGLE-3 draft, in SGLang's layout or vLLM's speculators layout: `draft.eagle3.Eagle3Draft`.
 
-What this module does not do: write draft directories (`conversion.py`, `train/state.py`) or attach the target.
+What this module does not do: write draft directories (`conversion/`, `train/state.py`) or attach the target.
 """
 
 from __future__ import annotations

@@ -95,7 +95,7 @@ class Eagle3Draft(DraftModule):
     def aux_layer_ids(self) -> list[int]:
         """Target layers (0-based, 'output of layer i') whose outputs `fc` fuses, low to high: the top-level
         ('input of layer i') ids - 1, as every engine reads them; `eagle_config`'s copy is in SGLang's terms, which
-        depend on the target family (see `formats.eagle3_config.sglang_aux_ids`)."""
+        depend on the target family (see `draft.eagle3_config.sglang_aux_ids`)."""
         return aux_ids(self.eagle_config)
 
     @property

@@ -184,7 +184,7 @@ def _has_pip(interpreter: Path) -> bool:
 
 @contextlib.contextmanager
 def _claimed(name: str, venv: Path) -> Iterator[None]:
-    """Hold `venv`'s claim (`io.claim_output`): two installs at once would run pip into one venv."""
+    """Hold `venv`'s claim (`outputs.claims.claim_output`): two installs at once would run pip into one venv."""
     from mtp2draft.errors import OutputExistsError
     from mtp2draft.outputs.claims import claim_output, lock_path
 

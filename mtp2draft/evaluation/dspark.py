@@ -205,7 +205,7 @@ def evaluate_dspark(
     hub: HubAccess | None = None,
     progress: Progress = lambda _: None,
 ) -> dict[str, Any]:
-    """`evaluate` for DSpark drafts, called as `evaluation.backend.evaluate` is: each (name, dspark directory)
+    """`evaluate` for DSpark drafts, called as `engines.choice.evaluate_with` is: each (name, dspark directory)
     decodes the prompts of `data` greedily against the target, whole blocks and with the confidence stop; the first
     is compared with each later one (paired bootstrap). The drafter's block size is the number of draft tokens:
     `-k` does not apply (a value other than its default or the block size is refused)."""

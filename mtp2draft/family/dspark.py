@@ -10,7 +10,7 @@ the names of the first stage's context projection and the last stage's head stac
 keys give a stage's own routed expert count (V4.1: `dspark_n_routed_experts`, falling back to `n_routed_experts`).
 `mtp2draft specs` lists them.
 
-What this module does not do: read tensors (`family.dspark_inspect` reads the headers), or build the module
+What this module does not do: read tensors (`checkpoint.dspark.inspect_dspark` reads the headers), or build the module
 (`draft.dspark`). It imports no torch.
 """
 

@@ -1,7 +1,7 @@
 """`distill` of a DSpark drafter: fine-tune a shipped (or a new) drafter online against the frozen target.
 
 `distill_dspark` runs one job, in the MTP path's order and with its pieces:
-- the output rules, the claim on --out and its checkpoint folder, `--resume` / `--overwrite` (`io`, `train/state.py`);
+- the output rules, the claim on --out and its checkpoint folder, `--resume` / `--overwrite` (`outputs/`, `train/state.py`);
 - the frozen target (`TargetModel`, never written: its weight hash is checked before the result is written) and the
   drafter, opened with `draft.dspark_disk.open_dspark` on the target's embedding and head (shared and frozen), or
   started by `new_dspark_for` (`--new-dspark LAYERS`);

@@ -2,7 +2,7 @@
 
 - checkpoints: `torch.distributed.checkpoint` folders through `parallel.save` / `parallel.load` (one process or
   many; any world size loads them), with the draft's config and the settings hash in their `state.json`, in a
-  checkpoint folder claimed for the run and marked as one (`io.CHECKPOINTS_MARKER`): anything else there is refused;
+  checkpoint folder claimed for the run and marked as one (`manifest.CHECKPOINTS_MARKER`): anything else there is refused;
 - the result: the fine-tuned draft in the same format as its input (dtype of the input's `torch_dtype`), its
   provenance extended with a `distill` section; written atomically.
 
