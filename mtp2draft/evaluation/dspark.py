@@ -20,12 +20,8 @@ verification forward, bonus included); acceptance at slot k = blocks that accept
 (verified it, every earlier slot accepted); per-draft acceptance at slot k = blocks that accepted it / blocks; the
 target forwards, prefill included, against plain greedy decoding's (one a token). Every draft runs twice on the
 same prompts: the whole block verified, and with the confidence stop (`EvaluateConfig.confidence_threshold`).
-The stop is SGLang's rule (its DSpark worker's confident prefix: the slots before the first whose sigmoid(confidence)
-is under `--speculative-dspark-confidence-threshold`, sgl-project/sglang PR 29538). The SGLang source read defaults
-that threshold to 0.0, which verifies whole blocks (the first run); the version was not matched to SGLang 0.5.23.
-vLLM 0.32 states no threshold: it ranks slots by survival, the running product of sigmoid(confidence), against its
-measured cost curves (`v1/worker/gpu/spec_decode/adaptive_verification.py`, off unless
-`enable_adaptive_verification`). The stop run's default, 0.5, is mtp2draft's.
+The stop is SGLang's rule, the stop run's threshold (0.5) mtp2draft's; what each engine does with the confidence
+head is in docs/engines.md ("DSpark drafters").
 
 The output must equal the target's own greedy decoding token for token (`decode.greedy_reference`); a difference
 raises `LosslessError` unless the target's top two logits tie there (`decode.tie_tolerance`, reported as ties).
