@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from matplotlib.image import imread
 
-from mtp2draft.evaluation.decode import save_evaluation
+from mtp2draft.evaluation.saved import save_evaluation
 from mtp2draft.formats import charts
 
 REPORT = {

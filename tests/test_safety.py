@@ -13,7 +13,7 @@ from huggingface_hub import constants
 from support.hub_server import HubServer
 
 from mtp2draft.cli.app import main
-from mtp2draft.evaluation.decode import save_evaluation
+from mtp2draft.evaluation.saved import save_evaluation
 from mtp2draft.outputs.directories import atomic_output_dir
 from mtp2draft.redact import command_line, redact, register_secret, scrub
 

@@ -56,7 +56,7 @@ def evaluate(
     * `mtp2draft evaluate qwen-dspark-ft --target ./qwen3-target --data prompts.jsonl --baseline qwen-dspark` (DSpark drafters)
     """
     from mtp2draft.engines.choice import evaluate_with
-    from mtp2draft.evaluation.decode import save_evaluation, saving_into
+    from mtp2draft.evaluation.saved import save_evaluation, saving_into
     from mtp2draft.formats import charts
 
     drafts = [("draft", str(draft))] + [(f"baseline: {b}", str(b)) for b in (baseline or [])]

@@ -32,7 +32,8 @@ from mtp2draft.errors import (
     SourceError,
     read_json_object,
 )
-from mtp2draft.evaluation.decode import evaluate, save_evaluation
+from mtp2draft.evaluation.decode import evaluate
+from mtp2draft.evaluation.saved import save_evaluation
 from mtp2draft.evaluation.settings import EvaluateConfig
 from mtp2draft.family.schema import Spec
 from mtp2draft.formats import REGISTRY, ExportConfig, formats_of, get_format
