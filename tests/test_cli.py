@@ -153,23 +153,29 @@ def test_list_options_parse_to_numbers() -> None:
 
 
 def test_training_options_reach_the_config_whole(monkeypatch, capsys) -> None:
-    """`distill`'s parsed options become one DistillConfig, `--step-weights` parsed to numbers and every unset
-    field at its declared default; options that are not training settings (device) go to their own record."""
+    """`distill`'s parsed options become one request: one DistillConfig, `--step-weights` parsed to numbers and
+    every unset field at its declared default; options that are not training settings (device, dtype) go to their
+    own record, whole."""
     import mtp2draft.train.recipe as recipe
     from mtp2draft.errors import OptionError
+    from mtp2draft.settings import HubAccess, Placement
+    from mtp2draft.train.settings import DistillJob, TrainingData
 
     seen = {}
 
-    def fake(draft, out, **kwargs):
-        seen.update(kwargs)
+    def fake(job):
+        seen["job"] = job
         raise OptionError("stopped before training")
 
     monkeypatch.setattr(recipe, "distill", fake)
     args = ["distill", "d", "--out", "o", "--steps", "7", "--ttt-steps", "2", "--seed", "3", "--step-weights", "1,0.5"]
     assert main([*args, "--compile", "--lr", "0.5", "--device", "cpu", "--dtype", "bfloat16"]) == 2
     assert "stopped before training" in capsys.readouterr().err
-    assert seen["config"] == DistillConfig(steps=7, ttt_steps=2, seed=3, lr=0.5, step_weights=[1.0, 0.5], compile=True)
-    assert (seen["device"], seen["target_dtype"], seen["device_map"]) == ("cpu", "bfloat16", None)
+    job = seen["job"]
+    assert isinstance(job, DistillJob) and job.draft_dir == Path("d") and job.out == Path("o")
+    assert job.config == DistillConfig(steps=7, ttt_steps=2, seed=3, lr=0.5, step_weights=[1.0, 0.5], compile=True)
+    assert job.where == Placement(device="cpu", dtype="bfloat16")
+    assert job.data == TrainingData() and job.hub == HubAccess() and job.new.new_dspark is None
 
 
 # ---- texts -------------------------------------------------------------------------------------------------------

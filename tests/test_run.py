@@ -127,7 +127,7 @@ def test_run_never_hands_the_source_revision_to_another_target(monkeypatch, tmp_
 
     def record(stage: str, result=None):
         def fake(*args, **kwargs):
-            hub = kwargs.get("hub")  # the stages that take the Hub access whole
+            hub = kwargs.get("hub") or getattr(args[0], "hub", None)  # Hub access whole (distill: in its request)
             seen[stage] = {k: getattr(hub, k) if hub else kwargs.get(k) for k in ("revision", "token")}
             return result
 
@@ -206,12 +206,12 @@ def test_run_skip_bad_reaches_the_training_data(target, text_data, tmp_path: Pat
     data.write_text(text_data.read_text() + "{not json\n")
     seen = {}
 
-    def stop(*args, **kwargs):
-        seen.update(kwargs)
+    def stop(job):
+        seen["job"] = job
         raise Mtp2DraftError("stopped after the checks")
 
     monkeypatch.setattr(pipeline, "distill", stop)
     argv = ["run", str(target("mimo")), "--data", str(data), "--work", str(tmp_path / "w"), "--steps", "2"]
     assert main(argv) == 2 and "pass --skip-bad" in capsys.readouterr().err and not seen
     assert main([*argv, "--skip-bad"]) == 2 and "stopped after the checks" in capsys.readouterr().err
-    assert seen["skip_bad"] is True
+    assert seen["job"].skip_bad is True
