@@ -300,16 +300,16 @@ def test_model_card_of_a_converted_draft_carries_the_prediction(build, tmp_path:
 
 
 def test_push_passes_base_model_to_the_library(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys) -> None:
-    from mtp2draft.hub import upload as hub
+    from mtp2draft.hub import upload
 
     seen = {}
 
-    def fake_push(path, repo_id, private, revision, commit_message, token, base_model, progress):
-        seen.update(repo_id=repo_id, base_model=base_model)
-        return hub.PushResult(repo_id, "u", "c" * 40, "cu", "main", [])
+    def fake_push(path, repo_id, *, hub, private, commit_message, base_model, progress):
+        seen.update(repo_id=repo_id, base_model=base_model, branch=hub.revision)
+        return upload.PushResult(repo_id, "u", "c" * 40, "cu", "main", [])
 
-    monkeypatch.setattr(hub, "push", fake_push)
+    monkeypatch.setattr(upload, "push", fake_push)
     argv = ["push", str(tmp_path), "--repo-id", "me/draft", "--base-model", DS3]
     assert main(argv) == 0
-    assert seen == {"repo_id": "me/draft", "base_model": DS3}
-    assert main(argv[:-2]) == 0 and seen["base_model"] is None
+    assert seen == {"repo_id": "me/draft", "base_model": DS3, "branch": None}
+    assert main([*argv[:-2], "--revision", "v2"]) == 0 and seen["base_model"] is None and seen["branch"] == "v2"
