@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from distill_requests import online
 from matplotlib.image import imread
 from safetensors.torch import load_file
 
@@ -39,15 +40,7 @@ def test_distill_trains_without_writing_the_target(target, text_data, tmp_path: 
     convert(str(tgt), tmp_path / "raw")
     before = TargetModel(str(tgt)).fingerprint()
     cfg = DistillConfig(**{**SMALL, "steps": 12, "lr": 3e-3, "log_every": 1})
-    result = distill(
-        DistillJob(
-            draft_dir=tmp_path / "raw",
-            out=tmp_path / "ft",
-            target=str(tgt),
-            data=TrainingData(data=text_data),
-            config=cfg,
-        )
-    )
+    result = distill(online(tmp_path, tgt, "ft", text_data, config=cfg))
     assert TargetModel(str(tgt)).fingerprint() == before  # and distill itself re-checks before writing
     assert result.history[-1]["loss"] < result.history[0]["loss"]
     prov = json.loads((tmp_path / "ft" / "provenance.json").read_text())
@@ -65,15 +58,7 @@ def test_eagle3_draft_vocabulary(target, text_data, tmp_path: Path) -> None:
     tgt = target("mimo", num_hidden_layers=4)
     convert(str(tgt), tmp_path / "e3", to="eagle3", dtype="float32")
     cfg = DistillConfig(**{**SMALL, "steps": 1, "draft_vocab_size": 32})
-    distill(
-        DistillJob(
-            draft_dir=tmp_path / "e3",
-            out=tmp_path / "ft",
-            target=str(tgt),
-            data=TrainingData(data=text_data),
-            config=cfg,
-        )
-    )
+    distill(online(tmp_path, tgt, "ft", text_data, draft="e3", config=cfg))
     w = _final_weights(tmp_path / "ft")
     tok = load_tokenizer(tgt)
     examples, _ = read_examples(text_data, tok, 48)
@@ -146,38 +131,12 @@ def test_resume_after_a_kill_reaches_the_same_weights(target, text_data, tmp_pat
 def test_resume_refuses_other_settings(target, text_data, tmp_path: Path) -> None:
     tgt = target("mimo")
     convert(str(tgt), tmp_path / "raw")
-    distill(
-        DistillJob(
-            draft_dir=tmp_path / "raw",
-            out=tmp_path / "o",
-            target=str(tgt),
-            data=TrainingData(data=text_data),
-            config=DistillConfig(**SMALL),
-            stop_after=2,
-        )
-    )
+    distill(online(tmp_path, tgt, "o", text_data, config=DistillConfig(**SMALL), stop_after=2))
     assert (tmp_path / "o.checkpoints").is_dir() and not (tmp_path / "o").exists()
     with pytest.raises(DraftError, match="pass --resume to continue it"):  # a fresh run must not mix them up
-        distill(
-            DistillJob(
-                draft_dir=tmp_path / "raw",
-                out=tmp_path / "o",
-                target=str(tgt),
-                data=TrainingData(data=text_data),
-                config=DistillConfig(**SMALL),
-            )
-        )
+        distill(online(tmp_path, tgt, "o", text_data, config=DistillConfig(**SMALL)))
     with pytest.raises(DraftError, match="other settings"):
-        distill(
-            DistillJob(
-                draft_dir=tmp_path / "raw",
-                out=tmp_path / "o",
-                target=str(tgt),
-                data=TrainingData(data=text_data),
-                config=DistillConfig(**{**SMALL, "lr": 1.0}),
-                resume=True,
-            )
-        )
+        distill(online(tmp_path, tgt, "o", text_data, config=DistillConfig(**{**SMALL, "lr": 1.0}), resume=True))
 
 
 def test_teacher_temperature_changes_the_settings_hash_only_off_its_default() -> None:
@@ -213,15 +172,7 @@ def test_offline_hidden_states_train_like_the_online_target(target, text_data, t
     manifest = json.loads((tmp_path / "dump" / "manifest.json").read_text())
     assert len(manifest["shards"]) == 3 and manifest["num_sequences"] == len(seqs)
     cfg = DistillConfig(**{**SMALL, "batch_size": 1})  # batch 1: no padding differences between the two paths
-    distill(
-        DistillJob(
-            draft_dir=tmp_path / "raw",
-            out=tmp_path / "online",
-            target=str(tgt),
-            data=TrainingData(data=text_data),
-            config=cfg,
-        )
-    )
+    distill(online(tmp_path, tgt, "online", text_data, config=cfg))
 
     def no_target(*_a, **_k):
         raise AssertionError("offline distillation must not load the target")
@@ -280,15 +231,7 @@ def test_eagle3_from_mtp_is_calibrated_once_on_real_activations(target, text_dat
     tgt = target("deepseek_v3", num_hidden_layers=6)
     convert(str(tgt), tmp_path / "e3", to="eagle3", dtype="float32")
     assert json.loads((tmp_path / "e3" / "config.json").read_text())["mtp2draft_init"]["fc_scale_calibrated"] is False
-    result = distill(
-        DistillJob(
-            draft_dir=tmp_path / "e3",
-            out=tmp_path / "c",
-            target=str(tgt),
-            data=TrainingData(data=text_data),
-            config=DistillConfig(**{**SMALL, "steps": 0}),
-        )
-    )
+    result = distill(online(tmp_path, tgt, "c", text_data, draft="e3", config=DistillConfig(**{**SMALL, "steps": 0})))
     init = json.loads((tmp_path / "c" / "config.json").read_text())["mtp2draft_init"]
     fit = init["attention_scale_fit"]
     assert init["fc_scale_calibrated"] is True and 0 < init["fc_fit_r2"] <= 1
@@ -298,15 +241,7 @@ def test_eagle3_from_mtp_is_calibrated_once_on_real_activations(target, text_dat
     assert prov["distill"]["calibration"]["attention_rel_error_after"] == fit["attention_rel_error_after"]
     # a calibrated draft is not calibrated again, so 0 steps would only copy it: refused, nothing written
     with pytest.raises(OptionError, match="untrained draft"):
-        distill(
-            DistillJob(
-                draft_dir=tmp_path / "c",
-                out=tmp_path / "c2",
-                target=str(tgt),
-                data=TrainingData(data=text_data),
-                config=DistillConfig(**{**SMALL, "steps": 0}),
-            )
-        )
+        distill(online(tmp_path, tgt, "c2", text_data, draft="c", config=DistillConfig(**{**SMALL, "steps": 0})))
     assert not (tmp_path / "c2").exists()
 
 

@@ -190,22 +190,16 @@ def test_distill_trains_ernie_for_the_engine_named(
 ) -> None:
     """ERNIE-4.5 in vLLM and SGLang: post-norm step-0 hidden, no final norm (so logits and hand-over read the block
     output). `--serving-engine vllm` trains exactly that, and the draft config and the model card say so."""
+    from distill_requests import online
+
     from mtp2draft.hub.card import model_card
     from mtp2draft.train.recipe import distill
-    from mtp2draft.train.settings import DistillConfig, DistillJob, TrainingData
+    from mtp2draft.train.settings import DistillConfig
 
     tgt = target("ernie4_5_moe")
     convert(str(tgt), tmp_path / "raw", to="mtp", dtype="float32")
     config = DistillConfig(steps=2, batch_size=2, max_length=32, save_every=2, log_every=1, serving_engine=engine)
-    distill(
-        DistillJob(
-            draft_dir=tmp_path / "raw",
-            out=tmp_path / "ft",
-            target=str(tgt),
-            data=TrainingData(data=text_data),
-            config=config,
-        )
-    )
+    distill(online(tmp_path, tgt, "ft", text_data, config=config))
     cfg = json.loads((tmp_path / "ft" / "config.json").read_text())
     assert cfg["final_norm"] is final_norm and cfg["input_hidden"] == input_hidden
     assert (cfg["engine"] or {}).get("name") == engine
@@ -222,19 +216,15 @@ def test_distill_trains_ernie_for_the_engine_named(
 
 
 def test_distill_refuses_an_engine_that_cannot_serve_the_draft(target, text_data, tmp_path: Path) -> None:
+    from distill_requests import online
+
     from mtp2draft.errors import DataError
     from mtp2draft.train.recipe import distill
-    from mtp2draft.train.settings import DistillConfig, DistillJob, TrainingData
+    from mtp2draft.train.settings import DistillConfig
 
     tgt = target("glm4_moe", num_hidden_layers=4)
     convert(str(tgt), tmp_path / "e3", to="eagle3", dtype="float32")
     with pytest.raises(DataError, match="vllm 0.33.0 cannot serve a eagle3 draft for glm4_moe"):
         distill(
-            DistillJob(
-                draft_dir=tmp_path / "e3",
-                out=tmp_path / "ft",
-                target=str(tgt),
-                data=TrainingData(data=text_data),
-                config=DistillConfig(steps=1, serving_engine="vllm"),
-            )
+            online(tmp_path, tgt, "ft", text_data, draft="e3", config=DistillConfig(steps=1, serving_engine="vllm"))
         )

@@ -11,6 +11,7 @@ from types import SimpleNamespace
 
 import pytest
 import torch
+from distill_requests import online
 from safetensors.torch import load_file
 
 from mtp2draft.conversion import convert
@@ -64,15 +65,7 @@ def test_the_input_draft_is_written_unchanged_when_it_scores_best(
     convert(str(tgt), tmp_path / "raw", dtype="float32")
     _scripted(monkeypatch, [2.0, 1.5, 1.0])  # steps 0, 2, 4: training only loses
     cfg = DistillConfig(**SMALL, eval_every=2)
-    result = distill(
-        DistillJob(
-            draft_dir=tmp_path / "raw",
-            out=tmp_path / "ft",
-            target=str(tgt),
-            data=TrainingData(data=text_data, heldout=heldout_data),
-            config=cfg,
-        )
-    )
+    result = distill(online(tmp_path, tgt, "ft", text_data, heldout=heldout_data, config=cfg))
     raw, ft = (
         load_file(str(tmp_path / "raw" / "model.safetensors")),
         load_file(str(tmp_path / "ft" / "model.safetensors")),
@@ -90,15 +83,7 @@ def test_patience_stops_after_that_many_evaluations_without_a_gain(
     convert(str(tgt), tmp_path / "raw", dtype="float32")
     _scripted(monkeypatch, [1.0, 1.2, 1.1, 1.1, 9.0])  # best at step 1; steps 2 and 3 gain nothing
     cfg = DistillConfig(**{**SMALL, "steps": 6}, eval_every=1, patience=2)
-    result = distill(
-        DistillJob(
-            draft_dir=tmp_path / "raw",
-            out=tmp_path / "ft",
-            target=str(tgt),
-            data=TrainingData(data=text_data, heldout=heldout_data),
-            config=cfg,
-        )
-    )
+    result = distill(online(tmp_path, tgt, "ft", text_data, heldout=heldout_data, config=cfg))
     prov = json.loads((tmp_path / "ft" / "provenance.json").read_text())["distill"]
     assert result.steps == 3 and prov["steps"] == 3
     assert prov["heldout"]["stopped_at"] == 3 and prov["heldout"]["best_step"] == 1
@@ -130,41 +115,15 @@ def test_written_weights_score_the_best_evaluation_and_resume_agrees(
     tgt = target("mimo")
     convert(str(tgt), tmp_path / "raw", dtype="float32")
     cfg = DistillConfig(**{**SMALL, "steps": 6, "lr": 0.05}, eval_every=1)  # a large lr: scores move both ways
-    whole = distill(
-        DistillJob(
-            draft_dir=tmp_path / "raw",
-            out=tmp_path / "a",
-            target=str(tgt),
-            data=TrainingData(data=text_data, heldout=heldout_data),
-            config=cfg,
-        )
-    )
+    whole = distill(online(tmp_path, tgt, "a", text_data, heldout=heldout_data, config=cfg))
     scores = {h["step"]: h["score"] for h in whole.heldout["history"]}
     assert sorted(scores) == list(range(7)) and all(0 <= s <= 3 for s in scores.values())
     best = max(scores, key=scores.get)
     assert whole.heldout["best_step"] == best
     assert _measure_written(tmp_path / "a", tgt, text_data, heldout_data, cfg) == pytest.approx(scores[best], abs=1e-6)
 
-    distill(
-        DistillJob(
-            draft_dir=tmp_path / "raw",
-            out=tmp_path / "b",
-            target=str(tgt),
-            data=TrainingData(data=text_data, heldout=heldout_data),
-            config=cfg,
-            stop_after=4,
-        )
-    )
-    resumed = distill(
-        DistillJob(
-            draft_dir=tmp_path / "raw",
-            out=tmp_path / "b",
-            target=str(tgt),
-            data=TrainingData(data=text_data, heldout=heldout_data),
-            config=cfg,
-            resume=True,
-        )
-    )
+    distill(online(tmp_path, tgt, "b", text_data, heldout=heldout_data, config=cfg, stop_after=4))
+    resumed = distill(online(tmp_path, tgt, "b", text_data, heldout=heldout_data, config=cfg, resume=True))
     assert resumed.heldout["history"] == whole.heldout["history"]
     a, b = load_file(str(tmp_path / "a" / "model.safetensors")), load_file(str(tmp_path / "b" / "model.safetensors"))
     assert all(torch.equal(a[k], b[k]) for k in a)
@@ -174,15 +133,7 @@ def test_guard_options_are_refused_where_they_cannot_apply(target, text_data, he
     tgt = target("mimo")
     convert(str(tgt), tmp_path / "raw")
     with pytest.raises(OptionError, match="--patience .* needs --heldout"):
-        distill(
-            DistillJob(
-                draft_dir=tmp_path / "raw",
-                out=tmp_path / "o",
-                target=str(tgt),
-                data=TrainingData(data=text_data),
-                config=DistillConfig(**SMALL, patience=2),
-            )
-        )
+        distill(online(tmp_path, tgt, "o", text_data, config=DistillConfig(**SMALL, patience=2)))
     with pytest.raises(OptionError, match="--patience must be a whole number >= 1"):
         DistillConfig(patience=0)
     with pytest.raises(OptionError, match="--eval-every must be a whole number >= 1"):
