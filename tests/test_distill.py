@@ -308,3 +308,7 @@ def test_distill_takes_one_request_whole() -> None:
     assert not (set(parts) - {"data"}) & declared, "a record's setting repeated in DistillJob"
     with pytest.raises(TypeError, match="stepz"):
         DistillJob(draft_dir="nowhere", out="out", stepz=3)  # type: ignore[call-arg]
+    job = DistillJob(draft_dir="d", out="o")
+    assert (job.draft_dir, job.out, job.checkpoints) == (Path("d"), Path("o"), Path("o.checkpoints"))
+    with pytest.raises(OptionError, match="stop_after"):
+        DistillJob(draft_dir="d", out="o", stop_after=0)

@@ -208,8 +208,9 @@ class DistillJob:
     down as it is, to the recipe, the teacher and the target."""
 
     draft_dir: str | Path | None
-    """The draft directory to fine-tune; None only with `new.new_dspark` (a new DSpark drafter)."""
+    """The draft directory to fine-tune; None only with `new.new_dspark` (a new DSpark drafter). Held as a Path."""
     out: str | Path
+    """Held as a Path."""
     target: str | None = None
     """The frozen target (Hub id or local directory) of an online run; None with `data.hidden_states`."""
     data: TrainingData = field(default_factory=TrainingData)
@@ -229,6 +230,10 @@ class DistillJob:
     progress: Progress = quiet
 
     def __post_init__(self) -> None:
+        # paths as Path whatever a caller passed, so the run's result and records name them one way (frozen: set once)
+        object.__setattr__(self, "out", Path(self.out))
+        if self.draft_dir is not None:
+            object.__setattr__(self, "draft_dir", Path(self.draft_dir))
         if self.stop_after is not None and (
             isinstance(self.stop_after, bool) or not isinstance(self.stop_after, int) or self.stop_after < 1
         ):
