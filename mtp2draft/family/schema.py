@@ -185,6 +185,10 @@ class NextNSpec:
         if self.layers not in ("one", "target"):
             raise SpecError(f"[nextn] layers must be 'one' or 'target', got {self.layers!r}")
 
+    def named_by(self, config: Mapping[str, Any]) -> bool:
+        """A NextN checkpoint's config.json names this family's NextN class in its `architectures`."""
+        return bool(self.architecture) and self.architecture in (config.get("architectures") or [])
+
 
 @dataclass(frozen=True)
 class SpeculatorsSpec:

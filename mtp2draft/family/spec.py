@@ -235,5 +235,5 @@ def find_nextn_spec(config: Mapping[str, Any]) -> Spec | None:
     try:
         return find_spec({"model_type": config.get("model_type")})
     except Mtp2DraftError:  # no spec by model_type, or one refused: the NextN class is the one name left
-        named = [s for s in registry().values() if s.nextn.architecture in (config.get("architectures") or [])]
+        named = [s for s in registry().values() if s.nextn.named_by(config)]
         return named[0] if len(named) == 1 else None
