@@ -74,13 +74,14 @@ def distill(
     """
     from mtp2draft.kinds import is_dspark_draft
     from mtp2draft.target.device import resolve_device
+    from mtp2draft.train.checks import NEEDS_DRAFT
     from mtp2draft.train.recipe import distill
 
     if plan:
         if new.new_dspark or (draft is not None and is_dspark_draft(draft)):
             raise OptionError("--plan plans MTP and EAGLE-3 runs; a DSpark drafter has no plan yet")
         if draft is None:
-            raise OptionError("distill needs a draft directory (or --new-dspark LAYERS to start a DSpark drafter)")
+            raise OptionError(NEEDS_DRAFT)
         device = resolve_device(where.device)
         _print_plan(draft, cfg, world_size, device, offline=data.hidden_states is not None, as_json=as_json)
         return

@@ -257,7 +257,8 @@ def convert(
     at step i). Without `config`, `settings` are `ConvertConfig`'s fields by keyword (`to="eagle3", dtype=...`).
     `hub`: SOURCE's revision and the token that reaches it."""
     config = config or ConvertConfig(**settings)
-    revision, token = (hub or HubAccess()).revision, (hub or HubAccess()).token
+    hub = hub or HubAccess()
+    revision, token = hub.revision, hub.token
     check_output_dir(out, overwrite, inputs=[source])
     started = time.perf_counter()
     progress(f"resolving {source}")

@@ -43,9 +43,9 @@ def save_evaluation(
     evaluation is still saved, the chart of an earlier evaluation is removed (never shown beside another
     evaluation's numbers) and `progress` says why. Both files join the draft's manifest (`manifest.add_written`).
 
-    measured: the draft's `outputs.identity.dir_identity` taken before it was read. The write holds the draft's claim (so a
-    `convert --overwrite` cannot replace it meanwhile) and is refused when the directory is no longer the draft that
-    was measured: another draft never carries this one's figures."""
+    measured: the draft's `outputs.identity.dir_identity` taken before it was read. The write holds the draft's
+    claim (so a `convert --overwrite` cannot replace it meanwhile) and is refused when the directory is no longer the
+    draft that was measured: another draft never carries this one's figures."""
     path = Path(draft_dir) / EVALUATION_FILE
     chart_path = Path(draft_dir) / charts.ACCEPTANCE_CHART
     parse_report(report, str(path))  # written by the rules its readers read it with (`report.py`)

@@ -201,8 +201,8 @@ def validate(
     `VALIDATE_FORMATS`, or None to detect it from config.json. target: the target checkpoint (hub id or local dir;
     only its config is read), to check what depends on it — aux layer ids within its layers, hidden size and
     vocabulary; without it the target layer count the draft recorded at conversion is used. hub: the target's
-    revision and the token that reaches it. Raises DraftError only
-    when the directory or its config.json is unreadable or the format cannot be told."""
+    revision and the token that reaches it. Raises DraftError only when the directory or its config.json is
+    unreadable or the format cannot be told."""
     found = path if isinstance(path, DraftDirectory) else read_draft_directory(path, format)
     cfg = found.config
     parsed = parse_draft_config(cfg, found.path / CONFIG_FILE) if kind_of(cfg) is not None else None  # a bad field

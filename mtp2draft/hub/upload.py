@@ -98,7 +98,8 @@ def push(
     commit."""
     from huggingface_hub import HfApi, constants
 
-    revision, token = (hub or HubAccess()).revision, (hub or HubAccess()).token
+    hub = hub or HubAccess()
+    revision, token = hub.revision, hub.token
 
     path = Path(path)
     read = draft_identity(path) if path.is_dir() else None  # what is validated and staged; checked before upload

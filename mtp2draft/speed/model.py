@@ -135,13 +135,17 @@ class Deployment:
     context: int = 4096
     draft_forwards: int | None = None
 
+    @property
+    def draft_devices(self) -> int:
+        """The devices the draft runs on: `draft_tp`, else the target's `tp`."""
+        return self.tp if self.draft_tp is None else self.draft_tp
+
 
 def step_seconds(target: ModelCost, draft: ModelCost, where: Deployment, k: int, batch: int) -> float:
     """One speculative step: `draft_forwards` (default k) one-token draft forwards + one (k + 1)-token target forward."""
     accelerator, tp, context = where.accelerator, where.tp, where.context
     drafts = k if where.draft_forwards is None else where.draft_forwards
-    draft_tp = tp if where.draft_tp is None else where.draft_tp
-    d = forward_time(draft, accelerator, draft_tp, batch, 1, context).seconds
+    d = forward_time(draft, accelerator, where.draft_devices, batch, 1, context).seconds
     return drafts * d + forward_time(target, accelerator, tp, batch, k + 1, context).seconds
 
 
@@ -159,7 +163,7 @@ def predict(
     ks = sorted(set(ks))
     if not ks or ks[0] < 1 or not batches or min(batches) < 1:
         raise OptionError("k and batch sizes must be at least 1")
-    draft_tp = tp if where.draft_tp is None else where.draft_tp
+    draft_tp = where.draft_devices
     baselines = []
     for b in batches:
         t = forward_time(target, accelerator, tp, b, 1, context).seconds

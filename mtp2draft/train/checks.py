@@ -15,6 +15,9 @@ from mtp2draft.family.schema import ENGINES
 from mtp2draft.kinds import HIDDEN_PLACES, DraftKind
 from mtp2draft.train.settings import DistillConfig
 
+# distill without a draft directory: `distill` and `distill --plan` refuse it alike
+NEEDS_DRAFT = "distill needs a draft directory (or --new-dspark LAYERS to start a DSpark drafter)"
+
 
 def check_heldout_options(cfg: DistillConfig, heldout: str | Path | None, hidden_states: str | Path | None) -> None:
     """The held-out guard's options: it scores with the online target, and --patience stops on its scores."""

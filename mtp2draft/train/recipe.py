@@ -53,7 +53,7 @@ from mtp2draft.train.calibrate import (
     choose_and_narrow,
     narrow_vocab,
 )
-from mtp2draft.train.checks import check_heldout_options, check_training_settings, refuse_untrained
+from mtp2draft.train.checks import NEEDS_DRAFT, check_heldout_options, check_training_settings, refuse_untrained
 from mtp2draft.train.heldout import HeldoutGuard
 from mtp2draft.train.parallel import Parallel
 from mtp2draft.train.settings import DistillConfig, DistillJob
@@ -85,7 +85,7 @@ def distill(job: DistillJob) -> DistillResult:
 
         return distill_dspark(job)
     if job.draft_dir is None:
-        raise OptionError("distill needs a draft directory (or --new-dspark LAYERS to start a DSpark drafter)")
+        raise OptionError(NEEDS_DRAFT)
     owned = not torch.distributed.is_initialized()
     par = Parallel.from_env(resolve_device(job.where.device))
     if not par.is_main:  # other torchrun ranks: rank 0 reports
@@ -104,8 +104,8 @@ class DistillRecipe:
     """One distillation run on this rank (see the module docstring for the order of its parts)."""
 
     def __init__(self, par: Parallel, job: DistillJob) -> None:
-        self.par, self.cfg, self.job = par, job.config, job
-        cfg = job.config
+        self.par, self.job = par, job
+        self.cfg = cfg = job.config
         self.device = par.device
         self.precision = parallel.resolve_precision(cfg.precision, par.device)
         self.progress = job.progress
